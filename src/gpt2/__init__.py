@@ -1,0 +1,24 @@
+"""GPT-2 from scratch: OpenAI's tokenizer, model, weights, generation and training."""
+
+from gpt2.errors import (
+    GPT2Error,
+    InputTypeError,
+    InvalidArgumentError,
+    TokenIdError,
+    VocabularyError,
+    VocabularyNotFoundError,
+)
+from gpt2.tokenizer import IncrementalDecoder, Tokenizer
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "GPT2Error",
+    "IncrementalDecoder",
+    "InputTypeError",
+    "InvalidArgumentError",
+    "TokenIdError",
+    "Tokenizer",
+    "VocabularyError",
+    "VocabularyNotFoundError",
+]

@@ -1,0 +1,3 @@
+from gpt2.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,609 @@
+"""OpenAI's GPT-2 tokenizer: byte-level byte-pair encoding (BPE), written from scratch.
+
+Encoding a text takes three steps:
+
+1. Pre-tokenization: a regular expression splits the text into pieces (words with
+   their leading space, runs of digits, runs of punctuation, runs of whitespace,
+   English contractions). BPE never merges across two pieces.
+2. Each piece is turned into its UTF-8 bytes, one symbol per byte, and adjacent
+   symbols are merged, lowest merge rank first, until no adjacent pair has a rank.
+   Ranks come from `vocab.bpe` (line k holds merge k).
+3. Each final symbol (a byte string) is looked up in `encoder.json` for its id.
+
+The two files store bytes as printable characters (GPT-2's `bytes_to_unicode` table,
+e.g. the space byte 0x20 is written "Ġ"), so that they are valid text. Decoding is
+the inverse of step 3 followed by UTF-8 decoding.
+"""
+
+from __future__ import annotations
+
+import codecs
+import gc
+import heapq
+import json
+import multiprocessing
+import os
+import re
+import warnings
+from array import array
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from functools import lru_cache
+from itertools import chain
+from pathlib import Path
+from typing import AbstractSet, Literal
+
+import regex
+
+from gpt2._files import atomic_write_text
+from gpt2.errors import (
+    InputTypeError,
+    InvalidArgumentError,
+    TokenIdError,
+    VocabularyError,
+    VocabularyNotFoundError,
+)
+
+EOT = "<|endoftext|>"
+
+# GPT-2's pre-tokenization pattern, as in OpenAI's encoder.py.
+GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+# The same pattern for pure-ASCII text, where \p{L} is [A-Za-z], \p{N} is [0-9] and \s is
+# [\t\n\v\f\r ] (tests check this char by char). The stdlib `re` runs it about twice as
+# fast as `regex` runs the Unicode pattern, and most text is ASCII.
+_WS = r"\t\n\x0b\x0c\r "
+_ASCII_PATTERN = re.compile(
+    rf"""'s|'t|'re|'ve|'m|'ll|'d| ?[A-Za-z]+| ?[0-9]+| ?[^{_WS}A-Za-z0-9]+|[{_WS}]+(?![^{_WS}])|[{_WS}]+"""
+)
+_UNICODE_PATTERN = regex.compile(GPT2_PATTERN)
+
+# Pieces longer than this are not cached, so that one huge "word" cannot pin memory.
+_CACHE_MAX_PIECE_CHARS = 100
+# Entries kept in the piece cache before it is emptied: about 20 MB at most.
+_CACHE_MAX_ENTRIES = 100_000
+# Below this many characters in total, encode_batch does not start worker processes.
+_PARALLEL_MIN_CHARS = 1_000_000
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's table from each byte value to a printable character, used in the vocab files.
+
+    Printable Latin-1 bytes stand for themselves; the 68 others (control codes, space,
+    and a few more) are shifted to code points 256 and up, in order.
+    """
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table = {b: chr(b) for b in printable}
+    shifted = 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + shifted)
+            shifted += 1
+    return table
+
+
+_BYTE_TO_CHAR = bytes_to_unicode()
+_CHAR_TO_BYTE = {c: b for b, c in _BYTE_TO_CHAR.items()}
+# GPT-2 gives the 256 single-byte tokens ids 0..255 in this table's order (printable first).
+_BYTE_TOKEN_ORDER = sorted(range(256), key=lambda b: ord(_BYTE_TO_CHAR[b]))
+
+
+def _to_file_form(token: bytes) -> str:
+    return "".join(_BYTE_TO_CHAR[b] for b in token)
+
+
+def _from_file_form(text: str) -> bytes:
+    return bytes(_CHAR_TO_BYTE[c] for c in text)
+
+
+def _utf8(piece: str) -> bytes:
+    try:
+        return piece.encode("utf-8")
+    except UnicodeEncodeError:
+        # A lone surrogate has no UTF-8 form; like tiktoken, encode it as U+FFFD.
+        return piece.encode("utf-16", "surrogatepass").decode("utf-16", "replace").encode("utf-8")
+
+
+def _pretokenize(text: str) -> list[str]:
+    pattern = _ASCII_PATTERN if text.isascii() else _UNICODE_PATTERN
+    return pattern.findall(text)
+
+
+class _PieceCache(dict):
+    """piece -> token ids. Emptied when full, so a long-running process stays bounded."""
+
+    def __init__(self, compute: Callable[[str], tuple[int, ...]]):
+        super().__init__()
+        self._compute = compute
+
+    def __missing__(self, piece: str) -> tuple[int, ...]:
+        ids = self._compute(piece)
+        if len(piece) <= _CACHE_MAX_PIECE_CHARS:
+            if len(self) >= _CACHE_MAX_ENTRIES:
+                self.clear()
+            self[piece] = ids
+        return ids
+
+
+class Tokenizer:
+    """A byte-level BPE tokenizer: GPT-2's (`Tokenizer.gpt2()`) or one you trained or loaded.
+
+    >>> enc = Tokenizer.gpt2()
+    >>> enc.encode("Hello world")
+    [15496, 995]
+    >>> enc.decode([15496, 995])
+    'Hello world'
+    """
+
+    def __init__(
+        self,
+        encoder: Mapping[bytes, int],
+        merges: Sequence[tuple[bytes, bytes]],
+        special_tokens: Mapping[str, int],
+    ):
+        """Build a tokenizer from token bytes -> id, merges in rank order, and special tokens.
+
+        Ids (ordinary and special together) must be exactly 0 .. n_vocab-1, every single byte
+        must be a token, and each merge's two halves and their concatenation must be tokens.
+        """
+        self._encoder = dict(encoder)
+        self._special_tokens = dict(special_tokens)
+        if EOT not in self._special_tokens:
+            raise VocabularyError(f"the vocabulary has no {EOT} token; GPT-2 needs it as its end-of-text id")
+        ids = sorted([*self._encoder.values(), *self._special_tokens.values()])
+        if ids != list(range(len(ids))):
+            missing = sorted(set(range(len(ids))) - set(ids))
+            raise VocabularyError(
+                f"token ids must be 0..{len(ids) - 1}, each once; "
+                + (f"id {missing[0]} is missing" if missing else "some ids are repeated")
+            )
+        self._decoder: list[bytes] = [b""] * len(ids)
+        for token, i in self._encoder.items():
+            self._decoder[i] = token
+        for name, i in self._special_tokens.items():
+            self._decoder[i] = name.encode("utf-8")
+        for b in range(256):
+            if bytes([b]) not in self._encoder:
+                raise VocabularyError(f"byte 0x{b:02x} ({_BYTE_TO_CHAR[b]!r}) is not a token; every byte must be")
+        self._merge_ranks: dict[tuple[bytes, bytes], int] = {}
+        for rank, (left, right) in enumerate(merges):
+            for token in (left, right, left + right):
+                if token not in self._encoder:
+                    raise VocabularyError(
+                        f"merge {rank} ({_to_file_form(left)} {_to_file_form(right)}) "
+                        f"names {_to_file_form(token)!r}, which is not a token in the vocabulary"
+                    )
+            self._merge_ranks.setdefault((left, right), rank)
+        self._merges = list(merges)
+        self._cache = _PieceCache(self._bpe)
+        self._special_patterns: dict[frozenset[str], re.Pattern] = {}
+
+    # ----------------------------------------------------------------- loading
+
+    @classmethod
+    def gpt2(cls) -> Tokenizer:
+        """OpenAI's GPT-2 tokenizer (50,257 tokens), from the vocabulary shipped in the package.
+
+        The instance is shared: later calls return it at no cost.
+        """
+        return _gpt2_tokenizer()
+
+    @classmethod
+    def from_files(cls, encoder_json: str | os.PathLike, vocab_bpe: str | os.PathLike) -> Tokenizer:
+        """Load a vocabulary in OpenAI's two-file format (`encoder.json`, `vocab.bpe`)."""
+        encoder_json, vocab_bpe = Path(encoder_json), Path(vocab_bpe)
+        for path in (encoder_json, vocab_bpe):
+            if not path.is_file():
+                raise VocabularyNotFoundError(f"vocabulary file not found: {path}")
+        try:
+            raw_encoder = json.loads(encoder_json.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise VocabularyError(f"{encoder_json} is not valid JSON: {e}") from None
+        if not isinstance(raw_encoder, dict):
+            raise VocabularyError(f"{encoder_json} must hold a JSON object of token -> id")
+        encoder: dict[bytes, int] = {}
+        special: dict[str, int] = {}
+        for text, i in raw_encoder.items():
+            if isinstance(i, bool) or not isinstance(i, int):
+                raise VocabularyError(f"{encoder_json}: token {text!r} has id {i!r}, which is not an integer")
+            if text == EOT:
+                special[text] = i
+                continue
+            try:
+                encoder[_from_file_form(text)] = i
+            except KeyError:
+                raise VocabularyError(
+                    f"{encoder_json}: token {text!r} has characters outside GPT-2's byte alphabet"
+                ) from None
+        try:
+            lines = vocab_bpe.read_text(encoding="utf-8").splitlines()
+        except UnicodeDecodeError as e:
+            raise VocabularyError(f"{vocab_bpe} is not UTF-8 text: {e}") from None
+        merges = []
+        for number, line in enumerate(lines, start=1):
+            if not line or line.startswith("#version"):
+                continue
+            halves = line.split(" ")
+            if len(halves) != 2 or not all(halves):
+                raise VocabularyError(f"{vocab_bpe}, line {number}: expected two tokens separated by a space, got {line!r}")
+            try:
+                merges.append((_from_file_form(halves[0]), _from_file_form(halves[1])))
+            except KeyError:
+                raise VocabularyError(
+                    f"{vocab_bpe}, line {number}: {line!r} has characters outside GPT-2's byte alphabet"
+                ) from None
+        try:
+            return cls(encoder, merges, special)
+        except VocabularyError as e:
+            raise VocabularyError(f"{encoder_json.parent}: {e}") from None
+
+    def save(self, directory: str | os.PathLike) -> None:
+        """Write `encoder.json` and `vocab.bpe` into `directory` (created if needed), atomically."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        encoder = {_to_file_form(token): i for token, i in self._encoder.items()}
+        encoder.update(self._special_tokens)
+        encoder = dict(sorted(encoder.items(), key=lambda item: item[1]))
+        merges = "".join(f"{_to_file_form(a)} {_to_file_form(b)}\n" for a, b in self._merges)
+        atomic_write_text(directory / "encoder.json", json.dumps(encoder))
+        atomic_write_text(directory / "vocab.bpe", "#version: 0.2\n" + merges)
+
+    # ------------------------------------------------------------- properties
+
+    @property
+    def n_vocab(self) -> int:
+        """The number of token ids, special tokens included (50,257 for GPT-2)."""
+        return len(self._decoder)
+
+    @property
+    def eot_token(self) -> int:
+        """The id of `<|endoftext|>` (50256 for GPT-2)."""
+        return self._special_tokens[EOT]
+
+    @property
+    def special_tokens(self) -> dict[str, int]:
+        return dict(self._special_tokens)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes that one token id stands for."""
+        self._check_ids([token_id])
+        return self._decoder[token_id]
+
+    def token_id(self, token: bytes | str) -> int:
+        """The id of one token, given as its bytes, or as a str (UTF-8 or a special token's name)."""
+        if isinstance(token, str):
+            if token in self._special_tokens:
+                return self._special_tokens[token]
+            token = token.encode("utf-8")
+        if not isinstance(token, bytes):
+            raise InputTypeError(f"token_id() takes bytes or str, got {type(token).__name__}")
+        try:
+            return self._encoder[token]
+        except KeyError:
+            raise InvalidArgumentError(f"{token!r} is not a single token in this vocabulary") from None
+
+    def __repr__(self) -> str:
+        return f"Tokenizer(n_vocab={self.n_vocab}, merges={len(self._merges)})"
+
+    def __getstate__(self) -> dict:
+        # The cache and compiled patterns are rebuilt on unpickling rather than shipped.
+        return {"encoder": self._encoder, "merges": self._merges, "special_tokens": self._special_tokens}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["encoder"], state["merges"], state["special_tokens"])
+
+    # ---------------------------------------------------------------- encoding
+
+    def encode(self, text: str, allowed_special: AbstractSet[str] | Literal["all"] = frozenset()) -> list[int]:
+        """Token ids of `text`.
+
+        Text that looks like a special token (e.g. "<|endoftext|>") is encoded as the
+        ordinary characters it is made of, unless `allowed_special` names it (or is "all"):
+        then it becomes the special token's id.
+        """
+        if not isinstance(text, str):
+            hint = " (decode bytes first, e.g. data.decode('utf-8'))" if isinstance(text, (bytes, bytearray)) else ""
+            raise InputTypeError(f"encode() takes a str, got {type(text).__name__}{hint}")
+        allowed = self._allowed_special(allowed_special)
+        if not allowed:
+            return self._encode_ordinary(text)
+        pattern = self._special_patterns.get(allowed)
+        if pattern is None:
+            pattern = re.compile("|".join(re.escape(s) for s in sorted(allowed, key=len, reverse=True)))
+            self._special_patterns[allowed] = pattern
+        ids: list[int] = []
+        start = 0
+        for match in pattern.finditer(text):
+            ids += self._encode_ordinary(text[start : match.start()])
+            ids.append(self._special_tokens[match.group()])
+            start = match.end()
+        ids += self._encode_ordinary(text[start:])
+        return ids
+
+    def encode_batch(
+        self,
+        texts: Iterable[str],
+        allowed_special: AbstractSet[str] | Literal["all"] = frozenset(),
+        num_workers: int | None = None,
+    ) -> list[list[int]]:
+        """`encode` each text, in `num_workers` processes (default: one per core)."""
+        texts = list(texts)
+        for i, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise InputTypeError(f"encode_batch() takes str texts, got {type(text).__name__} at index {i}")
+        allowed = self._allowed_special(allowed_special)
+        if num_workers is None:
+            num_workers = os.cpu_count() or 1
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
+            raise InvalidArgumentError(f"num_workers must be a positive integer, got {num_workers!r}")
+        num_workers = min(num_workers, len(texts))
+        if num_workers <= 1 or sum(map(len, texts)) < _PARALLEL_MIN_CHARS:
+            return [self.encode(text, allowed) for text in texts]
+        shares = _split_by_length(texts, num_workers)
+        # fork shares this tokenizer (and its warm cache) with the workers without pickling it.
+        method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+        context = multiprocessing.get_context(method)
+        with ProcessPoolExecutor(num_workers - 1, context, initializer=_init_worker, initargs=(self, allowed)) as pool:
+            futures = [pool.submit(_encode_share, share) for share in shares[1:]]
+            results = [self.encode(text, allowed) for text in shares[0]]  # this process works too
+            for future in futures:
+                results += _unpack_ids(*future.result())
+        return results
+
+    def _allowed_special(self, allowed_special: AbstractSet[str] | Literal["all"]) -> frozenset[str]:
+        if allowed_special == "all":
+            return frozenset(self._special_tokens)
+        if isinstance(allowed_special, str) or not isinstance(allowed_special, (AbstractSet, list, tuple)):
+            raise InvalidArgumentError(
+                f"allowed_special must be a set of special tokens or 'all', got {allowed_special!r}"
+            )
+        unknown = set(allowed_special) - set(self._special_tokens)
+        if unknown:
+            raise InvalidArgumentError(
+                f"unknown special token(s) {sorted(unknown)}; this vocabulary has {sorted(self._special_tokens)}"
+            )
+        return frozenset(allowed_special)
+
+    def _encode_ordinary(self, text: str) -> list[int]:
+        return list(chain.from_iterable(map(self._cache.__getitem__, _pretokenize(text))))
+
+    def _bpe(self, piece: str) -> tuple[int, ...]:
+        """Token ids of one pre-tokenized piece: merge its bytes, lowest rank first.
+
+        Symbols form a linked list over byte positions, and a heap holds (rank, position)
+        of each mergeable adjacent pair, so a piece of n bytes costs O(n log n) rather than
+        the O(n^2) of rescanning all pairs after each merge. Equal ranks merge left first.
+        """
+        data = _utf8(piece)
+        n = len(data)
+        parts: list[bytes | None] = [data[i : i + 1] for i in range(n)]
+        if n == 1:
+            return (self._encoder[data],)
+        ranks = self._merge_ranks
+        next_ = list(range(1, n + 1))  # index of the next live symbol; n means none
+        prev = list(range(-1, n - 1))  # index of the previous live symbol; -1 means none
+        heap = [(rank, i) for i in range(n - 1) if (rank := ranks.get((parts[i], parts[i + 1]))) is not None]
+        heapq.heapify(heap)
+        while heap:
+            rank, i = heapq.heappop(heap)
+            j = next_[i]
+            if parts[i] is None or j == n or ranks.get((parts[i], parts[j])) != rank:
+                continue  # stale: a side of this pair has been merged into something else
+            parts[i] += parts[j]
+            parts[j] = None
+            next_[i] = k = next_[j]
+            if k < n:
+                prev[k] = i
+                if (rank := ranks.get((parts[i], parts[k]))) is not None:
+                    heapq.heappush(heap, (rank, i))
+            h = prev[i]
+            if h >= 0 and (rank := ranks.get((parts[h], parts[i]))) is not None:
+                heapq.heappush(heap, (rank, h))
+        return tuple(self._encoder[part] for part in parts if part is not None)
+
+    # ---------------------------------------------------------------- decoding
+
+    def decode_bytes(self, ids: Iterable[int]) -> bytes:
+        """The bytes that `ids` stand for, concatenated."""
+        if not isinstance(ids, (list, tuple)):
+            ids = list(ids)
+        try:
+            if ids and min(ids) < 0:
+                raise IndexError
+            return b"".join(map(self._decoder.__getitem__, ids))
+        except (IndexError, TypeError):
+            self._check_ids(ids)
+            raise
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """The text of `ids`. Bytes that are not valid UTF-8 become U+FFFD, as in OpenAI's decoder."""
+        return self.decode_bytes(ids).decode("utf-8", errors="replace")
+
+    def decode_stream(self, ids: Iterable[int]) -> Iterator[str]:
+        """Yield text as ids arrive, holding back the bytes of an unfinished UTF-8 character."""
+        decoder = IncrementalDecoder(self)
+        for token_id in ids:
+            if text := decoder.add([token_id]):
+                yield text
+        if text := decoder.flush():
+            yield text
+
+    def _check_ids(self, ids: Iterable[int]) -> None:
+        for position, token_id in enumerate(ids):
+            if isinstance(token_id, bool) or not hasattr(token_id, "__index__"):
+                raise TokenIdError(f"token ids must be integers; got {token_id!r} at position {position}")
+            if not 0 <= token_id < self.n_vocab:
+                raise TokenIdError(
+                    f"token id {int(token_id)} at position {position} is out of range: ids are 0..{self.n_vocab - 1}"
+                )
+
+    # ---------------------------------------------------------------- training
+
+    @classmethod
+    def train(cls, corpus: str | Iterable[str], vocab_size: int, *, progress: bool = False) -> Tokenizer:
+        """Learn a byte-level BPE vocabulary of `vocab_size` ids from `corpus` (a text or texts).
+
+        The ids are laid out as GPT-2's: 256 byte tokens, then one token per merge in the
+        order learned, then `<|endoftext|>` last, so `vocab_size` counts all three.
+        Each step merges the most frequent adjacent pair (ties: the smaller bytes first);
+        pair counts are updated only in the words that contain the merged pair.
+        If the corpus runs out of pairs first, the vocabulary is smaller (with a warning).
+        """
+        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
+            raise InputTypeError(f"vocab_size must be an integer, got {vocab_size!r}")
+        if vocab_size < 257:
+            raise InvalidArgumentError(
+                f"vocab_size must be at least 257 (256 byte tokens and {EOT}), got {vocab_size}"
+            )
+        texts = [corpus] if isinstance(corpus, str) else corpus
+        word_counts: Counter[str] = Counter()
+        for i, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise InputTypeError(f"train() takes str texts, got {type(text).__name__} at index {i}")
+            word_counts.update(_pretokenize(text))
+        if not word_counts:
+            raise InvalidArgumentError("cannot train a tokenizer on an empty corpus")
+
+        # Symbols are ints: 0..255 the raw bytes, 256.. the merged tokens in order.
+        symbols = [bytes([b]) for b in range(256)]
+        words = [list(_utf8(word)) for word in word_counts]
+        freqs = list(word_counts.values())
+        pair_counts: defaultdict[tuple[int, int], int] = defaultdict(int)
+        pair_words: defaultdict[tuple[int, int], set[int]] = defaultdict(set)
+        for w, word in enumerate(words):
+            for pair in zip(word, word[1:]):
+                pair_counts[pair] += freqs[w]
+                pair_words[pair].add(w)
+        # A max-heap by count, lazily updated: an entry whose count is out of date is skipped.
+        heap = [(-count, symbols[a], symbols[b], a, b) for (a, b), count in pair_counts.items()]
+        heapq.heapify(heap)
+
+        n_merges = vocab_size - 257
+        merges: list[tuple[int, int]] = []
+        from tqdm.auto import tqdm
+
+        with tqdm(total=n_merges, desc="training BPE", unit="merge", disable=not progress) as bar:
+            while len(merges) < n_merges and heap:
+                negative_count, _, _, a, b = heapq.heappop(heap)
+                if pair_counts.get((a, b)) != -negative_count:
+                    continue
+                new = len(symbols)
+                symbols.append(symbols[a] + symbols[b])
+                merges.append((a, b))
+                changed: set[tuple[int, int]] = set()
+                for w in pair_words.pop((a, b)):
+                    old = words[w]
+                    merged = _merge_pair(old, a, b, new)
+                    if len(merged) == len(old):
+                        continue  # the pair left this word in an earlier merge
+                    for pair in zip(old, old[1:]):
+                        pair_counts[pair] -= freqs[w]
+                        changed.add(pair)
+                    for pair in zip(merged, merged[1:]):
+                        pair_counts[pair] += freqs[w]
+                        pair_words[pair].add(w)
+                        changed.add(pair)
+                    words[w] = merged
+                for pair in changed:
+                    count = pair_counts[pair]
+                    if count > 0:
+                        heapq.heappush(heap, (-count, symbols[pair[0]], symbols[pair[1]], *pair))
+                    else:
+                        del pair_counts[pair]
+                        pair_words.pop(pair, None)
+                bar.update()
+        if len(merges) < n_merges:
+            warnings.warn(
+                f"the corpus ran out of pairs to merge after {len(merges)} merges: "
+                f"the vocabulary has {257 + len(merges)} ids, not {vocab_size}",
+                stacklevel=2,
+            )
+        encoder = {bytes([b]): i for i, b in enumerate(_BYTE_TOKEN_ORDER)}
+        for a, b in merges:
+            encoder[symbols[a] + symbols[b]] = len(encoder)
+        return cls(encoder, [(symbols[a], symbols[b]) for a, b in merges], {EOT: len(encoder)})
+
+
+def _merge_pair(word: list[int], a: int, b: int, new: int) -> list[int]:
+    """`word` with each non-overlapping (a, b), scanned left to right, replaced by `new`."""
+    out = []
+    i, n = 0, len(word)
+    while i < n:
+        if i + 1 < n and word[i] == a and word[i + 1] == b:
+            out.append(new)
+            i += 2
+        else:
+            out.append(word[i])
+            i += 1
+    return out
+
+
+class IncrementalDecoder:
+    """Turns token ids into text piece by piece, for streaming.
+
+    A character whose UTF-8 bytes are split across tokens (emoji, CJK) is held back until
+    its last byte arrives, so no piece ends in half a character. The concatenation of all
+    pieces and `flush()` equals `tokenizer.decode(all_ids)`.
+    """
+
+    def __init__(self, tokenizer: Tokenizer):
+        self._tokenizer = tokenizer
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def add(self, ids: Iterable[int]) -> str:
+        """Text completed by `ids` (may be empty while a character is unfinished)."""
+        return self._utf8.decode(self._tokenizer.decode_bytes(ids))
+
+    def flush(self) -> str:
+        """Text still held back (an unfinished character becomes U+FFFD)."""
+        return self._utf8.decode(b"", final=True)
+
+
+@lru_cache(maxsize=1)
+def _gpt2_tokenizer() -> Tokenizer:
+    vocab = Path(__file__).parent / "vocab"
+    return Tokenizer.from_files(vocab / "encoder.json", vocab / "vocab.bpe")
+
+
+_worker_tokenizer: Tokenizer | None = None
+_worker_allowed: frozenset[str] = frozenset()
+
+
+def _init_worker(tokenizer: Tokenizer, allowed: frozenset[str]) -> None:
+    global _worker_tokenizer, _worker_allowed
+    _worker_tokenizer, _worker_allowed = tokenizer, allowed
+
+
+def _encode_share(texts: list[str]) -> tuple[array, array]:
+    """Encode texts in a worker; ids travel back packed, as pickling lists of ints is slow."""
+    assert _worker_tokenizer is not None
+    encoded = [_worker_tokenizer.encode(text, _worker_allowed) for text in texts]
+    return array("q", map(len, encoded)), array("I", chain.from_iterable(encoded))
+
+
+def _unpack_ids(lengths: array, flat: array) -> list[list[int]]:
+    # Making thousands of lists would trigger full garbage collections over the whole heap
+    # (the piece cache included), which cost more than the unpacking; none is needed here.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        ids, out, start = flat.tolist(), [], 0
+        for n in lengths:
+            out.append(ids[start : start + n])
+            start += n
+        return out
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+
+def _split_by_length(texts: list[str], n: int) -> list[list[str]]:
+    """`n` contiguous runs of `texts` holding about equal numbers of characters."""
+    total = sum(map(len, texts))
+    shares: list[list[str]] = [[] for _ in range(n)]
+    seen = 0
+    for text in texts:
+        shares[min(n - 1, seen * n // max(total, 1))].append(text)
+        seen += len(text)
+    return shares

@@ -1,0 +1,472 @@
+"""The tokenizer against tiktoken's GPT-2 encoding (an independent Rust implementation)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import re
+import unicodedata
+import warnings
+from collections import Counter
+
+import pytest
+import regex
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import gpt2.tokenizer as tokenizer_module
+from conftest import VOCAB, stdlib_sources, tiktoken_from_files
+from gpt2 import (
+    GPT2Error,
+    IncrementalDecoder,
+    InputTypeError,
+    InvalidArgumentError,
+    TokenIdError,
+    Tokenizer,
+    VocabularyError,
+    VocabularyNotFoundError,
+)
+
+
+@pytest.fixture(scope="module")
+def enc() -> Tokenizer:
+    return Tokenizer.gpt2()
+
+
+# ------------------------------------------------------------------ the vocabulary
+
+
+def test_packaged_vocabulary_matches_provenance_hashes():
+    provenance = (VOCAB / "PROVENANCE.md").read_text()
+    expected = dict(re.findall(r"\|\s*(encoder\.json|vocab\.bpe)\s*\|\s*\d+\s*\|\s*([0-9a-f]{64})\s*\|", provenance))
+    assert set(expected) == {"encoder.json", "vocab.bpe"}
+    for name, digest in expected.items():
+        assert hashlib.sha256((VOCAB / name).read_bytes()).hexdigest() == digest, name
+    assert "Modified MIT License" in (VOCAB / "LICENSE").read_text()
+
+
+def test_gpt2_vocabulary_shape(enc):
+    assert enc.n_vocab == 50257
+    assert enc.eot_token == 50256
+    assert enc.special_tokens == {"<|endoftext|>": 50256}
+    assert enc.token_bytes(50256) == b"<|endoftext|>"
+    assert enc.token_bytes(0) == b"!"
+    assert enc.token_id(b"Hello") == 15496
+    assert enc.token_id("<|endoftext|>") == 50256
+    assert Tokenizer.gpt2() is enc
+
+
+def test_token_lookups_agree_with_tiktoken(enc, tiktoken_gpt2):
+    for i in range(0, enc.n_vocab, 97):
+        token = enc.token_bytes(i)
+        assert token == tiktoken_gpt2.decode_single_token_bytes(i)
+        if i != enc.eot_token:
+            assert enc.token_id(token) == i
+
+
+# ------------------------------------------------------------------ exactness
+
+
+def test_published_vector(enc):
+    text = "Hello!! I'm Andrej Karpathy. It's 2022. w00t :D 🤗"
+    expected = [15496, 3228, 314, 1101, 10948, 73, 509, 5117, 10036, 13, 632, 338, 33160, 13, 266, 405, 83, 1058, 35, 12520, 97, 245]
+    assert enc.encode(text) == expected
+    assert enc.decode(expected) == text
+
+
+def test_corpus_matches_tiktoken(enc, tiktoken_gpt2, corpus_text):
+    ids = enc.encode(corpus_text)
+    assert ids == tiktoken_gpt2.encode_ordinary(corpus_text)
+    assert enc.decode(ids) == corpus_text
+
+
+def test_python_sources_match_tiktoken(enc, tiktoken_gpt2):
+    files = stdlib_sources(limit=60)
+    assert len(files) >= 30
+    for path in files:
+        text = path.read_text(encoding="utf-8", errors="replace")
+        assert enc.encode(text) == tiktoken_gpt2.encode_ordinary(text), path.name
+
+
+ADVERSARIAL = [
+    "",
+    " ",
+    "a",
+    "   leading and trailing   ",
+    "runs  of   spaces    and\t\ttabs\t \t and\n\n\nnewlines\n \n",
+    "windows\r\nline\r\nendings\r\n\r\n",
+    "trailing whitespace \t\n ",
+    "\n\n\n",
+    "\t",
+    " \u00a0\u2003\u3000 unicode spaces\u2028\u2029\u0085",
+    "I'm you're he's we've they'll I'd can't won't",
+    "I'M YOU'RE HE'S WE'VE THEY'LL I'D CAN'T",
+    "i'M yOu'Re He'S wE'vE tHeY'lL i'D",
+    "'s 't 're 've 'm 'll 'd '' ''s 's's",
+    "1234567890123456789012345678901234567890 3.14159 1,000,000 0x1F -42",
+    "!!!??? ... --- *** ((( ))) [[[ ]]] {{{ }}} <<<>>> @@@### $$$%%% ^^^&&&",
+    "a.b,c;d:e!f?g-h_i/j\\k|l`m~n",
+    "emoji 👍🏽 👨‍👩‍👧‍👦 🏳️‍🌈 🤗🤗🤗 ❤️‍🔥",
+    "中文字符测试，你好世界。日本語のテキスト、カタカナ。한국어 텍스트",
+    "العربية مرحبا بالعالم עברית שלום עולם",
+    unicodedata.normalize("NFC", "café naïve Ångström résumé"),
+    unicodedata.normalize("NFD", "café naïve Ångström résumé"),
+    "e\u0301\u0302\u0303\u0304 a\u0308\u0308\u0308",
+    "zero\u200bwidth\u200c\u200djoiner\ufeffbom",
+    "control\x00\x01\x07\x08\x1b[31m\x7f\x1c\x1d\x1e\x1f",
+    "\ufffd replacement \ufffd",
+    "x" * 10_000,
+    "supercalifragilistic" * 500,
+    "<|endoftext|>",
+    "text<|endoftext|>more text <|endoftext|> <|endoftext",
+    "𝕳𝖊𝖑𝖑𝖔 𝒲ℴ𝓇𝓁𝒹 ℌ𝔢𝔩𝔩𝔬",
+    "Ⅻ ² ½ ٣ ௰ numbers of other kinds",
+]
+
+
+@pytest.mark.parametrize("text", ADVERSARIAL, ids=range(len(ADVERSARIAL)))
+def test_adversarial_matches_tiktoken(enc, tiktoken_gpt2, text):
+    ids = enc.encode(text)
+    assert ids == tiktoken_gpt2.encode_ordinary(text)
+    assert enc.decode(ids) == text
+
+
+def test_ten_thousand_character_random_word(enc, tiktoken_gpt2):
+    rng = random.Random(7)
+    word = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(10_000))
+    assert enc.encode(word) == tiktoken_gpt2.encode_ordinary(word)
+
+
+def _random_unicode(rng: random.Random, length: int) -> str:
+    chars = []
+    while len(chars) < length:
+        cp = rng.choice([rng.randrange(0x80), rng.randrange(0x3000), rng.randrange(0x110000)])
+        if not 0xD800 <= cp <= 0xDFFF:
+            chars.append(chr(cp))
+    return "".join(chars)
+
+
+def test_random_unicode_fixed_seed(enc, tiktoken_gpt2):
+    rng = random.Random(1234)
+    for _ in range(300):
+        text = _random_unicode(rng, rng.randrange(1, 200))
+        assert enc.encode(text) == tiktoken_gpt2.encode_ordinary(text), ascii(text)
+        assert enc.decode(enc.encode(text)) == text
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text())
+def test_any_text_matches_tiktoken_and_round_trips(text):
+    enc = Tokenizer.gpt2()
+    ids = enc.encode(text)
+    assert enc.decode(ids) == text
+    assert ids == _tiktoken_once().encode_ordinary(text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list(" \t\n\r\x0b\x0c'sdmtlvreAZaz09.,!?-\u00a0é🤗中")), max_size=40))
+def test_whitespace_and_contraction_soup_matches_tiktoken(text):
+    assert Tokenizer.gpt2().encode(text) == _tiktoken_once().encode_ordinary(text)
+
+
+_TIKTOKEN = []
+
+
+def _tiktoken_once():
+    # hypothesis tests cannot take function-scoped fixtures; build the reference once.
+    if not _TIKTOKEN:
+        _TIKTOKEN.append(tiktoken_from_files(VOCAB / "encoder.json", VOCAB / "vocab.bpe"))
+    return _TIKTOKEN[0]
+
+
+def test_lone_surrogates_are_encoded_like_tiktoken(enc, tiktoken_gpt2):
+    for text in ["\ud800", "a\udfffb", "x \ud83d y"]:
+        assert enc.encode(text) == tiktoken_gpt2.encode(text)
+    assert enc.decode(enc.encode("a\ud800b")) == "a\ufffdb"
+
+
+# ------------------------------------------------------------- the ASCII fast path
+
+
+def test_ascii_pattern_classes_equal_unicode_classes():
+    for cp in range(128):
+        ch = chr(cp)
+        assert bool(regex.fullmatch(r"\s", ch)) == (ch in "\t\n\x0b\x0c\r "), hex(cp)
+        assert bool(regex.fullmatch(r"\p{L}", ch)) == ch.isalpha(), hex(cp)
+        assert bool(regex.fullmatch(r"\p{N}", ch)) == ch.isdigit(), hex(cp)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(alphabet=st.characters(max_codepoint=127), max_size=60))
+def test_ascii_pattern_splits_like_gpt2_pattern(text):
+    assert tokenizer_module._ASCII_PATTERN.findall(text) == tokenizer_module._UNICODE_PATTERN.findall(text)
+
+
+# ------------------------------------------------------------------ special tokens
+
+
+def test_special_token_text_is_ordinary_unless_allowed(enc, tiktoken_gpt2):
+    text = "a<|endoftext|>b <|endoftext|>"
+    assert enc.encode(text) == tiktoken_gpt2.encode_ordinary(text)
+    assert 50256 not in enc.encode(text)
+    allowed = enc.encode(text, allowed_special={"<|endoftext|>"})
+    assert allowed == tiktoken_gpt2.encode(text, allowed_special={"<|endoftext|>"})
+    assert allowed.count(50256) == 2
+    assert enc.encode(text, allowed_special="all") == allowed
+    assert enc.decode(allowed) == text
+
+
+def test_bad_allowed_special(enc):
+    with pytest.raises(InvalidArgumentError, match="<|startoftext|>"):
+        enc.encode("x", allowed_special={"<|startoftext|>"})
+    with pytest.raises(InvalidArgumentError, match="a set of special tokens"):
+        enc.encode("x", allowed_special="<|endoftext|>")
+
+
+# ------------------------------------------------------------------ decoding
+
+
+def test_invalid_utf8_decodes_to_replacement_like_tiktoken(enc, tiktoken_gpt2):
+    ids = enc.encode("🤗")  # three tokens, the emoji's 4 bytes split across them
+    assert len(ids) == 3
+    for partial in ([ids[0]], ids[:2], [ids[1], ids[2]], [ids[2], ids[0]]):
+        assert enc.decode(partial) == tiktoken_gpt2.decode(partial)
+        assert "\ufffd" in enc.decode(partial)
+        assert enc.decode_bytes(partial) == tiktoken_gpt2.decode_bytes(partial)
+
+
+def test_decode_accepts_any_integer_sequence(enc):
+    import numpy as np
+
+    ids = enc.encode("Hello world")
+    assert enc.decode(tuple(ids)) == enc.decode(iter(ids)) == enc.decode(np.array(ids)) == "Hello world"
+
+
+def test_decode_stream_never_splits_a_character(enc):
+    text = "Hi 🤗 中文 👨‍👩‍👧 é\u0301 done"
+    ids = enc.encode(text)
+    pieces = list(enc.decode_stream(ids))
+    assert "".join(pieces) == text
+    assert all("\ufffd" not in piece for piece in pieces)
+    assert "🤗" in pieces[1:] or any("🤗" in piece for piece in pieces)
+    # the emoji's three tokens make one piece, not three halves
+    assert len(pieces) < len(ids)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=50256), max_size=30))
+def test_incremental_decoder_equals_decode_for_any_ids(ids):
+    enc = Tokenizer.gpt2()
+    decoder = IncrementalDecoder(enc)
+    streamed = "".join(decoder.add([i]) for i in ids) + decoder.flush()
+    assert streamed == enc.decode(ids)
+
+
+# ------------------------------------------------------------------ batches and the cache
+
+
+def test_encode_batch_matches_encode(enc):
+    texts = ["Hello world", "", "🤗 emoji", "a<|endoftext|>b"] * 3
+    assert enc.encode_batch(texts) == [enc.encode(t) for t in texts]
+    assert enc.encode_batch(texts, allowed_special="all")[3] == enc.encode(texts[3], allowed_special="all")
+
+
+def test_encode_batch_in_worker_processes(enc, tiktoken_gpt2, corpus_text, monkeypatch):
+    monkeypatch.setattr(tokenizer_module, "_PARALLEL_MIN_CHARS", 0)
+    texts = corpus_text[:300_000].split("\n\n")
+    for workers in (2, 3):
+        assert enc.encode_batch(texts, num_workers=workers) == tiktoken_gpt2.encode_ordinary_batch(texts)
+
+
+def test_split_by_length_keeps_order_and_balances():
+    texts = [str(i) * (i % 7 + 1) for i in range(1000)]
+    shares = tokenizer_module._split_by_length(texts, 3)
+    assert [t for share in shares for t in share] == texts
+    sizes = [sum(map(len, share)) for share in shares]
+    assert max(sizes) - min(sizes) <= 2 * max(map(len, texts))
+
+
+def test_pickled_tokenizer_encodes_the_same(enc):
+    import pickle
+
+    clone = pickle.loads(pickle.dumps(enc))
+    assert clone.encode("pickled 🤗 text") == enc.encode("pickled 🤗 text")
+
+
+def test_piece_cache_is_bounded(monkeypatch):
+    monkeypatch.setattr(tokenizer_module, "_CACHE_MAX_ENTRIES", 50)
+    enc = Tokenizer.from_files(VOCAB / "encoder.json", VOCAB / "vocab.bpe")
+    enc.encode(" ".join(f"word{i}" for i in range(1000)))
+    assert 0 < len(enc._cache) <= 50
+    enc.encode("y" * 5000)
+    assert "y" * 5000 not in enc._cache
+
+
+# ------------------------------------------------------------------ bad input
+
+
+@pytest.mark.parametrize("value", [b"bytes", None, 42, ["a", "list"]])
+def test_encode_rejects_non_str(enc, value):
+    with pytest.raises(InputTypeError, match=type(value).__name__) as info:
+        enc.encode(value)
+    assert isinstance(info.value, GPT2Error) and isinstance(info.value, TypeError)
+
+
+@pytest.mark.parametrize(
+    "ids, message",
+    [
+        ([15496, -1], "token id -1 at position 1 is out of range"),
+        ([50257], "token id 50257 at position 0 is out of range: ids are 0..50256"),
+        ([10**20], "out of range"),
+        ([1.5], "must be integers; got 1.5"),
+        (["7"], "must be integers; got '7'"),
+        ([None], "must be integers; got None"),
+    ],
+)
+def test_decode_rejects_bad_ids(enc, ids, message):
+    with pytest.raises(TokenIdError, match=re.escape(message)):
+        enc.decode(ids)
+    with pytest.raises(TokenIdError):
+        list(enc.decode_stream(ids))
+
+
+def test_encode_batch_rejects_bad_input(enc):
+    with pytest.raises(InputTypeError, match="index 1"):
+        enc.encode_batch(["ok", b"bytes"])
+    with pytest.raises(InvalidArgumentError, match="num_workers"):
+        enc.encode_batch(["ok"], num_workers=0)
+
+
+@pytest.fixture
+def vocab_copy(tmp_path):
+    (tmp_path / "encoder.json").write_bytes((VOCAB / "encoder.json").read_bytes())
+    (tmp_path / "vocab.bpe").write_bytes((VOCAB / "vocab.bpe").read_bytes())
+    return tmp_path
+
+
+def test_missing_vocabulary_file(tmp_path):
+    with pytest.raises(VocabularyNotFoundError, match="vocabulary file not found: .*encoder.json"):
+        Tokenizer.from_files(tmp_path / "encoder.json", tmp_path / "vocab.bpe")
+
+
+def test_corrupt_encoder_json(vocab_copy):
+    (vocab_copy / "encoder.json").write_text('{"a": 0, "b": ')
+    with pytest.raises(VocabularyError, match="is not valid JSON"):
+        Tokenizer.from_files(vocab_copy / "encoder.json", vocab_copy / "vocab.bpe")
+
+
+def test_encoder_json_with_a_non_integer_id(vocab_copy):
+    encoder = json.loads((vocab_copy / "encoder.json").read_text())
+    encoder["Hello"] = "15496"
+    (vocab_copy / "encoder.json").write_text(json.dumps(encoder))
+    with pytest.raises(VocabularyError, match="'Hello' has id '15496'"):
+        Tokenizer.from_files(vocab_copy / "encoder.json", vocab_copy / "vocab.bpe")
+
+
+def test_encoder_json_missing_a_byte(vocab_copy):
+    encoder = json.loads((vocab_copy / "encoder.json").read_text())
+    del encoder["!"]
+    (vocab_copy / "encoder.json").write_text(json.dumps(encoder))
+    with pytest.raises(VocabularyError, match="id 0 is missing"):
+        Tokenizer.from_files(vocab_copy / "encoder.json", vocab_copy / "vocab.bpe")
+
+
+def test_merge_naming_an_unknown_token(vocab_copy):
+    lines = (vocab_copy / "vocab.bpe").read_text().splitlines()
+    lines.insert(5, "Ġzzq xyzzy")
+    (vocab_copy / "vocab.bpe").write_text("\n".join(lines) + "\n")
+    with pytest.raises(VocabularyError, match="merge 4 \\(Ġzzq xyzzy\\) names 'Ġzzq', which is not a token"):
+        Tokenizer.from_files(vocab_copy / "encoder.json", vocab_copy / "vocab.bpe")
+
+
+def test_malformed_merge_line(vocab_copy):
+    with open(vocab_copy / "vocab.bpe", "a", encoding="utf-8") as f:
+        f.write("onlyonetoken\n")
+    with pytest.raises(VocabularyError, match="line 50002: expected two tokens"):
+        Tokenizer.from_files(vocab_copy / "encoder.json", vocab_copy / "vocab.bpe")
+
+
+# ------------------------------------------------------------------ training
+
+
+def naive_train(text: str, n_merges: int) -> list[tuple[bytes, bytes]]:
+    """Textbook BPE training: recount every pair from scratch before each merge."""
+    words = Counter(tokenizer_module._UNICODE_PATTERN.findall(text))
+    symbols = {w: [bytes([b]) for b in w.encode("utf-8")] for w in words}
+    merges = []
+    for _ in range(n_merges):
+        counts: Counter = Counter()
+        for w, parts in symbols.items():
+            for pair in zip(parts, parts[1:]):
+                counts[pair] += words[w]
+        if not counts:
+            break
+        best = min(counts, key=lambda pair: (-counts[pair], pair))
+        merges.append(best)
+        for w, parts in symbols.items():
+            out, i = [], 0
+            while i < len(parts):
+                if i + 1 < len(parts) and (parts[i], parts[i + 1]) == best:
+                    out.append(parts[i] + parts[i + 1])
+                    i += 2
+                else:
+                    out.append(parts[i])
+                    i += 1
+            symbols[w] = out
+    return merges
+
+
+def test_training_equals_textbook_bpe(corpus_text):
+    text = corpus_text[:20_000]
+    trained = Tokenizer.train(text, vocab_size=257 + 150)
+    assert trained._merges == naive_train(text, 150)
+
+
+def test_trained_vocabulary_round_trips_and_loads_in_tiktoken(tmp_path, corpus_text):
+    text = corpus_text[:200_000]
+    trained = Tokenizer.train(text, vocab_size=1000)
+    assert trained.n_vocab == 1000 and trained.eot_token == 999
+    ids = trained.encode(text)
+    assert trained.decode(ids) == text
+    assert len(ids) < len(text.encode("utf-8")) / 2  # it learned to compress
+    trained.save(tmp_path / "tok")
+    loaded = Tokenizer.from_files(tmp_path / "tok" / "encoder.json", tmp_path / "tok" / "vocab.bpe")
+    assert loaded.encode(text) == ids
+    # tiktoken checks the saved files follow GPT-2's layout, then encodes independently.
+    reference = tiktoken_from_files(tmp_path / "tok" / "encoder.json", tmp_path / "tok" / "vocab.bpe", eot=999)
+    sample = text[:50_000] + " unseen wörds 🤗"
+    assert trained.encode(sample) == reference.encode_ordinary(sample)
+
+
+def test_training_is_deterministic_and_accepts_iterables(corpus_text):
+    texts = corpus_text[:30_000].split("\n")
+    a = Tokenizer.train(texts, vocab_size=400)
+    b = Tokenizer.train(iter(texts), vocab_size=400)
+    assert a._merges == b._merges
+
+
+def test_training_on_a_tiny_corpus_warns_and_stops():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trained = Tokenizer.train("abab abab", vocab_size=1000)
+    assert any("ran out of pairs" in str(w.message) for w in caught)
+    assert trained.n_vocab < 1000
+    assert trained.decode(trained.encode("abab abba")) == "abab abba"
+
+
+@pytest.mark.parametrize("vocab_size", [0, 100, 255, 256])
+def test_training_rejects_small_vocab_size(vocab_size):
+    with pytest.raises(InvalidArgumentError, match=f"at least 257.*got {vocab_size}"):
+        Tokenizer.train("some text", vocab_size=vocab_size)
+
+
+def test_training_rejects_bad_corpus_and_types():
+    with pytest.raises(InvalidArgumentError, match="empty corpus"):
+        Tokenizer.train("", vocab_size=300)
+    with pytest.raises(InvalidArgumentError, match="empty corpus"):
+        Tokenizer.train([], vocab_size=300)
+    with pytest.raises(InputTypeError, match="vocab_size must be an integer"):
+        Tokenizer.train("text", vocab_size="300")
+    with pytest.raises(InputTypeError, match="bytes at index 1"):
+        Tokenizer.train(["ok", b"bytes"], vocab_size=300)
