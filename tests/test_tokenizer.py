@@ -275,8 +275,16 @@ def test_encode_batch_matches_encode(enc):
 def test_encode_batch_in_worker_processes(enc, tiktoken_gpt2, corpus_text, monkeypatch):
     monkeypatch.setattr(tokenizer_module, "_PARALLEL_MIN_CHARS", 0)
     texts = corpus_text[:300_000].split("\n\n")
-    for workers in (2, 3):
-        assert enc.encode_batch(texts, num_workers=workers) == tiktoken_gpt2.encode_ordinary_batch(texts)
+    expected = tiktoken_gpt2.encode_ordinary_batch(texts)
+    fresh = Tokenizer.from_files(VOCAB / "encoder.json", VOCAB / "vocab.bpe")
+    try:
+        for workers in (2, 2, 3):  # the second call reuses the warm workers
+            assert fresh.encode_batch(texts, num_workers=workers) == expected
+        special = ["a<|endoftext|>b"] * 4
+        assert fresh.encode_batch(special, allowed_special="all", num_workers=2)[3] == [64, 50256, 65]
+    finally:
+        fresh.close()
+    assert fresh._pool is None
 
 
 def test_split_by_length_keeps_order_and_balances():

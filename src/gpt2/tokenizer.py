@@ -178,6 +178,8 @@ class Tokenizer:
         self._merges = list(merges)
         self._cache = _PieceCache(self._bpe)
         self._special_patterns: dict[frozenset[str], re.Pattern] = {}
+        self._pool: ProcessPoolExecutor | None = None
+        self._pool_size = 0
 
     # ----------------------------------------------------------------- loading
 
@@ -341,15 +343,29 @@ class Tokenizer:
         if num_workers <= 1 or sum(map(len, texts)) < _PARALLEL_MIN_CHARS:
             return [self.encode(text, allowed) for text in texts]
         shares = _split_by_length(texts, num_workers)
-        # fork shares this tokenizer (and its warm cache) with the workers without pickling it.
-        method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-        context = multiprocessing.get_context(method)
-        with ProcessPoolExecutor(num_workers - 1, context, initializer=_init_worker, initargs=(self, allowed)) as pool:
-            futures = [pool.submit(_encode_share, share) for share in shares[1:]]
-            results = [self.encode(text, allowed) for text in shares[0]]  # this process works too
-            for future in futures:
-                results += _unpack_ids(*future.result())
+        pool = self._worker_pool(num_workers - 1)
+        futures = [pool.submit(_encode_share, share, allowed) for share in shares[1:]]
+        results = [self.encode(text, allowed) for text in shares[0]]  # this process works too
+        for future in futures:
+            results += _unpack_ids(*future.result())
         return results
+
+    def _worker_pool(self, size: int) -> ProcessPoolExecutor:
+        """Worker processes kept for later batches, so their piece caches stay warm."""
+        if self._pool is None or self._pool_size != size:
+            self.close()
+            # fork hands the workers this tokenizer (and its warm cache) without pickling it.
+            method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+            context = multiprocessing.get_context(method)
+            self._pool = ProcessPoolExecutor(size, context, initializer=_init_worker, initargs=(self,))
+            self._pool_size = size
+        return self._pool
+
+    def close(self) -> None:
+        """Stop the worker processes of `encode_batch`, if any (they also stop at exit)."""
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
 
     def _allowed_special(self, allowed_special: AbstractSet[str] | Literal["all"]) -> frozenset[str]:
         if allowed_special == "all":
@@ -567,18 +583,18 @@ def _gpt2_tokenizer() -> Tokenizer:
 
 
 _worker_tokenizer: Tokenizer | None = None
-_worker_allowed: frozenset[str] = frozenset()
 
 
-def _init_worker(tokenizer: Tokenizer, allowed: frozenset[str]) -> None:
-    global _worker_tokenizer, _worker_allowed
-    _worker_tokenizer, _worker_allowed = tokenizer, allowed
+def _init_worker(tokenizer: Tokenizer) -> None:
+    global _worker_tokenizer
+    _worker_tokenizer = tokenizer
+    tokenizer._pool = None  # a worker's copy owns no pool of its own
 
 
-def _encode_share(texts: list[str]) -> tuple[array, array]:
+def _encode_share(texts: list[str], allowed: frozenset[str]) -> tuple[array, array]:
     """Encode texts in a worker; ids travel back packed, as pickling lists of ints is slow."""
     assert _worker_tokenizer is not None
-    encoded = [_worker_tokenizer.encode(text, _worker_allowed) for text in texts]
+    encoded = [_worker_tokenizer.encode(text, allowed) for text in texts]
     return array("q", map(len, encoded)), array("I", chain.from_iterable(encoded))
 
 
