@@ -1,10 +1,15 @@
 """GPT-2 from scratch: OpenAI's tokenizer, model, weights, generation and training."""
 
 from gpt2.errors import (
+    CheckpointError,
+    CheckpointNotFoundError,
+    ConfigError,
+    ContextLengthError,
     GPT2Error,
     InputTypeError,
     InvalidArgumentError,
     TokenIdError,
+    UnknownModelError,
     VocabularyError,
     VocabularyNotFoundError,
 )

@@ -28,3 +28,23 @@ class InputTypeError(GPT2Error, TypeError):
 
 class InvalidArgumentError(GPT2Error, ValueError):
     """An argument has the right type but a value that cannot be used."""
+
+
+class ConfigError(GPT2Error, ValueError):
+    """A model configuration is invalid (e.g. n_embd not divisible by n_head)."""
+
+
+class UnknownModelError(GPT2Error, ValueError):
+    """A model name is neither a released GPT-2 nor a local directory."""
+
+
+class CheckpointError(GPT2Error, ValueError):
+    """A weights file is corrupt, truncated, or does not fit the model."""
+
+
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
+    """A weights file or directory does not exist."""
+
+
+class ContextLengthError(GPT2Error, ValueError):
+    """A sequence is longer than the model's context (n_ctx)."""
