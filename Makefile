@@ -7,8 +7,13 @@ BIN := $(VENV)/bin
 
 .PHONY: demo test bench clean
 
+# torch is pinned first: here pip takes a local CPU build in seconds, where an unpinned
+# torch would pull a multi-GB CUDA build. Elsewhere, pick a build at pytorch.org first.
+TORCH ?= torch==2.13.0
+
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q "$(TORCH)"
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e .
@@ -27,6 +32,7 @@ test: $(VENV)/.installed-dev
 
 bench: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/tokenizer.py
+	$(BIN)/python benchmarks/load_memory.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis

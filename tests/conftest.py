@@ -60,3 +60,46 @@ def tiktoken_from_files(encoder_json: Path, vocab_bpe: Path, eot: int = 50256):
         special_tokens={"<|endoftext|>": eot},
         explicit_n_vocab=len(ranks) + 1,
     )
+
+
+def make_hf_model(seed: int = 0, **config):
+    """A randomly initialised `transformers.GPT2LMHeadModel` (the independent reference), in eval mode.
+
+    Config keys are Hugging Face's (vocab_size, n_positions, n_embd, n_layer, n_head, ...).
+    """
+    import torch
+    from transformers import GPT2Config as HFConfig
+    from transformers import GPT2LMHeadModel
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    vocab = config.get("vocab_size", 50257)
+    torch.manual_seed(seed)
+    model = GPT2LMHeadModel(HFConfig(bos_token_id=vocab - 1, eos_token_id=vocab - 1, **config)).eval()
+    with torch.no_grad():  # LayerNorms start at 1/0: perturb them so a mix-up of g and b shows
+        for name, p in model.named_parameters():
+            if ".ln_" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+    return model
+
+
+@pytest.fixture(scope="session")
+def real_gpt2_dir():
+    """A directory with OpenAI's real GPT-2 124M weights, or skip.
+
+    Looked for in $GPT2_WEIGHTS (a Hugging Face or OpenAI TensorFlow directory), then in the
+    Hugging Face hub cache (after e.g. `gpt2 generate --model gpt2` once online).
+    """
+    if os.environ.get("GPT2_WEIGHTS"):
+        return Path(os.environ["GPT2_WEIGHTS"])
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache("openai-community/gpt2", "model.safetensors")
+        if isinstance(cached, str):
+            cached_config = try_to_load_from_cache("openai-community/gpt2", "config.json")
+            if isinstance(cached_config, str):
+                return Path(cached).parent
+    except Exception:
+        pass
+    pytest.skip("the real GPT-2 weights are not on this machine: set GPT2_WEIGHTS=DIR (see README)")

@@ -92,3 +92,9 @@ def test_console_script_runs_as_a_process():
     result = subprocess.run([sys.executable, "-m", "gpt2", "tokenize", "--decode", "x"], capture_output=True, timeout=60)
     assert result.returncode == 2
     assert result.stderr.decode().strip() == "gpt2: error: --decode takes integer token ids, got 'x'"
+
+
+def test_importing_gpt2_and_tokenizing_does_not_import_torch():
+    code = "import sys, gpt2.cli; gpt2.cli.main(['tokenize', '--count', 'hi']); assert 'torch' not in sys.modules"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
+    assert result.returncode == 0, result.stderr.decode()

@@ -1,5 +1,10 @@
-"""GPT-2 from scratch: OpenAI's tokenizer, model, weights, generation and training."""
+"""GPT-2 from scratch: OpenAI's tokenizer, model, weights, generation and training.
 
+`gpt2.Tokenizer` and `gpt2.GPT2Config` import without torch; `gpt2.GPT2` imports torch
+on first use, so the tokenizer and its command stay quick to start.
+"""
+
+from gpt2.config import GPT2Config
 from gpt2.errors import (
     CheckpointError,
     CheckpointNotFoundError,
@@ -18,12 +23,27 @@ from gpt2.tokenizer import IncrementalDecoder, Tokenizer
 __version__ = "0.1.0"
 
 __all__ = [
+    "GPT2",
+    "CheckpointError",
+    "CheckpointNotFoundError",
+    "ConfigError",
+    "ContextLengthError",
+    "GPT2Config",
     "GPT2Error",
     "IncrementalDecoder",
     "InputTypeError",
     "InvalidArgumentError",
     "TokenIdError",
     "Tokenizer",
+    "UnknownModelError",
     "VocabularyError",
     "VocabularyNotFoundError",
 ]
+
+
+def __getattr__(name: str):
+    if name == "GPT2":
+        from gpt2.model import GPT2
+
+        return GPT2
+    raise AttributeError(f"module 'gpt2' has no attribute {name!r}")

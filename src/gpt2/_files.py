@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 
 @contextlib.contextmanager
@@ -31,3 +33,14 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
+
+
+def read_json_object(path: Path, error: type[Exception], what: str = "a JSON object") -> dict[str, Any]:
+    """The JSON object in `path`; anything else raises `error` naming the file."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise error(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise error(f"{path} must hold {what}")
+    return data

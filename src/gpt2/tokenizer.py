@@ -36,7 +36,7 @@ from typing import AbstractSet, Literal
 
 import regex
 
-from gpt2._files import atomic_write_text
+from gpt2._files import atomic_write_text, read_json_object
 from gpt2.errors import (
     InputTypeError,
     InvalidArgumentError,
@@ -198,12 +198,7 @@ class Tokenizer:
         for path in (encoder_json, vocab_bpe):
             if not path.is_file():
                 raise VocabularyNotFoundError(f"vocabulary file not found: {path}")
-        try:
-            raw_encoder = json.loads(encoder_json.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise VocabularyError(f"{encoder_json} is not valid JSON: {e}") from None
-        if not isinstance(raw_encoder, dict):
-            raise VocabularyError(f"{encoder_json} must hold a JSON object of token -> id")
+        raw_encoder = read_json_object(encoder_json, VocabularyError, "a JSON object of token -> id")
         encoder: dict[bytes, int] = {}
         special: dict[str, int] = {}
         for text, i in raw_encoder.items():

@@ -1,0 +1,336 @@
+"""The GPT-2 model in PyTorch, following the seeds' forward pass.
+
+    x = wte[idx] + wpe[pos]                      # (B, T, C) token + position embeddings
+    for each of n_layer blocks:
+        x = x + attn(ln_1(x))                    # causal multi-head self-attention
+        x = x + mlp(ln_2(x))                     # C -> 4C -> GELU -> C
+    logits = ln_f(x) @ wte.T                     # (B, T, V), unembedding tied to wte
+
+B is the batch size, T the sequence length, C = n_embd, V = n_vocab, H = n_head.
+Parameter names match OpenAI's and Hugging Face's, so checkpoints map name for name.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+from gpt2.config import GPT2Config
+from gpt2.errors import ContextLengthError, InputTypeError, InvalidArgumentError, TokenIdError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def softmax(logits: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Probabilities from logits, along `dim` (the seeds' last step), computed in float32.
+
+    Subtracting the row's max before exp (done inside torch.softmax) avoids overflow.
+    """
+    return torch.softmax(logits.float(), dim=dim)
+
+
+def sinusoidal_positions(n_ctx: int, n_embd: int) -> torch.Tensor:
+    """(n_ctx, n_embd): PE[t, 2i] = sin(t / 10000^(2i/C)), PE[t, 2i+1] = cos(t / 10000^(2i/C))."""
+    position = torch.arange(n_ctx, dtype=torch.float64)[:, None]  # (n_ctx, 1)
+    frequency = torch.exp(-math.log(10000.0) * torch.arange(0, n_embd, 2, dtype=torch.float64) / n_embd)
+    table = torch.zeros(n_ctx, n_embd, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(position * frequency)
+    table[:, 1::2] = torch.cos(position * frequency[: n_embd // 2])
+    return table.float()
+
+
+class SinusoidalPositions(nn.Module):
+    """A fixed position table with an Embedding's interface; not a parameter, not saved."""
+
+    def __init__(self, n_ctx: int, n_embd: int):
+        super().__init__()
+        self.register_buffer("weight", sinusoidal_positions(n_ctx, n_embd), persistent=False)
+
+    def forward(self, pos: torch.Tensor) -> torch.Tensor:
+        return self.weight[pos]
+
+
+class Dense(nn.Module):
+    """A linear layer y = x @ weight + bias, with weight stored (in, out).
+
+    That is the seeds' layout (W_1 is C x 3C) and the one OpenAI's and Hugging Face's
+    checkpoints store, so weights load and save without a transpose. (nn.Linear stores
+    the transpose, (out, in).)
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(in_features, out_features))
+        self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x @ self.weight
+        return y if self.bias is None else y + self.bias
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head self-attention in which each position sees only itself and earlier ones."""
+
+    def __init__(self, config: GPT2Config):
+        super().__init__()
+        self.n_head = config.n_head
+        self.c_attn = Dense(config.n_embd, 3 * config.n_embd, bias=config.bias)  # q, k, v in one matmul
+        self.c_proj = Dense(config.n_embd, config.n_embd, bias=config.bias)
+        self.attn_dropout = nn.Dropout(config.dropout)
+        self.resid_dropout = nn.Dropout(config.dropout)
+        self.dropout = config.dropout
+        # PyTorch's fused kernel where it exists; the explicit masked softmax otherwise.
+        self.use_sdpa = hasattr(F, "scaled_dot_product_attention")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)  # 3 x (B, T, C)
+        # (B, T, C) -> (B, H, T, C/H): each head attends over its own slice of the channels
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        if self.use_sdpa:
+            dropout = self.dropout if self.training else 0.0
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
+        else:
+            y = attention(q, k, v, self.attn_dropout)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side again
+        return self.resid_dropout(self.c_proj(y))
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: nn.Module | None = None) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d) + causal mask) v, written out. q, k, v: (B, H, T, d)."""
+    T = q.size(-2)
+    scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))  # (B, H, T, T)
+    future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
+    scores = scores.masked_fill(future, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    if dropout is not None:
+        weights = dropout(weights)
+    return weights @ v  # (B, H, T, d)
+
+
+class MLP(nn.Module):
+    """The position-wise feed-forward network: C -> 4C -> GELU -> C."""
+
+    def __init__(self, config: GPT2Config):
+        super().__init__()
+        self.c_fc = Dense(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.c_proj = Dense(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+        # GPT-2's GELU is the tanh approximation 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+        self.approximate = "tanh" if config.activation == "gelu_tanh" else "none"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate=self.approximate)))
+
+
+class Block(nn.Module):
+    """One transformer block, pre-LayerNorm: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
+
+    def __init__(self, config: GPT2Config):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon, bias=config.bias)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        x = x + self.mlp(self.ln_2(x))
+        return x
+
+
+class GPT2(nn.Module):
+    """GPT-2: `model(idx)` gives logits (B, T, n_vocab); `model(idx, targets)` gives (logits, loss)."""
+
+    def __init__(self, config: GPT2Config):
+        super().__init__()
+        self.config = config
+        positions = (
+            nn.Embedding(config.n_ctx, config.n_embd)
+            if config.positions == "learned"
+            else SinusoidalPositions(config.n_ctx, config.n_embd)
+        )
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(config.n_vocab, config.n_embd),
+                wpe=positions,
+                drop=nn.Dropout(config.dropout),
+                h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+                ln_f=nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon, bias=config.bias),
+            )
+        )
+        self.apply(self._init_weights)
+        # GPT-2's scaled init: residual projections shrink with depth so the sum stays O(1).
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, Dense):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    # ---------------------------------------------------------------- forward
+
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None, *, ignore_index: int = -100
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """idx: (B, T) token ids. targets: (B, T) ids of the next tokens, `ignore_index` where none.
+
+        Returns logits (B, T, n_vocab) or, with targets, (logits, mean cross-entropy).
+        """
+        self._check_input(idx)
+        logits = self._logits(idx)
+        if targets is None:
+            return logits
+        if not isinstance(targets, torch.Tensor) or targets.shape != idx.shape:
+            shape = list(targets.shape) if isinstance(targets, torch.Tensor) else type(targets).__name__
+            raise InvalidArgumentError(f"targets must be a tensor shaped like idx {list(idx.shape)}, got {shape}")
+        loss = F.cross_entropy(
+            logits.float().view(-1, logits.size(-1)), targets.reshape(-1).to(logits.device), ignore_index=ignore_index
+        )
+        return logits, loss
+
+    def _logits(self, idx: torch.Tensor) -> torch.Tensor:
+        T = idx.size(1)
+        pos = torch.arange(T, device=idx.device)  # (T,)
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (B, T, C)
+        for block in self.transformer.h:
+            x = block(x)
+        x = self.transformer.ln_f(x)
+        return F.linear(x, self.transformer.wte.weight)  # (B, T, V): x @ wte.T
+
+    def _check_input(self, idx: torch.Tensor) -> None:
+        if not isinstance(idx, torch.Tensor) or idx.dtype.is_floating_point or idx.dtype == torch.bool:
+            what = f"a {idx.dtype} tensor" if isinstance(idx, torch.Tensor) else type(idx).__name__
+            raise InputTypeError(f"idx must be an integer tensor of token ids (B, T), got {what}")
+        if idx.dim() != 2:
+            raise InvalidArgumentError(f"idx must have shape (B, T), got {list(idx.shape)}; for one sequence use idx[None]")
+        B, T = idx.shape
+        if B == 0 or T == 0:
+            raise InvalidArgumentError(f"idx is empty (shape {list(idx.shape)}): give at least one token in each of at least one sequence")
+        if T > self.config.n_ctx:
+            raise ContextLengthError(f"sequence of {T} tokens is longer than the model's context of n_ctx={self.config.n_ctx} tokens")
+        low, high = int(idx.min()), int(idx.max())
+        if low < 0 or high >= self.config.n_vocab:
+            bad = low if low < 0 else high
+            raise TokenIdError(f"token id {bad} is out of range: this model's ids are 0..{self.config.n_vocab - 1}")
+
+    # ------------------------------------------------------------- utilities
+
+    def num_parameters(self) -> int:
+        """Number of parameters, each counted once (the tied wte/unembedding included once)."""
+        return sum(p.numel() for p in self.parameters())
+
+    def set_attention(self, implementation: str) -> GPT2:
+        """"sdpa" (PyTorch's fused attention) or "math" (the explicit masked softmax)."""
+        if implementation not in ("sdpa", "math"):
+            raise InvalidArgumentError(f"attention implementation must be 'sdpa' or 'math', got {implementation!r}")
+        for block in self.transformer.h:
+            block.attn.use_sdpa = implementation == "sdpa"
+        return self
+
+    @property
+    def device(self) -> torch.device:
+        return self.transformer.wte.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.transformer.wte.weight.dtype
+
+    # ------------------------------------------------------- loading, saving
+
+    @classmethod
+    def from_pretrained(
+        cls, name_or_path: str | os.PathLike, *, device: str | torch.device = "auto", dtype: str | torch.dtype = "float32"
+    ) -> GPT2:
+        """Load OpenAI's weights: a released name (gpt2, gpt2-medium, gpt2-large, gpt2-xl),
+        a Hugging Face directory, or a directory of OpenAI's original TensorFlow release.
+
+        The model is built without memory for its weights (on the meta device), then each
+        tensor read from the checkpoint becomes its parameter, one at a time, so loading needs
+        little more memory than the model itself. Returns the model in eval mode.
+        """
+        from gpt2.weights import iter_tensors, locate
+
+        device, dtype = resolve_device(device), resolve_dtype(dtype)
+        checkpoint = locate(name_or_path)
+        with torch.device("meta"):
+            model = cls(checkpoint.config)
+        for name, tensor in iter_tensors(checkpoint, framework="pt"):
+            # copies only when the device, dtype or layout must change
+            tensor = tensor.to(device=device, dtype=dtype).contiguous()
+            module_name, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(module_name), attr, nn.Parameter(tensor))
+        model._reset_buffers(device, dtype)
+        return model.eval()
+
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """The weights under Hugging Face's names, which are ours, and in its layout, which is ours."""
+        return {name: p.detach() for name, p in self.named_parameters()}
+
+    def _reset_buffers(self, device: torch.device, dtype: torch.dtype) -> None:
+        """Compute the buffers no checkpoint holds, for a model built on the meta device."""
+        wpe = self.transformer.wpe
+        if isinstance(wpe, SinusoidalPositions):
+            wpe.weight = sinusoidal_positions(self.config.n_ctx, self.config.n_embd).to(device=device, dtype=dtype)
+
+    def save_pretrained(self, directory: str | os.PathLike) -> None:
+        """Write `config.json` + `model.safetensors` in Hugging Face's GPT-2 layout.
+
+        `transformers.GPT2LMHeadModel.from_pretrained(directory)` loads the result, and so does
+        `GPT2.from_pretrained`. Each file is written to a temporary name and renamed into place.
+        """
+        import json
+
+        from safetensors.torch import save_file
+
+        from gpt2._files import atomic_path, atomic_write_text
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        tensors = {name: t.contiguous().cpu() for name, t in self.hf_state_dict().items()}
+        with atomic_path(directory / "model.safetensors") as tmp:
+            save_file(tensors, str(tmp), metadata={"format": "pt"})
+        atomic_write_text(directory / "config.json", json.dumps(self.config.to_hf_dict(), indent=2) + "\n")
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    """"auto" is CUDA when present, else CPU; asking for a device that is not there is an error."""
+    if isinstance(device, torch.device):
+        device = str(device)
+    if not isinstance(device, str):
+        raise InvalidArgumentError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except RuntimeError:
+        raise InvalidArgumentError(f"unknown device {device!r}: use 'auto', 'cpu', 'cuda' or 'cuda:N'") from None
+    if resolved.type == "cuda":
+        if not torch.cuda.is_available():
+            raise InvalidArgumentError(f"device {device!r} asked for, but CUDA is not available on this machine; use 'cpu' or 'auto'")
+        if resolved.index is not None and resolved.index >= torch.cuda.device_count():
+            raise InvalidArgumentError(f"device {device!r} asked for, but this machine has {torch.cuda.device_count()} CUDA device(s)")
+    elif resolved.type != "cpu":
+        raise InvalidArgumentError(f"unsupported device {device!r}: use 'auto', 'cpu', 'cuda' or 'cuda:N'")
+    return resolved
+
+
+def resolve_dtype(dtype: str | torch.dtype = "float32") -> torch.dtype:
+    if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
+        return dtype
+    if dtype in DTYPES:
+        return DTYPES[dtype]
+    raise InvalidArgumentError(f"unsupported dtype {dtype!r}: use one of {', '.join(DTYPES)}")

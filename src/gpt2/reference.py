@@ -1,0 +1,176 @@
+"""GPT-2 in plain NumPy: the reference engine.
+
+One function per piece of the math, to read beside the seeds (seed 003 builds GPT-2 the same
+way). It shares no code with the torch model, so each checks the other, and it runs where
+torch is not installed. It computes one sequence at a time and keeps no cache: slow, simple.
+
+Shapes: T the sequence length, C = n_embd, V = n_vocab, H = n_head. Weights are the
+canonical tensors of `gpt2.weights` (linear weights stored (in, out): y = x @ w + b).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from gpt2.config import GPT2Config
+from gpt2.errors import ContextLengthError, InvalidArgumentError, TokenIdError
+
+Params = dict[str, Any]
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    """GELU, the tanh approximation GPT-2 uses."""
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+
+
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def gelu_exact(x: np.ndarray) -> np.ndarray:
+    """GELU as defined: x * Phi(x), with Phi the standard normal CDF."""
+    return (0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)))).astype(x.dtype)
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    """Row-wise softmax; subtracting the row max first keeps exp from overflowing."""
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def layer_norm(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float = 1e-5) -> np.ndarray:
+    """Normalise each row to mean 0 and variance 1, then scale by g and shift by b. (T, C) -> (T, C)."""
+    mean = x.mean(axis=-1, keepdims=True)
+    variance = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
+    return g * (x - mean) / np.sqrt(variance + eps) + b
+
+
+def linear(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """(T, in) @ (in, out) + (out,) -> (T, out)."""
+    return x @ w + b
+
+
+def ffn(x: np.ndarray, c_fc: Params, c_proj: Params, activation=gelu) -> np.ndarray:
+    """Position-wise feed-forward: (T, C) -> (T, 4C) -> activation -> (T, C)."""
+    return linear(activation(linear(x, **c_fc)), **c_proj)
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Causal scaled dot-product attention for one head: (T, d) x3 -> (T, d)."""
+    T, d = q.shape
+    scores = q @ k.T / math.sqrt(d)  # (T, T): how much position i attends to position j
+    future = np.triu(np.ones((T, T), dtype=bool), k=1)  # j > i: not visible from i
+    scores = np.where(future, -np.inf, scores)
+    return softmax(scores) @ v
+
+
+def mha(x: np.ndarray, c_attn: Params, c_proj: Params, n_head: int) -> np.ndarray:
+    """Multi-head causal self-attention: (T, C) -> (T, C)."""
+    qkv = linear(x, **c_attn)  # (T, 3C)
+    q, k, v = np.split(qkv, 3, axis=-1)  # 3 x (T, C)
+    heads = [
+        attention(qh, kh, vh)  # (T, C/H)
+        for qh, kh, vh in zip(np.split(q, n_head, axis=-1), np.split(k, n_head, axis=-1), np.split(v, n_head, axis=-1))
+    ]
+    return linear(np.concatenate(heads, axis=-1), **c_proj)  # (T, C)
+
+
+def transformer_block(
+    x: np.ndarray, ln_1: Params, attn: Params, ln_2: Params, mlp: Params, n_head: int, activation=gelu, eps: float = 1e-5
+) -> np.ndarray:
+    """Pre-LayerNorm block with residual connections: (T, C) -> (T, C)."""
+    x = x + mha(layer_norm(x, **ln_1, eps=eps), **attn, n_head=n_head)
+    x = x + ffn(layer_norm(x, **ln_2, eps=eps), **mlp, activation=activation)
+    return x
+
+
+def gpt2(
+    inputs: Sequence[int], wte: np.ndarray, wpe: np.ndarray, blocks: list[Params], ln_f: Params, n_head: int,
+    activation=gelu, eps: float = 1e-5,
+) -> np.ndarray:
+    """Logits (T, V) for a sequence of T token ids."""
+    inputs = np.asarray(inputs)
+    x = wte[inputs] + wpe[np.arange(len(inputs))]  # (T, C)
+    for block in blocks:
+        x = transformer_block(x, **block, n_head=n_head, activation=activation, eps=eps)
+    x = layer_norm(x, **ln_f, eps=eps)
+    return x @ wte.T  # (T, V): the unembedding is wte itself
+
+
+# ---------------------------------------------------------------------- weights
+
+
+def sinusoidal_positions(n_ctx: int, n_embd: int) -> np.ndarray:
+    """(n_ctx, C): sin on even channels, cos on odd ones, wavelengths from 2 pi to 10000 * 2 pi."""
+    table = np.zeros((n_ctx, n_embd))
+    for i in range(0, n_embd, 2):
+        angle = np.arange(n_ctx) / 10000.0 ** (i / n_embd)
+        table[:, i] = np.sin(angle)
+        if i + 1 < n_embd:
+            table[:, i + 1] = np.cos(angle)
+    return table.astype(np.float32)
+
+
+def params_from_tensors(config: GPT2Config, tensors: dict[str, np.ndarray]) -> Params:
+    """Nest canonical tensors as `gpt2()` takes them; missing biases (bias=False) become zeros."""
+
+    def get(name: str, width: int) -> np.ndarray:
+        if name in tensors:
+            return np.asarray(tensors[name], dtype=np.float32)
+        return np.zeros(width, dtype=np.float32)  # a bias the config leaves out
+
+    C = config.n_embd
+
+    def norm(prefix: str) -> Params:
+        return {"g": get(f"{prefix}.weight", C), "b": get(f"{prefix}.bias", C)}
+
+    def lin(prefix: str, width: int) -> Params:
+        return {"w": get(f"{prefix}.weight", 0), "b": get(f"{prefix}.bias", width)}
+
+    blocks = []
+    for i in range(config.n_layer):
+        p = f"transformer.h.{i}"
+        blocks.append({
+            "ln_1": norm(f"{p}.ln_1"),
+            "attn": {"c_attn": lin(f"{p}.attn.c_attn", 3 * C), "c_proj": lin(f"{p}.attn.c_proj", C)},
+            "ln_2": norm(f"{p}.ln_2"),
+            "mlp": {"c_fc": lin(f"{p}.mlp.c_fc", 4 * C), "c_proj": lin(f"{p}.mlp.c_proj", C)},
+        })  # fmt: skip
+    wpe = (
+        get("transformer.wpe.weight", 0)
+        if config.positions == "learned"
+        else sinusoidal_positions(config.n_ctx, config.n_embd)
+    )
+    return {"wte": get("transformer.wte.weight", 0), "wpe": wpe, "blocks": blocks, "ln_f": norm("transformer.ln_f")}
+
+
+class ReferenceModel:
+    """The NumPy engine with its weights and settings bound: `ReferenceModel.load(path)(ids)`."""
+
+    def __init__(self, config: GPT2Config, tensors: dict[str, np.ndarray]):
+        self.config = config
+        self.params = params_from_tensors(config, tensors)
+
+    @classmethod
+    def load(cls, name_or_path: str | os.PathLike) -> ReferenceModel:
+        """Read a checkpoint (any format `gpt2.weights` reads) without torch."""
+        from gpt2.weights import read_tensors
+
+        return cls(*read_tensors(name_or_path))
+
+    def __call__(self, inputs: Sequence[int]) -> np.ndarray:
+        """Logits (T, V) of one sequence of token ids."""
+        inputs = np.asarray(inputs)
+        if inputs.ndim != 1 or inputs.size == 0 or inputs.dtype.kind not in "iu":
+            raise InvalidArgumentError(f"inputs must be a non-empty sequence of integer token ids, got shape {list(inputs.shape)} of {inputs.dtype}")
+        if len(inputs) > self.config.n_ctx:
+            raise ContextLengthError(f"sequence of {len(inputs)} tokens is longer than the model's context of n_ctx={self.config.n_ctx} tokens")
+        if inputs.min() < 0 or inputs.max() >= self.config.n_vocab:
+            bad = inputs.min() if inputs.min() < 0 else inputs.max()
+            raise TokenIdError(f"token id {bad} is out of range: this model's ids are 0..{self.config.n_vocab - 1}")
+        activation = gelu if self.config.activation == "gelu_tanh" else gelu_exact
+        return gpt2(inputs, **self.params, n_head=self.config.n_head, activation=activation, eps=self.config.layer_norm_epsilon)

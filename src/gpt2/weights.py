@@ -1,0 +1,295 @@
+"""Finding and reading GPT-2 weights, in every format OpenAI's weights are published in.
+
+Every reader yields tensors under one canonical naming, Hugging Face's GPT2LMHeadModel keys
+(`transformer.h.0.attn.c_attn.weight`, ...), in the layout OpenAI's code and Hugging Face
+store: a linear layer's weight is (in_features, out_features), so y = x @ w + b. The torch
+model and the NumPy reference engine both use that layout, so nothing is transposed.
+
+Formats:
+- a Hugging Face directory: `config.json` + `model.safetensors` (or `pytorch_model.bin`);
+- OpenAI's TensorFlow release: `hparams.json` + `model.ckpt.index` + `model.ckpt.data-*`;
+- a released name (gpt2, gpt2-medium, gpt2-large, gpt2-xl): downloaded from the Hugging Face
+  hub once, into its standard cache, then read as the first format.
+
+This module does not import torch unless it must read a `pytorch_model.bin`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from gpt2._files import read_json_object
+from gpt2.config import PRESETS, GPT2Config
+from gpt2.errors import CheckpointError, CheckpointNotFoundError, ConfigError, UnknownModelError
+
+HUB_REPOS = {name: f"openai-community/{name}" for name in PRESETS}
+
+# Tensors some checkpoints carry that are not weights: the causal mask buffers of old
+# transformers versions, and lm_head.weight, which GPT-2 ties to wte.
+_NOT_WEIGHTS = re.compile(r"(.*\.attn\.(bias|masked_bias)|lm_head\.weight)$")
+
+Format = Literal["safetensors", "pytorch", "tensorflow"]
+
+
+@dataclass
+class Checkpoint:
+    """A located checkpoint: where it is, in which format, and the model configuration it holds."""
+
+    directory: Path
+    format: Format
+    config: GPT2Config
+
+    @property
+    def weights_path(self) -> Path:
+        if self.format == "safetensors":
+            return self.directory / "model.safetensors"
+        if self.format == "pytorch":
+            return self.directory / "pytorch_model.bin"
+        return self.directory
+
+
+def expected_shapes(config: GPT2Config) -> dict[str, tuple[int, ...]]:
+    """Canonical name -> shape ((in, out) for linear weights) of every weight a model of `config` has."""
+    C, V = config.n_embd, config.n_vocab
+    shapes: dict[str, tuple[int, ...]] = {"transformer.wte.weight": (V, C)}
+    if config.positions == "learned":
+        shapes["transformer.wpe.weight"] = (config.n_ctx, C)
+    layer = {
+        "ln_1.weight": (C,), "ln_1.bias": (C,),
+        "attn.c_attn.weight": (C, 3 * C), "attn.c_attn.bias": (3 * C,),
+        "attn.c_proj.weight": (C, C), "attn.c_proj.bias": (C,),
+        "ln_2.weight": (C,), "ln_2.bias": (C,),
+        "mlp.c_fc.weight": (C, 4 * C), "mlp.c_fc.bias": (4 * C,),
+        "mlp.c_proj.weight": (4 * C, C), "mlp.c_proj.bias": (C,),
+    }  # fmt: skip
+    for i in range(config.n_layer):
+        for name, shape in layer.items():
+            if config.bias or not name.endswith(".bias"):
+                shapes[f"transformer.h.{i}.{name}"] = shape
+    shapes["transformer.ln_f.weight"] = (C,)
+    if config.bias:
+        shapes["transformer.ln_f.bias"] = (C,)
+    return shapes
+
+
+# --------------------------------------------------------------------- locating
+
+
+def locate(name_or_path: str | os.PathLike) -> Checkpoint:
+    """Find a checkpoint: a local directory, or a released name (downloaded once)."""
+    path = Path(name_or_path)
+    if path.is_dir():
+        return open_checkpoint(path)
+    if path.exists():
+        raise CheckpointError(f"{path} is a file; pass the directory that holds it (with config.json or hparams.json)")
+    name = str(name_or_path)
+    if name in HUB_REPOS:
+        return open_checkpoint(download(name))
+    raise UnknownModelError(
+        f"unknown model {name!r}: not a directory, and not a released GPT-2 "
+        f"({', '.join(HUB_REPOS)})"
+    )
+
+
+def download(name: str) -> Path:
+    """Download a released model's config.json and model.safetensors from the Hugging Face hub.
+
+    Files land in the hub's standard cache (HF_HOME), so later calls read them from disk.
+    """
+    repo = HUB_REPOS[name]
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(repo, allow_patterns=["config.json", "model.safetensors"]))
+    except Exception as e:  # network, offline mode, missing cache: all end the same way
+        reason = str(e).strip().splitlines()[0].rstrip(".") if str(e).strip() else type(e).__name__
+        raise CheckpointNotFoundError(
+            f"could not download {name!r} from the Hugging Face hub ({repo}): {reason}. "
+            f"Without a network, pass a local directory instead: a Hugging Face one "
+            f"(config.json + model.safetensors) or OpenAI's release (hparams.json + model.ckpt.*)"
+        ) from None
+
+
+def open_checkpoint(directory: Path) -> Checkpoint:
+    """Recognise the format of a checkpoint directory and read its configuration."""
+    if (directory / "config.json").is_file():
+        for filename, fmt in (("model.safetensors", "safetensors"), ("pytorch_model.bin", "pytorch")):
+            if (directory / filename).is_file():
+                config = GPT2Config.from_hf_dict(_read_json(directory / "config.json"), str(directory / "config.json"))
+                return Checkpoint(directory, fmt, config)
+        raise CheckpointNotFoundError(f"{directory} has config.json but neither model.safetensors nor pytorch_model.bin")
+    if (directory / "hparams.json").is_file():
+        if not any(directory.glob("*.index")):
+            raise CheckpointNotFoundError(f"{directory} has hparams.json but no TensorFlow checkpoint (model.ckpt.index)")
+        config = GPT2Config.from_openai_hparams(_read_json(directory / "hparams.json"), str(directory / "hparams.json"))
+        return Checkpoint(directory, "tensorflow", config)
+    raise CheckpointNotFoundError(
+        f"{directory} holds no GPT-2 checkpoint: expected config.json + model.safetensors "
+        f"(Hugging Face) or hparams.json + model.ckpt.* (OpenAI's TensorFlow release)"
+    )
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    return read_json_object(path, ConfigError)
+
+
+# --------------------------------------------------------------------- reading
+
+
+def iter_tensors(checkpoint: Checkpoint, framework: Literal["np", "pt"] = "np") -> Iterator[tuple[str, Any]]:
+    """Yield (canonical name, tensor) one at a time, each checked against the config's shape.
+
+    One tensor at a time keeps peak memory near the model's own size. `framework` picks
+    numpy arrays or torch tensors. Raises CheckpointError for an unknown tensor or a wrong
+    shape while iterating, and for missing tensors at the end.
+    """
+    shapes = expected_shapes(checkpoint.config)
+    seen = set()
+    for raw_name, tensor in _read_raw(checkpoint, framework):
+        name = _canonical_name(raw_name, checkpoint.format)
+        if name is None:
+            continue
+        if name not in shapes:
+            raise CheckpointError(f"{checkpoint.weights_path}: unexpected tensor {raw_name!r}; is this a GPT-2 checkpoint?")
+        shape = tuple(tensor.shape)
+        if checkpoint.format == "tensorflow" and len(shape) == 3 and shape[0] == 1:
+            tensor, shape = tensor[0], shape[1:]  # OpenAI stored linear weights as 1x1 convolutions
+        if shape != shapes[name]:
+            raise CheckpointError(
+                f"{checkpoint.weights_path}: tensor {raw_name!r} has shape {list(shape)}, "
+                f"but the config ({_describe(checkpoint.config)}) needs {list(shapes[name])}"
+            )
+        seen.add(name)
+        yield name, tensor
+    missing = [name for name in shapes if name not in seen]
+    if missing:
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        raise CheckpointError(f"{checkpoint.weights_path} lacks tensor(s) {', '.join(missing[:3])}{more}")
+
+
+def read_tensors(name_or_path: str | os.PathLike) -> tuple[GPT2Config, dict[str, np.ndarray]]:
+    """All weights of a checkpoint as numpy arrays (float32), under canonical names."""
+    checkpoint = locate(name_or_path)
+    tensors = {name: np.asarray(t, dtype=np.float32) for name, t in iter_tensors(checkpoint, "np")}
+    return checkpoint.config, tensors
+
+
+def _describe(config: GPT2Config) -> str:
+    return f"n_layer={config.n_layer}, n_head={config.n_head}, n_embd={config.n_embd}, n_vocab={config.n_vocab}, n_ctx={config.n_ctx}"
+
+
+def _canonical_name(raw: str, fmt: Format) -> str | None:
+    if fmt == "tensorflow":
+        # model/h3/attn/c_attn/w -> transformer.h.3.attn.c_attn.weight; model/wte -> transformer.wte.weight
+        name = re.sub(r"^model/", "", raw)
+        name = re.sub(r"^h(\d+)/", r"h.\1/", name).replace("/", ".")
+        name = re.sub(r"\.(g|w)$", ".weight", name)
+        name = re.sub(r"\.b$", ".bias", name)
+        if name in ("wte", "wpe"):
+            name += ".weight"
+        return "transformer." + name
+    if _NOT_WEIGHTS.match(raw):
+        return None
+    return raw if raw.startswith("transformer.") else "transformer." + raw
+
+
+def _read_raw(checkpoint: Checkpoint, framework: str) -> Iterator[tuple[str, Any]]:
+    path = checkpoint.weights_path
+    if checkpoint.format == "safetensors":
+        yield from read_safetensors(path, framework)
+    elif checkpoint.format == "pytorch":
+        import torch
+
+        try:
+            try:
+                state = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+            except RuntimeError as e:
+                if "mmap" not in str(e):
+                    raise
+                state = torch.load(path, map_location="cpu", weights_only=True)  # legacy, non-zip file
+        except Exception as e:
+            raise CheckpointError(f"{path} is truncated or corrupt ({str(e).splitlines()[0]}); download or save it again") from None
+        for name, tensor in state.items():
+            yield name, tensor.numpy() if framework == "np" else tensor
+    else:
+        from gpt2.tf_checkpoint import iter_tf_checkpoint
+
+        for name, array in iter_tf_checkpoint(checkpoint.directory):
+            if framework == "pt":
+                import torch
+
+                array = torch.from_numpy(array)  # shares the array's memory
+            yield name, array
+
+
+# safetensors dtype -> (numpy dtype, torch dtype name); numpy has no bfloat16 (see below).
+_SAFETENSORS_DTYPES = {
+    "F64": (np.float64, "float64"), "F32": (np.float32, "float32"), "F16": (np.float16, "float16"),
+    "BF16": (None, "bfloat16"), "I64": (np.int64, "int64"), "I32": (np.int32, "int32"),
+    "I16": (np.int16, "int16"), "I8": (np.int8, "int8"), "U8": (np.uint8, "uint8"), "BOOL": (np.bool_, "bool"),
+}  # fmt: skip
+
+
+def read_safetensors(path: Path, framework: Literal["np", "pt"] = "np") -> Iterator[tuple[str, Any]]:
+    """Yield (name, tensor) from a .safetensors file, reading one tensor at a time.
+
+    The format: 8 bytes (little-endian u64) giving the header's length N, N bytes of JSON
+    ({name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}}), then the
+    raw little-endian tensor bytes, offsets counted from the end of the header. Each tensor is
+    read straight into memory of its own, which the model then keeps as the parameter: no
+    second copy, and no mapping of the whole file whose pages would stay resident.
+    """
+
+    def corrupt(why: str) -> CheckpointError:
+        return CheckpointError(f"{path} is truncated or corrupt ({why}); download or save it again")
+
+    with open(path, "rb") as f:
+        file_size = os.fstat(f.fileno()).st_size
+        prefix = f.read(8)
+        if len(prefix) < 8:
+            raise corrupt("shorter than its 8-byte header length")
+        header_size = int.from_bytes(prefix, "little")
+        if header_size > file_size - 8:
+            raise corrupt(f"header of {header_size} bytes in a file of {file_size}")
+        try:
+            header = json.loads(f.read(header_size))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise corrupt(f"header is not JSON: {e}") from None
+        if not isinstance(header, dict):
+            raise corrupt("header is not a JSON object")
+        header.pop("__metadata__", None)
+        data_start = 8 + header_size
+        for name, info in sorted(header.items(), key=lambda item: item[1].get("data_offsets", [0])[0]):
+            try:
+                np_dtype, torch_dtype = _SAFETENSORS_DTYPES[info["dtype"]]
+                shape = [int(n) for n in info["shape"]]
+                begin, end = (int(n) for n in info["data_offsets"])
+            except (KeyError, TypeError, ValueError):
+                raise corrupt(f"bad header entry for {name!r}: {info!r}") from None
+            if data_start + end > file_size:
+                raise corrupt(f"tensor {name!r} ends at byte {data_start + end}, past the end of the file ({file_size})")
+            itemsize = 2 if np_dtype is None else np.dtype(np_dtype).itemsize
+            if end - begin != int(np.prod(shape)) * itemsize:
+                raise corrupt(f"tensor {name!r} has {end - begin} bytes, which does not fit shape {shape} of {info['dtype']}")
+            f.seek(data_start + begin)
+            if framework == "pt":
+                import torch
+
+                tensor = torch.empty(shape, dtype=getattr(torch, torch_dtype))
+                raw = tensor.view(-1).view(torch.uint8).numpy() if tensor.numel() else bytearray()
+            else:
+                tensor = np.empty(shape, dtype="<u2" if np_dtype is None else np.dtype(np_dtype).newbyteorder("<"))
+                raw = tensor.reshape(-1).view(np.uint8)
+            f.readinto(raw)  # straight into the tensor's memory: no second copy
+            if framework == "np" and np_dtype is None:  # bfloat16 is the high half of a float32's bits
+                tensor = (tensor.astype(np.uint32) << 16).view(np.float32)
+            yield name, tensor
+

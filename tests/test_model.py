@@ -1,0 +1,293 @@
+"""The torch model against transformers' GPT2LMHeadModel and the NumPy reference engine."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import make_hf_model
+from gpt2 import ConfigError, ContextLengthError, InputTypeError, InvalidArgumentError, TokenIdError
+from gpt2.config import GPT2Config
+from gpt2.model import GPT2, resolve_device, resolve_dtype, sinusoidal_positions, softmax
+from gpt2.reference import ReferenceModel
+from gpt2.reference import sinusoidal_positions as np_sinusoidal_positions
+
+TOLERANCE = 1e-4  # max absolute difference of fp32 logits
+
+# Small random configs: odd head counts, head sizes that are not powers of two, deep and shallow.
+CONFIGS = [
+    dict(vocab_size=101, n_positions=24, n_embd=48, n_layer=3, n_head=3),
+    dict(vocab_size=257, n_positions=17, n_embd=35, n_layer=2, n_head=5),
+    dict(vocab_size=64, n_positions=40, n_embd=56, n_layer=5, n_head=7),
+    dict(vocab_size=300, n_positions=8, n_embd=16, n_layer=1, n_head=1),
+]
+
+
+def ours_from_hf(hf_model, tmp_path) -> GPT2:
+    hf_model.save_pretrained(tmp_path)
+    return GPT2.from_pretrained(tmp_path, device="cpu")
+
+
+def max_diff(a, b) -> float:
+    return float((torch.as_tensor(a) - torch.as_tensor(b)).abs().max())
+
+
+# --------------------------------------------------------------------- config
+
+
+def test_released_presets():
+    assert [(c.n_layer, c.n_head, c.n_embd) for c in map(GPT2Config.from_name, ["gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"])] == [
+        (12, 12, 768), (24, 16, 1024), (36, 20, 1280), (48, 25, 1600),
+    ]  # fmt: skip
+    for name in ["gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"]:
+        config = GPT2Config.from_name(name)
+        assert (config.n_ctx, config.n_vocab) == (1024, 50257)
+
+
+def test_124m_parameter_count():
+    assert GPT2(GPT2Config.from_name("gpt2")).num_parameters() == 124_439_808
+
+
+@pytest.mark.parametrize("name", ["gpt2-medium", "gpt2-large", "gpt2-xl"])
+def test_parameter_counts_equal_transformers(name):
+    from transformers import GPT2Config as HFConfig
+    from transformers import GPT2LMHeadModel
+
+    config = GPT2Config.from_name(name)
+    with torch.device("meta"):  # shapes only: no memory for 1.5B parameters
+        ours = GPT2(config).num_parameters()
+        theirs = GPT2LMHeadModel(HFConfig(n_embd=config.n_embd, n_layer=config.n_layer, n_head=config.n_head)).num_parameters()
+    assert ours == theirs
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(n_embd=100, n_head=12), "n_embd \\(100\\) must be divisible by n_head \\(12\\)"),
+        (dict(n_layer=0), "n_layer must be a positive integer, got 0"),
+        (dict(n_vocab=-5), "n_vocab must be a positive integer, got -5"),
+        (dict(n_ctx=1.5), "n_ctx must be a positive integer"),
+        (dict(positions="rotary"), "positions must be one of learned, sinusoidal; got 'rotary'"),
+        (dict(activation="relu"), "activation must be one of gelu_tanh, gelu; got 'relu'"),
+        (dict(dropout=1.0), "dropout must be in \\[0, 1\\)"),
+        (dict(bias="yes"), "bias must be True or False"),
+    ],
+)
+def test_invalid_configs(changes, message):
+    with pytest.raises(ConfigError, match=message):
+        GPT2Config(**changes)
+
+
+def test_unknown_preset_lists_the_names():
+    with pytest.raises(Exception, match="gpt2, gpt2-medium, gpt2-large, gpt2-xl"):
+        GPT2Config.from_name("gpt3")
+
+
+def test_hf_config_round_trip():
+    config = GPT2Config(n_vocab=1000, n_ctx=64, n_embd=32, n_head=4, n_layer=2, positions="sinusoidal", activation="gelu", bias=False)
+    assert GPT2Config.from_hf_dict(config.to_hf_dict()) == config
+
+
+# --------------------------------------------------------------------- parity
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"L{c['n_layer']}H{c['n_head']}C{c['n_embd']}")
+def test_logits_equal_transformers_and_numpy(config, tmp_path):
+    hf = make_hf_model(**config)
+    ours = ours_from_hf(hf, tmp_path)
+    idx = torch.randint(0, config["vocab_size"], (3, config["n_positions"]), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = hf(idx).logits
+        got = ours(idx)
+    assert got.shape == (3, config["n_positions"], config["vocab_size"])
+    assert max_diff(got, expected) < TOLERANCE
+    reference = ReferenceModel.load(tmp_path)
+    for b in range(3):
+        assert max_diff(reference(idx[b].numpy()), expected[b]) < TOLERANCE
+
+
+def test_124m_shape_equals_transformers_and_numpy(tmp_path):
+    hf = make_hf_model(n_positions=1024)
+    ours = ours_from_hf(hf, tmp_path)
+    idx = torch.randint(0, 50257, (2, 64), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        expected = hf(idx).logits
+        assert max_diff(ours(idx), expected) < TOLERANCE
+    assert max_diff(ReferenceModel.load(tmp_path)(idx[1].numpy()), expected[1]) < TOLERANCE
+
+
+def test_math_attention_equals_sdpa(tmp_path):
+    ours = ours_from_hf(make_hf_model(**CONFIGS[0]), tmp_path)
+    idx = torch.randint(0, 101, (2, 24))
+    with torch.no_grad():
+        sdpa = ours(idx)
+        math = ours.set_attention("math")(idx)
+    assert max_diff(sdpa, math) < 1e-5
+    with pytest.raises(InvalidArgumentError, match="'sdpa' or 'math'"):
+        ours.set_attention("flash")
+
+
+def test_shorter_sequences_equal_prefix_of_longer(tmp_path):
+    ours = ours_from_hf(make_hf_model(**CONFIGS[0]), tmp_path)
+    idx = torch.randint(0, 101, (1, 24))
+    with torch.no_grad():
+        assert max_diff(ours(idx[:, :10]), ours(idx)[:, :10]) < 1e-5  # causality: the future is not seen
+
+
+def test_loss_equals_transformers_shifted_loss(tmp_path):
+    hf = make_hf_model(**CONFIGS[0])
+    ours = ours_from_hf(hf, tmp_path)
+    idx = torch.randint(0, 101, (2, 24))
+    with torch.no_grad():
+        expected = hf(idx, labels=idx).loss
+        _, loss = ours(idx[:, :-1], idx[:, 1:])
+    assert abs(float(loss) - float(expected)) < 1e-5
+
+
+def test_loss_ignores_ignore_index(tmp_path):
+    ours = ours_from_hf(make_hf_model(**CONFIGS[0]), tmp_path)
+    idx = torch.randint(0, 101, (2, 10))
+    targets = torch.randint(0, 101, (2, 10))
+    targets[0, :4] = -100
+    with torch.no_grad():
+        logits, loss = ours(idx, targets)
+    keep = targets != -100
+    expected = F.cross_entropy(logits[keep], targets[keep])
+    assert abs(float(loss) - float(expected)) < 1e-6
+    with torch.no_grad():
+        _, loss_1 = ours(idx, torch.where(keep, targets, -1), ignore_index=-1)
+    assert abs(float(loss_1) - float(expected)) < 1e-6
+
+
+def test_softmax_gives_probabilities():
+    logits = torch.tensor([[1000.0, 1000.0, -1000.0], [0.0, 1.0, 2.0]])
+    p = softmax(logits)
+    assert torch.allclose(p.sum(-1), torch.ones(2))
+    assert torch.allclose(p[0], torch.tensor([0.5, 0.5, 0.0]))
+    e = np.exp([0.0, 1.0, 2.0])
+    assert torch.allclose(p[1], torch.tensor(e / e.sum(), dtype=torch.float32))
+
+
+# ------------------------------------------------ options transformers lacks
+
+
+def test_sinusoidal_table_matches_the_numpy_engine():
+    for n_embd in (16, 15):
+        assert np.abs(sinusoidal_positions(50, n_embd).numpy() - np_sinusoidal_positions(50, n_embd)).max() < 1e-6
+    table = sinusoidal_positions(4, 4).numpy()
+    assert np.allclose(table[1], [np.sin(1), np.cos(1), np.sin(1 / 100), np.cos(1 / 100)])
+
+
+@pytest.mark.parametrize(
+    "options", [dict(positions="sinusoidal"), dict(activation="gelu"), dict(bias=False)], ids=["sinusoidal", "gelu", "nobias"]
+)
+def test_other_options_equal_the_numpy_engine(options, tmp_path):
+    torch.manual_seed(0)
+    config = GPT2Config(n_vocab=90, n_ctx=20, n_embd=24, n_head=3, n_layer=2, **options)
+    model = GPT2(config).eval()
+    model.save_pretrained(tmp_path)
+    loaded = GPT2.from_pretrained(tmp_path, device="cpu")
+    assert loaded.config == config
+    idx = torch.randint(0, 90, (1, 20))
+    with torch.no_grad():
+        logits = model(idx)
+        assert max_diff(loaded(idx), logits) == 0.0
+    assert max_diff(ReferenceModel.load(tmp_path)(idx[0].numpy()), logits[0]) < TOLERANCE
+    if not config.bias:
+        assert not any(name.endswith("bias") for name, _ in model.named_parameters())
+
+
+def test_dropout_only_in_training():
+    model = GPT2(GPT2Config(n_vocab=50, n_ctx=16, n_embd=16, n_head=2, n_layer=2, dropout=0.5))
+    idx = torch.randint(0, 50, (2, 16))
+    with torch.no_grad():
+        model.train()
+        assert max_diff(model(idx), model(idx)) > 1e-3
+        model.eval()
+        assert max_diff(model(idx), model(idx)) == 0.0
+
+
+# --------------------------------------------------------------------- precision
+
+
+@pytest.mark.parametrize("dtype, tolerance", [("bfloat16", 0.1), ("float16", 0.02)])
+def test_low_precision_stays_near_float32_on_cpu(dtype, tolerance, tmp_path):
+    hf = make_hf_model(**CONFIGS[0])
+    hf.save_pretrained(tmp_path)
+    fp32 = GPT2.from_pretrained(tmp_path, device="cpu")
+    low = GPT2.from_pretrained(tmp_path, device="cpu", dtype=dtype)
+    assert low.dtype == resolve_dtype(dtype)
+    idx = torch.randint(0, 101, (2, 24))
+    with torch.no_grad():
+        reference = fp32(idx)
+        got = low(idx).float()
+    # relative to the spread of the logits, which is what sampling sees
+    assert max_diff(got, reference) / float(reference.std()) < tolerance
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_bfloat16_stays_near_float32(tmp_path):
+    hf = make_hf_model(n_positions=256)  # the 124M shape
+    hf.save_pretrained(tmp_path)
+    fp32 = GPT2.from_pretrained(tmp_path, device="cuda")
+    bf16 = GPT2.from_pretrained(tmp_path, device="auto", dtype="bfloat16")
+    assert bf16.device.type == "cuda"
+    idx = torch.randint(0, 50257, (4, 256), device="cuda")
+    with torch.no_grad():
+        reference = fp32(idx)
+        assert max_diff(reference.cpu(), hf(idx.cpu()).logits) < 1e-3  # TF32 may be on
+        got = bf16(idx).float()
+    assert max_diff(got, reference) / float(reference.std()) < 0.1
+    assert (got.argmax(-1) == reference.argmax(-1)).float().mean() > 0.9
+
+
+# --------------------------------------------------------------------- bad input
+
+
+@pytest.fixture(scope="module")
+def tiny() -> GPT2:
+    return GPT2(GPT2Config(n_vocab=50, n_ctx=8, n_embd=16, n_head=2, n_layer=1)).eval()
+
+
+def test_sequence_longer_than_context(tiny):
+    with pytest.raises(ContextLengthError, match="sequence of 9 tokens is longer than the model's context of n_ctx=8"):
+        tiny(torch.zeros(1, 9, dtype=torch.long))
+
+
+@pytest.mark.parametrize("bad", [-1, 50, 10**6])
+def test_token_ids_out_of_range(tiny, bad):
+    idx = torch.zeros(2, 4, dtype=torch.long)
+    idx[1, 2] = bad
+    with pytest.raises(TokenIdError, match=f"token id {bad} is out of range: this model's ids are 0..49"):
+        tiny(idx)
+
+
+def test_empty_batch_and_wrong_shapes(tiny):
+    with pytest.raises(InvalidArgumentError, match="idx is empty"):
+        tiny(torch.zeros(0, 4, dtype=torch.long))
+    with pytest.raises(InvalidArgumentError, match="idx is empty"):
+        tiny(torch.zeros(2, 0, dtype=torch.long))
+    with pytest.raises(InvalidArgumentError, match="shape \\(B, T\\), got \\[4\\]; for one sequence use idx\\[None\\]"):
+        tiny(torch.zeros(4, dtype=torch.long))
+    with pytest.raises(InputTypeError, match="integer tensor"):
+        tiny(torch.zeros(1, 4))
+    with pytest.raises(InputTypeError, match="got list"):
+        tiny([[1, 2, 3]])
+    with pytest.raises(InvalidArgumentError, match="targets must be a tensor shaped like idx \\[1, 4\\], got \\[1, 3\\]"):
+        tiny(torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 3, dtype=torch.long))
+
+
+def test_devices_and_dtypes():
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(InvalidArgumentError, match="unknown device 'gpu0'"):
+        resolve_device("gpu0")
+    if not torch.cuda.is_available():
+        with pytest.raises(InvalidArgumentError, match="CUDA is not available on this machine"):
+            resolve_device("cuda")
+    with pytest.raises(InvalidArgumentError, match="unsupported dtype 'int8': use one of float32, bfloat16, float16"):
+        resolve_dtype("int8")
+    assert resolve_dtype(torch.float16) is torch.float16
