@@ -23,9 +23,17 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e ".[dev]"
 	touch $@ $(VENV)/.installed
 
+# MODEL: a released name (downloaded once) or a local directory of weights.
+MODEL ?= gpt2
+PROMPT ?= Alan Turing theorized that computers would one day become
+
 demo: $(VENV)/.installed
-	$(BIN)/gpt2 tokenize "Hello!! I'm Andrej Karpathy. It's 2022. w00t :D 🤗"
-	$(BIN)/gpt2 tokenize --decode 15496 3228 314 1101 10948 73 509 5117 10036 13 632 338 33160 13 266 405 83 1058 35 12520 97 245
+	$(BIN)/gpt2 tokenize "$(PROMPT)"
+	@$(BIN)/gpt2 generate "$(PROMPT)" --model "$(MODEL)" --max-new-tokens 40 --temperature 0 || { \
+	  echo "(the weights of '$(MODEL)' cannot be had here, so the same pipeline runs on random weights;"; \
+	  echo " for real text, run with a network or pass MODEL=path/to/weights)"; \
+	  $(BIN)/python -c "from gpt2 import GPT2, GPT2Config; GPT2(GPT2Config(n_layer=4, n_head=4, n_embd=256)).save_pretrained('.demo-random-gpt2')" && \
+	  $(BIN)/gpt2 generate "$(PROMPT)" --model .demo-random-gpt2 --max-new-tokens 40 --seed 0; }
 
 test: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest
@@ -33,6 +41,7 @@ test: $(VENV)/.installed-dev
 bench: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/tokenizer.py
 	$(BIN)/python benchmarks/load_memory.py
+	$(BIN)/python benchmarks/generate.py
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis .demo-random-gpt2

@@ -13,7 +13,6 @@ import argparse
 import os
 import platform
 import random
-import statistics
 import sys
 import time
 import tracemalloc
@@ -24,20 +23,11 @@ from tiktoken.load import data_gym_to_mergeable_bpe_ranks
 from tiktoken_ext.openai_public import r50k_pat_str
 
 import gpt2.tokenizer as tokenizer_module
+from _common import print_table, timed
 from gpt2 import Tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 VOCAB = REPO / "src" / "gpt2" / "vocab"
-
-
-def timed(fn, repeat: int) -> tuple[float, object]:
-    """Median seconds of `repeat` calls, and the last result."""
-    times, result = [], None
-    for _ in range(repeat):
-        start = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), result
 
 
 def main() -> None:
@@ -115,10 +105,7 @@ def main() -> None:
 
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
           f"tiktoken {tiktoken.__version__}; corpus {args.corpus.name} ({mb:.2f} MB, {len(ids):,} tokens)\n")
-    print("| measure | gpt2 | tiktoken | gpt2 / tiktoken throughput |")
-    print("|---|---|---|---|")
-    for row in rows:
-        print("| " + " | ".join(row) + " |")
+    print_table(["measure", "gpt2", "tiktoken", "gpt2 / tiktoken throughput"], rows)
 
 
 if __name__ == "__main__":

@@ -98,3 +98,106 @@ def test_importing_gpt2_and_tokenizing_does_not_import_torch():
     code = "import sys, gpt2.cli; gpt2.cli.main(['tokenize', '--count', 'hi']); assert 'torch' not in sys.modules"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
     assert result.returncode == 0, result.stderr.decode()
+
+
+# ------------------------------------------------------------------ gpt2 generate
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from conftest import make_hf_model
+
+    directory = tmp_path_factory.mktemp("model")
+    make_hf_model(vocab_size=50257, n_positions=64, n_embd=48, n_layer=2, n_head=3).save_pretrained(directory)
+    return str(directory)
+
+
+def expected_text(model_dir, prompt, **options):
+    from gpt2 import GPT2, Tokenizer
+    from gpt2.generate import generate_text
+
+    return generate_text(GPT2.from_pretrained(model_dir, device="cpu"), Tokenizer.gpt2(), prompt, **options)[0]
+
+
+def test_generate_no_stream_prints_the_continuation(capsys, model_dir):
+    code, out, err = run(capsys, "generate", "The dog", "--model", model_dir, "--max-new-tokens", "12", "--temperature", "0", "--no-stream")
+    assert code == 0
+    assert out == expected_text(model_dir, "The dog", max_new_tokens=12, temperature=0) + "\n"
+    assert err.startswith("[gpt2: 12 tokens in ") and "tokens/s]" in err
+
+
+def test_generate_streams_prompt_and_continuation(capsys, model_dir):
+    code, out, _ = run(capsys, "generate", "Once", "--model", model_dir, "--max-new-tokens", "10", "--seed", "4", "--top-k", "40")
+    assert code == 0
+    assert out == "Once" + expected_text(model_dir, "Once", max_new_tokens=10, seed=4, top_k=40, temperature=0.8) + "\n"
+
+
+def test_generate_numpy_engine_agrees(capsys, model_dir):
+    argv = ["generate", "Hello", "--model", model_dir, "--max-new-tokens", "6", "--temperature", "0", "--no-stream"]
+    torch_out = run(capsys, *argv)[1]
+    assert run(capsys, *argv, "--engine", "numpy")[1] == torch_out
+
+
+def test_generate_from_stdin_with_stop_and_samples(capsys, monkeypatch, model_dir):
+    code, out, _ = run(capsys, "generate", "-", "--model", model_dir, "--max-new-tokens", "8", "--temperature", "0",
+                       "--num-samples", "2", "--no-stream", stdin=b"The dog", monkeypatch=monkeypatch)  # fmt: skip
+    assert code == 0 and out.count("sample 1 of 2") == 1 and out.count("sample 2 of 2") == 1
+    continuation = expected_text(model_dir, "The dog", max_new_tokens=8, temperature=0)
+    stop = continuation[len(continuation) // 2 :][:3]
+    out = run(capsys, "generate", "The dog", "--model", model_dir, "--max-new-tokens", "8", "--temperature", "0",
+              "--no-stream", "--stop", stop)[1]  # fmt: skip
+    assert out == continuation[: continuation.index(stop)] + "\n"
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--temperature", "-1"], "temperature must be a number >= 0"),
+    (["--top-k", "0"], "top_k must be an integer from 1 to n_vocab"),
+    (["--top-p", "1.5"], "top_p must be in (0, 1], got 1.5"),
+    (["--max-new-tokens", "0"], "max_new_tokens must be a positive integer, got 0"),
+    (["--max-new-tokens", "many"], "argument --max-new-tokens: expected a whole number, got 'many'"),
+    (["--stop", ""], "stop strings must be non-empty text"),
+    (["--device", "tpu"], "unknown device 'tpu'"),
+    (["--dtype", "int8"], "argument --dtype: invalid choice: 'int8'"),
+    (["--max-new-tokens", "80", "--on-overflow", "error"], "exceed the context of n_ctx=64"),
+])  # fmt: skip
+def test_generate_bad_input_is_one_line_and_exit_2(capsys, model_dir, flags, message):
+    code, out, err = run(capsys, "generate", "Hi", "--model", model_dir, *flags)
+    assert (code, out) == (2, "")
+    assert err.count("\n") == 1 and err.startswith("gpt2: error: ") and message in err
+
+
+def test_generate_without_a_device_or_a_model(capsys, tmp_path):
+    import torch
+
+    if not torch.cuda.is_available():
+        code, _, err = run(capsys, "generate", "Hi", "--model", str(tmp_path), "--device", "cuda")
+        assert code == 2 and "CUDA is not available on this machine" in err
+    code, _, err = run(capsys, "generate", "Hi", "--model", "gpt-5")
+    assert code == 2 and "unknown model 'gpt-5'" in err and err.count("\n") == 1
+
+
+def test_generate_released_name_offline_says_how_to_pass_a_path(tmp_path):
+    env = {**__import__("os").environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path)}
+    result = subprocess.run([sys.executable, "-m", "gpt2", "generate", "Hi"], capture_output=True, timeout=120, env=env)
+    assert result.returncode == 2
+    err = result.stderr.decode()
+    assert err.count("\n") == 1 and "could not download 'gpt2'" in err and "pass a local directory" in err
+
+
+def test_ctrl_c_while_streaming_keeps_what_was_printed(model_dir):
+    import signal
+    import time
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gpt2", "generate", "Tell me a story", "--model", model_dir, "--engine", "numpy",
+         "--max-new-tokens", "60", "--seed", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    first = process.stdout.read(len("Tell me a story"))  # the prompt arrives first, then tokens
+    time.sleep(1.0)
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=60)
+    assert first == b"Tell me a story"
+    assert process.returncode == 130
+    assert b"Traceback" not in err and b"interrupted" in err
+    assert (first + out).startswith(b"Tell me a story")

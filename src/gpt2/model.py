@@ -55,6 +55,30 @@ class SinusoidalPositions(nn.Module):
         return self.weight[pos]
 
 
+# oneDNN's linear, in every x86 CPU build of torch: at one to a few rows (decoding), it reads
+# weights at up to 1.5x the rate of the matrix-vector product behind `x @ w`, which runs on one
+# thread at those sizes (benchmarks/RESULTS.md). It has no gradient, so only inference uses it.
+_onednn_linear = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
+_ONEDNN_MAX_ROWS = 16  # past this many rows, `x @ w` (a full matrix product) is the faster
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, gelu: str | None = None) -> torch.Tensor:
+    """x @ weight + bias, with weight (in, out), then GELU if `gelu` names its form
+    ("tanh" or "none", as F.gelu's `approximate`). (..., in) -> (..., out)."""
+    if (
+        _onednn_linear is not None
+        and x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and not torch.is_grad_enabled()
+        and x.numel() <= _ONEDNN_MAX_ROWS * x.size(-1)
+    ):
+        # takes weight as (out, in): a view, no copy; applies the GELU in the same pass
+        return _onednn_linear(x, weight.t(), bias, "none" if gelu is None else "gelu", [], gelu or "")
+    y = x @ weight
+    y = y if bias is None else y + bias
+    return y if gelu is None else F.gelu(y, approximate=gelu)
+
+
 class Dense(nn.Module):
     """A linear layer y = x @ weight + bias, with weight stored (in, out).
 
@@ -69,8 +93,7 @@ class Dense(nn.Module):
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = x @ self.weight
-        return y if self.bias is None else y + self.bias
+        return linear(x, self.weight, self.bias)
 
 
 class CausalSelfAttention(nn.Module):
@@ -87,32 +110,93 @@ class CausalSelfAttention(nn.Module):
         # PyTorch's fused kernel where it exists; the explicit masked softmax otherwise.
         self.use_sdpa = hasattr(F, "scaled_dot_product_attention")
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)  # 3 x (B, T, C)
         # (B, T, C) -> (B, H, T, C/H): each head attends over its own slice of the channels
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        mask = None  # None: plain causal attention over exactly these T positions
+        if cache is not None:
+            k, v = cache.update(layer, k, v)  # (B, H, S, C/H): the past and these T positions
+            mask = cache.mask
         if self.use_sdpa:
             dropout = self.dropout if self.training else 0.0
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=mask is None and T > 1)
         else:
-            y = attention(q, k, v, self.attn_dropout)
+            y = attention(q, k, v, mask, self.attn_dropout)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side again
         return self.resid_dropout(self.c_proj(y))
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: nn.Module | None = None) -> torch.Tensor:
-    """softmax(q k^T / sqrt(d) + causal mask) v, written out. q, k, v: (B, H, T, d)."""
-    T = q.size(-2)
-    scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))  # (B, H, T, T)
-    future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
-    scores = scores.masked_fill(future, float("-inf"))
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None, dropout: nn.Module | None = None
+) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d) + mask) v, written out. q: (B, H, T, d); k, v: (B, H, S, d).
+
+    mask: True where a query may see a key, broadcastable to (B, H, T, S); None is causal.
+    """
+    T, S = q.size(-2), k.size(-2)
+    scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))  # (B, H, T, S)
+    if mask is None:
+        mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
+    scores = scores.masked_fill(~mask, float("-inf"))
     weights = torch.softmax(scores, dim=-1)
     if dropout is not None:
         weights = dropout(weights)
     return weights @ v  # (B, H, T, d)
+
+
+class KVCache:
+    """Keys and values of the positions seen so far, for each layer, so that a new token costs
+    one position's work instead of the whole sequence's.
+
+    Preallocated for `max_len` positions: k and v hold one (B, H, max_len, C/H) tensor per layer. Sequences
+    of different lengths share a batch by left padding: row b starts with pad[b] padding
+    positions, which no real position attends to and which do not count as positions.
+    """
+
+    def __init__(self, config: GPT2Config, batch_size: int, max_len: int, device: torch.device, dtype: torch.dtype,
+                 pad: torch.Tensor | None = None):  # fmt: skip
+        shape = (batch_size, config.n_head, max_len, config.head_size)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
+        self.max_len = max_len
+        self.length = 0  # positions filled
+        self.pad = pad if pad is not None and bool(pad.any()) else None  # (B,) or None
+        self.mask: torch.Tensor | None = None  # of the step under way, shared by all layers
+
+    def begin(self, T: int) -> torch.Tensor:
+        """Prepare to add T positions; returns their position ids, (T,) or (B, T)."""
+        if self.length + T > self.max_len:
+            raise ContextLengthError(f"the KV cache holds {self.max_len} positions; {self.length} + {T} do not fit")
+        start, S = self.length, self.length + T
+        device = self.k[0].device
+        positions = torch.arange(start, S, device=device)
+        query = positions[:, None]  # (T, 1): absolute slot of each new position
+        key = torch.arange(S, device=device)[None, :]  # (1, S)
+        if self.pad is None:
+            # From an empty cache it is plain causal attention; one new position sees all the
+            # past and itself. Neither needs a mask. Several new positions after a past do.
+            self.mask = None if start == 0 or T == 1 else key <= query  # (T, S)
+            return positions
+        pad = self.pad[:, None, None]  # (B, 1, 1)
+        # a real position sees real keys up to itself; a padding position sees only itself,
+        # so that no row of the softmax is empty
+        self.mask = (((key <= query) & (key >= pad)) | (key == query))[:, None]  # (B, 1, T, S)
+        return (positions[None, :] - self.pad[:, None]).clamp(min=0)  # (B, T)
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store the new positions' keys and values (B, H, T, C/H); return all so far (B, H, S, C/H)."""
+        S = self.length + k.size(2)
+        keys, values = self.k[layer], self.v[layer]
+        keys[:, :, self.length : S].copy_(k)
+        values[:, :, self.length : S].copy_(v)
+        return keys[:, :, :S], values[:, :, :S]
+
+    def end(self, T: int) -> None:
+        self.length += T
 
 
 class MLP(nn.Module):
@@ -127,7 +211,8 @@ class MLP(nn.Module):
         self.approximate = "tanh" if config.activation == "gelu_tanh" else "none"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate=self.approximate)))
+        h = linear(x, self.c_fc.weight, self.c_fc.bias, gelu=self.approximate)  # c_fc then GELU, in one pass
+        return self.dropout(self.c_proj(h))
 
 
 class Block(nn.Module):
@@ -140,8 +225,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), cache, layer)
         x = x + self.mlp(self.ln_2(x))
         return x
 
@@ -210,6 +295,69 @@ class GPT2(nn.Module):
             x = block(x)
         x = self.transformer.ln_f(x)
         return F.linear(x, self.transformer.wte.weight)  # (B, T, V): x @ wte.T
+
+    def forward_cached(self, idx: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Logits (B, n_vocab) of the last of the T positions in idx (B, T), which follow the
+        cache's positions; their keys and values are added to the cache. For generation:
+        only the last position's logits are computed, as only they are needed.
+        """
+        T = idx.size(1)
+        pos = cache.begin(T)
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (B, T, C)
+        for layer, block in enumerate(self.transformer.h):
+            x = block(x, cache, layer)
+        cache.end(T)
+        x = self.transformer.ln_f(x[:, -1])  # (B, C)
+        return linear(x, self.transformer.wte.weight.t())  # (B, V): x @ wte.T
+
+    @torch.inference_mode()
+    def generate(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        *,
+        eos_token_id: int | None = None,
+        use_cache: bool = True,
+        on_overflow: str = "slide",
+    ) -> torch.Tensor:
+        """Continue each sequence of idx (B, T) by max_new_tokens tokens: returns (B, T + new).
+
+        temperature 0 is greedy; top_k and top_p filter before sampling; a seed makes sampling
+        reproducible. With eos_token_id, a row that produced it is filled with it from then on,
+        and generation stops early once every row has. Past n_ctx tokens the context slides
+        (on_overflow="slide", with a warning) or raises (on_overflow="error"). Call model.eval()
+        first, as with any inference: in training mode dropout stays on.
+        """
+        from gpt2.generate import Sampling, TorchEngine, check_max_new_tokens, check_prompts, generate_tokens
+
+        if not isinstance(idx, torch.Tensor) or idx.dtype.is_floating_point or idx.dtype == torch.bool or idx.dim() != 2:
+            what = f"{idx.dtype} tensor of shape {list(idx.shape)}" if isinstance(idx, torch.Tensor) else type(idx).__name__
+            raise InputTypeError(f"idx must be an integer tensor of token ids shaped (B, T), got a {what}")
+        check_max_new_tokens(max_new_tokens)
+        sampling = Sampling(temperature, top_k, top_p)
+        sampling.check(self.config.n_vocab)
+        prompts = idx.tolist()
+        check_prompts(prompts, self.config.n_vocab)
+        engine = TorchEngine(self, prompts, max_new_tokens, use_cache)
+        out, ended = [idx], torch.zeros(idx.size(0), dtype=torch.bool)
+        for token in generate_tokens(engine, [idx.size(1)] * idx.size(0), self.config.n_ctx, max_new_tokens, sampling,
+                                     seed, on_overflow):  # fmt: skip
+            if eos_token_id is not None:
+                token = torch.where(ended, eos_token_id, token)
+                ended |= token == eos_token_id
+            out.append(token[:, None].to(idx.device))
+            if bool(ended.all()):
+                break
+        return torch.cat(out, dim=1)
+
+    def new_cache(self, batch_size: int, max_len: int | None = None, pad: torch.Tensor | None = None) -> KVCache:
+        """An empty KV cache for `batch_size` sequences of up to `max_len` (default n_ctx) positions."""
+        max_len = self.config.n_ctx if max_len is None else min(max_len, self.config.n_ctx)
+        return KVCache(self.config, batch_size, max_len, self.device, self.dtype, pad)
 
     def _check_input(self, idx: torch.Tensor) -> None:
         if not isinstance(idx, torch.Tensor) or idx.dtype.is_floating_point or idx.dtype == torch.bool:

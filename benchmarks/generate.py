@@ -1,0 +1,130 @@
+"""Generation speed against transformers, on the same random 124M weights, in the same run.
+
+    .venv/bin/python benchmarks/generate.py [--rounds N]
+
+fp32 on the CPU with torch's default threads. Each measure alternates gpt2 and transformers
+for N rounds and reports medians, so a noisy machine skews both alike. Also measures the
+machine's memory read bandwidth, to say how close decoding comes to its ceiling: every new
+token reads every weight once. Run it on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+
+import torch
+
+from _common import print_table, timed
+
+N_PARAMS = 124_439_808
+WEIGHT_BYTES = N_PARAMS * 4
+
+
+def read_bandwidth() -> float:
+    """Bytes per second that summing a 1 GiB float32 tensor reads, best of 5."""
+    x = torch.ones(256 * 1024 * 1024)
+    best = min(timed(x.sum, 1)[0] for _ in range(5))
+    return x.numel() * 4 / best
+
+
+PEAK_PROBE = """
+import sys, torch
+from transformers.utils import logging; logging.set_verbosity_error()
+def status(f):
+    for line in open("/proc/self/status"):
+        if line.startswith(f): return int(line.split()[1]) * 1024
+B = int(sys.argv[2])
+idx = torch.randint(0, 50257, (B, 16), generator=torch.Generator().manual_seed(0))
+if sys.argv[3] == "gpt2":
+    from gpt2.model import GPT2
+    model = GPT2.from_pretrained(sys.argv[1], device="cpu")
+    run = lambda: model.generate(idx, 128, temperature=0)
+else:
+    from transformers import GPT2LMHeadModel
+    model = GPT2LMHeadModel.from_pretrained(sys.argv[1]).eval()
+    run = lambda: model.generate(idx, max_new_tokens=128, do_sample=False, attention_mask=torch.ones_like(idx), pad_token_id=50256)
+with torch.inference_mode():
+    run()
+print(status("VmHWM"))
+"""
+
+
+def peak_memory(path: str, batch: int, which: str) -> int:
+    """Peak resident memory of a process that loads the model and generates 128 tokens."""
+    out = subprocess.run([sys.executable, "-c", PEAK_PROBE, path, str(batch), which], capture_output=True, text=True, check=True)
+    return int(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+
+    from transformers import GPT2Config as HFConfig
+    from transformers import GPT2LMHeadModel
+    from transformers.utils import logging as hf_logging
+
+    from gpt2.model import GPT2
+
+    hf_logging.set_verbosity_error()
+    torch.manual_seed(0)
+    hf = GPT2LMHeadModel(HFConfig()).eval()
+    tmp = tempfile.mkdtemp()
+    hf.save_pretrained(tmp)
+    ours = GPT2.from_pretrained(tmp, device="cpu")
+    gen = torch.Generator().manual_seed(0)
+    rows: list[tuple[str, str, str, str]] = []
+
+    def hf_generate(idx: torch.Tensor, n: int) -> torch.Tensor:
+        return hf.generate(idx, max_new_tokens=n, do_sample=False, attention_mask=torch.ones_like(idx), pad_token_id=50256)
+
+    with torch.inference_mode():
+        for batch in (1, 8):
+            idx = torch.randint(0, 50257, (batch, 16), generator=gen)
+            a, b = ours.generate(idx, 128, temperature=0), hf_generate(idx, 128)  # warm-up, and parity
+            assert torch.equal(a, b), "greedy tokens differ from transformers"
+            t_ours, t_hf = [], []
+            for _ in range(args.rounds):
+                t_ours.append(timed(lambda: ours.generate(idx, 128, temperature=0), 1)[0])
+                t_hf.append(timed(lambda: hf_generate(idx, 128), 1)[0])
+            ours_rate, hf_rate = batch * 128 / statistics.median(t_ours), batch * 128 / statistics.median(t_hf)
+            ratios = sorted(h / o for o, h in zip(t_ours, t_hf))
+            rows.append((f"decode, batch {batch}, 16-token prompt, 128 new tokens, greedy",
+                         f"{ours_rate:.1f} tok/s", f"{hf_rate:.1f} tok/s",
+                         f"{ours_rate / hf_rate:.2f}x (rounds: {', '.join(f'{r:.2f}' for r in ratios)})"))  # fmt: skip
+            if batch == 1:
+                decode_rate = ours_rate
+
+        for T in (512, 1024):
+            idx = torch.randint(0, 50257, (1, T), generator=gen)
+            ours(idx), hf(idx)  # warm-up
+            t_ours = timed(lambda: ours(idx), args.rounds)[0]
+            t_hf = timed(lambda: hf(idx), args.rounds)[0]
+            rows.append((f"prefill {T} tokens (one forward pass, all logits)", f"{T / t_ours:.0f} tok/s",
+                         f"{T / t_hf:.0f} tok/s", f"{t_hf / t_ours:.2f}x"))  # fmt: skip
+            t_cached = timed(lambda: ours.forward_cached(idx, ours.new_cache(1, T)), args.rounds)[0]
+            rows.append((f"  prefill {T} tokens into the KV cache (last logits only)", f"{T / t_cached:.0f} tok/s", "", ""))
+
+    for batch in (1, 8):
+        ours_peak, hf_peak = peak_memory(tmp, batch, "gpt2"), peak_memory(tmp, batch, "transformers")
+        rows.append((f"peak memory of a process: load + generate 128 tokens, batch {batch}",
+                     f"{ours_peak / 1e6:.0f} MB", f"{hf_peak / 1e6:.0f} MB", f"{ours_peak / hf_peak:.2f}x the memory"))  # fmt: skip
+
+    bandwidth = read_bandwidth()
+    ceiling = bandwidth / WEIGHT_BYTES
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads; transformers {__import__('transformers').__version__}\n")
+    print_table(["measure", "gpt2", "transformers", "gpt2 / transformers"], rows)
+    print(f"\nmemory read bandwidth (sum of a 1 GiB tensor): {bandwidth / 1e9:.1f} GB/s; weights read per token: "
+          f"{WEIGHT_BYTES / 1e6:.0f} MB; ceiling {ceiling:.1f} tok/s; batch-1 decode reaches {decode_rate / ceiling:.0%} of it "
+          f"({decode_rate * WEIGHT_BYTES / 1e9:.1f} GB/s of weights)")
+
+
+if __name__ == "__main__":
+    main()

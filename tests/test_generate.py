@@ -1,0 +1,311 @@
+"""Generation: the KV cache, decoding, text, streaming, context overflow, bad input."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from conftest import make_hf_model
+from gpt2 import ContextLengthError, InputTypeError, InvalidArgumentError, TokenIdError, Tokenizer
+from gpt2.generate import (
+    ContextOverflowWarning,
+    EmptyPromptWarning,
+    Sampling,
+    TextGeneration,
+    TorchEngine,
+    _TextRow,
+    filter_logits,
+    generate_text,
+    sample_next,
+    stream_text,
+)
+from gpt2.model import GPT2
+from gpt2.reference import ReferenceModel
+
+ENC = Tokenizer.gpt2()
+
+
+def hf_and_ours(tmp_path, seed=0, **config):
+    hf = make_hf_model(seed=seed, **config)
+    hf.save_pretrained(tmp_path)
+    return hf, GPT2.from_pretrained(tmp_path, device="cpu")
+
+
+def hf_greedy(hf, idx, n, attention_mask=None):
+    mask = torch.ones_like(idx) if attention_mask is None else attention_mask
+    return hf.generate(idx, max_new_tokens=n, do_sample=False, attention_mask=mask, pad_token_id=hf.config.eos_token_id)
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    """A small model with GPT-2's vocabulary, so text round-trips through the tokenizer."""
+    return hf_and_ours(tmp_path_factory.mktemp("small"), vocab_size=50257, n_positions=64, n_embd=48, n_layer=2, n_head=3)
+
+
+# ------------------------------------------------------------------ the KV cache
+
+
+def test_cache_gives_the_same_logits_and_tokens_as_recomputing(small):
+    _, model = small
+    prompts = [[464, 3290, 373], [15496, 11, 995]]
+    cached, fresh = TorchEngine(model, prompts, 20), TorchEngine(model, prompts, 20, use_cache=False)
+    with torch.inference_mode():
+        a, b = cached.start(), fresh.start()
+        for _ in range(20):
+            assert (a - b).abs().max() < 1e-4
+            token = a.argmax(-1)
+            assert torch.equal(token, b.argmax(-1))
+            a, b = cached.step(token), fresh.step(token)
+    idx = torch.tensor(prompts)
+    assert torch.equal(model.generate(idx, 30, temperature=0), model.generate(idx, 30, temperature=0, use_cache=False))
+
+
+def test_cache_is_preallocated_once(small):
+    _, model = small
+    engine = TorchEngine(model, [[1, 2, 3]], 10)
+    with torch.inference_mode():
+        engine.start()
+        first = engine.cache.k[0].data_ptr()
+        for t in range(9):
+            engine.step(torch.tensor([t]))
+    assert engine.cache.k[0].data_ptr() == first and engine.cache.k[0].shape[2] == 13 and engine.cache.length == 12
+
+
+# ------------------------------------------------------------------ parity with transformers
+
+
+def test_greedy_equals_transformers_124m_shape(tmp_path):
+    hf, ours = hf_and_ours(tmp_path, n_positions=256)
+    for batch in (1, 3):
+        idx = torch.randint(0, 50257, (batch, 12), generator=torch.Generator().manual_seed(batch))
+        assert torch.equal(ours.generate(idx, 64, temperature=0), hf_greedy(hf, idx, 64))
+
+
+@pytest.mark.parametrize("config", [
+    dict(vocab_size=101, n_positions=96, n_embd=48, n_layer=3, n_head=3),
+    dict(vocab_size=257, n_positions=80, n_embd=35, n_layer=2, n_head=5),
+], ids=["L3H3", "L2H5"])  # fmt: skip
+def test_greedy_equals_transformers_small_configs(config, tmp_path):
+    hf, ours = hf_and_ours(tmp_path, **config)
+    for batch in (1, 4):
+        idx = torch.randint(0, config["vocab_size"], (batch, 9), generator=torch.Generator().manual_seed(batch))
+        assert torch.equal(ours.generate(idx, 64, temperature=0), hf_greedy(hf, idx, 64))
+
+
+def test_prompts_of_different_lengths_equal_transformers_left_padded(small):
+    hf, ours = small
+    prompts = [ENC.encode("The quick brown fox jumps over"), ENC.encode("Hello"), ENC.encode("GPT-2 is a language model that")]
+    longest = max(map(len, prompts))
+    idx = torch.tensor([[50256] * (longest - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (longest - len(p)) + [1] * len(p) for p in prompts])
+    expected = hf_greedy(hf, idx, 20, attention_mask=mask)[:, longest:]
+    engine = TorchEngine(ours, prompts, 20)
+    with torch.inference_mode():
+        logits, got = engine.start(), []
+        for _ in range(20):
+            got.append(logits.argmax(-1))
+            logits = engine.step(got[-1])
+    assert torch.equal(torch.stack(got, 1), expected)
+    # and each row equals its own unbatched continuation
+    texts = generate_text(ours, ENC, [ENC.decode(p) for p in prompts], max_new_tokens=20, temperature=0)
+    for text, prompt in zip(texts, prompts):
+        assert text == generate_text(ours, ENC, ENC.decode(prompt), max_new_tokens=20, temperature=0)[0]
+
+
+def test_numpy_engine_generates_the_same_greedy_text(small, tmp_path_factory):
+    _, ours = small
+    directory = tmp_path_factory.mktemp("np")
+    ours.save_pretrained(directory)
+    prompt = "The meaning of life is"
+    expected = generate_text(ours, ENC, prompt, max_new_tokens=10, temperature=0)
+    assert generate_text(ReferenceModel.load(directory), ENC, prompt, max_new_tokens=10, temperature=0) == expected
+
+
+# ------------------------------------------------------------------ decoding
+
+
+def test_top_k_keeps_exactly_k_with_ties_by_lowest_id():
+    logits = torch.tensor([[1.0, 3.0, 3.0, 3.0, 0.5, 3.0]])
+    kept = filter_logits(logits, top_k=2) > float("-inf")
+    assert kept.tolist() == [[False, True, True, False, False, False]]
+    assert (filter_logits(logits, top_k=6) == logits).all()
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
+    logits = probs.log()
+    keep = lambda p: (filter_logits(logits, top_p=p) > float("-inf")).sum().item()  # noqa: E731
+    assert keep(0.5) == 1  # 0.5 alone reaches 0.5
+    assert keep(0.51) == 2
+    assert keep(0.8) == 2
+    assert keep(0.81) == 3
+    assert keep(1.0) == 4
+    assert keep(0.01) == 1  # the most likely token always stays
+
+
+def test_filters_combine_top_k_first():
+    logits = torch.tensor([[0.4, 0.3, 0.2, 0.1]]).log()
+    # top_k=3 renormalises to 4/9, 3/9, 2/9; top_p=0.7 then needs the first two
+    assert (filter_logits(logits, top_k=3, top_p=0.7) > float("-inf")).tolist() == [[True, True, False, False]]
+
+
+@pytest.mark.parametrize("sampling", [
+    Sampling(temperature=1.0), Sampling(temperature=0.7), Sampling(temperature=1.5, top_k=5), Sampling(top_p=0.8),
+    Sampling(temperature=0.9, top_k=6, top_p=0.9),
+], ids=["t1", "t0.7", "topk", "topp", "all"])  # fmt: skip
+def test_sampled_frequencies_match_the_filtered_distribution(sampling):
+    logits = torch.tensor([2.0, 1.5, 1.2, 1.0, 0.3, 0.0, -0.5, -1.0, -2.0, -3.0])
+    target = torch.softmax(filter_logits(logits[None] / sampling.temperature, sampling.top_k, sampling.top_p)[0], -1)
+    n = 20_000
+    draws = sample_next(logits.expand(n, -1).clone(), sampling, torch.Generator().manual_seed(7))
+    counts = torch.bincount(draws, minlength=10).double()
+    support = target > 0
+    assert counts[~support].sum() == 0  # nothing outside the kept set
+    expected = target[support].double() / target[support].double().sum() * n
+    assert chisquare(counts[support].numpy(), expected.numpy()).pvalue > 0.001
+
+
+def test_greedy_is_argmax_with_lowest_id_on_ties():
+    assert sample_next(torch.tensor([[0.0, 5.0, 5.0]]), Sampling(temperature=0)).item() == 1
+
+
+def test_seed_reproduces_sampling(small):
+    _, model = small
+    run = lambda seed: generate_text(model, ENC, "Once upon a time", max_new_tokens=15, seed=seed, top_k=50)  # noqa: E731
+    assert run(1) == run(1)
+    assert run(1) != run(2)
+    idx = torch.tensor([[464, 3290]])
+    assert torch.equal(model.generate(idx, 10, seed=5), model.generate(idx, 10, seed=5))
+
+
+def test_several_samples_per_prompt(small):
+    _, model = small
+    greedy = generate_text(model, ENC, "Hello", max_new_tokens=8, temperature=0, num_samples=3)
+    assert len(greedy) == 3 and len(set(greedy)) == 1
+    sampled = generate_text(model, ENC, ["Hello", "Bye"], max_new_tokens=8, seed=0, num_samples=2)
+    assert len(sampled) == 4 and len(set(sampled)) > 1
+
+
+# ------------------------------------------------------------------ text: ends, stop strings, streaming
+
+
+def feed(row: _TextRow, text: str) -> list[str]:
+    pieces = [p for t in ENC.encode(text) if (p := row.add(t))]
+    return pieces + ([p] if (p := row.finish()) else [])
+
+
+def test_stop_string_ends_the_text_before_it_and_is_never_streamed():
+    pieces = feed(_TextRow(ENC, ["\n\n"]), "Hello world\nstill going\n\nBye now")
+    assert "".join(pieces) == "Hello world\nstill going"
+    assert all("\n\n" not in p for p in pieces)
+
+
+def test_text_that_only_began_a_stop_string_is_released():
+    pieces = feed(_TextRow(ENC, ["world!"]), "hello world? yes")
+    assert "".join(pieces) == "hello world? yes"
+
+
+def test_end_of_text_ends_a_row():
+    row = _TextRow(ENC, [])
+    pieces = [p for t in ENC.encode("one two") + [50256] + ENC.encode(" three") if (p := row.add(t))]
+    assert "".join(pieces) == "one two" and row.done
+
+
+def test_streaming_never_splits_a_character():
+    row = _TextRow(ENC, [])
+    pieces = feed(row, "emoji 🤗 and 中文")
+    assert "".join(pieces) == "emoji 🤗 and 中文"
+    assert all("\ufffd" not in p for p in pieces)
+
+
+def test_stream_text_pieces_join_to_generate_text(small):
+    _, model = small
+    options = dict(max_new_tokens=25, seed=3, top_k=100, stop=[" the"])
+    pieces = list(stream_text(model, ENC, "In the beginning", **options))
+    assert "".join(pieces) == generate_text(model, ENC, "In the beginning", **options)[0]
+    assert len(pieces) > 1
+
+
+def test_empty_prompt_starts_from_end_of_text(small):
+    _, model = small
+    with pytest.warns(EmptyPromptWarning, match="generating from <\\|endoftext\\|>"):
+        text = generate_text(model, ENC, "", max_new_tokens=5, temperature=0)[0]
+    ids = model.generate(torch.tensor([[50256]]), 5, temperature=0)[0, 1:].tolist()
+    assert text == ENC.decode(ids[: ids.index(50256)] if 50256 in ids else ids)
+    assert text != ""
+
+
+def test_eos_token_id_fills_ended_rows(small):
+    _, model = small
+    idx = torch.tensor([[464, 3290], [15496, 11]])
+    free = model.generate(idx, 6, temperature=0)
+    eos = int(free[0, 3])  # pretend the 2nd new token of row 0 is the end
+    out = model.generate(idx, 6, temperature=0, eos_token_id=eos)
+    assert (out[0, 3:] == eos).all() and torch.equal(out[:, :4], free[:, :4])
+
+
+# ------------------------------------------------------------------ context overflow
+
+
+def test_context_slides_like_nanogpt_cropping(tmp_path):
+    _, model = hf_and_ours(tmp_path, vocab_size=97, n_positions=16, n_embd=24, n_layer=2, n_head=2)
+    idx = torch.randint(0, 97, (2, 10), generator=torch.Generator().manual_seed(0))
+    with pytest.warns(ContextOverflowWarning, match="the model sees only the last 16 tokens") as record:
+        out = model.generate(idx, 20, temperature=0)
+    assert len(record) == 1
+    expected = idx
+    with torch.no_grad():
+        for _ in range(20):
+            next_id = model(expected[:, -16:])[:, -1].argmax(-1, keepdim=True)
+            expected = torch.cat([expected, next_id], 1)
+    assert torch.equal(out, expected)
+    long_prompt = torch.randint(0, 97, (1, 40))  # longer than the context on its own
+    with pytest.warns(ContextOverflowWarning):
+        assert model.generate(long_prompt, 3, temperature=0).shape == (1, 43)
+
+
+def test_context_overflow_can_be_an_error(small):
+    _, model = small
+    with pytest.raises(ContextLengthError, match="the prompt \\(2 tokens\\) and 63 new tokens exceed the context of n_ctx=64"):
+        model.generate(torch.tensor([[1, 2]]), 63, on_overflow="error")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model.generate(torch.tensor([[1, 2]]), 62, on_overflow="error")  # fits exactly: no warning
+
+
+# ------------------------------------------------------------------ bad input
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(max_new_tokens=0), "max_new_tokens must be a positive integer, got 0"),
+    (dict(max_new_tokens=-3), "max_new_tokens must be a positive integer, got -3"),
+    (dict(temperature=-0.1), "temperature must be a number >= 0"),
+    (dict(top_k=0), "top_k must be an integer from 1 to n_vocab \\(50257\\), got 0"),
+    (dict(top_k=50258), "got 50258"),
+    (dict(top_p=0.0), "top_p must be in \\(0, 1\\], got 0.0"),
+    (dict(top_p=1.01), "top_p must be in \\(0, 1\\], got 1.01"),
+    (dict(stop=[""]), "stop strings must be non-empty text"),
+    (dict(stop=""), "stop strings must be non-empty text"),
+    (dict(num_samples=0), "num_samples must be a positive integer"),
+    (dict(seed=-1), "seed must be a whole number >= 0"),
+    (dict(on_overflow="wrap"), "on_overflow must be 'slide' or 'error'"),
+])  # fmt: skip
+def test_bad_options_are_named(small, options, message):
+    _, model = small
+    with pytest.raises(InvalidArgumentError, match=message):
+        TextGeneration(model, ENC, "Hello", **options)
+
+
+def test_bad_tensor_input(small):
+    _, model = small
+    with pytest.raises(TokenIdError, match="token id 50257 in prompt 0 is out of range"):
+        model.generate(torch.tensor([[50257]]), 3)
+    with pytest.raises(InputTypeError, match="integer tensor of token ids shaped \\(B, T\\)"):
+        model.generate(torch.tensor([1, 2]), 3)
+    with pytest.raises(InvalidArgumentError, match="prompt 0 is empty"):
+        model.generate(torch.zeros(1, 0, dtype=torch.long), 3)
+    with pytest.raises(InputTypeError, match="prompts must be str"):
+        generate_text(model, ENC, [b"bytes"])
