@@ -95,6 +95,19 @@ def test_greedy_equals_transformers_small_configs(config, tmp_path):
         assert torch.equal(ours.generate(idx, 64, temperature=0), hf_greedy(hf, idx, 64))
 
 
+@pytest.mark.parametrize("path", ["onednn", "matmul"])
+def test_decoding_without_the_compiled_kernel_equals_transformers(tmp_path, monkeypatch, path):
+    # where the kernel cannot be built, decoding falls back to oneDNN, or to plain matmuls
+    import gpt2.model
+
+    monkeypatch.setattr(gpt2.model, "gemv", lambda *args: None)
+    if path == "matmul":
+        monkeypatch.setattr(gpt2.model, "_onednn_linear", None)
+    hf, ours = hf_and_ours(tmp_path, vocab_size=101, n_positions=96, n_embd=48, n_layer=3, n_head=3)
+    idx = torch.randint(0, 101, (2, 9), generator=torch.Generator().manual_seed(5))
+    assert torch.equal(ours.generate(idx, 40, temperature=0), hf_greedy(hf, idx, 40))
+
+
 def test_prompts_of_different_lengths_equal_transformers_left_padded(small):
     hf, ours = small
     prompts = [ENC.encode("The quick brown fox jumps over"), ENC.encode("Hello"), ENC.encode("GPT-2 is a language model that")]

@@ -20,6 +20,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
+from gpt2._gemv import gemv
 from gpt2.config import GPT2Config
 from gpt2.errors import ContextLengthError, InputTypeError, InvalidArgumentError, TokenIdError
 
@@ -55,27 +56,34 @@ class SinusoidalPositions(nn.Module):
         return self.weight[pos]
 
 
-# oneDNN's linear, in every x86 CPU build of torch: at one to a few rows (decoding), it reads
-# weights at up to 1.5x the rate of the matrix-vector product behind `x @ w`, which runs on one
-# thread at those sizes (benchmarks/RESULTS.md). It has no gradient, so only inference uses it.
+# Decoding on the CPU reads every weight once per token, so its speed is the rate at which the
+# weights stream from memory. At one to a few rows, the matrix-vector product behind `x @ w` runs
+# on one thread; our kernel (gpt2/_gemv.py, compiled on first use) streams at the machine's
+# bandwidth, and oneDNN's linear (in every x86 CPU build of torch) is the fallback where it
+# cannot be built. Neither computes gradients, so only inference takes this path.
 _onednn_linear = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
-_ONEDNN_MAX_ROWS = 16  # past this many rows, `x @ w` (a full matrix product) is the faster
+_FEW_ROWS = 16  # past this many rows, `x @ w` (a full matrix product) is the faster
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, gelu: str | None = None) -> torch.Tensor:
     """x @ weight + bias, with weight (in, out), then GELU if `gelu` names its form
     ("tanh" or "none", as F.gelu's `approximate`). (..., in) -> (..., out)."""
     if (
-        _onednn_linear is not None
-        and x.device.type == "cpu"
+        x.device.type == "cpu"
         and x.dtype == torch.float32
         and not torch.is_grad_enabled()
-        and x.numel() <= _ONEDNN_MAX_ROWS * x.size(-1)
+        and x.numel() <= _FEW_ROWS * x.size(-1)
     ):
-        # takes weight as (out, in): a view, no copy; applies the GELU in the same pass
-        return _onednn_linear(x, weight.t(), bias, "none" if gelu is None else "gelu", [], gelu or "")
-    y = x @ weight
-    y = y if bias is None else y + bias
+        y = gemv(x, weight, bias, gelu)  # None where the kernel cannot serve
+        if y is not None:
+            return y
+        if _onednn_linear is not None:
+            # takes weight as (out, in): a view, no copy; applies the GELU in the same pass
+            return _onednn_linear(x, weight.t(), bias, "none" if gelu is None else "gelu", [], gelu or "")
+    if bias is None:
+        y = x @ weight
+    else:  # the bias added inside the matrix product, not in a second pass over the output
+        y = torch.addmm(bias, x.reshape(-1, x.size(-1)), weight).view(*x.shape[:-1], weight.size(-1))
     return y if gelu is None else F.gelu(y, approximate=gelu)
 
 
