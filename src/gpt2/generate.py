@@ -122,7 +122,10 @@ class TorchEngine:
         window, pad = self.tokens[:, dropped:], (self.pad - dropped).clamp(min=0)
         if not self.use_cache and not bool(pad.any()):
             return self.model._logits(window)[:, -1]  # the plain forward pass
-        self.cache = self.model.new_cache(window.size(0), self.max_len, pad)
+        if self.cache is None:
+            self.cache = self.model.new_cache(window.size(0), self.max_len, pad)
+        else:
+            self.cache.reset(pad)  # the context slid: the same memory, refilled
         return self.model.forward_cached(window, self.cache)
 
 

@@ -171,6 +171,10 @@ class KVCache:
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
         self.max_len = max_len
+        self.reset(pad)
+
+    def reset(self, pad: torch.Tensor | None = None) -> None:
+        """Empty the cache (keeping its memory) for sequences with `pad` left padding each."""
         self.length = 0  # positions filled
         self.pad = pad if pad is not None and bool(pad.any()) else None  # (B,) or None
         self.mask: torch.Tensor | None = None  # of the step under way, shared by all layers
