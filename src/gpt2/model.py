@@ -186,12 +186,15 @@ class KVCache:
         start, S = self.length, self.length + T
         device = self.k[0].device
         positions = torch.arange(start, S, device=device)
+        if self.pad is None and (start == 0 or T == 1):
+            # From an empty cache it is plain causal attention; one new position sees all the
+            # past and itself. Neither needs a mask (and decoding, one position a step, is here).
+            self.mask = None
+            return positions
         query = positions[:, None]  # (T, 1): absolute slot of each new position
         key = torch.arange(S, device=device)[None, :]  # (1, S)
         if self.pad is None:
-            # From an empty cache it is plain causal attention; one new position sees all the
-            # past and itself. Neither needs a mask. Several new positions after a past do.
-            self.mask = None if start == 0 or T == 1 else key <= query  # (T, S)
+            self.mask = key <= query  # (T, S): several new positions after a past
             return positions
         pad = self.pad[:, None, None]  # (B, 1, 1)
         # a real position sees real keys up to itself; a padding position sees only itself,
