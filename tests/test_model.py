@@ -291,3 +291,13 @@ def test_devices_and_dtypes():
     with pytest.raises(InvalidArgumentError, match="unsupported dtype 'int8': use one of float32, bfloat16, float16"):
         resolve_dtype("int8")
     assert resolve_dtype(torch.float16) is torch.float16
+
+
+def test_numpy_engine_rejects_the_same_bad_input(tiny):
+    reference = ReferenceModel(tiny.config, {k: v.numpy() for k, v in tiny.hf_state_dict().items()})
+    with pytest.raises(TokenIdError, match="token id -2 is out of range: this model's ids are 0..49"):
+        reference([1, -2])
+    with pytest.raises(ContextLengthError, match="sequence of 9 tokens is longer than the model's context of n_ctx=8"):
+        reference(list(range(9)))
+    with pytest.raises(InvalidArgumentError, match="non-empty sequence of integer token ids"):
+        reference([])

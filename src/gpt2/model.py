@@ -22,7 +22,7 @@ from torch.nn import functional as F
 
 from gpt2._gemv import gemv
 from gpt2.config import GPT2Config
-from gpt2.errors import ContextLengthError, InputTypeError, InvalidArgumentError, TokenIdError
+from gpt2.errors import ContextLengthError, InputTypeError, InvalidArgumentError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -383,12 +383,7 @@ class GPT2(nn.Module):
         B, T = idx.shape
         if B == 0 or T == 0:
             raise InvalidArgumentError(f"idx is empty (shape {list(idx.shape)}): give at least one token in each of at least one sequence")
-        if T > self.config.n_ctx:
-            raise ContextLengthError(f"sequence of {T} tokens is longer than the model's context of n_ctx={self.config.n_ctx} tokens")
-        low, high = int(idx.min()), int(idx.max())
-        if low < 0 or high >= self.config.n_vocab:
-            bad = low if low < 0 else high
-            raise TokenIdError(f"token id {bad} is out of range: this model's ids are 0..{self.config.n_vocab - 1}")
+        self.config.check_sequence(T, int(idx.min()), int(idx.max()))
 
     # ------------------------------------------------------------- utilities
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from gpt2.config import GPT2Config
-from gpt2.errors import ContextLengthError, InvalidArgumentError, TokenIdError
+from gpt2.errors import InvalidArgumentError
 
 Params = dict[str, Any]
 
@@ -167,10 +167,6 @@ class ReferenceModel:
         inputs = np.asarray(inputs)
         if inputs.ndim != 1 or inputs.size == 0 or inputs.dtype.kind not in "iu":
             raise InvalidArgumentError(f"inputs must be a non-empty sequence of integer token ids, got shape {list(inputs.shape)} of {inputs.dtype}")
-        if len(inputs) > self.config.n_ctx:
-            raise ContextLengthError(f"sequence of {len(inputs)} tokens is longer than the model's context of n_ctx={self.config.n_ctx} tokens")
-        if inputs.min() < 0 or inputs.max() >= self.config.n_vocab:
-            bad = inputs.min() if inputs.min() < 0 else inputs.max()
-            raise TokenIdError(f"token id {bad} is out of range: this model's ids are 0..{self.config.n_vocab - 1}")
+        self.config.check_sequence(len(inputs), int(inputs.min()), int(inputs.max()))
         activation = gelu if self.config.activation == "gelu_tanh" else gelu_exact
         return gpt2(inputs, **self.params, n_head=self.config.n_head, activation=activation, eps=self.config.layer_norm_epsilon)
