@@ -73,10 +73,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
         model = ReferenceModel.load(args.model)
     else:
-        from gpt2.model import GPT2, resolve_device, resolve_dtype
+        from gpt2.model import GPT2
 
-        device, dtype = resolve_device(args.device), resolve_dtype(args.dtype)  # bad values fail before loading
-        model = GPT2.from_pretrained(args.model, device=device, dtype=dtype)
+        model = GPT2.from_pretrained(args.model, device=args.device, dtype=args.dtype)
     options = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                    stop=args.stop or (), on_overflow=args.on_overflow)  # fmt: skip
     out = sys.stdout
