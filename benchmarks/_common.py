@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from helpers import corpus  # noqa: E402  the tests' corpus: tinyshakespeare, or the stdlib's sources
+
+__all__ = ["corpus", "print_table", "timed"]
 
 
 def timed(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:

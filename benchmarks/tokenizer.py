@@ -2,7 +2,8 @@
 
     .venv/bin/python benchmarks/tokenizer.py [--corpus PATH] [--repeat N]
 
-Needs the dev extra (tiktoken) and a corpus: ../shared/data/tinyshakespeare.txt by default.
+Needs the dev extra (tiktoken). The corpus is the tests' own: ../shared/data/tinyshakespeare.txt
+where it exists, else about 1 MB of the Python standard library's sources.
 Run it on a quiet machine: another busy process skews every number here.
 Prints a Markdown table for benchmarks/RESULTS.md.
 """
@@ -23,7 +24,7 @@ from tiktoken.load import data_gym_to_mergeable_bpe_ranks
 from tiktoken_ext.openai_public import r50k_pat_str
 
 import gpt2.tokenizer as tokenizer_module
-from _common import print_table, timed
+from _common import corpus, print_table, timed
 from gpt2 import Tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,12 +33,15 @@ VOCAB = REPO / "src" / "gpt2" / "vocab"
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--corpus", type=Path, default=REPO.parent / "shared" / "data" / "tinyshakespeare.txt")
+    parser.add_argument("--corpus", type=Path, default=None, help="default: the tests' corpus")
     parser.add_argument("--repeat", type=int, default=7)
     args = parser.parse_args()
-    if not args.corpus.is_file():
-        sys.exit(f"corpus not found: {args.corpus} (pass --corpus PATH)")
-    text = args.corpus.read_text(encoding="utf-8")
+    if args.corpus is None:
+        corpus_name, text = corpus()  # tinyshakespeare from ../shared, else the standard library's sources
+    elif args.corpus.is_file():
+        corpus_name, text = corpus_name, args.corpus.read_text(encoding="utf-8")
+    else:
+        sys.exit(f"corpus not found: {args.corpus} (pass --corpus PATH to a text file, or leave it out)")
     mb = len(text.encode("utf-8")) / 1e6
     rows: list[tuple[str, str, str, str]] = []
 
@@ -85,7 +89,7 @@ def main() -> None:
     start = time.perf_counter()
     trained = Tokenizer.train(text, vocab_size=4096)
     train_s = time.perf_counter() - start
-    rows.append((f"train a 4,096-token vocabulary on {args.corpus.name}", f"{train_s:.1f} s", "", ""))
+    rows.append((f"train a 4,096-token vocabulary on {corpus_name}", f"{train_s:.1f} s", "", ""))
     rows.append(("  its compression: UTF-8 bytes per token", f"{mb * 1e6 / len(trained.encode(text)):.2f}", "", ""))
 
     # The cache's bound: 150,000 distinct words through a fresh tokenizer.
@@ -104,7 +108,7 @@ def main() -> None:
     ))
 
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-          f"tiktoken {tiktoken.__version__}; corpus {args.corpus.name} ({mb:.2f} MB, {len(ids):,} tokens)\n")
+          f"tiktoken {tiktoken.__version__}; corpus {corpus_name} ({mb:.2f} MB, {len(ids):,} tokens)\n")
     print_table(["measure", "gpt2", "tiktoken", "gpt2 / tiktoken throughput"], rows)
 
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 import io
 import subprocess
 import sys
+import time
 
 import pytest
 
 from gpt2.cli import main
+from helpers import make_hf_model
 
 HELLO = "Hello!! I'm Andrej Karpathy. It's 2022. w00t :D 🤗"
 HELLO_IDS = "15496 3228 314 1101 10948 73 509 5117 10036 13 632 338 33160 13 266 405 83 1058 35 12520 97 245"
@@ -62,7 +64,8 @@ def test_special_token_only_when_allowed(capsys):
         (["tokenize", "--decode", "-5"], "token id -5 at position 0 is out of range"),
         (["tokenize", "--decode", "50257"], "token id 50257 at position 0 is out of range: ids are 0..50256"),
         (["tokenize"], "nothing to tokenize"),
-        (["tokenize", "--frobnicate", "x"], "unrecognized arguments: --frobnicate"),
+        (["tokenize", "--frobnicate", "x"], "unrecognized arguments: --frobnicate (see 'gpt2 tokenize --help')"),
+    (["tokenize", "\udcff\udcfe"], "the text given on the command line is not UTF-8 text: byte 0xff at character 0"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
         ([], "the following arguments are required: COMMAND"),
     ],
@@ -105,8 +108,6 @@ def test_importing_gpt2_and_tokenizing_does_not_import_torch():
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from conftest import make_hf_model
-
     directory = tmp_path_factory.mktemp("model")
     make_hf_model(vocab_size=50257, n_positions=64, n_embd=48, n_layer=2, n_head=3).save_pretrained(directory)
     return str(directory)
@@ -150,8 +151,21 @@ def test_generate_from_stdin_with_stop_and_samples(capsys, monkeypatch, model_di
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--temperature", "-1"], "temperature must be a number >= 0"),
-    (["--top-k", "0"], "top_k must be an integer from 1 to n_vocab"),
+    (["--temperature", "-1"], "temperature must be a finite number >= 0"),
+    (["--temperature", "inf"], "temperature must be a finite number >= 0 (0 is greedy), got inf"),
+    (["--temperature", "nan"], "temperature must be a finite number >= 0 (0 is greedy), got nan"),
+    (["--top-p", "inf"], "top_p must be in (0, 1], got inf"),
+    (["--top-k", "inf"], "argument --top-k: expected a whole number, got 'inf'"),
+    (["--top-k", "0"], "top_k must be an integer from 1 to 50257, got 0"),
+    (["--top-k", "50258"], "top_k must be an integer from 1 to 50257, got 50258"),
+    (["--num-samples", "0"], "num_samples must be a positive integer, got 0"),
+    (["--num-samples", "-3"], "num_samples must be a positive integer, got -3"),
+    (["--seed", "-1"], "seed must be a whole number from 0 to 18446744073709551615, got -1"),
+    (["--seed", str(2**64)], "seed must be a whole number from 0 to 18446744073709551615, got 18446744073709551616"),
+    (["--engine", "numpy", "--device", "cuda"], "--engine numpy runs on the CPU only, not on --device cuda: use --engine torch"),
+    (["--engine", "numpy", "--dtype", "bfloat16"], "--engine numpy computes in float32 only, not --dtype bfloat16"),
+    (["--model", ""], "the model name is empty: give a released name (gpt2, gpt2-medium, gpt2-large, gpt2-xl) or a directory"),
+    (["--frobnicate"], "unrecognized arguments: --frobnicate (see 'gpt2 generate --help')"),
     (["--top-p", "1.5"], "top_p must be in (0, 1], got 1.5"),
     (["--max-new-tokens", "0"], "max_new_tokens must be a positive integer, got 0"),
     (["--max-new-tokens", "many"], "argument --max-new-tokens: expected a whole number, got 'many'"),
@@ -201,3 +215,102 @@ def test_ctrl_c_while_streaming_keeps_what_was_printed(model_dir):
     assert process.returncode == 130
     assert b"Traceback" not in err and b"interrupted" in err
     assert (first + out).startswith(b"Tell me a story")
+
+
+def test_a_prompt_that_is_not_utf8_on_the_command_line():
+    """Python hands such argv bytes over as lone surrogates: an error, as on standard input."""
+    result = subprocess.run([sys.executable, "-m", "gpt2", "generate", b"caf\xe9 au lait", "--model", "nowhere"],
+                            capture_output=True, timeout=60)  # fmt: skip
+    assert result.returncode == 2 and result.stdout == b""
+    assert result.stderr.decode() == "gpt2: error: the prompt given on the command line is not UTF-8 text: byte 0xe9 at character 3\n"
+
+
+def test_version_and_help_texts(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out == f"gpt2 {__import__('gpt2').__version__}\n"
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps help lines at the terminal's width
+    for default in ["(default: float32)", "(default: off)", "(default: random)", "(default: 200, or the vocabulary size if smaller)",
+                    "(default: 0.8)", "(default: gpt2)", "(default: torch)"]:  # fmt: skip
+        assert default in text, default
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    out = capsys.readouterr().out
+    assert "\nexamples:\n  gpt2 generate \"Alan Turing" in out and "\n  echo \"The meaning of life is\" | gpt2 generate -" in out
+    with pytest.raises(SystemExit):
+        main(["tokenize", "--help"])
+    assert "\nexamples:\n  gpt2 tokenize \"Hello world\"\n  gpt2 tokenize --decode 15496 995\n" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("stdin, prompt", [(b"The dog\n", "The dog"), (b"The dog\r\n", "The dog"), (b"The dog\n\n", "The dog\n"),
+                                           (b"The dog", "The dog")])  # fmt: skip
+def test_a_prompt_from_stdin_loses_one_final_newline(capsys, monkeypatch, model_dir, stdin, prompt):
+    code, out, _ = run(capsys, "generate", "-", "--model", model_dir, "--max-new-tokens", "6", "--temperature", "0",
+                       stdin=stdin, monkeypatch=monkeypatch)  # fmt: skip
+    assert code == 0 and out == prompt + expected_text(model_dir, prompt, max_new_tokens=6, temperature=0) + "\n"
+
+
+def test_one_summary_for_all_samples_and_1_token_in_the_singular(capsys, model_dir):
+    code, out, err = run(capsys, "generate", "Hi", "--model", model_dir, "--max-new-tokens", "4", "--num-samples", "3", "--seed", "1")
+    assert code == 0 and out.count(" sample ") == 3
+    assert err.count("[gpt2: ") == 1 and err.startswith("[gpt2: 12 tokens in ")
+    code, _, err = run(capsys, "generate", "Hi", "--model", model_dir, "--max-new-tokens", "1")
+    assert code == 0 and err.startswith("[gpt2: 1 token in ")
+
+
+def test_the_largest_seed_and_the_samples_after_it(capsys, model_dir):
+    argv = ["generate", "Hi", "--model", model_dir, "--max-new-tokens", "8", "--no-stream"]
+    out = run(capsys, *argv, "--seed", str(2**64 - 1), "--num-samples", "2")[1]
+    assert out.split("\n", 1)[1].startswith(expected_text(model_dir, "Hi", max_new_tokens=8, seed=2**64 - 1, top_k=200, temperature=0.8))
+    assert out.rsplit("=\n", 1)[1] == expected_text(model_dir, "Hi", max_new_tokens=8, seed=0, top_k=200, temperature=0.8) + "\n"
+
+
+def test_a_character_sized_vocabulary_generates_with_no_flags(capsys, tmp_path):
+    """The default top-k of 200 clamps to a 65-token vocabulary; only an explicit value over it is an error."""
+    make_hf_model(vocab_size=65, n_positions=32, n_embd=32, n_layer=2, n_head=2).save_pretrained(tmp_path)
+    capsys.readouterr()  # transformers' progress bar
+    code, out, err = run(capsys, "generate", "A", "--model", str(tmp_path), "--max-new-tokens", "10")  # GPT-2's "A" is id 32
+    assert code == 0 and out.startswith("A") and len(out) > 2 and err.startswith("[gpt2: 10 tokens in ")
+    code, out, err = run(capsys, "generate", "A", "--model", str(tmp_path), "--top-k", "66")
+    assert (code, out) == (2, "") and err == "gpt2: error: top_k must be an integer from 1 to 65, got 66\n"
+
+
+def test_a_model_that_produces_nan_stops_with_one_line(capsys, tmp_path):
+    import torch
+
+    hf = make_hf_model(vocab_size=50257, n_positions=64, n_embd=32, n_layer=1, n_head=2)
+    with torch.no_grad():
+        hf.transformer.h[0].mlp.c_fc.weight[0, 0] = float("nan")
+    hf.save_pretrained(tmp_path)
+    capsys.readouterr()  # transformers' progress bar
+    for flags in (["--temperature", "0"], ["--seed", "0"], ["--no-stream"]):
+        code, out, err = run(capsys, "generate", "The dog", "--model", str(tmp_path), *flags)
+        assert code == 2 and out in ("", "The dog\n")  # a streamed prompt gets its line ended
+        assert err == "gpt2: error: the model produced NaN or infinite logits at new token 1: its weights hold NaN or inf, " \
+                      "or its dtype overflowed (try --dtype float32)\n"
+
+
+def test_ctrl_c_without_streaming_prints_what_was_generated(model_dir):
+    import signal
+
+    from gpt2 import Tokenizer
+    from gpt2.generate import generate_text
+    from gpt2.reference import ReferenceModel
+
+    argv = ["generate", "Tell me a story", "--model", model_dir, "--engine", "numpy", "--seed", "1", "--no-stream"]
+    process = subprocess.Popen([sys.executable, "-m", "gpt2", *argv, "--max-new-tokens", "100000"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    assert b"exceed the context" in process.stderr.readline()  # the note comes as generation starts
+    time.sleep(1.5)
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 130 and b"Traceback" not in err
+    summary, interrupted = err.decode().splitlines()
+    assert interrupted == "gpt2: interrupted"
+    generated = int(summary.split()[1])
+    assert generated > 0 and out.endswith(b"\n")
+    reference = ReferenceModel.load(model_dir)
+    whole = generate_text(reference, Tokenizer.gpt2(), "Tell me a story", max_new_tokens=generated, seed=1, top_k=200, temperature=0.8)[0]
+    assert whole.startswith(out.decode()[:-1]) and len(out) > 1

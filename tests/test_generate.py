@@ -8,8 +8,8 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from conftest import make_hf_model
-from gpt2 import ContextLengthError, InputTypeError, InvalidArgumentError, TokenIdError, Tokenizer
+from helpers import make_hf_model
+from gpt2 import ContextLengthError, InputTypeError, InvalidArgumentError, NonFiniteError, TokenIdError, Tokenizer
 from gpt2.generate import (
     ContextOverflowWarning,
     EmptyPromptWarning,
@@ -19,7 +19,9 @@ from gpt2.generate import (
     _TextRow,
     filter_logits,
     generate_text,
+    mt19937_init_by_array,
     sample_next,
+    seeded_generator,
     stream_text,
 )
 from gpt2.model import GPT2
@@ -295,15 +297,27 @@ def test_context_overflow_can_be_an_error(small):
 @pytest.mark.parametrize("options, message", [
     (dict(max_new_tokens=0), "max_new_tokens must be a positive integer, got 0"),
     (dict(max_new_tokens=-3), "max_new_tokens must be a positive integer, got -3"),
-    (dict(temperature=-0.1), "temperature must be a number >= 0"),
-    (dict(top_k=0), "top_k must be an integer from 1 to n_vocab \\(50257\\), got 0"),
+    (dict(temperature=-0.1), "temperature must be a finite number >= 0"),
+    (dict(temperature=float("inf")), "temperature must be a finite number >= 0 \\(0 is greedy\\), got inf"),
+    (dict(temperature=float("nan")), "temperature must be a finite number >= 0"),
+    (dict(temperature="hot"), "temperature must be a finite number >= 0"),
+    (dict(top_k=0), "top_k must be an integer from 1 to 50257, got 0"),
+    (dict(top_k=float("inf")), "top_k must be an integer from 1 to 50257, got inf"),
+    (dict(top_k=True), "top_k must be an integer from 1 to 50257, got True"),
     (dict(top_k=50258), "got 50258"),
     (dict(top_p=0.0), "top_p must be in \\(0, 1\\], got 0.0"),
     (dict(top_p=1.01), "top_p must be in \\(0, 1\\], got 1.01"),
+    (dict(top_p=float("inf")), "top_p must be in \\(0, 1\\], got inf"),
+    (dict(top_p=float("nan")), "top_p must be in \\(0, 1\\], got nan"),
     (dict(stop=[""]), "stop strings must be non-empty text"),
     (dict(stop=""), "stop strings must be non-empty text"),
+    (dict(stop=["ok", None]), "stop strings must be non-empty text, got None"),
     (dict(num_samples=0), "num_samples must be a positive integer"),
-    (dict(seed=-1), "seed must be a whole number >= 0"),
+    (dict(num_samples=-2), "num_samples must be a positive integer, got -2"),
+    (dict(seed=-1), "seed must be a whole number from 0 to 18446744073709551615, got -1"),
+    (dict(seed=2**64), "seed must be a whole number from 0 to 18446744073709551615, got 18446744073709551616"),
+    (dict(seed=1.5), "seed must be a whole number"),
+    (dict(seed=True), "seed must be a whole number"),
     (dict(on_overflow="wrap"), "on_overflow must be 'slide' or 'error'"),
 ])  # fmt: skip
 def test_bad_options_are_named(small, options, message):
@@ -322,3 +336,82 @@ def test_bad_tensor_input(small):
         model.generate(torch.zeros(1, 0, dtype=torch.long), 3)
     with pytest.raises(InputTypeError, match="prompts must be str"):
         generate_text(model, ENC, [b"bytes"])
+
+
+def test_stop_none_means_no_stop_strings_and_other_types_are_named(small):
+    _, model = small
+    options = dict(max_new_tokens=6, temperature=0)
+    assert generate_text(model, ENC, "Hello", stop=None, **options) == generate_text(model, ENC, "Hello", **options)
+    with pytest.raises(InputTypeError, match="stop must be a str, a list of str, or None, got int"):
+        generate_text(model, ENC, "Hello", stop=5, **options)
+
+
+def test_stream_text_refuses_several_samples(small):
+    _, model = small
+    with pytest.raises(InvalidArgumentError, match="stream_text streams one continuation .* iterate TextGeneration"):
+        next(stream_text(model, ENC, "Hello", num_samples=2))
+
+
+# ------------------------------------------------------------------ seeds
+
+
+def test_seeds_below_2_32_are_torchs_own():
+    for seed in (0, 1, 42, 2**32 - 1):
+        assert torch.equal(torch.rand(8, generator=seeded_generator(seed)), torch.rand(8, generator=torch.Generator().manual_seed(seed)))
+
+
+def test_every_bit_of_a_64_bit_seed_counts():
+    """torch's CPU generator alone reads only a seed's low 32 bits: 2**32 and 2**63 would replay seed 0."""
+    seeds = [0, 1, 2**32, 2**32 + 1, 2**33, 2**63, 2**63 + 1, 2**64 - 1]
+    draws = {seed: tuple(torch.rand(4, generator=seeded_generator(seed)).tolist()) for seed in seeds}
+    assert len(set(draws.values())) == len(seeds)
+    assert draws[2**63] == tuple(torch.rand(4, generator=seeded_generator(2**63)).tolist())  # reproducible
+    assert seeded_generator(2**63 + 5).initial_seed() == 2**63 + 5
+
+
+@pytest.mark.parametrize("seed", [2**32, 2**40 + 12345, 2**63, 2**64 - 1])
+def test_large_seeds_set_the_twister_as_init_by_array_does(seed):
+    """The state equals NumPy's legacy MT19937 seeded with the seed's two 32-bit halves (init_by_array)."""
+    import numpy as np
+
+    key = np.random.RandomState(np.array([seed & 0xFFFFFFFF, seed >> 32], dtype=np.uint32)).get_state()[1]
+    state = seeded_generator(seed).get_state().numpy()
+    words = np.frombuffer(state[24 : 24 + 624 * 8].tobytes(), dtype="<u8")
+    assert words.tolist() == key.astype(np.uint64).tolist()
+    assert mt19937_init_by_array([seed & 0xFFFFFFFF, seed >> 32]) == key.tolist()
+
+
+def test_seed_2_63_samples_other_text_than_seed_0(small):
+    _, model = small
+    run = lambda seed: generate_text(model, ENC, "Once upon a time", max_new_tokens=15, seed=seed)  # noqa: E731
+    assert run(2**63) != run(0) and run(2**32) != run(0)
+    assert run(2**64 - 1) == run(2**64 - 1)
+
+
+# ------------------------------------------------------------------ a model that produces NaN or inf
+
+
+@pytest.fixture(scope="module")
+def broken(small, tmp_path_factory):
+    """The small model, once with a NaN in its final LayerNorm and once with an inf in its embedding."""
+    _, model = small
+    nan, inf = GPT2(model.config), GPT2(model.config)
+    nan.load_state_dict(model.state_dict())
+    inf.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        nan.transformer.ln_f.weight[3] = float("nan")
+        inf.transformer.wte.weight[464, 0] = float("inf")  # "The"
+    return nan.eval(), inf.eval()
+
+
+@pytest.mark.parametrize("options", [dict(temperature=0), dict(temperature=0.8, seed=0), dict(top_k=5, top_p=0.9, seed=1)],
+                         ids=["greedy", "sampled", "filtered"])  # fmt: skip
+def test_nan_or_inf_logits_stop_generation_with_a_clear_error(broken, options):
+    for model in broken:
+        with pytest.raises(NonFiniteError, match="the model produced NaN or infinite logits at new token 1"):
+            generate_text(model, ENC, "The dog", max_new_tokens=5, **options)
+        with pytest.raises(NonFiniteError):
+            model.generate(torch.tensor([[464, 3290]]), 5, **options)
+        with pytest.raises(NonFiniteError):
+            generate_text(ReferenceModel(model.config, {k: v.numpy() for k, v in model.hf_state_dict().items()}), ENC,
+                          "The dog", max_new_tokens=2, **options)  # fmt: skip

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import make_hf_model
+from helpers import make_hf_model
 from gpt2 import ConfigError, ContextLengthError, InputTypeError, InvalidArgumentError, TokenIdError
 from gpt2.config import GPT2Config
 from gpt2.model import GPT2, resolve_device, resolve_dtype, sinusoidal_positions, softmax
@@ -301,3 +303,13 @@ def test_numpy_engine_rejects_the_same_bad_input(tiny):
         reference(list(range(9)))
     with pytest.raises(InvalidArgumentError, match="non-empty sequence of integer token ids"):
         reference([])
+
+
+@pytest.mark.parametrize("config, message", [
+    ("gpt2", "GPT2() takes a GPT2Config, got str; to load weights, use GPT2.from_pretrained('gpt2')"),
+    (None, "GPT2() takes a GPT2Config, got NoneType"),
+    ({"n_layer": 2}, "GPT2() takes a GPT2Config, got dict"),
+])  # fmt: skip
+def test_model_from_something_else_than_a_config(config, message):
+    with pytest.raises(InputTypeError, match=re.escape(message)):
+        GPT2(config)

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import gpt2.tokenizer as tokenizer_module
-from conftest import VOCAB, stdlib_sources, tiktoken_from_files
+from helpers import VOCAB, stdlib_sources, tiktoken_from_files
 from gpt2 import (
     GPT2Error,
     IncrementalDecoder,
@@ -238,9 +238,41 @@ def test_invalid_utf8_decodes_to_replacement_like_tiktoken(enc, tiktoken_gpt2):
 
 def test_decode_accepts_any_integer_sequence(enc):
     import numpy as np
+    import torch
 
     ids = enc.encode("Hello world")
     assert enc.decode(tuple(ids)) == enc.decode(iter(ids)) == enc.decode(np.array(ids)) == "Hello world"
+    assert enc.decode(np.array(ids, dtype=np.uint16)) == enc.decode(torch.tensor(ids)) == "Hello world"
+    assert enc.decode(torch.tensor([ids])[0]) == enc.decode_bytes(torch.tensor(ids, dtype=torch.int32)).decode()
+    assert list(enc.decode_stream(torch.tensor(ids))) == ["Hello", " world"]
+
+
+@pytest.mark.parametrize("ids, message", [
+    (None, "decode() takes a list of token ids (ints), or a 1-D tensor or array of them, got NoneType"),
+    (15496, "decode() takes a sequence of token ids, got one int: use decode([15496])"),
+    ("Hello", "decode() takes token ids, not str: to get ids from text, use encode()"),
+    (b"Hello", "decode() takes token ids, not bytes"),
+    ("torch-2d", "decode() takes one sequence of ids (1-D), got 2-D ids of shape [1, 2]: pick one row, e.g. decode(ids[0])"),
+    ("numpy-2d", "got 2-D ids of shape [2, 1]: pick one row"),
+    ("torch-0d", "got 0-D ids of shape []: wrap one id in a list, decode([id])"),
+])  # fmt: skip
+def test_decode_says_what_to_pass(enc, ids, message):
+    import numpy as np
+    import torch
+
+    ids = {"torch-2d": torch.tensor([[15496, 995]]), "numpy-2d": np.array([[15496], [995]]),
+           "torch-0d": torch.tensor(15496)}.get(ids, ids)  # fmt: skip
+    with pytest.raises(InputTypeError, match=re.escape(message)):
+        enc.decode(ids)
+
+
+def test_decode_rejects_float_arrays(enc):
+    import numpy as np
+    import torch
+
+    for ids in (torch.tensor([1.0, 2.0]), np.array([1.5])):
+        with pytest.raises(TokenIdError, match="token ids must be integers; got 1"):
+            enc.decode(ids)
 
 
 def test_decode_stream_never_splits_a_character(enc):
@@ -342,6 +374,10 @@ def test_decode_rejects_bad_ids(enc, ids, message):
 def test_encode_batch_rejects_bad_input(enc):
     with pytest.raises(InputTypeError, match="index 1"):
         enc.encode_batch(["ok", b"bytes"])
+    with pytest.raises(InputTypeError, match=re.escape("encode_batch() takes a list of texts, got one str: for one text, use encode(text)")):
+        enc.encode_batch("Hello world")  # not 11 one-character texts
+    with pytest.raises(InputTypeError, match="got one bytes"):
+        enc.encode_batch(b"Hello")
     with pytest.raises(InvalidArgumentError, match="num_workers"):
         enc.encode_batch(["ok"], num_workers=0)
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from conftest import REPO, make_hf_model
-from gpt2 import CheckpointError, CheckpointNotFoundError, ConfigError, UnknownModelError
+from helpers import REPO, make_hf_model
+from gpt2 import CheckpointError, CheckpointNotFoundError, ConfigError, InputTypeError, UnknownModelError
 from gpt2.config import GPT2Config
 from gpt2.model import GPT2
 from gpt2.reference import ReferenceModel
@@ -136,6 +136,15 @@ def test_read_tensors_is_float32_and_canonical(hf_dir):
 def test_unknown_model_name_lists_the_released_ones():
     with pytest.raises(UnknownModelError, match="unknown model 'gpt-3'.*gpt2, gpt2-medium, gpt2-large, gpt2-xl"):
         GPT2.from_pretrained("gpt-3")
+
+
+def test_a_model_that_is_not_a_name_or_a_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # '' would be the current directory, were it read as a path
+    for load in (GPT2.from_pretrained, ReferenceModel.load, locate):
+        with pytest.raises(InputTypeError, match="a model is a released name \\(gpt2, .*\\) or a directory path, got NoneType"):
+            load(None)
+        with pytest.raises(UnknownModelError, match="the model name is empty: give a released name"):
+            load("")
 
 
 def test_released_name_offline_says_how_to_pass_a_path(monkeypatch, tmp_path):

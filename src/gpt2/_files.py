@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import tempfile
+import secrets
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,17 +18,35 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
 
     A crash or Ctrl-C mid-write leaves the old file (if any) untouched and no half-written
     file behind, because a rename within one directory is atomic on POSIX and Windows.
+    The file gets the permissions the user's umask gives any new file (0644 under umask 022).
     """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+    tmp = _new_file_beside(path)
+    mode = stat.S_IMODE(os.stat(tmp).st_mode)
     try:
-        yield Path(tmp)
+        yield tmp
+        os.chmod(tmp, mode)  # a writer may have made the file anew: safetensors' save_file does, as 0600
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def _new_file_beside(path: Path) -> Path:
+    """A new empty file in path's directory, under a name no one else uses.
+
+    Created with mode 0666 less the umask, as open() creates files; tempfile.mkstemp would
+    give 0600, and a model saved for a team could be read by no one else.
+    """
+    for _ in range(100):
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            return tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name beside {path}")
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:

@@ -4,19 +4,34 @@ Batch-1 decoding reads every weight once per token, so its speed is set by how f
 weights stream from memory, not by arithmetic. This kernel has each thread read one
 contiguous slice of the weight front to back, the access pattern that memory serves fastest.
 
-It is a small C++ extension compiled on first use (torch.utils.cpp_extension.load_inline,
-cached by torch under ~/.cache/torch_extensions, so later processes only load it). Where it
-cannot be built (no compiler, no ninja) `gemv` returns None and the caller falls back to
-its own path; set GPT2_GEMV=0 to turn it off.
+It is a small C++ extension, compiled once (about 50 s on 2 cores; `make demo` and `make test`
+compile it at set-up with `python -m gpt2._gemv`) by torch.utils.cpp_extension.load_inline,
+and kept in a directory of its own under torch's extensions root ($TORCH_EXTENSIONS_DIR, else
+~/.cache/torch_extensions). The directory is named by a hash of everything that makes one
+build unfit for another process (the source, the flags, the CPU, the Python, the torch, the
+compiler), so environments that agree share one kernel and those that differ never rebuild
+each other's. Where it cannot be built (no compiler, no ninja) `gemv` returns None and the
+caller falls back to its own path; set GPT2_GEMV=0 to turn it off.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
-import logging
+import importlib.util
 import os
+import platform
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
 
 import torch
 
@@ -167,10 +182,17 @@ _CFLAGS = ("-O3", "-march=native", "-fopenmp")
 _LDFLAGS = ("-fopenmp",)
 _GELU = {None: 0, "tanh": 1, "none": 2}
 
-_log = logging.getLogger(__name__)
+BUILD_SECONDS = 50  # a build on 2 cores took 48 s here (README): said before each build
+# A build holding the lock for longer than this is stuck: compile without waiting for it.
+_BUILD_LIMIT = 600
+
 _lock = threading.Lock()
 _module = None
 _failed = False
+
+
+def _note(message: str) -> None:
+    print(f"gpt2: {message}", file=sys.stderr, flush=True)
 
 
 def _cpu_flags() -> str:
@@ -182,34 +204,138 @@ def _cpu_flags() -> str:
         return ""
 
 
-def _clear_stale_lock(name: str) -> None:
-    """torch serialises builds with a `lock` file that a process killed mid-build leaves behind,
-    and every later process would then wait on it forever. A build takes ~30 s, so a lock
-    older than 10 minutes is stale."""
+@functools.lru_cache(maxsize=1)
+def _compiler() -> str:
+    """The C++ compiler torch will call ($CXX, else c++): its path and what it says of its version."""
+    from torch.utils.cpp_extension import get_cxx_compiler
+
+    cxx = get_cxx_compiler()
     try:
-        from torch.utils.cpp_extension import _get_build_directory
-
-        lock = os.path.join(_get_build_directory(name, verbose=False), "lock")
-        if time.time() - os.path.getmtime(lock) > 600:
-            os.remove(lock)
-    except Exception:  # no lock (the usual case), or torch's private helper moved
-        pass
+        version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        version = "none"  # the build will fail and say why
+    path = shutil.which(cxx)
+    return f"{os.path.realpath(path) if path else cxx}\n{version.strip()}"
 
 
-def _note_first_build(name: str) -> None:
-    """Say so before a build, which pauses the first generation in an environment for ~30 s."""
+def cache_key() -> str:
+    """A hash of everything that makes a build unfit for another process to load."""
+    parts = [
+        _SOURCE, *_CFLAGS, *_LDFLAGS, _cpu_flags(),  # what is compiled, and for which CPU
+        sys.version, sys.implementation.cache_tag, sysconfig.get_config_var("EXT_SUFFIX") or "", platform.machine(),
+        torch.__version__, torch.version.git_version or "", str(torch.compiled_with_cxx11_abi()),
+        _compiler(),
+    ]  # fmt: skip
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+
+
+def cache_dir() -> Path:
+    """The directory of this environment's kernel: gpt2_gemv_<cache key> under torch's extensions root."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
+    return Path(root) / f"gpt2_gemv_{cache_key()}"
+
+
+def _library(directory: Path) -> Path:
+    return directory / f"{directory.name}{'.pyd' if os.name == 'nt' else '.so'}"
+
+
+def _import(library: Path) -> ModuleType:
+    """Load a built kernel: a Python extension module named as its file."""
+    spec = importlib.util.spec_from_file_location(library.stem, library)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _load_or_build(directory: Path) -> ModuleType:
+    library = _library(directory)
+    if library.exists():  # built before, by any process of an environment like this one
+        return _import(library)
+    directory.mkdir(parents=True, exist_ok=True)
+    with _build_lock(directory / "lock"):
+        if library.exists():  # built by the process we waited for
+            return _import(library)
+        return _build(directory, library)
+
+
+def _build(directory: Path, library: Path) -> ModuleType:
+    """Compile in a directory of this build's own, then rename the library into place: a build
+    killed midway leaves no library, and two builds never write the same file."""
+    from torch.utils.cpp_extension import load_inline
+
+    _note(f"compiling the decode kernel, once, about {BUILD_SECONDS} s (kept in {directory})")
+    for old in directory.glob("build-*"):  # left by builds that were killed
+        if time.time() - old.stat().st_mtime > _BUILD_LIMIT:
+            shutil.rmtree(old, ignore_errors=True)
+    work = Path(tempfile.mkdtemp(prefix="build-", dir=directory))
     try:
-        from torch.utils.cpp_extension import _get_build_directory
+        module = load_inline(
+            name=directory.name,
+            cpp_sources=_SOURCE,
+            functions=["gemv"],
+            extra_cflags=list(_CFLAGS),  # copies: torch appends to the lists it is given
+            extra_ldflags=list(_LDFLAGS),
+            build_directory=str(work),
+            verbose=False,
+        )
+        os.replace(work / library.name, library)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return module
 
-        built = os.path.exists(os.path.join(_get_build_directory(name, verbose=False), f"{name}.so"))
-    except Exception:
-        built = False
-    if not built:
-        _log.warning("gpt2: compiling the fast CPU decoding kernel, once (about 30 s); later runs reuse it")
+
+@contextlib.contextmanager
+def _build_lock(path: Path) -> Iterator[None]:
+    """Held while one process builds, so that processes starting together build once.
+
+    It is an flock, which the system releases when its holder exits, however it ends (Ctrl-C,
+    SIGTERM, SIGHUP, SIGKILL): a killed build leaves a file behind but no lock to wait on.
+    The holder writes its pid and start time into the file; a holder still alive after
+    _BUILD_LIMIT is stuck, and this process compiles without it (builds never collide).
+    """
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): build without
+        yield
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        said = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                pid, started = _lock_holder(fd)
+                if time.time() - started > _BUILD_LIMIT:
+                    _note(f"process {pid} has held the decode kernel's build lock for over {_BUILD_LIMIT // 60} minutes; "
+                          f"compiling here without it")  # fmt: skip
+                    break
+                if not said:
+                    _note(f"waiting for process {pid}, which is compiling the decode kernel")
+                    said = True
+                time.sleep(0.2)
+                continue
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()} {time.time():.0f}\n".encode(), 0)
+            break
+        yield
+    finally:
+        os.close(fd)  # releases the lock, if held
 
 
-def _extension():
-    """The compiled module, building it on first use; None (remembered) if it can't be built."""
+def _lock_holder(fd: int) -> tuple[str, float]:
+    """The pid and start time the lock's holder wrote ("?" and now while it has not yet written)."""
+    words = os.pread(fd, 100, 0).split()
+    try:
+        return words[0].decode(), float(words[1])
+    except (IndexError, ValueError, UnicodeDecodeError):
+        return "?", time.time()
+
+
+def _extension() -> ModuleType | None:
+    """The compiled module, loading or building it on first use; None (remembered) if it can't be had."""
     global _module, _failed
     if _module is not None or _failed:
         return _module
@@ -218,24 +344,11 @@ def _extension():
             _failed = True  # turned off
         if _module is None and not _failed:
             try:
-                from torch.utils.cpp_extension import load_inline
-
-                key = hashlib.sha256("\0".join([_SOURCE, *_CFLAGS, *_LDFLAGS, _cpu_flags()]).encode()).hexdigest()[:12]
-                name = f"gpt2_gemv_{key}"  # a new name for new source or flags: no stale reuse
-                _clear_stale_lock(name)
-                _note_first_build(name)
-                _module = load_inline(
-                    name=name,
-                    cpp_sources=_SOURCE,
-                    functions=["gemv"],
-                    extra_cflags=list(_CFLAGS),  # copies: torch appends to the lists it is given
-                    extra_ldflags=list(_LDFLAGS),
-                    verbose=False,
-                )
-            except Exception as e:  # no compiler, no ninja, a failed build: fall back, quietly
+                _module = _load_or_build(cache_dir())
+            except Exception as e:  # no compiler, no ninja, a failed build: fall back
                 _failed = True
                 first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-                _log.warning("gpt2: fast CPU gemv unavailable, using oneDNN (%s)", first[:200])
+                _note(f"the decode kernel is unavailable, decoding uses oneDNN instead ({first[:200]})")
     return _module
 
 
@@ -249,3 +362,24 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gelu:
     if module is None or code < 0:
         return None
     return module.gemv(x, weight, bias, code)
+
+
+def main() -> int:
+    """`python -m gpt2._gemv`: have the kernel ready now, as `make demo` and `make test` do at set-up."""
+    if os.environ.get("GPT2_GEMV", "1") == "0":
+        print("decode kernel: turned off (GPT2_GEMV=0)")
+        return 0
+    directory = cache_dir()
+    built = _library(directory).exists()
+    started = time.monotonic()
+    if _extension() is None:
+        print("decode kernel: not available here; decoding on the CPU uses oneDNN instead (slower, as exact)")
+    elif built:
+        print(f"decode kernel: ready ({directory})")
+    else:
+        print(f"decode kernel: compiled in {time.monotonic() - started:.0f} s ({directory})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -9,6 +9,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from gpt2._checks import positive_int
 from gpt2.errors import ConfigError, ContextLengthError, TokenIdError
 
 # name -> (n_layer, n_head, n_embd); all have n_ctx 1024 and n_vocab 50257.
@@ -47,9 +48,7 @@ class GPT2Config:
 
     def __post_init__(self) -> None:
         for name in ("n_vocab", "n_ctx", "n_embd", "n_head", "n_layer"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+            setattr(self, name, positive_int(name, getattr(self, name), ConfigError))  # a NumPy int becomes an int
         if self.n_embd % self.n_head:
             raise ConfigError(
                 f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}): each head gets n_embd / n_head dimensions"

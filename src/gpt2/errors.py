@@ -48,3 +48,7 @@ class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
 
 class ContextLengthError(GPT2Error, ValueError):
     """A sequence is longer than the model's context (n_ctx)."""
+
+
+class NonFiniteError(GPT2Error, FloatingPointError):
+    """A model produced NaN or infinite values (weights holding NaN or inf, or a dtype that overflowed)."""

@@ -16,6 +16,7 @@ Past n_ctx tokens, the context slides: each step sees the last n_ctx tokens, as 
 
 from __future__ import annotations
 
+import struct
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -23,7 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gpt2.errors import ContextLengthError, InputTypeError, InvalidArgumentError, TokenIdError
+from gpt2._checks import int_between, is_real, positive_int
+from gpt2.errors import ContextLengthError, InputTypeError, InvalidArgumentError, NonFiniteError, TokenIdError
 from gpt2.tokenizer import IncrementalDecoder, Tokenizer
 
 
@@ -49,15 +51,11 @@ class Sampling:
     top_p: float | None = None
 
     def check(self, n_vocab: int) -> None:
-        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) or not self.temperature >= 0:
-            raise InvalidArgumentError(f"temperature must be a number >= 0 (0 is greedy), got {self.temperature!r}")
-        if self.top_k is not None and (
-            isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or not 1 <= self.top_k <= n_vocab
-        ):
-            raise InvalidArgumentError(f"top_k must be an integer from 1 to n_vocab ({n_vocab}), got {self.top_k!r}")
-        if self.top_p is not None and (
-            isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1
-        ):
+        if not is_real(self.temperature) or self.temperature < 0:
+            raise InvalidArgumentError(f"temperature must be a finite number >= 0 (0 is greedy), got {self.temperature!r}")
+        if self.top_k is not None:
+            int_between("top_k", self.top_k, 1, n_vocab)  # n_vocab: keep every token
+        if self.top_p is not None and (not is_real(self.top_p) or not 0 < self.top_p <= 1):
             raise InvalidArgumentError(f"top_p must be in (0, 1], got {self.top_p!r}")
 
 
@@ -171,21 +169,79 @@ def generate_tokens(
         if on_overflow == "error":
             raise ContextLengthError(message + ": shorten the prompt or ask for fewer new tokens")
         warnings.warn(message + f"; the model sees only the last {n_ctx} tokens", ContextOverflowWarning, stacklevel=3)
-    generator = None
-    if seed is not None:
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise InvalidArgumentError(f"seed must be a whole number >= 0, got {seed!r}")
-        generator = torch.Generator().manual_seed(seed)
+    generator = None if seed is None else seeded_generator(seed)
     return _token_loop(engine, max_new_tokens, sampling, generator)
 
 
 def _token_loop(engine, max_new_tokens: int, sampling: Sampling, generator: torch.Generator | None) -> Iterator[torch.Tensor]:
-    logits = engine.start()
+    out = engine.start()  # (B, V) on the model's device
     for i in range(max_new_tokens):
-        token = sample_next(logits.float().cpu(), sampling, generator)  # sampled on the CPU: same seed, same text
+        logits = out.float().cpu()  # sampled on the CPU: same seed, same text
+        if not bool(torch.isfinite(logits).all()):  # greedy would print garbage, sampling fail inside torch
+            raise NonFiniteError(
+                f"the model produced NaN or infinite logits at new token {i + 1}: its weights hold NaN or inf, "
+                f"or its dtype overflowed (try --dtype float32)"
+            )
+        token = sample_next(logits, sampling, generator)
         yield token
         if i + 1 < max_new_tokens:
-            logits = engine.step(token.to(logits.device))
+            out = engine.step(token.to(out.device))
+
+
+SEED_MAX = 2**64 - 1
+
+
+def check_seed(seed: int) -> int:
+    return int_between("seed", seed, 0, SEED_MAX, "a whole number")
+
+
+def seeded_generator(seed: int) -> torch.Generator:
+    """A CPU generator whose random stream depends on all 64 bits of `seed` (0 .. 2**64 - 1).
+
+    torch seeds its CPU generator, a Mersenne Twister, from the low 32 bits alone, so seeds 0,
+    2**32 and 2**63 would sample the same text. Below 2**32 this is torch's own seeding (the same
+    stream as torch.manual_seed); from 2**32 up, the twister's state comes from both 32-bit
+    halves through the reference `init_by_array`, as NumPy's and Python's twisters seed.
+    """
+    seed = check_seed(seed)
+    generator = torch.Generator()
+    if seed < 2**32:
+        return generator.manual_seed(seed)
+    state = bytearray(generator.get_state().numpy().tobytes())
+    words = np.array(mt19937_init_by_array([seed & 0xFFFFFFFF, seed >> 32]), dtype="<u8").tobytes()
+    if len(state) != _TORCH_STATE_BYTES:
+        raise InvalidArgumentError(f"seeds from 2**32 up need torch's CPU generator state of {_TORCH_STATE_BYTES} bytes; "
+                                   f"this torch's has {len(state)}: use a seed below 2**32")  # fmt: skip
+    # torch's CPU generator state: seed (u64), left (i32), seeded (i32), next (u64), then the
+    # twister's 624 words, each stored as a u64; left = 1 makes the first draw twist, as after seeding
+    state[:24] = struct.pack("<QiiQ", seed, 1, 1, 0)
+    state[24 : 24 + len(words)] = words
+    generator.set_state(torch.frombuffer(state, dtype=torch.uint8))
+    return generator
+
+
+_TORCH_STATE_BYTES = 5056
+_MT_N = 624  # the Mersenne Twister's state: 624 words of 32 bits
+
+
+def mt19937_init_by_array(key: Sequence[int]) -> list[int]:
+    """The Mersenne Twister's 624-word state from 32-bit key words (Matsumoto and Nishimura's init_by_array)."""
+    mt = [19650218]
+    for i in range(1, _MT_N):
+        mt.append((1812433253 * (mt[-1] ^ (mt[-1] >> 30)) + i) & 0xFFFFFFFF)
+    i, j = 1, 0
+    for _ in range(max(_MT_N, len(key))):
+        mt[i] = ((mt[i] ^ ((mt[i - 1] ^ (mt[i - 1] >> 30)) * 1664525)) + key[j] + j) & 0xFFFFFFFF
+        i, j = i + 1, (j + 1) % len(key)
+        if i == _MT_N:
+            mt[0], i = mt[-1], 1
+    for _ in range(_MT_N - 1):
+        mt[i] = ((mt[i] ^ ((mt[i - 1] ^ (mt[i - 1] >> 30)) * 1566083941)) - i) & 0xFFFFFFFF
+        i += 1
+        if i == _MT_N:
+            mt[0], i = mt[-1], 1
+    mt[0] = 0x80000000  # the most significant bit set: the state is never all zeros
+    return mt
 
 
 def check_on_overflow(on_overflow: str) -> None:
@@ -205,8 +261,23 @@ def check_prompts(prompts: Sequence[Sequence[int]], n_vocab: int) -> None:
 
 
 def check_max_new_tokens(max_new_tokens: int) -> None:
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise InvalidArgumentError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    positive_int("max_new_tokens", max_new_tokens)
+
+
+def check_stop(stop: str | Sequence[str] | None) -> list[str]:
+    """Stop strings as a list: None (or an empty list) for none, one str, or several."""
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        stop = [stop]
+    try:
+        stop = list(stop)
+    except TypeError:
+        raise InputTypeError(f"stop must be a str, a list of str, or None, got {type(stop).__name__}") from None
+    for s in stop:
+        if not isinstance(s, str) or s == "":
+            raise InvalidArgumentError(f"stop strings must be non-empty text, got {s!r}")
+    return stop
 
 
 # ------------------------------------------------------------------ text
@@ -233,7 +304,7 @@ class TextGeneration:
         top_p: float | None = None,
         seed: int | None = None,
         num_samples: int = 1,
-        stop: str | Sequence[str] = (),
+        stop: str | Sequence[str] | None = None,
         on_overflow: str = "slide",
     ):
         from gpt2.reference import ReferenceModel
@@ -241,12 +312,8 @@ class TextGeneration:
         check_max_new_tokens(max_new_tokens)
         self.sampling = Sampling(temperature, top_k, top_p)
         self.sampling.check(model.config.n_vocab)
-        if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
-            raise InvalidArgumentError(f"num_samples must be a positive integer, got {num_samples!r}")
-        self.stop = [stop] if isinstance(stop, str) else list(stop)
-        for s in self.stop:
-            if not isinstance(s, str) or s == "":
-                raise InvalidArgumentError(f"stop strings must be non-empty text, got {s!r}")
+        positive_int("num_samples", num_samples)
+        self.stop = check_stop(stop)
         prompt_list = [prompts] if isinstance(prompts, str) else list(prompts)
         if not prompt_list:
             raise InvalidArgumentError("no prompts: give at least one")
@@ -304,6 +371,11 @@ def stream_text(model, tokenizer: Tokenizer, prompt: str, **options) -> Iterator
     """
     if not isinstance(prompt, str):
         raise InputTypeError(f"prompt must be a str, got {type(prompt).__name__}")
+    if options.get("num_samples", 1) != 1:
+        raise InvalidArgumentError(
+            "stream_text streams one continuation (num_samples=1); for several, iterate "
+            "TextGeneration(..., num_samples=N), which yields (row, piece), or call generate_text"
+        )
     for _, piece in TextGeneration(model, tokenizer, prompt, **options):
         yield piece
 

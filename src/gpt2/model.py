@@ -250,6 +250,9 @@ class GPT2(nn.Module):
     """GPT-2: `model(idx)` gives logits (B, T, n_vocab); `model(idx, targets)` gives (logits, loss)."""
 
     def __init__(self, config: GPT2Config):
+        if not isinstance(config, GPT2Config):
+            hint = f"; to load weights, use GPT2.from_pretrained({config!r})" if isinstance(config, (str, os.PathLike)) else ""
+            raise InputTypeError(f"GPT2() takes a GPT2Config, got {type(config).__name__}{hint}")
         super().__init__()
         self.config = config
         positions = (

@@ -169,4 +169,5 @@ class ReferenceModel:
             raise InvalidArgumentError(f"inputs must be a non-empty sequence of integer token ids, got shape {list(inputs.shape)} of {inputs.dtype}")
         self.config.check_sequence(len(inputs), int(inputs.min()), int(inputs.max()))
         activation = gelu if self.config.activation == "gelu_tanh" else gelu_exact
-        return gpt2(inputs, **self.params, n_head=self.config.n_head, activation=activation, eps=self.config.layer_norm_epsilon)
+        with np.errstate(invalid="ignore", over="ignore"):  # NaN or inf out is for the caller to report
+            return gpt2(inputs, **self.params, n_head=self.config.n_head, activation=activation, eps=self.config.layer_norm_epsilon)

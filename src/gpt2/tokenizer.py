@@ -36,6 +36,7 @@ from typing import AbstractSet, Literal
 
 import regex
 
+from gpt2._checks import positive_int
 from gpt2._files import atomic_write_text, read_json_object
 from gpt2.errors import (
     InputTypeError,
@@ -325,6 +326,9 @@ class Tokenizer:
         num_workers: int | None = None,
     ) -> list[list[int]]:
         """`encode` each text, in `num_workers` processes (default: one per core)."""
+        if isinstance(texts, (str, bytes, bytearray)):
+            raise InputTypeError(f"encode_batch() takes a list of texts, got one {type(texts).__name__}: "
+                                 f"for one text, use encode(text) or encode_batch([text])")  # fmt: skip
         texts = list(texts)
         for i, text in enumerate(texts):
             if not isinstance(text, str):
@@ -332,8 +336,7 @@ class Tokenizer:
         allowed = self._allowed_special(allowed_special)
         if num_workers is None:
             num_workers = os.cpu_count() or 1
-        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
-            raise InvalidArgumentError(f"num_workers must be a positive integer, got {num_workers!r}")
+        positive_int("num_workers", num_workers)
         num_workers = min(num_workers, len(texts))
         if num_workers <= 1 or sum(map(len, texts)) < _PARALLEL_MIN_CHARS:
             return [self.encode(text, allowed) for text in texts]
@@ -416,9 +419,8 @@ class Tokenizer:
     # ---------------------------------------------------------------- decoding
 
     def decode_bytes(self, ids: Iterable[int]) -> bytes:
-        """The bytes that `ids` stand for, concatenated."""
-        if not isinstance(ids, (list, tuple)):
-            ids = list(ids)
+        """The bytes that `ids` stand for, concatenated (ids: as `decode` takes them)."""
+        ids = _id_list(ids)
         try:
             if ids and min(ids) < 0:
                 raise IndexError
@@ -428,7 +430,9 @@ class Tokenizer:
             raise
 
     def decode(self, ids: Iterable[int]) -> str:
-        """The text of `ids`. Bytes that are not valid UTF-8 become U+FFFD, as in OpenAI's decoder."""
+        """The text of `ids`: a list (or any iterable) of ints, or a 1-D tensor or NumPy array of
+        integers, as in `enc.decode(model.generate(idx)[0])`. Bytes that are not valid UTF-8
+        become U+FFFD, as in OpenAI's decoder."""
         return self.decode_bytes(ids).decode("utf-8", errors="replace")
 
     def decode_stream(self, ids: Iterable[int]) -> Iterator[str]:
@@ -534,6 +538,29 @@ class Tokenizer:
         for a, b in merges:
             encoder[symbols[a] + symbols[b]] = len(encoder)
         return cls(encoder, [(symbols[a], symbols[b]) for a, b in merges], {EOT: len(encoder)})
+
+
+def _id_list(ids: Iterable[int]) -> list[int] | tuple[int, ...]:
+    """Token ids as a list (or tuple), from whatever `decode` takes; a clear error for the rest."""
+    if isinstance(ids, (list, tuple)):
+        return ids
+    if isinstance(ids, (str, bytes, bytearray)):
+        raise InputTypeError(f"decode() takes token ids, not {type(ids).__name__}: to get ids from text, use encode()")
+    ndim = getattr(ids, "ndim", None)  # a torch tensor or a NumPy array, without importing either
+    if isinstance(ndim, int) and hasattr(ids, "tolist"):
+        if ndim == 1:
+            return ids.tolist()
+        shape = list(getattr(ids, "shape", ()))
+        hint = "wrap one id in a list, decode([id])" if ndim == 0 else "pick one row, e.g. decode(ids[0])"
+        raise InputTypeError(f"decode() takes one sequence of ids (1-D), got {ndim}-D ids of shape {shape}: {hint}")
+    if hasattr(ids, "__index__"):
+        raise InputTypeError(f"decode() takes a sequence of token ids, got one {type(ids).__name__}: use decode([{ids!r}])")
+    try:
+        return list(ids)
+    except TypeError:
+        raise InputTypeError(
+            f"decode() takes a list of token ids (ints), or a 1-D tensor or array of them, got {type(ids).__name__}"
+        ) from None
 
 
 def _merge_pair(word: list[int], a: int, b: int, new: int) -> list[int]:

@@ -28,7 +28,7 @@ import numpy as np
 
 from gpt2._files import read_json_object
 from gpt2.config import PRESETS, GPT2Config
-from gpt2.errors import CheckpointError, CheckpointNotFoundError, ConfigError, UnknownModelError
+from gpt2.errors import CheckpointError, CheckpointNotFoundError, ConfigError, InputTypeError, UnknownModelError
 
 HUB_REPOS = {name: f"openai-community/{name}" for name in PRESETS}
 
@@ -85,6 +85,12 @@ def expected_shapes(config: GPT2Config) -> dict[str, tuple[int, ...]]:
 
 def locate(name_or_path: str | os.PathLike) -> Checkpoint:
     """Find a checkpoint: a local directory, or a released name (downloaded once)."""
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        raise InputTypeError(
+            f"a model is a released name ({', '.join(HUB_REPOS)}) or a directory path, got {type(name_or_path).__name__}"
+        )
+    if str(name_or_path) == "":
+        raise UnknownModelError(f"the model name is empty: give a released name ({', '.join(HUB_REPOS)}) or a directory")
     path = Path(name_or_path)
     if path.is_dir():
         return open_checkpoint(path)

@@ -1,0 +1,70 @@
+"""Helpers the tests (and the benchmarks) share: paths, corpora, and independent references.
+
+`../shared` (beside the repository) is used when present; a fresh clone without it builds
+its corpus from the Python standard library's own sources instead.
+"""
+
+from __future__ import annotations
+
+import sysconfig
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+VOCAB = REPO / "src" / "gpt2" / "vocab"
+SHAKESPEARE = SHARED / "data" / "tinyshakespeare.txt"
+
+
+def stdlib_sources(limit: int | None = None) -> list[Path]:
+    """Python files of the standard library, in a fixed order."""
+    files = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
+    return files[:limit] if limit else files
+
+
+def corpus() -> tuple[str, str]:
+    """(name, text): about 1 MB, tinyshakespeare if ../shared has it, else stdlib sources."""
+    if SHAKESPEARE.is_file():
+        return SHAKESPEARE.name, SHAKESPEARE.read_text(encoding="utf-8")
+    text, size = [], 0
+    for path in stdlib_sources():
+        text.append(path.read_text(encoding="utf-8", errors="replace"))
+        size += len(text[-1])
+        if size > 1_000_000:
+            break
+    return "the standard library's sources", "".join(text)
+
+
+def tiktoken_from_files(encoder_json: Path, vocab_bpe: Path, eot: int = 50256):
+    import tiktoken
+    from tiktoken.load import data_gym_to_mergeable_bpe_ranks
+    from tiktoken_ext.openai_public import r50k_pat_str
+
+    ranks = data_gym_to_mergeable_bpe_ranks(vocab_bpe_file=str(vocab_bpe), encoder_json_file=str(encoder_json))
+    return tiktoken.Encoding(
+        name="gpt2-reference",
+        pat_str=r50k_pat_str,
+        mergeable_ranks=ranks,
+        special_tokens={"<|endoftext|>": eot},
+        explicit_n_vocab=len(ranks) + 1,
+    )
+
+
+def make_hf_model(seed: int = 0, **config):
+    """A randomly initialised `transformers.GPT2LMHeadModel` (the independent reference), in eval mode.
+
+    Config keys are Hugging Face's (vocab_size, n_positions, n_embd, n_layer, n_head, ...).
+    """
+    import torch
+    from transformers import GPT2Config as HFConfig
+    from transformers import GPT2LMHeadModel
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    vocab = config.get("vocab_size", 50257)
+    torch.manual_seed(seed)
+    model = GPT2LMHeadModel(HFConfig(bos_token_id=vocab - 1, eos_token_id=vocab - 1, **config)).eval()
+    with torch.no_grad():  # LayerNorms start at 1/0: perturb them so a mix-up of g and b shows
+        for name, p in model.named_parameters():
+            if ".ln_" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+    return model

@@ -1,0 +1,33 @@
+"""_checks: the argument checks every module shares."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpt2 import ConfigError, GPT2Config, InvalidArgumentError
+from gpt2._checks import int_between, is_integer, is_real, positive_int
+
+
+def test_integers_and_reals():
+    assert is_integer(3) and is_integer(np.int64(3)) and is_integer(-1)
+    assert not any(is_integer(v) for v in (True, 3.0, "3", None, np.float32(3)))
+    assert is_real(0) and is_real(0.5) and is_real(np.float32(2.5))
+    assert not any(is_real(v) for v in (float("inf"), float("-inf"), float("nan"), False, "1", None))
+
+
+def test_positive_int_names_the_argument():
+    assert positive_int("n", np.int64(4)) == 4 and type(positive_int("n", np.int64(4))) is int
+    for bad in (0, -1, True, 2.0, "2", None):
+        with pytest.raises(InvalidArgumentError, match=f"n must be a positive integer, got {bad!r}"):
+            positive_int("n", bad)
+    with pytest.raises(ConfigError, match="n_layer must be a positive integer, got 0"):
+        GPT2Config(n_layer=0)
+    assert type(GPT2Config(n_layer=np.int64(2)).n_layer) is int  # config.json stays writable
+
+
+def test_int_between_includes_both_ends():
+    assert int_between("k", 1, 1, 5) == 1 and int_between("k", 5, 1, 5) == 5
+    for bad in (0, 6, float("inf"), 2.5):
+        with pytest.raises(InvalidArgumentError, match=f"k must be an integer from 1 to 5, got {bad!r}"):
+            int_between("k", bad, 1, 5)

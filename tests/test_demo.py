@@ -1,0 +1,45 @@
+"""`make demo` (scripts/demo.py): real weights where they can be had, else a seeded random model."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from helpers import REPO, make_hf_model
+
+DEMO = REPO / "scripts" / "demo.py"
+
+
+def demo(tmp_path, *argv: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf-home")}  # no weights to be had
+    return subprocess.run([sys.executable, str(DEMO), *argv], capture_output=True, text=True, timeout=300, env=env)
+
+
+def test_without_the_weights_it_runs_a_seeded_random_model_and_says_so_as_information(tmp_path):
+    first, second = demo(tmp_path), demo(tmp_path)
+    assert first.returncode == second.returncode == 0
+    assert first.stdout == second.stdout  # seeded: the same text on every run
+    assert first.stdout.startswith("Alan Turing theorized that computers would one day become") and len(first.stdout) > 80
+    lines = first.stderr.splitlines()
+    assert lines[0].startswith("gpt2 demo: could not download 'gpt2'") and "error" not in first.stderr.lower()
+    assert lines[1].startswith("gpt2 demo: so the same pipeline runs on a small model with random weights")
+    assert lines[-1].startswith("[gpt2: 40 tokens in ")
+    assert not list(REPO.glob(".demo*"))  # the random model lives in a temporary directory
+
+
+def test_a_model_path_that_is_missing_or_broken_is_an_error_not_random_text(tmp_path):
+    missing = demo(tmp_path, "--model", str(tmp_path / "nowhere"))
+    assert (missing.returncode, missing.stdout) == (2, "")
+    assert missing.stderr.startswith("gpt2: error: unknown model") and missing.stderr.count("\n") == 1
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{}")
+    result = demo(tmp_path, "--model", str(broken))
+    assert (result.returncode, result.stdout) == (2, "") and "has config.json but neither model.safetensors" in result.stderr
+
+
+def test_a_local_model_runs_greedily(tmp_path):
+    make_hf_model(vocab_size=50257, n_positions=64, n_embd=32, n_layer=1, n_head=2).save_pretrained(tmp_path / "model")
+    result = demo(tmp_path, "--model", str(tmp_path / "model"), "The dog")
+    assert result.returncode == 0 and result.stdout.startswith("The dog") and "random weights" not in result.stderr
