@@ -289,7 +289,7 @@ def test_a_model_that_produces_nan_stops_with_one_line(capsys, tmp_path):
         code, out, err = run(capsys, "generate", "The dog", "--model", str(tmp_path), *flags)
         assert code == 2 and out in ("", "The dog\n")  # a streamed prompt gets its line ended
         assert err == "gpt2: error: the model produced NaN or infinite logits at new token 1: its weights hold NaN or inf, " \
-                      "or its dtype overflowed (try --dtype float32)\n"
+                      "or its dtype overflowed (try float32)\n"
 
 
 def test_ctrl_c_without_streaming_prints_what_was_generated(model_dir):

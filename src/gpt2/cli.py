@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Sequence
 
 from gpt2 import __version__
@@ -109,7 +110,6 @@ def _load_model(args: argparse.Namespace):
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    import time
     import warnings
 
     from gpt2.generate import TextGeneration
@@ -135,7 +135,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
                     header = f"{'=' * 20} sample {sample + 1} of {args.num_samples} {'=' * 20}\n"
                     _emit(out, held, header, args.stream)
                 if args.stream:
-                    _emit(out, held, prompt, args.stream)
+                    _emit(out, held, prompt, True)
                 try:
                     for _, piece in generation:
                         _emit(out, held, piece, args.stream)
@@ -171,8 +171,6 @@ def _release(out, held: list[str], stream: bool) -> None:
 
 
 def _summary(generated: int, started: float) -> None:
-    import time
-
     elapsed = time.perf_counter() - started
     tokens = "1 token" if generated == 1 else f"{generated} tokens"
     print(f"[gpt2: {tokens} in {elapsed:.1f} s, {generated / max(elapsed, 1e-9):.1f} tokens/s]", file=sys.stderr)

@@ -180,7 +180,7 @@ def _token_loop(engine, max_new_tokens: int, sampling: Sampling, generator: torc
         if not bool(torch.isfinite(logits).all()):  # greedy would print garbage, sampling fail inside torch
             raise NonFiniteError(
                 f"the model produced NaN or infinite logits at new token {i + 1}: its weights hold NaN or inf, "
-                f"or its dtype overflowed (try --dtype float32)"
+                f"or its dtype overflowed (try float32)"
             )
         token = sample_next(logits, sampling, generator)
         yield token
@@ -188,7 +188,11 @@ def _token_loop(engine, max_new_tokens: int, sampling: Sampling, generator: torc
             out = engine.step(token.to(out.device))
 
 
+# ------------------------------------------------------------------ seeds
+
 SEED_MAX = 2**64 - 1
+_MT_N = 624  # the Mersenne Twister's state: 624 words of 32 bits
+_TORCH_STATE_BYTES = 5056  # torch's CPU generator state, as get_state() gives it
 
 
 def check_seed(seed: int) -> int:
@@ -208,20 +212,16 @@ def seeded_generator(seed: int) -> torch.Generator:
     if seed < 2**32:
         return generator.manual_seed(seed)
     state = bytearray(generator.get_state().numpy().tobytes())
-    words = np.array(mt19937_init_by_array([seed & 0xFFFFFFFF, seed >> 32]), dtype="<u8").tobytes()
     if len(state) != _TORCH_STATE_BYTES:
         raise InvalidArgumentError(f"seeds from 2**32 up need torch's CPU generator state of {_TORCH_STATE_BYTES} bytes; "
                                    f"this torch's has {len(state)}: use a seed below 2**32")  # fmt: skip
-    # torch's CPU generator state: seed (u64), left (i32), seeded (i32), next (u64), then the
-    # twister's 624 words, each stored as a u64; left = 1 makes the first draw twist, as after seeding
+    words = np.array(mt19937_init_by_array([seed & 0xFFFFFFFF, seed >> 32]), dtype="<u8").tobytes()
+    # the state: seed (u64), left (i32), seeded (i32), next (u64), then the twister's 624 words,
+    # each stored as a u64; left = 1 makes the first draw twist, as it does after seeding
     state[:24] = struct.pack("<QiiQ", seed, 1, 1, 0)
     state[24 : 24 + len(words)] = words
     generator.set_state(torch.frombuffer(state, dtype=torch.uint8))
     return generator
-
-
-_TORCH_STATE_BYTES = 5056
-_MT_N = 624  # the Mersenne Twister's state: 624 words of 32 bits
 
 
 def mt19937_init_by_array(key: Sequence[int]) -> list[int]:
@@ -242,6 +242,9 @@ def mt19937_init_by_array(key: Sequence[int]) -> list[int]:
             mt[0], i = mt[-1], 1
     mt[0] = 0x80000000  # the most significant bit set: the state is never all zeros
     return mt
+
+
+# ------------------------------------------------------------------ argument checks
 
 
 def check_on_overflow(on_overflow: str) -> None:
