@@ -370,7 +370,8 @@ def stream_text(model, tokenizer: Tokenizer, prompt: str, **options) -> Iterator
     """Yield the continuation of one prompt piece by piece as tokens arrive.
 
     No piece ends in half a UTF-8 character, and text that could be the start of a stop
-    string is held back until it is known not to be one. Options: see TextGeneration.
+    string is held back until it is known not to be one. Options: see TextGeneration (one
+    sample only: TextGeneration itself streams several, as (row, piece)).
     """
     if not isinstance(prompt, str):
         raise InputTypeError(f"prompt must be a str, got {type(prompt).__name__}")
