@@ -238,7 +238,9 @@ def cache_dir() -> Path:
 
 
 def _library(directory: Path) -> Path:
-    return directory / f"{directory.name}{'.pyd' if os.name == 'nt' else '.so'}"
+    from torch.utils.cpp_extension import LIB_EXT  # the suffix load_inline gives the library
+
+    return directory / f"{directory.name}{LIB_EXT}"
 
 
 def _import(library: Path) -> ModuleType:
