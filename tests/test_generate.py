@@ -10,21 +10,9 @@ from scipy.stats import chisquare
 
 from helpers import make_hf_model
 from gpt2 import ContextLengthError, InputTypeError, InvalidArgumentError, NonFiniteError, TokenIdError, Tokenizer
-from gpt2.generate import (
-    ContextOverflowWarning,
-    EmptyPromptWarning,
-    Sampling,
-    TextGeneration,
-    TorchEngine,
-    _TextRow,
-    filter_logits,
-    generate_text,
-    mt19937_init_by_array,
-    sample_next,
-    seeded_generator,
-    stream_text,
-)
-from gpt2.model import GPT2
+from gpt2.generate import EmptyPromptWarning, TextGeneration, _TextRow, generate_text, stream_text
+from gpt2.model import GPT2, TorchEngine
+from gpt2.sampling import ContextOverflowWarning, Sampling, filter_logits, mt19937_init_by_array, sample_next, seeded_generator
 from gpt2.reference import ReferenceModel
 
 ENC = Tokenizer.gpt2()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import numbers
 
-from gpt2.errors import InvalidArgumentError
+from gpt2.errors import InvalidArgumentError, TokenIdError
 
 
 def is_integer(value: object) -> bool:
@@ -33,3 +33,27 @@ def int_between(name: str, value: object, low: int, high: int, what: str = "an i
     if not is_integer(value) or not low <= value <= high:
         raise InvalidArgumentError(f"{name} must be {what} from {low} to {high}, got {value!r}")
     return int(value)
+
+
+def positive_real(name: str, value: object) -> float:
+    """A finite number above zero (a learning rate, a temperature that is not greedy)."""
+    if not is_real(value) or value <= 0:
+        raise InvalidArgumentError(f"{name} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def real_between(name: str, value: object, low: float, high: float, *, open_low: bool = False, open_high: bool = False) -> float:
+    """A finite number from low to high; `open_low` / `open_high` leave that end out."""
+    inside = is_real(value) and (low < value if open_low else low <= value) and (value < high if open_high else value <= high)
+    if not inside:
+        interval = f"{'(' if open_low else '['}{low}, {high}{')' if open_high else ']'}"
+        raise InvalidArgumentError(f"{name} must be a number in {interval}, got {value!r}")
+    return float(value)
+
+
+def check_token_ids(low: int, high: int, n_vocab: int, where: str = "", whose: str = "") -> None:
+    """Raise unless the ids low..high (the least and the greatest of a sequence) are all below
+    n_vocab and not negative; `where` follows the bad id in the message (" in prompt 2"),
+    `whose` precedes the range ("this model's ")."""
+    if low < 0 or high >= n_vocab:
+        raise TokenIdError(f"token id {low if low < 0 else high}{where} is out of range: {whose}ids are 0..{n_vocab - 1}")

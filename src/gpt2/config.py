@@ -9,8 +9,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from gpt2._checks import positive_int
-from gpt2.errors import ConfigError, ContextLengthError, TokenIdError
+from gpt2._checks import check_token_ids, positive_int
+from gpt2.errors import ConfigError, ContextLengthError
 
 # name -> (n_layer, n_head, n_embd); all have n_ctx 1024 and n_vocab 50257.
 PRESETS: dict[str, tuple[int, int, int]] = {
@@ -64,12 +64,15 @@ class GPT2Config:
         if not isinstance(self.bias, bool):
             raise ConfigError(f"bias must be True or False, got {self.bias!r}")
 
-    def check_sequence(self, length: int, low: int, high: int) -> None:
-        """Raise unless a sequence of `length` token ids, ranging over low..high, fits this model."""
+    def check_length(self, length: int) -> None:
+        """Raise unless a sequence of `length` tokens fits this model's context."""
         if length > self.n_ctx:
             raise ContextLengthError(f"sequence of {length} tokens is longer than the model's context of n_ctx={self.n_ctx} tokens")
-        if low < 0 or high >= self.n_vocab:
-            raise TokenIdError(f"token id {low if low < 0 else high} is out of range: this model's ids are 0..{self.n_vocab - 1}")
+
+    def check_sequence(self, length: int, low: int, high: int) -> None:
+        """Raise unless a sequence of `length` token ids, ranging over low..high, fits this model."""
+        self.check_length(length)
+        check_token_ids(low, high, self.n_vocab, whose="this model's ")
 
     @property
     def head_size(self) -> int:

@@ -14,17 +14,20 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
+from torch.utils.checkpoint import checkpoint
 
+from gpt2._checks import check_token_ids
 from gpt2._gemv import gemv
 from gpt2.config import GPT2Config
+from gpt2.devices import resolve_device, resolve_dtype
 from gpt2.errors import ContextLengthError, InputTypeError, InvalidArgumentError
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from gpt2.sampling import Sampling, check_max_new_tokens, check_prompts, generate_tokens
 
 
 def softmax(logits: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -255,6 +258,7 @@ class GPT2(nn.Module):
             raise InputTypeError(f"GPT2() takes a GPT2Config, got {type(config).__name__}{hint}")
         super().__init__()
         self.config = config
+        self.checkpoint_activations = False  # trade compute for memory in training (see trunk)
         positions = (
             nn.Embedding(config.n_ctx, config.n_embd)
             if config.positions == "learned"
@@ -287,14 +291,17 @@ class GPT2(nn.Module):
     # ---------------------------------------------------------------- forward
 
     def forward(
-        self, idx: torch.Tensor, targets: torch.Tensor | None = None, *, ignore_index: int = -100
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None, *, ignore_index: int = -100, check_ids: bool = True
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """idx: (B, T) token ids. targets: (B, T) ids of the next tokens, `ignore_index` where none.
 
         Returns logits (B, T, n_vocab) or, with targets, (logits, mean cross-entropy).
+        The ids are checked against the vocabulary unless `check_ids` is False: the trainer's
+        batches were checked where they were made, and reading idx.min() inside a compiled
+        step would break its graph (so a compiled call never reads them either).
         """
-        self._check_input(idx)
-        logits = self._logits(idx)
+        self._check_input(idx, check_ids and not torch.compiler.is_compiling())
+        logits = self.unembed(self.trunk(idx))  # (B, T, V)
         if targets is None:
             return logits
         if not isinstance(targets, torch.Tensor) or targets.shape != idx.shape:
@@ -305,28 +312,35 @@ class GPT2(nn.Module):
         )
         return logits, loss
 
-    def _logits(self, idx: torch.Tensor) -> torch.Tensor:
+    def trunk(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """The forward pass up to the unembedding: idx (B, T) -> final hidden states (B, T, C).
+
+        Training, evaluation and generation all run this one pass. With a cache, the T
+        positions follow the cache's and their keys and values are added to it.
+        """
         T = idx.size(1)
-        pos = torch.arange(T, device=idx.device)  # (T,)
+        pos = torch.arange(T, device=idx.device) if cache is None else cache.begin(T)  # (T,) or (B, T)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (B, T, C)
-        for block in self.transformer.h:
-            x = block(x)
-        x = self.transformer.ln_f(x)
-        return F.linear(x, self.transformer.wte.weight)  # (B, T, V): x @ wte.T
+        for layer, block in enumerate(self.transformer.h):
+            if self.checkpoint_activations and self.training and torch.is_grad_enabled():
+                # keep only each block's input; recompute its inside during backward (same dropout masks)
+                x = checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x, cache, layer)
+        if cache is not None:
+            cache.end(T)
+        return self.transformer.ln_f(x)
+
+    def unembed(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits of hidden states: (..., C) -> (..., V), x @ wte.T (the unembedding tied to wte)."""
+        return linear(x, self.transformer.wte.weight.t())
 
     def forward_cached(self, idx: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """Logits (B, n_vocab) of the last of the T positions in idx (B, T), which follow the
         cache's positions; their keys and values are added to the cache. For generation:
         only the last position's logits are computed, as only they are needed.
         """
-        T = idx.size(1)
-        pos = cache.begin(T)
-        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (B, T, C)
-        for layer, block in enumerate(self.transformer.h):
-            x = block(x, cache, layer)
-        cache.end(T)
-        x = self.transformer.ln_f(x[:, -1])  # (B, C)
-        return linear(x, self.transformer.wte.weight.t())  # (B, V): x @ wte.T
+        return self.unembed(self.trunk(idx, cache)[:, -1])  # (B, V)
 
     @torch.inference_mode()
     def generate(
@@ -350,8 +364,6 @@ class GPT2(nn.Module):
         (on_overflow="slide", with a warning) or raises (on_overflow="error"). Call model.eval()
         first, as with any inference: in training mode dropout stays on.
         """
-        from gpt2.generate import Sampling, TorchEngine, check_max_new_tokens, check_prompts, generate_tokens
-
         if not isinstance(idx, torch.Tensor) or idx.dtype.is_floating_point or idx.dtype == torch.bool or idx.dim() != 2:
             what = f"{idx.dtype} tensor of shape {list(idx.shape)}" if isinstance(idx, torch.Tensor) else type(idx).__name__
             raise InputTypeError(f"idx must be an integer tensor of token ids shaped (B, T), got a {what}")
@@ -377,7 +389,7 @@ class GPT2(nn.Module):
         max_len = self.config.n_ctx if max_len is None else min(max_len, self.config.n_ctx)
         return KVCache(self.config, batch_size, max_len, self.device, self.dtype, pad)
 
-    def _check_input(self, idx: torch.Tensor) -> None:
+    def _check_input(self, idx: torch.Tensor, check_ids: bool = True) -> None:
         if not isinstance(idx, torch.Tensor) or idx.dtype.is_floating_point or idx.dtype == torch.bool:
             what = f"a {idx.dtype} tensor" if isinstance(idx, torch.Tensor) else type(idx).__name__
             raise InputTypeError(f"idx must be an integer tensor of token ids (B, T), got {what}")
@@ -386,7 +398,9 @@ class GPT2(nn.Module):
         B, T = idx.shape
         if B == 0 or T == 0:
             raise InvalidArgumentError(f"idx is empty (shape {list(idx.shape)}): give at least one token in each of at least one sequence")
-        self.config.check_sequence(T, int(idx.min()), int(idx.max()))
+        self.config.check_length(T)
+        if check_ids:  # reads two values back from the device
+            check_token_ids(int(idx.min()), int(idx.max()), self.config.n_vocab, whose="this model's ")
 
     # ------------------------------------------------------------- utilities
 
@@ -467,31 +481,37 @@ class GPT2(nn.Module):
         atomic_write_text(directory / "config.json", json.dumps(self.config.to_hf_dict(), indent=2) + "\n")
 
 
-def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    """"auto" is CUDA when present, else CPU; asking for a device that is not there is an error."""
-    if isinstance(device, torch.device):
-        device = str(device)
-    if not isinstance(device, str):
-        raise InvalidArgumentError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        resolved = torch.device(device)
-    except RuntimeError:
-        raise InvalidArgumentError(f"unknown device {device!r}: use 'auto', 'cpu', 'cuda' or 'cuda:N'") from None
-    if resolved.type == "cuda":
-        if not torch.cuda.is_available():
-            raise InvalidArgumentError(f"device {device!r} asked for, but CUDA is not available on this machine; use 'cpu' or 'auto'")
-        if resolved.index is not None and resolved.index >= torch.cuda.device_count():
-            raise InvalidArgumentError(f"device {device!r} asked for, but this machine has {torch.cuda.device_count()} CUDA device(s)")
-    elif resolved.type != "cpu":
-        raise InvalidArgumentError(f"unsupported device {device!r}: use 'auto', 'cpu', 'cuda' or 'cuda:N'")
-    return resolved
+class TorchEngine:
+    """Next-token logits from the torch model; with `use_cache`, from its KV cache."""
 
+    def __init__(self, model: GPT2, prompts: Sequence[Sequence[int]], max_new_tokens: int, use_cache: bool = True):
+        self.model, self.use_cache = model, use_cache
+        self.n_ctx = model.config.n_ctx
+        longest = max(map(len, prompts))
+        device = model.device
+        # (B, L): each prompt left-padded to the longest; pad[b] counts row b's padding
+        self.tokens = torch.tensor([[0] * (longest - len(p)) + list(p) for p in prompts], device=device)
+        self.pad = torch.tensor([longest - len(p) for p in prompts], device=device)
+        self.max_len = min(self.n_ctx, longest + max_new_tokens)
+        self.cache = None
 
-def resolve_dtype(dtype: str | torch.dtype = "float32") -> torch.dtype:
-    if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
-        return dtype
-    if dtype in DTYPES:
-        return DTYPES[dtype]
-    raise InvalidArgumentError(f"unsupported dtype {dtype!r}: use one of {', '.join(DTYPES)}")
+    def start(self) -> torch.Tensor:
+        return self._prefill()
+
+    def step(self, token: torch.Tensor) -> torch.Tensor:
+        self.tokens = torch.cat([self.tokens, token[:, None]], dim=1)
+        if not self.use_cache or self.cache.length == self.cache.max_len:
+            return self._prefill()  # the context slides (or there is no cache): recompute
+        return self.model.forward_cached(token[:, None], self.cache)
+
+    def _prefill(self) -> torch.Tensor:
+        """Logits after the last n_ctx tokens, from an empty cache."""
+        dropped = max(0, self.tokens.size(1) - self.n_ctx)
+        window, pad = self.tokens[:, dropped:], (self.pad - dropped).clamp(min=0)
+        if not self.use_cache and not bool(pad.any()):
+            return self.model.unembed(self.model.trunk(window)[:, -1])  # the plain forward pass
+        if self.cache is None:
+            self.cache = self.model.new_cache(window.size(0), self.max_len, pad)
+        else:
+            self.cache.reset(pad)  # the context slid: the same memory, refilled
+        return self.model.forward_cached(window, self.cache)

@@ -1,0 +1,113 @@
+"""Where torch work runs and in what precision: one policy for generation, training and serving.
+
+- Devices: "auto" is CUDA where present, else Apple's MPS, else the CPU. Asking for a device
+  the machine lacks is an error, never a silent fallback.
+- Weights: float32 by default; bfloat16 or float16 on request (`resolve_dtype`).
+- Training: parameters stay float32, and on CUDA the forward pass runs under autocast in
+  bfloat16 where the GPU has it, else float16 with a gradient scaler (`training_precision`);
+  elsewhere float32. TF32 matrix units are on for CUDA training, as in nanoGPT.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from gpt2.errors import InvalidArgumentError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DEVICES = "'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'"
+
+
+def mps_available() -> bool:
+    return bool(getattr(torch.backends, "mps", None)) and torch.backends.mps.is_available()
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    """"auto" is CUDA, else MPS, else CPU; asking for a device that is not there is an error."""
+    if isinstance(device, torch.device):
+        device = str(device)
+    if not isinstance(device, str):
+        raise InvalidArgumentError(f"device must be {DEVICES}, got {device!r}")
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "mps" if mps_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except RuntimeError:
+        raise InvalidArgumentError(f"unknown device {device!r}: use {DEVICES}") from None
+    if resolved.type == "cuda":
+        if not torch.cuda.is_available():
+            raise InvalidArgumentError(f"device {device!r} asked for, but CUDA is not available on this machine; use 'cpu' or 'auto'")
+        if resolved.index is not None and resolved.index >= torch.cuda.device_count():
+            raise InvalidArgumentError(f"device {device!r} asked for, but this machine has {torch.cuda.device_count()} CUDA device(s)")
+    elif resolved.type == "mps":
+        if not mps_available():
+            raise InvalidArgumentError(f"device {device!r} asked for, but Apple's MPS is not available on this machine; use 'cpu' or 'auto'")
+    elif resolved.type != "cpu":
+        raise InvalidArgumentError(f"unsupported device {device!r}: use {DEVICES}")
+    return resolved
+
+
+def resolve_dtype(dtype: str | torch.dtype = "float32") -> torch.dtype:
+    """The dtype of a model's weights: float32, bfloat16 or float16 (a name or a torch.dtype)."""
+    if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
+        return dtype
+    if isinstance(dtype, str) and dtype in DTYPES:
+        return DTYPES[dtype]
+    raise InvalidArgumentError(f"unsupported dtype {dtype!r}: use one of {', '.join(DTYPES)}")
+
+
+@dataclass(frozen=True)
+class Precision:
+    """How a training step computes: float32 weights, the forward pass in `compute` under
+    autocast (float32: no autocast), and a gradient scaler where float16 could underflow."""
+
+    device: torch.device
+    compute: torch.dtype
+
+    @property
+    def needs_scaler(self) -> bool:
+        return self.compute == torch.float16
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.compute == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.compute)
+
+    def scaler(self) -> torch.amp.GradScaler:
+        """A gradient scaler, enabled only for float16 (a no-op otherwise, as nanoGPT's)."""
+        return torch.amp.GradScaler(self.device.type, enabled=self.needs_scaler)
+
+
+def training_precision(device: torch.device, dtype: str = "auto") -> Precision:
+    """"auto": bfloat16 autocast on CUDA GPUs that have it, float16 (scaled) on older ones,
+    float32 elsewhere (a CPU without bfloat16 units is slower in it, and MPS autocast is young).
+    An explicit float16 or bfloat16 on a device that cannot compute in it is an error."""
+    if dtype == "auto":
+        if device.type != "cuda":
+            return Precision(device, torch.float32)
+        return Precision(device, torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16)
+    if dtype not in DTYPES:
+        raise InvalidArgumentError(f"unsupported dtype {dtype!r} for training: use auto, {', '.join(DTYPES)}")
+    compute = DTYPES[dtype]
+    if compute == torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise InvalidArgumentError("dtype 'bfloat16' asked for, but this GPU has no bfloat16: use float16 or auto")
+    if compute == torch.float16 and device.type == "cpu":
+        raise InvalidArgumentError("dtype 'float16' trains on GPUs only (CPU autocast computes in bfloat16): use float32 or bfloat16")
+    return Precision(device, compute)
+
+
+def enable_tf32() -> None:
+    """Let float32 matrix products use the TF32 units of NVIDIA GPUs (Ampere and newer), as nanoGPT does."""
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work, so that a timer reads the time it took."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()

@@ -1,0 +1,45 @@
+"""GPT2Config: the released sizes, invalid settings, Hugging Face's config.json."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpt2 import ConfigError
+from gpt2.config import GPT2Config
+
+
+def test_released_presets():
+    assert [(c.n_layer, c.n_head, c.n_embd) for c in map(GPT2Config.from_name, ["gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"])] == [
+        (12, 12, 768), (24, 16, 1024), (36, 20, 1280), (48, 25, 1600),
+    ]  # fmt: skip
+    for name in ["gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"]:
+        config = GPT2Config.from_name(name)
+        assert (config.n_ctx, config.n_vocab) == (1024, 50257)
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(n_embd=100, n_head=12), "n_embd \\(100\\) must be divisible by n_head \\(12\\)"),
+        (dict(n_layer=0), "n_layer must be a positive integer, got 0"),
+        (dict(n_vocab=-5), "n_vocab must be a positive integer, got -5"),
+        (dict(n_ctx=1.5), "n_ctx must be a positive integer"),
+        (dict(positions="rotary"), "positions must be one of learned, sinusoidal; got 'rotary'"),
+        (dict(activation="relu"), "activation must be one of gelu_tanh, gelu; got 'relu'"),
+        (dict(dropout=1.0), "dropout must be in \\[0, 1\\)"),
+        (dict(bias="yes"), "bias must be True or False"),
+    ],
+)
+def test_invalid_configs(changes, message):
+    with pytest.raises(ConfigError, match=message):
+        GPT2Config(**changes)
+
+
+def test_unknown_preset_lists_the_names():
+    with pytest.raises(Exception, match="gpt2, gpt2-medium, gpt2-large, gpt2-xl"):
+        GPT2Config.from_name("gpt3")
+
+
+def test_hf_config_round_trip():
+    config = GPT2Config(n_vocab=1000, n_ctx=64, n_embd=32, n_head=4, n_layer=2, positions="sinusoidal", activation="gelu", bias=False)
+    assert GPT2Config.from_hf_dict(config.to_hf_dict()) == config

@@ -1,0 +1,51 @@
+"""Device and dtype policy: one place for generation, training and serving."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gpt2 import InvalidArgumentError
+from gpt2.devices import resolve_device, resolve_dtype, training_precision
+
+
+def test_devices_and_dtypes():
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(InvalidArgumentError, match="unknown device 'gpu0'"):
+        resolve_device("gpu0")
+    if not torch.cuda.is_available():
+        with pytest.raises(InvalidArgumentError, match="CUDA is not available on this machine"):
+            resolve_device("cuda")
+    with pytest.raises(InvalidArgumentError, match="unsupported dtype 'int8': use one of float32, bfloat16, float16"):
+        resolve_dtype("int8")
+    assert resolve_dtype(torch.float16) is torch.float16
+
+
+def test_mps_asked_for_where_there_is_none():
+    if not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        with pytest.raises(InvalidArgumentError, match="Apple's MPS is not available on this machine"):
+            resolve_device("mps")
+
+
+def test_training_precision():
+    cpu = torch.device("cpu")
+    assert training_precision(cpu).compute is torch.float32  # auto: float32 on the CPU
+    assert not training_precision(cpu).needs_scaler
+    assert training_precision(cpu, "bfloat16").compute is torch.bfloat16
+    with pytest.raises(InvalidArgumentError, match="dtype 'float16' trains on GPUs only"):
+        training_precision(cpu, "float16")
+    with pytest.raises(InvalidArgumentError, match="unsupported dtype 'int8' for training"):
+        training_precision(cpu, "int8")
+    with training_precision(cpu, "bfloat16").autocast():
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype is torch.bfloat16
+    with training_precision(cpu).autocast():
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype is torch.float32
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_training_precision_on_cuda():
+    precision = training_precision(torch.device("cuda"))
+    assert precision.compute is (torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16)
+    assert precision.needs_scaler == (precision.compute is torch.float16)
