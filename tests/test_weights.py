@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from helpers import REPO, make_hf_model
-from gpt2 import CheckpointError, CheckpointNotFoundError, ConfigError, InputTypeError, UnknownModelError
+from gpt2 import CheckpointError, CheckpointNotFoundError, ConfigError, InputTypeError, Tokenizer, UnknownModelError
 from gpt2.config import GPT2Config
 from gpt2.model import GPT2
 from gpt2.reference import ReferenceModel
@@ -270,3 +270,28 @@ def test_every_parameter_comes_from_the_file(hf_dir):
     assert set(ours) == {k for k in saved if k != "lm_head.weight"}
     for name, tensor in ours.items():
         assert torch.equal(tensor, saved[name]), name
+
+
+def test_a_checkpoint_comes_with_its_tokenizer(tmp_path):
+    from gpt2.tokenizer import CharTokenizer
+
+    # GPT-2's vocabulary and no tokenizer files: GPT-2's tokenizer
+    make_hf_model(vocab_size=50257, n_positions=8, n_embd=16, n_layer=1, n_head=2).save_pretrained(tmp_path / "bpe")
+    assert GPT2.from_pretrained(tmp_path / "bpe", device="cpu").tokenizer is Tokenizer.gpt2()
+    # another vocabulary and no files: none, and the command line says so
+    make_hf_model(vocab_size=65, n_positions=8, n_embd=16, n_layer=1, n_head=2).save_pretrained(tmp_path / "char")
+    assert GPT2.from_pretrained(tmp_path / "char", device="cpu").tokenizer is None
+    from gpt2.cli import main
+
+    assert main(["generate", "--model", str(tmp_path / "char"), "hi"]) == 2
+    # a character vocabulary saved beside the weights travels with the model
+    chars = CharTokenizer([chr(c) for c in range(32, 97)])
+    chars.save(tmp_path / "char")
+    model = GPT2.from_pretrained(tmp_path / "char", device="cpu")
+    assert model.tokenizer.__getstate__() == chars.__getstate__()
+    model.save_pretrained(tmp_path / "copy")
+    assert GPT2.from_pretrained(tmp_path / "copy", device="cpu").tokenizer.decode([33, 34]) == "AB"
+    # a tokenizer larger than the model's vocabulary is refused
+    CharTokenizer([chr(c) for c in range(32, 132)]).save(tmp_path / "char")
+    with pytest.raises(CheckpointError, match="the tokenizer has 100 ids, more than the model's vocabulary of 65"):
+        GPT2.from_pretrained(tmp_path / "char", device="cpu")

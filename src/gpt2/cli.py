@@ -83,7 +83,7 @@ def _cmd_tokenize(args: argparse.Namespace) -> int:
 def _check_generate_args(args: argparse.Namespace) -> str:
     """What can be checked before a model is loaded; returns the prompt."""
     from gpt2._checks import positive_int
-    from gpt2.generate import check_seed
+    from gpt2.sampling import check_seed
 
     if args.prompt is None:
         raise _UsageError('no prompt: give one (e.g. gpt2 generate "Once upon a time"), or - to read standard input')
@@ -100,24 +100,30 @@ def _check_generate_args(args: argparse.Namespace) -> str:
 
 
 def _load_model(args: argparse.Namespace):
+    """The model and the tokenizer saved with it (GPT-2's for a model of GPT-2's vocabulary)."""
     if args.engine == "numpy":
         from gpt2.reference import ReferenceModel
+        from gpt2.weights import locate
 
-        return ReferenceModel.load(args.model)
-    from gpt2.model import GPT2
+        model, tokenizer = ReferenceModel.load(args.model), locate(args.model).load_tokenizer()
+    else:
+        from gpt2.model import GPT2
 
-    return GPT2.from_pretrained(args.model, device=args.device, dtype=args.dtype)
+        model = GPT2.from_pretrained(args.model, device=args.device, dtype=args.dtype)
+        tokenizer = model.tokenizer
+    if tokenizer is None:
+        raise _UsageError(f"the model {args.model} comes with no tokenizer (encoder.json + vocab.bpe, or chars.json), "
+                          f"and its vocabulary of {model.config.n_vocab} ids is not GPT-2's")  # fmt: skip
+    return model, tokenizer
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
     import warnings
 
     from gpt2.generate import TextGeneration
-    from gpt2.tokenizer import Tokenizer
 
     prompt = _check_generate_args(args)
-    tokenizer = Tokenizer.gpt2()
-    model = _load_model(args)
+    model, tokenizer = _load_model(args)
     top_k = min(DEFAULT_TOP_K, model.config.n_vocab) if args.top_k is None else args.top_k
     options = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=top_k, top_p=args.top_p,
                    stop=args.stop, on_overflow=args.on_overflow)  # fmt: skip
@@ -176,6 +182,29 @@ def _summary(generated: int, started: float) -> None:
     print(f"[gpt2: {tokens} in {elapsed:.1f} s, {generated / max(elapsed, 1e-9):.1f} tokens/s]", file=sys.stderr)
 
 
+def _cmd_prepare(args: argparse.Namespace) -> int:
+    from gpt2.data import prepare
+
+    meta = prepare(args.inputs, args.out, args.tokenizer, args.val_fraction, overwrite=args.overwrite, progress=args.progress)
+    print(f"gpt2: {meta['train_tokens']:,} training and {meta['val_tokens']:,} validation tokens of a {meta['vocab_size']:,}-token "
+          f"vocabulary ({meta['tokenizer']}) in {args.out}", file=sys.stderr)  # fmt: skip
+    return 0
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from gpt2.train import train
+
+    options = {k: v for k, v in vars(args).items() if k not in ("command", "func", "out", "resume", "overwrite", "progress")}
+    result = train(args.out, resume=args.resume, overwrite=args.overwrite, progress=args.progress, **options)
+    if result.interrupted:
+        print(f"gpt2: interrupted at iteration {result.iteration}; checkpoint saved. Continue with: "
+              f"gpt2 train --out {args.out} --resume", file=sys.stderr)  # fmt: skip
+        return 130
+    print(f"gpt2: {result.iteration} iterations; best validation loss {result.best_val_loss:.4f}, its model in {args.out} "
+          f"(gpt2 generate --model {args.out})", file=sys.stderr)  # fmt: skip
+    return 0
+
+
 def _whole_number(text: str) -> int:
     try:
         value = int(text)
@@ -201,6 +230,82 @@ examples:
 A prompt read from standard input loses one final newline, so that the model continues
 its last line.
 """
+
+
+PREPARE_EXAMPLES = """\
+examples:
+  gpt2 prepare input.txt --out data/shakespeare_char --tokenizer char
+  gpt2 prepare books/ notes.txt --out data/mytext                     # GPT-2's tokenizer
+  gpt2 prepare corpus/ --out data/corpus-bpe --tokenizer bpe:8192 --val-fraction 0.05
+  cat *.txt | gpt2 prepare - --out data/stdin
+
+Each file is one document; with gpt2 and bpe:N each ends with <|endoftext|>. One document
+splits at 1 - F of its tokens (as nanoGPT's shakespeare_char); several split by whole documents.
+"""
+
+
+TRAIN_EXAMPLES = """\
+examples:
+  gpt2 prepare input.txt --out data/shakespeare_char --tokenizer char
+  gpt2 train --data data/shakespeare_char --out out-char --n-layer 4 --n-head 4 --n-embd 128 \\
+      --block-size 64 --batch-size 12 --grad-accum 1 --max-iters 2000 --lr 1e-3 --min-lr 1e-4 \\
+      --warmup-iters 100 --beta2 0.99 --eval-interval 250 --eval-iters 20 --log-interval 10
+  gpt2 train --out out-char --resume --max-iters 4000
+  gpt2 train --data data/mytext --out out-ft --init gpt2 --block-size 256 --batch-size 4 \\
+      --grad-accum 8 --max-iters 200 --lr 3e-5 --warmup-iters 0 --dropout 0.1
+
+Defaults are nanoGPT's. Ctrl-C (or SIGTERM) stops at the end of the iteration under way and
+saves a checkpoint; --resume continues the run with the losses it would have had.
+"""
+
+
+def _add_train_parser(commands) -> None:
+    from gpt2.train import TrainSettings
+
+    train = commands.add_parser(
+        "train",
+        help="train or fine-tune a model on data prepared with gpt2 prepare",
+        description="Train a GPT-2 from scratch, or fine-tune one (--init), on prepared data. OUT receives the "
+        "model of the best validation loss, log.jsonl, loss.png and checkpoint.pt (for --resume).",
+        epilog=TRAIN_EXAMPLES,
+        formatter_class=_HelpFormatter,
+        argument_default=argparse.SUPPRESS,  # only the flags given reach train(): a resume tells them apart
+    )
+    d = TrainSettings  # the defaults, shown in the help
+    train.add_argument("--out", required=True, help="the run's directory: the best model, log, plot and checkpoint")
+    train.add_argument("--data", help="a directory gpt2 prepare wrote (or nanoGPT's train.bin/val.bin, or llm.c's .bin files)")
+    train.add_argument("--resume", action="store_true", default=False, help="continue the run in OUT, with its settings")
+    train.add_argument("--overwrite", action="store_true", default=False, help="start a new run in an OUT that holds one")
+    model = train.add_argument_group("model from scratch (the vocabulary comes from the data)")
+    model.add_argument("--config", choices=["gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"], help="a released size's shape")
+    for name, help_text in (("--n-layer", "blocks (default: 12)"), ("--n-head", "attention heads (default: 12)"),
+                            ("--n-embd", "width (default: 768)"), ("--block-size", "context of the training windows (default: 1024)")):  # fmt: skip
+        model.add_argument(name, type=_whole_number, help=help_text)
+    model.add_argument("--dropout", type=float, help="(default: 0.0)")
+    model.add_argument("--bias", action=argparse.BooleanOptionalAction,
+                       help="biases in linear layers and LayerNorms (default: on with --config, as GPT-2; off otherwise, as nanoGPT)")  # fmt: skip
+    model.add_argument("--positions", choices=["learned", "sinusoidal"], help="(default: learned)")
+    model.add_argument("--activation", choices=["gelu_tanh", "gelu"],
+                       help="the MLP's GELU: tanh approximation or exact (default: gelu_tanh with --config, as GPT-2; gelu otherwise, as nanoGPT)")  # fmt: skip
+    model.add_argument("--init", help="fine-tune this model: a released name or a model directory")
+    model.add_argument("--checkpoint-activations", action="store_true", help="recompute activations in backward: less memory, more compute")
+    optim = train.add_argument_group("optimisation (AdamW, linear warm-up then cosine decay)")
+    for name, kind in (("--batch-size", _whole_number), ("--grad-accum", _whole_number), ("--max-iters", _whole_number),
+                       ("--lr", float), ("--min-lr", float), ("--warmup-iters", _whole_number), ("--lr-decay-iters", _whole_number),
+                       ("--weight-decay", float), ("--beta1", float), ("--beta2", float), ("--grad-clip", float),
+                       ("--seed", _whole_number)):  # fmt: skip
+        default = getattr(d, name[2:].replace("-", "_"))
+        optim.add_argument(name, type=kind, help=f"(default: {'max-iters' if default is None else default})")
+    run = train.add_argument_group("evaluation, devices, output")
+    for name in ("--eval-interval", "--eval-iters", "--log-interval"):
+        run.add_argument(name, type=_whole_number, help=f"(default: {getattr(d, name[2:].replace('-', '_'))})")
+    run.add_argument("--device", help="auto (CUDA, else MPS, else CPU), cpu, cuda, cuda:N or mps (default: auto)")
+    run.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"],
+                     help="compute dtype (default: auto: bfloat16 on CUDA, float16 on older GPUs, float32 elsewhere)")  # fmt: skip
+    run.add_argument("--compile", choices=["auto", "on", "off"], help="torch.compile the model (default: auto: on CUDA only)")
+    run.add_argument("--sample-prompt", metavar="TEXT", help="print a continuation of TEXT at each evaluation")
+    run.add_argument("--no-progress", dest="progress", action="store_false", default=True, help="no progress bar")
+    train.set_defaults(func=_cmd_train)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -251,6 +356,22 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--no-stream", dest="stream", action="store_false",
                           help="print the continuation, without the prompt, once it is done")  # fmt: skip
     generate.set_defaults(func=_cmd_generate)
+    prepare = commands.add_parser(
+        "prepare",
+        help="tokenize text files into training data (train.bin, val.bin, meta.json)",
+        description="Tokenize text into DIR: train.bin and val.bin (nanoGPT's format), meta.json and the tokenizer's files.",
+        epilog=PREPARE_EXAMPLES,
+        formatter_class=_HelpFormatter,
+    )
+    prepare.add_argument("inputs", nargs="+", metavar="INPUT", help="text files, directories (every file beneath), or - for standard input")
+    prepare.add_argument("--out", required=True, metavar="DIR", help="where to write the prepared data")
+    prepare.add_argument("--tokenizer", default="gpt2", metavar="SPEC",
+                         help="gpt2 (OpenAI's), char (the corpus's characters) or bpe:N (trained on the corpus) (default: gpt2)")  # fmt: skip
+    prepare.add_argument("--val-fraction", type=float, default=0.1, metavar="F", help="share of the tokens kept for validation (default: 0.1)")
+    prepare.add_argument("--overwrite", action="store_true", help="replace data already in DIR")
+    prepare.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    prepare.set_defaults(func=_cmd_prepare)
+    _add_train_parser(commands)
     return parser
 
 

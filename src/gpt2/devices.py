@@ -111,3 +111,34 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
     elif device.type == "mps":
         torch.mps.synchronize()
+
+
+# Dense peak TFLOP/s of the matrix units, by GPU name and compute dtype (vendor data sheets).
+_GPU_PEAK_TFLOPS = {
+    "H200": {torch.bfloat16: 989, torch.float16: 989, torch.float32: 494},
+    "H100": {torch.bfloat16: 989, torch.float16: 989, torch.float32: 494},  # SXM; float32 runs as TF32
+    "A100": {torch.bfloat16: 312, torch.float16: 312, torch.float32: 156},
+}
+
+
+def peak_flops(device: torch.device, compute: torch.dtype) -> float | None:
+    """The device's peak FLOP/s for training in `compute`, for model-flops utilisation; None if unknown.
+
+    GPUs: the data-sheet figure. CPUs: threads x clock x FMA width (float32: 32 FLOP a cycle
+    with AVX2, 64 with AVX-512), an estimate, as CPUs publish no such figure.
+    """
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        return next((table[compute] * 1e12 for key, table in _GPU_PEAK_TFLOPS.items() if key in name), None)
+    if device.type != "cpu":
+        return None
+    try:
+        cpuinfo = open("/proc/cpuinfo", encoding="utf-8").read()
+    except OSError:
+        return None
+    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines() if line.startswith("flags")), [])
+    mhz = next((float(line.split(":", 1)[1]) for line in cpuinfo.splitlines() if line.startswith("cpu MHz")), None)
+    if mhz is None:
+        return None
+    per_cycle = 64 if "avx512f" in flags else 32 if "fma" in flags else 8
+    return torch.get_num_threads() * mhz * 1e6 * per_cycle

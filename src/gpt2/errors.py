@@ -52,3 +52,7 @@ class ContextLengthError(GPT2Error, ValueError):
 
 class NonFiniteError(GPT2Error, FloatingPointError):
     """A model produced NaN or infinite values (weights holding NaN or inf, or a dtype that overflowed)."""
+
+
+class DataError(GPT2Error, ValueError):
+    """Training data is missing, corrupt, or does not fit (a data directory, a corpus, a split)."""

@@ -100,6 +100,8 @@ class TextGeneration:
             if not isinstance(prompt, str):
                 raise InputTypeError(f"prompts must be str, got {type(prompt).__name__}")
             ids = tokenizer.encode(prompt)
+            if not ids and tokenizer.eot_token is None:  # a character vocabulary has no <|endoftext|>
+                raise InvalidArgumentError("empty prompt: this model's vocabulary has no <|endoftext|> to start from; give a prompt")
             if not ids:
                 warnings.warn("empty prompt: generating from <|endoftext|>, as GPT-2's unconditional samples do",
                               EmptyPromptWarning, stacklevel=2)  # fmt: skip

@@ -12,6 +12,7 @@ Parameter names match OpenAI's and Hugging Face's, so checkpoints map name for n
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Sequence
@@ -19,15 +20,18 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
+from safetensors.torch import save_file
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
 from gpt2._checks import check_token_ids
+from gpt2._files import atomic_path, atomic_write_text
 from gpt2._gemv import gemv
 from gpt2.config import GPT2Config
 from gpt2.devices import resolve_device, resolve_dtype
 from gpt2.errors import ContextLengthError, InputTypeError, InvalidArgumentError
 from gpt2.sampling import Sampling, check_max_new_tokens, check_prompts, generate_tokens
+from gpt2.weights import iter_tensors, locate
 
 
 def softmax(logits: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -259,6 +263,7 @@ class GPT2(nn.Module):
         super().__init__()
         self.config = config
         self.checkpoint_activations = False  # trade compute for memory in training (see trunk)
+        self.tokenizer = None  # from_pretrained sets the tokenizer saved with the weights
         positions = (
             nn.Embedding(config.n_ctx, config.n_embd)
             if config.positions == "learned"
@@ -428,28 +433,51 @@ class GPT2(nn.Module):
 
     @classmethod
     def from_pretrained(
-        cls, name_or_path: str | os.PathLike, *, device: str | torch.device = "auto", dtype: str | torch.dtype = "float32"
+        cls,
+        name_or_path: str | os.PathLike,
+        *,
+        device: str | torch.device = "auto",
+        dtype: str | torch.dtype = "float32",
+        dropout: float | None = None,
     ) -> GPT2:
         """Load OpenAI's weights: a released name (gpt2, gpt2-medium, gpt2-large, gpt2-xl),
         a Hugging Face directory, or a directory of OpenAI's original TensorFlow release.
+        `dropout` replaces the checkpoint's (for fine-tuning; inference never drops).
 
         The model is built without memory for its weights (on the meta device), then each
         tensor read from the checkpoint becomes its parameter, one at a time, so loading needs
-        little more memory than the model itself. Returns the model in eval mode.
+        little more memory than the model itself. Returns the model in eval mode, with
+        `model.tokenizer` the tokenizer saved with the weights (GPT-2's where none is and the
+        vocabulary is GPT-2's, else None).
         """
-        from gpt2.weights import iter_tensors, locate
 
         device, dtype = resolve_device(device), resolve_dtype(dtype)
         checkpoint = locate(name_or_path)
+        config = checkpoint.config if dropout is None else checkpoint.config.replace(dropout=dropout)
         with torch.device("meta"):
-            model = cls(checkpoint.config)
+            model = cls(config)
         for name, tensor in iter_tensors(checkpoint, framework="pt"):
             # copies only when the device, dtype or layout must change
             tensor = tensor.to(device=device, dtype=dtype).contiguous()
             module_name, _, attr = name.rpartition(".")
             setattr(model.get_submodule(module_name), attr, nn.Parameter(tensor))
         model._reset_buffers(device, dtype)
+        model.tokenizer = checkpoint.load_tokenizer()
         return model.eval()
+
+    def crop_context(self, n_ctx: int) -> GPT2:
+        """Shrink the context to `n_ctx` positions (nanoGPT's crop_block_size): fine-tuning on
+        shorter blocks keeps the first n_ctx rows of the position table."""
+        if not 1 <= n_ctx <= self.config.n_ctx:
+            raise ContextLengthError(f"block size {n_ctx} must be from 1 to the model's context of n_ctx={self.config.n_ctx}")
+        wpe = self.transformer.wpe
+        if isinstance(wpe, SinusoidalPositions):
+            wpe.weight = wpe.weight[:n_ctx]
+        else:
+            wpe.weight = nn.Parameter(wpe.weight.detach()[:n_ctx].clone())
+            wpe.num_embeddings = n_ctx
+        self.config = self.config.replace(n_ctx=n_ctx)
+        return self
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
         """The weights under Hugging Face's names, which are ours, and in its layout, which is ours."""
@@ -466,19 +494,16 @@ class GPT2(nn.Module):
 
         `transformers.GPT2LMHeadModel.from_pretrained(directory)` loads the result, and so does
         `GPT2.from_pretrained`. Each file is written to a temporary name and renamed into place.
+        The model's tokenizer (`model.tokenizer`), if it has one, is saved beside the weights.
         """
-        import json
-
-        from safetensors.torch import save_file
-
-        from gpt2._files import atomic_path, atomic_write_text
-
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         tensors = {name: t.contiguous().cpu() for name, t in self.hf_state_dict().items()}
         with atomic_path(directory / "model.safetensors") as tmp:
             save_file(tensors, str(tmp), metadata={"format": "pt"})
         atomic_write_text(directory / "config.json", json.dumps(self.config.to_hf_dict(), indent=2) + "\n")
+        if self.tokenizer is not None:
+            self.tokenizer.save(directory)
 
 
 class TorchEngine:

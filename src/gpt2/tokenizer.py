@@ -36,7 +36,7 @@ from typing import AbstractSet, Literal
 
 import regex
 
-from gpt2._checks import positive_int
+from gpt2._checks import check_token_ids, positive_int
 from gpt2._files import atomic_write_text, read_json_object
 from gpt2.errors import (
     InputTypeError,
@@ -448,10 +448,7 @@ class Tokenizer:
         for position, token_id in enumerate(ids):
             if isinstance(token_id, bool) or not hasattr(token_id, "__index__"):
                 raise TokenIdError(f"token ids must be integers; got {token_id!r} at position {position}")
-            if not 0 <= token_id < self.n_vocab:
-                raise TokenIdError(
-                    f"token id {int(token_id)} at position {position} is out of range: ids are 0..{self.n_vocab - 1}"
-                )
+            check_token_ids(int(token_id), int(token_id), self.n_vocab, f" at position {position}")
 
     # ---------------------------------------------------------------- training
 
@@ -645,3 +642,111 @@ def _split_by_length(texts: list[str], n: int) -> list[list[str]]:
         shares[min(n - 1, seen * n // max(total, 1))].append(text)
         seen += len(text)
     return shares
+
+
+class CharTokenizer:
+    """A character-level vocabulary (nanoGPT's shakespeare_char): one id per character, in the
+    order given (`from_text`: the sorted set of a corpus's characters). No <|endoftext|>."""
+
+    def __init__(self, chars: Sequence[str]):
+        chars = list(chars)
+        for i, c in enumerate(chars):
+            if not isinstance(c, str) or len(c) != 1:
+                raise VocabularyError(f"a character vocabulary holds single characters; entry {i} is {c!r}")
+        if len(set(chars)) != len(chars):
+            raise VocabularyError("a character vocabulary lists each character once; some are repeated")
+        if not chars:
+            raise VocabularyError("a character vocabulary needs at least one character")
+        self._chars = chars
+        self._ids = {c: i for i, c in enumerate(chars)}
+
+    @classmethod
+    def from_text(cls, texts: str | Iterable[str]) -> CharTokenizer:
+        """The sorted set of the characters of a text, or of several."""
+        seen: set[str] = set()
+        for text in [texts] if isinstance(texts, str) else texts:
+            seen.update(text)
+        return cls(sorted(seen))
+
+    @property
+    def chars(self) -> list[str]:
+        return list(self._chars)
+
+    @property
+    def n_vocab(self) -> int:
+        return len(self._chars)
+
+    @property
+    def eot_token(self) -> None:
+        """None: a character vocabulary has no end-of-text token."""
+        return None
+
+    @property
+    def special_tokens(self) -> dict[str, int]:
+        return {}
+
+    def encode(self, text: str, allowed_special: AbstractSet[str] | Literal["all"] = frozenset()) -> list[int]:
+        if not isinstance(text, str):
+            raise InputTypeError(f"encode() takes a str, got {type(text).__name__}")
+        try:
+            return [self._ids[c] for c in text]
+        except KeyError:
+            position = next(i for i, c in enumerate(text) if c not in self._ids)
+            raise TokenIdError(f"character {text[position]!r} at position {position} is not in this "
+                               f"{self.n_vocab}-character vocabulary") from None  # fmt: skip
+
+    def encode_batch(self, texts: Iterable[str], allowed_special: AbstractSet[str] | Literal["all"] = frozenset(),
+                     num_workers: int | None = None) -> list[list[int]]:  # fmt: skip
+        if isinstance(texts, str):
+            raise InputTypeError("encode_batch() takes a list of texts, got one str: use encode(text)")
+        return [self.encode(text) for text in texts]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        ids = _id_list(ids)
+        self._check_ids(ids)
+        return "".join(self._chars[i] for i in ids)
+
+    def decode_bytes(self, ids: Iterable[int]) -> bytes:
+        return self.decode(ids).encode("utf-8")
+
+    def _check_ids(self, ids: Sequence[int]) -> None:
+        for position, token_id in enumerate(ids):
+            if isinstance(token_id, bool) or not hasattr(token_id, "__index__"):
+                raise TokenIdError(f"token ids must be integers; got {token_id!r} at position {position}")
+            check_token_ids(token_id, token_id, self.n_vocab, f" at position {position}")
+
+    def save(self, directory: str | os.PathLike) -> None:
+        """Write `chars.json` into `directory` (created if needed), atomically."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(directory / CHARS_FILE, json.dumps({"chars": self._chars}, ensure_ascii=False) + "\n")
+
+    def __repr__(self) -> str:
+        return f"CharTokenizer(n_vocab={self.n_vocab})"
+
+    def __getstate__(self) -> dict:
+        return {"chars": self._chars}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["chars"])
+
+
+CHARS_FILE = "chars.json"
+
+
+def load_tokenizer(directory: str | os.PathLike) -> Tokenizer | CharTokenizer | None:
+    """The tokenizer saved in a directory: encoder.json + vocab.bpe (OpenAI's names), vocab.json +
+    merges.txt (Hugging Face's names for the same files), or chars.json; None if none is there."""
+    directory = Path(directory)
+    for encoder, merges in (("encoder.json", "vocab.bpe"), ("vocab.json", "merges.txt")):
+        if (directory / encoder).is_file() and (directory / merges).is_file():
+            return Tokenizer.from_files(directory / encoder, directory / merges)
+    if (directory / CHARS_FILE).is_file():
+        data = read_json_object(directory / CHARS_FILE, VocabularyError, 'a JSON object {"chars": [...]}')
+        if not isinstance(data.get("chars"), list):
+            raise VocabularyError(f"{directory / CHARS_FILE} must hold a list of characters under \"chars\"")
+        try:
+            return CharTokenizer(data["chars"])
+        except VocabularyError as e:
+            raise VocabularyError(f"{directory / CHARS_FILE}: {e}") from None
+    return None

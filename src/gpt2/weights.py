@@ -29,6 +29,7 @@ import numpy as np
 from gpt2._files import read_json_object
 from gpt2.config import PRESETS, GPT2Config
 from gpt2.errors import CheckpointError, CheckpointNotFoundError, ConfigError, InputTypeError, UnknownModelError
+from gpt2.tokenizer import CharTokenizer, Tokenizer, load_tokenizer
 
 HUB_REPOS = {name: f"openai-community/{name}" for name in PRESETS}
 
@@ -46,6 +47,17 @@ class Checkpoint:
     directory: Path
     format: Format
     config: GPT2Config
+
+    def load_tokenizer(self) -> Tokenizer | CharTokenizer | None:
+        """The tokenizer saved beside the weights (as `gpt2 train` saves it, or a Hugging Face
+        directory's); GPT-2's for a model of GPT-2's vocabulary that has none; else None."""
+        tokenizer = load_tokenizer(self.directory)
+        if tokenizer is None:
+            return Tokenizer.gpt2() if self.config.n_vocab == Tokenizer.gpt2().n_vocab else None
+        if tokenizer.n_vocab > self.config.n_vocab:
+            raise CheckpointError(f"{self.directory}: the tokenizer has {tokenizer.n_vocab} ids, more than the model's "
+                                  f"vocabulary of {self.config.n_vocab}")  # fmt: skip
+        return tokenizer
 
     @property
     def weights_path(self) -> Path:

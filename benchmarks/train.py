@@ -1,0 +1,164 @@
+"""Training speed and quality against nanoGPT, run from ../shared/anchors/nanoGPT in the same run.
+
+    .venv/bin/python benchmarks/train.py [--only shakespeare|124m] [--iters N]
+
+1. nanoGPT's CPU recipe for shakespeare_char (its README): 4 layers, 4 heads, 128 wide, block
+   64, batch 12, 2000 iterations, lr 1e-3 to 1e-4, warm-up 100, beta2 0.99, dropout 0, an
+   evaluation every 250 iterations over 20 batches. Both prepare tinyshakespeare their own way
+   (nanoGPT's prepare.py, `gpt2 prepare --tokenizer char`) and run as their users run them:
+   nanoGPT's train.py, `gpt2 train`. Reported: wall time of the whole run, median ms per
+   iteration, and the final validation loss (each its own 20-batch estimate).
+2. The 124M shape on the CPU, batch 4 x 256, AdamW, random ids: tokens/s (median over the
+   timed iterations) and the process's peak memory, each trainer in a process of its own.
+   nanoGPT uses its default vocabulary for GPT-2 data (50304, padded), gpt2 GPT-2's own (50257).
+
+nanoGPT is run in place from a scratch directory that links to its files (its train.py reads
+configurator.py and data/ from the working directory); nothing of it is copied into the project.
+Needs ../shared (the anchors and tinyshakespeare). Run it on a quiet machine: both share the
+same 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from _common import print_table
+
+REPO = Path(__file__).resolve().parents[1]
+ANCHOR = REPO.parent / "shared" / "anchors" / "nanoGPT"
+SHAKESPEARE = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
+
+RECIPE = dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12, max_iters=2000, lr_decay_iters=2000,
+              min_lr=1e-4, warmup_iters=100, beta2=0.99, dropout=0.0, eval_interval=250, eval_iters=20, log_interval=1)  # fmt: skip
+NANOGPT_NAMES = {"lr": "learning_rate", "grad_accum": "gradient_accumulation_steps"}
+GPT2_CPU_124M = dict(n_layer=12, n_head=12, n_embd=768, block_size=256, batch_size=4, grad_accum=1, dropout=0.0)
+
+
+def nanogpt_workdir(root: Path) -> Path:
+    """A directory from which nanoGPT's train.py runs unchanged: links to its files, our data."""
+    work = root / "nanogpt"
+    (work / "data").mkdir(parents=True)
+    for name in ("train.py", "model.py", "configurator.py", "config"):
+        (work / name).symlink_to(ANCHOR / name)
+    return work
+
+
+def run_timed(command: list[str], cwd: Path) -> tuple[float, str]:
+    start = time.perf_counter()
+    result = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
+    elapsed = time.perf_counter() - start
+    if result.returncode != 0:
+        sys.exit(f"{' '.join(command[:3])} failed:\n{result.stderr[-3000:]}")
+    return elapsed, result.stdout + result.stderr
+
+
+def shakespeare(root: Path, iters: int) -> list[list[str]]:
+    recipe = dict(RECIPE, max_iters=iters, lr_decay_iters=iters)
+    # nanoGPT: its prepare.py, run from a linked copy so that its outputs land in the scratch directory
+    work = nanogpt_workdir(root)
+    data = work / "data" / "shakespeare_char"
+    data.mkdir()
+    (data / "prepare.py").symlink_to(ANCHOR / "data" / "shakespeare_char" / "prepare.py")
+    (data / "input.txt").write_bytes(SHAKESPEARE.read_bytes())
+    run_timed([sys.executable, str(data / "prepare.py")], cwd=work)
+    flags = [f"--{NANOGPT_NAMES.get(k, k)}={v}" for k, v in recipe.items()]
+    theirs_s, theirs_log = run_timed([sys.executable, "train.py", "config/train_shakespeare_char.py", "--device=cpu",
+                                      "--compile=False", "--learning_rate=1e-3", *flags], cwd=work)  # fmt: skip
+    theirs_val = float(re.findall(r"step \d+: train loss [\d.]+, val loss ([\d.]+)", theirs_log)[-1])
+    theirs_ms = statistics.median(float(ms) for ms in re.findall(r"iter \d+: loss [\d.]+, time ([\d.]+)ms", theirs_log)[1:])
+    # gpt2: the command line, as its users run it
+    gpt2 = [sys.executable, "-m", "gpt2"]
+    run_timed([*gpt2, "prepare", str(SHAKESPEARE), "--out", str(root / "ours-data"), "--tokenizer", "char", "--no-progress"], cwd=root)
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in recipe.items()]
+    ours_s, _ = run_timed([*gpt2, "train", "--data", str(root / "ours-data"), "--out", str(root / "ours-out"), "--device=cpu",
+                           "--compile=off", "--lr=1e-3", "--grad-accum=1", "--no-progress", *flags], cwd=root)  # fmt: skip
+    records = [json.loads(line) for line in (root / "ours-out" / "log.jsonl").read_text().splitlines()]
+    ours_val = [r["val_loss"] for r in records if "val_loss" in r][-1]
+    ours_ms = statistics.median(r["ms"] for r in records if "ms" in r and r["iter"] > 0)
+    return [
+        ["wall time of the run", f"{ours_s:.1f} s", f"{theirs_s:.1f} s", f"{theirs_s / ours_s:.2f}x faster"],
+        ["median time per iteration", f"{ours_ms:.1f} ms", f"{theirs_ms:.1f} ms", f"{theirs_ms / ours_ms:.2f}x faster"],
+        [f"validation loss at iteration {iters}", f"{ours_val:.4f}", f"{theirs_val:.4f}", f"{ours_val - theirs_val:+.4f}"],
+    ]
+
+
+CHILD_124M = """
+import json, os, resource, runpy, statistics, sys, time
+which, work, iters = sys.argv[1], sys.argv[2], int(sys.argv[3])
+os.chdir(work)
+if which == "nanogpt":
+    sys.argv = ["train.py", *sys.argv[4:]]
+    sys.path.insert(0, work)
+    import io, contextlib
+    log = io.StringIO()
+    with contextlib.redirect_stdout(log):
+        runpy.run_path("train.py", run_name="__main__")
+    import re
+    ms = [float(m) for m in re.findall(r"iter \\d+: loss [\\d.]+, time ([\\d.]+)ms", log.getvalue())]
+else:
+    from gpt2.train import train, read_log
+    settings = json.loads(sys.argv[4])
+    train("ours-out", progress=False, **settings)
+    ms = [r["ms"] for r in read_log(__import__("pathlib").Path("ours-out/log.jsonl")) if "ms" in r]
+print(json.dumps({"ms": statistics.median(ms[2:]), "peak_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
+"""
+
+
+def gpt2_124m(root: Path, iters: int) -> list[list[str]]:
+    work = nanogpt_workdir(root / "m")
+    data = work / "data" / "random"
+    data.mkdir()
+    ids = np.random.default_rng(0).integers(0, 50257, size=2_000_000, dtype=np.uint16)
+    ids.tofile(data / "train.bin")
+    ids[:200_000].tofile(data / "val.bin")
+    tokens = GPT2_CPU_124M["batch_size"] * GPT2_CPU_124M["block_size"]
+    common = dict(GPT2_CPU_124M, max_iters=iters, eval_interval=10**6, eval_iters=1, log_interval=1, warmup_iters=0)
+    nano_flags = [f"--{NANOGPT_NAMES.get(k, k)}={v}" for k, v in common.items()]
+    results = {}
+    for which, args in (("nanogpt", ["--dataset=random", "--device=cpu", "--compile=False", "--dtype=float32",
+                                     "--out_dir=nano-out", *nano_flags]),
+                        ("gpt2", [json.dumps(dict(common, data=str(data), device="cpu", compile="off", dtype="float32"))])):  # fmt: skip
+        out = subprocess.run([sys.executable, "-c", CHILD_124M, which, str(work), str(iters), *args],
+                             capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO / "src")})  # fmt: skip
+        if out.returncode != 0:
+            sys.exit(f"{which} failed:\n{out.stderr[-3000:]}")
+        results[which] = json.loads(out.stdout.strip().splitlines()[-1])
+    ours, theirs = results["gpt2"], results["nanogpt"]
+    return [
+        ["124M, batch 4 x 256: tokens/s", f"{tokens / ours['ms'] * 1000:.0f}", f"{tokens / theirs['ms'] * 1000:.0f}",
+         f"{theirs['ms'] / ours['ms']:.2f}x"],
+        ["124M, batch 4 x 256: peak memory of the process", f"{ours['peak_kib'] / 2**20:.2f} GiB",
+         f"{theirs['peak_kib'] / 2**20:.2f} GiB", f"{ours['peak_kib'] / theirs['peak_kib']:.2f}x the memory"],
+    ]  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", choices=["shakespeare", "124m"])
+    parser.add_argument("--iters", type=int, default=2000, help="iterations of the shakespeare recipe (default: 2000)")
+    parser.add_argument("--iters-124m", type=int, default=8, help="iterations of the 124M run (default: 8; the first 2 are warm-up)")
+    args = parser.parse_args()
+    if not ANCHOR.is_dir() or not SHAKESPEARE.is_file():
+        sys.exit(f"this benchmark needs nanoGPT in {ANCHOR} and {SHAKESPEARE} (../shared beside the clone)")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.only in (None, "shakespeare"):
+            rows += shakespeare(Path(tmp) / "s", args.iters)
+        if args.only in (None, "124m"):
+            rows += gpt2_124m(Path(tmp), args.iters_124m)
+    print_table(["measure", "gpt2", "nanoGPT", "gpt2 vs nanoGPT"], rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,413 @@
+"""Training data: text to token ids on disk (`prepare`), reading them back (`open_data`), and batches.
+
+A prepared directory holds what nanoGPT's data/*/prepare.py scripts write, plus what they leave
+implicit:
+
+    train.bin, val.bin   the ids, raw little-endian uint16 (uint32 past 65,536 ids): nanoGPT's format
+    meta.json            tokenizer, vocabulary size, dtype, token counts, sources, split
+    encoder.json + vocab.bpe, or chars.json: the tokenizer's own files, to decode what a model writes
+
+Corpora larger than memory stream through: files are read in chunks of a few MB, cut only
+where GPT-2's pre-tokenizer cuts anyway (so the ids equal those of the whole text), encoded by
+all cores, and appended to disk. Batches are random windows drawn from a generator seeded by
+(seed, iteration, micro-step): the same batches whether a run was resumed or how many
+processes share it.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import os
+import pickle
+import re
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+import torch
+
+from gpt2._checks import real_between
+from gpt2._files import atomic_path, atomic_write_text, read_json_object
+from gpt2.errors import DataError, InvalidArgumentError, TokenIdError
+from gpt2.tokenizer import CharTokenizer, Tokenizer, load_tokenizer
+
+FORMAT = "gpt2-prepared"
+CHUNK_BYTES = 4 << 20  # read and encode a few MB at a time
+SPLIT_SEED = 1337  # which documents go to validation, when there are several
+SPECS = "gpt2, char, or bpe:N (a byte-level BPE of N >= 257 ids trained on the corpus)"
+LLMC_MAGIC, LLMC_VERSION, LLMC_HEADER_BYTES = 20240520, 1, 256 * 4
+GPT2_VOCAB = 50257
+
+# A cut between a printable non-space character, a newline, and another printable non-space
+# character is one GPT-2's pre-tokenizer makes anyway: the newline is a piece of its own (a
+# whitespace run between non-spaces), and what follows starts a new piece whatever precedes it.
+_SAFE_CUT = re.compile(r"(?<=[!-~]\n)(?=[!-~])")
+
+
+def ids_dtype(n_vocab: int) -> np.dtype:
+    """uint16 (nanoGPT's) where every id fits, else uint32; little-endian either way."""
+    return np.dtype("<u2") if n_vocab <= 65536 else np.dtype("<u4")
+
+
+# ------------------------------------------------------------------ reading text
+
+
+@dataclass
+class Document:
+    name: str  # as the user gave it, or the file found beneath a directory
+    path: Path
+    size: int  # bytes
+
+
+def find_documents(inputs: Sequence[str | os.PathLike], spool: Path) -> list[Document]:
+    """Every file an input names: itself, every file beneath a directory (sorted), or
+    standard input ("-"), which is copied to `spool` first so that it can be read twice."""
+    if isinstance(inputs, (str, os.PathLike)) or not inputs:
+        raise InvalidArgumentError("inputs must be a list of text files, directories or '-' (standard input)")
+    documents = []
+    for given in inputs:
+        if str(given) == "-":
+            with open(spool, "wb") as f:
+                while block := sys.stdin.buffer.read(CHUNK_BYTES):
+                    f.write(block)
+            documents.append(Document("<stdin>", spool, spool.stat().st_size))
+            continue
+        path = Path(given)
+        if path.is_dir():
+            files = sorted(p for p in path.rglob("*") if p.is_file())
+            if not files:
+                raise DataError(f"{path} is a directory with no files in it")
+            documents += [Document(str(p), p, p.stat().st_size) for p in files]
+        elif path.is_file():
+            documents.append(Document(str(path), path, path.stat().st_size))
+        else:
+            raise DataError(f"input {str(given)!r} does not exist: give text files, directories, or - for standard input")
+    return documents
+
+
+def read_chunks(document: Document, on_bytes=lambda n: None) -> Iterator[str]:
+    """The text of a document in pieces of about CHUNK_BYTES, each cut at a safe place (see _SAFE_CUT)."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    pending, offset = "", 0
+    with open(document.path, "rb") as f:
+        while True:
+            block = f.read(CHUNK_BYTES)
+            try:
+                pending += decoder.decode(block, final=not block)
+            except UnicodeDecodeError as e:
+                raise DataError(f"{document.name} is not UTF-8 text (byte {offset + e.start}: {e.reason})") from None
+            offset += len(block)
+            on_bytes(len(block))
+            if not block:
+                break
+            cut = _last_safe_cut(pending)
+            if cut:
+                yield pending[:cut]
+                pending = pending[cut:]
+    if pending:
+        yield pending
+
+
+def _last_safe_cut(text: str) -> int:
+    """The last safe cut in the second half of text (0: none), so chunks stay about CHUNK_BYTES."""
+    start = len(text) // 2
+    cut = 0
+    for match in _SAFE_CUT.finditer(text, start):
+        cut = match.start()
+    return cut
+
+
+# ------------------------------------------------------------------ prepare
+
+
+def make_tokenizer(spec: str, documents: list[Document], progress: bool) -> Tokenizer | CharTokenizer:
+    """The tokenizer a spec names; `char` and `bpe:N` learn theirs from the corpus."""
+    if spec == "gpt2":
+        return Tokenizer.gpt2()
+    if spec == "char":
+        chars: set[str] = set()
+        for document in documents:
+            for chunk in read_chunks(document):
+                chars.update(chunk)
+        if not chars:
+            raise DataError("the corpus is empty: no characters in " + ", ".join(d.name for d in documents))
+        return CharTokenizer(sorted(chars))
+    match = re.fullmatch(r"bpe:(\d+)", spec) if isinstance(spec, str) else None
+    if match is None or int(match.group(1)) < 257:
+        raise InvalidArgumentError(f"unknown tokenizer {spec!r}: use {SPECS}")
+    texts = (chunk for document in documents for chunk in read_chunks(document))
+    try:
+        return Tokenizer.train(texts, int(match.group(1)), progress=progress)
+    except InvalidArgumentError as e:
+        raise DataError(f"cannot train a tokenizer: {e}") from None
+
+
+def encode_documents(documents: list[Document], tokenizer, out: BinaryIO, dtype: np.dtype, progress: bool) -> list[int]:
+    """Append every document's ids (each followed by <|endoftext|> where the tokenizer has one)
+    to `out`; returns the number of ids of each document."""
+    from tqdm.auto import tqdm
+
+    counts = []
+    total = sum(d.size for d in documents)
+    with tqdm(total=total, unit="B", unit_scale=True, desc="tokenizing", disable=not progress) as bar:
+        for document in documents:
+            count, batch = 0, []
+            for chunk in read_chunks(document, bar.update):
+                batch.append(chunk)
+                if len(batch) >= (os.cpu_count() or 1):  # one chunk per worker at a time
+                    count += _write_ids(tokenizer.encode_batch(batch), out, dtype)
+                    batch = []
+            count += _write_ids(tokenizer.encode_batch(batch), out, dtype) if batch else 0
+            if tokenizer.eot_token is not None:
+                count += _write_ids([[tokenizer.eot_token]], out, dtype)
+            counts.append(count)
+    return counts
+
+
+def _write_ids(encoded: list[list[int]], out: BinaryIO, dtype: np.dtype) -> int:
+    n = 0
+    for ids in encoded:
+        out.write(np.asarray(ids, dtype=dtype).tobytes())
+        n += len(ids)
+    return n
+
+
+def split_documents(counts: list[int], val_fraction: float) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """(start, end) ranges of ids for train and for validation.
+
+    One document: its first int(n * (1 - F)) ids train, the rest validate (nanoGPT's split).
+    Several: whole documents, drawn with a fixed seed, validate until they hold F of the ids.
+    """
+    n = sum(counts)
+    starts = np.concatenate([[0], np.cumsum(counts)]).astype(int)
+    if len(counts) == 1:
+        cut = int(n * (1 - val_fraction))
+        train, val = [(0, cut)], [(cut, n)]
+    else:
+        chosen, held = set(), 0
+        for d in np.random.default_rng(SPLIT_SEED).permutation(len(counts)):
+            if held >= val_fraction * n:
+                break
+            chosen.add(int(d))
+            held += counts[d]
+        train = [(starts[d], starts[d + 1]) for d in range(len(counts)) if d not in chosen]
+        val = [(starts[d], starts[d + 1]) for d in sorted(chosen)]
+    for name, ranges in (("training", train), ("validation", val)):
+        if sum(e - s for s, e in ranges) == 0:
+            raise DataError(f"a corpus of {n} tokens in {len(counts)} document(s) is too small to split with "
+                            f"val_fraction {val_fraction}: the {name} split would be empty")  # fmt: skip
+    return train, val
+
+
+def prepare(
+    inputs: Sequence[str | os.PathLike],
+    out: str | os.PathLike,
+    tokenizer: str = "gpt2",
+    val_fraction: float = 0.1,
+    *,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Tokenize text files into `out` (train.bin, val.bin, meta.json and the tokenizer's files);
+    returns the meta written. See the module's docstring."""
+    val_fraction = real_between("val_fraction", val_fraction, 0, 1, open_low=True, open_high=True)
+    out = _check_out(Path(out), overwrite)
+    with tempfile.TemporaryDirectory(dir=out, prefix=".prepare-") as scratch:
+        documents = find_documents(inputs, Path(scratch) / "stdin.txt")
+        if not any(d.size for d in documents):
+            raise DataError("the corpus is empty: no text in " + ", ".join(d.name for d in documents))
+        encoder = make_tokenizer(tokenizer, documents, progress)
+        dtype = ids_dtype(encoder.n_vocab)
+        all_ids = Path(scratch) / "all.bin"
+        with open(all_ids, "wb") as f:
+            counts = encode_documents(documents, encoder, f, dtype, progress)
+        train, val = split_documents(counts, val_fraction)
+        ids = np.memmap(all_ids, dtype=dtype, mode="r")
+        for name, ranges in (("train.bin", train), ("val.bin", val)):
+            with atomic_path(out / name) as tmp, open(tmp, "wb") as f:
+                for start, end in ranges:
+                    f.write(ids[start:end].tobytes())
+        del ids
+    encoder.save(out)
+    meta = {
+        "format": FORMAT, "version": 1, "tokenizer": tokenizer, "vocab_size": encoder.n_vocab, "dtype": dtype.name,
+        "train_tokens": sum(e - s for s, e in train), "val_tokens": sum(e - s for s, e in val),
+        "sources": {"inputs": [str(i) for i in inputs], "documents": len(documents)},
+        "split": {"val_fraction": val_fraction, "method": "tail" if len(counts) == 1 else "documents", "seed": SPLIT_SEED},
+    }  # fmt: skip
+    atomic_write_text(out / "meta.json", json.dumps(meta, indent=2) + "\n")
+    return meta
+
+
+def _check_out(out: Path, overwrite: bool) -> Path:
+    if out.exists() and not out.is_dir():
+        raise DataError(f"--out {out} is a file, not a directory")
+    existing = [name for name in ("train.bin", "val.bin", "meta.json") if (out / name).exists()]
+    if existing and not overwrite:
+        raise DataError(f"{out} already holds prepared data ({', '.join(existing)}): pass --overwrite to replace it")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+# ------------------------------------------------------------------ reading prepared data
+
+
+@dataclass
+class TokenData:
+    """The two splits of prepared data, as read-only arrays of ids on disk."""
+
+    directory: Path
+    format: str  # "gpt2", "nanogpt" or "llm.c"
+    train: np.ndarray
+    val: np.ndarray
+    vocab_size: int
+    tokenizer: Tokenizer | CharTokenizer | None
+    meta: dict[str, Any] = field(default_factory=dict)
+    files: dict[str, Path] = field(default_factory=dict)  # split -> the file it came from
+
+    def check_block_size(self, block_size: int) -> None:
+        """Raise unless each split holds a window of block_size + 1 ids (the inputs and their next ids)."""
+        for split, ids in (("train", self.train), ("val", self.val)):
+            if len(ids) < block_size + 1:
+                raise DataError(f"{self.files[split]} holds {len(ids)} ids, too short for block_size {block_size}: "
+                                f"a window needs {block_size + 1}; use a smaller --block-size or more text")  # fmt: skip
+
+
+def open_data(path: str | os.PathLike) -> TokenData:
+    """Prepared data: a directory `gpt2 prepare` wrote, nanoGPT's train.bin/val.bin (with its
+    meta.pkl for character vocabularies), or llm.c's .bin files. Every id is checked against the
+    vocabulary once, here, so that training never meets one out of range."""
+    path = Path(path)
+    if (path / "meta.json").is_file():
+        data = _open_ours(path)
+    elif (path / "train.bin").is_file():
+        data = _open_nanogpt(path)
+    elif path.is_dir() and list(path.glob("*_train.bin")) and list(path.glob("*_val.bin")):
+        data = _open_llmc(path)
+    elif not path.exists():
+        raise DataError(f"data {str(path)!r} does not exist: give a directory gpt2 prepare wrote")
+    else:
+        raise DataError(f"{path} holds no prepared data: expected train.bin and val.bin (run gpt2 prepare), "
+                        f"or llm.c's *_train.bin and *_val.bin")  # fmt: skip
+    for split, ids in (("train", data.train), ("val", data.val)):
+        _check_ids(ids, data.vocab_size, data.files[split])
+    return data
+
+
+def _memmap(path: Path, dtype: np.dtype, offset: int = 0) -> np.ndarray:
+    if not path.is_file():
+        raise DataError(f"{path} is missing")
+    size = path.stat().st_size - offset
+    if size % dtype.itemsize:
+        raise DataError(f"{path} holds {size} bytes, not a whole number of {dtype.name} ids ({dtype.itemsize} bytes each)")
+    if size == 0:
+        return np.zeros(0, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="r", offset=offset)
+
+
+def _check_ids(ids: np.ndarray, vocab_size: int, path: Path, chunk: int = 1 << 26) -> None:
+    for start in range(0, len(ids), chunk):
+        high = int(ids[start : start + chunk].max())
+        if high >= vocab_size:
+            raise TokenIdError(f"{path} holds token id {high}, beyond its vocabulary of {vocab_size} ids (0..{vocab_size - 1})")
+
+
+def _open_ours(path: Path) -> TokenData:
+    meta = read_json_object(path / "meta.json", DataError)
+    if meta.get("dtype") not in ("uint16", "uint32"):
+        raise DataError(f"{path / 'meta.json'}: dtype is {meta.get('dtype')!r}, not uint16 or uint32")
+    dtype = np.dtype("<u2" if meta["dtype"] == "uint16" else "<u4")
+    splits = {}
+    for split in ("train", "val"):
+        splits[split] = _memmap(path / f"{split}.bin", dtype)
+        if len(splits[split]) != meta.get(f"{split}_tokens"):
+            raise DataError(f"{path / f'{split}.bin'} holds {len(splits[split])} ids, but meta.json says "
+                            f"{split}_tokens = {meta.get(f'{split}_tokens')!r}: prepare the data again")  # fmt: skip
+    vocab_size = meta.get("vocab_size")
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
+        raise DataError(f"{path / 'meta.json'}: vocab_size is {vocab_size!r}, not a positive integer")
+    tokenizer = load_tokenizer(path) or (Tokenizer.gpt2() if meta.get("tokenizer") == "gpt2" else None)
+    if tokenizer is not None and tokenizer.n_vocab != vocab_size:
+        raise DataError(f"{path}: meta.json says vocab_size {vocab_size}, but its tokenizer has {tokenizer.n_vocab} ids")
+    files = {s: path / f"{s}.bin" for s in splits}
+    return TokenData(path, "gpt2", splits["train"], splits["val"], vocab_size, tokenizer, meta, files)
+
+
+class _DataOnlyUnpickler(pickle.Unpickler):
+    """Loads dicts, lists, strings and numbers only: a pickle naming any class or function
+    (which is how a pickle runs code) is refused before anything runs."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"it names {module}.{name}")
+
+
+def read_nanogpt_meta(path: Path) -> CharTokenizer:
+    """nanoGPT's meta.pkl ({'vocab_size', 'itos', 'stoi'}) as a character vocabulary."""
+    try:
+        with open(path, "rb") as f:
+            meta = _DataOnlyUnpickler(f).load()
+    except Exception as e:
+        raise DataError(f"{path} is not a plain-data pickle ({e}); pickles can run code, so only dicts, "
+                        f"lists, strings and numbers are read") from None  # fmt: skip
+    itos = meta.get("itos") if isinstance(meta, dict) else None
+    size = meta.get("vocab_size") if isinstance(meta, dict) else None
+    if not isinstance(itos, dict) or not isinstance(size, int) or sorted(itos) != list(range(size)):
+        raise DataError(f"{path} is not nanoGPT's meta.pkl: expected {{'vocab_size': N, 'itos': {{0..N-1: char}}, 'stoi': ...}}")
+    try:
+        return CharTokenizer([itos[i] for i in range(size)])
+    except Exception as e:
+        raise DataError(f"{path}: {e}") from None
+
+
+def _open_nanogpt(path: Path) -> TokenData:
+    dtype = np.dtype("<u2")
+    train, val = _memmap(path / "train.bin", dtype), _memmap(path / "val.bin", dtype)
+    tokenizer = read_nanogpt_meta(path / "meta.pkl") if (path / "meta.pkl").is_file() else Tokenizer.gpt2()
+    files = {"train": path / "train.bin", "val": path / "val.bin"}
+    return TokenData(path, "nanogpt", train, val, tokenizer.n_vocab, tokenizer, {}, files)
+
+
+def read_llmc(path: Path) -> np.ndarray:
+    """llm.c's token file: 256 little-endian int32 (magic 20240520, version 1, count), then uint16 ids."""
+    with open(path, "rb") as f:
+        header = np.frombuffer(f.read(LLMC_HEADER_BYTES), dtype="<i4")
+    if len(header) < 3 or header[0] != LLMC_MAGIC:
+        raise DataError(f"{path} is not an llm.c token file: its magic number is {header[0] if len(header) else None}, not {LLMC_MAGIC}")
+    if header[1] != LLMC_VERSION:
+        raise DataError(f"{path}: llm.c token file version {header[1]}; only version {LLMC_VERSION} (uint16 ids) is read")
+    ids = _memmap(path, np.dtype("<u2"), offset=LLMC_HEADER_BYTES)
+    if len(ids) != header[2]:
+        raise DataError(f"{path}: its header counts {header[2]} ids, but the file holds {len(ids)}")
+    return ids
+
+
+def _open_llmc(path: Path) -> TokenData:
+    files = {"train": sorted(path.glob("*_train.bin"))[0], "val": sorted(path.glob("*_val.bin"))[0]}
+    train, val = read_llmc(files["train"]), read_llmc(files["val"])
+    return TokenData(path, "llm.c", train, val, GPT2_VOCAB, Tokenizer.gpt2(), {}, files)
+
+
+# ------------------------------------------------------------------ batches
+
+
+def get_batch(
+    ids: np.ndarray, block_size: int, batch_size: int, *, seed: int, iteration: int, micro_step: int,
+    device: str | torch.device = "cpu",
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """x, y: (batch_size, block_size) int64 windows of ids at random offsets, y = x shifted by one.
+
+    The offsets come from a generator seeded by (seed, iteration, micro_step), so a batch
+    depends on nothing else: not on resumption, not on which process draws it.
+    """
+    rng = np.random.default_rng([seed, iteration, micro_step])
+    offsets = rng.integers(0, len(ids) - block_size, size=batch_size)
+    windows = torch.from_numpy(np.stack([ids[i : i + block_size + 1] for i in offsets]).astype(np.int64))  # (B, T + 1)
+    x, y = windows[:, :-1], windows[:, 1:]
+    if torch.device(device).type == "cuda":  # pinned, so the copy overlaps the work already queued
+        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+    return x.contiguous().to(device), y.contiguous().to(device)

@@ -1,0 +1,585 @@
+"""Training and fine-tuning GPT-2 on one machine: nanoGPT's recipe, resumable to the same curve.
+
+    for it in range(start, max_iters):
+        lr = learning_rate(it)                       # linear warm-up, then cosine decay to min_lr
+        for micro in range(grad_accum):              # one step sees batch_size * grad_accum windows
+            x, y = get_batch(train, seed, it, micro) # (B, T) ids and their next ids
+            loss = cross_entropy(model(x), y) / grad_accum
+            loss.backward()
+        clip_grad_norm(grad_clip); adamw.step()
+
+Evaluations (at iteration 0, every eval_interval and at the end) log the mean loss of both
+splits, keep the model of the best validation loss in OUT (Hugging Face's layout, with its
+tokenizer), redraw OUT/loss.png and write OUT/checkpoint.pt, all a resume needs. Batches
+come from generators seeded by (seed, iteration, micro-step) and dropout's random state is
+saved, so a resumed run repeats the losses of a run never stopped. Ctrl-C or SIGTERM stops at
+the end of the iteration under way and saves a checkpoint there.
+
+Written for one process; the micro-steps a process runs and the writes only rank 0 makes are
+marked, so that several processes (torchrun) can share the work without changing the batches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import signal
+import threading
+import time
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gpt2._checks import int_between, positive_int, positive_real, real_between
+from gpt2._files import atomic_path, atomic_write_text
+from gpt2.config import ACTIVATIONS, POSITIONS, PRESETS, GPT2Config
+from gpt2.data import TokenData, get_batch, open_data
+from gpt2.devices import Precision, enable_tf32, peak_flops, resolve_device, training_precision
+from gpt2.errors import CheckpointError, ConfigError, ContextLengthError, InvalidArgumentError
+from gpt2.generate import generate_text
+from gpt2.model import GPT2
+from gpt2.sampling import ContextOverflowWarning
+from gpt2.weights import locate
+
+CHECKPOINT = "checkpoint.pt"
+LOG = "log.jsonl"
+PLOT = "loss.png"
+EVAL_STREAM = 1 << 32  # evaluation batches use micro-steps from here on: never a training batch's seed
+
+
+@dataclass
+class TrainSettings:
+    """Everything a run is started with; defaults are nanoGPT's (train.py) where it has one.
+
+    The architecture comes from `config` (a released size), the n_* fields, or `init` (a
+    model to fine-tune); the vocabulary size comes from the data. None means "the default":
+    12 layers, 12 heads, 768 wide, block 1024 from scratch; the model's own with `init`.
+    bias and activation default to GPT-2's (biases, the tanh GELU) with `config`, and to
+    nanoGPT's (no biases, the exact GELU, which is also 3x faster on CPUs) otherwise.
+    """
+
+    data: str
+    config: str | None = None
+    n_layer: int | None = None
+    n_head: int | None = None
+    n_embd: int | None = None
+    block_size: int | None = None
+    dropout: float = 0.0
+    bias: bool | None = None
+    positions: str = "learned"
+    activation: str | None = None
+    init: str | None = None
+    batch_size: int = 12
+    grad_accum: int = 40
+    max_iters: int = 600_000
+    lr: float = 6e-4
+    min_lr: float = 6e-5
+    warmup_iters: int = 2000
+    lr_decay_iters: int | None = None  # None: max_iters
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    seed: int = 1337
+    eval_interval: int = 2000
+    eval_iters: int = 200
+    log_interval: int = 1
+    device: str = "auto"
+    dtype: str = "auto"
+    compile: str = "auto"
+    sample_prompt: str | None = None
+    checkpoint_activations: bool = False
+
+    def __post_init__(self) -> None:
+        self.data = os.fspath(self.data) if isinstance(self.data, os.PathLike) else self.data
+        if self.init is not None and isinstance(self.init, os.PathLike):
+            self.init = os.fspath(self.init)
+        self._check_model()
+        for name in ("batch_size", "grad_accum", "max_iters", "eval_interval", "eval_iters", "log_interval"):
+            setattr(self, name, positive_int(name, getattr(self, name)))
+        self.lr = positive_real("lr", self.lr)
+        self.min_lr = real_between("min_lr", self.min_lr, 0, self.lr)
+        self.warmup_iters = int_between("warmup_iters", self.warmup_iters, 0, 2**62)
+        if self.lr_decay_iters is None:
+            self.lr_decay_iters = self.max_iters  # fixed when the run starts: a resume that extends max_iters keeps it
+        self.lr_decay_iters = positive_int("lr_decay_iters", self.lr_decay_iters)
+        self.weight_decay = real_between("weight_decay", self.weight_decay, 0, math.inf)
+        self.beta1 = real_between("beta1", self.beta1, 0, 1, open_high=True)
+        self.beta2 = real_between("beta2", self.beta2, 0, 1, open_high=True)
+        self.grad_clip = real_between("grad_clip", self.grad_clip, 0, math.inf)
+        self.seed = int_between("seed", self.seed, 0, 2**63 - 1, "a whole number")
+        _choice("compile", self.compile, ("auto", "on", "off"))
+        _choice("dtype", self.dtype, ("auto", "float32", "bfloat16", "float16"))
+        if self.sample_prompt is not None and not isinstance(self.sample_prompt, str):
+            raise InvalidArgumentError(f"sample_prompt must be text, got {self.sample_prompt!r}")
+
+    def _check_model(self) -> None:
+        shape = {k: getattr(self, k) for k in ("n_layer", "n_head", "n_embd") if getattr(self, k) is not None}
+        given = ["config"] * (self.config is not None) + list(shape) + ["positions"] * (self.positions != "learned")
+        given += [name for name in ("bias", "activation") if getattr(self, name) is not None]
+        if self.init is not None and given:
+            raise InvalidArgumentError(f"init: the architecture comes from the model being fine-tuned; drop {', '.join(given)}")
+        if self.config is not None and self.config not in PRESETS:
+            raise InvalidArgumentError(f"config must be one of {', '.join(PRESETS)}, got {self.config!r}")
+        for name, value in shape.items():
+            positive_int(name, value)
+        if self.block_size is not None:
+            positive_int("block_size", self.block_size)
+        self.dropout = real_between("dropout", self.dropout, 0, 1, open_high=True)
+        _choice("positions", self.positions, POSITIONS)
+        if self.activation is not None:
+            _choice("activation", self.activation, ACTIVATIONS)
+        if self.bias is not None and not isinstance(self.bias, bool):
+            raise InvalidArgumentError(f"bias must be True or False, got {self.bias!r}")
+
+    def model_config(self, n_vocab: int) -> GPT2Config:
+        """The architecture of a model trained from scratch on a vocabulary of n_vocab ids."""
+        n_layer, n_head, n_embd = PRESETS[self.config] if self.config else (12, 12, 768)
+        gpt2 = self.config is not None  # a released shape: GPT-2's choices, else nanoGPT's
+        bias = self.bias if self.bias is not None else gpt2
+        activation = self.activation or ("gelu_tanh" if gpt2 else "gelu")
+        try:
+            return GPT2Config(
+                n_vocab=n_vocab, n_ctx=self.block_size or 1024, n_layer=self.n_layer or n_layer, n_head=self.n_head or n_head,
+                n_embd=self.n_embd or n_embd, dropout=self.dropout, bias=bias, positions=self.positions, activation=activation,
+            )  # fmt: skip
+        except ConfigError as e:
+            raise InvalidArgumentError(str(e)) from None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# Settings a resumed run may change: they leave the losses of the iterations alone.
+RESUME_OVERRIDES = ("max_iters", "eval_interval", "eval_iters", "log_interval", "device", "compile", "sample_prompt",
+                    "checkpoint_activations")  # fmt: skip
+
+
+def _choice(name: str, value: object, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise InvalidArgumentError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+
+
+def learning_rate(it: int, s: TrainSettings) -> float:
+    """nanoGPT's schedule: linear warm-up over warmup_iters, then cosine decay to min_lr at lr_decay_iters."""
+    if it < s.warmup_iters:
+        return s.lr * (it + 1) / (s.warmup_iters + 1)
+    if it >= s.lr_decay_iters:
+        return s.min_lr
+    decay_ratio = (it - s.warmup_iters) / (s.lr_decay_iters - s.warmup_iters)  # 0 .. 1
+    return s.min_lr + 0.5 * (1.0 + math.cos(math.pi * decay_ratio)) * (s.lr - s.min_lr)
+
+
+def flops_per_token(model: GPT2) -> float:
+    """Forward and backward FLOPs a token costs (PaLM's appendix B, as nanoGPT's estimate_mfu):
+    6 per weight (the position table excluded: a lookup) plus attention's 12 L C T."""
+    config = model.config
+    weights = sum(p.numel() for name, p in model.named_parameters() if not name.startswith("transformer.wpe"))
+    return 6 * weights + 12 * config.n_layer * config.n_embd * config.n_ctx
+
+
+def make_optimizer(model: GPT2, s: TrainSettings, device: torch.device) -> torch.optim.AdamW:
+    """AdamW with weight decay on the 2-D parameters only (matrices and embeddings, not biases
+    or LayerNorms): nanoGPT's configure_optimizers, with the fused update on CPUs too (one
+    pass over each tensor instead of several)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": s.weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    fused = {"fused": True} if device.type in ("cuda", "cpu") else {}
+    return torch.optim.AdamW(groups, lr=s.lr, betas=(s.beta1, s.beta2), **fused)
+
+
+# ------------------------------------------------------------------ the model
+
+
+def build_model(s: TrainSettings, data: TokenData) -> GPT2:
+    """A new model (weights drawn from torch's generator: seed it first) or the `init` model,
+    whose vocabulary must be the data's."""
+    if s.init is None:
+        return GPT2(s.model_config(data.vocab_size))
+    checkpoint = locate(s.init)
+    model = GPT2.from_pretrained(s.init, device="cpu", dropout=s.dropout)
+    if data.vocab_size > model.config.n_vocab:
+        raise InvalidArgumentError(f"the data in {s.data} has a vocabulary of {data.vocab_size} ids, more than the "
+                                   f"{model.config.n_vocab} of the model {s.init!r}: prepare it with the model's tokenizer")  # fmt: skip
+    ours, theirs = checkpoint.load_tokenizer(), data.tokenizer
+    if ours is not None and theirs is not None and not same_vocabulary(ours, theirs):
+        raise InvalidArgumentError(f"the data in {s.data} was prepared with another tokenizer ({theirs!r}) than the model "
+                                   f"{s.init!r} reads ({ours!r}): prepare it with the model's tokenizer (gpt2 prepare --tokenizer gpt2)")  # fmt: skip
+    if s.block_size is not None:
+        if s.block_size > model.config.n_ctx:
+            raise ContextLengthError(f"block_size {s.block_size} is over the context of the model {s.init!r} (n_ctx={model.config.n_ctx})")
+        model.crop_context(s.block_size)
+    return model
+
+
+def same_vocabulary(a: object, b: object) -> bool:
+    """Whether two tokenizers map text to the same ids."""
+    return type(a) is type(b) and a.__getstate__() == b.__getstate__()
+
+
+# ------------------------------------------------------------------ a run
+
+
+@dataclass
+class TrainResult:
+    out: Path
+    iteration: int  # iterations done
+    best_val_loss: float
+    last_eval: dict[str, Any] | None  # the last evaluation's log record
+    interrupted: bool  # stopped by Ctrl-C or SIGTERM (a checkpoint was saved)
+
+
+class Trainer:
+    """One training run: the model, its optimizer and data, and the loop over iterations."""
+
+    def __init__(self, s: TrainSettings, out: Path, *, progress: bool = True, state: dict[str, Any] | None = None):
+        self.s, self.out, self.progress = s, out, progress
+        self.rank, self.world = 0, 1  # this process, of how many share each step's micro-batches
+        self.data = open_data(s.data)
+        self.device = resolve_device(s.device)
+        self.precision: Precision = training_precision(self.device, s.dtype)
+        if self.device.type == "cuda":
+            enable_tf32()
+        torch.manual_seed(s.seed)  # the initial weights, and dropout's stream from there
+        model = build_model(s, self.data) if state is None else _model_from_state(state)
+        self.data.check_block_size(model.config.n_ctx)
+        model.checkpoint_activations = s.checkpoint_activations
+        self.model = model.to(self.device).train()
+        self.tokenizer = self.data.tokenizer
+        self.optimizer = make_optimizer(self.model, s, self.device)
+        self.scaler = self.precision.scaler()
+        compiled = s.compile == "on" or (s.compile == "auto" and self.device.type == "cuda")
+        self.forward = torch.compile(self.model) if compiled else self.model
+        self.iteration, self.evaluated, self.best_val_loss = 0, -1, math.inf
+        if state is not None:
+            self._restore(state)
+        self.tokens_per_iter = s.batch_size * model.config.n_ctx * s.grad_accum
+        self.flops_per_iter = flops_per_token(model) * self.tokens_per_iter
+        self.peak_flops = peak_flops(self.device, self.precision.compute)
+        self.stop_requested = False
+        self.last_eval: dict[str, Any] | None = None
+
+    @property
+    def is_main(self) -> bool:
+        """The process that writes files and prints (rank 0)."""
+        return self.rank == 0
+
+    # -------------------------------------------------------------- the loop
+
+    def run(self) -> TrainResult:
+        s = self.s
+        if self.is_main:
+            self.out.mkdir(parents=True, exist_ok=True)
+            _trim_log(self.out / LOG, self.iteration, self.evaluated)
+        from tqdm.auto import tqdm
+
+        with self._stop_on_signals(), tqdm(total=s.max_iters, initial=self.iteration, unit="iter", desc="training",
+                                           disable=not (self.progress and self.is_main), dynamic_ncols=True) as bar:  # fmt: skip
+            self.bar = bar
+            for it in range(self.iteration, s.max_iters + 1):
+                self.iteration = it
+                if (it % s.eval_interval == 0 or it == s.max_iters) and self.evaluated != it:
+                    self.evaluate_and_save(it)
+                if it == s.max_iters:
+                    break
+                if self.stop_requested:
+                    self.save_checkpoint()
+                    return self._result(interrupted=True)
+                started = time.perf_counter()
+                loss = self.train_step(it)
+                if it % s.log_interval == 0 or it + 1 == s.max_iters:
+                    self._log_step(it, float(loss), time.perf_counter() - started)
+                bar.update()
+        return self._result(interrupted=False)
+
+    def train_step(self, it: int) -> torch.Tensor:
+        """One optimizer step over grad_accum micro-batches; returns their mean loss (a tensor, not synchronised)."""
+        s = self.s
+        for group in self.optimizer.param_groups:
+            group["lr"] = learning_rate(it, s)
+        total = torch.zeros((), device=self.device)
+        for micro in range(self.rank, s.grad_accum, self.world):  # this process's share of the micro-batches
+            x, y = get_batch(self.data.train, self.model.config.n_ctx, s.batch_size, seed=s.seed, iteration=it,
+                             micro_step=micro, device=self.device)  # fmt: skip
+            with self.precision.autocast():
+                _, loss = self.forward(x, y, check_ids=False)  # ids were checked when the data was opened
+            loss = loss / s.grad_accum  # the step's gradient is the mean over all micro-batches
+            self.scaler.scale(loss).backward()
+            total += loss.detach()
+        if s.grad_clip > 0:
+            self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.grad_clip)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        return total
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Mean loss over eval_iters batches of each split: the same batches at every evaluation."""
+        s = self.s
+        self.model.eval()
+        losses = {}
+        for split, ids in (("train", self.data.train), ("val", self.data.val)):
+            total = torch.zeros((), dtype=torch.float64, device=self.device)
+            for k in range(s.eval_iters):
+                x, y = get_batch(ids, self.model.config.n_ctx, s.batch_size, seed=s.seed, iteration=0,
+                                 micro_step=EVAL_STREAM + k, device=self.device)  # fmt: skip
+                with self.precision.autocast():
+                    _, loss = self.forward(x, y, check_ids=False)
+                total += loss.double()
+            losses[split] = float(total) / s.eval_iters
+        self.model.train()
+        return losses
+
+    def evaluate_and_save(self, it: int) -> None:
+        losses = self.evaluate()
+        self.evaluated = it
+        improved = losses["val"] < self.best_val_loss
+        record = {"iter": it, "train_loss": losses["train"], "val_loss": losses["val"], "lr": learning_rate(it, self.s), "best": improved}
+        if not self.is_main:
+            return
+        if improved:
+            self.best_val_loss = losses["val"]
+            self.save_model()
+        if self.s.sample_prompt is not None:
+            record["sample"] = self.sample(self.s.sample_prompt)
+        self.last_eval = record
+        _append_log(self.out / LOG, record)
+        self.bar.write(f"iter {it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
+                       + (" (best so far: saved)" if improved else ""))  # fmt: skip
+        if "sample" in record:
+            self.bar.write(f"sample: {self.s.sample_prompt}{record['sample']}")
+        self.save_checkpoint()
+        plot_losses(self.out / LOG, self.out / PLOT, note=self.bar.write)
+
+    def sample(self, prompt: str, max_new_tokens: int = 100) -> str:
+        """A continuation of the prompt by the model as it is now (seeded: the same at every resume)."""
+        self.model.eval()
+        top_k = min(200, self.model.config.n_vocab)
+        with warnings.catch_warnings():  # past the block size the context slides, as expected here
+            warnings.simplefilter("ignore", ContextOverflowWarning)
+            text = generate_text(self.model, self.tokenizer, prompt, max_new_tokens=max_new_tokens, temperature=0.8,
+                                 top_k=top_k, seed=self.s.seed)[0]  # fmt: skip
+        self.model.train()
+        return text
+
+    def _log_step(self, it: int, loss: float, seconds: float) -> None:
+        if not self.is_main:
+            return
+        tokens_per_s = self.tokens_per_iter / seconds
+        record = {"iter": it, "loss": loss, "lr": learning_rate(it, self.s), "ms": seconds * 1000, "tokens_per_s": tokens_per_s}
+        postfix = {"loss": f"{loss:.4f}", "tok/s": f"{tokens_per_s:,.0f}"}
+        if self.peak_flops:
+            record["mfu"] = self.flops_per_iter / seconds / self.peak_flops
+            postfix["mfu"] = f"{record['mfu']:.1%}"
+        _append_log(self.out / LOG, record)
+        self.bar.set_postfix(postfix, refresh=False)
+
+    def _result(self, interrupted: bool) -> TrainResult:
+        return TrainResult(self.out, self.iteration, self.best_val_loss, self.last_eval, interrupted)
+
+    @contextmanager
+    def _stop_on_signals(self) -> Iterator[None]:
+        """Ctrl-C and SIGTERM stop the run at the end of the iteration under way, with a checkpoint;
+        a second one stops at once."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def request_stop(signum: int, frame: object) -> None:
+            if self.stop_requested:
+                raise KeyboardInterrupt
+            self.stop_requested = True
+            if self.is_main:
+                self.bar.write("gpt2: stopping at the end of this iteration, with a checkpoint (once more to stop at once)")
+
+        previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    # -------------------------------------------------------------- files
+
+    def save_model(self) -> None:
+        """The model of the best validation loss, as a model directory: weights, config, tokenizer."""
+        self.model.tokenizer = self.tokenizer
+        self.model.save_pretrained(self.out)
+
+    def save_checkpoint(self) -> None:
+        """All a resume needs, in one file written atomically: a failed write keeps the last one."""
+        if not self.is_main:
+            return
+        state = {
+            "format": "gpt2-train-checkpoint",
+            "version": 1,
+            "settings": self.s.to_dict(),
+            "model_config": self.model.config.to_hf_dict(),
+            "iteration": self.iteration,
+            "evaluated": self.evaluated,
+            "best_val_loss": self.best_val_loss,
+            "model": {name: t.detach().cpu() for name, t in self.model.state_dict().items()},
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "rng_cpu": torch.get_rng_state(),
+            "rng_cuda": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else [],
+        }
+        path = self.out / CHECKPOINT
+        try:
+            with atomic_path(path) as tmp:
+                torch.save(state, tmp)
+        except OSError as e:
+            raise CheckpointError(f"could not write {path}: {e.strerror or e}; the previous checkpoint is intact") from None
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scaler.load_state_dict(state["scaler"])
+        self.iteration, self.evaluated, self.best_val_loss = state["iteration"], state["evaluated"], state["best_val_loss"]
+        torch.set_rng_state(state["rng_cpu"])
+        if self.device.type == "cuda" and state["rng_cuda"]:
+            torch.cuda.set_rng_state_all(state["rng_cuda"])
+
+
+def _model_from_state(state: dict[str, Any]) -> GPT2:
+    model = GPT2(GPT2Config.from_hf_dict(state["model_config"], "checkpoint.pt"))
+    model.load_state_dict(state["model"])
+    return model
+
+
+def load_checkpoint(out: Path) -> dict[str, Any]:
+    path = out / CHECKPOINT
+    if not path.is_file():
+        raise InvalidArgumentError(f"nothing to resume in {out}: it holds no {CHECKPOINT} (start a run without --resume)")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)  # never runs code from the file
+    except Exception as e:
+        raise CheckpointError(f"{path} cannot be read ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                              f"start again with --overwrite") from None  # fmt: skip
+    if not isinstance(state, dict) or state.get("format") != "gpt2-train-checkpoint":
+        raise CheckpointError(f"{path} is not a checkpoint of gpt2 train")
+    return state
+
+
+# ------------------------------------------------------------------ log and plot
+
+
+def _append_log(path: Path, record: dict[str, Any]) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def read_log(path: Path) -> list[dict[str, Any]]:
+    """The records of a run's log.jsonl (a line cut short by a crash is skipped)."""
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def _trim_log(path: Path, iteration: int, evaluated: int) -> None:
+    """Keep the records of the iterations done before `iteration` (and its evaluation, if done):
+    a run that resumes from a checkpoint logs the later ones again."""
+    kept = [r for r in read_log(path) if r["iter"] < iteration or ("val_loss" in r and r["iter"] <= evaluated)]
+    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
+
+
+def plot_losses(log: Path, png: Path, note=print) -> None:
+    """Training loss per iteration (faint) and the evaluations' train and validation losses, against iterations."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # files only: no window, no display needed
+        import matplotlib.pyplot as plt
+    except ImportError:
+        if not getattr(plot_losses, "warned", False):
+            note("gpt2: note: loss.png needs matplotlib: pip install 'gpt2[train]'")
+            plot_losses.warned = True
+        return
+    records = read_log(log)
+    steps = [r for r in records if "loss" in r]
+    evals = [r for r in records if "val_loss" in r]
+    fig, ax = plt.subplots(figsize=(8, 5))
+    if steps:
+        ax.plot([r["iter"] for r in steps], [r["loss"] for r in steps], color="tab:blue", alpha=0.25, lw=0.8, label="train (each step)")
+    for key, color in (("train_loss", "tab:blue"), ("val_loss", "tab:orange")):
+        ax.plot([r["iter"] for r in evals], [r[key] for r in evals], "o-", color=color, label=key.replace("_", " "))
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("loss (nats per token)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    with atomic_path(png) as tmp:
+        fig.savefig(tmp, format="png", dpi=100, bbox_inches="tight")
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------ the entry point
+
+
+def check_out(out: Path, resume: bool, overwrite: bool) -> None:
+    """Nothing a user trained is overwritten by a typo: a run in OUT needs --resume or --overwrite."""
+    if out.exists() and not out.is_dir():
+        raise InvalidArgumentError(f"--out {out} is a file, not a directory")
+    if resume and overwrite:
+        raise InvalidArgumentError("--resume and --overwrite contradict each other: pick one")
+    holds_run = any((out / name).exists() for name in (CHECKPOINT, LOG, "model.safetensors"))
+    if holds_run and not (resume or overwrite):
+        raise InvalidArgumentError(f"{out} already holds a run: pass --resume to continue it, or --overwrite to start over")
+    if overwrite:
+        for name in (CHECKPOINT, LOG, PLOT):
+            (out / name).unlink(missing_ok=True)
+
+
+def resumed_settings(stored: dict[str, Any], changes: dict[str, Any]) -> TrainSettings:
+    """The stored settings of a run, with the changes a resume may make; any other change is an error."""
+    for name, value in changes.items():
+        if name not in stored:
+            raise InvalidArgumentError(f"unknown setting {name!r}")
+        if value != stored[name] and name not in RESUME_OVERRIDES:
+            raise InvalidArgumentError(
+                f"{name} (--{name.replace('_', '-')}) is {value!r}, but the run was started with {stored[name]!r}: a resumed run "
+                f"keeps its settings (only {', '.join(RESUME_OVERRIDES)} may change); start a new run with --overwrite instead"
+            )
+    return TrainSettings(**{**stored, **changes})
+
+
+def train(out: str | os.PathLike, *, resume: bool = False, overwrite: bool = False, progress: bool = True,
+          **settings: Any) -> TrainResult:  # fmt: skip
+    """Train (or fine-tune) a model on prepared data, writing everything into `out`.
+
+    settings: the fields of TrainSettings (data=... is required for a new run). With resume,
+    the run in `out` continues with its own settings; max_iters and a few others may change.
+    """
+    out = Path(out)
+    check_out(out, resume, overwrite)
+    unknown = sorted(set(settings) - {f.name for f in dataclasses.fields(TrainSettings)})
+    if unknown:
+        raise InvalidArgumentError(f"unknown training setting(s): {', '.join(unknown)}")
+    state = None
+    if resume:
+        state = load_checkpoint(out)
+        s = resumed_settings(state["settings"], settings)
+        if state["iteration"] >= s.max_iters:
+            raise InvalidArgumentError(f"the run in {out} already did its {state['iteration']} iterations: "
+                                       f"pass a larger max_iters (--max-iters) to train further")  # fmt: skip
+    else:
+        if settings.get("data") is None:
+            raise InvalidArgumentError("no data: give the directory gpt2 prepare wrote (--data DIR)")
+        s = TrainSettings(**settings)
+    return Trainer(s, out, progress=progress, state=state).run()

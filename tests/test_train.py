@@ -1,0 +1,336 @@
+"""Training: nanoGPT's recipe checked against transformers, resumption, files, devices, bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from helpers import REPO, corpus, make_hf_model
+from gpt2 import CheckpointError, ContextLengthError, GPT2Error, InvalidArgumentError
+from gpt2.data import get_batch, prepare
+from gpt2.model import GPT2
+from gpt2.train import TrainSettings, learning_rate, read_log, train
+
+# A model small enough to train for dozens of iterations in a second or two.
+TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, batch_size=4, grad_accum=2, lr=3e-3, min_lr=3e-4,
+            warmup_iters=5, eval_interval=10, eval_iters=2, log_interval=1, device="cpu")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def char_data(tmp_path_factory) -> Path:
+    """About 60 kB of text, prepared as nanoGPT's shakespeare_char is (one document, 10% validation)."""
+    root = tmp_path_factory.mktemp("char")
+    (root / "input.txt").write_text(corpus()[1][:60_000], encoding="utf-8")
+    prepare([root / "input.txt"], root / "data", "char", progress=False)
+    return root / "data"
+
+
+@pytest.fixture(scope="module")
+def gpt2_data(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("bpe")
+    (root / "input.txt").write_text(corpus()[1][:30_000], encoding="utf-8")
+    prepare([root / "input.txt"], root / "data", "gpt2", progress=False)
+    return root / "data"
+
+
+def losses(out: Path) -> dict[int, float]:
+    return {r["iter"]: r["loss"] for r in read_log(out / "log.jsonl") if "loss" in r}
+
+
+# ------------------------------------------------------------------ the recipe
+
+
+def nanogpt_lr(it, learning_rate, warmup_iters, lr_decay_iters, min_lr):
+    """nanoGPT's get_lr (train.py), written out here as the independent reference."""
+    if it < warmup_iters:
+        return learning_rate * (it + 1) / (warmup_iters + 1)
+    if it > lr_decay_iters:
+        return min_lr
+    decay_ratio = (it - warmup_iters) / (lr_decay_iters - warmup_iters)
+    coeff = 0.5 * (1.0 + math.cos(math.pi * decay_ratio))
+    return min_lr + coeff * (learning_rate - min_lr)
+
+
+@pytest.mark.parametrize("warmup, decay", [(100, 2000), (0, 50), (2000, 600_000), (10, 11)])
+def test_learning_rate_schedule_equals_nanogpt(warmup, decay):
+    s = TrainSettings(data="unused", lr=1e-3, min_lr=1e-4, warmup_iters=warmup, lr_decay_iters=decay, max_iters=decay)
+    for it in sorted({0, 1, warmup - 1, warmup, warmup + 1, (warmup + decay) // 2, decay - 1, decay, decay + 1, 3 * decay}):
+        if it >= 0:
+            assert learning_rate(it, s) == pytest.approx(nanogpt_lr(it, 1e-3, warmup, decay, 1e-4), rel=1e-12, abs=1e-15)
+    assert learning_rate(warmup, s) == pytest.approx(1e-3)  # the peak, once warm-up is over
+    assert learning_rate(decay + 5, s) == 1e-4
+
+
+def test_initial_loss_is_about_ln_of_the_vocabulary(char_data, tmp_path):
+    result = train(tmp_path / "out", data=char_data, max_iters=1, progress=False, **TINY)
+    first = next(r for r in read_log(tmp_path / "out" / "log.jsonl") if "val_loss" in r)
+    vocab = json.loads((char_data / "meta.json").read_text())["vocab_size"]
+    assert first["iter"] == 0
+    assert abs(first["val_loss"] - math.log(vocab)) < 0.1 and abs(first["train_loss"] - math.log(vocab)) < 0.1
+    assert result.iteration == 1
+
+
+def test_a_tiny_model_overfits_one_batch(tmp_path):
+    # a train split of exactly block_size + 1 ids: every window is the same one
+    data = tmp_path / "data"
+    text = "the quick brown fox jumps over a lazy dog"
+    (tmp_path / "a.txt").write_text(text[:17] + text, encoding="utf-8")
+    prepare([tmp_path / "a.txt"], data, "char", val_fraction=1 - 17 / 58, progress=False)
+    assert (data / "train.bin").stat().st_size == 17 * 2
+    settings = {**TINY, "lr": 1e-2, "min_lr": 1e-2, "warmup_iters": 0, "eval_interval": 1000, "grad_accum": 1}
+    train(tmp_path / "out", data=data, max_iters=150, progress=False, **settings)
+    assert losses(tmp_path / "out")[149] < 0.05
+
+
+def test_one_step_equals_transformers(gpt2_data, tmp_path):
+    """The same weights and batch: the loss, every gradient, and the weights after one AdamW step."""
+    hf = make_hf_model(seed=3, vocab_size=50257, n_positions=16, n_embd=32, n_layer=2, n_head=2)  # eval: no dropout
+    hf.save_pretrained(tmp_path / "init")
+    settings = dict(TINY, grad_accum=1, warmup_iters=0, weight_decay=0.1, grad_clip=1.0, seed=7, eval_interval=1000)
+    for name in ("n_layer", "n_head", "n_embd"):
+        settings.pop(name)
+    train(tmp_path / "out", data=gpt2_data, init=tmp_path / "init", max_iters=1, progress=False, **settings)
+
+    x, y = get_batch(np.fromfile(gpt2_data / "train.bin", dtype=np.uint16), 16, 4, seed=7, iteration=0, micro_step=0)
+    logits = hf(x).logits
+    loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
+    assert abs(losses(tmp_path / "out")[0] - float(loss.detach())) < 1e-5
+    loss.backward()
+    ours = GPT2.from_pretrained(tmp_path / "init", device="cpu", dropout=0.0).train()
+    _, our_loss = ours(x, y)
+    our_loss.backward()
+    hf_params = dict(hf.named_parameters())
+    for name, p in ours.named_parameters():
+        assert (p.grad - hf_params[name].grad).abs().max() < 1e-5, name
+    # nanoGPT's optimizer by hand: AdamW, weight decay on 2-D parameters only, clipped gradients
+    torch.nn.utils.clip_grad_norm_(hf.parameters(), 1.0)
+    params = [p for n, p in hf.named_parameters()]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]  # fmt: skip
+    torch.optim.AdamW(groups, lr=3e-3, betas=(0.9, 0.95)).step()  # iteration 0's rate: no warm-up
+    state = torch.load(tmp_path / "out" / "checkpoint.pt", weights_only=True)["model"]  # the weights after the step
+    for name, p in hf.named_parameters():
+        assert (state[name] - p.detach()).abs().max() < 1e-5, name
+
+
+# ------------------------------------------------------------------ resuming
+
+
+RESUMABLE = dict(TINY, dropout=0.1, eval_interval=4)
+
+
+def test_resume_after_max_iters_equals_an_uninterrupted_run(char_data, tmp_path):
+    train(tmp_path / "whole", data=char_data, max_iters=12, progress=False, **RESUMABLE)
+    train(tmp_path / "parts", data=char_data, max_iters=7, lr_decay_iters=12, progress=False, **RESUMABLE)
+    with pytest.raises(InvalidArgumentError, match="already did its 7 iterations: pass a larger max_iters"):
+        train(tmp_path / "parts", resume=True, progress=False)
+    train(tmp_path / "parts", resume=True, max_iters=12, progress=False)
+    whole, parts = losses(tmp_path / "whole"), losses(tmp_path / "parts")
+    assert sorted(parts) == list(range(12))
+    assert parts == whole  # bit for bit, dropout on
+    evals = [r for r in read_log(tmp_path / "parts" / "log.jsonl") if "val_loss" in r]
+    assert [r["iter"] for r in evals] == [0, 4, 7, 8, 12]
+
+
+def test_resume_after_ctrl_c_equals_an_uninterrupted_run(char_data, tmp_path):
+    settings = dict(RESUMABLE, max_iters=400, eval_interval=50)  # long enough for the signal to land mid-run
+    train(tmp_path / "whole", data=char_data, progress=False, **settings)
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in settings.items()]
+    command = [sys.executable, "-m", "gpt2", "train", "--data", str(char_data), "--out", str(tmp_path / "parts"), *flags]
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = tmp_path / "parts" / "log.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and process.poll() is None and len(losses(tmp_path / "parts") if log.exists() else {}) < 5:
+        time.sleep(0.01)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 130, err
+    assert "--resume" in err
+    stopped = max(losses(tmp_path / "parts")) + 1
+    assert 5 <= stopped < 400
+    train(tmp_path / "parts", resume=True, progress=False)
+    assert losses(tmp_path / "parts") == losses(tmp_path / "whole")
+
+
+def test_a_resumed_run_keeps_its_model(char_data, tmp_path):
+    train(tmp_path / "out", data=char_data, max_iters=2, progress=False, **TINY)
+    with pytest.raises(InvalidArgumentError, match=r"n_embd \(--n-embd\) is 64, but the run was started with 32"):
+        train(tmp_path / "out", resume=True, max_iters=4, n_embd=64, progress=False)
+    with pytest.raises(InvalidArgumentError, match=r"lr \(--lr\)"):
+        train(tmp_path / "out", resume=True, max_iters=4, lr=1.0, progress=False)
+
+
+def test_a_failed_save_keeps_the_previous_checkpoint(char_data, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    train(out, data=char_data, max_iters=2, progress=False, **TINY)
+    before = (out / "checkpoint.pt").read_bytes()
+
+    def disk_full(obj, f, *args, **kwargs):
+        Path(f).write_bytes(b"half a checkpoint")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", disk_full)
+    with pytest.raises(CheckpointError, match="No space left on device; the previous checkpoint is intact"):
+        train(out, resume=True, max_iters=4, progress=False)
+    assert (out / "checkpoint.pt").read_bytes() == before
+    assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
+
+
+# ------------------------------------------------------------------ what a run leaves
+
+
+def test_a_run_leaves_a_model_a_log_and_a_plot(char_data, tmp_path):
+    out = tmp_path / "out"
+    result = train(out, data=char_data, max_iters=10, bias=True, sample_prompt="The ", progress=False, **TINY)
+    records = read_log(out / "log.jsonl")
+    steps = [r for r in records if "loss" in r]
+    evals = [r for r in records if "val_loss" in r]
+    assert [r["iter"] for r in steps] == list(range(10))
+    assert set(steps[0]) >= {"iter", "loss", "lr", "ms", "tokens_per_s"}
+    assert [r["iter"] for r in evals] == [0, 10] and set(evals[0]) >= {"iter", "train_loss", "val_loss"}
+    assert evals[-1]["val_loss"] < evals[0]["val_loss"]
+    assert result.best_val_loss == min(r["val_loss"] for r in evals)
+    assert isinstance(evals[-1]["sample"], str) and len(evals[-1]["sample"]) == 100  # 100 characters
+    assert (out / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the best model: transformers loads it, and ours comes with its character tokenizer
+    from transformers import GPT2LMHeadModel
+
+    hf = GPT2LMHeadModel.from_pretrained(out)
+    ours = GPT2.from_pretrained(out, device="cpu")
+    idx = torch.tensor([ours.tokenizer.encode("The king")])
+    with torch.no_grad():
+        assert (hf(idx).logits - ours(idx)).abs().max() < 1e-4
+    assert ours.tokenizer.decode(ours.tokenizer.encode("The king")) == "The king"
+
+
+def test_char_model_trains_and_generates_from_the_command_line(char_data, tmp_path, capsys):
+    from gpt2.cli import main
+
+    out = tmp_path / "out"
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()]
+    assert main(["train", "--data", str(char_data), "--out", str(out), "--max-iters", "20", "--no-progress", *flags]) == 0
+    captured = capsys.readouterr()
+    assert "iter 20: train loss" in captured.out + captured.err
+    assert main(["generate", "--model", str(out), "ROMEO:", "--max-new-tokens", "30", "--seed", "1", "--no-stream"]) == 0
+    text = capsys.readouterr().out
+    assert len(text.rstrip("\n")) == 30  # 30 new characters, one token each
+
+
+# ------------------------------------------------------------------ devices and compiling
+
+
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "checkpointed"])
+def test_the_training_step_compiles_without_graph_breaks(checkpointing):
+    from gpt2.config import GPT2Config
+
+    torch.manual_seed(0)
+    model = GPT2(GPT2Config(n_vocab=50, n_ctx=16, n_embd=32, n_head=2, n_layer=2, dropout=0.1)).train()
+    model.checkpoint_activations = checkpointing
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")  # fullgraph: a graph break is an error
+    x = torch.randint(0, 50, (2, 16))
+    _, loss = compiled(x, x, check_ids=False)
+    loss.backward()
+    assert model.transformer.wte.weight.grad is not None and torch.isfinite(loss)
+
+
+def test_activation_checkpointing_gives_the_same_gradients():
+    from gpt2.config import GPT2Config
+
+    torch.manual_seed(0)
+    model = GPT2(GPT2Config(n_vocab=50, n_ctx=16, n_embd=32, n_head=2, n_layer=2, dropout=0.1)).train()
+    x = torch.randint(0, 50, (2, 16))
+    grads = []
+    for checkpointing in (False, True):
+        model.checkpoint_activations = checkpointing
+        model.zero_grad()
+        torch.manual_seed(1)  # the same dropout masks
+        model(x, x)[1].backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(*grads))
+
+
+# ------------------------------------------------------------------ fine-tuning
+
+
+def test_fine_tuning_crops_the_context_and_checks_the_vocabulary(gpt2_data, char_data, tmp_path):
+    hf = make_hf_model(seed=1, vocab_size=50257, n_positions=32, n_embd=32, n_layer=2, n_head=2)
+    hf.save_pretrained(tmp_path / "init")
+    settings = {k: v for k, v in TINY.items() if k not in ("n_layer", "n_head", "n_embd")}
+    result = train(tmp_path / "out", data=gpt2_data, init=tmp_path / "init", max_iters=3, progress=False, **settings)
+    tuned = GPT2.from_pretrained(tmp_path / "out", device="cpu")
+    assert tuned.config.n_ctx == 16 and tuned.config.n_vocab == 50257 and result.iteration == 3
+    with pytest.raises(InvalidArgumentError, match="prepared with another tokenizer"):
+        train(tmp_path / "char", data=char_data, init=tmp_path / "init", max_iters=3, progress=False, **settings)
+    with pytest.raises(ContextLengthError, match="block_size 64 is over the context of the model"):
+        train(tmp_path / "long", data=gpt2_data, init=tmp_path / "init", max_iters=3, progress=False, **{**settings, "block_size": 64})
+    with pytest.raises(InvalidArgumentError, match="the architecture comes from the model being fine-tuned; drop n_layer"):
+        train(tmp_path / "x", data=gpt2_data, init=tmp_path / "init", n_layer=3, max_iters=3, progress=False)
+
+
+# ------------------------------------------------------------------ bad input
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(batch_size=0), "batch_size must be a positive integer, got 0"),
+    (dict(grad_accum=-1), "grad_accum must be a positive integer, got -1"),
+    (dict(max_iters=0), "max_iters must be a positive integer, got 0"),
+    (dict(lr=0.0), "lr must be a positive number, got 0.0"),
+    (dict(lr=float("nan")), "lr must be a positive number"),
+    (dict(min_lr=1.0), r"min_lr must be a number in \[0, 0.003\]"),
+    (dict(n_layer=0), "n_layer must be a positive integer, got 0"),
+    (dict(block_size=-4), "block_size must be a positive integer, got -4"),
+    (dict(dropout=1.0), r"dropout must be a number in \[0, 1\)"),
+    (dict(beta2=1.0), r"beta2 must be a number in \[0, 1\)"),
+    (dict(n_embd=30, n_head=4), r"n_embd \(30\) must be divisible by n_head \(4\)"),
+    (dict(config="gpt5"), "config must be one of gpt2, gpt2-medium, gpt2-large, gpt2-xl"),
+    (dict(device="cuda:7" if torch.cuda.is_available() else "cuda"), "cuda"),
+    (dict(compile="yes"), "compile must be one of auto, on, off"),
+    (dict(block_size=40_000), "too short|shorter"),
+])  # fmt: skip
+def test_bad_settings_are_named(char_data, tmp_path, changes, message):
+    with pytest.raises(GPT2Error, match=message):
+        train(tmp_path / "out", data=char_data, progress=False, **{**TINY, "max_iters": 2, **changes})
+
+
+def test_out_is_protected(char_data, tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(InvalidArgumentError, match="is a file, not a directory"):
+        train(tmp_path / "file", data=char_data, max_iters=1, progress=False, **TINY)
+    with pytest.raises(InvalidArgumentError, match="nothing to resume in"):
+        train(tmp_path / "empty", resume=True, progress=False)
+    train(tmp_path / "out", data=char_data, max_iters=1, progress=False, **TINY)
+    with pytest.raises(InvalidArgumentError, match="already holds a run: pass --resume to continue it, or --overwrite"):
+        train(tmp_path / "out", data=char_data, max_iters=1, progress=False, **TINY)
+    train(tmp_path / "out", data=char_data, max_iters=2, overwrite=True, progress=False, **TINY)
+    assert sorted(losses(tmp_path / "out")) == [0, 1]
+
+
+def test_data_with_ids_beyond_the_model_vocabulary(gpt2_data, tmp_path):
+    hf = make_hf_model(seed=1, vocab_size=300, n_positions=32, n_embd=32, n_layer=1, n_head=2)
+    hf.save_pretrained(tmp_path / "init")
+    with pytest.raises(InvalidArgumentError, match="vocabulary of 50257 ids, more than the 300"):
+        train(tmp_path / "out", data=gpt2_data, init=tmp_path / "init", max_iters=1, progress=False)
+
+
+def test_train_command_errors_are_one_line(char_data, tmp_path, capsys):
+    from gpt2.cli import main
+
+    assert main(["train", "--data", str(char_data), "--out", str(tmp_path / "o"), "--batch-size", "0"]) == 2
+    assert capsys.readouterr().err == "gpt2: error: batch_size must be a positive integer, got 0\n"
+    assert main(["train", "--out", str(tmp_path / "o")]) == 2
+    assert "no data: give the directory gpt2 prepare wrote (--data DIR)" in capsys.readouterr().err
+    assert main(["train", "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "nowhere" in err
