@@ -43,6 +43,8 @@ bench: $(VENV)/.installed-dev kernel
 	$(BIN)/python benchmarks/tokenizer.py
 	$(BIN)/python benchmarks/load_memory.py
 	$(BIN)/python benchmarks/generate.py
+	$(BIN)/python benchmarks/prepare.py
+	$(BIN)/python benchmarks/train.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis

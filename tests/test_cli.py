@@ -267,9 +267,13 @@ def test_the_largest_seed_and_the_samples_after_it(capsys, model_dir):
 
 def test_a_character_sized_vocabulary_generates_with_no_flags(capsys, tmp_path):
     """The default top-k of 200 clamps to a 65-token vocabulary; only an explicit value over it is an error."""
+    from gpt2.tokenizer import CharTokenizer
+
     make_hf_model(vocab_size=65, n_positions=32, n_embd=32, n_layer=2, n_head=2).save_pretrained(tmp_path)
+    CharTokenizer([chr(c) for c in range(32, 97)]).save(tmp_path)  # its vocabulary: " " to "`"
     capsys.readouterr()  # transformers' progress bar
-    code, out, err = run(capsys, "generate", "A", "--model", str(tmp_path), "--max-new-tokens", "10")  # GPT-2's "A" is id 32
+    code, out, err = run(capsys, "generate", "A", "--model", str(tmp_path), "--max-new-tokens", "10")
+    assert len(out) == len("A") + 10 + 1  # ten characters, one a token, and the newline
     assert code == 0 and out.startswith("A") and len(out) > 2 and err.startswith("[gpt2: 10 tokens in ")
     code, out, err = run(capsys, "generate", "A", "--model", str(tmp_path), "--top-k", "66")
     assert (code, out) == (2, "") and err == "gpt2: error: top_k must be an integer from 1 to 65, got 66\n"
@@ -312,3 +316,28 @@ def test_ctrl_c_without_streaming_prints_what_was_generated(model_dir):
     reference = ReferenceModel.load(model_dir)
     whole = generate_text(reference, Tokenizer.gpt2(), "Tell me a story", max_new_tokens=generated, seed=1, top_k=200, temperature=0.8)[0]
     assert whole.startswith(out.decode()[:-1]) and len(out) > 1
+
+
+# ------------------------------------------------------------------ gpt2 prepare
+
+
+def test_prepare_writes_data_and_says_what(tmp_path, capsys):
+    (tmp_path / "in.txt").write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 20, encoding="utf-8")
+    assert main(["prepare", str(tmp_path / "in.txt"), "--out", str(tmp_path / "d"), "--tokenizer", "char", "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert "training and" in err and "(char)" in err
+    assert {p.name for p in (tmp_path / "d").iterdir()} == {"train.bin", "val.bin", "meta.json", "chars.json"}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["nowhere.txt"], "input 'nowhere.txt' does not exist"),
+    (["IN", "--tokenizer", "bpe:12"], "unknown tokenizer 'bpe:12'"),
+    (["IN", "--val-fraction", "2"], r"val_fraction must be a number in (0, 1), got 2.0"),
+    (["IN", "--val-fraction", "x"], "argument --val-fraction: invalid float value: 'x'"),
+])  # fmt: skip
+def test_prepare_errors_are_one_line(tmp_path, capsys, args, message):
+    (tmp_path / "in.txt").write_text("some text here", encoding="utf-8")
+    args = [str(tmp_path / "in.txt") if a == "IN" else a for a in args]
+    assert main(["prepare", *args, "--out", str(tmp_path / "d"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpt2: error: ") and err.count("\n") == 1 and message in err

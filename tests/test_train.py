@@ -20,7 +20,8 @@ from helpers import REPO, corpus, make_hf_model
 from gpt2 import CheckpointError, ContextLengthError, GPT2Error, InvalidArgumentError
 from gpt2.data import get_batch, prepare
 from gpt2.model import GPT2
-from gpt2.train import TrainSettings, learning_rate, read_log, train
+from gpt2.config import TrainSettings
+from gpt2.train import learning_rate, read_log, train
 
 # A model small enough to train for dozens of iterations in a second or two.
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, batch_size=4, grad_accum=2, lr=3e-3, min_lr=3e-4,

@@ -260,7 +260,7 @@ saves a checkpoint; --resume continues the run with the losses it would have had
 
 
 def _add_train_parser(commands) -> None:
-    from gpt2.train import TrainSettings
+    from gpt2.config import TrainSettings
 
     train = commands.add_parser(
         "train",

@@ -17,6 +17,7 @@ processes share it.
 from __future__ import annotations
 
 import codecs
+import itertools
 import json
 import os
 import pickle
@@ -97,10 +98,11 @@ def read_chunks(document: Document, on_bytes=lambda n: None) -> Iterator[str]:
     with open(document.path, "rb") as f:
         while True:
             block = f.read(CHUNK_BYTES)
+            held = len(decoder.getstate()[0])  # bytes of a character the last block left unfinished
             try:
                 pending += decoder.decode(block, final=not block)
             except UnicodeDecodeError as e:
-                raise DataError(f"{document.name} is not UTF-8 text (byte {offset + e.start}: {e.reason})") from None
+                raise DataError(f"{document.name} is not UTF-8 text (byte {offset - held + e.start}: {e.reason})") from None
             offset += len(block)
             on_bytes(len(block))
             if not block:
@@ -184,7 +186,7 @@ def split_documents(counts: list[int], val_fraction: float) -> tuple[list[tuple[
     Several: whole documents, drawn with a fixed seed, validate until they hold F of the ids.
     """
     n = sum(counts)
-    starts = np.concatenate([[0], np.cumsum(counts)]).astype(int)
+    starts = [0, *itertools.accumulate(counts)]  # document d holds ids starts[d] .. starts[d + 1]
     if len(counts) == 1:
         cut = int(n * (1 - val_fraction))
         train, val = [(0, cut)], [(cut, n)]
@@ -194,7 +196,7 @@ def split_documents(counts: list[int], val_fraction: float) -> tuple[list[tuple[
             if held >= val_fraction * n:
                 break
             chosen.add(int(d))
-            held += counts[d]
+            held += counts[int(d)]
         train = [(starts[d], starts[d + 1]) for d in range(len(counts)) if d not in chosen]
         val = [(starts[d], starts[d + 1]) for d in sorted(chosen)]
     for name, ranges in (("training", train), ("validation", val)):

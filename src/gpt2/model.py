@@ -31,6 +31,7 @@ from gpt2.config import GPT2Config
 from gpt2.devices import resolve_device, resolve_dtype
 from gpt2.errors import ContextLengthError, InputTypeError, InvalidArgumentError
 from gpt2.sampling import Sampling, check_max_new_tokens, check_prompts, generate_tokens
+from gpt2.tokenizer import Tokenizer
 from gpt2.weights import iter_tensors, locate
 
 
@@ -494,7 +495,8 @@ class GPT2(nn.Module):
 
         `transformers.GPT2LMHeadModel.from_pretrained(directory)` loads the result, and so does
         `GPT2.from_pretrained`. Each file is written to a temporary name and renamed into place.
-        The model's tokenizer (`model.tokenizer`), if it has one, is saved beside the weights.
+        The model's tokenizer (`model.tokenizer`) is saved beside the weights, unless it is GPT-2's
+        (which `from_pretrained` assumes for a model of GPT-2's vocabulary).
         """
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
@@ -502,7 +504,7 @@ class GPT2(nn.Module):
         with atomic_path(directory / "model.safetensors") as tmp:
             save_file(tensors, str(tmp), metadata={"format": "pt"})
         atomic_write_text(directory / "config.json", json.dumps(self.config.to_hf_dict(), indent=2) + "\n")
-        if self.tokenizer is not None:
+        if self.tokenizer is not None and self.tokenizer is not Tokenizer.gpt2():  # GPT-2's goes without saying
             self.tokenizer.save(directory)
 
 

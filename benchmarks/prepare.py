@@ -1,0 +1,53 @@
+"""`gpt2 prepare` throughput against tiktoken's encode_ordinary_batch, on the same text and cores.
+
+    .venv/bin/python benchmarks/prepare.py [--copies N] [--rounds R]
+
+The corpus (tinyshakespeare, or the stdlib's sources without ../shared) is written N times as
+N documents. gpt2: the whole of `prepare` (reading the files in chunks, encoding on every core
+with our process pool, writing train.bin/val.bin). tiktoken: `encode_ordinary_batch` of the
+same N texts, already in memory, with as many threads as cores: the encoding alone. Medians of
+R rounds. Run it on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from _common import corpus, print_table, timed
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from helpers import VOCAB, tiktoken_from_files  # noqa: E402
+
+from gpt2.data import prepare  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--copies", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    name, text = corpus()
+    cores = os.cpu_count() or 1
+    texts = [text] * args.copies
+    megabytes = len(text.encode("utf-8")) * args.copies / 1e6
+    enc = tiktoken_from_files(VOCAB / "encoder.json", VOCAB / "vocab.bpe")
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(args.copies):
+            (Path(tmp) / "in" / f"{i:03d}.txt").parent.mkdir(exist_ok=True)
+            (Path(tmp) / "in" / f"{i:03d}.txt").write_text(text, encoding="utf-8")
+        out = Path(tmp) / "out"
+        ours, _ = timed(lambda: prepare([Path(tmp) / "in"], out, overwrite=True, progress=False), args.rounds)
+    theirs, _ = timed(lambda: enc.encode_ordinary_batch(texts, num_threads=cores), args.rounds)
+    print(f"corpus: {name}, {args.copies} copies, {megabytes:.1f} MB; {cores} cores\n")
+    print_table(
+        ["", "gpt2 prepare (read, encode, write)", f"tiktoken encode_ordinary_batch ({cores} threads)", "gpt2 / tiktoken"],
+        [["MB/s", f"{megabytes / ours:.2f}", f"{megabytes / theirs:.2f}", f"{theirs / ours:.2f}x"]],
+    )
+
+
+if __name__ == "__main__":
+    main()
