@@ -198,6 +198,14 @@ def test_generate_released_name_offline_says_how_to_pass_a_path(tmp_path):
     assert err.count("\n") == 1 and "could not download 'gpt2'" in err and "pass a local directory" in err
 
 
+def heed_ctrl_c() -> None:
+    """In the child: take SIGINT's default back. A shell without job control starts background
+    commands (a CI job run with &) with SIGINT ignored, and children inherit that."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_while_streaming_keeps_what_was_printed(model_dir):
     import signal
     import time
@@ -205,7 +213,7 @@ def test_ctrl_c_while_streaming_keeps_what_was_printed(model_dir):
     process = subprocess.Popen(
         [sys.executable, "-m", "gpt2", "generate", "Tell me a story", "--model", model_dir, "--engine", "numpy",
          "--max-new-tokens", "60", "--seed", "1"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=heed_ctrl_c,
     )  # fmt: skip
     first = process.stdout.read(len("Tell me a story"))  # the prompt arrives first, then tokens
     time.sleep(1.0)
@@ -303,7 +311,7 @@ def test_ctrl_c_without_streaming_prints_what_was_generated(model_dir):
 
     argv = ["generate", "Tell me a story", "--model", model_dir, "--engine", "numpy", "--seed", "1", "--no-stream"]
     process = subprocess.Popen([sys.executable, "-m", "gpt2", *argv, "--max-new-tokens", "100000"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=heed_ctrl_c)  # fmt: skip
     assert b"exceed the context" in process.stderr.readline()  # the note comes as generation starts
     time.sleep(1.5)
     process.send_signal(signal.SIGINT)

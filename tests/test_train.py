@@ -150,7 +150,8 @@ def test_resume_after_ctrl_c_equals_an_uninterrupted_run(char_data, tmp_path):
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in settings.items()]
     command = [sys.executable, "-m", "gpt2", "train", "--data", str(char_data), "--out", str(tmp_path / "parts"), *flags]
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as a terminal would start it
     log = tmp_path / "parts" / "log.jsonl"
     deadline = time.time() + 120
     while time.time() < deadline and process.poll() is None and len(losses(tmp_path / "parts") if log.exists() else {}) < 5:
