@@ -1,12 +1,12 @@
 """`gpt2 prepare` throughput against tiktoken's encode_ordinary_batch, on the same text and cores.
 
-    .venv/bin/python benchmarks/prepare.py [--copies N] [--rounds R]
+    .venv/bin/python benchmarks/prepare.py [--copies N] [--rounds R] [--workers W]
 
 The corpus (tinyshakespeare, or the stdlib's sources without ../shared) is written N times as
-N documents. gpt2: the whole of `prepare` (reading the files in chunks, encoding on every core
-with our process pool, writing train.bin/val.bin). tiktoken: `encode_ordinary_batch` of the
-same N texts, already in memory, with as many threads as cores: the encoding alone. Medians of
-R rounds. Run it on a quiet machine.
+N documents. gpt2: the whole of `prepare` (reading the files in chunks, encoding on W worker
+processes with our pool, writing train.bin/val.bin). tiktoken: `encode_ordinary_batch` of the
+same N texts, already in memory, on W threads: the encoding alone. W defaults to 2 (the cores of
+the machine the figures in RESULTS.md come from). Medians of R rounds. Run it on a quiet machine.
 """
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--copies", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=2, help="our worker processes and tiktoken's threads")
     args = parser.parse_args()
     name, text = corpus()
-    cores = os.cpu_count() or 1
+    cores = args.workers
     texts = [text] * args.copies
     megabytes = len(text.encode("utf-8")) * args.copies / 1e6
     enc = tiktoken_from_files(VOCAB / "encoder.json", VOCAB / "vocab.bpe")
@@ -40,11 +41,11 @@ def main() -> None:
             (Path(tmp) / "in" / f"{i:03d}.txt").parent.mkdir(exist_ok=True)
             (Path(tmp) / "in" / f"{i:03d}.txt").write_text(text, encoding="utf-8")
         out = Path(tmp) / "out"
-        ours, _ = timed(lambda: prepare([Path(tmp) / "in"], out, overwrite=True, progress=False), args.rounds)
+        ours, _ = timed(lambda: prepare([Path(tmp) / "in"], out, overwrite=True, progress=False, num_workers=cores), args.rounds)
     theirs, _ = timed(lambda: enc.encode_ordinary_batch(texts, num_threads=cores), args.rounds)
-    print(f"corpus: {name}, {args.copies} copies, {megabytes:.1f} MB; {cores} cores\n")
+    print(f"corpus: {name}, {args.copies} copies, {megabytes:.1f} MB; {cores} workers, {os.cpu_count()} cores\n")
     print_table(
-        ["", "gpt2 prepare (read, encode, write)", f"tiktoken encode_ordinary_batch ({cores} threads)", "gpt2 / tiktoken"],
+        ["", f"gpt2 prepare ({cores} processes: read, encode, write)", f"tiktoken encode_ordinary_batch ({cores} threads)", "gpt2 / tiktoken"],
         [["MB/s", f"{megabytes / ours:.2f}", f"{megabytes / theirs:.2f}", f"{theirs / ours:.2f}x"]],
     )
 

@@ -349,3 +349,19 @@ def test_prepare_errors_are_one_line(tmp_path, capsys, args, message):
     assert main(["prepare", *args, "--out", str(tmp_path / "d"), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("gpt2: error: ") and err.count("\n") == 1 and message in err
+
+
+def test_prepare_from_stdin_refuses_to_overwrite_and_shows_examples(tmp_path, capsys, monkeypatch):
+    import numpy as np
+
+    text = "Hello world. " * 50
+    code, out, err = run(capsys, "prepare", "-", "--out", str(tmp_path / "d"), "--no-progress", stdin=text.encode(), monkeypatch=monkeypatch)
+    ids = np.concatenate([np.fromfile(tmp_path / "d" / f, dtype="<u2") for f in ("train.bin", "val.bin")]).tolist()
+    assert code == 0 and out == "" and ids[:3] == [15496, 995, 13] and ids[-1] == 50256  # "Hello", " world", "."
+    train = int(len(ids) * 0.9)  # one document: nanoGPT's split
+    assert err == f"gpt2: {train:,} training and {len(ids) - train:,} validation tokens of a 50,257-token vocabulary (gpt2) in {tmp_path / 'd'}\n"
+    code, _, err = run(capsys, "prepare", "-", "--out", str(tmp_path / "d"), stdin=b"more", monkeypatch=monkeypatch)
+    assert code == 2 and err.count("\n") == 1 and "already holds prepared data" in err and "pass --overwrite" in err
+    with pytest.raises(SystemExit):
+        main(["prepare", "--help"])
+    assert "\nexamples:\n  gpt2 prepare input.txt --out data/shakespeare_char --tokenizer char\n" in capsys.readouterr().out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import pickle
 import re
 import sys
@@ -11,8 +12,10 @@ import sys
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from helpers import corpus
+from helpers import VOCAB, corpus, tiktoken_from_files
 from gpt2 import DataError, InvalidArgumentError, TokenIdError, Tokenizer
 from gpt2 import data as data_module
 from gpt2.data import get_batch, ids_dtype, open_data, prepare
@@ -141,6 +144,10 @@ def test_bad_inputs(tmp_path):
             prepare(inputs, tmp_path / "out", "char", progress=False)
     with pytest.raises(DataError, match="is a file, not a directory"):
         prepare([tmp_path / "a.txt"], tmp_path / "a.txt", progress=False)
+    if hasattr(os, "mkfifo"):
+        os.mkfifo(tmp_path / "pipe")
+        with pytest.raises(DataError, match="input '.*pipe' is not a file or a directory: pipe it in as -"):
+            prepare([tmp_path / "pipe"], tmp_path / "out", progress=False)
 
 
 def test_prepared_data_is_never_overwritten_by_accident(tmp_path):
@@ -260,3 +267,308 @@ def test_batches_depend_only_on_seed_iteration_and_micro_step():
         assert not torch.equal(get_batch(ids, 16, 4, seed=other[0], iteration=other[1], micro_step=other[2])[0], first)
     assert torch.equal(get_batch(ids, 16, 4, seed=7, iteration=10, micro_step=1)[0], first)
     assert get_batch(ids, 16, 4, seed=7, iteration=0, micro_step=2**32 + 5)[0].shape == (4, 16)
+
+
+# ------------------------------------------------------------------ chunk boundaries, more inputs and errors
+
+_SOUP = [" ", "  ", "\n", "\n\n", "\t", "\r\n", "\u3000", "\xa0", "\x1c", "\x85", "'", "'s", "'ll", "'t", "s", "ll",
+         "a", "Z", "1", "23", "!", "?!", "é", "日本", "🎉", "<|endoftext|>", "x\n", "\n y"]  # fmt: skip
+_TIKTOKEN = None
+
+
+def _reference():
+    global _TIKTOKEN  # hypothesis tests cannot take function-scoped fixtures; build the reference once
+    _TIKTOKEN = _TIKTOKEN or tiktoken_from_files(VOCAB / "encoder.json", VOCAB / "vocab.bpe")
+    return _TIKTOKEN
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.sampled_from(_SOUP), max_size=120).map("".join), st.integers(1, 24))
+def test_chunks_of_whitespace_and_contraction_soup_encode_as_the_whole(text, chunk_bytes):
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as mp:
+        mp.setattr(data_module, "CHUNK_BYTES", chunk_bytes)
+        path = Path(tmp) / "doc.txt"
+        path.write_text(text, encoding="utf-8", newline="")
+        chunks = list(data_module.read_chunks(data_module.Document("doc.txt", path, path.stat().st_size)))
+    assert "".join(chunks) == text and all(chunks)
+    assert sum((_reference().encode_ordinary(c) for c in chunks), []) == _reference().encode_ordinary(text)
+
+
+def test_a_multi_megabyte_document_through_small_chunks(tmp_path, monkeypatch, tiktoken_gpt2):
+    text = (ADVERSARIAL + corpus()[1][:700_000] + "日本語のテキスト\n") * 3
+    (tmp_path / "doc.txt").write_text(text, encoding="utf-8")
+    monkeypatch.setattr(data_module, "CHUNK_BYTES", 8192)
+    document = data_module.find_documents([tmp_path / "doc.txt"], tmp_path / "unused")[0]
+    assert document.size > 2_000_000 and sum(1 for _ in data_module.read_chunks(document)) > 200
+    prepare([tmp_path / "doc.txt"], tmp_path / "out", val_fraction=0.25, progress=False)
+    got = np.concatenate([np.fromfile(tmp_path / "out" / f, dtype="<u2") for f in ("train.bin", "val.bin")])
+    assert got.tolist() == tiktoken_gpt2.encode_ordinary(text) + [EOT]
+
+
+def test_a_document_with_no_safe_cut_is_read_whole(tmp_path, monkeypatch, tiktoken_gpt2):
+    text = "日本語" * 5000 + "\n" + "x" * 3000  # one long piece: the pre-tokenizer never cuts it either
+    (tmp_path / "doc.txt").write_text(text, encoding="utf-8")
+    monkeypatch.setattr(data_module, "CHUNK_BYTES", 100)
+    prepare([tmp_path / "doc.txt"], tmp_path / "out", val_fraction=0.5, progress=False)
+    got = read_ids(tmp_path / "out" / "train.bin") + read_ids(tmp_path / "out" / "val.bin")
+    assert got == tiktoken_gpt2.encode_ordinary(text) + [EOT]
+    # a character vocabulary is cut anywhere: no cut can change its ids
+    prepare([tmp_path / "doc.txt"], tmp_path / "char", "char", progress=False)
+    chars = sorted(set(text))
+    got = read_ids(tmp_path / "char" / "train.bin") + read_ids(tmp_path / "char" / "val.bin")
+    assert got == [chars.index(c) for c in text]
+
+
+def test_one_worker_writes_the_same_files(tmp_path):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for i in range(6):
+        (docs / f"{i}.txt").write_text(corpus()[1][i * 20_000 : (i + 1) * 20_000], encoding="utf-8")
+    meta = prepare([docs], tmp_path / "a", val_fraction=0.2, progress=False)
+    assert prepare([docs], tmp_path / "b", val_fraction=0.2, progress=False, num_workers=1) == meta
+    for name in ("train.bin", "val.bin", "meta.json", "encoder.json", "vocab.bpe"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+    for name in ("encoder.json", "vocab.bpe"):  # GPT-2's vocabulary travels as OpenAI's own files
+        assert (tmp_path / "a" / name).read_bytes() == (VOCAB / name).read_bytes()
+    assert meta["sources"] == {"inputs": [str(docs)], "documents": 6} and meta["tokenizer"] == "gpt2"
+    assert meta["split"] == {"val_fraction": 0.2, "method": "documents", "seed": data_module.SPLIT_SEED}
+    assert meta["format"] == "gpt2-prepared" and meta["version"] == 1 and meta["vocab_size"] == 50257
+
+
+def test_bad_inputs_and_workers(tmp_path, monkeypatch):
+    (tmp_path / "a.txt").write_text("some text to split", encoding="utf-8")
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"text")))
+    cases = [
+        (dict(inputs=["-", "-"]), InvalidArgumentError, r"'-' \(standard input\) is given twice"),
+        (dict(inputs=[tmp_path / "a.txt", 3]), TypeError, "inputs are paths .* got 3"),
+        (dict(inputs=str(tmp_path / "a.txt")), InvalidArgumentError, "inputs must be a list"),
+        (dict(inputs=[]), InvalidArgumentError, "inputs must be a list"),
+        (dict(num_workers=0), InvalidArgumentError, "num_workers must be a positive integer, got 0"),
+        (dict(val_fraction=float("nan")), InvalidArgumentError, "val_fraction must be a number in"),
+        (dict(tokenizer="bpe:3.5"), InvalidArgumentError, "unknown tokenizer 'bpe:3.5'"),
+    ]
+    for args, error, message in cases:
+        with pytest.raises(error, match=message):
+            prepare(**{"inputs": [tmp_path / "a.txt"], "out": tmp_path / "out", "progress": False, **args})
+
+
+def test_read_data_is_read_only(tmp_path):
+    (tmp_path / "doc.txt").write_text("hello there, general kenobi")
+    prepare([tmp_path / "doc.txt"], tmp_path / "out", "char", progress=False)
+    data = open_data(tmp_path / "out")
+    assert not data.train.flags.writeable and not data.val.flags.writeable
+    with pytest.raises(InvalidArgumentError, match="block_size must be a positive integer, got 0"):
+        data.check_block_size(0)
+    data.check_block_size(2)
+
+
+def test_a_meta_json_of_another_tool(tmp_path):
+    np.zeros(10, dtype=np.uint16).tofile(tmp_path / "train.bin")
+    np.zeros(10, dtype=np.uint16).tofile(tmp_path / "val.bin")
+    (tmp_path / "meta.json").write_text('{"dataset": "something else"}')
+    with pytest.raises(DataError, match=r"meta.json is not gpt2 prepare's \(format None, version None; .*run gpt2 prepare"):
+        open_data(tmp_path)
+
+
+@pytest.mark.parametrize("meta", [
+    {"vocab_size": 2, "itos": {0: "a", "1": "b"}},
+    {"vocab_size": 3, "itos": {0: "a", 1: "b"}},
+    {"vocab_size": "2", "itos": {0: "a", 1: "b"}},
+    ["a", "b"],
+])  # fmt: skip
+def test_a_meta_pkl_that_is_not_nanogpts(tmp_path, meta):
+    np.zeros(10, dtype=np.uint16).tofile(tmp_path / "train.bin")
+    np.zeros(10, dtype=np.uint16).tofile(tmp_path / "val.bin")
+    (tmp_path / "meta.pkl").write_bytes(pickle.dumps(meta))
+    with pytest.raises(DataError, match="meta.pkl is not nanoGPT's meta.pkl"):
+        open_data(tmp_path)
+
+
+def test_llmc_files_too_short_or_too_many(tmp_path):
+    (tmp_path / "x_train.bin").write_bytes(b"\x01\x02\x03\x04\x05")
+    write_llmc(tmp_path / "x_val.bin", [1, 2])
+    with pytest.raises(DataError, match="x_train.bin is not an llm.c token file: 5 bytes, shorter than its 1024-byte header"):
+        open_data(tmp_path)
+    write_llmc(tmp_path / "x_train.bin", [1, 2, 3])
+    write_llmc(tmp_path / "y_train.bin", [1, 2, 3])
+    with pytest.raises(DataError, match=r"several llm.c train files \(x_train.bin, y_train.bin\)"):
+        open_data(tmp_path)
+    (tmp_path / "y_train.bin").unlink()
+    write_llmc(tmp_path / "x_val.bin", [1, 50257])
+    with pytest.raises(TokenIdError, match="x_val.bin holds token id 50257, beyond its vocabulary of 50257 ids"):
+        open_data(tmp_path)
+
+
+def test_batch_offsets_are_the_seeded_draw():
+    ids = np.arange(5000, dtype=np.uint16)
+    for seed, iteration, micro_step in [(0, 0, 0), (1337, 12, 3), (5, 7, 2**32 + 9)]:
+        offsets = np.random.default_rng([seed, iteration, micro_step]).integers(0, 5000 - 32, size=6)
+        x, y = get_batch(ids, 32, 6, seed=seed, iteration=iteration, micro_step=micro_step)
+        assert x[:, 0].tolist() == offsets.tolist() and y[:, -1].tolist() == (offsets + 32).tolist()
+
+
+@pytest.mark.parametrize("args, error, message", [
+    (dict(block_size=0), InvalidArgumentError, "block_size must be a positive integer, got 0"),
+    (dict(batch_size=1.0), InvalidArgumentError, "batch_size must be a positive integer, got 1.0"),
+    (dict(seed=-1), InvalidArgumentError, "seed must be a whole number from 0 to"),
+    (dict(micro_step=True), InvalidArgumentError, "micro_step must be a whole number from 0 to .*got True"),
+    (dict(block_size=10), DataError, "10 ids are too short for block_size 10: a window needs 11"),
+])  # fmt: skip
+def test_bad_batch_arguments(args, error, message):
+    with pytest.raises(error, match=message):
+        get_batch(np.arange(10, dtype=np.uint16), **{"block_size": 4, "batch_size": 2, "seed": 0, "iteration": 0,
+                                                     "micro_step": 0, **args})  # fmt: skip
+
+
+# ------------------------------------------------------------------ overwrites, failures, and paths to files
+
+
+def test_an_overwrite_with_another_tokenizer_leaves_no_stale_vocabulary(tmp_path):
+    (tmp_path / "doc.txt").write_text("hello there, general kenobi " * 20, encoding="utf-8")
+    prepare([tmp_path / "doc.txt"], tmp_path / "out", "gpt2", progress=False)
+    prepare([tmp_path / "doc.txt"], tmp_path / "out", "char", overwrite=True, progress=False)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["chars.json", "meta.json", "train.bin", "val.bin"]
+    data = open_data(tmp_path / "out")
+    assert isinstance(data.tokenizer, CharTokenizer) and data.vocab_size == len(set("hello there, general kenobi "))
+    prepare([tmp_path / "doc.txt"], tmp_path / "out", "gpt2", overwrite=True, progress=False)
+    assert not (tmp_path / "out" / "chars.json").exists()
+    assert open_data(tmp_path / "out").tokenizer.encode("hello") == [31373]
+
+
+def test_a_stray_vocabulary_is_not_taken_for_the_datas(tmp_path):
+    (tmp_path / "doc.txt").write_text("abcabcabc", encoding="utf-8")
+    (tmp_path / "out").mkdir()
+    Tokenizer.gpt2().save(tmp_path / "out")  # someone else's files, not prepared data: left alone
+    prepare([tmp_path / "doc.txt"], tmp_path / "out", "char", progress=False)
+    assert (tmp_path / "out" / "encoder.json").exists()
+    assert isinstance(open_data(tmp_path / "out").tokenizer, CharTokenizer)
+
+
+def test_a_failed_prepare_keeps_the_older_data_and_leaves_nothing_behind(tmp_path, monkeypatch):
+    (tmp_path / "doc.txt").write_text("hello there, general kenobi", encoding="utf-8")
+    prepare([tmp_path / "doc.txt"], tmp_path / "out", "char", progress=False)
+    before = {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()}
+
+    def interrupted(documents, tokenizer, out, *args):
+        out.write(b"\x01\x00" * 1000)  # half-way through, Ctrl-C
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(data_module, "encode_documents", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        prepare([tmp_path / "doc.txt"], tmp_path / "out", "char", overwrite=True, progress=False)
+    assert {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()} == before
+    with pytest.raises(KeyboardInterrupt):
+        prepare([tmp_path / "doc.txt"], tmp_path / "new" / "out", "char", progress=False)
+    assert not (tmp_path / "new" / "out").exists()  # made by this prepare, removed by it
+
+
+def test_bad_arguments_are_refused_before_anything_is_read_or_made(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", None)  # reading it would fail otherwise
+    for args in [dict(tokenizer="bpe:100"), dict(tokenizer=None), dict(val_fraction=1), dict(num_workers=-1)]:
+        with pytest.raises(InvalidArgumentError):
+            prepare(["-"], tmp_path / "out", progress=False, **args)
+    (tmp_path / "doc.txt").write_text("text", encoding="utf-8")
+    with pytest.raises(DataError, match="does not exist"):
+        prepare([tmp_path / "doc.txt", tmp_path / "nowhere.txt"], tmp_path / "out", progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["doc.txt"]
+
+
+def test_a_path_to_one_of_llmcs_files(tmp_path):
+    write_llmc(tmp_path / "tiny_shakespeare_train.bin", [1, 2, 3, 4])
+    write_llmc(tmp_path / "tiny_shakespeare_val.bin", [5, 6])
+    write_llmc(tmp_path / "other_train.bin", [7])  # another data set beside it: not read
+    for name in ("tiny_shakespeare_train.bin", "tiny_shakespeare_val.bin"):
+        data = open_data(tmp_path / name)
+        assert data.format == "llm.c" and data.train.tolist() == [1, 2, 3, 4] and data.val.tolist() == [5, 6]
+        assert data.files == {"train": tmp_path / "tiny_shakespeare_train.bin", "val": tmp_path / "tiny_shakespeare_val.bin"}
+    with pytest.raises(DataError, match=re.escape(f"{tmp_path / 'other_val.bin'} is missing: llm.c's data is a pair of files")):
+        open_data(tmp_path / "other_train.bin")
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(DataError, match="notes.txt is a file, not prepared data: give the directory that holds train.bin"):
+        open_data(tmp_path / "notes.txt")
+
+
+def _run_code_by_reduce(victim):
+    class Exploit:
+        def __reduce__(self):
+            import os
+
+            return (os.system, (f"touch {victim}",))
+
+    return Exploit()
+
+
+def test_a_pickle_that_would_run_a_shell_command_runs_nothing(tmp_path):
+    np.zeros(10, dtype=np.uint16).tofile(tmp_path / "train.bin")
+    np.zeros(10, dtype=np.uint16).tofile(tmp_path / "val.bin")
+    victim = tmp_path / "pwned"
+    payload = pickle.dumps(_run_code_by_reduce(victim), protocol=2)
+    assert b"system" in payload
+    (tmp_path / "meta.pkl").write_bytes(payload)
+    with pytest.raises(DataError, match=r"meta.pkl is not a plain-data pickle \(it names (posix|os|nt)\.system\)"):
+        open_data(tmp_path)
+    assert not victim.exists()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_batches_on_cuda_equal_those_on_the_cpu():
+    ids = np.arange(4096, dtype=np.uint16)
+    x, y = get_batch(ids, 64, 8, seed=3, iteration=5, micro_step=1, device="cuda")
+    x_cpu, y_cpu = get_batch(ids, 64, 8, seed=3, iteration=5, micro_step=1)
+    assert x.is_cuda and y.is_cuda and torch.equal(x.cpu(), x_cpu) and torch.equal(y.cpu(), y_cpu)
+
+
+def test_a_wide_vocabulary_is_read_as_uint32(tmp_path):
+    ids = np.array([0, 65536, 69999, 7], dtype="<u4")  # as prepare writes a bpe:70000 corpus
+    ids[:3].tofile(tmp_path / "train.bin")
+    ids[3:].tofile(tmp_path / "val.bin")
+    meta = {"format": "gpt2-prepared", "version": 1, "tokenizer": "bpe:70000", "vocab_size": 70000, "dtype": "uint32",
+            "train_tokens": 3, "val_tokens": 1}  # fmt: skip
+    (tmp_path / "meta.json").write_text(json.dumps(meta))
+    data = open_data(tmp_path)
+    assert data.train.tolist() == [0, 65536, 69999] and data.val.tolist() == [7] and data.tokenizer is None
+    for key, value, message in [("dtype", "float32", "dtype is 'float32', not uint16 or uint32"),
+                                ("vocab_size", 0, "vocab_size is 0, not a positive integer"),
+                                ("vocab_size", 50257, "train.bin holds token id 69999, beyond its vocabulary of 50257 ids")]:  # fmt: skip
+        (tmp_path / "meta.json").write_text(json.dumps({**meta, key: value}))
+        with pytest.raises((DataError, TokenIdError), match=message):
+            open_data(tmp_path)
+    Tokenizer.gpt2().save(tmp_path)
+    (tmp_path / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(DataError, match="meta.json says vocab_size 70000, but its tokenizer has 50257 ids"):
+        open_data(tmp_path)
+
+
+def _documents_in_val(train: list[int], val: list[int], expected: list[list[int]]) -> list[int]:
+    """Which documents val holds, checking that train and val are whole documents, in order."""
+    in_val, t, v = [], 0, 0
+    for d, ids in enumerate(expected):
+        if train[t : t + len(ids)] == ids:
+            t += len(ids)
+        else:
+            assert val[v : v + len(ids)] == ids, f"document {d} is in neither split whole"
+            in_val.append(d)
+            v += len(ids)
+    assert (t, v) == (len(train), len(val))
+    return in_val
+
+
+def test_many_documents_through_the_worker_pool(tmp_path, monkeypatch, tiktoken_gpt2):
+    import gpt2.tokenizer as tokenizer_module
+
+    text = corpus()[1]
+    docs = [f"document {i}:\n" + text[i * 7919 : i * 7919 + 300 * (i % 7)] + " \n\n " * (i % 3) for i in range(30)]
+    for i, doc in enumerate(docs):
+        (tmp_path / "in" / f"{i:02d}.txt").parent.mkdir(exist_ok=True)
+        (tmp_path / "in" / f"{i:02d}.txt").write_text(doc, encoding="utf-8", newline="")
+    monkeypatch.setattr(data_module, "CHUNK_BYTES", 700)  # batches of several documents, documents over several batches
+    monkeypatch.setattr(tokenizer_module, "_PARALLEL_MIN_CHARS", 0)  # and every batch through the worker processes
+    meta = prepare([tmp_path / "in"], tmp_path / "out", val_fraction=0.2, progress=False, num_workers=2)
+    expected = [tiktoken_gpt2.encode_ordinary(doc) + [EOT] for doc in docs]
+    train, val = read_ids(tmp_path / "out" / "train.bin"), read_ids(tmp_path / "out" / "val.bin")
+    in_val = _documents_in_val(train, val, expected)
+    assert 0 < len(in_val) < 30 and len(val) >= 0.2 * (len(train) + len(val))
+    assert (meta["train_tokens"], meta["val_tokens"]) == (len(train), len(val))

@@ -514,3 +514,116 @@ def test_training_rejects_bad_corpus_and_types():
         Tokenizer.train("text", vocab_size="300")
     with pytest.raises(InputTypeError, match="bytes at index 1"):
         Tokenizer.train(["ok", b"bytes"], vocab_size=300)
+
+
+# ------------------------------------------------------------------ character vocabularies and load_tokenizer
+
+
+def test_char_tokenizer_is_nanogpts_shakespeare_char():
+    text = "First Citizen:\nBefore we proceed, hear me speak. Ünïcödé ✓ 🎉"
+    chars = sorted(set(text))  # nanoGPT's data/shakespeare_char/prepare.py, written out
+    stoi = {c: i for i, c in enumerate(chars)}
+    char = tokenizer_module.CharTokenizer.from_text(text)
+    assert char.chars == chars and char.n_vocab == len(chars) and repr(char) == f"CharTokenizer(n_vocab={len(chars)})"
+    assert char.encode(text) == [stoi[c] for c in text] and char.decode([stoi[c] for c in text]) == text
+    assert tokenizer_module.CharTokenizer.from_text(["ba", "c", ""]).chars == ["a", "b", "c"]
+    assert char.eot_token is None and char.special_tokens == {}
+    assert char.encode_batch(["Fir", "", "🎉"]) == [[stoi["F"], stoi["i"], stoi["r"]], [], [stoi["🎉"]]]
+    assert char.decode_bytes(char.encode("✓🎉")) == "✓🎉".encode()
+
+
+def test_char_tokenizer_streams_through_the_incremental_decoder():
+    char = tokenizer_module.CharTokenizer(["a", "é", "🎉"])
+    decoder = IncrementalDecoder(char)
+    assert [decoder.add([i]) for i in [2, 0, 1]] == ["🎉", "a", "é"] and decoder.flush() == ""
+
+
+@pytest.mark.parametrize("chars, message", [
+    (["a", "bc"], "a character vocabulary holds single characters; entry 1 is 'bc'"),
+    (["a", 7], "entry 1 is 7"),
+    (["a", "b", "a"], "lists each character once; some are repeated"),
+    ([], "needs at least one character"),
+])  # fmt: skip
+def test_char_tokenizer_rejects_bad_vocabularies(chars, message):
+    with pytest.raises(VocabularyError, match=re.escape(message)):
+        tokenizer_module.CharTokenizer(chars)
+
+
+def test_char_tokenizer_rejects_unknown_characters_and_ids():
+    char = tokenizer_module.CharTokenizer(list("abc"))
+    with pytest.raises(TokenIdError, match=re.escape("character 'z' at position 2 is not in this 3-character vocabulary")):
+        char.encode("abzc")
+    with pytest.raises(InputTypeError, match="encode\\(\\) takes a str, got bytes"):
+        char.encode(b"abc")
+    with pytest.raises(InputTypeError, match="encode_batch\\(\\) takes a list of texts"):
+        char.encode_batch("abc")
+    for ids, message in [([0, 3], "token id 3 at position 1 is out of range: ids are 0..2"),
+                         ([-1], "token id -1 at position 0 is out of range"),
+                         ([0, 1.5], "token ids must be integers; got 1.5 at position 1"),
+                         ([True], "got True at position 0")]:  # fmt: skip
+        with pytest.raises(TokenIdError, match=re.escape(message)):
+            char.decode(ids)
+
+
+def test_gpt2_tokenizer_id_errors_name_the_position(enc):
+    with pytest.raises(TokenIdError, match=re.escape("token id 50257 at position 2 is out of range: ids are 0..50256")):
+        enc.decode([1, 2, 50257])
+
+
+def test_char_tokenizer_saves_pickles_and_loads(tmp_path):
+    import pickle
+
+    char = tokenizer_module.CharTokenizer(list("zé a\n"))  # not sorted: ids are the order given
+    char.save(tmp_path / "new")
+    assert json.loads((tmp_path / "new" / "chars.json").read_text(encoding="utf-8")) == {"chars": list("zé a\n")}
+    loaded = tokenizer_module.load_tokenizer(tmp_path / "new")
+    assert type(loaded) is type(char) and loaded.__getstate__() == char.__getstate__() == {"chars": list("zé a\n")}
+    assert loaded.encode("a z") == [3, 2, 0]
+    assert pickle.loads(pickle.dumps(char)).encode("a z") == [3, 2, 0]
+    assert [p.name for p in (tmp_path / "new").iterdir()] == ["chars.json"]  # no temporary file left
+
+
+def test_load_tokenizer_reads_openai_and_hugging_face_names(tmp_path, tiktoken_gpt2):
+    import shutil
+
+    text = "Hello world, <|endoftext|> it's 2024 ✓"
+    for encoder, merges in [("encoder.json", "vocab.bpe"), ("vocab.json", "merges.txt")]:
+        (tmp_path / encoder).mkdir()
+        shutil.copy(VOCAB / "encoder.json", tmp_path / encoder / encoder)
+        shutil.copy(VOCAB / "vocab.bpe", tmp_path / encoder / merges)
+        loaded = tokenizer_module.load_tokenizer(tmp_path / encoder)
+        assert isinstance(loaded, Tokenizer) and loaded.encode(text) == tiktoken_gpt2.encode_ordinary(text)
+    (tmp_path / "nothing").mkdir()
+    assert tokenizer_module.load_tokenizer(tmp_path / "nothing") is None
+    assert tokenizer_module.load_tokenizer(tmp_path / "nowhere") is None
+
+
+def test_load_tokenizer_names_a_corrupt_or_missing_file(tmp_path):
+    cases = {
+        "chars1": ("not json", r"chars1/chars\.json"),
+        "chars2": ('{"chars": "abc"}', r"chars\.json must hold a list of characters"),
+        "chars3": ('{"chars": ["a", "a"]}', r"chars\.json: a character vocabulary lists each character once"),
+        "chars4": ('["a"]', r"chars\.json"),
+    }
+    for name, (content, message) in cases.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "chars.json").write_text(content, encoding="utf-8")
+        with pytest.raises(VocabularyError, match=message):
+            tokenizer_module.load_tokenizer(tmp_path / name)
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / "vocab.json").write_text("{}", encoding="utf-8")
+    with pytest.raises(VocabularyNotFoundError, match=r"vocabulary file not found: .*half/merges\.txt"):
+        tokenizer_module.load_tokenizer(tmp_path / "half")
+
+
+def test_char_tokenizer_from_file_and_type_errors(tmp_path):
+    tokenizer_module.CharTokenizer(list("ab\n")).save(tmp_path)
+    assert tokenizer_module.CharTokenizer.from_file(tmp_path / "chars.json").encode("b\na") == [1, 2, 0]
+    with pytest.raises(VocabularyNotFoundError, match=r"vocabulary file not found: .*nowhere\.json"):
+        tokenizer_module.CharTokenizer.from_file(tmp_path / "nowhere.json")
+    with pytest.raises(InputTypeError, match=re.escape("from_text() takes a str or str texts, got bytes at index 1")):
+        tokenizer_module.CharTokenizer.from_text(["ab", b"cd"])
+    with pytest.raises(InputTypeError, match=re.escape("encode_batch() takes str texts, got int at index 2")):
+        tokenizer_module.CharTokenizer(list("ab")).encode_batch(["a", "b", 3])
+    with pytest.raises(InputTypeError, match=re.escape("encode_batch() takes a list of texts, got one bytes")):
+        tokenizer_module.CharTokenizer(list("ab")).encode_batch(b"ab")

@@ -17,11 +17,13 @@ processes share it.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import itertools
 import json
 import os
 import pickle
 import re
+import shutil
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -30,12 +32,13 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
+import regex
 import torch
 
-from gpt2._checks import real_between
+from gpt2._checks import int_between, is_integer, positive_int, real_between
 from gpt2._files import atomic_path, atomic_write_text, read_json_object
-from gpt2.errors import DataError, InvalidArgumentError, TokenIdError
-from gpt2.tokenizer import CharTokenizer, Tokenizer, load_tokenizer
+from gpt2.errors import DataError, InputTypeError, InvalidArgumentError, TokenIdError
+from gpt2.tokenizer import CHARS_FILE, GPT2_VOCAB_DIR, CharTokenizer, Tokenizer
 
 FORMAT = "gpt2-prepared"
 CHUNK_BYTES = 4 << 20  # read and encode a few MB at a time
@@ -43,11 +46,17 @@ SPLIT_SEED = 1337  # which documents go to validation, when there are several
 SPECS = "gpt2, char, or bpe:N (a byte-level BPE of N >= 257 ids trained on the corpus)"
 LLMC_MAGIC, LLMC_VERSION, LLMC_HEADER_BYTES = 20240520, 1, 256 * 4
 GPT2_VOCAB = 50257
+LLMC_NAME = re.compile(r"(.+)_(train|val)\.bin")  # llm.c's names: tiny_shakespeare_val.bin
 
-# A cut between a printable non-space character, a newline, and another printable non-space
-# character is one GPT-2's pre-tokenizer makes anyway: the newline is a piece of its own (a
-# whitespace run between non-spaces), and what follows starts a new piece whatever precedes it.
-_SAFE_CUT = re.compile(r"(?<=[!-~]\n)(?=[!-~])")
+# Where GPT-2's pre-tokenizer (tokenizer.GPT2_PATTERN) cuts whatever the text around holds:
+# between a non-space X and a whitespace character w ("X|w"). No piece spans X and w (only the
+# \s+ alternatives take whitespace, and never X), a prefix ending in X ends in the same piece as
+# in the whole text (only `\s+(?!\S)` looks ahead, and it cannot end at X), and the pattern has
+# no lookbehind, so the text from w on splits the same with or without what precedes it. (Inside
+# a whitespace run is not safe: "a \n\nb" splits "a", " \n", "\n", "b"; cut after " ", the
+# prefix ends in " " and the suffix starts "\n", "\n".) Compiled with `regex` so that \s and \S
+# are the tokenizer's (Unicode White_Space), and searched in reverse ((?r)) for the last cut.
+_SAFE_CUT = regex.compile(r"(?r)(?<=\S)(?=\s)")
 
 
 def ids_dtype(n_vocab: int) -> np.dtype:
@@ -72,6 +81,10 @@ def find_documents(inputs: Sequence[str | os.PathLike], spool: Path) -> list[Doc
         raise InvalidArgumentError("inputs must be a list of text files, directories or '-' (standard input)")
     documents = []
     for given in inputs:
+        if not isinstance(given, (str, os.PathLike)):
+            raise InputTypeError(f"inputs are paths (str or os.PathLike) or '-', got {given!r}")
+        if str(given) == "-" and any(d.name == "<stdin>" for d in documents):
+            raise InvalidArgumentError("'-' (standard input) is given twice: it can be read only once")
         if str(given) == "-":
             with open(spool, "wb") as f:
                 while block := sys.stdin.buffer.read(CHUNK_BYTES):
@@ -86,13 +99,16 @@ def find_documents(inputs: Sequence[str | os.PathLike], spool: Path) -> list[Doc
             documents += [Document(str(p), p, p.stat().st_size) for p in files]
         elif path.is_file():
             documents.append(Document(str(path), path, path.stat().st_size))
+        elif path.exists():  # a pipe, a device: its size is unknown, and it cannot be read twice
+            raise DataError(f"input {str(given)!r} is not a file or a directory: pipe it in as - (standard input)")
         else:
             raise DataError(f"input {str(given)!r} does not exist: give text files, directories, or - for standard input")
     return documents
 
 
-def read_chunks(document: Document, on_bytes=lambda n: None) -> Iterator[str]:
-    """The text of a document in pieces of about CHUNK_BYTES, each cut at a safe place (see _SAFE_CUT)."""
+def read_chunks(document: Document, on_bytes=lambda n: None, anywhere: bool = False) -> Iterator[str]:
+    """The text of a document in pieces of about CHUNK_BYTES, each cut at a safe place (see
+    _SAFE_CUT), or `anywhere` (a character vocabulary, which no cut can change)."""
     decoder = codecs.getincrementaldecoder("utf-8")()
     pending, offset = "", 0
     with open(document.path, "rb") as f:
@@ -107,7 +123,7 @@ def read_chunks(document: Document, on_bytes=lambda n: None) -> Iterator[str]:
             on_bytes(len(block))
             if not block:
                 break
-            cut = _last_safe_cut(pending)
+            cut = len(pending) if anywhere else _last_safe_cut(pending)
             if cut:
                 yield pending[:cut]
                 pending = pending[cut:]
@@ -116,67 +132,80 @@ def read_chunks(document: Document, on_bytes=lambda n: None) -> Iterator[str]:
 
 
 def _last_safe_cut(text: str) -> int:
-    """The last safe cut in the second half of text (0: none), so chunks stay about CHUNK_BYTES."""
-    start = len(text) // 2
-    cut = 0
-    for match in _SAFE_CUT.finditer(text, start):
-        cut = match.start()
-    return cut
+    """The last safe cut in the second half of text (0: none), so chunks stay about CHUNK_BYTES.
+    With none (a line of CJK text as long as a chunk), the next block is read and tried too."""
+    match = _SAFE_CUT.search(text, len(text) // 2)
+    return match.start() if match else 0
 
 
 # ------------------------------------------------------------------ prepare
 
 
+def parse_tokenizer_spec(spec: str) -> int | None:
+    """Check a tokenizer spec before any file is touched; returns N of bpe:N (else None)."""
+    match = re.fullmatch(r"bpe:([0-9]+)", spec) if isinstance(spec, str) else None
+    if spec not in ("gpt2", "char") and (match is None or int(match.group(1)) < 257):
+        raise InvalidArgumentError(f"unknown tokenizer {spec!r}: use {SPECS}")
+    return int(match.group(1)) if match else None
+
+
 def make_tokenizer(spec: str, documents: list[Document], progress: bool) -> Tokenizer | CharTokenizer:
     """The tokenizer a spec names; `char` and `bpe:N` learn theirs from the corpus."""
+    vocab_size = parse_tokenizer_spec(spec)
     if spec == "gpt2":
         return Tokenizer.gpt2()
     if spec == "char":
         chars: set[str] = set()
         for document in documents:
-            for chunk in read_chunks(document):
+            for chunk in read_chunks(document, anywhere=True):
                 chars.update(chunk)
         if not chars:
             raise DataError("the corpus is empty: no characters in " + ", ".join(d.name for d in documents))
         return CharTokenizer(sorted(chars))
-    match = re.fullmatch(r"bpe:(\d+)", spec) if isinstance(spec, str) else None
-    if match is None or int(match.group(1)) < 257:
-        raise InvalidArgumentError(f"unknown tokenizer {spec!r}: use {SPECS}")
     texts = (chunk for document in documents for chunk in read_chunks(document))
     try:
-        return Tokenizer.train(texts, int(match.group(1)), progress=progress)
+        return Tokenizer.train(texts, vocab_size, progress=progress)
     except InvalidArgumentError as e:
         raise DataError(f"cannot train a tokenizer: {e}") from None
 
 
-def encode_documents(documents: list[Document], tokenizer, out: BinaryIO, dtype: np.dtype, progress: bool) -> list[int]:
+def encode_documents(documents: list[Document], tokenizer, out: BinaryIO, dtype: np.dtype, progress: bool,
+                     num_workers: int) -> list[int]:  # fmt: skip
     """Append every document's ids (each followed by <|endoftext|> where the tokenizer has one)
-    to `out`; returns the number of ids of each document."""
+    to `out`; returns the number of ids of each document.
+
+    Chunks are batched across documents, about CHUNK_BYTES per worker, so that a corpus of many
+    small files keeps every worker busy as one large file does."""
     from tqdm.auto import tqdm
 
-    counts = []
-    total = sum(d.size for d in documents)
-    with tqdm(total=total, unit="B", unit_scale=True, desc="tokenizing", disable=not progress) as bar:
-        for document in documents:
-            count, batch = 0, []
-            for chunk in read_chunks(document, bar.update):
-                batch.append(chunk)
-                if len(batch) >= (os.cpu_count() or 1):  # one chunk per worker at a time
-                    count += _write_ids(tokenizer.encode_batch(batch), out, dtype)
-                    batch = []
-            count += _write_ids(tokenizer.encode_batch(batch), out, dtype) if batch else 0
-            if tokenizer.eot_token is not None:
-                count += _write_ids([[tokenizer.eot_token]], out, dtype)
-            counts.append(count)
+    counts = [0] * len(documents)
+    batch: list[tuple[int, str | None]] = []  # (document, chunk), or (document, None) at its end
+    held = 0  # characters in the batch
+    anywhere = isinstance(tokenizer, CharTokenizer)
+    with tqdm(total=sum(d.size for d in documents), unit="B", unit_scale=True, desc="tokenizing",
+              disable=not progress) as bar:  # fmt: skip
+        for d, document in enumerate(documents):
+            for chunk in read_chunks(document, bar.update, anywhere):
+                batch.append((d, chunk))
+                held += len(chunk)
+                if held >= num_workers * CHUNK_BYTES:
+                    _encode_batch(batch, tokenizer, out, dtype, counts, num_workers)
+                    batch, held = [], 0
+            batch.append((d, None))
+        _encode_batch(batch, tokenizer, out, dtype, counts, num_workers)
     return counts
 
 
-def _write_ids(encoded: list[list[int]], out: BinaryIO, dtype: np.dtype) -> int:
-    n = 0
-    for ids in encoded:
+def _encode_batch(batch: list[tuple[int, str | None]], tokenizer, out: BinaryIO, dtype: np.dtype, counts: list[int],
+                  num_workers: int) -> None:  # fmt: skip
+    """Encode a batch's chunks on the workers and append their ids in order, with <|endoftext|>
+    (where the tokenizer has one) where a document ends."""
+    encoded = iter(tokenizer.encode_batch([c for _, c in batch if c is not None], num_workers=num_workers))
+    eot = tokenizer.eot_token
+    for d, chunk in batch:
+        ids = next(encoded) if chunk is not None else [] if eot is None else [eot]
         out.write(np.asarray(ids, dtype=dtype).tobytes())
-        n += len(ids)
-    return n
+        counts[d] += len(ids)
 
 
 def split_documents(counts: list[int], val_fraction: float) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
@@ -214,46 +243,87 @@ def prepare(
     *,
     overwrite: bool = False,
     progress: bool = True,
+    num_workers: int | None = None,
 ) -> dict[str, Any]:
-    """Tokenize text files into `out` (train.bin, val.bin, meta.json and the tokenizer's files);
-    returns the meta written. See the module's docstring."""
+    """Tokenize text files into `out` (train.bin, val.bin, meta.json and the tokenizer's files),
+    encoding on `num_workers` processes (default: one per core); returns the meta written.
+    See the module's docstring."""
     val_fraction = real_between("val_fraction", val_fraction, 0, 1, open_low=True, open_high=True)
-    out = _check_out(Path(out), overwrite)
-    with tempfile.TemporaryDirectory(dir=out, prefix=".prepare-") as scratch:
-        documents = find_documents(inputs, Path(scratch) / "stdin.txt")
-        if not any(d.size for d in documents):
-            raise DataError("the corpus is empty: no text in " + ", ".join(d.name for d in documents))
-        encoder = make_tokenizer(tokenizer, documents, progress)
-        dtype = ids_dtype(encoder.n_vocab)
-        all_ids = Path(scratch) / "all.bin"
-        with open(all_ids, "wb") as f:
-            counts = encode_documents(documents, encoder, f, dtype, progress)
-        train, val = split_documents(counts, val_fraction)
-        ids = np.memmap(all_ids, dtype=dtype, mode="r")
-        for name, ranges in (("train.bin", train), ("val.bin", val)):
-            with atomic_path(out / name) as tmp, open(tmp, "wb") as f:
-                for start, end in ranges:
-                    f.write(ids[start:end].tobytes())
-        del ids
-    encoder.save(out)
+    num_workers = positive_int("num_workers", (os.cpu_count() or 1) if num_workers is None else num_workers)
+    parse_tokenizer_spec(tokenizer)
+    out = Path(out)
+    _check_out(out, overwrite)
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        with tempfile.TemporaryDirectory(dir=out, prefix=".prepare-") as scratch:  # beside out: no copy across disks
+            encoder, counts, (train, val), dtype = _write_splits(inputs, out, Path(scratch), tokenizer, val_fraction,
+                                                                 progress, num_workers)  # fmt: skip
+    except BaseException:
+        if created:  # an error leaves no empty directory behind
+            with contextlib.suppress(OSError):
+                out.rmdir()
+        raise
+    if overwrite:
+        _remove_other_tokenizers(out, tokenizer)
+    _save_tokenizer(encoder, tokenizer, out)
     meta = {
         "format": FORMAT, "version": 1, "tokenizer": tokenizer, "vocab_size": encoder.n_vocab, "dtype": dtype.name,
         "train_tokens": sum(e - s for s, e in train), "val_tokens": sum(e - s for s, e in val),
-        "sources": {"inputs": [str(i) for i in inputs], "documents": len(documents)},
+        "sources": {"inputs": [str(i) for i in inputs], "documents": len(counts)},
         "split": {"val_fraction": val_fraction, "method": "tail" if len(counts) == 1 else "documents", "seed": SPLIT_SEED},
     }  # fmt: skip
-    atomic_write_text(out / "meta.json", json.dumps(meta, indent=2) + "\n")
+    atomic_write_text(out / "meta.json", json.dumps(meta, indent=2) + "\n")  # last: it vouches for the rest
     return meta
 
 
-def _check_out(out: Path, overwrite: bool) -> Path:
+def _write_splits(inputs: Sequence[str | os.PathLike], out: Path, scratch: Path, spec: str, val_fraction: float,
+                  progress: bool, num_workers: int) -> tuple[Tokenizer | CharTokenizer, list[int], tuple[list, list], np.dtype]:  # fmt: skip
+    """Encode every document into scratch/all.bin, then write out/train.bin and out/val.bin from it.
+    Returns the tokenizer, each document's number of ids, the split's ranges, and the dtype."""
+    documents = find_documents(inputs, scratch / "stdin.txt")
+    if not any(d.size for d in documents):
+        raise DataError("the corpus is empty: no text in " + ", ".join(d.name for d in documents))
+    encoder = make_tokenizer(spec, documents, progress)
+    dtype = ids_dtype(encoder.n_vocab)
+    with open(scratch / "all.bin", "wb") as f:
+        counts = encode_documents(documents, encoder, f, dtype, progress, num_workers)
+    train, val = split_documents(counts, val_fraction)
+    ids = np.memmap(scratch / "all.bin", dtype=dtype, mode="r")
+    # Both files are renamed into place together, at the end: never a new train.bin beside an old val.bin.
+    with atomic_path(out / "train.bin") as train_tmp, atomic_path(out / "val.bin") as val_tmp:
+        for tmp, ranges in ((train_tmp, train), (val_tmp, val)):
+            with open(tmp, "wb") as f:
+                for start, end in ranges:
+                    f.write(ids[start:end].tobytes())
+    del ids
+    return encoder, counts, (train, val), dtype
+
+
+def _check_out(out: Path, overwrite: bool) -> None:
     if out.exists() and not out.is_dir():
         raise DataError(f"--out {out} is a file, not a directory")
     existing = [name for name in ("train.bin", "val.bin", "meta.json") if (out / name).exists()]
     if existing and not overwrite:
         raise DataError(f"{out} already holds prepared data ({', '.join(existing)}): pass --overwrite to replace it")
-    out.mkdir(parents=True, exist_ok=True)
-    return out
+
+
+def _save_tokenizer(tokenizer: Tokenizer | CharTokenizer, spec: str, out: Path) -> None:
+    """The tokenizer's files in `out`. GPT-2's are OpenAI's released files, copied: the same
+    vocabulary as Tokenizer.save would write, in a millisecond rather than half a second."""
+    if spec != "gpt2":
+        tokenizer.save(out)
+        return
+    for name in ("encoder.json", "vocab.bpe"):
+        with atomic_path(out / name) as tmp:
+            shutil.copyfile(GPT2_VOCAB_DIR / name, tmp)
+
+
+def _remove_other_tokenizers(out: Path, spec: str) -> None:
+    """An overwrite with another kind of tokenizer leaves no stale vocabulary to be read by mistake."""
+    for name in ("encoder.json", "vocab.bpe") if spec == "char" else (CHARS_FILE,):
+        with contextlib.suppress(FileNotFoundError):
+            (out / name).unlink()
 
 
 # ------------------------------------------------------------------ reading prepared data
@@ -274,6 +344,7 @@ class TokenData:
 
     def check_block_size(self, block_size: int) -> None:
         """Raise unless each split holds a window of block_size + 1 ids (the inputs and their next ids)."""
+        block_size = positive_int("block_size", block_size)
         for split, ids in (("train", self.train), ("val", self.val)):
             if len(ids) < block_size + 1:
                 raise DataError(f"{self.files[split]} holds {len(ids)} ids, too short for block_size {block_size}: "
@@ -285,14 +356,19 @@ def open_data(path: str | os.PathLike) -> TokenData:
     meta.pkl for character vocabularies), or llm.c's .bin files. Every id is checked against the
     vocabulary once, here, so that training never meets one out of range."""
     path = Path(path)
-    if (path / "meta.json").is_file():
+    if path.is_file() and LLMC_NAME.fullmatch(path.name):
+        data = _open_llmc(path.parent, _llmc_pair(path))
+    elif (path / "meta.json").is_file():
         data = _open_ours(path)
     elif (path / "train.bin").is_file():
         data = _open_nanogpt(path)
     elif path.is_dir() and list(path.glob("*_train.bin")) and list(path.glob("*_val.bin")):
-        data = _open_llmc(path)
+        data = _open_llmc(path, {split: _only_llmc_file(path, split) for split in ("train", "val")})
     elif not path.exists():
         raise DataError(f"data {str(path)!r} does not exist: give a directory gpt2 prepare wrote")
+    elif path.is_file():
+        raise DataError(f"{path} is a file, not prepared data: give the directory that holds train.bin and val.bin "
+                        f"(run gpt2 prepare), or one of llm.c's NAME_train.bin / NAME_val.bin files")  # fmt: skip
     else:
         raise DataError(f"{path} holds no prepared data: expected train.bin and val.bin (run gpt2 prepare), "
                         f"or llm.c's *_train.bin and *_val.bin")  # fmt: skip
@@ -307,8 +383,10 @@ def _memmap(path: Path, dtype: np.dtype, offset: int = 0) -> np.ndarray:
     size = path.stat().st_size - offset
     if size % dtype.itemsize:
         raise DataError(f"{path} holds {size} bytes, not a whole number of {dtype.name} ids ({dtype.itemsize} bytes each)")
-    if size == 0:
-        return np.zeros(0, dtype=dtype)
+    if size == 0:  # numpy cannot map an empty file
+        empty = np.zeros(0, dtype=dtype)
+        empty.flags.writeable = False
+        return empty
     return np.memmap(path, dtype=dtype, mode="r", offset=offset)
 
 
@@ -321,6 +399,9 @@ def _check_ids(ids: np.ndarray, vocab_size: int, path: Path, chunk: int = 1 << 2
 
 def _open_ours(path: Path) -> TokenData:
     meta = read_json_object(path / "meta.json", DataError)
+    if meta.get("format") != FORMAT or meta.get("version") != 1:
+        raise DataError(f"{path / 'meta.json'} is not gpt2 prepare's (format {meta.get('format')!r}, version "
+                        f"{meta.get('version')!r}; expected {FORMAT!r}, version 1): run gpt2 prepare")  # fmt: skip
     if meta.get("dtype") not in ("uint16", "uint32"):
         raise DataError(f"{path / 'meta.json'}: dtype is {meta.get('dtype')!r}, not uint16 or uint32")
     dtype = np.dtype("<u2" if meta["dtype"] == "uint16" else "<u4")
@@ -333,11 +414,20 @@ def _open_ours(path: Path) -> TokenData:
     vocab_size = meta.get("vocab_size")
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
         raise DataError(f"{path / 'meta.json'}: vocab_size is {vocab_size!r}, not a positive integer")
-    tokenizer = load_tokenizer(path) or (Tokenizer.gpt2() if meta.get("tokenizer") == "gpt2" else None)
+    tokenizer = _our_tokenizer(path, meta.get("tokenizer"))
     if tokenizer is not None and tokenizer.n_vocab != vocab_size:
         raise DataError(f"{path}: meta.json says vocab_size {vocab_size}, but its tokenizer has {tokenizer.n_vocab} ids")
     files = {s: path / f"{s}.bin" for s in splits}
     return TokenData(path, "gpt2", splits["train"], splits["val"], vocab_size, tokenizer, meta, files)
+
+
+def _our_tokenizer(path: Path, spec: object) -> Tokenizer | CharTokenizer | None:
+    """The tokenizer prepare saved for `spec` (GPT-2's if its files are gone), None if none is there."""
+    if spec == "char":
+        return CharTokenizer.from_file(path / CHARS_FILE) if (path / CHARS_FILE).is_file() else None
+    if (path / "encoder.json").is_file() or (path / "vocab.bpe").is_file():
+        return Tokenizer.from_files(path / "encoder.json", path / "vocab.bpe")
+    return Tokenizer.gpt2() if spec == "gpt2" else None
 
 
 class _DataOnlyUnpickler(pickle.Unpickler):
@@ -358,7 +448,8 @@ def read_nanogpt_meta(path: Path) -> CharTokenizer:
                         f"lists, strings and numbers are read") from None  # fmt: skip
     itos = meta.get("itos") if isinstance(meta, dict) else None
     size = meta.get("vocab_size") if isinstance(meta, dict) else None
-    if not isinstance(itos, dict) or not isinstance(size, int) or sorted(itos) != list(range(size)):
+    if (not isinstance(itos, dict) or not is_integer(size) or not all(is_integer(i) for i in itos)
+            or set(itos) != set(range(size))):  # fmt: skip
         raise DataError(f"{path} is not nanoGPT's meta.pkl: expected {{'vocab_size': N, 'itos': {{0..N-1: char}}, 'stoi': ...}}")
     try:
         return CharTokenizer([itos[i] for i in range(size)])
@@ -377,9 +468,12 @@ def _open_nanogpt(path: Path) -> TokenData:
 def read_llmc(path: Path) -> np.ndarray:
     """llm.c's token file: 256 little-endian int32 (magic 20240520, version 1, count), then uint16 ids."""
     with open(path, "rb") as f:
-        header = np.frombuffer(f.read(LLMC_HEADER_BYTES), dtype="<i4")
-    if len(header) < 3 or header[0] != LLMC_MAGIC:
-        raise DataError(f"{path} is not an llm.c token file: its magic number is {header[0] if len(header) else None}, not {LLMC_MAGIC}")
+        head = f.read(LLMC_HEADER_BYTES)
+    if len(head) < LLMC_HEADER_BYTES:
+        raise DataError(f"{path} is not an llm.c token file: {len(head)} bytes, shorter than its {LLMC_HEADER_BYTES}-byte header")
+    header = np.frombuffer(head, dtype="<i4")
+    if header[0] != LLMC_MAGIC:
+        raise DataError(f"{path} is not an llm.c token file: its magic number is {header[0]}, not {LLMC_MAGIC}")
     if header[1] != LLMC_VERSION:
         raise DataError(f"{path}: llm.c token file version {header[1]}; only version {LLMC_VERSION} (uint16 ids) is read")
     ids = _memmap(path, np.dtype("<u2"), offset=LLMC_HEADER_BYTES)
@@ -388,10 +482,27 @@ def read_llmc(path: Path) -> np.ndarray:
     return ids
 
 
-def _open_llmc(path: Path) -> TokenData:
-    files = {"train": sorted(path.glob("*_train.bin"))[0], "val": sorted(path.glob("*_val.bin"))[0]}
+def _llmc_pair(path: Path) -> dict[str, Path]:
+    """Both splits, given one of llm.c's files (NAME_train.bin or NAME_val.bin)."""
+    name = LLMC_NAME.fullmatch(path.name).group(1)
+    files = {split: path.with_name(f"{name}_{split}.bin") for split in ("train", "val")}
+    for split, file in files.items():
+        if not file.is_file():
+            raise DataError(f"{file} is missing: llm.c's data is a pair of files, {name}_train.bin and {name}_val.bin")
+    return files
+
+
+def _only_llmc_file(directory: Path, split: str) -> Path:
+    found = sorted(directory.glob(f"*_{split}.bin"))
+    if len(found) > 1:
+        raise DataError(f"{directory} holds several llm.c {split} files ({', '.join(p.name for p in found)}): "
+                        f"keep one, or give the path of one NAME_train.bin")  # fmt: skip
+    return found[0]
+
+
+def _open_llmc(directory: Path, files: dict[str, Path]) -> TokenData:
     train, val = read_llmc(files["train"]), read_llmc(files["val"])
-    return TokenData(path, "llm.c", train, val, GPT2_VOCAB, Tokenizer.gpt2(), {}, files)
+    return TokenData(directory, "llm.c", train, val, GPT2_VOCAB, Tokenizer.gpt2(), {}, files)
 
 
 # ------------------------------------------------------------------ batches
@@ -406,6 +517,11 @@ def get_batch(
     The offsets come from a generator seeded by (seed, iteration, micro_step), so a batch
     depends on nothing else: not on resumption, not on which process draws it.
     """
+    block_size, batch_size = positive_int("block_size", block_size), positive_int("batch_size", batch_size)
+    for name, value in (("seed", seed), ("iteration", iteration), ("micro_step", micro_step)):
+        int_between(name, value, 0, 2**63 - 1, "a whole number")
+    if len(ids) < block_size + 1:
+        raise DataError(f"{len(ids)} ids are too short for block_size {block_size}: a window needs {block_size + 1}")
     rng = np.random.default_rng([seed, iteration, micro_step])
     offsets = rng.integers(0, len(ids) - block_size, size=batch_size)
     windows = torch.from_numpy(np.stack([ids[i : i + block_size + 1] for i in offsets]).astype(np.int64))  # (B, T + 1)

@@ -595,10 +595,12 @@ class IncrementalDecoder:
         return self._utf8.decode(b"", final=True)
 
 
+GPT2_VOCAB_DIR = Path(__file__).parent / "vocab"  # OpenAI's encoder.json and vocab.bpe, as released
+
+
 @lru_cache(maxsize=1)
 def _gpt2_tokenizer() -> Tokenizer:
-    vocab = Path(__file__).parent / "vocab"
-    return Tokenizer.from_files(vocab / "encoder.json", vocab / "vocab.bpe")
+    return Tokenizer.from_files(GPT2_VOCAB_DIR / "encoder.json", GPT2_VOCAB_DIR / "vocab.bpe")
 
 
 _worker_tokenizer: Tokenizer | None = None
@@ -664,9 +666,25 @@ class CharTokenizer:
     def from_text(cls, texts: str | Iterable[str]) -> CharTokenizer:
         """The sorted set of the characters of a text, or of several."""
         seen: set[str] = set()
-        for text in [texts] if isinstance(texts, str) else texts:
+        for i, text in enumerate([texts] if isinstance(texts, str) else texts):
+            if not isinstance(text, str):
+                raise InputTypeError(f"from_text() takes a str or str texts, got {type(text).__name__} at index {i}")
             seen.update(text)
         return cls(sorted(seen))
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike) -> CharTokenizer:
+        """Load the `chars.json` that `save` writes ({"chars": [...]}, ids in list order)."""
+        path = Path(path)
+        if not path.is_file():
+            raise VocabularyNotFoundError(f"vocabulary file not found: {path}")
+        data = read_json_object(path, VocabularyError, 'a JSON object {"chars": [...]}')
+        if not isinstance(data.get("chars"), list):
+            raise VocabularyError(f"{path} must hold a list of characters under \"chars\"")
+        try:
+            return cls(data["chars"])
+        except VocabularyError as e:
+            raise VocabularyError(f"{path}: {e}") from None
 
     @property
     def chars(self) -> list[str]:
@@ -697,8 +715,13 @@ class CharTokenizer:
 
     def encode_batch(self, texts: Iterable[str], allowed_special: AbstractSet[str] | Literal["all"] = frozenset(),
                      num_workers: int | None = None) -> list[list[int]]:  # fmt: skip
-        if isinstance(texts, str):
-            raise InputTypeError("encode_batch() takes a list of texts, got one str: use encode(text)")
+        """`encode` each text, in this process: a lookup per character gains nothing from workers."""
+        if isinstance(texts, (str, bytes, bytearray)):
+            raise InputTypeError(f"encode_batch() takes a list of texts, got one {type(texts).__name__}: use encode(text)")
+        texts = list(texts)
+        for i, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise InputTypeError(f"encode_batch() takes str texts, got {type(text).__name__} at index {i}")
         return [self.encode(text) for text in texts]
 
     def decode(self, ids: Iterable[int]) -> str:
@@ -736,17 +759,12 @@ CHARS_FILE = "chars.json"
 
 def load_tokenizer(directory: str | os.PathLike) -> Tokenizer | CharTokenizer | None:
     """The tokenizer saved in a directory: encoder.json + vocab.bpe (OpenAI's names), vocab.json +
-    merges.txt (Hugging Face's names for the same files), or chars.json; None if none is there."""
+    merges.txt (Hugging Face's names for the same files), or chars.json; None if none is there.
+    One file of a pair without the other raises VocabularyNotFoundError naming the missing one."""
     directory = Path(directory)
     for encoder, merges in (("encoder.json", "vocab.bpe"), ("vocab.json", "merges.txt")):
-        if (directory / encoder).is_file() and (directory / merges).is_file():
+        if (directory / encoder).is_file() or (directory / merges).is_file():
             return Tokenizer.from_files(directory / encoder, directory / merges)
     if (directory / CHARS_FILE).is_file():
-        data = read_json_object(directory / CHARS_FILE, VocabularyError, 'a JSON object {"chars": [...]}')
-        if not isinstance(data.get("chars"), list):
-            raise VocabularyError(f"{directory / CHARS_FILE} must hold a list of characters under \"chars\"")
-        try:
-            return CharTokenizer(data["chars"])
-        except VocabularyError as e:
-            raise VocabularyError(f"{directory / CHARS_FILE}: {e}") from None
+        return CharTokenizer.from_file(directory / CHARS_FILE)
     return None
