@@ -68,3 +68,12 @@ def make_hf_model(seed: int = 0, **config):
             if ".ln_" in name:
                 p.add_(torch.randn_like(p) * 0.1)
     return model
+
+
+def heed_ctrl_c() -> None:
+    """For subprocess.Popen(preexec_fn=...): take SIGINT's default back in the child. A shell
+    without job control starts background commands (a CI job run with &) with SIGINT ignored,
+    and children inherit that."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

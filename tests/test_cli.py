@@ -10,7 +10,7 @@ import time
 import pytest
 
 from gpt2.cli import main
-from helpers import make_hf_model
+from helpers import heed_ctrl_c, make_hf_model
 
 HELLO = "Hello!! I'm Andrej Karpathy. It's 2022. w00t :D 🤗"
 HELLO_IDS = "15496 3228 314 1101 10948 73 509 5117 10036 13 632 338 33160 13 266 405 83 1058 35 12520 97 245"
@@ -196,14 +196,6 @@ def test_generate_released_name_offline_says_how_to_pass_a_path(tmp_path):
     assert result.returncode == 2
     err = result.stderr.decode()
     assert err.count("\n") == 1 and "could not download 'gpt2'" in err and "pass a local directory" in err
-
-
-def heed_ctrl_c() -> None:
-    """In the child: take SIGINT's default back. A shell without job control starts background
-    commands (a CI job run with &) with SIGINT ignored, and children inherit that."""
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def test_ctrl_c_while_streaming_keeps_what_was_printed(model_dir):

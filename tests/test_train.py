@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import REPO, corpus, make_hf_model
+from helpers import REPO, corpus, heed_ctrl_c, make_hf_model
 from gpt2 import CheckpointError, ContextLengthError, GPT2Error, InvalidArgumentError
 from gpt2.data import get_batch, prepare
 from gpt2.model import GPT2
@@ -151,7 +151,7 @@ def test_resume_after_ctrl_c_equals_an_uninterrupted_run(char_data, tmp_path):
     command = [sys.executable, "-m", "gpt2", "train", "--data", str(char_data), "--out", str(tmp_path / "parts"), *flags]
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as a terminal would start it
+                               preexec_fn=heed_ctrl_c)  # fmt: skip
     log = tmp_path / "parts" / "log.jsonl"
     deadline = time.time() + 120
     while time.time() < deadline and process.poll() is None and len(losses(tmp_path / "parts") if log.exists() else {}) < 5:
