@@ -205,6 +205,36 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_eval(args: argparse.Namespace) -> int:
+    import json
+
+    from gpt2 import evaluate
+    from gpt2.tasks import check_limit
+
+    if args.task is None and (args.file is None) == (args.data is None):
+        raise _UsageError("give one thing to evaluate: a text FILE, --data DIR (a prepared directory's val.bin), or --task NAME")
+    if args.task is not None and args.file is not None:
+        raise _UsageError(f"give a FILE or --task, not both (a file of {args.task}'s own goes in --data)")
+    if args.task is None and args.limit is not None:
+        raise _UsageError("--limit counts the examples of a --task; a text is scored whole")
+    check_limit(args.limit)
+    file = None if args.file is None else _command_line_text(args.file, "FILE")
+    model, tokenizer = _load_model(args)
+    options = dict(context=args.context, stride=args.stride, batch_size=args.batch_size, progress=args.progress)
+    if args.task is not None:
+        result = evaluate.run_task(model, args.task, args.data, limit=args.limit, **options)
+    elif file is not None:
+        result = evaluate.evaluate_file(model, file, tokenizer, **options).to_dict()
+    else:
+        result = evaluate.evaluate_data(model, args.data, **options).to_dict()
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for key, value in result.items():
+            print(f"{key:<14} {value:.4f}" if isinstance(value, float) else f"{key:<14} {value}")
+    return 0
+
+
 def _whole_number(text: str) -> int:
     try:
         value = int(text)
@@ -257,6 +287,48 @@ examples:
 Defaults are nanoGPT's. Ctrl-C (or SIGTERM) stops at the end of the iteration under way and
 saves a checkpoint; --resume continues the run with the losses it would have had.
 """
+
+
+EVAL_EXAMPLES = """\
+examples:
+  gpt2 eval notes.txt                                   # loss, perplexity, bits per byte
+  gpt2 eval --model gpt2-large wiki.test.raw --context 1024 --stride 512 --json
+  gpt2 eval --model out-char --data data/shakespeare_char     # a prepared directory's val.bin
+  gpt2 eval --task hellaswag --limit 1000
+  gpt2 eval --task lambada --data lambada_test.jsonl
+
+A text is one stream of ids, scored in windows of --context ids moved by --stride: each id
+after the first is scored once, from at least context - stride ids before it (the first
+window aside). Tasks: lambada (OpenAI's LAMBADA test set, as lm-evaluation-harness's
+lambada_openai), hellaswag (validation set, llm.c's completion style), wikitext2 (raw test
+split). Each is downloaded once and cached, or read from --data.
+"""
+
+
+def _add_eval_parser(commands) -> None:
+    from gpt2.tasks import TASKS
+
+    ev = commands.add_parser(
+        "eval",
+        help="loss and perplexity of a text, or a zero-shot benchmark (lambada, hellaswag, wikitext2)",
+        description="How well a model predicts a text (loss, perplexity, bits per byte), or its score on a benchmark.",
+        epilog=EVAL_EXAMPLES,
+        formatter_class=_HelpFormatter,
+    )
+    ev.add_argument("file", nargs="?", metavar="FILE", help="a UTF-8 text file, tokenized as one stream with the model's tokenizer")
+    ev.add_argument("--model", default="gpt2", help="a released name or a model directory (default: gpt2)")
+    ev.add_argument("--data", metavar="PATH", help="without --task: a directory gpt2 prepare wrote (its val.bin); "
+                    "with --task: the task's own file instead of the download")  # fmt: skip
+    ev.add_argument("--task", choices=TASKS, help="a benchmark instead of a text")
+    ev.add_argument("--context", type=_whole_number, metavar="N", help="ids in a window (default: the model's context)")
+    ev.add_argument("--stride", type=_whole_number, metavar="S", help="ids a window moves by (default: half the context)")
+    ev.add_argument("--batch-size", type=_whole_number, default=8, metavar="B", help="windows or examples at a time (default: 8)")
+    ev.add_argument("--limit", type=_whole_number, metavar="K", help="only the first K examples of a task (wikitext2: rows)")
+    ev.add_argument("--json", action="store_true", help="print one JSON object")
+    ev.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda or cuda:N (default: auto)")
+    ev.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="(default: float32)")
+    ev.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    ev.set_defaults(func=_cmd_eval, engine="torch")
 
 
 def _add_train_parser(commands) -> None:
@@ -372,6 +444,7 @@ def build_parser() -> argparse.ArgumentParser:
     prepare.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     prepare.set_defaults(func=_cmd_prepare)
     _add_train_parser(commands)
+    _add_eval_parser(commands)
     return parser
 
 

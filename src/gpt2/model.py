@@ -67,24 +67,22 @@ class SinusoidalPositions(nn.Module):
 # Decoding on the CPU reads every weight once per token, so its speed is the rate at which the
 # weights stream from memory. At one to a few rows, the matrix-vector product behind `x @ w` runs
 # on one thread; our kernel (gpt2/_gemv.py, compiled on first use) streams at the machine's
-# bandwidth, and oneDNN's linear (in every x86 CPU build of torch) is the fallback where it
-# cannot be built. Neither computes gradients, so only inference takes this path.
+# bandwidth. oneDNN's linear (in every x86 CPU build of torch) is its fallback where it cannot be
+# built, and the path for many rows (a prompt, evaluation's windows), where it runs about 20%
+# faster than addmm on this machine (benchmarks/RESULTS.md). Neither computes gradients, so only
+# inference takes these paths; training runs addmm.
 _onednn_linear = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
-_FEW_ROWS = 16  # past this many rows, `x @ w` (a full matrix product) is the faster
+_FEW_ROWS = 16  # up to this many rows, the decode kernel
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, gelu: str | None = None) -> torch.Tensor:
     """x @ weight + bias, with weight (in, out), then GELU if `gelu` names its form
     ("tanh" or "none", as F.gelu's `approximate`). (..., in) -> (..., out)."""
-    if (
-        x.device.type == "cpu"
-        and x.dtype == torch.float32
-        and not torch.is_grad_enabled()
-        and x.numel() <= _FEW_ROWS * x.size(-1)
-    ):
-        y = gemv(x, weight, bias, gelu)  # None where the kernel cannot serve
-        if y is not None:
-            return y
+    if x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_grad_enabled():
+        if x.numel() <= _FEW_ROWS * x.size(-1):
+            y = gemv(x, weight, bias, gelu)  # None where the kernel cannot serve
+            if y is not None:
+                return y
         if _onednn_linear is not None:
             # takes weight as (out, in): a view, no copy; applies the GELU in the same pass
             return _onednn_linear(x, weight.t(), bias, "none" if gelu is None else "gelu", [], gelu or "")

@@ -757,6 +757,11 @@ class CharTokenizer:
 CHARS_FILE = "chars.json"
 
 
+def same_vocabulary(a: object, b: object) -> bool:
+    """Whether two tokenizers map text to the same ids."""
+    return type(a) is type(b) and a.__getstate__() == b.__getstate__()
+
+
 def load_tokenizer(directory: str | os.PathLike) -> Tokenizer | CharTokenizer | None:
     """The tokenizer saved in a directory: encoder.json + vocab.bpe (OpenAI's names), vocab.json +
     merges.txt (Hugging Face's names for the same files), or chars.json; None if none is there.

@@ -42,9 +42,11 @@ from gpt2.config import RESUME_OVERRIDES, GPT2Config, TrainSettings
 from gpt2.data import TokenData, get_batch, open_data
 from gpt2.devices import Precision, enable_tf32, peak_flops, resolve_device, training_precision
 from gpt2.errors import CheckpointError, ContextLengthError, InvalidArgumentError
+from gpt2.evaluate import loss_sum
 from gpt2.generate import generate_text
 from gpt2.model import GPT2
 from gpt2.sampling import ContextOverflowWarning
+from gpt2.tokenizer import same_vocabulary
 
 CHECKPOINT = "checkpoint.pt"
 LOG = "log.jsonl"
@@ -104,11 +106,6 @@ def build_model(s: TrainSettings, data: TokenData) -> GPT2:
             raise ContextLengthError(f"block_size {s.block_size} is over the context of the model {s.init!r} (n_ctx={model.config.n_ctx})")
         model.crop_context(s.block_size)
     return model
-
-
-def same_vocabulary(a: object, b: object) -> bool:
-    """Whether two tokenizers map text to the same ids."""
-    return type(a) is type(b) and a.__getstate__() == b.__getstate__()
 
 
 # ------------------------------------------------------------------ a run
@@ -215,14 +212,15 @@ class Trainer:
         self.model.eval()
         losses = {}
         for split, ids in (("train", self.data.train), ("val", self.data.val)):
-            total = torch.zeros((), dtype=torch.float64, device=self.device)
+            total, count = torch.zeros((), dtype=torch.float64, device=self.device), 0
             for k in range(s.eval_iters):
                 x, y = get_batch(ids, self.model.config.n_ctx, s.batch_size, seed=s.seed, iteration=0,
                                  micro_step=EVAL_STREAM + k, device=self.device)  # fmt: skip
                 with self.precision.autocast():
-                    _, loss = self.forward(x, y, check_ids=False)
-                total += loss.double()
-            losses[split] = float(total) / s.eval_iters
+                    loss, n = loss_sum(self.model, x, y)  # gpt2 eval's computation
+                total += loss
+                count += n
+            losses[split] = float(total) / count
         self.model.train()
         return losses
 

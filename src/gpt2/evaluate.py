@@ -1,0 +1,365 @@
+"""How well a model predicts text: the loss, perplexity and bits per byte of a text, and the
+zero-shot benchmarks people compare GPT-2 checkpoints by (LAMBADA, HellaSwag, WikiText-2).
+
+Everything here is one computation, the log-probability of chosen ids given what precedes them:
+
+    h = trunk(idx)                    # (B, T, C): final hidden states
+    h = h[targets != IGNORE]          # (M, C): only the positions whose next id is scored
+    log p = log_softmax(h @ wte.T)    # (M, V), in float32, a chunk of rows at a time
+    sum of log p[target]              # accumulated in float64
+
+Perplexity of a text longer than the context slides a window over its ids (Hugging Face's
+recipe, "Perplexity of fixed-length models"): windows ids[b : b + N] for b = 0, S, 2S, ...,
+the last one ending at the last id; each scores the ids after the previous window's end,
+predicted from every earlier id of its own window. Training's evaluation runs the same code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+from tqdm.auto import tqdm
+
+from gpt2._checks import check_token_ids, int_between, positive_int
+from gpt2.data import open_data
+from gpt2.errors import DataError, InvalidArgumentError
+from gpt2.model import GPT2
+from gpt2.tasks import Choice, Completion, check_limit, check_task, read_hellaswag, read_lambada, read_wikitext, task_file
+from gpt2.tokenizer import CharTokenizer, Tokenizer, same_vocabulary
+
+IGNORE = -100  # a target that is not scored (PyTorch's and Hugging Face's ignore_index)
+LOGIT_ROWS = 1024  # rows of (rows, V) float32 logits made at once: 200 MB at GPT-2's vocabulary
+DEFAULT_BATCH_SIZE = 8
+
+
+# ------------------------------------------------------------------ the one computation
+
+
+def target_log_probs(model: GPT2, idx: torch.Tensor, targets: torch.Tensor, *, greedy: bool = False
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+    """log p(targets[b, t] | idx[b, :t + 1]) wherever targets is not IGNORE, row by row: (M,) float32.
+
+    idx, targets: (B, T) on the model's device. Logits are computed only where a target is
+    scored. With `greedy`, also (M,) bools: whether each target is the most likely id there.
+    Runs the model as it is (call model.eval() for inference) and under the caller's autocast.
+    """
+    keep = targets != IGNORE  # (B, T)
+    hidden = model.trunk(idx)[keep]  # (M, C)
+    chosen = targets[keep]  # (M,)
+    log_probs, argmax = [], []
+    for start in range(0, chosen.numel(), LOGIT_ROWS):
+        logits = model.unembed(hidden[start : start + LOGIT_ROWS]).float()  # (m, V)
+        y = chosen[start : start + LOGIT_ROWS]
+        log_probs.append(-F.cross_entropy(logits, y, reduction="none"))
+        if greedy:
+            argmax.append(logits.argmax(dim=-1) == y)
+    empty = hidden.new_zeros(0, dtype=torch.float32)
+    return (torch.cat(log_probs) if log_probs else empty), (torch.cat(argmax) if greedy and argmax else None)
+
+
+def loss_sum(model: GPT2, idx: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """The summed cross-entropy of the scored targets (a float64 tensor, left on the device) and their number."""
+    log_probs, _ = target_log_probs(model, idx, targets)
+    return -log_probs.double().sum(), log_probs.numel()
+
+
+@contextlib.contextmanager
+def _inference(model: GPT2) -> Iterator[None]:
+    """Eval mode (no dropout) and no autograd, and the model's mode back afterwards."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            yield
+    finally:
+        model.train(was_training)
+
+
+# ------------------------------------------------------------------ perplexity of a text
+
+
+@dataclass(frozen=True)
+class Window:
+    """ids[begin:end] go in; ids[score_from:end] are scored (begin < score_from <= end)."""
+
+    begin: int
+    end: int
+    score_from: int
+
+
+def sliding_windows(n_ids: int, context: int, stride: int) -> list[Window]:
+    """Hugging Face's windows over n_ids ids: begin = 0, S, 2S, ... until one ends at the last id.
+
+    A window scores from the previous window's end (the first from 1: the first id has no
+    context); with stride = context, each window's first id is not scored. Windows that would
+    score nothing are left out."""
+    windows, begin, previous_end = [], 0, 0
+    while True:
+        end = min(begin + context, n_ids)
+        score_from = max(previous_end, begin + 1)
+        if score_from < end:
+            windows.append(Window(begin, end, score_from))
+        if end == n_ids:
+            return windows
+        begin, previous_end = begin + stride, end
+
+
+@dataclass(frozen=True)
+class Perplexity:
+    """tokens: ids scored; loss: their mean cross-entropy in nats; perplexity = exp(loss);
+    bits_per_byte = total loss / ln 2 / the UTF-8 bytes of the scored ids (None without a tokenizer)."""
+
+    tokens: int
+    loss: float
+    perplexity: float
+    bits_per_byte: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def token_byte_lengths(tokenizer: Tokenizer | CharTokenizer) -> np.ndarray:
+    """(n_vocab,) the UTF-8 bytes each id stands for; special tokens (<|endoftext|>) stand for none."""
+    special = set(tokenizer.special_tokens.values())
+    return np.array([0 if i in special else len(tokenizer.decode_bytes([i])) for i in range(tokenizer.n_vocab)], dtype=np.int64)
+
+
+def check_window(model: GPT2, context: int | None, stride: int | None) -> tuple[int, int]:
+    """The context (default: the model's) and stride (default: half the context) of the windows."""
+    n_ctx = model.config.n_ctx
+    context = n_ctx if context is None else int_between("context (--context)", context, 2, n_ctx,
+                                                        f"a number of ids up to the model's n_ctx={n_ctx}, i.e.")  # fmt: skip
+    stride = max(1, context // 2) if stride is None else int_between("stride (--stride)", stride, 1, context,
+                                                                     f"a number of ids up to the context ({context}), i.e.")  # fmt: skip
+    return context, stride
+
+
+def perplexity(model: GPT2, ids: Sequence[int] | np.ndarray, *, context: int | None = None, stride: int | None = None,
+               batch_size: int = DEFAULT_BATCH_SIZE, tokenizer: Tokenizer | CharTokenizer | None = None,
+               progress: bool = False) -> Perplexity:  # fmt: skip
+    """The loss of the model on `ids`, one stream, with sliding windows of `context` ids moved
+    by `stride` (defaults: the model's context, and half of it), `batch_size` windows at a time.
+    `tokenizer` (the ids' own) gives bits per byte."""
+    context, stride = check_window(model, context, stride)
+    batch_size = positive_int("batch_size (--batch-size)", batch_size)
+    ids = np.asarray(ids)
+    if ids.ndim != 1 or len(ids) < 2:
+        raise InvalidArgumentError(f"perplexity needs a stream of at least 2 ids (one to predict from, one to score), "
+                                   f"got {len(ids) if ids.ndim == 1 else list(ids.shape)}")  # fmt: skip
+    check_token_ids(int(ids.min()), int(ids.max()), model.config.n_vocab, whose="this model's ")
+    windows = sliding_windows(len(ids), context, stride)
+    byte_lengths = None if tokenizer is None else token_byte_lengths(tokenizer)
+    total, scored, n_bytes = torch.zeros((), dtype=torch.float64, device=model.device), 0, 0
+    with _inference(model), tqdm(total=sum(w.end - w.score_from for w in windows), unit="tok", unit_scale=True,
+                                 desc="perplexity", disable=not progress, dynamic_ncols=True) as bar:  # fmt: skip
+        for first in range(0, len(windows), batch_size):
+            batch = windows[first : first + batch_size]
+            idx, targets = _window_batch(ids, batch, model.device)
+            loss, count = loss_sum(model, idx, targets)
+            total += loss
+            scored += count
+            if byte_lengths is not None:
+                n_bytes += sum(int(byte_lengths[ids[w.score_from : w.end]].sum()) for w in batch)
+            bar.update(count)
+    loss = float(total) / scored
+    bits_per_byte = None if byte_lengths is None or n_bytes == 0 else float(total) / math.log(2) / n_bytes
+    return Perplexity(scored, loss, math.exp(loss), bits_per_byte)
+
+
+def _window_batch(ids: np.ndarray, windows: Sequence[Window], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """idx, targets: (B, T) with T the longest window less one; a window's ids go in (the last
+    one only as a target), its scored ids are targets, and shorter windows are padded on the right
+    (causal attention never looks right, so the padding changes nothing before it)."""
+    T = max(w.end - w.begin for w in windows) - 1
+    idx = np.zeros((len(windows), T), dtype=np.int64)
+    targets = np.full((len(windows), T), IGNORE, dtype=np.int64)
+    for row, w in enumerate(windows):
+        idx[row, : w.end - w.begin - 1] = ids[w.begin : w.end - 1]
+        targets[row, w.score_from - w.begin - 1 : w.end - w.begin - 1] = ids[w.score_from : w.end]
+    return torch.from_numpy(idx).to(device), torch.from_numpy(targets).to(device)
+
+
+def evaluate_text(model: GPT2, text: str, tokenizer: Tokenizer | CharTokenizer | None = None, **options: Any) -> Perplexity:
+    """Perplexity of a text, tokenized as one stream with `tokenizer` (default: the model's own).
+    options: those of `perplexity`."""
+    tokenizer = _model_tokenizer(model, tokenizer)
+    ids = tokenizer.encode(text)
+    if len(ids) < 2:
+        raise InvalidArgumentError(f"the text is {len(ids)} id{'s' if len(ids) != 1 else ''} long: perplexity needs at least 2")
+    return perplexity(model, ids, tokenizer=tokenizer, **options)
+
+
+def evaluate_file(model: GPT2, path: str | os.PathLike, tokenizer: Tokenizer | CharTokenizer | None = None,
+                  **options: Any) -> Perplexity:  # fmt: skip
+    """Perplexity of a UTF-8 text file (see `evaluate_text`)."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path} does not exist" if not path.exists() else f"{path} is not a file")
+    raw = path.read_bytes()
+    if not raw:
+        raise DataError(f"{path} is empty: there is nothing to evaluate")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path} is not UTF-8 text: byte 0x{raw[e.start]:02x} at offset {e.start}") from None
+    try:
+        return evaluate_text(model, text, tokenizer, **options)
+    except InvalidArgumentError as e:
+        if str(e).startswith("the text is"):
+            raise DataError(f"{path}: {e}") from None
+        raise
+
+
+def evaluate_data(model: GPT2, directory: str | os.PathLike, split: str = "val", **options: Any) -> Perplexity:
+    """Perplexity of a prepared directory's split (val.bin by default), its ids one stream."""
+    if split not in ("train", "val"):
+        raise InvalidArgumentError(f"split must be 'train' or 'val', got {split!r}")
+    data = open_data(directory)
+    ours, theirs = model.tokenizer, data.tokenizer
+    if data.vocab_size > model.config.n_vocab or (ours is not None and theirs is not None and not same_vocabulary(ours, theirs)):
+        raise DataError(f"the data in {directory} was prepared with another tokenizer ({theirs!r}, {data.vocab_size} ids) "
+                        f"than the model reads ({ours!r}, {model.config.n_vocab} ids)")  # fmt: skip
+    ids = getattr(data, split)
+    if len(ids) < 2:
+        raise DataError(f"{data.files[split]} holds {len(ids)} id(s): perplexity needs at least 2")
+    return perplexity(model, ids, tokenizer=theirs, **options)
+
+
+def _model_tokenizer(model: GPT2, tokenizer: Tokenizer | CharTokenizer | None) -> Tokenizer | CharTokenizer:
+    tokenizer = model.tokenizer if tokenizer is None else tokenizer
+    if tokenizer is None:
+        raise InvalidArgumentError(f"the model comes with no tokenizer and its vocabulary of {model.config.n_vocab} ids is "
+                                   f"not GPT-2's: pass the tokenizer its ids come from")  # fmt: skip
+    if tokenizer.n_vocab > model.config.n_vocab:
+        raise InvalidArgumentError(f"the tokenizer has {tokenizer.n_vocab} ids, more than the model's {model.config.n_vocab}")
+    return tokenizer
+
+
+# ------------------------------------------------------------------ continuations: LAMBADA, HellaSwag
+
+
+@dataclass(frozen=True)
+class Score:
+    """A continuation's summed log-probability given its context, its length in ids, and
+    whether each of its ids was the model's most likely one."""
+
+    log_prob: float
+    n_ids: int
+    greedy: bool
+
+
+def score_continuations(model: GPT2, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], *,
+                        batch_size: int = DEFAULT_BATCH_SIZE, progress: bool = False, desc: str = "scoring") -> list[Score]:  # fmt: skip
+    """Score each (context ids, continuation ids): the continuation's log-probability given the
+    context. A pair longer than the model's context keeps its last n_ctx ids (lm-evaluation-harness
+    does the same). Pairs run longest first, `batch_size` at a time, padded on the right."""
+    batch_size = positive_int("batch_size (--batch-size)", batch_size)
+    n_ctx = model.config.n_ctx
+    for i, (context, continuation) in enumerate(pairs):
+        if not context or not continuation:
+            raise InvalidArgumentError(f"pair {i}: a context and a continuation of at least one id each are needed")
+        check_token_ids(min(min(context), min(continuation)), max(max(context), max(continuation)), model.config.n_vocab,
+                        f" in pair {i}", "this model's ")  # fmt: skip
+    order = sorted(range(len(pairs)), key=lambda i: -(len(pairs[i][0]) + len(pairs[i][1])))
+    scores: list[Score | None] = [None] * len(pairs)
+    with _inference(model), tqdm(total=len(pairs), desc=desc, disable=not progress, dynamic_ncols=True) as bar:
+        for first in range(0, len(order), batch_size):
+            rows = order[first : first + batch_size]
+            sequences = [list(pairs[i][0]) + list(pairs[i][1]) for i in rows]
+            lengths = [min(len(pairs[i][1]), n_ctx) for i in rows]
+            T = min(max(map(len, sequences)) - 1, n_ctx)
+            idx = torch.zeros(len(rows), T, dtype=torch.long)
+            targets = torch.full((len(rows), T), IGNORE, dtype=torch.long)
+            for row, (sequence, n) in enumerate(zip(sequences, lengths)):
+                window = sequence[-(n_ctx + 1) :]  # (at most n_ctx + 1 ids: n_ctx in, the last n scored)
+                idx[row, : len(window) - 1] = torch.tensor(window[:-1])
+                targets[row, len(window) - 1 - n : len(window) - 1] = torch.tensor(window[-n:])
+            log_probs, greedy = target_log_probs(model, idx.to(model.device), targets.to(model.device), greedy=True)
+            log_probs, greedy = log_probs.double().cpu(), greedy.cpu()
+            start = 0
+            for i, n in zip(rows, lengths):  # the kept targets come row by row
+                scores[i] = Score(float(log_probs[start : start + n].sum()), n, bool(greedy[start : start + n].all()))
+                start += n
+            bar.update(len(rows))
+    return scores
+
+
+def encode_pair(tokenizer: Tokenizer | CharTokenizer, context: str, continuation: str) -> tuple[list[int], list[int]]:
+    """lm-evaluation-harness's split of a (context, continuation): the context's trailing spaces
+    move to the continuation, and the continuation's ids are those of the whole text after the
+    context's own ids (so a merge across the boundary tokenizes as in running text)."""
+    spaces = len(context) - len(context.rstrip())
+    if spaces:
+        context, continuation = context[:-spaces], context[-spaces:] + continuation
+    whole, head = tokenizer.encode(context + continuation), tokenizer.encode(context)
+    return head, whole[len(head) :]
+
+
+def lambada(model: GPT2, examples: Sequence[Completion], tokenizer: Tokenizer | CharTokenizer | None = None, *,
+            batch_size: int = DEFAULT_BATCH_SIZE, progress: bool = False) -> dict[str, Any]:  # fmt: skip
+    """LAMBADA as lm-evaluation-harness's lambada_openai: acc, the share of examples whose last
+    word is the model's greedy continuation, id for id; perplexity, exp(-mean of the last word's
+    summed log-probability)."""
+    tokenizer = _model_tokenizer(model, tokenizer)
+    pairs = [encode_pair(tokenizer, e.context, e.target) for e in examples]
+    scores = score_continuations(model, pairs, batch_size=batch_size, progress=progress, desc="lambada")
+    mean = sum(s.log_prob for s in scores) / len(scores)
+    return {"task": "lambada", "examples": len(scores), "acc": sum(s.greedy for s in scores) / len(scores),
+            "perplexity": math.exp(-mean)}  # fmt: skip
+
+
+def hellaswag(model: GPT2, examples: Sequence[Choice], tokenizer: Tokenizer | CharTokenizer | None = None, *,
+              batch_size: int = DEFAULT_BATCH_SIZE, progress: bool = False) -> dict[str, Any]:  # fmt: skip
+    """HellaSwag in llm.c's completion style: each ending, " " + ending, is scored after the
+    context's ids; acc picks the ending of least total loss, acc_norm the least loss per id."""
+    tokenizer = _model_tokenizer(model, tokenizer)
+    pairs = []
+    for example in examples:
+        context = tokenizer.encode(example.context)
+        pairs += [(context, tokenizer.encode(" " + ending)) for ending in example.endings]
+    scores = score_continuations(model, pairs, batch_size=batch_size, progress=progress, desc="hellaswag")
+    right = right_norm = 0
+    start = 0
+    for example in examples:
+        choices = scores[start : start + len(example.endings)]
+        start += len(example.endings)
+        # the first of equal scores wins, as torch's argmin in llm.c
+        right += max(range(len(choices)), key=lambda k: choices[k].log_prob) == example.label
+        right_norm += max(range(len(choices)), key=lambda k: choices[k].log_prob / choices[k].n_ids) == example.label
+    return {"task": "hellaswag", "examples": len(examples), "acc": right / len(examples), "acc_norm": right_norm / len(examples)}
+
+
+def wikitext2(model: GPT2, text: str, tokenizer: Tokenizer | CharTokenizer | None = None, **options: Any) -> dict[str, Any]:
+    """WikiText-2's test text (rows joined with "\\n\\n"), scored as any text (`evaluate_text`)."""
+    return {"task": "wikitext2", **evaluate_text(model, text, tokenizer, **options).to_dict()}
+
+
+def run_task(model: GPT2, task: str, data: str | os.PathLike | None = None, *, limit: int | None = None,
+             context: int | None = None, stride: int | None = None, batch_size: int = DEFAULT_BATCH_SIZE,
+             progress: bool = False) -> dict[str, Any]:  # fmt: skip
+    """Evaluate a task by name on its file (`data`, else the download, cached): the first
+    `limit` examples (WikiText-2: rows), or all. context and stride apply to wikitext2."""
+    check_task(task)
+    limit = check_limit(limit)
+    batch_size = positive_int("batch_size (--batch-size)", batch_size)
+    if task == "wikitext2":
+        context, stride = check_window(model, context, stride)
+    elif context is not None or stride is not None:
+        raise InvalidArgumentError(f"context and stride (--context, --stride) set the windows of a text; {task} scores "
+                                   f"each example whole")  # fmt: skip
+    _model_tokenizer(model, None)
+    path = task_file(task, data, progress)
+    if task == "lambada":
+        return lambada(model, read_lambada(path, limit), batch_size=batch_size, progress=progress)
+    if task == "hellaswag":
+        return hellaswag(model, read_hellaswag(path, limit), batch_size=batch_size, progress=progress)
+    return wikitext2(model, read_wikitext(path, limit), context=context, stride=stride, batch_size=batch_size, progress=progress)
