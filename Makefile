@@ -1,6 +1,6 @@
 # Two commands set everything up on a fresh machine:
-#   make demo   create .venv if absent, install gpt2, and run it
-#   make test   create .venv if absent, install gpt2 with its dev and train extras, and run the tests
+#   make demo   create .venv if absent, install gpt2 (with its train and eval extras), and run it
+#   make test   create .venv if absent, install gpt2 with its dev, train and eval extras, and run the tests
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -16,11 +16,11 @@ $(BIN)/python:
 	$(BIN)/python -m pip install -q $(TORCH)
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q -e ".[train]"
+	$(BIN)/python -m pip install -q -e ".[train,eval]"
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q -e ".[dev,train]"
+	$(BIN)/python -m pip install -q -e ".[dev,train,eval]"
 	touch $@ $(VENV)/.installed
 
 # The decode kernel (src/gpt2/_gemv.py): compiled once for each Python, torch, compiler and
@@ -45,6 +45,7 @@ bench: $(VENV)/.installed-dev kernel
 	$(BIN)/python benchmarks/generate.py
 	$(BIN)/python benchmarks/prepare.py
 	$(BIN)/python benchmarks/train.py
+	$(BIN)/python benchmarks/evaluate.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis

@@ -301,7 +301,7 @@ def test_bad_streams_and_files_are_named(hf_and_ours, tmp_path):
     with pytest.raises(GPT2Error, match="token id 50257 is out of range"):
         perplexity(ours, [5, 50257])
     for content, message in ((b"", "is empty"), (b"ok \xff", "is not UTF-8 text: byte 0xff at offset 3"),
-                             (b"a", "the text is 1 id long: perplexity needs at least 2")):  # fmt: skip
+                             (b"a", "f.txt is 1 id long: perplexity needs at least 2")):  # fmt: skip
         (tmp_path / "f.txt").write_bytes(content)
         with pytest.raises(GPT2Error, match=message):
             evaluate_file(ours, tmp_path / "f.txt")

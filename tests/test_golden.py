@@ -4,17 +4,26 @@ They run only where the weights are on disk: set GPT2_WEIGHTS to a Hugging Face 
 (config.json + model.safetensors) or to OpenAI's release (hparams.json + model.ckpt.*), or
 have openai-community/gpt2 in the Hugging Face cache. Elsewhere they are skipped, since
 the weights cannot be downloaded here. The expected tokens are OpenAI's model's own.
+
+The benchmark tests also need the task's file: in gpt2's cache (downloaded once by `gpt2 eval
+--task NAME`) or at $GPT2_LAMBADA / $GPT2_HELLASWAG. Their expected numbers are published ones:
+llm.c's for HellaSwag (dev/data/hellaswag.py), lm-evaluation-harness's for LAMBADA
+(lambada_openai, gpt2: acc 0.3256, perplexity 40.0554). On a CPU they take an hour or more.
 """
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import pytest
 import torch
 
-from gpt2 import Tokenizer
+from gpt2 import GPT2Error, Tokenizer
+from gpt2.evaluate import hellaswag, lambada
 from gpt2.model import GPT2
 from gpt2.reference import ReferenceModel
+from gpt2.tasks import read_hellaswag, read_lambada, task_file
 
 pytestmark = pytest.mark.real_weights
 
@@ -50,3 +59,26 @@ def test_numpy_engine_agrees_on_the_real_weights(model, real_gpt2_dir):
     with torch.no_grad():
         logits = model(torch.tensor([ids]))[0].numpy()
     assert np.abs(ReferenceModel.load(real_gpt2_dir)(ids) - logits).max() < 1e-4
+
+
+def task_path(task: str):
+    try:
+        path = task_file(task, os.environ.get(f"GPT2_{task.upper()}"), progress=False)
+    except GPT2Error as e:
+        pytest.skip(f"{task}'s file is not on this machine: {e}")
+    if not path.is_file():
+        pytest.skip(f"{path} does not exist")
+    return path
+
+
+def test_hellaswag_as_llm_c_reports_it(model):
+    result = hellaswag(model, read_hellaswag(task_path("hellaswag")))
+    assert result["examples"] == 10042
+    assert round(result["acc_norm"], 4) == 0.2955 and round(result["acc"], 4) == 0.2859
+
+
+def test_lambada_as_lm_evaluation_harness_reports_it(model):
+    result = lambada(model, read_lambada(task_path("lambada")))
+    assert result["examples"] == 5153
+    assert abs(result["acc"] - 0.3256) <= 1 / 5153  # one example either way: float noise at a near tie
+    assert abs(result["perplexity"] - 40.0554) < 0.01

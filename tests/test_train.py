@@ -21,7 +21,7 @@ from gpt2 import CheckpointError, ContextLengthError, GPT2Error, InvalidArgument
 from gpt2.data import get_batch, prepare
 from gpt2.model import GPT2
 from gpt2.config import TrainSettings
-from gpt2.train import learning_rate, read_log, train
+from gpt2.train import EVAL_STREAM, learning_rate, read_log, train
 
 # A model small enough to train for dozens of iterations in a second or two.
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, batch_size=4, grad_accum=2, lr=3e-3, min_lr=3e-4,
@@ -107,6 +107,13 @@ def test_one_step_equals_transformers(gpt2_data, tmp_path):
     logits = hf(x).logits
     loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
     assert abs(losses(tmp_path / "out")[0] - float(loss.detach())) < 1e-5
+    # the evaluation at iteration 0 (gpt2 eval's computation), on its fixed batches
+    val = np.fromfile(gpt2_data / "val.bin", dtype=np.uint16)
+    with torch.no_grad():
+        batches = [get_batch(val, 16, 4, seed=7, iteration=0, micro_step=EVAL_STREAM + k) for k in range(2)]
+        expected = np.mean([float(F.cross_entropy(hf(vx).logits.flatten(0, 1).double(), vy.flatten())) for vx, vy in batches])
+    first_eval = next(r for r in read_log(tmp_path / "out" / "log.jsonl") if "val_loss" in r)
+    assert first_eval["iter"] == 0 and abs(first_eval["val_loss"] - expected) < 1e-5
     loss.backward()
     ours = GPT2.from_pretrained(tmp_path / "init", device="cpu", dropout=0.0).train()
     _, our_loss = ours(x, y)

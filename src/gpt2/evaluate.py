@@ -37,7 +37,10 @@ from gpt2.tasks import Choice, Completion, check_limit, check_task, read_hellasw
 from gpt2.tokenizer import CharTokenizer, Tokenizer, same_vocabulary
 
 IGNORE = -100  # a target that is not scored (PyTorch's and Hugging Face's ignore_index)
-LOGIT_ROWS = 1024  # rows of (rows, V) float32 logits made at once: 200 MB at GPT-2's vocabulary
+# float32 logits are made a chunk of rows at a time, under 32 MB: glibc's malloc serves blocks
+# below that from memory it reuses, where a larger block is mapped afresh, and its pages
+# faulted in, for every chunk (166 rows at GPT-2's vocabulary; measured in benchmarks/RESULTS.md)
+LOGIT_BYTES = 32 << 20
 DEFAULT_BATCH_SIZE = 8
 
 
@@ -56,9 +59,10 @@ def target_log_probs(model: GPT2, idx: torch.Tensor, targets: torch.Tensor, *, g
     hidden = model.trunk(idx)[keep]  # (M, C)
     chosen = targets[keep]  # (M,)
     log_probs, argmax = [], []
-    for start in range(0, chosen.numel(), LOGIT_ROWS):
-        logits = model.unembed(hidden[start : start + LOGIT_ROWS]).float()  # (m, V)
-        y = chosen[start : start + LOGIT_ROWS]
+    rows = max(1, LOGIT_BYTES // (4 * model.config.n_vocab))
+    for start in range(0, chosen.numel(), rows):
+        logits = model.unembed(hidden[start : start + rows]).float()  # (m, V)
+        y = chosen[start : start + rows]
         log_probs.append(-F.cross_entropy(logits, y, reduction="none"))
         if greedy:
             argmax.append(logits.argmax(dim=-1) == y)
@@ -191,11 +195,7 @@ def _window_batch(ids: np.ndarray, windows: Sequence[Window], device: torch.devi
 def evaluate_text(model: GPT2, text: str, tokenizer: Tokenizer | CharTokenizer | None = None, **options: Any) -> Perplexity:
     """Perplexity of a text, tokenized as one stream with `tokenizer` (default: the model's own).
     options: those of `perplexity`."""
-    tokenizer = _model_tokenizer(model, tokenizer)
-    ids = tokenizer.encode(text)
-    if len(ids) < 2:
-        raise InvalidArgumentError(f"the text is {len(ids)} id{'s' if len(ids) != 1 else ''} long: perplexity needs at least 2")
-    return perplexity(model, ids, tokenizer=tokenizer, **options)
+    return _text_perplexity(model, text, tokenizer, "the text", options)
 
 
 def evaluate_file(model: GPT2, path: str | os.PathLike, tokenizer: Tokenizer | CharTokenizer | None = None,
@@ -211,12 +211,16 @@ def evaluate_file(model: GPT2, path: str | os.PathLike, tokenizer: Tokenizer | C
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise DataError(f"{path} is not UTF-8 text: byte 0x{raw[e.start]:02x} at offset {e.start}") from None
-    try:
-        return evaluate_text(model, text, tokenizer, **options)
-    except InvalidArgumentError as e:
-        if str(e).startswith("the text is"):
-            raise DataError(f"{path}: {e}") from None
-        raise
+    return _text_perplexity(model, text, tokenizer, str(path), options)
+
+
+def _text_perplexity(model: GPT2, text: str, tokenizer: Tokenizer | CharTokenizer | None, what: str,
+                     options: dict[str, Any]) -> Perplexity:  # fmt: skip
+    tokenizer = _model_tokenizer(model, tokenizer)
+    ids = tokenizer.encode(text)
+    if len(ids) < 2:
+        raise DataError(f"{what} is {len(ids)} id{'s' if len(ids) != 1 else ''} long: perplexity needs at least 2")
+    return perplexity(model, ids, tokenizer=tokenizer, **options)
 
 
 def evaluate_data(model: GPT2, directory: str | os.PathLike, split: str = "val", **options: Any) -> Perplexity:
