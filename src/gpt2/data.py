@@ -38,7 +38,7 @@ import torch
 from gpt2._checks import int_between, is_integer, positive_int, real_between
 from gpt2._files import atomic_path, atomic_write_text, read_json_object
 from gpt2.errors import DataError, InputTypeError, InvalidArgumentError, TokenIdError
-from gpt2.tokenizer import CHARS_FILE, GPT2_VOCAB_DIR, CharTokenizer, Tokenizer
+from gpt2.tokenizer import CHARS_FILE, GPT2_VOCAB_DIR, CharTokenizer, Tokenizer, same_vocabulary
 
 FORMAT = "gpt2-prepared"
 CHUNK_BYTES = 4 << 20  # read and encode a few MB at a time
@@ -341,6 +341,15 @@ class TokenData:
     tokenizer: Tokenizer | CharTokenizer | None
     meta: dict[str, Any] = field(default_factory=dict)
     files: dict[str, Path] = field(default_factory=dict)  # split -> the file it came from
+
+    def check_vocabulary(self, tokenizer: Tokenizer | CharTokenizer | None, n_vocab: int, model: str) -> None:
+        """Raise unless a model of n_vocab ids that reads `tokenizer` (None: unknown) can read these ids."""
+        if self.vocab_size > n_vocab:
+            raise InvalidArgumentError(f"the data in {self.directory} has a vocabulary of {self.vocab_size} ids, more than the "
+                                       f"{n_vocab} of the model {model}: prepare it with the model's tokenizer")  # fmt: skip
+        if tokenizer is not None and self.tokenizer is not None and not same_vocabulary(tokenizer, self.tokenizer):
+            raise InvalidArgumentError(f"the data in {self.directory} was prepared with another tokenizer ({self.tokenizer!r}) than "
+                                       f"the model {model} reads ({tokenizer!r}): prepare it with the model's tokenizer")  # fmt: skip
 
     def check_block_size(self, block_size: int) -> None:
         """Raise unless each split holds a window of block_size + 1 ids (the inputs and their next ids)."""

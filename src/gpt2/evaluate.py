@@ -34,7 +34,7 @@ from gpt2.data import open_data
 from gpt2.errors import DataError, InvalidArgumentError
 from gpt2.model import GPT2
 from gpt2.tasks import Choice, Completion, check_limit, check_task, read_hellaswag, read_lambada, read_wikitext, task_file
-from gpt2.tokenizer import CharTokenizer, Tokenizer, same_vocabulary
+from gpt2.tokenizer import CharTokenizer, Tokenizer
 
 IGNORE = -100  # a target that is not scored (PyTorch's and Hugging Face's ignore_index)
 # float32 logits are made a chunk of rows at a time, under 32 MB: glibc's malloc serves blocks
@@ -228,14 +228,11 @@ def evaluate_data(model: GPT2, directory: str | os.PathLike, split: str = "val",
     if split not in ("train", "val"):
         raise InvalidArgumentError(f"split must be 'train' or 'val', got {split!r}")
     data = open_data(directory)
-    ours, theirs = model.tokenizer, data.tokenizer
-    if data.vocab_size > model.config.n_vocab or (ours is not None and theirs is not None and not same_vocabulary(ours, theirs)):
-        raise DataError(f"the data in {directory} was prepared with another tokenizer ({theirs!r}, {data.vocab_size} ids) "
-                        f"than the model reads ({ours!r}, {model.config.n_vocab} ids)")  # fmt: skip
+    data.check_vocabulary(model.tokenizer, model.config.n_vocab, "evaluated")
     ids = getattr(data, split)
     if len(ids) < 2:
         raise DataError(f"{data.files[split]} holds {len(ids)} id(s): perplexity needs at least 2")
-    return perplexity(model, ids, tokenizer=theirs, **options)
+    return perplexity(model, ids, tokenizer=data.tokenizer, **options)
 
 
 def _model_tokenizer(model: GPT2, tokenizer: Tokenizer | CharTokenizer | None) -> Tokenizer | CharTokenizer:

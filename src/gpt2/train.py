@@ -46,7 +46,6 @@ from gpt2.evaluate import loss_sum
 from gpt2.generate import generate_text
 from gpt2.model import GPT2
 from gpt2.sampling import ContextOverflowWarning
-from gpt2.tokenizer import same_vocabulary
 
 CHECKPOINT = "checkpoint.pt"
 LOG = "log.jsonl"
@@ -94,13 +93,7 @@ def build_model(s: TrainSettings, data: TokenData) -> GPT2:
     if s.init is None:
         return GPT2(s.model_config(data.vocab_size))
     model = GPT2.from_pretrained(s.init, device="cpu", dropout=s.dropout)  # with the tokenizer saved beside it
-    if data.vocab_size > model.config.n_vocab:
-        raise InvalidArgumentError(f"the data in {s.data} has a vocabulary of {data.vocab_size} ids, more than the "
-                                   f"{model.config.n_vocab} of the model {s.init!r}: prepare it with the model's tokenizer")  # fmt: skip
-    ours, theirs = model.tokenizer, data.tokenizer
-    if ours is not None and theirs is not None and not same_vocabulary(ours, theirs):
-        raise InvalidArgumentError(f"the data in {s.data} was prepared with another tokenizer ({theirs!r}) than the model "
-                                   f"{s.init!r} reads ({ours!r}): prepare it with the model's tokenizer (gpt2 prepare --tokenizer gpt2)")  # fmt: skip
+    data.check_vocabulary(model.tokenizer, model.config.n_vocab, repr(s.init))
     if s.block_size is not None:
         if s.block_size > model.config.n_ctx:
             raise ContextLengthError(f"block_size {s.block_size} is over the context of the model {s.init!r} (n_ctx={model.config.n_ctx})")
