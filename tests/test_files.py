@@ -1,4 +1,4 @@
-"""_files: atomic writes, with the permissions any new file gets."""
+"""_files: atomic writes, with the permissions any new file gets, and reading text files."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import stat
 import pytest
 
 from gpt2 import GPT2, GPT2Config, Tokenizer
-from gpt2._files import atomic_path, atomic_write_text
+from gpt2._files import atomic_path, atomic_write_text, read_text
+from gpt2.errors import DataError
 
 
 @pytest.fixture(params=[0o022, 0o077, 0o002], ids=["umask022", "umask077", "umask002"])
@@ -51,3 +52,13 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):
             raise RuntimeError("disk full")
     assert target.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["file"]
+
+
+def test_read_text_names_a_missing_file_a_directory_and_a_bad_byte(tmp_path):
+    (tmp_path / "ok.txt").write_text("café\n", encoding="utf-8")
+    assert read_text(tmp_path / "ok.txt", DataError) == "café\n"
+    (tmp_path / "bad.txt").write_bytes(b"ab\xffc")
+    for path, message in ((tmp_path / "none.txt", "none.txt does not exist"), (tmp_path, "is not a file"),
+                          (tmp_path / "bad.txt", "bad.txt is not UTF-8 text: byte 0xff at offset 2")):  # fmt: skip
+        with pytest.raises(DataError, match=message):
+            read_text(path, DataError)

@@ -63,3 +63,20 @@ def read_json_object(path: Path, error: type[Exception], what: str = "a JSON obj
     if not isinstance(data, dict):
         raise error(f"{path} must hold {what}")
     return data
+
+
+def check_file(path: Path, error: type[Exception]) -> None:
+    """Raise `error` naming `path` unless it is an existing file."""
+    if not path.is_file():
+        raise error(f"{path} does not exist" if not path.exists() else f"{path} is not a file")
+
+
+def read_text(path: Path, error: type[Exception]) -> str:
+    """The UTF-8 text of a file; a missing file, a directory, or bytes that are not UTF-8 (the
+    first bad one named with its offset) raise `error`."""
+    check_file(path, error)
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise error(f"{path} is not UTF-8 text: byte 0x{raw[e.start]:02x} at offset {e.start}") from None

@@ -30,6 +30,7 @@ from torch.nn import functional as F
 from tqdm.auto import tqdm
 
 from gpt2._checks import check_token_ids, int_between, positive_int
+from gpt2._files import read_text
 from gpt2.data import open_data
 from gpt2.errors import DataError, InvalidArgumentError
 from gpt2.model import GPT2
@@ -202,15 +203,9 @@ def evaluate_file(model: GPT2, path: str | os.PathLike, tokenizer: Tokenizer | C
                   **options: Any) -> Perplexity:  # fmt: skip
     """Perplexity of a UTF-8 text file (see `evaluate_text`)."""
     path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path} does not exist" if not path.exists() else f"{path} is not a file")
-    raw = path.read_bytes()
-    if not raw:
+    text = read_text(path, DataError)
+    if not text:
         raise DataError(f"{path} is empty: there is nothing to evaluate")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path} is not UTF-8 text: byte 0x{raw[e.start]:02x} at offset {e.start}") from None
     return _text_perplexity(model, text, tokenizer, str(path), options)
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpt2._checks import is_integer, positive_int
-from gpt2._files import atomic_path
+from gpt2._files import atomic_path, check_file, read_text
 from gpt2.errors import DataError, InvalidArgumentError
 
 LAMBADA_URL = "https://openaipublic.blob.core.windows.net/gpt-2/data/lambada_test.jsonl"
@@ -67,13 +67,7 @@ def check_limit(limit: object) -> int | None:
 
 def _json_lines(path: Path) -> Iterator[tuple[int, dict]]:
     """(line number, object) for each non-blank line of a JSON-lines file."""
-    if not path.is_file():
-        raise DataError(f"{path} does not exist" if not path.exists() else f"{path} is not a file")
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path} is not UTF-8 text: byte 0x{e.object[e.start]:02x} at offset {e.start}") from None
-    for number, line in enumerate(lines, 1):
+    for number, line in enumerate(read_text(path, DataError).splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -124,16 +118,11 @@ def read_wikitext(path: str | os.PathLike, limit: int | None = None) -> str:
     A parquet file (the hub's) holds the rows; in the original wiki.test.raw a row is a line
     with its newline, and a blank line an empty row, as `datasets` reads it."""
     path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path} does not exist" if not path.exists() else f"{path} is not a file")
     if path.suffix == ".parquet":
+        check_file(path, DataError)
         rows = _parquet_rows(path)
     else:
-        try:
-            lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
-        except UnicodeDecodeError as e:
-            raise DataError(f"{path} is not UTF-8 text: byte 0x{e.object[e.start]:02x} at offset {e.start}") from None
-        rows = [line if line.strip() else "" for line in lines]
+        rows = [line if line.strip() else "" for line in read_text(path, DataError).splitlines(keepends=True)]
     rows = rows[:limit]
     if not any(rows):
         raise DataError(f"{path} holds no text")
