@@ -7,12 +7,13 @@ Every expected failure (bad flag, bad value, missing file) prints one line on st
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Sequence
 
 from gpt2 import __version__
-from gpt2.errors import GPT2Error
+from gpt2.errors import DistributedError, GPT2Error
 
 EXIT_USAGE = 2
 DEFAULT_TOP_K = 200  # clamped to the model's vocabulary: a character model has fewer tokens
@@ -196,6 +197,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     options = {k: v for k, v in vars(args).items() if k not in ("command", "func", "out", "resume", "overwrite", "progress")}
     result = train(args.out, resume=args.resume, overwrite=args.overwrite, progress=args.progress, **options)
+    if result.rank != 0:  # under torchrun, rank 0 reports
+        return 130 if result.interrupted else 0
     if result.interrupted:
         print(f"gpt2: interrupted at iteration {result.iteration}; checkpoint saved. Continue with: "
               f"gpt2 train --out {args.out} --resume", file=sys.stderr)  # fmt: skip
@@ -377,6 +380,10 @@ def _add_train_parser(commands) -> None:
     run.add_argument("--compile", choices=["auto", "on", "off"], help="torch.compile the model (default: auto: on CUDA only)")
     run.add_argument("--sample-prompt", metavar="TEXT", help="print a continuation of TEXT at each evaluation")
     run.add_argument("--no-progress", dest="progress", action="store_false", default=True, help="no progress bar")
+    procs = train.add_argument_group("several processes (start with torchrun --nproc_per_node N -m gpt2 train ...)")
+    procs.add_argument("--fsdp", action="store_true", help="shard weights, gradients and optimizer state over the processes (FSDP2)")
+    procs.add_argument("--timeout", type=float, metavar="SECONDS",
+                       help=f"how long a process waits for the others before stopping with an error (default: {d.timeout:g})")  # fmt: skip
     train.set_defaults(func=_cmd_train)
 
 
@@ -456,7 +463,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise _UsageError(f"unrecognized arguments: {' '.join(unknown)} (see 'gpt2 {args.command} --help')")
         return args.func(args)
     except (_UsageError, GPT2Error) as e:
-        print(f"gpt2: error: {e}", file=sys.stderr)
+        # under torchrun every process meets the same bad input: rank 0 says it; each says what it alone saw
+        if os.environ.get("RANK", "0") == "0" or isinstance(e, DistributedError):
+            print(f"gpt2: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:  # Ctrl-C: what was printed stays printed
         sys.stdout.flush()

@@ -167,6 +167,9 @@ class GPT2Config:
             raise ConfigError(f"{source}: {e}") from None
 
 
+DIST_TIMEOUT = 600.0  # seconds a collective waits for the other processes (NCCL's default)
+
+
 @dataclass
 class TrainSettings:
     """Everything a run is started with; defaults are nanoGPT's (train.py) where it has one.
@@ -209,6 +212,8 @@ class TrainSettings:
     compile: str = "auto"
     sample_prompt: str | None = None
     checkpoint_activations: bool = False
+    fsdp: bool = False  # shard weights, gradients and optimizer state over the processes (FSDP2)
+    timeout: float = DIST_TIMEOUT
 
     def __post_init__(self) -> None:
         self.data = os.fspath(self.data) if isinstance(self.data, os.PathLike) else self.data
@@ -230,6 +235,10 @@ class TrainSettings:
         self.seed = int_between("seed", self.seed, 0, 2**63 - 1, "a whole number")
         _choice("compile", self.compile, ("auto", "on", "off"))
         _choice("dtype", self.dtype, ("auto", "float32", "bfloat16", "float16"))
+        self.timeout = positive_real("timeout", self.timeout)
+        for name in ("checkpoint_activations", "fsdp"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidArgumentError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.sample_prompt is not None and not isinstance(self.sample_prompt, str):
             raise InvalidArgumentError(f"sample_prompt must be text, got {self.sample_prompt!r}")
 
@@ -272,7 +281,7 @@ class TrainSettings:
 
 # Settings a resumed run may change: they leave the losses of the iterations alone.
 RESUME_OVERRIDES = ("max_iters", "eval_interval", "eval_iters", "log_interval", "device", "compile", "sample_prompt",
-                    "checkpoint_activations")  # fmt: skip
+                    "checkpoint_activations", "fsdp", "timeout")  # fmt: skip
 
 
 def _choice(name: str, value: object, choices: tuple[str, ...]) -> None:

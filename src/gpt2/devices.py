@@ -1,7 +1,8 @@
 """Where torch work runs and in what precision: one policy for generation, training and serving.
 
 - Devices: "auto" is CUDA where present, else Apple's MPS, else the CPU. Asking for a device
-  the machine lacks is an error, never a silent fallback.
+  the machine lacks is an error, never a silent fallback. Under torchrun each process takes
+  one GPU, cuda:LOCAL_RANK (`process_device`).
 - Weights: float32 by default; bfloat16 or float16 on request (`resolve_dtype`).
 - Training: parameters stay float32, and on CUDA the forward pass runs under autocast in
   bfloat16 where the GPU has it, else float16 with a gradient scaler (`training_precision`);
@@ -48,6 +49,23 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     elif resolved.type != "cpu":
         raise InvalidArgumentError(f"unsupported device {device!r}: use {DEVICES}")
     return resolved
+
+
+def process_device(device: str, local_rank: int) -> torch.device:
+    """The device of process `local_rank` of a distributed launch: cuda:LOCAL_RANK where the
+    setting is "auto" or "cuda" and the machine has CUDA, else the CPU (for "auto" or "cpu").
+    A GPU index or MPS cannot be shared out this way: an error says so."""
+    resolved = resolve_device(device)
+    if resolved.type == "mps":
+        raise InvalidArgumentError("training on several processes runs on CUDA (NCCL) or the CPU (gloo), not MPS: pass --device cpu")
+    if resolved.type == "cpu":
+        return resolved
+    if device not in ("auto", "cuda"):
+        raise InvalidArgumentError(f"device {device!r}: under torchrun each process takes the GPU of its local rank; pass --device cuda")
+    if local_rank >= torch.cuda.device_count():
+        raise InvalidArgumentError(f"local rank {local_rank} has no GPU: this machine has {torch.cuda.device_count()} "
+                                   f"(start at most that many processes a node: --nproc_per_node)")  # fmt: skip
+    return torch.device("cuda", local_rank)
 
 
 def resolve_dtype(dtype: str | torch.dtype = "float32") -> torch.dtype:

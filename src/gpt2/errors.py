@@ -56,3 +56,7 @@ class NonFiniteError(GPT2Error, FloatingPointError):
 
 class DataError(GPT2Error, ValueError):
     """Training data is missing, corrupt, or does not fit (a data directory, a corpus, a split)."""
+
+
+class DistributedError(GPT2Error, RuntimeError):
+    """Training on several processes failed: a bad launch, or a process that died or stopped answering."""

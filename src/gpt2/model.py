@@ -488,17 +488,18 @@ class GPT2(nn.Module):
         if isinstance(wpe, SinusoidalPositions):
             wpe.weight = sinusoidal_positions(self.config.n_ctx, self.config.n_embd).to(device=device, dtype=dtype)
 
-    def save_pretrained(self, directory: str | os.PathLike) -> None:
+    def save_pretrained(self, directory: str | os.PathLike, tensors: dict[str, torch.Tensor] | None = None) -> None:
         """Write `config.json` + `model.safetensors` in Hugging Face's GPT-2 layout.
 
         `transformers.GPT2LMHeadModel.from_pretrained(directory)` loads the result, and so does
         `GPT2.from_pretrained`. Each file is written to a temporary name and renamed into place.
         The model's tokenizer (`model.tokenizer`) is saved beside the weights, unless it is GPT-2's
-        (which `from_pretrained` assumes for a model of GPT-2's vocabulary).
+        (which `from_pretrained` assumes for a model of GPT-2's vocabulary). `tensors` replaces
+        the model's own weights: those of a model sharded over processes, gathered on one.
         """
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        tensors = {name: t.contiguous().cpu() for name, t in self.hf_state_dict().items()}
+        tensors = {name: t.contiguous().cpu() for name, t in (tensors or self.hf_state_dict()).items()}
         with atomic_path(directory / "model.safetensors") as tmp:
             save_file(tensors, str(tmp), metadata={"format": "pt"})
         atomic_write_text(directory / "config.json", json.dumps(self.config.to_hf_dict(), indent=2) + "\n")

@@ -15,8 +15,10 @@ come from generators seeded by (seed, iteration, micro-step) and dropout's rando
 saved, so a resumed run repeats the losses of a run never stopped. Ctrl-C or SIGTERM stops at
 the end of the iteration under way and saves a checkpoint there.
 
-Written for one process; the micro-steps a process runs and the writes only rank 0 makes are
-marked, so that several processes (torchrun) can share the work without changing the batches.
+On several processes (torchrun, gpt2/distributed.py) each takes an equal share of a step's
+micro-batches, the same batches one process would draw, and the gradients are averaged over
+the processes: N processes follow the loss curve of one. Only rank 0 writes files and prints;
+evaluation batches are shared out too, and their losses summed over all processes.
 """
 
 from __future__ import annotations
@@ -37,10 +39,11 @@ from typing import Any
 
 import torch
 
+from gpt2 import distributed
 from gpt2._files import atomic_path, atomic_write_text
 from gpt2.config import RESUME_OVERRIDES, GPT2Config, TrainSettings
 from gpt2.data import TokenData, get_batch, open_data
-from gpt2.devices import Precision, enable_tf32, peak_flops, resolve_device, training_precision
+from gpt2.devices import Precision, enable_tf32, peak_flops, training_precision
 from gpt2.errors import CheckpointError, ContextLengthError, InvalidArgumentError
 from gpt2.evaluate import loss_sum
 from gpt2.generate import generate_text
@@ -111,6 +114,7 @@ class TrainResult:
     best_val_loss: float
     last_eval: dict[str, Any] | None  # the last evaluation's log record
     interrupted: bool  # stopped by Ctrl-C or SIGTERM (a checkpoint was saved)
+    rank: int = 0  # the process that returns it (0: the one that wrote the files)
 
 
 class Trainer:
@@ -118,39 +122,70 @@ class Trainer:
 
     def __init__(self, s: TrainSettings, out: Path, *, progress: bool = True, state: dict[str, Any] | None = None):
         self.s, self.out, self.progress = s, out, progress
-        self.rank, self.world = 0, 1  # this process, of how many share each step's micro-batches
+        if s.fsdp and not distributed.launched():
+            raise InvalidArgumentError("--fsdp shards the model over the processes of a distributed launch: "
+                                       "start the run with torchrun --nproc_per_node N -m gpt2 train ... --fsdp")  # fmt: skip
         self.data = open_data(s.data)
-        self.device = resolve_device(s.device)
+        self.procs = distributed.start(s.device, s.timeout)  # this process's rank of world; its device
+        try:
+            self._build(state)
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self, state: dict[str, Any] | None) -> None:
+        s = self.s
+        self.rank, self.world, self.device = self.procs.rank, self.procs.world, self.procs.device
+        if s.grad_accum % self.world:
+            raise InvalidArgumentError(f"grad_accum (--grad-accum) {s.grad_accum} must be a multiple of the {self.world} processes: "
+                                       f"each takes an equal share of a step's micro-batches")  # fmt: skip
         self.precision: Precision = training_precision(self.device, s.dtype)
         if self.device.type == "cuda":
             enable_tf32()
-        torch.manual_seed(s.seed)  # the initial weights, and dropout's stream from there
+        torch.manual_seed(s.seed)  # the initial weights (the same in every process), and dropout's stream from there
         model = build_model(s, self.data) if state is None else _model_from_state(state)
+        if self.rank:
+            torch.manual_seed(s.seed + self.rank)  # each process its own dropout masks
         self.data.check_block_size(model.config.n_ctx)
         model.checkpoint_activations = s.checkpoint_activations
         self.model = model.to(self.device).train()
         self.tokenizer = self.data.tokenizer
-        self.optimizer = make_optimizer(self.model, s, self.device)
-        self.scaler = self.precision.scaler()
         compiled = s.compile == "on" or (s.compile == "auto" and self.device.type == "cuda")
-        self.forward = torch.compile(self.model) if compiled else self.model
+        self.forward = self.procs.wrap(self.model, fsdp=s.fsdp, compiled=compiled)
+        self.optimizer = make_optimizer(self.model, s, self.device)  # after wrap: under FSDP it updates the shards
+        self.scaler = self.precision.scaler()
         self.iteration, self.evaluated, self.best_val_loss = 0, -1, math.inf
         if state is not None:
             self._restore(state)
-        self.tokens_per_iter = s.batch_size * model.config.n_ctx * s.grad_accum
+        self.tokens_per_iter = s.batch_size * model.config.n_ctx * s.grad_accum  # over all processes
         self.flops_per_iter = flops_per_token(model) * self.tokens_per_iter
-        self.peak_flops = peak_flops(self.device, self.precision.compute)
+        peak = peak_flops(self.device, self.precision.compute)
+        self.peak_flops = peak * self.world if peak else None
         self.stop_requested = False
         self.last_eval: dict[str, Any] | None = None
 
     @property
     def is_main(self) -> bool:
         """The process that writes files and prints (rank 0)."""
-        return self.rank == 0
+        return self.procs.is_main
 
     # -------------------------------------------------------------- the loop
 
+    def close(self) -> None:
+        """Leave the process group, once nothing holds it (DDP's wrapper does)."""
+        self.forward = None
+        self.procs.close()
+
     def run(self) -> TrainResult:
+        try:
+            return self._run()
+        except Exception as e:
+            failure = self.procs.failure(e)  # another process died or hangs: say which
+            if failure is not None:
+                raise failure from None
+            raise
+
+    def _run(self) -> TrainResult:
         s = self.s
         if self.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
@@ -166,13 +201,14 @@ class Trainer:
                     self.evaluate_and_save(it)
                 if it == s.max_iters:
                     break
-                if self.stop_requested:
+                if self.procs.any(self.stop_requested):  # every process stops at the same iteration
                     self.save_checkpoint()
                     return self._result(interrupted=True)
                 started = time.perf_counter()
                 loss = self.train_step(it)
                 if it % s.log_interval == 0 or it + 1 == s.max_iters:
-                    self._log_step(it, float(loss), time.perf_counter() - started)
+                    loss = float(self.procs.sum(loss)) / self.world  # the mean over all micro-batches of the step
+                    self._log_step(it, loss, time.perf_counter() - started)
                 bar.update()
         return self._result(interrupted=False)
 
@@ -182,13 +218,16 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = learning_rate(it, s)
         total = torch.zeros((), device=self.device)
-        for micro in range(self.rank, s.grad_accum, self.world):  # this process's share of the micro-batches
+        share = range(self.rank, s.grad_accum, self.world)  # this process's micro-batches: 1 in `world`
+        for micro in share:
             x, y = get_batch(self.data.train, self.model.config.n_ctx, s.batch_size, seed=s.seed, iteration=it,
                              micro_step=micro, device=self.device)  # fmt: skip
-            with self.precision.autocast():
-                _, loss = self.forward(x, y, check_ids=False)  # ids were checked when the data was opened
-            loss = loss / s.grad_accum  # the step's gradient is the mean over all micro-batches
-            self.scaler.scale(loss).backward()
+            with self.procs.gradient_sync(micro == share[-1]):  # averaged over the processes after the last
+                with self.precision.autocast():
+                    _, loss = self.forward(x, y, check_ids=False)  # ids were checked when the data was opened
+                # the mean over this process's share; averaging over the processes makes it the step's mean
+                loss = loss / len(share)
+                self.scaler.scale(loss).backward()
             total += loss.detach()
         if s.grad_clip > 0:
             self.scaler.unscale_(self.optimizer)
@@ -200,20 +239,24 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Mean loss over eval_iters batches of each split: the same batches at every evaluation."""
+        """Mean loss over eval_iters batches of each split: the same batches at every evaluation,
+        shared out over the processes (under FSDP each runs as many: all take part in each one)."""
         s = self.s
         self.model.eval()
         losses = {}
         for split, ids in (("train", self.data.train), ("val", self.data.val)):
-            total, count = torch.zeros((), dtype=torch.float64, device=self.device), 0
-            for k in range(s.eval_iters):
+            total = torch.zeros(2, dtype=torch.float64, device=self.device)  # summed loss, ids scored
+            for k in range(self.rank, math.ceil(s.eval_iters / self.world) * self.world, self.world):
+                if k >= s.eval_iters and self.procs.sharded is None:
+                    break
                 x, y = get_batch(ids, self.model.config.n_ctx, s.batch_size, seed=s.seed, iteration=0,
-                                 micro_step=EVAL_STREAM + k, device=self.device)  # fmt: skip
+                                 micro_step=EVAL_STREAM + k % s.eval_iters, device=self.device)  # fmt: skip
                 with self.precision.autocast():
                     loss, n = loss_sum(self.model, x, y)  # gpt2 eval's computation
-                total += loss
-                count += n
-            losses[split] = float(total) / count
+                if k < s.eval_iters:
+                    total += torch.stack([loss, torch.tensor(float(n), dtype=torch.float64, device=self.device)])
+            loss, count = self.procs.sum(total).tolist()
+            losses[split] = loss / count
         self.model.train()
         return losses
 
@@ -222,13 +265,14 @@ class Trainer:
         self.evaluated = it
         improved = losses["val"] < self.best_val_loss
         record = {"iter": it, "train_loss": losses["train"], "val_loss": losses["val"], "lr": learning_rate(it, self.s), "best": improved}
-        if not self.is_main:
-            return
         if improved:
             self.best_val_loss = losses["val"]
             self.save_model()
-        if self.s.sample_prompt is not None:
+        if self.s.sample_prompt is not None and (self.is_main or self.procs.sharded is not None):  # FSDP: all take part
             record["sample"] = self.sample(self.s.sample_prompt)
+        if not self.is_main:
+            self.save_checkpoint()  # under FSDP its part of the gathering
+            return
         self.last_eval = record
         _append_log(self.out / LOG, record)
         self.bar.write(f"iter {it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
@@ -262,7 +306,7 @@ class Trainer:
         self.bar.set_postfix(postfix, refresh=False)
 
     def _result(self, interrupted: bool) -> TrainResult:
-        return TrainResult(self.out, self.iteration, self.best_val_loss, self.last_eval, interrupted)
+        return TrainResult(self.out, self.iteration, self.best_val_loss, self.last_eval, interrupted, self.rank)
 
     @contextmanager
     def _stop_on_signals(self) -> Iterator[None]:
@@ -273,7 +317,9 @@ class Trainer:
             return
 
         def request_stop(signum: int, frame: object) -> None:
-            if self.stop_requested:
+            # Under torchrun, Ctrl-C reaches each process twice (from the terminal, then from
+            # torchrun, which kills what is left 30 s later): no second signal stops at once there.
+            if self.stop_requested and not self.procs.grouped:
                 raise KeyboardInterrupt
             self.stop_requested = True
             if self.is_main:
@@ -289,27 +335,35 @@ class Trainer:
     # -------------------------------------------------------------- files
 
     def save_model(self) -> None:
-        """The model of the best validation loss, as a model directory: weights, config, tokenizer."""
-        self.model.tokenizer = self.tokenizer
-        self.model.save_pretrained(self.out)
+        """The model of the best validation loss, as a model directory: weights, config, tokenizer
+        (under FSDP every process calls this: the weights are gathered on rank 0, which writes)."""
+        tensors = self.procs.model_state(self.model)
+        if self.is_main:
+            self.model.tokenizer = self.tokenizer
+            self.model.save_pretrained(self.out, tensors)
 
     def save_checkpoint(self) -> None:
-        """All a resume needs, in one file written atomically: a failed write keeps the last one."""
+        """All a resume needs, in one file written atomically by rank 0: a failed write keeps
+        the last one. The same file for one process, DDP and FSDP: whole weights, the
+        optimizer's state by parameter name, and each process's random state (dropout's)."""
+        model = self.procs.model_state(self.model)
+        optimizer = self.procs.optimizer_state(self.model, self.optimizer)
+        cuda = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
+        rng = self.procs.gather({"cpu": torch.get_rng_state(), "cuda": cuda})
         if not self.is_main:
             return
         state = {
             "format": "gpt2-train-checkpoint",
-            "version": 1,
+            "version": 2,
             "settings": self.s.to_dict(),
             "model_config": self.model.config.to_hf_dict(),
             "iteration": self.iteration,
             "evaluated": self.evaluated,
             "best_val_loss": self.best_val_loss,
-            "model": {name: t.detach().cpu() for name, t in self.model.state_dict().items()},
-            "optimizer": self.optimizer.state_dict(),
+            "model": model,
+            "optimizer": optimizer,
             "scaler": self.scaler.state_dict(),
-            "rng_cpu": torch.get_rng_state(),
-            "rng_cuda": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else [],
+            "rng": rng,
         }
         path = self.out / CHECKPOINT
         try:
@@ -319,12 +373,19 @@ class Trainer:
             raise CheckpointError(f"could not write {path}: {e.strerror or e}; the previous checkpoint is intact") from None
 
     def _restore(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
+        if state["version"] == 1:  # one process's: the optimizer's state by parameter index
+            self.optimizer.load_state_dict(state["optimizer"])
+            cuda = state["rng_cuda"][self.device.index or 0] if state["rng_cuda"] else None
+            rng = [{"cpu": state["rng_cpu"], "cuda": cuda}]
+        else:
+            self.procs.load_optimizer_state(self.model, self.optimizer, state["optimizer"])
+            rng = state["rng"]
         self.scaler.load_state_dict(state["scaler"])
         self.iteration, self.evaluated, self.best_val_loss = state["iteration"], state["evaluated"], state["best_val_loss"]
-        torch.set_rng_state(state["rng_cpu"])
-        if self.device.type == "cuda" and state["rng_cuda"]:
-            torch.cuda.set_rng_state_all(state["rng_cuda"])
+        if self.rank < len(rng):  # a process added on resume keeps the seed it started from
+            torch.set_rng_state(rng[self.rank]["cpu"])
+            if self.device.type == "cuda" and rng[self.rank]["cuda"] is not None:
+                torch.cuda.set_rng_state(rng[self.rank]["cuda"], self.device)
 
 
 def _model_from_state(state: dict[str, Any]) -> GPT2:
@@ -338,11 +399,12 @@ def load_checkpoint(out: Path) -> dict[str, Any]:
     if not path.is_file():
         raise InvalidArgumentError(f"nothing to resume in {out}: it holds no {CHECKPOINT} (start a run without --resume)")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)  # never runs code from the file
+        # never runs code from the file; mapped, not read: the processes of a node share one copy
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:
         raise CheckpointError(f"{path} cannot be read ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
                               f"start again with --overwrite") from None  # fmt: skip
-    if not isinstance(state, dict) or state.get("format") != "gpt2-train-checkpoint":
+    if not isinstance(state, dict) or state.get("format") != "gpt2-train-checkpoint" or state.get("version") not in (1, 2):
         raise CheckpointError(f"{path} is not a checkpoint of gpt2 train")
     return state
 
@@ -457,4 +519,8 @@ def train(out: str | os.PathLike, *, resume: bool = False, overwrite: bool = Fal
         if settings.get("data") is None:
             raise InvalidArgumentError("no data: give the directory gpt2 prepare wrote (--data DIR)")
         s = TrainSettings(**settings)
-    return Trainer(s, out, progress=progress, state=state).run()
+    trainer = Trainer(s, out, progress=progress, state=state)
+    try:
+        return trainer.run()
+    finally:
+        trainer.close()
