@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from gpt2 import InvalidArgumentError
-from gpt2.devices import resolve_device, resolve_dtype, training_precision
+from gpt2 import devices
+from gpt2.devices import process_device, resolve_device, resolve_dtype, training_precision
 
 
 def test_devices_and_dtypes():
@@ -49,3 +50,24 @@ def test_training_precision_on_cuda():
     precision = training_precision(torch.device("cuda"))
     assert precision.compute is (torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16)
     assert precision.needs_scaler == (precision.compute is torch.float16)
+
+
+def test_each_process_of_a_distributed_launch_takes_its_device(monkeypatch):
+    assert process_device("cpu", 3) == torch.device("cpu")  # gloo: every process on the CPU
+    if not torch.cuda.is_available():
+        assert process_device("auto", 1) == torch.device("cpu")
+        with pytest.raises(InvalidArgumentError, match="CUDA is not available"):
+            process_device("cuda", 0)
+    monkeypatch.setattr(devices, "mps_available", lambda: True)
+    with pytest.raises(InvalidArgumentError, match="not MPS: pass --device cpu"):
+        process_device("mps", 0)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_each_process_takes_the_gpu_of_its_local_rank():
+    assert process_device("auto", 0) == process_device("cuda", 0) == torch.device("cuda", 0)
+    with pytest.raises(InvalidArgumentError, match="each process takes the GPU of its local rank; pass --device cuda"):
+        process_device("cuda:0", 0)
+    with pytest.raises(InvalidArgumentError, match=f"local rank {torch.cuda.device_count()} has no GPU"):
+        process_device("cuda", torch.cuda.device_count())

@@ -20,8 +20,9 @@ from helpers import REPO, corpus, heed_ctrl_c, make_hf_model
 from gpt2 import CheckpointError, ContextLengthError, GPT2Error, InvalidArgumentError
 from gpt2.data import get_batch, prepare
 from gpt2.model import GPT2
-from gpt2.config import TrainSettings
-from gpt2.train import EVAL_STREAM, learning_rate, read_log, train
+from gpt2.config import GPT2Config, TrainSettings
+from gpt2.train import EVAL_STREAM, Trainer, learning_rate, make_optimizer, read_log, train
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
 # A model small enough to train for dozens of iterations in a second or two.
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, batch_size=4, grad_accum=2, lr=3e-3, min_lr=3e-4,
@@ -173,6 +174,41 @@ def test_resume_after_ctrl_c_equals_an_uninterrupted_run(char_data, tmp_path):
     assert losses(tmp_path / "parts") == losses(tmp_path / "whole")
 
 
+def test_a_checkpoint_of_the_first_format_resumes(char_data, tmp_path):
+    """Version 1 (before several processes) kept the optimizer's state by parameter index and
+    one random state: a run saved so resumes as ever."""
+    train(tmp_path / "whole", data=char_data, max_iters=12, progress=False, **RESUMABLE)
+    train(tmp_path / "parts", data=char_data, max_iters=7, lr_decay_iters=12, progress=False, **RESUMABLE)
+    path = tmp_path / "parts" / "checkpoint.pt"
+    state = torch.load(path, weights_only=True)
+    model = GPT2(GPT2Config.from_hf_dict(state["model_config"]))
+    model.load_state_dict(state["model"])
+    optimizer = make_optimizer(model, TrainSettings(**state["settings"]), torch.device("cpu"))
+    set_optimizer_state_dict(model, optimizer, state["optimizer"], options=StateDictOptions(full_state_dict=True))
+    old = {k: v for k, v in state.items() if k not in ("rng", "optimizer")}
+    torch.save({**old, "version": 1, "optimizer": optimizer.state_dict(), "rng_cpu": state["rng"][0]["cpu"], "rng_cuda": []}, path)
+    assert isinstance(next(iter(torch.load(path, weights_only=True)["optimizer"]["state"])), int)
+    train(tmp_path / "parts", resume=True, max_iters=12, progress=False)
+    assert losses(tmp_path / "parts") == losses(tmp_path / "whole")
+
+
+def test_a_run_stopped_before_its_first_step_resumes(char_data, tmp_path, monkeypatch):
+    """The checkpoint of iteration 0 holds no optimizer state yet, and the resumed optimizer
+    makes no step that a run never stopped would not (Adam counts its steps)."""
+    train(tmp_path / "whole", data=char_data, max_iters=6, progress=False, **RESUMABLE)
+
+    def crash(self, it):
+        raise KeyboardInterrupt  # a crash after the first evaluation's checkpoint, before any step
+
+    with monkeypatch.context() as m:
+        m.setattr(Trainer, "train_step", crash)
+        with pytest.raises(KeyboardInterrupt):
+            train(tmp_path / "parts", data=char_data, max_iters=6, progress=False, **RESUMABLE)
+    assert torch.load(tmp_path / "parts" / "checkpoint.pt", weights_only=True)["iteration"] == 0
+    train(tmp_path / "parts", resume=True, progress=False)
+    assert losses(tmp_path / "parts") == losses(tmp_path / "whole")
+
+
 def test_a_resumed_run_keeps_its_model(char_data, tmp_path):
     train(tmp_path / "out", data=char_data, max_iters=2, progress=False, **TINY)
     with pytest.raises(InvalidArgumentError, match=r"n_embd \(--n-embd\) is 64, but the run was started with 32"):
@@ -307,6 +343,9 @@ def test_fine_tuning_crops_the_context_and_checks_the_vocabulary(gpt2_data, char
     (dict(device="cuda:7" if torch.cuda.is_available() else "cuda"), "cuda"),
     (dict(compile="yes"), "compile must be one of auto, on, off"),
     (dict(block_size=40_000), "too short|shorter"),
+    (dict(timeout=0), "timeout must be a positive number, got 0"),
+    (dict(fsdp="yes"), "fsdp must be True or False, got 'yes'"),
+    (dict(checkpoint_activations=1), "checkpoint_activations must be True or False, got 1"),
 ])  # fmt: skip
 def test_bad_settings_are_named(char_data, tmp_path, changes, message):
     with pytest.raises(GPT2Error, match=message):

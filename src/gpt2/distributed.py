@@ -18,6 +18,7 @@ the rendezvous store which ranks still answer, and stop with an error naming tho
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -99,8 +100,7 @@ class Processes:
         if not self.grouped:
             return forward
         device_ids = [self.device.index] if self.device.type == "cuda" else None
-        # no buffer to broadcast: the only one (sinusoidal positions) is the same everywhere
-        self.ddp = DistributedDataParallel(forward, device_ids=device_ids, broadcast_buffers=False)
+        self.ddp = DistributedDataParallel(forward, device_ids=device_ids)
         return self.ddp
 
     @contextmanager
@@ -176,8 +176,9 @@ class Processes:
             who = f"rank{'s' * (len(silent) > 1)} {', '.join(map(str, silent))} of {self.world} stopped answering (died, or hangs)"
         else:
             return None  # everyone answers: not a lost process
-        return DistributedError(f"{who}: rank {self.rank} stops too; a collective fails after --timeout {self.timeout:g} s "
-                                f"({type(error).__name__}: {str(error).splitlines()[0][:200]})")  # fmt: skip
+        cause = re.sub(r"^\[[^\]]*\]\s*", "", str(error).strip().splitlines()[0])[:120]  # without gloo's source location
+        return DistributedError(f"{who}, so rank {self.rank} stops too (a collective waits at most --timeout {self.timeout:g} s; "
+                                f"the backend said: {cause})")  # fmt: skip
 
     def _silent_ranks(self) -> list[int] | None:
         """The ranks that do not check in with the store within ANSWER_WAIT seconds (None: no store)."""

@@ -1,0 +1,219 @@
+"""Training on several processes: 2 CPU processes (gloo, started by torchrun as users start
+them) against 1, with DDP and FSDP2; resumption, Ctrl-C, a process that dies, bad launches."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import REPO, corpus, heed_ctrl_c
+from gpt2 import DistributedError, InvalidArgumentError
+from gpt2.cli import main
+from gpt2.data import prepare
+from gpt2.distributed import start
+from gpt2.model import GPT2
+from gpt2.train import read_log, train
+
+# grad_accum 4 splits into 2 micro-batches a process; eval_iters 3 does not split evenly.
+SETTINGS = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, batch_size=4, grad_accum=4, lr=3e-3, min_lr=3e-4, warmup_iters=5,
+                lr_decay_iters=20, eval_interval=10, eval_iters=3, device="cpu", compile="off")  # fmt: skip
+ENV = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
+TOLERANCE = 1e-4
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("char")
+    (root / "input.txt").write_text(corpus()[1][:60_000], encoding="utf-8")
+    prepare([root / "input.txt"], root / "data", "char", progress=False)
+    return root / "data"
+
+
+@pytest.fixture(scope="module")
+def one_process(data, tmp_path_factory) -> Path:
+    """The reference: 20 iterations in this process."""
+    out = tmp_path_factory.mktemp("one") / "out"
+    train(out, data=data, max_iters=20, progress=False, **SETTINGS)
+    return out
+
+
+def flags(**settings) -> list[str]:
+    return [f"--{k.replace('_', '-')}={v}" for k, v in settings.items()]
+
+
+def torchrun(*args: str, nproc: int = 2, check: bool = True, **popen) -> subprocess.CompletedProcess:
+    """`torchrun --standalone --nproc_per_node N -m gpt2 train ...`, the user's command."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "gpt2", "train",
+               "--no-progress", *args]  # fmt: skip
+    result = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=300, **popen)
+    if check:
+        assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def curve(out: Path) -> tuple[dict[int, float], dict[int, float]]:
+    """The training loss of each iteration and the validation loss of each evaluation."""
+    records = read_log(out / "log.jsonl")
+    return {r["iter"]: r["loss"] for r in records if "loss" in r}, {r["iter"]: r["val_loss"] for r in records if "val_loss" in r}
+
+
+def assert_same_curve(out: Path, reference: Path) -> None:
+    (steps, evals), (ref_steps, ref_evals) = curve(out), curve(reference)
+    assert sorted(steps) == sorted(ref_steps) == list(range(20)) and sorted(evals) == sorted(ref_evals) == [0, 10, 20]
+    assert max(abs(steps[i] - ref_steps[i]) for i in steps) < TOLERANCE
+    assert max(abs(evals[i] - ref_evals[i]) for i in evals) < TOLERANCE
+    assert steps[19] < steps[0] - 0.3  # it learned: the curves compared are not flat
+
+
+def assert_same_model(out: Path, reference: Path) -> None:
+    """The best model, saved by rank 0 (gathered from the shards under FSDP), loads like any other."""
+    ours, theirs = GPT2.from_pretrained(out, device="cpu"), GPT2.from_pretrained(reference, device="cpu")
+    assert ours.tokenizer.decode(ours.tokenizer.encode("To be")) == "To be"
+    for (name, a), (_, b) in zip(ours.named_parameters(), theirs.named_parameters(), strict=True):
+        assert torch.allclose(a, b, atol=TOLERANCE), name
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_two_processes_follow_the_loss_curve_of_one(mode, data, one_process, tmp_path):
+    fsdp = ["--fsdp"] if mode == "fsdp" else []
+    result = torchrun("--data", str(data), "--out", str(tmp_path / "out"), *flags(max_iters=20, **SETTINGS), *fsdp,
+                      "--sample-prompt", "The")  # fmt: skip
+    assert_same_curve(tmp_path / "out", one_process)
+    assert_same_model(tmp_path / "out", one_process)
+    # rank 0 alone prints: one line an evaluation, one sample, one summary
+    output = result.stdout + result.stderr
+    assert output.count("iter 10: train loss") == 1 and output.count("sample: The") == 3
+    assert output.count("gpt2: 20 iterations; best validation loss") == 1
+    evals = [r for r in read_log(tmp_path / "out" / "log.jsonl") if "val_loss" in r]
+    assert len(evals) == 3 and all(len(r["sample"]) > 0 for r in evals)
+    assert (tmp_path / "out" / "loss.png").read_bytes().startswith(b"\x89PNG")
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_a_resumed_run_continues_as_one_process_does(mode, data, one_process, tmp_path):
+    fsdp = ["--fsdp"] if mode == "fsdp" else []
+    out = str(tmp_path / "out")
+    torchrun("--data", str(data), "--out", out, *flags(max_iters=10, **SETTINGS), *fsdp)
+    torchrun("--out", out, "--resume", "--max-iters=20", *fsdp)
+    assert_same_curve(tmp_path / "out", one_process)
+
+
+def test_one_process_resumes_a_run_of_two(data, one_process, tmp_path):
+    """The checkpoint holds whole tensors: it does not depend on how many processes wrote it."""
+    torchrun("--data", str(data), "--out", str(tmp_path / "out"), *flags(max_iters=10, **SETTINGS), "--fsdp")
+    train(tmp_path / "out", resume=True, max_iters=20, fsdp=False, progress=False)
+    assert_same_curve(tmp_path / "out", one_process)
+
+
+def test_ctrl_c_stops_every_process_with_a_checkpoint(data, one_process, tmp_path):
+    out = tmp_path / "out"
+    settings = dict(SETTINGS, max_iters=20_000, lr_decay_iters=20, eval_interval=10_000)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "gpt2", "train",
+               "--no-progress", "--data", str(data), "--out", str(out), *flags(**settings)]  # fmt: skip
+    process = subprocess.Popen(command, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=heed_ctrl_c)
+    deadline = time.time() + 120
+    while time.time() < deadline and process.poll() is None and len(curve(out)[0] if (out / "log.jsonl").exists() else {}) < 25:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)  # what Ctrl-C sends torchrun, which passes it on to each process
+    _, err = process.communicate(timeout=120)
+    assert "gpt2: interrupted at iteration" in err and "checkpoint saved" in err
+    stopped = max(curve(out)[0]) + 1
+    assert 25 <= stopped < 20_000
+    torchrun("--out", str(out), "--resume", f"--max-iters={stopped + 5}")
+    steps = curve(out)[0]
+    assert sorted(steps) == list(range(stopped + 5))
+    ref = curve(one_process)[0]
+    assert max(abs(steps[i] - ref[i]) for i in range(20)) < TOLERANCE  # the same run as ever, up to where the reference ends
+
+
+# ------------------------------------------------------------------ bad launches, lost processes
+
+
+def test_grad_accum_must_divide_among_the_processes(data, tmp_path):
+    result = torchrun("--data", str(data), "--out", str(tmp_path / "out"), *flags(**dict(SETTINGS, grad_accum=3)), check=False)
+    assert result.returncode != 0
+    message = "gpt2: error: grad_accum (--grad-accum) 3 must be a multiple of the 2 processes"
+    assert result.stderr.count(message) == 1  # every process finds it; rank 0 says it
+    assert "src/gpt2/" not in result.stderr  # no traceback of ours (what follows is torchrun's report of the exit)
+
+
+def test_fsdp_needs_a_distributed_launch(data, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    with pytest.raises(InvalidArgumentError, match="--fsdp shards the model over the processes of a distributed launch: start"):
+        train(tmp_path / "out", data=data, fsdp=True, progress=False, **SETTINGS)
+    assert main(["train", "--data", str(data), "--out", str(tmp_path / "out"), "--fsdp", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("gpt2: error: --fsdp shards the model") and "torchrun" in err
+
+
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        (dict(RANK="one", WORLD_SIZE="2", LOCAL_RANK="0"), "environment variable RANK must be a whole number"),
+        (dict(RANK="0", WORLD_SIZE="2"), "environment variable LOCAL_RANK must be a whole number"),
+        (dict(RANK="2", WORLD_SIZE="2", LOCAL_RANK="0"), "RANK 2 is not below WORLD_SIZE 2"),
+        (dict(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="no"), "could not reach the other processes"),
+    ],
+)
+def test_a_bad_launch_environment_is_named(env, message, monkeypatch):
+    for name in ("LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(DistributedError, match=message):
+        start("cpu", timeout=5)
+    assert not torch.distributed.is_initialized()
+
+
+def test_one_process_needs_no_group(monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    procs = start("cpu", timeout=5)
+    assert (procs.rank, procs.world, procs.device, procs.is_main, procs.grouped) == (0, 1, torch.device("cpu"), True, False)
+    assert procs.sum(torch.tensor([2.0, 3.0])).tolist() == [2.0, 3.0]
+    assert procs.any(True) and not procs.any(False)
+    assert procs.gather("x") == ["x"]
+    assert procs.failure(RuntimeError("gloo: connection reset")) is None  # nobody else to lose
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("how", ["dies", "hangs"])
+def test_a_lost_process_is_named_and_the_others_stop(how, data, tmp_path):
+    """Two processes started by hand (as a launcher other than torchrun would), then rank 1 is
+    killed, or stopped (SIGSTOP: it hangs): rank 0 stops within the timeout, naming rank 1."""
+    settings = dict(SETTINGS, max_iters=100_000, eval_interval=100_000)
+    env = {**ENV, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
+    command = [sys.executable, "-m", "gpt2", "train", "--no-progress", "--data", str(data), "--out", str(tmp_path / "out"),
+               "--timeout=3", *flags(**settings)]  # fmt: skip
+    ranks = [subprocess.Popen(command, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in (0, 1)]  # fmt: skip
+    try:
+        log = tmp_path / "out" / "log.jsonl"
+        deadline = time.time() + 120
+        while time.time() < deadline and ranks[0].poll() is None and len(read_log(log)) < 5:
+            time.sleep(0.05)
+        ranks[1].send_signal(signal.SIGKILL if how == "dies" else signal.SIGSTOP)
+        lost = time.time()
+        _, err = ranks[0].communicate(timeout=60)
+        assert time.time() - lost < 3 + 10 + 10  # the timeout, the wait to hear from the others, start-up slack
+    finally:
+        for process in ranks:
+            process.send_signal(signal.SIGCONT)
+            process.kill()
+            process.communicate()
+    assert ranks[0].returncode == 2
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("gpt2: error: rank 1 of 2 stopped answering (died, or hangs), so rank 0 stops too"), err
+    assert "--timeout 3 s" in last
