@@ -1,6 +1,6 @@
 """Training speed and quality against nanoGPT, run from ../shared/anchors/nanoGPT in the same run.
 
-    .venv/bin/python benchmarks/train.py [--only shakespeare|124m] [--iters N]
+    .venv/bin/python benchmarks/train.py [--only shakespeare|124m|ddp|gpu] [--iters N]
 
 1. nanoGPT's CPU recipe for shakespeare_char (its README): 4 layers, 4 heads, 128 wide, block
    64, batch 12, 2000 iterations, lr 1e-3 to 1e-4, warm-up 100, beta2 0.99, dropout 0, an
@@ -11,6 +11,14 @@
 2. The 124M shape on the CPU, batch 4 x 256, AdamW, random ids: tokens/s (median over the
    timed iterations) and the process's peak memory, each trainer in a process of its own.
    nanoGPT uses its default vocabulary for GPT-2 data (50304, padded), gpt2 GPT-2's own (50257).
+3. DDP on the CPU (gloo): `torchrun --nproc_per_node 2 -m gpt2 train` against `gpt2 train` in
+   one process, the same global batch (grad_accum 2: one micro-batch a process), for the
+   shakespeare_char shape and the 124M one. On a 2-core machine the one process has 2 threads
+   and each of the two 1, so this measures what the split and the gradient all-reduce cost.
+   (nanoGPT's train.py runs DDP on CUDA only: it puts each process on cuda:LOCAL_RANK.)
+4. One GPU (run where CUDA is; skipped elsewhere): the 124M shape, batch 16 x 1024, bfloat16
+   autocast, fused AdamW, eager and compiled, as section 2 runs it, plus MFU against the GPU's
+   dense bfloat16 peak and the peak GPU memory of each.
 
 nanoGPT is run in place from a scratch directory that links to its files (its train.py reads
 configurator.py and data/ from the working directory); nothing of it is copied into the project.
@@ -111,53 +119,139 @@ else:
     settings = json.loads(sys.argv[4])
     train("ours-out", progress=False, **settings)
     ms = [r["ms"] for r in read_log(__import__("pathlib").Path("ours-out/log.jsonl")) if "ms" in r]
-print(json.dumps({"ms": statistics.median(ms[2:]), "peak_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
+import torch
+peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(json.dumps({"ms": statistics.median(ms[2:]), "peak_bytes": peak}))
 """
 
 
-def gpt2_124m(root: Path, iters: int) -> list[list[str]]:
-    work = nanogpt_workdir(root / "m")
-    data = work / "data" / "random"
-    data.mkdir()
+def random_ids(data: Path) -> None:
+    """GPT-2 ids drawn uniformly: speed does not depend on what the model learns."""
+    data.mkdir(parents=True)
     ids = np.random.default_rng(0).integers(0, 50257, size=2_000_000, dtype=np.uint16)
     ids.tofile(data / "train.bin")
     ids[:200_000].tofile(data / "val.bin")
-    tokens = GPT2_CPU_124M["batch_size"] * GPT2_CPU_124M["block_size"]
-    common = dict(GPT2_CPU_124M, max_iters=iters, eval_interval=10**6, eval_iters=1, log_interval=1, warmup_iters=0)
+
+
+def gpt2_124m(root: Path, iters: int, device: str = "cpu", shape: dict = GPT2_CPU_124M, dtype: str = "float32",
+              compiled: bool = False) -> dict[str, dict[str, float]]:  # fmt: skip
+    """Each trainer's median ms per iteration and peak memory (the process's on the CPU, the GPU's on CUDA)."""
+    work = nanogpt_workdir(root / f"m-{device}-{compiled}")
+    random_ids(work / "data" / "random")
+    common = dict(shape, max_iters=iters, eval_interval=10**6, eval_iters=1, log_interval=1, warmup_iters=0)
     nano_flags = [f"--{NANOGPT_NAMES.get(k, k)}={v}" for k, v in common.items()]
+    ours = dict(common, data=str(work / "data" / "random"), device=device, compile="on" if compiled else "off", dtype=dtype)
     results = {}
-    for which, args in (("nanogpt", ["--dataset=random", "--device=cpu", "--compile=False", "--dtype=float32",
+    for which, args in (("nanogpt", ["--dataset=random", f"--device={device}", f"--compile={compiled}", f"--dtype={dtype}",
                                      "--out_dir=nano-out", *nano_flags]),
-                        ("gpt2", [json.dumps(dict(common, data=str(data), device="cpu", compile="off", dtype="float32"))])):  # fmt: skip
+                        ("gpt2", [json.dumps(ours)])):  # fmt: skip
         out = subprocess.run([sys.executable, "-c", CHILD_124M, which, str(work), str(iters), *args],
                              capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO / "src")})  # fmt: skip
         if out.returncode != 0:
             sys.exit(f"{which} failed:\n{out.stderr[-3000:]}")
         results[which] = json.loads(out.stdout.strip().splitlines()[-1])
+    return results
+
+
+def cpu_124m(root: Path, iters: int) -> list[list[str]]:
+    results = gpt2_124m(root, iters)
     ours, theirs = results["gpt2"], results["nanogpt"]
+    tokens = GPT2_CPU_124M["batch_size"] * GPT2_CPU_124M["block_size"]
     return [
         ["124M, batch 4 x 256: tokens/s", f"{tokens / ours['ms'] * 1000:.0f}", f"{tokens / theirs['ms'] * 1000:.0f}",
          f"{theirs['ms'] / ours['ms']:.2f}x"],
-        ["124M, batch 4 x 256: peak memory of the process", f"{ours['peak_kib'] / 2**20:.2f} GiB",
-         f"{theirs['peak_kib'] / 2**20:.2f} GiB", f"{ours['peak_kib'] / theirs['peak_kib']:.2f}x the memory"],
+        ["124M, batch 4 x 256: peak memory of the process", f"{ours['peak_bytes'] / 2**30:.2f} GiB",
+         f"{theirs['peak_bytes'] / 2**30:.2f} GiB", f"{ours['peak_bytes'] / theirs['peak_bytes']:.2f}x the memory"],
     ]  # fmt: skip
+
+
+GPU_124M = dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, batch_size=16, grad_accum=1, dropout=0.0)
+H100_BF16 = 989e12  # dense bfloat16 FLOP/s of an H100 SXM (the data sheet)
+
+
+def gpu(root: Path, iters: int) -> list[list[str]]:
+    """nanoGPT and gpt2 on one GPU: tokens/s, MFU (PaLM's FLOP count, as nanoGPT's estimate_mfu) and peak GPU memory."""
+    import torch
+
+    from gpt2.config import GPT2Config
+    from gpt2.model import GPT2
+    from gpt2.train import flops_per_token
+
+    with torch.device("meta"):
+        per_token = flops_per_token(GPT2(GPT2Config(n_vocab=50257, n_ctx=1024, n_layer=12, n_head=12, n_embd=768)))
+    name = torch.cuda.get_device_name()
+    tokens = GPU_124M["batch_size"] * GPU_124M["block_size"]
+    rows = []
+    for compiled in (False, True):
+        results = gpt2_124m(root, iters, "cuda", GPU_124M, "bfloat16", compiled)
+        ours, theirs = results["gpt2"], results["nanogpt"]
+        rate = {k: tokens / r["ms"] * 1000 for k, r in results.items()}
+        label = f"{name}, 124M, 16 x 1024, bfloat16, {'compiled' if compiled else 'eager'}"
+        rows += [
+            [f"{label}: tokens/s", f"{rate['gpt2']:,.0f}", f"{rate['nanogpt']:,.0f}", f"{rate['gpt2'] / rate['nanogpt']:.2f}x"],
+            [f"{label}: MFU", f"{rate['gpt2'] * per_token / H100_BF16:.1%}", f"{rate['nanogpt'] * per_token / H100_BF16:.1%}", ""],
+            [f"{label}: peak GPU memory", f"{ours['peak_bytes'] / 2**30:.2f} GiB", f"{theirs['peak_bytes'] / 2**30:.2f} GiB",
+             f"{ours['peak_bytes'] / theirs['peak_bytes']:.2f}x the memory"],
+        ]  # fmt: skip
+    return rows
+
+
+def ddp(root: Path, iters: int) -> list[list[str]]:
+    """`gpt2 train` in one process against torchrun's two, the same global batch: median ms per iteration."""
+    gpt2 = [sys.executable, "-m", "gpt2"]
+    run_timed([*gpt2, "prepare", str(SHAKESPEARE), "--out", str(root / "char"), "--tokenizer", "char", "--no-progress"], cwd=root)
+    random_ids(root / "random")
+    shapes = [  # the 124M shape takes about 15 s an iteration here: 6 of them
+        ("shakespeare_char shape, batch 12 x 64", root / "char", dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12), iters),
+        ("124M, batch 2 x 256", root / "random", dict(GPT2_CPU_124M, batch_size=2), 6),
+    ]  # fmt: skip
+    rows = []
+    for label, data, shape, max_iters in shapes:
+        settings = dict(shape, grad_accum=2, max_iters=max_iters, eval_interval=10**6, eval_iters=1, warmup_iters=0, device="cpu",
+                        compile="off")  # fmt: skip
+        ms = {}
+        for procs in (1, 2):
+            out = root / f"ddp-{data.name}-{procs}"
+            launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "gpt2"] if procs == 2 else gpt2
+            run_timed([*launch, "train", "--data", str(data), "--out", str(out), "--no-progress",
+                       *(f"--{k.replace('_', '-')}={v}" for k, v in settings.items())], cwd=root)  # fmt: skip
+            records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+            ms[procs] = statistics.median(r["ms"] for r in records if "ms" in r and r["iter"] >= 2)
+        tokens = shape["batch_size"] * shape["block_size"] * 2
+        rows.append([f"{label}, grad_accum 2: tokens/s", f"{tokens / ms[1] * 1000:,.0f}", f"{tokens / ms[2] * 1000:,.0f}",
+                     f"{ms[1] / ms[2]:.2f}x"])  # fmt: skip
+    return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=["shakespeare", "124m"])
+    parser.add_argument("--only", choices=["shakespeare", "124m", "ddp", "gpu"])
     parser.add_argument("--iters", type=int, default=2000, help="iterations of the shakespeare recipe (default: 2000)")
     parser.add_argument("--iters-124m", type=int, default=8, help="iterations of the 124M run (default: 8; the first 2 are warm-up)")
+    parser.add_argument("--iters-gpu", type=int, default=50, help="iterations of each GPU run (default: 50; the first 2 are warm-up)")
+    parser.add_argument("--iters-ddp", type=int, default=30, help="iterations of each DDP run (default: 30; the first 2 are warm-up)")
     args = parser.parse_args()
     if not ANCHOR.is_dir() or not SHAKESPEARE.is_file():
         sys.exit(f"this benchmark needs nanoGPT in {ANCHOR} and {SHAKESPEARE} (../shared beside the clone)")
-    rows = []
+    import torch
+
+    if args.only == "gpu" and not torch.cuda.is_available():
+        sys.exit("--only gpu needs a CUDA GPU: this machine has none")
+    rows, ddp_rows = [], []
     with tempfile.TemporaryDirectory() as tmp:
         if args.only in (None, "shakespeare"):
             rows += shakespeare(Path(tmp) / "s", args.iters)
         if args.only in (None, "124m"):
-            rows += gpt2_124m(Path(tmp), args.iters_124m)
-    print_table(["measure", "gpt2", "nanoGPT", "gpt2 vs nanoGPT"], rows)
+            rows += cpu_124m(Path(tmp), args.iters_124m)
+        if args.only in (None, "gpu") and torch.cuda.is_available():
+            rows += gpu(Path(tmp), args.iters_gpu)
+        if args.only in (None, "ddp"):
+            (Path(tmp) / "d").mkdir()
+            ddp_rows = ddp(Path(tmp) / "d", args.iters_ddp)
+    if rows:
+        print_table(["measure", "gpt2", "nanoGPT", "gpt2 vs nanoGPT"], rows)
+    if ddp_rows:
+        print_table(["DDP on the CPU (gloo)", "1 process, 2 threads", "2 processes, 1 thread each", "2 vs 1"], ddp_rows)
 
 
 if __name__ == "__main__":
