@@ -485,8 +485,10 @@ def check_out(out: Path, resume: bool, overwrite: bool) -> None:
 
 def resumed_settings(stored: dict[str, Any], changes: dict[str, Any]) -> TrainSettings:
     """The stored settings of a run, with the changes a resume may make; any other change is an error."""
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainSettings)}
+    stored = {**defaults, **stored}  # a setting added since the run started has its default
     for name, value in changes.items():
-        if name not in stored:
+        if name not in defaults:
             raise InvalidArgumentError(f"unknown setting {name!r}")
         if value != stored[name] and name not in RESUME_OVERRIDES:
             raise InvalidArgumentError(
