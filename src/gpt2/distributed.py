@@ -69,6 +69,7 @@ class Processes:
     world: int = 1
     timeout: float = DIST_TIMEOUT
     store: dist.Store | None = None  # the rendezvous store, where a group was started here
+    control: dist.ProcessGroup | None = None  # gloo beside NCCL, for flags and objects: no GPU sync
     ddp: DistributedDataParallel | None = field(default=None, repr=False)
     sharded: FSDPModule | None = field(default=None, repr=False)  # the model, under --fsdp
 
@@ -126,17 +127,20 @@ class Processes:
         return values
 
     def any(self, flag: bool) -> bool:
-        """Whether `flag` is true in any process (every process must ask)."""
+        """Whether `flag` is true in any process (every process must ask; on the CPU, so that
+        asking at each iteration does not wait for the GPU)."""
         if not self.grouped:
             return flag
-        return bool(self.sum(torch.tensor([float(flag)], device=self.device)).item())
+        flags = torch.tensor([int(flag)])
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.control)
+        return bool(flags.item())
 
     def gather(self, obj: Any) -> list[Any]:
         """Every process's `obj`, in rank order."""
         if not self.grouped:
             return [obj]
         objects = [None] * self.world
-        dist.all_gather_object(objects, obj)
+        dist.all_gather_object(objects, obj, group=self.control)
         return objects
 
     # ------------------------------------------------------------ state for checkpoints
@@ -167,8 +171,8 @@ class Processes:
     def failure(self, error: BaseException) -> DistributedError | None:
         """The error to stop with when `error` is a collective that failed because another
         process died or hangs (None for any other error): it names the ranks that do not answer."""
-        if not self.grouped or isinstance(error, GPT2Error) or not _is_collective_error(error):
-            return None
+        if self.store is None or not self.grouped or isinstance(error, GPT2Error) or not _is_collective_error(error):
+            return None  # (without our store, as in a group the caller started, nobody to ask)
         silent = self._silent_ranks()
         if silent is None:
             who = "the rendezvous store does not answer (its host, rank 0 or torchrun's agent, is gone)"
@@ -181,9 +185,7 @@ class Processes:
                                 f"the backend said: {cause})")  # fmt: skip
 
     def _silent_ranks(self) -> list[int] | None:
-        """The ranks that do not check in with the store within ANSWER_WAIT seconds (None: no store)."""
-        if self.store is None:
-            return None
+        """The ranks that do not check in with the store within ANSWER_WAIT seconds (None: the store is gone)."""
         try:
             self.store.set(f"gpt2/answering/{self.rank}", "1")
             deadline = time.monotonic() + min(self.timeout, ANSWER_WAIT)
@@ -230,4 +232,5 @@ def start(device: str, timeout: float = DIST_TIMEOUT) -> Processes:
     backend = "nccl" if resolved.type == "cuda" else "gloo"
     dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timedelta(seconds=timeout),
                             device_id=resolved if backend == "nccl" else None)  # fmt: skip
-    return Processes(resolved, rank, world, timeout, store)
+    control = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout)) if backend == "nccl" else None
+    return Processes(resolved, rank, world, timeout, store, control)
