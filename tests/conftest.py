@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from helpers import VOCAB, corpus, tiktoken_from_files
+from gpt2.data import prepare
 
 # Tests never wait on the Hugging Face hub's retries.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -45,3 +46,23 @@ def real_gpt2_dir():
     except Exception:
         pass
     pytest.skip("the real GPT-2 weights are not on this machine: set GPT2_WEIGHTS=DIR (see README)")
+
+
+def prepared(tmp_path_factory, tokenizer: str, chars: int) -> Path:
+    """The first `chars` characters of the corpus as one document, prepared with `tokenizer`."""
+    root = tmp_path_factory.mktemp(tokenizer)
+    (root / "input.txt").write_text(corpus()[1][:chars], encoding="utf-8")
+    prepare([root / "input.txt"], root / "data", tokenizer, progress=False)
+    return root / "data"
+
+
+@pytest.fixture(scope="module")
+def char_data(tmp_path_factory) -> Path:
+    """About 60 kB of text, prepared as nanoGPT's shakespeare_char is (one document, 10% validation)."""
+    return prepared(tmp_path_factory, "char", 60_000)
+
+
+@pytest.fixture(scope="module")
+def gpt2_data(tmp_path_factory) -> Path:
+    """About 30 kB of text in GPT-2's ids."""
+    return prepared(tmp_path_factory, "gpt2", 30_000)

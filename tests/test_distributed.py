@@ -14,10 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import REPO, corpus, heed_ctrl_c
+from helpers import REPO, heed_ctrl_c
 from gpt2 import DistributedError, InvalidArgumentError
 from gpt2.cli import main
-from gpt2.data import prepare
 from gpt2.distributed import start
 from gpt2.model import GPT2
 from gpt2.train import read_log, train
@@ -30,18 +29,10 @@ TOLERANCE = 1e-4
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("char")
-    (root / "input.txt").write_text(corpus()[1][:60_000], encoding="utf-8")
-    prepare([root / "input.txt"], root / "data", "char", progress=False)
-    return root / "data"
-
-
-@pytest.fixture(scope="module")
-def one_process(data, tmp_path_factory) -> Path:
+def one_process(char_data, tmp_path_factory) -> Path:
     """The reference: 20 iterations in this process."""
     out = tmp_path_factory.mktemp("one") / "out"
-    train(out, data=data, max_iters=20, sample_prompt="The", progress=False, **SETTINGS)
+    train(out, data=char_data, max_iters=20, sample_prompt="The", progress=False, **SETTINGS)
     return out
 
 
@@ -82,9 +73,9 @@ def assert_same_model(out: Path, reference: Path) -> None:
 
 
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
-def test_two_processes_follow_the_loss_curve_of_one(mode, data, one_process, tmp_path):
+def test_two_processes_follow_the_loss_curve_of_one(mode, char_data, one_process, tmp_path):
     fsdp = ["--fsdp"] if mode == "fsdp" else []
-    result = torchrun("--data", str(data), "--out", str(tmp_path / "out"), *flags(max_iters=20, **SETTINGS), *fsdp,
+    result = torchrun("--data", str(char_data), "--out", str(tmp_path / "out"), *flags(max_iters=20, **SETTINGS), *fsdp,
                       "--sample-prompt", "The")  # fmt: skip
     assert_same_curve(tmp_path / "out", one_process)
     assert_same_model(tmp_path / "out", one_process)
@@ -100,26 +91,26 @@ def test_two_processes_follow_the_loss_curve_of_one(mode, data, one_process, tmp
 
 
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
-def test_a_resumed_run_continues_as_one_process_does(mode, data, one_process, tmp_path):
+def test_a_resumed_run_continues_as_one_process_does(mode, char_data, one_process, tmp_path):
     fsdp = ["--fsdp"] if mode == "fsdp" else []
     out = str(tmp_path / "out")
-    torchrun("--data", str(data), "--out", out, *flags(max_iters=10, **SETTINGS), *fsdp)
+    torchrun("--data", str(char_data), "--out", out, *flags(max_iters=10, **SETTINGS), *fsdp)
     torchrun("--out", out, "--resume", "--max-iters=20", *fsdp)
     assert_same_curve(tmp_path / "out", one_process)
 
 
-def test_one_process_resumes_a_run_of_two(data, one_process, tmp_path):
+def test_one_process_resumes_a_run_of_two(char_data, one_process, tmp_path):
     """The checkpoint holds whole tensors: it does not depend on how many processes wrote it."""
-    torchrun("--data", str(data), "--out", str(tmp_path / "out"), *flags(max_iters=10, **SETTINGS), "--fsdp")
+    torchrun("--data", str(char_data), "--out", str(tmp_path / "out"), *flags(max_iters=10, **SETTINGS), "--fsdp")
     train(tmp_path / "out", resume=True, max_iters=20, fsdp=False, progress=False)
     assert_same_curve(tmp_path / "out", one_process)
 
 
-def test_ctrl_c_stops_every_process_with_a_checkpoint(data, one_process, tmp_path):
+def test_ctrl_c_stops_every_process_with_a_checkpoint(char_data, one_process, tmp_path):
     out = tmp_path / "out"
     settings = dict(SETTINGS, max_iters=20_000, lr_decay_iters=20, eval_interval=10_000)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "gpt2", "train",
-               "--no-progress", "--data", str(data), "--out", str(out), *flags(**settings)]  # fmt: skip
+               "--no-progress", "--data", str(char_data), "--out", str(out), *flags(**settings)]  # fmt: skip
     process = subprocess.Popen(command, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=heed_ctrl_c)
     deadline = time.time() + 120
     while time.time() < deadline and process.poll() is None and len(curve(out)[0] if (out / "log.jsonl").exists() else {}) < 25:
@@ -139,19 +130,19 @@ def test_ctrl_c_stops_every_process_with_a_checkpoint(data, one_process, tmp_pat
 # ------------------------------------------------------------------ bad launches, lost processes
 
 
-def test_grad_accum_must_divide_among_the_processes(data, tmp_path):
-    result = torchrun("--data", str(data), "--out", str(tmp_path / "out"), *flags(**dict(SETTINGS, grad_accum=3)), check=False)
+def test_grad_accum_must_divide_among_the_processes(char_data, tmp_path):
+    result = torchrun("--data", str(char_data), "--out", str(tmp_path / "out"), *flags(**dict(SETTINGS, grad_accum=3)), check=False)
     assert result.returncode != 0
     message = "gpt2: error: grad_accum (--grad-accum) 3 must be a multiple of the 2 processes"
     assert result.stderr.count(message) == 1  # every process finds it; rank 0 says it
     assert "src/gpt2/" not in result.stderr  # no traceback of ours (what follows is torchrun's report of the exit)
 
 
-def test_fsdp_needs_a_distributed_launch(data, tmp_path, capsys, monkeypatch):
+def test_fsdp_needs_a_distributed_launch(char_data, tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("RANK", raising=False)
     with pytest.raises(InvalidArgumentError, match="--fsdp shards the model over the processes of a distributed launch: start"):
-        train(tmp_path / "out", data=data, fsdp=True, progress=False, **SETTINGS)
-    assert main(["train", "--data", str(data), "--out", str(tmp_path / "out"), "--fsdp", "--device", "cpu"]) == 2
+        train(tmp_path / "out", data=char_data, fsdp=True, progress=False, **SETTINGS)
+    assert main(["train", "--data", str(char_data), "--out", str(tmp_path / "out"), "--fsdp", "--device", "cpu"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("gpt2: error: --fsdp shards the model") and "torchrun" in err
 
@@ -192,12 +183,12 @@ def free_port() -> int:
 
 
 @pytest.mark.parametrize("how", ["dies", "hangs"])
-def test_a_lost_process_is_named_and_the_others_stop(how, data, tmp_path):
+def test_a_lost_process_is_named_and_the_others_stop(how, char_data, tmp_path):
     """Two processes started by hand (as a launcher other than torchrun would), then rank 1 is
     killed, or stopped (SIGSTOP: it hangs): rank 0 stops within the timeout, naming rank 1."""
     settings = dict(SETTINGS, max_iters=100_000, eval_interval=100_000)
     env = {**ENV, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
-    command = [sys.executable, "-m", "gpt2", "train", "--no-progress", "--data", str(data), "--out", str(tmp_path / "out"),
+    command = [sys.executable, "-m", "gpt2", "train", "--no-progress", "--data", str(char_data), "--out", str(tmp_path / "out"),
                "--timeout=3", *flags(**settings)]  # fmt: skip
     ranks = [subprocess.Popen(command, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for r in (0, 1)]  # fmt: skip

@@ -15,35 +15,18 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-from helpers import REPO, corpus, heed_ctrl_c, make_hf_model
+from helpers import REPO, heed_ctrl_c, make_hf_model
 from gpt2 import CheckpointError, ContextLengthError, GPT2Error, InvalidArgumentError
 from gpt2.data import get_batch, prepare
 from gpt2.model import GPT2
 from gpt2.config import GPT2Config, TrainSettings
 from gpt2.train import EVAL_STREAM, Trainer, learning_rate, make_optimizer, read_log, train
-from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
 # A model small enough to train for dozens of iterations in a second or two.
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, batch_size=4, grad_accum=2, lr=3e-3, min_lr=3e-4,
             warmup_iters=5, eval_interval=10, eval_iters=2, log_interval=1, device="cpu")  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def char_data(tmp_path_factory) -> Path:
-    """About 60 kB of text, prepared as nanoGPT's shakespeare_char is (one document, 10% validation)."""
-    root = tmp_path_factory.mktemp("char")
-    (root / "input.txt").write_text(corpus()[1][:60_000], encoding="utf-8")
-    prepare([root / "input.txt"], root / "data", "char", progress=False)
-    return root / "data"
-
-
-@pytest.fixture(scope="module")
-def gpt2_data(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("bpe")
-    (root / "input.txt").write_text(corpus()[1][:30_000], encoding="utf-8")
-    prepare([root / "input.txt"], root / "data", "gpt2", progress=False)
-    return root / "data"
 
 
 def losses(out: Path) -> dict[int, float]:

@@ -286,7 +286,7 @@ examples:
   gpt2 train --out out-char --resume --max-iters 4000
   gpt2 train --data data/mytext --out out-ft --init gpt2 --block-size 256 --batch-size 4 \\
       --grad-accum 8 --max-iters 200 --lr 3e-5 --warmup-iters 0 --dropout 0.1
-  torchrun --standalone --nproc_per_node 8 -m gpt2 train --data data/owt --out out-owt \
+  torchrun --standalone --nproc_per_node 8 -m gpt2 train --data data/owt --out out-owt \\
       --config gpt2 --batch-size 12 --grad-accum 40      # 8 GPUs: 5 micro-batches each a step
 
 Defaults are nanoGPT's. Ctrl-C (or SIGTERM) stops at the end of the iteration under way and

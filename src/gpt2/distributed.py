@@ -17,6 +17,7 @@ the rendezvous store which ranks still answer, and stop with an error naming tho
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import time
@@ -135,6 +136,11 @@ class Processes:
         dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.control)
         return bool(flags.item())
 
+    def barrier(self) -> None:
+        """Wait until every process gets here (the end of a run: none leaves while rank 0 writes)."""
+        if self.grouped:
+            dist.barrier(group=self.control)
+
     def gather(self, obj: Any) -> list[Any]:
         """Every process's `obj`, in rank order."""
         if not self.grouped:
@@ -199,9 +205,11 @@ class Processes:
 
     def close(self) -> None:
         """Leave the group this process started (which also stops a hung collective's threads).
-        DDP's reducer holds the group too, and freed after it hangs: it goes first."""
+        Whatever else holds the group (DDP's reducer, FSDP's sharded weights) must be gone by
+        then: a group freed after it was destroyed hangs, or aborts the process at exit."""
         self.ddp = self.sharded = None
         if self.store is not None and self.grouped:
+            gc.collect()  # modules and their hooks hold each other
             dist.destroy_process_group()
         self.store = None
 

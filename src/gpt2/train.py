@@ -172,8 +172,9 @@ class Trainer:
     # -------------------------------------------------------------- the loop
 
     def close(self) -> None:
-        """Leave the process group, once nothing holds it (DDP's wrapper does)."""
-        self.forward = None
+        """Leave the process group, once nothing holds it: DDP's wrapper, and under FSDP the
+        model and the optimizer (their tensors are shards that name the group)."""
+        self.forward = self.model = self.optimizer = None
         self.procs.close()
 
     def run(self) -> TrainResult:
@@ -203,6 +204,7 @@ class Trainer:
                     break
                 if self.procs.any(self.stop_requested):  # every process stops at the same iteration
                     self.save_checkpoint()
+                    self.procs.barrier()
                     return self._result(interrupted=True)
                 started = time.perf_counter()
                 loss = self.train_step(it)
@@ -210,6 +212,7 @@ class Trainer:
                     loss = float(self.procs.sum(loss)) / self.world  # the mean over all micro-batches of the step
                     self._log_step(it, loss, time.perf_counter() - started)
                 bar.update()
+        self.procs.barrier()  # every process ends when rank 0 has written everything
         return self._result(interrupted=False)
 
     def train_step(self, it: int) -> torch.Tensor:
