@@ -22,6 +22,13 @@ def is_real(value: object) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def boolean(name: str, value: object, error: type[Exception] = InvalidArgumentError) -> bool:
+    """True or False itself: never 1, "yes" or None."""
+    if not isinstance(value, bool):
+        raise error(f"{name} must be True or False, got {value!r}")
+    return value
+
+
 def positive_int(name: str, value: object, error: type[Exception] = InvalidArgumentError) -> int:
     if not is_integer(value) or value < 1:
         raise error(f"{name} must be a positive integer, got {value!r}")

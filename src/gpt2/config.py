@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from gpt2._checks import check_token_ids, int_between, positive_int, positive_real, real_between
+from gpt2._checks import boolean, check_token_ids, int_between, positive_int, positive_real, real_between
 from gpt2.errors import ConfigError, ContextLengthError, InvalidArgumentError
 
 # name -> (n_layer, n_head, n_embd); all have n_ctx 1024 and n_vocab 50257.
@@ -64,8 +64,7 @@ class GPT2Config:
             raise ConfigError(f"positions must be one of {', '.join(POSITIONS)}; got {self.positions!r}")
         if self.activation not in ACTIVATIONS:
             raise ConfigError(f"activation must be one of {', '.join(ACTIVATIONS)}; got {self.activation!r}")
-        if not isinstance(self.bias, bool):
-            raise ConfigError(f"bias must be True or False, got {self.bias!r}")
+        boolean("bias", self.bias, ConfigError)
 
     def check_length(self, length: int) -> None:
         """Raise unless a sequence of `length` tokens fits this model's context."""
@@ -236,9 +235,8 @@ class TrainSettings:
         _choice("compile", self.compile, ("auto", "on", "off"))
         _choice("dtype", self.dtype, ("auto", "float32", "bfloat16", "float16"))
         self.timeout = positive_real("timeout", self.timeout)
-        for name in ("checkpoint_activations", "fsdp"):
-            if not isinstance(getattr(self, name), bool):
-                raise InvalidArgumentError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        boolean("checkpoint_activations", self.checkpoint_activations)
+        boolean("fsdp", self.fsdp)
         if self.sample_prompt is not None and not isinstance(self.sample_prompt, str):
             raise InvalidArgumentError(f"sample_prompt must be text, got {self.sample_prompt!r}")
 
@@ -258,8 +256,8 @@ class TrainSettings:
         _choice("positions", self.positions, POSITIONS)
         if self.activation is not None:
             _choice("activation", self.activation, ACTIVATIONS)
-        if self.bias is not None and not isinstance(self.bias, bool):
-            raise InvalidArgumentError(f"bias must be True or False, got {self.bias!r}")
+        if self.bias is not None:
+            boolean("bias", self.bias)
 
     def model_config(self, n_vocab: int) -> GPT2Config:
         """The architecture of a model trained from scratch on a vocabulary of n_vocab ids."""
