@@ -151,10 +151,18 @@ class Processes:
 
     # ------------------------------------------------------------ state for checkpoints
 
+    def _resharded(self) -> None:
+        """Put FSDP's shards back as the parameters: after a forward pass that no backward
+        follows (evaluation, sampling) the root's weights stay gathered, and the state-dict
+        functions, which match parameters to the optimizer's, need the shards."""
+        if self.sharded is not None:
+            self.sharded.reshard()
+
     def model_state(self, model: GPT2) -> dict[str, torch.Tensor]:
         """The model's whole weights on the CPU, on rank 0 ({} elsewhere). Under FSDP every
         process must call it: the shards are gathered."""
         if self.sharded is not None:
+            self._resharded()
             return get_model_state_dict(model, options=_FULL_ON_RANK0)
         return {name: t.detach().cpu() for name, t in model.state_dict().items()} if self.is_main else {}
 
@@ -164,6 +172,7 @@ class Processes:
         Before the first step it is {}: torch would make one (at lr 0, but counting) to fill it."""
         if not optimizer.state or (self.sharded is None and not self.is_main):
             return {}
+        self._resharded()
         return get_optimizer_state_dict(model, optimizer, options=_FULL_ON_RANK0)
 
     def load_optimizer_state(self, model: GPT2, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:

@@ -268,13 +268,14 @@ class Trainer:
         self.evaluated = it
         improved = losses["val"] < self.best_val_loss
         record = {"iter": it, "train_loss": losses["train"], "val_loss": losses["val"], "lr": learning_rate(it, self.s), "best": improved}
+        weights = self.procs.model_state(self.model)  # gathered once (under FSDP, by every process) for both files
         if improved:
             self.best_val_loss = losses["val"]
-            self.save_model()
+            self.save_model(weights)
         if self.s.sample_prompt is not None and (self.is_main or self.procs.sharded is not None):  # FSDP: all take part
             record["sample"] = self.sample(self.s.sample_prompt)
         if not self.is_main:
-            self.save_checkpoint()  # under FSDP its part of the gathering
+            self.save_checkpoint(weights)  # under FSDP its part of gathering the optimizer's state
             return
         self.last_eval = record
         _append_log(self.out / LOG, record)
@@ -282,7 +283,7 @@ class Trainer:
                        + (" (best so far: saved)" if improved else ""))  # fmt: skip
         if "sample" in record:
             self.bar.write(f"sample: {self.s.sample_prompt}{record['sample']}")
-        self.save_checkpoint()
+        self.save_checkpoint(weights)
         plot_losses(self.out / LOG, self.out / PLOT, note=self.bar.write)
 
     def sample(self, prompt: str, max_new_tokens: int = 100) -> str:
@@ -337,19 +338,19 @@ class Trainer:
 
     # -------------------------------------------------------------- files
 
-    def save_model(self) -> None:
-        """The model of the best validation loss, as a model directory: weights, config, tokenizer
-        (under FSDP every process calls this: the weights are gathered on rank 0, which writes)."""
-        tensors = self.procs.model_state(self.model)
+    def save_model(self, weights: dict[str, torch.Tensor]) -> None:
+        """The model of the best validation loss, as a model directory: `weights` (those of
+        `Processes.model_state`, on rank 0, which writes), config, tokenizer."""
         if self.is_main:
             self.model.tokenizer = self.tokenizer
-            self.model.save_pretrained(self.out, tensors)
+            self.model.save_pretrained(self.out, weights)
 
-    def save_checkpoint(self) -> None:
+    def save_checkpoint(self, weights: dict[str, torch.Tensor] | None = None) -> None:
         """All a resume needs, in one file written atomically by rank 0: a failed write keeps
         the last one. The same file for one process, DDP and FSDP: whole weights, the
-        optimizer's state by parameter name, and each process's random state (dropout's)."""
-        model = self.procs.model_state(self.model)
+        optimizer's state by parameter name, and each process's random state (dropout's).
+        `weights`: the model's, already gathered (`Processes.model_state`); else gathered here."""
+        model = self.procs.model_state(self.model) if weights is None else weights
         optimizer = self.procs.optimizer_state(self.model, self.optimizer)
         cuda = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
         rng = self.procs.gather({"cpu": torch.get_rng_state(), "cuda": cuda})
