@@ -41,8 +41,13 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from _common import print_table
+from gpt2.config import GPT2Config
+from gpt2.devices import peak_flops
+from gpt2.model import GPT2
+from gpt2.train import flops_per_token, read_log
 
 REPO = Path(__file__).resolve().parents[1]
 ANCHOR = REPO.parent / "shared" / "anchors" / "nanoGPT"
@@ -92,7 +97,7 @@ def shakespeare(root: Path, iters: int) -> list[list[str]]:
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in recipe.items()]
     ours_s, _ = run_timed([*gpt2, "train", "--data", str(root / "ours-data"), "--out", str(root / "ours-out"), "--device=cpu",
                            "--compile=off", "--lr=1e-3", "--grad-accum=1", "--no-progress", *flags], cwd=root)  # fmt: skip
-    records = [json.loads(line) for line in (root / "ours-out" / "log.jsonl").read_text().splitlines()]
+    records = read_log(root / "ours-out" / "log.jsonl")
     ours_val = [r["val_loss"] for r in records if "val_loss" in r][-1]
     ours_ms = statistics.median(r["ms"] for r in records if "ms" in r and r["iter"] > 0)
     return [
@@ -171,13 +176,6 @@ GPU_124M = dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, batch_size=1
 
 def gpu(root: Path, iters: int) -> list[list[str]]:
     """nanoGPT and gpt2 on one GPU: tokens/s, MFU (PaLM's FLOP count, as nanoGPT's estimate_mfu) and peak GPU memory."""
-    import torch
-
-    from gpt2.config import GPT2Config
-    from gpt2.devices import peak_flops
-    from gpt2.model import GPT2
-    from gpt2.train import flops_per_token
-
     with torch.device("meta"):
         per_token = flops_per_token(GPT2(GPT2Config(n_vocab=50257, n_ctx=1024, n_layer=12, n_head=12, n_embd=768)))
     name = torch.cuda.get_device_name()
@@ -217,8 +215,7 @@ def ddp(root: Path, iters: int) -> list[list[str]]:
             launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "gpt2"] if procs == 2 else gpt2
             run_timed([*launch, "train", "--data", str(data), "--out", str(out), "--no-progress",
                        *(f"--{k.replace('_', '-')}={v}" for k, v in settings.items())], cwd=root)  # fmt: skip
-            records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
-            ms[procs] = statistics.median(r["ms"] for r in records if "ms" in r and r["iter"] >= 2)
+            ms[procs] = statistics.median(r["ms"] for r in read_log(out / "log.jsonl") if "ms" in r and r["iter"] >= 2)
         tokens = shape["batch_size"] * shape["block_size"] * 2
         rows.append([f"{label}, grad_accum 2: tokens/s", f"{tokens / ms[1] * 1000:,.0f}", f"{tokens / ms[2] * 1000:,.0f}",
                      f"{ms[1] / ms[2]:.2f}x"])  # fmt: skip
@@ -235,8 +232,6 @@ def main() -> None:
     args = parser.parse_args()
     if not ANCHOR.is_dir() or not SHAKESPEARE.is_file():
         sys.exit(f"this benchmark needs nanoGPT in {ANCHOR} and {SHAKESPEARE} (../shared beside the clone)")
-    import torch
-
     if args.only == "gpu" and not torch.cuda.is_available():
         sys.exit("--only gpu needs a CUDA GPU: this machine has none")
     rows, ddp_rows = [], []
