@@ -310,6 +310,12 @@ split). Each is downloaded once and cached, or read from --data.
 """
 
 
+def _add_inference_device_flags(parser: argparse.ArgumentParser) -> None:
+    """--device and --dtype of the commands that run a model (generate, eval)."""
+    parser.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda or cuda:N (default: auto)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="(default: float32)")
+
+
 def _add_eval_parser(commands) -> None:
     from gpt2.tasks import TASKS
 
@@ -330,8 +336,7 @@ def _add_eval_parser(commands) -> None:
     ev.add_argument("--batch-size", type=_whole_number, default=8, metavar="B", help="windows or examples at a time (default: 8)")
     ev.add_argument("--limit", type=_whole_number, metavar="K", help="only the first K examples of a task (wikitext2: rows)")
     ev.add_argument("--json", action="store_true", help="print one JSON object")
-    ev.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda or cuda:N (default: auto)")
-    ev.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="(default: float32)")
+    _add_inference_device_flags(ev)
     ev.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     ev.set_defaults(func=_cmd_eval, engine="torch")
 
@@ -428,8 +433,7 @@ def build_parser() -> argparse.ArgumentParser:
                           help="0 to 2**64-1: the same seed gives the same text; sample i uses seed + i (default: random)")  # fmt: skip
     generate.add_argument("--num-samples", type=_whole_number, default=1, help="continuations to generate (default: 1)")
     generate.add_argument("--stop", action="append", metavar="TEXT", help="end a continuation before this text (repeatable)")
-    generate.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda or cuda:N (default: auto)")
-    generate.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="(default: float32)")
+    _add_inference_device_flags(generate)
     generate.add_argument("--engine", default="torch", choices=["torch", "numpy"],
                           help="torch (with a KV cache) or numpy (the reference engine: no cache, slow, for checking) (default: torch)")  # fmt: skip
     generate.add_argument("--on-overflow", default="slide", choices=["slide", "error"],
