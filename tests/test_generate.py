@@ -10,9 +10,10 @@ from scipy.stats import chisquare
 
 from helpers import make_hf_model
 from gpt2 import ContextLengthError, InputTypeError, InvalidArgumentError, NonFiniteError, TokenIdError, Tokenizer
-from gpt2.generate import EmptyPromptWarning, TextGeneration, _TextRow, generate_text, stream_text
+from gpt2.generate import EmptyPromptWarning, TextGeneration, TextRow, generate_text, stream_text
+from gpt2.decoding import ContextOverflowWarning, Decoder, Row
 from gpt2.model import GPT2, TorchEngine
-from gpt2.sampling import ContextOverflowWarning, Sampling, filter_logits, mt19937_init_by_array, sample_next, seeded_generator
+from gpt2.sampling import Sampling, filter_logits, mt19937_init_by_array, sample_next, seeded_generator
 from gpt2.reference import ReferenceModel
 
 ENC = Tokenizer.gpt2()
@@ -41,27 +42,28 @@ def small(tmp_path_factory):
 def test_cache_gives_the_same_logits_and_tokens_as_recomputing(small):
     _, model = small
     prompts = [[464, 3290, 373], [15496, 11, 995]]
-    cached, fresh = TorchEngine(model, prompts, 20), TorchEngine(model, prompts, 20, use_cache=False)
+    cached, fresh = TorchEngine(model, 2, 23), TorchEngine(model, 2, 23, use_cache=False)
     with torch.inference_mode():
-        a, b = cached.start(), fresh.start()
+        a = torch.stack([cached.prefill(b, p) for b, p in enumerate(prompts)])
+        b = torch.stack([fresh.prefill(b, p) for b, p in enumerate(prompts)])
         for _ in range(20):
             assert (a - b).abs().max() < 1e-4
             token = a.argmax(-1)
             assert torch.equal(token, b.argmax(-1))
-            a, b = cached.step(token), fresh.step(token)
+            a, b = cached.decode(token), fresh.decode(token)
     idx = torch.tensor(prompts)
     assert torch.equal(model.generate(idx, 30, temperature=0), model.generate(idx, 30, temperature=0, use_cache=False))
 
 
 def test_cache_is_preallocated_once(small):
     _, model = small
-    engine = TorchEngine(model, [[1, 2, 3]], 10)
+    engine = TorchEngine(model, 1, 13)
     with torch.inference_mode():
-        engine.start()
+        engine.prefill(0, [1, 2, 3])
         first = engine.cache.k[0].data_ptr()
         for t in range(9):
-            engine.step(torch.tensor([t]))
-    assert engine.cache.k[0].data_ptr() == first and engine.cache.k[0].shape[2] == 13 and engine.cache.length == 12
+            engine.decode(torch.tensor([t]))
+    assert engine.cache.k[0].data_ptr() == first and engine.cache.k[0].shape[2] == 13 and engine.cache.lengths[0] == 12
 
 
 # ------------------------------------------------------------------ parity with transformers
@@ -105,13 +107,14 @@ def test_prompts_of_different_lengths_equal_transformers_left_padded(small):
     idx = torch.tensor([[50256] * (longest - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (longest - len(p)) + [1] * len(p) for p in prompts])
     expected = hf_greedy(hf, idx, 20, attention_mask=mask)[:, longest:]
-    engine = TorchEngine(ours, prompts, 20)
+    rows = [Row(p, 20, Sampling(temperature=0)) for p in prompts]
+    decoder = Decoder(TorchEngine(ours, 3, longest + 20))
+    for row in rows:
+        decoder.add(row)
     with torch.inference_mode():
-        logits, got = engine.start(), []
-        for _ in range(20):
-            got.append(logits.argmax(-1))
-            logits = engine.step(got[-1])
-    assert torch.equal(torch.stack(got, 1), expected)
+        while decoder.busy:
+            decoder.step()
+    assert torch.equal(torch.tensor([row.tokens for row in rows]), expected)
     # and each row equals its own unbatched continuation
     texts = generate_text(ours, ENC, [ENC.decode(p) for p in prompts], max_new_tokens=20, temperature=0)
     for text, prompt in zip(texts, prompts):
@@ -195,30 +198,30 @@ def test_several_samples_per_prompt(small):
 # ------------------------------------------------------------------ text: ends, stop strings, streaming
 
 
-def feed(row: _TextRow, text: str) -> list[str]:
+def feed(row: TextRow, text: str) -> list[str]:
     pieces = [p for t in ENC.encode(text) if (p := row.add(t))]
     return pieces + ([p] if (p := row.finish()) else [])
 
 
 def test_stop_string_ends_the_text_before_it_and_is_never_streamed():
-    pieces = feed(_TextRow(ENC, ["\n\n"]), "Hello world\nstill going\n\nBye now")
+    pieces = feed(TextRow(ENC, ["\n\n"]), "Hello world\nstill going\n\nBye now")
     assert "".join(pieces) == "Hello world\nstill going"
     assert all("\n\n" not in p for p in pieces)
 
 
 def test_text_that_only_began_a_stop_string_is_released():
-    pieces = feed(_TextRow(ENC, ["world!"]), "hello world? yes")
+    pieces = feed(TextRow(ENC, ["world!"]), "hello world? yes")
     assert "".join(pieces) == "hello world? yes"
 
 
 def test_end_of_text_ends_a_row():
-    row = _TextRow(ENC, [])
+    row = TextRow(ENC, [])
     pieces = [p for t in ENC.encode("one two") + [50256] + ENC.encode(" three") if (p := row.add(t))]
     assert "".join(pieces) == "one two" and row.done
 
 
 def test_streaming_never_splits_a_character():
-    row = _TextRow(ENC, [])
+    row = TextRow(ENC, [])
     pieces = feed(row, "emoji 🤗 and 中文")
     assert "".join(pieces) == "emoji 🤗 and 中文"
     assert all("\ufffd" not in p for p in pieces)

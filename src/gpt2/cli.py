@@ -126,55 +126,68 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     prompt = _check_generate_args(args)
     model, tokenizer = _load_model(args)
     top_k = min(DEFAULT_TOP_K, model.config.n_vocab) if args.top_k is None else args.top_k
-    options = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=top_k, top_p=args.top_p,
-                   stop=args.stop, on_overflow=args.on_overflow)  # fmt: skip
-    out = sys.stdout
     started = time.perf_counter()
-    generated = 0
-    held: list[str] = []  # the text of the sample under way: printed at its end with --no-stream
-    try:
-        with warnings.catch_warnings():
-            warnings.showwarning = lambda message, *_: print(f"gpt2: note: {message}", file=sys.stderr)
-            for sample in range(args.num_samples):
-                seed = None if args.seed is None else (args.seed + sample) % 2**64
-                generation = TextGeneration(model, tokenizer, prompt, seed=seed, **options)
-                if args.num_samples > 1:
-                    header = f"{'=' * 20} sample {sample + 1} of {args.num_samples} {'=' * 20}\n"
-                    _emit(out, held, header, args.stream)
-                if args.stream:
-                    _emit(out, held, prompt, True)
-                try:
-                    for _, piece in generation:
-                        _emit(out, held, piece, args.stream)
-                finally:
-                    generated += generation.tokens_generated
-                _emit(out, held, "\n", args.stream)
-                _release(out, held, args.stream)
-    except BaseException as e:
-        _release(out, held, args.stream)  # Ctrl-C keeps what was generated, streamed or not
-        if isinstance(e, KeyboardInterrupt):
-            _summary(generated, started)
-        raise
-    _summary(generated, started)
+    with warnings.catch_warnings():
+        warnings.showwarning = lambda message, *_: print(f"gpt2: note: {message}", file=sys.stderr)
+        generation = TextGeneration(model, tokenizer, prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                    top_k=top_k, top_p=args.top_p, seed=args.seed, num_samples=args.num_samples,
+                                    stop=args.stop, on_overflow=args.on_overflow)  # fmt: skip
+        samples = _Samples(sys.stdout, prompt, generation, args.stream)
+        try:
+            for row, piece in generation:
+                samples.add(row, piece)
+        except BaseException as e:
+            samples.close(interrupted=True)  # Ctrl-C keeps what was generated, streamed or not
+            if isinstance(e, KeyboardInterrupt):
+                _summary(generation.tokens_generated, started)
+            raise
+    samples.close()
+    _summary(generation.tokens_generated, started)
     return 0
 
 
-def _emit(out, held: list[str], piece: str, stream: bool) -> None:
-    if stream:
-        out.write(piece)
-        out.flush()
-    held.append(piece)
+class _Samples:
+    """Prints the samples of one batch one after another: the first streams as it comes, the
+    others are held until those before them are printed, then stream on. With stream False,
+    each is printed (without the prompt) once it is done."""
 
+    def __init__(self, out, prompt: str, generation, stream: bool):
+        self.out, self.prompt, self.generation, self.stream = out, prompt, generation, stream
+        self.n = len(generation.rows)
+        self.texts = [""] * self.n
+        self.shown = 0  # the sample being printed
+        self.begun = False  # its header (and prompt) printed
+        self.written = 0  # characters of its text printed so far
 
-def _release(out, held: list[str], stream: bool) -> None:
-    """Print what --no-stream held back, and end the line, so that what follows starts a line of its own."""
-    text = "".join(held)
-    if not stream:
-        out.write(text)
-    if text and not text.endswith("\n"):
-        out.write("\n")
-    out.flush()
-    held.clear()
+    def add(self, row: int, piece: str) -> None:
+        self.texts[row] += piece
+        while self.shown < self.n and self.generation.finish_reasons[self.shown] is not None:
+            self._write_shown(ended=True)
+        if self.stream and self.shown < self.n:
+            self._write_shown()  # the sample under way, so far
+
+    def close(self, interrupted: bool = False) -> None:
+        """Every sample has ended, or generation stopped (`interrupted`): print what is left, in
+        order (after an interruption, only the samples begun)."""
+        while self.shown < self.n:
+            if interrupted and not self.begun and not self.texts[self.shown]:
+                self.shown += 1
+                continue
+            self._write_shown(ended=True)
+
+    def _write_shown(self, ended: bool = False) -> None:
+        text = self.texts[self.shown]
+        if not self.begun:
+            header = f"{'=' * 20} sample {self.shown + 1} of {self.n} {'=' * 20}\n" if self.n > 1 else ""
+            self.out.write(header + (self.prompt if self.stream else ""))
+            self.begun = True
+        if self.stream or ended:
+            self.out.write(text[self.written :])
+            self.written = len(text)
+        if ended:
+            self.out.write("\n")
+            self.shown, self.begun, self.written = self.shown + 1, False, 0
+        self.out.flush()
 
 
 def _summary(generated: int, started: float) -> None:
@@ -430,7 +443,8 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--top-p", type=float, default=None,
                           help="sample among the most likely tokens that make up p of the probability (default: off)")  # fmt: skip
     generate.add_argument("--seed", type=_whole_number, default=None,
-                          help="0 to 2**64-1: the same seed gives the same text; sample i uses seed + i (default: random)")  # fmt: skip
+                          help="0 to 2**64-1: the same seed gives the same text; sample i uses seed + i, "
+                          "as in the Python API and the server (default: random)")  # fmt: skip
     generate.add_argument("--num-samples", type=_whole_number, default=1, help="continuations to generate (default: 1)")
     generate.add_argument("--stop", action="append", metavar="TEXT", help="end a continuation before this text (repeatable)")
     _add_inference_device_flags(generate)

@@ -16,9 +16,10 @@ import torch
 
 from gpt2._checks import positive_int
 from gpt2.errors import InputTypeError, InvalidArgumentError
+from gpt2.decoding import STOP, Decoder, Row, check_context, row_seed
 from gpt2.model import TorchEngine
 from gpt2.reference import ReferenceModel
-from gpt2.sampling import Sampling, check_max_new_tokens, check_prompts, generate_tokens
+from gpt2.sampling import Sampling, check_max_new_tokens, check_prompts
 from gpt2.tokenizer import IncrementalDecoder, Tokenizer
 
 
@@ -27,21 +28,26 @@ class EmptyPromptWarning(UserWarning):
 
 
 class NumpyEngine:
-    """Next-token logits from the NumPy reference engine: every step recomputes the whole
-    context of each row. Slow; it exists to check the torch engine."""
+    """Next-token logits from the NumPy reference engine (a `gpt2.decoding.Engine`): every
+    step recomputes the whole context of each row. Slow; it exists to check the torch engine."""
 
-    def __init__(self, reference, prompts: Sequence[Sequence[int]]):
-        self.reference = reference
-        self.rows = [list(p) for p in prompts]
+    def __init__(self, reference: ReferenceModel, slots: int):
+        self.reference, self.slots = reference, slots
+        self.history: list[list[int]] = [[] for _ in range(slots)]
 
-    def start(self) -> torch.Tensor:
+    def prefill(self, slot: int, tokens: Sequence[int], every_position: bool = False) -> torch.Tensor:
+        self.history[slot] = list(tokens)
+        logits = self.reference(self.history[slot][-self.reference.config.n_ctx :])  # (T, V)
+        return torch.from_numpy(logits if every_position else logits[-1])
+
+    def decode(self, tokens: torch.Tensor) -> torch.Tensor:
+        for b, token in enumerate(tokens.tolist()):
+            self.history[b].append(token)
         n_ctx = self.reference.config.n_ctx
-        return torch.from_numpy(np.stack([self.reference(row[-n_ctx:])[-1] for row in self.rows]))
+        return torch.from_numpy(np.stack([self.reference(self.history[b][-n_ctx:])[-1] for b in range(tokens.size(0))]))
 
-    def step(self, token: torch.Tensor) -> torch.Tensor:
-        for row, t in zip(self.rows, token.tolist()):
-            row.append(t)
-        return self.start()
+    def move(self, src: int, dst: int) -> None:
+        self.history[dst] = list(self.history[src])
 
 
 def check_stop(stop: str | Sequence[str] | None) -> list[str]:
@@ -108,30 +114,36 @@ class TextGeneration:
                 ids = [tokenizer.eot_token]
             self.prompt_ids += [ids] * num_samples
         check_prompts(self.prompt_ids, model.config.n_vocab)
-        ids = self.prompt_ids
-        engine = NumpyEngine(model, ids) if isinstance(model, ReferenceModel) else TorchEngine(model, ids, max_new_tokens)
         # checks the seed and the context now, so that errors come before any output
-        self.steps = generate_tokens(engine, [len(p) for p in ids], model.config.n_ctx, max_new_tokens,
-                                     self.sampling, seed, on_overflow)  # fmt: skip
-        self.tokenizer = tokenizer
-        self.tokens_generated = 0  # sampling steps taken, counted per row
+        check_context([len(p) for p in self.prompt_ids], max_new_tokens, model.config.n_ctx, on_overflow)
+        self.rows = [Row(ids, max_new_tokens, self.sampling, row_seed(seed, i), tokenizer.eot_token)
+                     for i, ids in enumerate(self.prompt_ids)]  # fmt: skip
+        slots = len(self.rows)
+        longest = max(map(len, self.prompt_ids))
+        self.engine = NumpyEngine(model, slots) if isinstance(model, ReferenceModel) else TorchEngine(model, slots, longest + max_new_tokens)
+        self.texts = [TextRow(tokenizer, self.stop) for _ in self.rows]
+        self.tokens_generated = 0  # tokens chosen, counted per row until its text ends
+
+    @property
+    def finish_reasons(self) -> list[str | None]:
+        """Why each row ended: "stop" (<|endoftext|> or a stop string) or "length"; None while
+        its text is not all given out."""
+        return [row.finish_reason if text.done else None for row, text in zip(self.rows, self.texts)]
 
     def __iter__(self) -> Iterator[tuple[int, str]]:
-        rows = [_TextRow(self.tokenizer, self.stop) for _ in self.prompt_ids]
-        steps = self.steps
+        texts = self.texts
+        index = {id(row): b for b, row in enumerate(self.rows)}
+        decoder = Decoder(self.engine)
+        for row in self.rows:
+            decoder.add(row)
         with torch.inference_mode():
-            for tokens in steps:
-                for b, token in enumerate(tokens.tolist()):
-                    if rows[b].done:
-                        continue
-                    self.tokens_generated += 1
-                    if piece := rows[b].add(token):
+            while decoder.busy:
+                for row, token in decoder.step():
+                    b = index[id(row)]
+                    if token is not None and not texts[b].done:
+                        self.tokens_generated += 1
+                    if piece := texts[b].follow(row, token):
                         yield b, piece
-                if all(row.done for row in rows):
-                    break
-        for b, row in enumerate(rows):
-            if piece := row.finish():
-                yield b, piece
 
 
 def generate_text(model, tokenizer: Tokenizer, prompts: str | Sequence[str], **options) -> list[str]:
@@ -161,7 +173,7 @@ def stream_text(model, tokenizer: Tokenizer, prompt: str, **options) -> Iterator
         yield piece
 
 
-class _TextRow:
+class TextRow:
     """One continuation's text: decodes incrementally and watches for the end."""
 
     def __init__(self, tokenizer: Tokenizer, stop: Sequence[str]):
@@ -169,6 +181,16 @@ class _TextRow:
         self.decoder = IncrementalDecoder(tokenizer)
         self.held = ""  # decoded text not yet given out: it may begin a stop string
         self.done = False
+
+    def follow(self, row: Row, token: int | None) -> str:
+        """The text that `row`'s new token (None: none) releases. Ends the row at a stop string
+        (its reason "stop", even on its last token), and gives out the rest once it has ended."""
+        piece = "" if token is None else self.add(token)
+        if self.done:  # <|endoftext|> or a stop string
+            row.finish_reason = STOP
+        elif row.done:
+            piece += self.finish()
+        return piece
 
     def add(self, token: int) -> str:
         """Text that token completes and that is safe to give out ("" once the row has ended)."""

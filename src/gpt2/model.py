@@ -28,9 +28,10 @@ from gpt2._checks import check_token_ids
 from gpt2._files import atomic_path, atomic_write_text
 from gpt2._gemv import gemv
 from gpt2.config import GPT2Config
+from gpt2.decoding import Row, check_context, row_seed, run
 from gpt2.devices import resolve_device, resolve_dtype
 from gpt2.errors import ContextLengthError, InputTypeError, InvalidArgumentError
-from gpt2.sampling import Sampling, check_max_new_tokens, check_prompts, generate_tokens
+from gpt2.sampling import Sampling, check_max_new_tokens, check_prompts
 from gpt2.tokenizer import Tokenizer
 from gpt2.weights import iter_tensors, locate
 
@@ -166,58 +167,72 @@ class KVCache:
     """Keys and values of the positions seen so far, for each layer, so that a new token costs
     one position's work instead of the whole sequence's.
 
-    Preallocated for `max_len` positions: k and v hold one (B, H, max_len, C/H) tensor per layer. Sequences
-    of different lengths share a batch by left padding: row b starts with pad[b] padding
-    positions, which no real position attends to and which do not count as positions.
+    Preallocated: k and v hold one (slots, H, max_len, C/H) tensor per layer, and slot s holds
+    lengths[s] positions. A prompt is prefilled into one slot; then each decoding step adds one
+    position to each of the first B slots, whose lengths may differ (rows that joined a running
+    batch at different times, as in llama.cpp's server slots): each new position attends to
+    its own slot's positions only.
     """
 
-    def __init__(self, config: GPT2Config, batch_size: int, max_len: int, device: torch.device, dtype: torch.dtype,
-                 pad: torch.Tensor | None = None):  # fmt: skip
-        shape = (batch_size, config.n_head, max_len, config.head_size)
+    def __init__(self, config: GPT2Config, slots: int, max_len: int, device: torch.device, dtype: torch.dtype):
+        shape = (slots, config.n_head, max_len, config.head_size)
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
         self.max_len = max_len
-        self.reset(pad)
+        self.lengths = [0] * slots  # positions filled in each slot
+        # the step under way, shared by all layers: the new positions' ids, (T,) or (B, 1), and
+        # the mask of what they see (None: plain causal attention)
+        self.positions: torch.Tensor | None = None
+        self.mask: torch.Tensor | None = None
+        self._slot: int | None = None  # the slot a prompt is prefilled into; None while decoding
+        self._rows = self._columns = None  # (B,) each: where decoding writes its new keys
 
-    def reset(self, pad: torch.Tensor | None = None) -> None:
-        """Empty the cache (keeping its memory) for sequences with `pad` left padding each."""
-        self.length = 0  # positions filled
-        self.pad = pad if pad is not None and bool(pad.any()) else None  # (B,) or None
-        self.mask: torch.Tensor | None = None  # of the step under way, shared by all layers
+    @property
+    def device(self) -> torch.device:
+        return self.k[0].device
 
-    def begin(self, T: int) -> torch.Tensor:
-        """Prepare to add T positions; returns their position ids, (T,) or (B, T)."""
-        if self.length + T > self.max_len:
-            raise ContextLengthError(f"the KV cache holds {self.max_len} positions; {self.length} + {T} do not fit")
-        start, S = self.length, self.length + T
-        device = self.k[0].device
-        positions = torch.arange(start, S, device=device)
-        if self.pad is None and (start == 0 or T == 1):
-            # From an empty cache it is plain causal attention; one new position sees all the
-            # past and itself. Neither needs a mask (and decoding, one position a step, is here).
-            self.mask = None
-            return positions
-        query = positions[:, None]  # (T, 1): absolute slot of each new position
-        key = torch.arange(S, device=device)[None, :]  # (1, S)
-        if self.pad is None:
-            self.mask = key <= query  # (T, S): several new positions after a past
-            return positions
-        pad = self.pad[:, None, None]  # (B, 1, 1)
-        # a real position sees real keys up to itself; a padding position sees only itself,
-        # so that no row of the softmax is empty
-        self.mask = (((key <= query) & (key >= pad)) | (key == query))[:, None]  # (B, 1, T, S)
-        return (positions[None, :] - self.pad[:, None]).clamp(min=0)  # (B, T)
+    def begin_prefill(self, slot: int, T: int) -> None:
+        """Prepare to fill `slot` with a prompt of T positions (what it held is dropped)."""
+        if T > self.max_len:
+            raise ContextLengthError(f"the KV cache holds {self.max_len} positions; a prompt of {T} does not fit")
+        self._slot, self.lengths[slot] = slot, T
+        self.positions, self.mask = torch.arange(T, device=self.device), None
+
+    def begin_decode(self, B: int) -> None:
+        """Prepare to add one position to each of slots 0..B-1."""
+        lengths = self.lengths[:B]
+        if max(lengths) >= self.max_len:
+            raise ContextLengthError(f"the KV cache holds {self.max_len} positions; slot {lengths.index(max(lengths))} is full")
+        self._slot = None
+        self._rows = torch.arange(B, device=self.device)
+        self._columns = torch.tensor(lengths, device=self.device)  # (B,): each row's new position
+        self.positions = self._columns[:, None]  # (B, 1)
+        self._seen = max(lengths) + 1  # key positions any row attends to
+        # rows of one length see all the keys; otherwise each sees its own positions only
+        same = min(lengths) == max(lengths)
+        key = torch.arange(self._seen, device=self.device)
+        self.mask = None if same else (key[None, :] <= self._columns[:, None])[:, None, None, :]  # (B, 1, 1, S)
+        for b in range(B):
+            self.lengths[b] += 1
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store the new positions' keys and values (B, H, T, C/H); return all so far (B, H, S, C/H)."""
-        S = self.length + k.size(2)
+        """Store the new positions' keys and values (B, H, T, C/H); return those to attend to."""
         keys, values = self.k[layer], self.v[layer]
-        keys[:, :, self.length : S].copy_(k)
-        values[:, :, self.length : S].copy_(v)
-        return keys[:, :, :S], values[:, :, :S]
+        if self._slot is not None:  # a prompt attends causally among its own positions
+            keys[self._slot, :, : k.size(2)].copy_(k[0])
+            values[self._slot, :, : v.size(2)].copy_(v[0])
+            return k, v
+        keys[self._rows, :, self._columns] = k[:, :, 0]  # (B, H, C/H) into each row's own position
+        values[self._rows, :, self._columns] = v[:, :, 0]
+        B = k.size(0)
+        return keys[:B, :, : self._seen], values[:B, :, : self._seen]  # (B, H, S, C/H)
 
-    def end(self, T: int) -> None:
-        self.length += T
+    def move(self, src: int, dst: int) -> None:
+        """Copy slot src's positions into slot dst (a row moving to a slot freed below it)."""
+        n = self.lengths[src]
+        for tensor in self.k + self.v:
+            tensor[dst, :, :n].copy_(tensor[src, :, :n])
+        self.lengths[dst] = n
 
 
 class MLP(nn.Module):
@@ -319,11 +334,12 @@ class GPT2(nn.Module):
     def trunk(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         """The forward pass up to the unembedding: idx (B, T) -> final hidden states (B, T, C).
 
-        Training, evaluation and generation all run this one pass. With a cache, the T
-        positions follow the cache's and their keys and values are added to it.
+        Training, evaluation and generation all run this one pass. With a cache, the step it
+        has begun (`KVCache.begin_prefill` or `begin_decode`) gives the positions, and their
+        keys and values are added to it.
         """
         T = idx.size(1)
-        pos = torch.arange(T, device=idx.device) if cache is None else cache.begin(T)  # (T,) or (B, T)
+        pos = torch.arange(T, device=idx.device) if cache is None else cache.positions  # (T,) or (B, 1)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (B, T, C)
         for layer, block in enumerate(self.transformer.h):
             if self.checkpoint_activations and self.training and torch.is_grad_enabled():
@@ -331,20 +347,11 @@ class GPT2(nn.Module):
                 x = checkpoint(block, x, use_reentrant=False)
             else:
                 x = block(x, cache, layer)
-        if cache is not None:
-            cache.end(T)
         return self.transformer.ln_f(x)
 
     def unembed(self, x: torch.Tensor) -> torch.Tensor:
         """Logits of hidden states: (..., C) -> (..., V), x @ wte.T (the unembedding tied to wte)."""
         return linear(x, self.transformer.wte.weight.t())
-
-    def forward_cached(self, idx: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        """Logits (B, n_vocab) of the last of the T positions in idx (B, T), which follow the
-        cache's positions; their keys and values are added to the cache. For generation:
-        only the last position's logits are computed, as only they are needed.
-        """
-        return self.unembed(self.trunk(idx, cache)[:, -1])  # (B, V)
 
     @torch.inference_mode()
     def generate(
@@ -363,7 +370,8 @@ class GPT2(nn.Module):
         """Continue each sequence of idx (B, T) by max_new_tokens tokens: returns (B, T + new).
 
         temperature 0 is greedy; top_k and top_p filter before sampling; a seed makes sampling
-        reproducible. With eos_token_id, a row that produced it is filled with it from then on,
+        reproducible (row b samples from seed + b, so a row's tokens do not depend on the rows
+        beside it). With eos_token_id, a row that produced it is filled with it from then on,
         and generation stops early once every row has. Past n_ctx tokens the context slides
         (on_overflow="slide", with a warning) or raises (on_overflow="error"). Call model.eval()
         first, as with any inference: in training mode dropout stays on.
@@ -376,22 +384,18 @@ class GPT2(nn.Module):
         sampling.check(self.config.n_vocab)
         prompts = idx.tolist()
         check_prompts(prompts, self.config.n_vocab)
-        engine = TorchEngine(self, prompts, max_new_tokens, use_cache)
-        out, ended = [idx], torch.zeros(idx.size(0), dtype=torch.bool)
-        for token in generate_tokens(engine, [idx.size(1)] * idx.size(0), self.config.n_ctx, max_new_tokens, sampling,
-                                     seed, on_overflow):  # fmt: skip
-            if eos_token_id is not None:
-                token = torch.where(ended, eos_token_id, token)
-                ended |= token == eos_token_id
-            out.append(token[:, None].to(idx.device))
-            if bool(ended.all()):
-                break
-        return torch.cat(out, dim=1)
+        B, T = idx.shape
+        check_context([T], max_new_tokens, self.config.n_ctx, on_overflow)
+        rows = [Row(p, max_new_tokens, sampling, row_seed(seed, b), eos_token_id) for b, p in enumerate(prompts)]
+        run(TorchEngine(self, B, T + max_new_tokens, use_cache), rows)
+        steps = max(len(row.tokens) for row in rows)  # all rows stop once every one has ended
+        new = [row.tokens + [eos_token_id] * (steps - len(row.tokens)) for row in rows]  # an ended row: eos from then on
+        return torch.cat([idx, torch.tensor(new, dtype=idx.dtype).view(B, steps).to(idx.device)], dim=1)
 
-    def new_cache(self, batch_size: int, max_len: int | None = None, pad: torch.Tensor | None = None) -> KVCache:
-        """An empty KV cache for `batch_size` sequences of up to `max_len` (default n_ctx) positions."""
+    def new_cache(self, slots: int, max_len: int | None = None) -> KVCache:
+        """An empty KV cache of `slots` sequences of up to `max_len` (default n_ctx) positions each."""
         max_len = self.config.n_ctx if max_len is None else min(max_len, self.config.n_ctx)
-        return KVCache(self.config, batch_size, max_len, self.device, self.dtype, pad)
+        return KVCache(self.config, slots, max_len, self.device, self.dtype)
 
     def _check_input(self, idx: torch.Tensor, check_ids: bool = True) -> None:
         if not isinstance(idx, torch.Tensor) or idx.dtype.is_floating_point or idx.dtype == torch.bool:
@@ -508,36 +512,43 @@ class GPT2(nn.Module):
 
 
 class TorchEngine:
-    """Next-token logits from the torch model; with `use_cache`, from its KV cache."""
+    """Next-token logits from the torch model for `slots` rows (a `gpt2.decoding.Engine`),
+    each in a slot of the KV cache of up to `max_len` positions (default n_ctx).
 
-    def __init__(self, model: GPT2, prompts: Sequence[Sequence[int]], max_new_tokens: int, use_cache: bool = True):
-        self.model, self.use_cache = model, use_cache
-        self.n_ctx = model.config.n_ctx
-        longest = max(map(len, prompts))
-        device = model.device
-        # (B, L): each prompt left-padded to the longest; pad[b] counts row b's padding
-        self.tokens = torch.tensor([[0] * (longest - len(p)) + list(p) for p in prompts], device=device)
-        self.pad = torch.tensor([longest - len(p) for p in prompts], device=device)
-        self.max_len = min(self.n_ctx, longest + max_new_tokens)
-        self.cache = None
+    Past max_len the context slides, as nanoGPT crops: a full slot is refilled with its last
+    max_len - 1 tokens before the new one (so give max_len = n_ctx where that can happen).
+    Without `use_cache`, every step recomputes each row's whole context (a check of the cache).
+    """
 
-    def start(self) -> torch.Tensor:
-        return self._prefill()
+    def __init__(self, model: GPT2, slots: int, max_len: int | None = None, use_cache: bool = True):
+        self.model, self.slots = model, slots
+        self.cache = model.new_cache(slots, max_len)
+        self.max_len = self.cache.max_len
+        self.use_cache = use_cache
+        self.history: list[list[int]] = [[] for _ in range(slots)]  # each slot's tokens: to slide, or recompute
 
-    def step(self, token: torch.Tensor) -> torch.Tensor:
-        self.tokens = torch.cat([self.tokens, token[:, None]], dim=1)
-        if not self.use_cache or self.cache.length == self.cache.max_len:
-            return self._prefill()  # the context slides (or there is no cache): recompute
-        return self.model.forward_cached(token[:, None], self.cache)
+    def prefill(self, slot: int, tokens: Sequence[int], every_position: bool = False) -> torch.Tensor:
+        self.history[slot] = list(tokens)
+        return self._fill(slot, self.history[slot][-self.max_len :], every_position)
 
-    def _prefill(self) -> torch.Tensor:
-        """Logits after the last n_ctx tokens, from an empty cache."""
-        dropped = max(0, self.tokens.size(1) - self.n_ctx)
-        window, pad = self.tokens[:, dropped:], (self.pad - dropped).clamp(min=0)
-        if not self.use_cache and not bool(pad.any()):
-            return self.model.unembed(self.model.trunk(window)[:, -1])  # the plain forward pass
-        if self.cache is None:
-            self.cache = self.model.new_cache(window.size(0), self.max_len, pad)
-        else:
-            self.cache.reset(pad)  # the context slid: the same memory, refilled
-        return self.model.forward_cached(window, self.cache)
+    def decode(self, tokens: torch.Tensor) -> torch.Tensor:
+        B = tokens.size(0)
+        for b, token in enumerate(tokens.tolist()):
+            self.history[b].append(token)
+        if not self.use_cache:
+            return torch.stack([self._fill(b, self.history[b][-self.max_len :]) for b in range(B)])
+        for b in range(B):
+            if self.cache.lengths[b] == self.max_len:  # the context slides: recompute the window before the new token
+                self._fill(b, self.history[b][-self.max_len : -1])
+        self.cache.begin_decode(B)
+        return self.model.unembed(self.model.trunk(tokens[:, None].to(self.model.device), self.cache)[:, -1])  # (B, V)
+
+    def move(self, src: int, dst: int) -> None:
+        self.history[dst] = list(self.history[src])
+        self.cache.move(src, dst)
+
+    def _fill(self, slot: int, window: list[int], every_position: bool = False) -> torch.Tensor:
+        """Logits after `window`, which fills the slot: (V,), or (T, V) for every position."""
+        self.cache.begin_prefill(slot, len(window))
+        x = self.model.trunk(torch.tensor([window], device=self.model.device), self.cache)[0]  # (T, C)
+        return self.model.unembed(x if every_position else x[-1])

@@ -1,34 +1,19 @@
-"""Choosing tokens: decoding (greedy, temperature, top-k, top-p), seeds, and the token loop.
+"""Choosing tokens: decoding (greedy, temperature, top-k, top-p) and seeds.
 
-    logits = engine.start()                    # (B, V): prefill the prompts
-    repeat max_new_tokens times:
-        token = sample_next(logits, ...)       # (B,): greedy or sampled
-        logits = engine.step(token)            # (B, V): one position more
-
-An engine computes next-token logits (`gpt2.model.TorchEngine`, with the KV cache, or
-`gpt2.generate.NumpyEngine`, the reference engine); this module knows nothing of models, so
-that the tensor API (`GPT2.generate`) and the text API (`gpt2.generate`) share one loop.
-Past n_ctx tokens, the context slides: each step sees the last n_ctx tokens, as nanoGPT crops.
+The token loop that calls these, one row at a time with its own settings, is `gpt2.decoding`.
 """
 
 from __future__ import annotations
 
 import struct
-import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 import torch
 
 from gpt2._checks import check_token_ids, int_between, is_real, positive_int
-from gpt2.errors import ContextLengthError, InvalidArgumentError, NonFiniteError
-
-
-class ContextOverflowWarning(UserWarning):
-    """The prompt and the new tokens do not fit the context: the oldest tokens are dropped."""
-
+from gpt2.errors import InvalidArgumentError
 
 # ------------------------------------------------------------------ decoding
 
@@ -79,57 +64,6 @@ def sample_next(logits: torch.Tensor, sampling: Sampling, generator: torch.Gener
     logits = filter_logits(logits.float() / sampling.temperature, sampling.top_k, sampling.top_p)
     probs = torch.softmax(logits, dim=-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-
-
-# ------------------------------------------------------------------ the token loop
-
-
-class Engine(Protocol):
-    """What the token loop asks of a model: next-token logits (B, V) of the prompts, then of one token more."""
-
-    def start(self) -> torch.Tensor: ...
-
-    def step(self, token: torch.Tensor) -> torch.Tensor: ...
-
-
-def generate_tokens(
-    engine: Engine,
-    prompt_lengths: Sequence[int],
-    n_ctx: int,
-    max_new_tokens: int,
-    sampling: Sampling = Sampling(),
-    seed: int | None = None,
-    on_overflow: str = "slide",
-) -> Iterator[torch.Tensor]:
-    """An iterator over the next token of every row, (B,) on the CPU, max_new_tokens times.
-
-    Arguments are checked (and an overflowing context reported) now, before any token is
-    generated; the caller stops early by leaving the loop (e.g. once every row has ended).
-    """
-    check_on_overflow(on_overflow)
-    longest = max(prompt_lengths)
-    if longest + max_new_tokens > n_ctx:
-        message = f"the prompt ({longest} tokens) and {max_new_tokens} new tokens exceed the context of n_ctx={n_ctx}"
-        if on_overflow == "error":
-            raise ContextLengthError(message + ": shorten the prompt or ask for fewer new tokens")
-        warnings.warn(message + f"; the model sees only the last {n_ctx} tokens", ContextOverflowWarning, stacklevel=3)
-    generator = None if seed is None else seeded_generator(seed)
-    return _token_loop(engine, max_new_tokens, sampling, generator)
-
-
-def _token_loop(engine: Engine, max_new_tokens: int, sampling: Sampling, generator: torch.Generator | None) -> Iterator[torch.Tensor]:
-    out = engine.start()  # (B, V) on the model's device
-    for i in range(max_new_tokens):
-        logits = out.float().cpu()  # sampled on the CPU: same seed, same text
-        if not bool(torch.isfinite(logits).all()):  # greedy would print garbage, sampling fail inside torch
-            raise NonFiniteError(
-                f"the model produced NaN or infinite logits at new token {i + 1}: its weights hold NaN or inf, "
-                f"or its dtype overflowed (try float32)"
-            )
-        token = sample_next(logits, sampling, generator)
-        yield token
-        if i + 1 < max_new_tokens:
-            out = engine.step(token.to(out.device))
 
 
 # ------------------------------------------------------------------ seeds

@@ -43,12 +43,12 @@ from gpt2 import distributed
 from gpt2._files import atomic_path, atomic_write_text
 from gpt2.config import RESUME_OVERRIDES, GPT2Config, TrainSettings
 from gpt2.data import TokenData, get_batch, open_data
+from gpt2.decoding import ContextOverflowWarning
 from gpt2.devices import Precision, enable_tf32, peak_flops, training_precision
 from gpt2.errors import CheckpointError, ContextLengthError, InvalidArgumentError
 from gpt2.evaluate import loss_sum
 from gpt2.generate import generate_text
 from gpt2.model import GPT2
-from gpt2.sampling import ContextOverflowWarning
 
 CHECKPOINT = "checkpoint.pt"
 LOG = "log.jsonl"

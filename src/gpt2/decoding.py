@@ -1,0 +1,215 @@
+"""The token loop: rows of generation in the slots of an engine, joining and leaving a running batch.
+
+    each step:
+        rows that ended leave their slots             # the last row moves into a freed slot
+        the others' newest tokens are decoded         # (B,) -> (B, V), one batch
+        rows waiting join the free slots              # each prompt prefilled alone: (T,) -> (V,)
+        every row chooses its next token              # its own sampling settings and seed
+
+This is continuous batching, as llama.cpp's server slots and vLLM do it: a request joins the
+running batch at the next step and leaves it when it ends, so a short request never waits for
+a long one. A row's tokens depend on nothing beside it: its prompt is prefilled alone, and it
+samples from its own random stream (row i of a call seeded s draws from seed s + i), so a
+request gets the same tokens served among others as served alone. The tensor API
+(`GPT2.generate`), the text API (`gpt2.generate`), `gpt2 generate` and `gpt2 serve` all run
+this one loop. An engine computes logits (`gpt2.model.TorchEngine`, with the KV cache, or
+`gpt2.generate.NumpyEngine`); this module knows nothing of models.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from gpt2.errors import ContextLengthError, NonFiniteError
+from gpt2.sampling import SEED_MAX, Sampling, check_on_overflow, check_seed, sample_next, seeded_generator
+
+STOP, LENGTH = "stop", "length"  # why a row ended, in OpenAI's words
+
+
+class ContextOverflowWarning(UserWarning):
+    """The prompt and the new tokens do not fit the context: the oldest tokens are dropped."""
+
+
+class Engine(Protocol):
+    """What the loop asks of a model: `slots` rows at most, each in a slot of its cache."""
+
+    slots: int
+
+    def prefill(self, slot: int, tokens: Sequence[int], every_position: bool = False) -> torch.Tensor:
+        """Logits after `tokens`, put into `slot`: (V,), or (T, V) for every position."""
+        ...
+
+    def decode(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Logits (B, V) after one token more (B,) in each of slots 0..B-1."""
+        ...
+
+    def move(self, src: int, dst: int) -> None:
+        """Copy slot src into slot dst."""
+        ...
+
+
+@dataclass(eq=False)
+class Row:
+    """One sequence being continued: a prompt, how to choose tokens, and what came of it.
+
+    It ends at `eos_token_id` ("stop"), after max_new_tokens ("length"), or when its owner
+    calls `end` (a stop string found in its text, a client gone). With `logprobs` = k, each
+    chosen token's log-probability is recorded with the k most likely tokens' (from the
+    model's distribution, before temperature and filters, as OpenAI's API reports them);
+    with `echo_logprobs` too, those of the prompt's tokens (the first has none).
+    """
+
+    prompt: list[int]
+    max_new_tokens: int
+    sampling: Sampling = Sampling()
+    seed: int | None = None
+    eos_token_id: int | None = None
+    logprobs: int | None = None
+    echo_logprobs: bool = False
+    tokens: list[int] = field(default_factory=list, init=False)  # the new tokens
+    token_logprobs: list[float] = field(default_factory=list, init=False)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list, init=False)
+    prompt_logprobs: list[tuple[float, list[tuple[int, float]]] | None] = field(default_factory=list, init=False)
+    finish_reason: str | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self.generator = None if self.seed is None else seeded_generator(self.seed)
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    def end(self, reason: str = STOP) -> None:
+        """End the row (it leaves its slot at the next step); a row already ended keeps its reason."""
+        if self.finish_reason is None:
+            self.finish_reason = reason
+
+    def _record(self, logits: torch.Tensor, token: int) -> tuple[float, list[tuple[int, float]]]:
+        """token's log-probability under logits (V,), and the `logprobs` most likely tokens'."""
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        top = torch.topk(logp, self.logprobs) if self.logprobs else None
+        alternatives = [] if top is None else list(zip(top.indices.tolist(), top.values.tolist()))
+        return float(logp[token]), alternatives
+
+
+def row_seed(seed: int | None, row: int) -> int | None:
+    """The seed of row `row` of a call seeded `seed`: seed + row, modulo 2**64 (None: unseeded)."""
+    return None if seed is None else (check_seed(seed) + row) % (SEED_MAX + 1)
+
+
+def check_context(prompt_lengths: Sequence[int], max_new_tokens: int, n_ctx: int, on_overflow: str, stacklevel: int = 3) -> None:
+    """Past n_ctx the context slides (a warning) or it is an error, as `on_overflow` says."""
+    check_on_overflow(on_overflow)
+    longest = max(prompt_lengths)
+    if longest + max_new_tokens > n_ctx:
+        message = f"the prompt ({longest} tokens) and {max_new_tokens} new tokens exceed the context of n_ctx={n_ctx}"
+        if on_overflow == "error":
+            raise ContextLengthError(message + ": shorten the prompt or ask for fewer new tokens")
+        warnings.warn(message + f"; the model sees only the last {n_ctx} tokens", ContextOverflowWarning, stacklevel=stacklevel)
+
+
+class Decoder:
+    """The running batch: rows waiting, and rows active in slots 0..B-1 of the engine (row i in slot i)."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.waiting: deque[Row] = deque()
+        self.active: list[Row] = []
+        self.logits: list[torch.Tensor] = []  # (V,) next-token logits of each active row
+
+    def add(self, row: Row) -> None:
+        """Queue a row: it joins the batch at the next step with a free slot."""
+        self.waiting.append(row)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting or self.active)
+
+    def step(self) -> list[tuple[Row, int | None]]:
+        """One token more for every active row. Returns (row, token) for each row that got one,
+        and (row, None) for each that ended without one (max_new_tokens 0). A row that ended
+        (row.done) leaves at the next step."""
+        self._leave()
+        if self.active:
+            fed = self.engine.decode(torch.tensor([row.tokens[-1] for row in self.active]))  # (B, V)
+            self.logits = list(fed)
+        scored = self._join()
+        return self._choose() + [(row, None) for row in scored]
+
+    def _leave(self) -> None:
+        """Drop the rows that ended; the last row moves into each freed slot, so slots stay 0..B-1."""
+        active, i = self.active, 0
+        while i < len(active):
+            while active and active[-1].done:
+                active.pop()
+                self.logits.pop()
+            if i < len(active) and active[i].done:
+                self.engine.move(len(active) - 1, i)
+                active[i], self.logits[i] = active.pop(), self.logits.pop()
+            i += 1
+
+    def _join(self) -> list[Row]:
+        """Prefill waiting rows into free slots; returns those that end at once (max_new_tokens 0)."""
+        scored, prefilled = [], {}  # prompt -> its slot and logits, for rows of one prompt (n > 1)
+        while self.waiting and len(self.active) < self.engine.slots:
+            row = self.waiting.popleft()
+            if row.done:  # ended while it waited (its client left)
+                continue
+            slot, key = len(self.active), tuple(row.prompt)
+            if key in prefilled and not row.echo_logprobs:
+                self.engine.move(prefilled[key][0], slot)
+                logits = prefilled[key][1]
+            else:
+                logits = self.engine.prefill(slot, row.prompt, every_position=row.echo_logprobs)
+                if row.echo_logprobs:
+                    row.prompt_logprobs = [None] + [row._record(logits[t - 1], row.prompt[t]) for t in range(1, len(row.prompt))]
+                    logits = logits[-1]
+            if row.max_new_tokens == 0:  # only scored: the slot stays free
+                row.end(LENGTH)
+                scored.append(row)
+                continue
+            prefilled.setdefault(key, (slot, logits))
+            self.active.append(row)
+            self.logits.append(logits)
+        return scored
+
+    def _choose(self) -> list[tuple[Row, int]]:
+        if not self.active:
+            return []
+        logits = torch.stack(self.logits).float().cpu()  # (B, V): sampled on the CPU, same seed, same text
+        if not bool(torch.isfinite(logits).all()):  # greedy would print garbage, sampling fail inside torch
+            bad = next(b for b in range(len(logits)) if not bool(torch.isfinite(logits[b]).all()))
+            raise NonFiniteError(
+                f"the model produced NaN or infinite logits at new token {len(self.active[bad].tokens) + 1}: its weights hold "
+                f"NaN or inf, or its dtype overflowed (try float32)"
+            )
+        events = []
+        for row, row_logits in zip(self.active, logits):
+            token = int(sample_next(row_logits[None], row.sampling, row.generator)[0])
+            row.tokens.append(token)
+            if row.logprobs is not None:
+                chosen, alternatives = row._record(row_logits, token)
+                row.token_logprobs.append(chosen)
+                row.top_logprobs.append(alternatives)
+            if token == row.eos_token_id:
+                row.end(STOP)
+            elif len(row.tokens) == row.max_new_tokens:
+                row.end(LENGTH)
+            events.append((row, token))
+        return events
+
+
+def run(engine: Engine, rows: Sequence[Row]) -> None:
+    """Continue every row to its end, `engine.slots` at a time."""
+    decoder = Decoder(engine)
+    for row in rows:
+        decoder.add(row)
+    with torch.inference_mode():
+        while decoder.busy:
+            decoder.step()

@@ -1,0 +1,169 @@
+"""The token loop: rows joining and leaving a running batch get the tokens they get alone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import make_hf_model
+from gpt2 import Tokenizer
+from gpt2.decoding import LENGTH, STOP, Decoder, Row, row_seed, run
+from gpt2.generate import TextGeneration, generate_text
+from gpt2.model import GPT2, TorchEngine
+from gpt2.sampling import Sampling
+
+ENC = Tokenizer.gpt2()
+GREEDY, SAMPLED = Sampling(temperature=0), Sampling(temperature=1.0, top_k=50)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """transformers' model (the reference) and ours, on the same random weights of GPT-2's vocabulary."""
+    directory = tmp_path_factory.mktemp("decoding")
+    hf = make_hf_model(seed=3, vocab_size=50257, n_positions=48, n_embd=48, n_layer=2, n_head=3)
+    hf.save_pretrained(directory)
+    return hf, GPT2.from_pretrained(directory, device="cpu")
+
+
+def prompt(i: int, length: int) -> list[int]:
+    return torch.randint(0, 50257, (length,), generator=torch.Generator().manual_seed(i)).tolist()
+
+
+def alone(model, row: Row) -> Row:
+    """The same row served by itself, in an engine of one slot."""
+    copy = Row(row.prompt, row.max_new_tokens, row.sampling, row.seed, row.eos_token_id, row.logprobs, row.echo_logprobs)
+    run(TorchEngine(model, 1), [copy])
+    return copy
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_rows_joining_and_leaving_a_running_batch_get_their_tokens_alone(models, sampling):
+    """Rows of different lengths and budgets, fed in over time, 3 slots for 7 rows: rows end,
+    later rows move into their slots, and each row's tokens equal those it gets alone."""
+    _, model = models
+    rows = [Row(prompt(i, 3 + 4 * i % 11), 4 + 5 * i % 17, sampling, seed=100 + i) for i in range(7)]
+    decoder, pending, steps = Decoder(TorchEngine(model, 3)), list(rows), 0
+    with torch.inference_mode():
+        while pending or decoder.busy:
+            if pending and steps % 3 == 0:  # a new row arrives every third step
+                decoder.add(pending.pop(0))
+            decoder.step()
+            steps += 1
+            assert len(decoder.active) <= 3
+    for row in rows:
+        assert row.tokens == alone(model, row).tokens and row.finish_reason == LENGTH
+    assert len({tuple(row.tokens) for row in rows}) == 7
+
+
+def test_a_row_ended_by_its_owner_leaves_and_frees_its_slot(models):
+    _, model = models
+    long, short, late = Row(prompt(1, 5), 30, GREEDY), Row(prompt(2, 7), 30, GREEDY), Row(prompt(3, 4), 10, GREEDY)
+    gone = Row(prompt(4, 4), 10, GREEDY)
+    decoder = Decoder(TorchEngine(model, 2))
+    for row in (long, short, gone, late):
+        decoder.add(row)
+    with torch.inference_mode():
+        decoder.step()
+        gone.end(STOP)  # its client left while it waited: it never takes a slot
+        for _ in range(3):
+            decoder.step()
+        short.end(STOP)  # e.g. a stop string in its text
+        while decoder.busy:
+            decoder.step()
+    assert len(short.tokens) == 4 and gone.tokens == [] and short.finish_reason == gone.finish_reason == STOP
+    assert long.tokens == alone(model, long).tokens and late.tokens == alone(model, late).tokens
+
+
+def test_end_of_text_stops_a_row_and_max_new_tokens_ends_it(models):
+    _, model = models
+    free = alone(model, Row(prompt(5, 6), 12, GREEDY))
+    eos = free.tokens[4]
+    ended = Row(prompt(5, 6), 12, GREEDY, eos_token_id=eos)
+    run(TorchEngine(model, 1), [ended])
+    assert ended.tokens == free.tokens[: free.tokens.index(eos) + 1] and ended.finish_reason == STOP
+    assert free.finish_reason == LENGTH and len(free.tokens) == 12
+
+
+def test_one_seed_rule_row_i_samples_from_seed_plus_i(models):
+    """The tensor API, the text API and the CLI agree: row i of a call seeded s is what a call
+    seeded s + i gives alone, whatever else is in the batch."""
+    _, model = models
+    idx = torch.tensor([prompt(6, 5), prompt(7, 5), prompt(6, 5)])
+    batch = model.generate(idx, 12, seed=9, top_k=50)
+    for b in range(3):
+        assert torch.equal(batch[b], model.generate(idx[b : b + 1], 12, seed=9 + b, top_k=50)[0])
+    assert not torch.equal(batch[0], batch[2])  # the same prompt, other seeds
+    texts = generate_text(model, ENC, "Once upon a time", max_new_tokens=10, seed=2**64 - 1, num_samples=3)
+    for i, text in enumerate(texts):
+        assert text == generate_text(model, ENC, "Once upon a time", max_new_tokens=10, seed=row_seed(2**64 - 1, i))[0]
+    assert row_seed(2**64 - 1, 1) == 0
+
+
+def test_text_generation_says_why_each_row_ended(models):
+    _, model = models
+    free = generate_text(model, ENC, "Hello there", max_new_tokens=20, temperature=0)[0]
+    stop = free[5:9]
+    generation = TextGeneration(model, ENC, ["Hello there", "Hello there"], max_new_tokens=20, temperature=0, stop=[stop])
+    texts = ["", ""]
+    for row, piece in generation:
+        texts[row] += piece
+    assert texts[0] == free[: free.index(stop)] and generation.finish_reasons == [STOP, STOP]
+    generation = TextGeneration(model, ENC, "Hello there", max_new_tokens=20, temperature=0)
+    assert "".join(piece for _, piece in generation) == free and generation.finish_reasons == [LENGTH]
+
+
+def test_logprobs_of_prompt_and_new_tokens_equal_transformers(models):
+    hf, model = models
+    row = Row(prompt(8, 9), 6, SAMPLED, seed=1, logprobs=5, echo_logprobs=True)
+    neighbour = Row(prompt(9, 3), 20, GREEDY, logprobs=2)
+    run(TorchEngine(model, 2), [neighbour, row])
+    ids = row.prompt + row.tokens
+    with torch.no_grad():
+        expected = torch.log_softmax(hf(torch.tensor([ids])).logits[0].double(), dim=-1)  # (T, V)
+    assert row.prompt_logprobs[0] is None and len(row.prompt_logprobs) == len(row.prompt)
+    got = [entry for entry in row.prompt_logprobs[1:]] + list(zip(row.token_logprobs, row.top_logprobs))
+    for t, (chosen, top) in enumerate(got):
+        assert abs(chosen - float(expected[t, ids[t + 1]])) < 1e-4
+        top_ids = [i for i, _ in top]
+        assert len(top) == 5 and top_ids == expected[t].topk(5).indices.tolist()
+        assert max(abs(lp - float(expected[t, i])) for i, lp in top) < 1e-4
+    assert len(neighbour.top_logprobs[0]) == 2
+
+
+def test_a_row_of_no_new_tokens_is_scored_and_takes_no_slot(models):
+    _, model = models
+    scored, other = Row(prompt(10, 7), 0, GREEDY, echo_logprobs=True, logprobs=1), Row(prompt(11, 5), 5, GREEDY)
+    decoder = Decoder(TorchEngine(model, 1))
+    decoder.add(scored)
+    decoder.add(other)
+    with torch.inference_mode():
+        events = decoder.step()
+    assert (scored, None) in events and scored.finish_reason == LENGTH and scored.tokens == []
+    assert len(scored.prompt_logprobs) == 7 and decoder.active == [other]
+
+
+def test_rows_of_one_prompt_share_its_prefill(models, monkeypatch):
+    _, model = models
+    engine = TorchEngine(model, 4)
+    calls = []
+    prefill = engine.prefill
+    monkeypatch.setattr(engine, "prefill", lambda *a, **k: calls.append(a[0]) or prefill(*a, **k))
+    rows = [Row(prompt(12, 6), 8, SAMPLED, seed=row_seed(4, i)) for i in range(3)] + [Row(prompt(13, 6), 8, GREEDY)]
+    run(engine, rows)
+    assert calls == [0, 3]
+    for row in rows:
+        assert row.tokens == alone(model, row).tokens
+
+
+def test_context_slides_for_each_row_of_a_batch(tmp_path):
+    hf = make_hf_model(vocab_size=97, n_positions=16, n_embd=24, n_layer=2, n_head=2)
+    hf.save_pretrained(tmp_path)
+    model = GPT2.from_pretrained(tmp_path, device="cpu")
+    rows = [Row(torch.randint(0, 97, (n,), generator=torch.Generator().manual_seed(n)).tolist(), 20, GREEDY) for n in (3, 10, 15)]
+    run(TorchEngine(model, 3), rows)
+    for row in rows:
+        expected = torch.tensor([row.prompt])
+        with torch.no_grad():
+            for _ in range(20):  # nanoGPT's crop: the last n_ctx tokens
+                expected = torch.cat([expected, hf(expected[:, -16:]).logits[:, -1].argmax(-1, keepdim=True)], 1)
+        assert row.tokens == expected[0, len(row.prompt) :].tolist()
