@@ -196,6 +196,26 @@ def _summary(generated: int, started: float) -> None:
     print(f"[gpt2: {tokens} in {elapsed:.1f} s, {generated / max(elapsed, 1e-9):.1f} tokens/s]", file=sys.stderr)
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from gpt2.devices import resolve_device, resolve_dtype
+
+    try:
+        from gpt2.serve import Limits, serve
+    except ModuleNotFoundError as e:
+        if e.name not in ("fastapi", "starlette", "uvicorn", "prometheus_client"):
+            raise
+        raise _UsageError(f"gpt2 serve needs the serve extra ({e.name} is not installed): pip install 'gpt2[serve]'") from None
+
+    limits = Limits(max_batch_size=args.max_batch_size, max_queue=args.max_queue, max_n=args.max_n, api_key=args.api_key)
+    limits.check()
+    resolve_device(args.device), resolve_dtype(args.dtype)  # bad flags fail now, not once the server listens
+    args.engine = "torch"
+    print(f"gpt2: serving {args.model} on http://{args.host}:{args.port}/v1 (the model loads in the background; "
+          f"GET /health answers 200 once it has)", file=sys.stderr)  # fmt: skip
+    serve(lambda: _load_model(args), args.model, args.host, args.port, limits)
+    return 0
+
+
 def _cmd_prepare(args: argparse.Namespace) -> int:
     from gpt2.data import prepare
 
@@ -327,6 +347,43 @@ def _add_inference_device_flags(parser: argparse.ArgumentParser) -> None:
     """--device and --dtype of the commands that run a model (generate, eval)."""
     parser.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda or cuda:N (default: auto)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="(default: float32)")
+
+
+SERVE_EXAMPLES = """\
+examples:
+  gpt2 serve                                        # gpt2 on http://127.0.0.1:8000/v1
+  gpt2 serve --model out-char --port 8080 --max-batch-size 16
+  GPT2_API_KEY=secret gpt2 serve --model gpt2-medium --host 0.0.0.0
+  curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \\
+      -d '{"model": "gpt2", "prompt": "Alan Turing theorized that", "max_tokens": 20, "temperature": 0}'
+
+OpenAI's completions API (/v1/completions, /v1/models), llama.cpp's /tokenize and /detokenize,
+/health and Prometheus' /metrics. Requests share one batch: each joins it at the next token
+and leaves it when it ends. Ctrl-C or SIGTERM stops the server; requests in flight get an error.
+"""
+
+
+def _add_serve_parser(commands) -> None:
+    serve = commands.add_parser(
+        "serve",
+        help="an OpenAI-compatible HTTP server (needs the serve extra)",
+        description="Serve a model over HTTP with OpenAI's completions API, batching the requests in flight.",
+        epilog=SERVE_EXAMPLES,
+        formatter_class=_HelpFormatter,
+    )
+    serve.add_argument("--model", default="gpt2", help="a released name or a local directory, as for generate; "
+                       "also the model's id in the API (default: gpt2)")  # fmt: skip
+    serve.add_argument("--host", default="127.0.0.1", help="the address to listen on; 0.0.0.0 for every interface (default: 127.0.0.1)")
+    serve.add_argument("--port", type=_whole_number, default=8000, help="(default: 8000)")
+    _add_inference_device_flags(serve)
+    serve.add_argument("--max-batch-size", type=_whole_number, default=8, metavar="N",
+                       help="requests' rows decoded together; each holds a KV cache of the model's context (default: 8)")  # fmt: skip
+    serve.add_argument("--max-queue", type=_whole_number, default=64, metavar="N",
+                       help="rows that may wait for a place in the batch; past it, requests get 429 (default: 64)")  # fmt: skip
+    serve.add_argument("--max-n", type=_whole_number, default=16, metavar="N", help="the largest n (choices) of a request (default: 16)")
+    serve.add_argument("--api-key", default=os.environ.get("GPT2_API_KEY"), metavar="KEY",
+                       help="require the header Authorization: Bearer KEY (default: $GPT2_API_KEY, else none)")  # fmt: skip
+    serve.set_defaults(func=_cmd_serve)
 
 
 def _add_eval_parser(commands) -> None:
@@ -472,6 +529,7 @@ def build_parser() -> argparse.ArgumentParser:
     prepare.set_defaults(func=_cmd_prepare)
     _add_train_parser(commands)
     _add_eval_parser(commands)
+    _add_serve_parser(commands)
     return parser
 
 

@@ -181,6 +181,7 @@ class TextRow:
         self.decoder = IncrementalDecoder(tokenizer)
         self.held = ""  # decoded text not yet given out: it may begin a stop string
         self.done = False
+        self.stopped = False  # ended at a stop string
 
     def follow(self, row: Row, token: int | None) -> str:
         """The text that `row`'s new token (None: none) releases. Ends the row at a stop string
@@ -212,7 +213,7 @@ class TextRow:
     def _cut_at_stop(self, text: str) -> str:
         cut = min((i for s in self.stop if (i := text.find(s)) >= 0), default=-1)
         if cut >= 0:
-            self.done = True
+            self.done = self.stopped = True
             return text[:cut]
         return text
 

@@ -1,0 +1,394 @@
+"""`gpt2 serve`, through OpenAI's own client: answers equal the Python API's and transformers',
+requests share the batch, bad requests get OpenAI's errors, and the server keeps serving."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+import torch
+import uvicorn
+
+from helpers import REPO, make_hf_model
+from gpt2 import Tokenizer
+from gpt2.cli import main
+from gpt2.decoding import row_seed
+from gpt2.generate import generate_text
+from gpt2.model import GPT2
+from gpt2.serve import Limits, create_app, listen
+
+ENC = Tokenizer.gpt2()
+N_CTX = 128
+
+
+class Running:
+    """A server on a free local port, in a thread of this process."""
+
+    def __init__(self, load, model_id="tiny", limits=Limits(), wait=True):
+        self.app = create_app(load, model_id, limits)
+        sock = listen("127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        self.runner = uvicorn.Server(uvicorn.Config(self.app, log_level="warning"))
+        self.thread = threading.Thread(target=self.runner.run, kwargs={"sockets": [sock]}, daemon=True)
+        self.thread.start()
+        while not self.runner.started:
+            time.sleep(0.01)
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self):
+        deadline = time.monotonic() + 60
+        while httpx.get(self.url + "/health").status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+
+    def client(self, **options):
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=options.pop("api_key", "none"), max_retries=0, **options)
+
+    def stop(self):
+        self.runner.should_exit = True
+        self.thread.join(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("served")
+    hf = make_hf_model(seed=5, vocab_size=50257, n_positions=N_CTX, n_embd=48, n_layer=2, n_head=3)
+    hf.save_pretrained(directory)
+    return hf, GPT2.from_pretrained(directory, device="cpu"), str(directory)
+
+
+@pytest.fixture(scope="module")
+def server(models):
+    running = Running(lambda: (models[1], ENC))
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return server.client()
+
+
+def ours(models, prompt, **options):
+    return generate_text(models[1], ENC, prompt, **options)
+
+
+def complete(client, **request):
+    if "top_k" in request:  # our field, not OpenAI's: the client sends it as extra_body
+        request["extra_body"] = {"top_k": request.pop("top_k")}
+    return client.completions.create(model="tiny", **request)
+
+
+# ------------------------------------------------------------------ answers
+
+
+def test_greedy_text_equals_the_python_api_and_gpt2_generate(models, client, capsys):
+    response = complete(client, prompt="The meaning of life is", max_tokens=20, temperature=0)
+    choice = response.choices[0]
+    assert choice.text == ours(models, "The meaning of life is", max_new_tokens=20, temperature=0)[0]
+    assert choice.finish_reason == "length" and choice.index == 0 and response.object == "text_completion"
+    assert response.model == "tiny" and response.id.startswith("cmpl-")
+    n_prompt = len(ENC.encode("The meaning of life is"))
+    assert (response.usage.prompt_tokens, response.usage.completion_tokens, response.usage.total_tokens) == (n_prompt, 20, n_prompt + 20)
+    capsys.readouterr()
+    assert main(["generate", "The meaning of life is", "--model", models[2], "--max-new-tokens", "20", "--temperature", "0", "--no-stream"]) == 0
+    assert capsys.readouterr().out == choice.text + "\n"
+
+
+def test_streamed_pieces_join_to_the_whole_text(client):
+    request = dict(prompt="Once upon a time", max_tokens=30, temperature=0.9, seed=11, top_k=40)
+    chunks = list(complete(client, stream=True, **request))
+    whole = complete(client, **request).choices[0]
+    assert "".join(c.choices[0].text for c in chunks) == whole.text
+    assert len(chunks) > 5 and chunks[-1].choices[0].finish_reason == whole.finish_reason == "length"
+    assert all(c.choices[0].finish_reason is None for c in chunks[:-1])
+
+
+def test_n_choices_and_lists_of_prompts_follow_the_one_seed_rule(models, client):
+    """Choice i (prompt-major) samples from seed + i, as row i of the Python API does."""
+    prompts = ["Hello", "The weather today"]
+    response = complete(client, prompt=prompts, n=3, max_tokens=12, seed=2**64 - 2, top_p=0.9)
+    assert [c.index for c in response.choices] == list(range(6))
+    for c in response.choices:
+        prompt = prompts[c.index // 3]
+        assert c.text == ours(models, prompt, max_new_tokens=12, seed=row_seed(2**64 - 2, c.index), top_p=0.9)[0]
+    assert len({c.text for c in response.choices}) == 6
+    assert response.choices[2].text == complete(client, prompt=prompts, n=3, max_tokens=12, seed=2**64 - 2, top_p=0.9).choices[2].text
+
+
+def test_prompts_as_token_ids(models, client):
+    ids = [ENC.encode("Hello world"), ENC.encode("GPT-2 is")]
+    response = complete(client, prompt=ids, max_tokens=8, temperature=0)
+    assert [c.text for c in response.choices] == [ours(models, ENC.decode(p), max_new_tokens=8, temperature=0)[0] for p in ids]
+    assert complete(client, prompt=ids[0], max_tokens=8, temperature=0).choices[0].text == response.choices[0].text
+
+
+def test_stop_strings_end_the_text_and_are_never_streamed(models, client):
+    free = ours(models, "In the beginning", max_new_tokens=40, temperature=0)[0]
+    stop = free[10:13]
+    response = complete(client, prompt="In the beginning", max_tokens=40, temperature=0, stop=[stop, "never appears"])
+    assert response.choices[0].text == free[: free.index(stop)] and response.choices[0].finish_reason == "stop"
+    chunks = list(complete(client, prompt="In the beginning", max_tokens=40, temperature=0, stop=stop, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == response.choices[0].text
+    assert all(stop not in c.choices[0].text for c in chunks) and chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_echo_and_logprobs_equal_transformers_log_softmax(models, client):
+    hf = models[0]
+    prompt = "Paris is the capital of"
+    ids = ENC.encode(prompt)
+    for max_tokens in (0, 5):  # 0: scoring a text, as lm-evaluation-harness does
+        choice = complete(client, prompt=prompt, max_tokens=max_tokens, echo=True, logprobs=3, temperature=0).choices[0]
+        all_ids = ids + ENC.encode(choice.text[len(prompt) :])
+        assert choice.text.startswith(prompt) and len(choice.logprobs.tokens) == len(ids) + max_tokens
+        with torch.no_grad():
+            expected = torch.log_softmax(hf(torch.tensor([all_ids])).logits[0].double(), dim=-1)
+        lp = choice.logprobs
+        assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+        assert lp.tokens == [ENC.decode([t]) for t in all_ids]
+        assert lp.text_offset == [len(ENC.decode(all_ids[:t])) for t in range(len(all_ids))]
+        for t in range(1, len(all_ids)):
+            assert abs(lp.token_logprobs[t] - float(expected[t - 1, all_ids[t]])) < 1e-4
+            top = expected[t - 1].topk(3)
+            for token, value in zip(top.indices.tolist(), top.values.tolist()):
+                assert abs(lp.top_logprobs[t][ENC.decode([token])] - value) < 1e-4
+        assert choice.finish_reason == "length"
+
+
+def test_lm_evaluation_harness_style_scoring_of_id_prompts(client):
+    """local-completions sends lists of ids, max_tokens 1, echo, logprobs 1, temperature 0."""
+    ids = [ENC.encode("The cat sat on the mat"), ENC.encode("A dog")]
+    response = complete(client, prompt=ids, max_tokens=1, echo=True, logprobs=1, temperature=0, seed=1234)
+    for choice, prompt in zip(sorted(response.choices, key=lambda c: c.index), ids):
+        lp = choice.logprobs
+        assert len(lp.token_logprobs) == len(prompt) + 1
+        greedy = lp.token_logprobs[-1] == max(lp.top_logprobs[-1].values())  # the generated token is the greedy one
+        assert greedy and all(len(top) in (1, 2) for top in lp.top_logprobs[1:])
+
+
+def test_concurrent_requests_equal_the_same_requests_one_at_a_time(models, server):
+    """8 clients at once, greedy and seeded sampling mixed: each gets the answer it gets alone."""
+    requests = [dict(prompt=f"Request number {i} says", max_tokens=10 + 3 * i, temperature=0 if i % 2 else 0.8, seed=i)
+                for i in range(8)]  # fmt: skip
+    client = server.client()
+    alone = [complete(client, **r).choices[0].text for r in requests]
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(lambda r: complete(server.client(), **r).choices[0].text, requests))
+    assert together == alone
+    assert alone[1] == ours(models, requests[1]["prompt"], max_new_tokens=13, temperature=0)[0]
+
+
+def test_a_short_request_sent_during_a_long_one_finishes_first(client):
+    long = complete(client, prompt="A long story:", max_tokens=N_CTX - 10, temperature=0, stream=True)
+    next(iter(long))  # the long request is being generated
+    started = time.monotonic()
+    short = complete(client, prompt="Short:", max_tokens=3, temperature=0)
+    short_took = time.monotonic() - started
+    rest = list(long)
+    long_took = time.monotonic() - started
+    assert short.choices[0].finish_reason == "length" and rest[-1].choices[0].finish_reason == "length"
+    assert short_took < long_took / 2
+
+
+def test_a_client_that_leaves_mid_stream_frees_its_row(server, client):
+    with httpx.stream("POST", server.url + "/v1/completions",
+                      json={"model": "tiny", "prompt": "Leaving soon", "max_tokens": 100, "stream": True}) as response:  # fmt: skip
+        lines = response.iter_lines()
+        assert next(lines).startswith("data: ")
+    scheduler = server.app.state.server.scheduler
+    deadline = time.monotonic() + 10
+    while scheduler.decoder.active:  # the row leaves the batch
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert complete(client, prompt="Still there?", max_tokens=3).choices[0].finish_reason == "length"
+
+
+# ------------------------------------------------------------------ errors
+
+
+def post(server, body, **options):
+    content = body if isinstance(body, (str, bytes)) else json.dumps(body)
+    return httpx.post(server.url + "/v1/completions", content=content, headers={"content-type": "application/json"}, **options)
+
+
+BAD_REQUESTS = [
+    ({"prompt": "hi", "max_tokens": -1}, "max_tokens", "max_tokens must be an integer from 0 to 128, got -1"),
+    ({"prompt": "hi", "temperature": -0.5}, "temperature", "temperature must be a finite number >= 0"),
+    ({"prompt": "hi", "top_p": 0}, "top_p", "top_p must be in (0, 1], got 0"),
+    ({"prompt": "hi", "top_p": 1.5}, "top_p", "top_p must be in (0, 1], got 1.5"),
+    ({"prompt": "hi", "n": 0}, "n", "n must be an integer from 1 to 16, got 0"),
+    ({"prompt": "hi", "n": 17}, "n", "n must be an integer from 1 to 16, got 17"),
+    ({"prompt": "hi", "logprobs": 6}, "logprobs", "logprobs must be an integer from 0 to 5, got 6"),
+    ({"prompt": "hi", "top_k": 0}, "top_k", "top_k must be an integer from 1 to 50257, got 0"),
+    ({"prompt": "hi", "seed": -1}, "seed", "seed must be a whole number from 0"),
+    ({"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}, "stop", "up to 4 stop strings, got 5"),
+    ({"prompt": "hi", "stop": [""]}, "stop", "stop strings must be non-empty text"),
+    ({"prompt": "hi", "stream": "yes"}, "stream", "stream must be true or false"),
+    ({"prompt": "hi", "temperature": "hot"}, "temperature", "temperature must be a finite number"),
+    ({"max_tokens": 5}, "prompt", "you must provide a prompt"),
+    ({"prompt": []}, "prompt", "prompt must be a string, a list of strings"),
+    ({"prompt": [15496, 50257]}, "prompt", "token id 50257 in prompt is out of range: ids are 0..50256"),
+    ({"prompt": [[15496], [-1]]}, "prompt", "token id -1 in prompt is out of range"),
+    ({"prompt": [15496] * 100, "max_tokens": 29}, "prompt", "maximum context length is 128 tokens, however you requested 129 "
+                                                            "tokens (100 in your prompt; 29 for the completion)"),
+    ({"prompt": "hi", "frobnicate": 1}, "frobnicate", "Unrecognized request argument supplied: frobnicate"),
+    ({"prompt": "hi", "presence_penalty": 0.5}, "presence_penalty", "presence_penalty is not supported"),
+]
+
+
+@pytest.mark.parametrize("body, param, message", BAD_REQUESTS, ids=[b[1] + str(i) for i, b in enumerate(BAD_REQUESTS)])
+def test_a_bad_request_gets_a_400_naming_the_field_and_the_server_keeps_serving(server, body, param, message):
+    response = post(server, {"model": "tiny", **body})
+    error = response.json()["error"]
+    assert response.status_code == 400 and error["param"] == param and message in error["message"]
+    assert error["type"] == "invalid_request_error" and "code" in error
+    assert httpx.get(server.url + "/health").status_code == 200
+
+
+def test_the_openai_client_raises_its_own_errors(client):
+    with pytest.raises(openai.BadRequestError, match="max_tokens must be an integer"):
+        complete(client, prompt="hi", max_tokens=-3)
+    with pytest.raises(openai.NotFoundError, match="The model `gpt-4` does not exist"):
+        client.completions.create(model="gpt-4", prompt="hi")
+
+
+def test_invalid_json_an_oversized_body_and_unknown_routes(server):
+    response = post(server, "{not json")
+    assert response.status_code == 400 and "not valid JSON" in response.json()["error"]["message"]
+    response = post(server, {"prompt": "x" * (1 << 20)})
+    assert response.status_code == 413 and "over the limit of 1048576 bytes" in response.json()["error"]["message"]
+    response = post(server, ["a", "list"])
+    assert response.status_code == 400 and "must be a JSON object" in response.json()["error"]["message"]
+    response = httpx.get(server.url + "/v1/chat/completions")
+    assert response.status_code in (404, 405) and "error" in response.json()
+
+
+def test_a_full_queue_answers_429_with_retry_after(models):
+    running = Running(lambda: (models[1], ENC), limits=Limits(max_batch_size=1, max_queue=2))
+    try:
+        response = post(running, {"prompt": "hi", "n": 3})
+        assert response.status_code == 429 and response.headers["retry-after"] == "1"
+        assert "busy" in response.json()["error"]["message"]
+        assert post(running, {"prompt": "hi", "n": 2, "max_tokens": 2}).status_code == 200
+    finally:
+        running.stop()
+
+
+def test_an_api_key_is_required_when_set(models):
+    running = Running(lambda: (models[1], ENC), limits=Limits(api_key="s3cret"))
+    try:
+        with pytest.raises(openai.AuthenticationError, match="Incorrect or missing API key"):
+            running.client(api_key="wrong").completions.create(model="tiny", prompt="hi", max_tokens=2)
+        assert httpx.get(running.url + "/v1/models").status_code == 401
+        assert running.client(api_key="s3cret").completions.create(model="tiny", prompt="hi", max_tokens=2).choices[0].text is not None
+        assert httpx.get(running.url + "/health").status_code == 200
+    finally:
+        running.stop()
+
+
+def test_health_answers_503_until_the_model_is_loaded(models):
+    loaded = threading.Event()
+
+    def load():
+        loaded.wait(30)
+        return models[1], ENC
+
+    running = Running(load, wait=False)
+    try:
+        response = httpx.get(running.url + "/health")
+        assert response.status_code == 503 and "still loading" in response.json()["error"]["message"]
+        assert post(running, {"prompt": "hi"}).status_code == 503
+        loaded.set()
+        running.wait_ready()
+    finally:
+        running.stop()
+
+
+# ------------------------------------------------------------------ other endpoints
+
+
+def test_models_tokenize_detokenize_and_metrics(server, client):
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+    assert client.models.retrieve("tiny").id == "tiny"
+    text = "Hello world, 🤗 and 中文"
+    tokens = httpx.post(server.url + "/tokenize", json={"content": text}).json()["tokens"]
+    assert tokens == ENC.encode(text)
+    assert httpx.post(server.url + "/detokenize", json={"tokens": tokens}).json() == {"content": text}
+    bad = httpx.post(server.url + "/detokenize", json={"tokens": [1, 99999]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
+    complete(client, prompt="Counting", max_tokens=4)
+    metrics = httpx.get(server.url + "/metrics").text
+    for name in ("gpt2_requests_total{", "gpt2_prompt_tokens_total", "gpt2_generated_tokens_total", "gpt2_queue_length",
+                 "gpt2_batch_size", "gpt2_time_to_first_token_seconds_bucket"):  # fmt: skip
+        assert name in metrics
+    assert 'gpt2_requests_total{endpoint="/v1/completions",status="200"}' in metrics
+    generated = next(line for line in metrics.splitlines() if line.startswith("gpt2_generated_tokens_total"))
+    assert float(generated.split()[1]) >= 4
+
+
+# ------------------------------------------------------------------ the command
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_gpt2_serve_stops_cleanly_on_a_signal_ending_requests_in_flight(models, sig):
+    port = free_port()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO / "src")}
+    process = subprocess.Popen([sys.executable, "-m", "gpt2", "serve", "--model", models[2], "--port", str(port), "--device", "cpu"],
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(url + "/health").status_code == 200:
+                    break
+            except httpx.ConnectError:
+                pass
+            assert time.monotonic() < deadline and process.poll() is None
+            time.sleep(0.1)
+        body = {"model": models[2], "prompt": "A very long answer:", "max_tokens": N_CTX - 10, "stream": True}
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=30) as response:
+            lines = response.iter_lines()
+            assert next(lines).startswith("data: {")
+            process.send_signal(sig)
+            rest = [line for line in lines if line]
+        assert any('"error"' in line and "shutting down" in line for line in rest) and rest[-1] == "data: [DONE]"
+        # uvicorn shuts down, then dies of SIGTERM as the signal's default would (or exits 0, in older
+        # uvicorns); SIGINT comes back as KeyboardInterrupt, which gpt2 reports with the usual 130
+        assert process.wait(timeout=20) in ((0, -signal.SIGTERM) if sig == signal.SIGTERM else (0, 130))
+        err = process.stderr.read() + process.stdout.read()  # uvicorn logs requests to stdout
+        assert f"serving {models[2]} on http://127.0.0.1:{port}/v1" in err and '"POST /v1/completions HTTP/1.1" 200' in err
+        assert "Application shutdown complete" in err
+    finally:
+        process.kill()
+
+
+def test_gpt2_serve_refuses_a_busy_port_and_a_missing_model_in_one_line(models, capsys, tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", "--model", models[2], "--port", str(port)]) == 2
+        err = capsys.readouterr().err.splitlines()
+        assert err[-1].startswith(f"gpt2: error: cannot listen on 127.0.0.1:{port}: ")
+    assert main(["serve", "--model", str(tmp_path / "nowhere"), "--port", str(free_port())]) == 2
+    assert capsys.readouterr().err.splitlines()[-1].startswith("gpt2: error: ")
+    assert main(["serve", "--max-batch-size", "0"]) == 2
+    assert capsys.readouterr().err == "gpt2: error: max_batch_size must be a positive integer, got 0\n"
