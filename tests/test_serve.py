@@ -321,10 +321,13 @@ def test_health_answers_503_until_the_model_is_loaded(models):
 def test_models_tokenize_detokenize_and_metrics(server, client):
     assert [m.id for m in client.models.list().data] == ["tiny"]
     assert client.models.retrieve("tiny").id == "tiny"
-    text = "Hello world, 🤗 and 中文"
+    text = "Hello world, 🤗 and 中文<|endoftext|>"
     tokens = httpx.post(server.url + "/tokenize", json={"content": text}).json()["tokens"]
-    assert tokens == ENC.encode(text)
-    assert httpx.post(server.url + "/detokenize", json={"tokens": tokens}).json() == {"content": text}
+    assert tokens == ENC.encode(text, allowed_special="all") and tokens[-1] == 50256  # the special token, as vLLM's
+    assert httpx.post(server.url + "/tokenize", json={"prompt": text, "add_special_tokens": False}).json()["tokens"] == tokens
+    assert httpx.post(server.url + "/detokenize", json={"tokens": tokens}).json() == {"content": text, "prompt": text}
+    info = httpx.get(server.url + "/tokenizer_info").json()  # what lm-evaluation-harness's remote tokenizer reads
+    assert info["eos_token"] == "<|endoftext|>" and info["model_max_length"] == N_CTX
     bad = httpx.post(server.url + "/detokenize", json={"tokens": [1, 99999]})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
     complete(client, prompt="Counting", max_tokens=4)

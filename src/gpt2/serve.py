@@ -159,8 +159,8 @@ def parse_prompts(prompt: object, tokenizer: Tokenizer, n_vocab: int) -> list[li
         raise RequestError(400, "prompt must be a string, a list of strings, a list of token ids or a list of lists of ids", "prompt")
     prompts = []
     for item in prompt:
-        if isinstance(item, str):
-            ids = tokenizer.encode(item)
+        if isinstance(item, str):  # <|endoftext|> in a prompt is the special token, as in OpenAI's API and vLLM
+            ids = tokenizer.encode(item, allowed_special="all")
         elif isinstance(item, list) and item and all(is_integer(t) for t in item):
             ids = [int(t) for t in item]
             if not all(0 <= t < n_vocab for t in ids):
@@ -452,7 +452,7 @@ def create_app(load: Callable[[], tuple[GPT2, Tokenizer]], model_id: str, limits
     return app
 
 
-ENDPOINTS = ("/health", "/metrics", "/v1/models", "/v1/completions", "/tokenize", "/detokenize")
+ENDPOINTS = ("/health", "/metrics", "/v1/models", "/v1/completions", "/tokenize", "/detokenize", "/tokenizer_info")
 
 
 class _CountRequests:
@@ -507,14 +507,27 @@ def _add_routes(app: FastAPI, server: Server) -> None:
                                "model_not_found")  # fmt: skip
         return JSONResponse(model_card())
 
+    # /tokenize and /detokenize speak both llama.cpp's fields ("content") and vLLM's ("prompt"),
+    # which lm-evaluation-harness's remote tokenizer uses, with /tokenizer_info
+    @app.get("/tokenizer_info")
+    async def tokenizer_info(request: Request) -> JSONResponse:
+        server.check_key(request)
+        server.check_ready()
+        eot = server.tokenizer.eot_token
+        special = None if eot is None else server.tokenizer.decode([eot])
+        return JSONResponse({"tokenizer_class": type(server.tokenizer).__name__, "eos_token": special, "bos_token": special,
+                             "pad_token": None, "model_max_length": server.model.config.n_ctx})  # fmt: skip
+
     @app.post("/tokenize")
     async def tokenize(request: Request) -> JSONResponse:
         server.check_key(request)
         server.check_ready()
         body = await server.read_json(request)
-        if not isinstance(body, dict) or not isinstance(body.get("content"), str):
-            raise RequestError(400, 'give the text as {"content": "..."}', "content")
-        return JSONResponse({"tokens": server.tokenizer.encode(body["content"])})
+        text = body.get("content", body.get("prompt")) if isinstance(body, dict) else None
+        if not isinstance(text, str):
+            raise RequestError(400, 'give the text as {"content": "..."} (or {"prompt": "..."})', "content")
+        tokens = server.tokenizer.encode(text, allowed_special="all")
+        return JSONResponse({"tokens": tokens, "count": len(tokens), "max_model_len": server.model.config.n_ctx})
 
     @app.post("/detokenize")
     async def detokenize(request: Request) -> JSONResponse:
@@ -527,7 +540,8 @@ def _add_routes(app: FastAPI, server: Server) -> None:
         n_vocab = server.model.config.n_vocab
         if bad := [t for t in tokens if not 0 <= t < n_vocab]:
             raise RequestError(400, f"token id {bad[0]} is out of range: ids are 0..{n_vocab - 1}", "tokens")
-        return JSONResponse({"content": server.tokenizer.decode(tokens)})
+        text = server.tokenizer.decode(tokens)
+        return JSONResponse({"content": text, "prompt": text})
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
