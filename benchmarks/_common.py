@@ -12,7 +12,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from helpers import corpus  # noqa: E402  the tests' corpus: tinyshakespeare, or the stdlib's sources
 
-__all__ = ["corpus", "print_table", "timed"]
+__all__ = ["corpus", "print_table", "random_124m", "timed"]
 
 
 def timed(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
@@ -31,3 +31,21 @@ def print_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
     print("|" + "---|" * len(header))
     for row in rows:
         print("| " + " | ".join(row) + " |")
+
+
+def random_124m():
+    """transformers' GPT2LMHeadModel of the 124M shape with random weights (seed 0), in eval
+    mode, and a temporary directory it is saved in, for gpt2 to load the same weights."""
+    import tempfile
+
+    import torch
+    from transformers import GPT2Config as HFConfig
+    from transformers import GPT2LMHeadModel
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    torch.manual_seed(0)
+    hf = GPT2LMHeadModel(HFConfig()).eval()
+    directory = tempfile.mkdtemp()
+    hf.save_pretrained(directory)
+    return hf, directory

@@ -16,11 +16,10 @@ import platform
 import statistics
 import subprocess
 import sys
-import tempfile
 
 import torch
 
-from _common import print_table, timed
+from _common import print_table, random_124m, timed
 
 N_PARAMS = 124_439_808
 WEIGHT_BYTES = N_PARAMS * 4
@@ -66,17 +65,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
 
-    from transformers import GPT2Config as HFConfig
-    from transformers import GPT2LMHeadModel
-    from transformers.utils import logging as hf_logging
-
     from gpt2.model import GPT2, TorchEngine
 
-    hf_logging.set_verbosity_error()
-    torch.manual_seed(0)
-    hf = GPT2LMHeadModel(HFConfig()).eval()
-    tmp = tempfile.mkdtemp()
-    hf.save_pretrained(tmp)
+    hf, tmp = random_124m()
     ours = GPT2.from_pretrained(tmp, device="cpu")
     gen = torch.Generator().manual_seed(0)
     rows: list[tuple[str, str, str, str]] = []

@@ -22,14 +22,13 @@ import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
 import httpx
 import torch
 
-from _common import print_table
+from _common import print_table, random_124m
 
 
 def free_port() -> int:
@@ -112,17 +111,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
 
-    from transformers import GPT2Config as HFConfig
-    from transformers import GPT2LMHeadModel
-    from transformers.utils import logging as hf_logging
-
     from gpt2 import Tokenizer
 
-    hf_logging.set_verbosity_error()
-    torch.manual_seed(0)
-    hf = GPT2LMHeadModel(HFConfig()).eval()
-    tmp = tempfile.mkdtemp()
-    hf.save_pretrained(tmp)
+    hf, tmp = random_124m()
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 50256, (16,), generator=gen).tolist() for _ in range(args.clients)]
 

@@ -258,6 +258,20 @@ def test_one_summary_for_all_samples_and_1_token_in_the_singular(capsys, model_d
     assert code == 0 and err.startswith("[gpt2: 1 token in ")
 
 
+def test_samples_generated_together_print_one_after_another_with_the_one_seed_rule(capsys, model_dir):
+    """Streamed or not, sample i is what the Python API gives row i, and seed + i alone."""
+    from gpt2 import GPT2, Tokenizer
+    from gpt2.generate import generate_text
+
+    model = GPT2.from_pretrained(model_dir, device="cpu")
+    texts = generate_text(model, Tokenizer.gpt2(), "Hi", max_new_tokens=12, seed=5, top_k=200, temperature=0.8, num_samples=3)
+    assert texts[2] == expected_text(model_dir, "Hi", max_new_tokens=12, seed=7, top_k=200, temperature=0.8)
+    argv = ["generate", "Hi", "--model", model_dir, "--max-new-tokens", "12", "--seed", "5", "--num-samples", "3"]
+    header = lambda i: f"{'=' * 20} sample {i} of 3 {'=' * 20}\n"  # noqa: E731
+    assert run(capsys, *argv)[1] == "".join(header(i + 1) + "Hi" + text + "\n" for i, text in enumerate(texts))
+    assert run(capsys, *argv, "--no-stream")[1] == "".join(header(i + 1) + text + "\n" for i, text in enumerate(texts))
+
+
 def test_the_largest_seed_and_the_samples_after_it(capsys, model_dir):
     argv = ["generate", "Hi", "--model", model_dir, "--max-new-tokens", "8", "--no-stream"]
     out = run(capsys, *argv, "--seed", str(2**64 - 1), "--num-samples", "2")[1]

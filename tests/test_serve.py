@@ -201,17 +201,44 @@ def test_a_short_request_sent_during_a_long_one_finishes_first(client):
     assert short_took < long_took / 2
 
 
-def test_a_client_that_leaves_mid_stream_frees_its_row(server, client):
-    with httpx.stream("POST", server.url + "/v1/completions",
-                      json={"model": "tiny", "prompt": "Leaving soon", "max_tokens": 100, "stream": True}) as response:  # fmt: skip
-        lines = response.iter_lines()
-        assert next(lines).startswith("data: ")
-    scheduler = server.app.state.server.scheduler
-    deadline = time.monotonic() + 10
-    while scheduler.decoder.active:  # the row leaves the batch
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+def test_a_client_that_leaves_frees_its_rows(server, client):
+    """Mid-stream, or while waiting for a whole answer: the rows leave the batch, the server serves on."""
+    scheduler, registry = server.app.state.server.scheduler, server.app.state.server.metrics.registry
+    generated = lambda: registry.get_sample_value("gpt2_generated_tokens_total")  # noqa: E731
+
+    def rows_leave(before: float, asked: int):
+        deadline = time.monotonic() + 10
+        while scheduler.decoder.active:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert generated() - before < asked / 2  # they left early, not at their end
+
+    body = {"model": "tiny", "prompt": "Leaving soon", "max_tokens": 110, "stream": True}
+    before = generated()
+    with httpx.stream("POST", server.url + "/v1/completions", json=body) as response:
+        assert next(response.iter_lines()).startswith("data: ")
+    rows_leave(before, 110)
+    before = generated()
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes the connection
+        post(server, {**body, "stream": False, "n": 8}, timeout=0.3)
+    rows_leave(before, 8 * 110)
     assert complete(client, prompt="Still there?", max_tokens=3).choices[0].finish_reason == "length"
+
+
+def test_a_choice_reads_each_token_as_it_was_when_made():
+    """The loop runs ahead of the routes: a row may have ended by the time its route reads an
+    earlier token, which must still count (once, a race cut answers short)."""
+    from gpt2.decoding import LENGTH, Row
+    from gpt2.serve import Choice, Completion
+
+    tokens = ENC.encode(" one two three")
+    row = Row(ENC.encode("Count:"), len(tokens), logprobs=0)
+    row.tokens, row.finish_reason = list(tokens), LENGTH  # the loop is done already
+    row.token_logprobs, row.top_logprobs = [-1.0, -2.0, -3.0], [[], [], []]
+    choice = Choice(0, row, ENC, Completion([row.prompt], [row], stop=[], logprobs=0))
+    pieces = [choice.add(t, LENGTH if i == len(tokens) - 1 else None) for i, t in enumerate(tokens)]
+    assert "".join(pieces) == " one two three" and choice.finish_reason == LENGTH and choice.tokens == 3
+    assert choice.logprobs["token_logprobs"] == [-1.0, -2.0, -3.0]
 
 
 # ------------------------------------------------------------------ errors
@@ -276,12 +303,26 @@ def test_invalid_json_an_oversized_body_and_unknown_routes(server):
 
 def test_a_full_queue_answers_429_with_retry_after(models):
     running = Running(lambda: (models[1], ENC), limits=Limits(max_batch_size=1, max_queue=2))
+    scheduler = running.app.state.server.scheduler
+    gate, step = threading.Event(), scheduler.decoder.step
+    scheduler.decoder.step = lambda: gate.wait() and step()  # the loop stalls before its next step
     try:
-        response = post(running, {"prompt": "hi", "n": 3})
-        assert response.status_code == 429 and response.headers["retry-after"] == "1"
-        assert "busy" in response.json()["error"]["message"]
-        assert post(running, {"prompt": "hi", "n": 2, "max_tokens": 2}).status_code == 200
+        response = post(running, {"prompt": "hi", "n": 3})  # more rows than may ever wait
+        assert response.status_code == 400 and "asks for 3 rows" in response.json()["error"]["message"]
+        with ThreadPoolExecutor(2) as pool:
+            first = pool.submit(post, running, {"prompt": "one", "max_tokens": 2})
+            while len(scheduler.decoder.waiting) < 1:  # taken by the loop, which waits at the gate
+                time.sleep(0.01)
+            second = pool.submit(post, running, {"prompt": "two", "max_tokens": 2})
+            while len(scheduler.incoming) < 1:
+                time.sleep(0.01)
+            response = post(running, {"prompt": "three", "max_tokens": 2})
+            assert response.status_code == 429 and response.headers["retry-after"] == "1"
+            assert "busy: 2 rows wait already" in response.json()["error"]["message"]
+            gate.set()
+            assert first.result().status_code == second.result().status_code == 200
     finally:
+        gate.set()
         running.stop()
 
 

@@ -15,8 +15,8 @@ import numpy as np
 import torch
 
 from gpt2._checks import positive_int
-from gpt2.errors import InputTypeError, InvalidArgumentError
 from gpt2.decoding import STOP, Decoder, Row, check_context, row_seed
+from gpt2.errors import InputTypeError, InvalidArgumentError
 from gpt2.model import TorchEngine
 from gpt2.reference import ReferenceModel
 from gpt2.sampling import Sampling, check_max_new_tokens, check_prompts
@@ -118,9 +118,11 @@ class TextGeneration:
         check_context([len(p) for p in self.prompt_ids], max_new_tokens, model.config.n_ctx, on_overflow)
         self.rows = [Row(ids, max_new_tokens, self.sampling, row_seed(seed, i), tokenizer.eot_token)
                      for i, ids in enumerate(self.prompt_ids)]  # fmt: skip
-        slots = len(self.rows)
-        longest = max(map(len, self.prompt_ids))
-        self.engine = NumpyEngine(model, slots) if isinstance(model, ReferenceModel) else TorchEngine(model, slots, longest + max_new_tokens)
+        slots, longest = len(self.rows), max(map(len, self.prompt_ids))
+        if isinstance(model, ReferenceModel):
+            self.engine = NumpyEngine(model, slots)
+        else:
+            self.engine = TorchEngine(model, slots, longest + max_new_tokens)
         self.texts = [TextRow(tokenizer, self.stop) for _ in self.rows]
         self.tokens_generated = 0  # tokens chosen, counted per row until its text ends
 
@@ -132,17 +134,20 @@ class TextGeneration:
 
     def __iter__(self) -> Iterator[tuple[int, str]]:
         texts = self.texts
-        index = {id(row): b for b, row in enumerate(self.rows)}
+        index = {row: b for b, row in enumerate(self.rows)}
         decoder = Decoder(self.engine)
         for row in self.rows:
             decoder.add(row)
         with torch.inference_mode():
             while decoder.busy:
                 for row, token in decoder.step():
-                    b = index[id(row)]
+                    b = index[row]
                     if token is not None and not texts[b].done:
                         self.tokens_generated += 1
-                    if piece := texts[b].follow(row, token):
+                    piece = texts[b].follow(token, row.done)
+                    if texts[b].stopped:  # "stop", even if this was its last token
+                        row.finish_reason = STOP
+                    if piece:
                         yield b, piece
 
 
@@ -183,13 +188,11 @@ class TextRow:
         self.done = False
         self.stopped = False  # ended at a stop string
 
-    def follow(self, row: Row, token: int | None) -> str:
-        """The text that `row`'s new token (None: none) releases. Ends the row at a stop string
-        (its reason "stop", even on its last token), and gives out the rest once it has ended."""
+    def follow(self, token: int | None, ended: bool) -> str:
+        """The text that a row's new token (None: none) releases; once the row has `ended`, all
+        the rest. (After a stop string, `stopped` tells its owner to end the row.)"""
         piece = "" if token is None else self.add(token)
-        if self.done:  # <|endoftext|> or a stop string
-            row.finish_reason = STOP
-        elif row.done:
+        if ended and not self.done:
             piece += self.finish()
         return piece
 

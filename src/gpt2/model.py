@@ -186,6 +186,7 @@ class KVCache:
         self.mask: torch.Tensor | None = None
         self._slot: int | None = None  # the slot a prompt is prefilled into; None while decoding
         self._rows = self._columns = None  # (B,) each: where decoding writes its new keys
+        self._seen = 0  # key positions a decoding step attends to: the longest row's, and the new one
 
     @property
     def device(self) -> torch.device:
@@ -207,7 +208,7 @@ class KVCache:
         self._rows = torch.arange(B, device=self.device)
         self._columns = torch.tensor(lengths, device=self.device)  # (B,): each row's new position
         self.positions = self._columns[:, None]  # (B, 1)
-        self._seen = max(lengths) + 1  # key positions any row attends to
+        self._seen = max(lengths) + 1
         # rows of one length see all the keys; otherwise each sees its own positions only
         same = min(lengths) == max(lengths)
         key = torch.arange(self._seen, device=self.device)

@@ -29,7 +29,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.exceptions import HTTPException
 
-from gpt2._checks import int_between, is_integer, positive_int
+from gpt2._checks import check_token_ids, int_between, is_integer, positive_int
 from gpt2.decoding import STOP, Decoder, Row, row_seed
 from gpt2.errors import GPT2Error, InvalidArgumentError
 from gpt2.generate import TextRow, check_stop
@@ -163,9 +163,7 @@ def parse_prompts(prompt: object, tokenizer: Tokenizer, n_vocab: int) -> list[li
             ids = tokenizer.encode(item, allowed_special="all")
         elif isinstance(item, list) and item and all(is_integer(t) for t in item):
             ids = [int(t) for t in item]
-            if not all(0 <= t < n_vocab for t in ids):
-                bad = next(t for t in ids if not 0 <= t < n_vocab)
-                raise RequestError(400, f"token id {bad} in prompt is out of range: ids are 0..{n_vocab - 1}", "prompt")
+            checked("prompt", check_token_ids, min(ids), max(ids), n_vocab, " in prompt")
         else:
             raise RequestError(400, f"each prompt must be a string or a non-empty list of token ids, got {item!r:.40}", "prompt")
         if not ids:  # as GPT-2's unconditional samples, from <|endoftext|>
@@ -194,7 +192,9 @@ class Metrics:
                               buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))  # fmt: skip
 
 
-Listener = Callable[[Row, "int | None", "str | None"], None]  # (row, token, error) from the loop's thread
+# (row, token, finish reason, error) from the loop's thread: the reason as the row had it then, for
+# the row itself may have moved on by the time its route reads the event
+Listener = Callable[[Row, "int | None", "str | None", "str | None"], None]
 
 
 class Scheduler:
@@ -214,6 +214,9 @@ class Scheduler:
         with self.wake:
             if self.closed:
                 raise RequestError(503, "the server is shutting down", kind="server_error")
+            if len(rows) > self.limits.max_queue:
+                raise RequestError(400, f"the request asks for {len(rows)} rows (prompts times n), over the {self.limits.max_queue} "
+                                   f"that may wait at once (--max-queue)", "n")  # fmt: skip
             if len(self.incoming) + len(self.decoder.waiting) + len(rows) > self.limits.max_queue:
                 raise RequestError(429, f"the server is busy: {self.limits.max_queue} rows wait already; retry shortly",
                                    kind="server_error", headers={"Retry-After": "1"})  # fmt: skip
@@ -236,7 +239,7 @@ class Scheduler:
                     self._fail(f"generation failed: {e}")
                     continue
                 for row, token in events:
-                    self.listeners[row](row, token, None)
+                    self.listeners[row](row, token, row.finish_reason, None)
                     self.metrics.generated_tokens.inc(token is not None)
                 self.metrics.batch.set(len(self.decoder.active))
                 for row in [row for row in self.listeners if row.done]:
@@ -258,7 +261,7 @@ class Scheduler:
     def _fail(self, message: str) -> None:
         """Every row in flight ends with an error (its route ends the row, after the tokens before it)."""
         for row, listener in list(self.listeners.items()):
-            listener(row, None, message)
+            listener(row, None, None, message)
         self.listeners.clear()
         self.decoder = Decoder(self.decoder.engine)  # the rows that were in it are gone
 
@@ -279,9 +282,12 @@ class Choice:
             "tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}  # fmt: skip
         self.sent = 0  # logprob entries already streamed
         self.done = False
+        self.finish_reason: str | None = None
+        self.tokens = 0  # generated tokens this choice took (the row may have made one more)
 
-    def add(self, token: int | None) -> str:
-        """The text the row's new token (None: none) releases; the row ends at a stop string."""
+    def add(self, token: int | None, reason: str | None) -> str:
+        """The text the row's new token (None: none) releases, `reason` saying whether the row
+        ended with it; the row ends at a stop string."""
         piece = ""
         if self.echo is not None:  # the prompt comes first; its log-probabilities exist once the row has joined
             piece, self.echo = self.echo, None
@@ -290,12 +296,17 @@ class Choice:
                     self._log(prompt_token, entry)
             self.offsets, self.offset = IncrementalDecoder(self.tokenizer), len(piece)
         taken = token is not None and not self.text_row.done
-        piece += self.text_row.follow(self.row, token)
+        self.tokens += taken
+        piece += self.text_row.follow(token, reason is not None)
         if taken and token != self.tokenizer.eot_token and self.logprobs is not None:
             k = len(self.logprobs["tokens"]) - (len(self.row.prompt) if self.row.echo_logprobs else 0)
             self._log(token, (self.row.token_logprobs[k], self.row.top_logprobs[k]))
         self.text += piece
         self.done = self.text_row.done
+        if self.done:
+            self.finish_reason = STOP if self.text_row.stopped else reason
+        if self.text_row.stopped:
+            self.row.end(STOP)  # it leaves the batch at the next step
         if self.text_row.stopped and self.logprobs is not None:  # the tokens of a stop string are not the text's
             echoed = len(self.row.prompt) if self.row.echo_logprobs else 0
             while len(self.logprobs["tokens"]) > echoed and self.logprobs["text_offset"][-1] >= len(self.text):
@@ -334,7 +345,7 @@ class Choice:
         return new
 
     def to_dict(self) -> dict:
-        return {"index": self.index, "text": self.text, "logprobs": self.logprobs, "finish_reason": self.row.finish_reason}
+        return {"index": self.index, "text": self.text, "logprobs": self.logprobs, "finish_reason": self.finish_reason}
 
 
 @dataclass
@@ -349,7 +360,7 @@ class Answer:
 
     def usage(self) -> dict:
         prompt = sum(map(len, self.request.prompts))
-        completion = sum(len(c.row.tokens) for c in self.choices)
+        completion = sum(c.tokens for c in self.choices)
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
     def body(self, choices: list[dict], usage: bool = True) -> dict:
@@ -396,6 +407,17 @@ class Server:
             raise RequestError(503, f"the model failed to load: {self.load_error}", kind="server_error")
         if not self.ready.is_set():
             raise RequestError(503, "the model is still loading", kind="server_error", headers={"Retry-After": "1"})
+
+    async def body(self, request: Request) -> object:
+        """The JSON body of a request to the model: after the API key and the model's readiness are checked."""
+        self.check_key(request)
+        self.check_ready()
+        return await self.read_json(request)
+
+    def check_model(self, name: object) -> None:
+        if name is not None and name != self.model_id:
+            raise RequestError(404, f"The model `{name}` does not exist; this server serves `{self.model_id}`", "model",
+                               "model_not_found")  # fmt: skip
 
     def check_key(self, request: Request) -> None:
         key = self.limits.api_key
@@ -502,9 +524,7 @@ def _add_routes(app: FastAPI, server: Server) -> None:
     @app.get("/v1/models/{model:path}")
     async def model(model: str, request: Request) -> JSONResponse:
         server.check_key(request)
-        if model != server.model_id:
-            raise RequestError(404, f"The model `{model}` does not exist; this server serves `{server.model_id}`", "model",
-                               "model_not_found")  # fmt: skip
+        server.check_model(model)
         return JSONResponse(model_card())
 
     # /tokenize and /detokenize speak both llama.cpp's fields ("content") and vLLM's ("prompt"),
@@ -520,9 +540,7 @@ def _add_routes(app: FastAPI, server: Server) -> None:
 
     @app.post("/tokenize")
     async def tokenize(request: Request) -> JSONResponse:
-        server.check_key(request)
-        server.check_ready()
-        body = await server.read_json(request)
+        body = await server.body(request)
         text = body.get("content", body.get("prompt")) if isinstance(body, dict) else None
         if not isinstance(text, str):
             raise RequestError(400, 'give the text as {"content": "..."} (or {"prompt": "..."})', "content")
@@ -531,27 +549,19 @@ def _add_routes(app: FastAPI, server: Server) -> None:
 
     @app.post("/detokenize")
     async def detokenize(request: Request) -> JSONResponse:
-        server.check_key(request)
-        server.check_ready()
-        body = await server.read_json(request)
+        body = await server.body(request)
         tokens = body.get("tokens") if isinstance(body, dict) else None
         if not isinstance(tokens, list) or not all(is_integer(t) for t in tokens):
             raise RequestError(400, 'give the ids as {"tokens": [15496, 995]}', "tokens")
-        n_vocab = server.model.config.n_vocab
-        if bad := [t for t in tokens if not 0 <= t < n_vocab]:
-            raise RequestError(400, f"token id {bad[0]} is out of range: ids are 0..{n_vocab - 1}", "tokens")
+        if tokens:
+            checked("tokens", check_token_ids, min(tokens), max(tokens), server.model.config.n_vocab)
         text = server.tokenizer.decode(tokens)
         return JSONResponse({"content": text, "prompt": text})
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        server.check_key(request)
-        server.check_ready()
-        body = await server.read_json(request)
-        model_name = body.get("model") if isinstance(body, dict) else None
-        if model_name is not None and model_name != server.model_id:
-            raise RequestError(404, f"The model `{model_name}` does not exist; this server serves `{server.model_id}`",
-                               "model", "model_not_found")  # fmt: skip
+        body = await server.body(request)
+        server.check_model(body.get("model") if isinstance(body, dict) else None)
         config = server.model.config
         completion = parse_completion(body, server.tokenizer, config.n_vocab, config.n_ctx, server.limits)
         return await _answer(server, request, completion)
@@ -578,14 +588,16 @@ async def _events(server: Server, request: Request, answer: Answer, events: asyn
     the client leaves, so that they free their slots: a stream finds out when a chunk cannot
     be sent; otherwise (`poll`) the connection is checked every 0.5 s."""
     by_row = {choice.row: choice for choice in answer.choices}
-    first = True
+    first, checked_at = True, time.monotonic()
     try:
         while not all(choice.done for choice in answer.choices):
-            try:
-                row, token, error = await asyncio.wait_for(events.get(), timeout=0.5)
-            except asyncio.TimeoutError:
-                if poll and await request.is_disconnected():
+            if poll and time.monotonic() - checked_at > 0.5:
+                if await request.is_disconnected():
                     return
+                checked_at = time.monotonic()
+            try:
+                row, token, reason, error = await asyncio.wait_for(events.get(), timeout=0.5)
+            except asyncio.TimeoutError:
                 continue
             if error is not None:
                 raise RequestError(503, error, kind="server_error")
@@ -594,7 +606,7 @@ async def _events(server: Server, request: Request, answer: Answer, events: asyn
                 first = False
             choice = by_row[row]
             if not choice.done:
-                yield choice, choice.add(token)
+                yield choice, choice.add(token, reason)
     finally:
         for choice in answer.choices:
             choice.row.end(CANCELLED)  # a no-op for rows that ended; frees the slots of the others
@@ -610,7 +622,7 @@ async def _sse(answer: Answer, stream) -> AsyncIterator[str]:
     try:
         async for choice, piece in stream:
             if piece or choice.done:
-                yield chunk(choice, piece, choice.row.finish_reason if choice.done else None)
+                yield chunk(choice, piece, choice.finish_reason)
         if answer.request.include_usage:
             yield f"data: {json.dumps(answer.body([]))}\n\n"
     except RequestError as e:
