@@ -208,8 +208,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     limits = Limits(max_batch_size=args.max_batch_size, max_queue=args.max_queue, max_n=args.max_n, api_key=args.api_key)
     limits.check()
-    resolve_device(args.device), resolve_dtype(args.dtype)  # bad flags fail now, not once the server listens
-    args.engine = "torch"
+    resolve_device(args.device)  # bad flags fail now, not once the server listens
+    resolve_dtype(args.dtype)
     print(f"gpt2: serving {args.model} on http://{args.host}:{args.port}/v1 (the model loads in the background; "
           f"GET /health answers 200 once it has)", file=sys.stderr)  # fmt: skip
     serve(lambda: _load_model(args), args.model, args.host, args.port, limits)
@@ -383,7 +383,7 @@ def _add_serve_parser(commands) -> None:
     serve.add_argument("--max-n", type=_whole_number, default=16, metavar="N", help="the largest n (choices) of a request (default: 16)")
     serve.add_argument("--api-key", default=os.environ.get("GPT2_API_KEY"), metavar="KEY",
                        help="require the header Authorization: Bearer KEY (default: $GPT2_API_KEY, else none)")  # fmt: skip
-    serve.set_defaults(func=_cmd_serve)
+    serve.set_defaults(func=_cmd_serve, engine="torch")
 
 
 def _add_eval_parser(commands) -> None:

@@ -242,6 +242,7 @@ class Scheduler:
                     self.listeners[row](row, token, row.finish_reason, None)
                     self.metrics.generated_tokens.inc(token is not None)
                 self.metrics.batch.set(len(self.decoder.active))
+                self.metrics.queue.set(len(self.decoder.waiting))
                 for row in [row for row in self.listeners if row.done]:
                     del self.listeners[row]
         self._fail("the server is shutting down")
@@ -307,7 +308,7 @@ class Choice:
             self.finish_reason = STOP if self.text_row.stopped else reason
         if self.text_row.stopped:
             self.row.end(STOP)  # it leaves the batch at the next step
-        if self.text_row.stopped and self.logprobs is not None:  # the tokens of a stop string are not the text's
+        if self.text_row.stopped and self.logprobs is not None:  # the stop string's tokens are not the text's
             echoed = len(self.row.prompt) if self.row.echo_logprobs else 0
             while len(self.logprobs["tokens"]) > echoed and self.logprobs["text_offset"][-1] >= len(self.text):
                 for values in self.logprobs.values():
