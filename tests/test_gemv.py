@@ -108,11 +108,52 @@ def test_leading_dims_and_views(kernel):
     assert rel_err(gemv(x, w_view, None, None), reference(x, w_view, None, None)) < 1e-5
 
 
+def narrow(w: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """w in a narrow dtype, in the same layout, and its scale per output (int8: symmetric, per column)."""
+    rows_out = not w.is_contiguous()  # the transpose of a contiguous (n, k)
+    if dtype != torch.int8:
+        return (w.t().contiguous().to(dtype).t() if rows_out else w.to(dtype)), None
+    scale = w.abs().amax(0).clamp(min=1e-12) / 127  # (n,)
+    q = torch.round(w / scale).clamp(-127, 127).to(torch.int8)
+    return (q.t().contiguous().t() if rows_out else q.contiguous()), scale
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.int8], ids=["bf16", "f16", "int8"])
+@pytest.mark.parametrize("transposed", [False, True], ids=["in_out", "out_in_t"])
+@pytest.mark.parametrize("k,n", [(C, 4 * C), (4 * C, C), (13, 7), (1030, 9)])
+def test_narrow_weights_widen_to_float32_exactly(kernel, k, n, transposed, dtype):
+    """bfloat16, float16 and int8 weights (with a scale per output) give x @ w as float64 gives
+    it for the same narrow values: the narrowing is the caller's, the product exact to float32."""
+    g = torch.Generator().manual_seed(k + n + transposed)
+    w, scale = narrow(weight(k, n, transposed, g), dtype)
+    assert w.is_contiguous() != transposed or n == 1
+    widened = w.double() * (1 if scale is None else scale.double())
+    b = torch.randn(n, generator=g)
+    for rows in (1, 3, 16):
+        x = torch.randn(rows, k, generator=g)
+        for gelu in (None, "tanh"):
+            y = gemv(x, w, b, gelu, scale)
+            assert y is not None and y.dtype == torch.float32 and y.shape == (rows, n)
+            assert rel_err(y, reference(x, widened, b, gelu)) < 1e-5
+
+
+def test_int8_needs_its_scale_and_only_int8_takes_one():
+    g = torch.Generator().manual_seed(4)
+    x, w = torch.randn(1, C, generator=g), torch.randn(C, C, generator=g)
+    q, scale = narrow(w, torch.int8)
+    assert gemv(x, q, None, None) is None  # no scale: the values alone mean nothing
+    assert gemv(x, q, None, None, scale.double()) is None
+    assert gemv(x, q, None, None, scale[:-1]) is None
+    assert gemv(x, w, None, None, scale) is None  # a float32 weight takes no scale
+    assert gemv(x, w.bfloat16(), None, None, scale) is None
+
+
 def test_unsupported_inputs_return_none():
     g = torch.Generator().manual_seed(3)
     x, w, b = torch.randn(1, C, generator=g), torch.randn(C, C, generator=g), torch.randn(C, generator=g)
-    assert gemv(x.half(), w.half(), b.half(), None) is None
+    assert gemv(x.half(), w.half(), b.half(), None) is None  # x is float32, whatever the weight
     assert gemv(x.double(), w.double(), b.double(), None) is None
+    assert gemv(x, w.double(), b, None) is None
     assert gemv(x.bfloat16(), w, b, None) is None
     assert gemv(torch.randn(17, C, generator=g), w, b, None) is None  # more than 16 rows
     assert gemv(torch.randn(3, 6, C, generator=g), w, b, None) is None  # 18 rows in all

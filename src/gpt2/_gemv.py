@@ -39,16 +39,33 @@ _SOURCE = r"""
 #include <torch/extension.h>
 #include <omp.h>
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
 #include <vector>
 
 static constexpr int64_t kMaxRows = 16;  // decoding and short prompts; past this a matrix product wins
+
+// Weights may be narrower than the float32 they are widened to in registers: bfloat16 (the
+// high half of a float32's bits), float16, or int8 (times a float32 scale per output, applied
+// once to each output's sum). Fewer bytes a weight, fewer to stream from memory.
+struct BF16 { uint16_t bits; };
+static inline float widen(float w) { return w; }
+static inline float widen(BF16 w) {
+  const uint32_t u = (uint32_t)w.bits << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+static inline float widen(at::Half w) { return (float)w; }
+static inline float widen(int8_t w) { return (float)w; }
 
 // W stored (K, N) row-major (the block weights). Each thread takes a band of W's rows, a
 // contiguous slice of memory, and sums its part of every output into a private buffer; after
 // a barrier the threads add the buffers up column by column. (Splitting the columns instead
 // would make every thread hop across every row: ~10% slower here.) R rows of W at a time, so
 // each partial sum is loaded and stored once per R fused multiply-adds; 8 measured best.
-static void gemv_kn(const float* x, const float* w, const float* b, float* y, float* part,
+template <typename W>
+static void gemv_kn(const float* x, const W* w, const float* b, const float* scale, float* y, float* part,
                     int64_t M, int64_t K, int64_t N, int threads) {
   constexpr int R = 8;
   constexpr int64_t chunk = 512;  // columns at a time: R rows of W stay in L1 across the M rows of x
@@ -61,7 +78,7 @@ static void gemv_kn(const float* x, const float* w, const float* b, float* y, fl
     std::fill(acc, acc + M * N, 0.f);
     for (int64_t k = k0; k < k1; k += R) {
       const int rows = (int)std::min<int64_t>(R, k1 - k);  // R but at the end of a band
-      const float* wk = w + k * N;
+      const W* wk = w + k * N;
       for (int64_t n0 = 0; n0 < N; n0 += chunk) {
         const int64_t n1 = std::min(N, n0 + chunk);
         for (int64_t r = 0; r < M; ++r) {
@@ -71,13 +88,13 @@ static void gemv_kn(const float* x, const float* w, const float* b, float* y, fl
             #pragma omp simd
             for (int64_t n = n0; n < n1; ++n) {
               float s = o[n];
-              for (int j = 0; j < R; ++j) s += xr[j] * wk[j * N + n];  // unrolled: R is constant
+              for (int j = 0; j < R; ++j) s += xr[j] * widen(wk[j * N + n]);  // unrolled: R is constant
               o[n] = s;
             }
           } else {
             for (int j = 0; j < rows; ++j) {
               #pragma omp simd
-              for (int64_t n = n0; n < n1; ++n) o[n] += xr[j] * wk[j * N + n];
+              for (int64_t n = n0; n < n1; ++n) o[n] += xr[j] * widen(wk[j * N + n]);
             }
           }
         }
@@ -88,9 +105,9 @@ static void gemv_kn(const float* x, const float* w, const float* b, float* y, fl
     const int64_t c0 = std::min(N, t * cols), c1 = std::min(N, c0 + cols);
     for (int64_t r = 0; r < M; ++r)
       for (int64_t n = c0; n < c1; ++n) {
-        float s = b ? b[n] : 0.f;
+        float s = 0.f;
         for (int u = 0; u < nt; ++u) s += part[u * M * N + r * N + n];
-        y[r * N + n] = s;
+        y[r * N + n] = (scale ? s * scale[n] : s) + (b ? b[n] : 0.f);
       }
   }
 }
@@ -99,8 +116,10 @@ static void gemv_kn(const float* x, const float* w, const float* b, float* y, fl
 // output is a dot product with one contiguous row, so each thread takes a band of outputs,
 // again a contiguous slice of memory, and no sums cross threads. Four outputs at a time, so
 // each load of x feeds four multiply-adds; the four rows stay in cache across the M rows of x.
-static void gemv_nk(const float* x, const float* wt, const float* b, float* y,
+template <typename W>
+static void gemv_nk(const float* x, const W* wt, const float* b, const float* scale, float* y,
                     int64_t M, int64_t K, int64_t N, int threads) {
+  const auto out = [&](float s, int64_t n) { return (scale ? s * scale[n] : s) + (b ? b[n] : 0.f); };
   #pragma omp parallel num_threads(threads)
   {
     const int t = omp_get_thread_num(), nt = omp_get_num_threads();
@@ -108,47 +127,68 @@ static void gemv_nk(const float* x, const float* wt, const float* b, float* y,
     const int64_t n0 = std::min(N, t * band), n1 = std::min(N, n0 + band);
     int64_t n = n0;
     for (; n + 4 <= n1; n += 4) {
-      const float *w0 = wt + n * K, *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
+      const W *w0 = wt + n * K, *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
       for (int64_t r = 0; r < M; ++r) {
         const float* xr = x + r * K;
         float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
         #pragma omp simd reduction(+ : s0, s1, s2, s3)
         for (int64_t k = 0; k < K; ++k) {
-          s0 += xr[k] * w0[k]; s1 += xr[k] * w1[k]; s2 += xr[k] * w2[k]; s3 += xr[k] * w3[k];
+          s0 += xr[k] * widen(w0[k]); s1 += xr[k] * widen(w1[k]);
+          s2 += xr[k] * widen(w2[k]); s3 += xr[k] * widen(w3[k]);
         }
         float* yr = y + r * N + n;
-        yr[0] = s0 + (b ? b[n] : 0.f);
-        yr[1] = s1 + (b ? b[n + 1] : 0.f);
-        yr[2] = s2 + (b ? b[n + 2] : 0.f);
-        yr[3] = s3 + (b ? b[n + 3] : 0.f);
+        yr[0] = out(s0, n);
+        yr[1] = out(s1, n + 1);
+        yr[2] = out(s2, n + 2);
+        yr[3] = out(s3, n + 3);
       }
     }
     for (; n < n1; ++n) {  // the last outputs of a band whose length is not a multiple of four
-      const float* w0 = wt + n * K;
+      const W* w0 = wt + n * K;
       for (int64_t r = 0; r < M; ++r) {
         const float* xr = x + r * K;
         float s0 = 0.f;
         #pragma omp simd reduction(+ : s0)
-        for (int64_t k = 0; k < K; ++k) s0 += xr[k] * w0[k];
-        y[r * N + n] = s0 + (b ? b[n] : 0.f);
+        for (int64_t k = 0; k < K; ++k) s0 += xr[k] * widen(w0[k]);
+        y[r * N + n] = out(s0, n);
       }
     }
   }
 }
 
-// y = x @ w + b, then GELU (gelu: 0 none, 1 the tanh approximation, 2 exact), as a new
-// (..., N) tensor; an undefined tensor (None in Python) where this kernel does not apply, so
-// the caller falls back. The checks live here, not in Python, because at ~50 calls a token
-// their cost in Python (~12 us a call, against ~3 us here) would show.
-at::Tensor gemv(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias, int64_t gelu) {
-  const auto ok = [](const at::Tensor& t) {
-    return t.device().is_cpu() && t.layout() == at::kStrided && t.scalar_type() == at::kFloat;
-  };
-  if (!ok(x) || !ok(w) || x.dim() < 1 || w.dim() != 2 || gelu < 0 || gelu > 2) return {};
+template <typename W>
+static void run(const at::Tensor& x, const at::Tensor& w, const float* b, const float* scale, at::Tensor& y,
+                int64_t M, int64_t K, int64_t N, bool transposed) {
+  const int threads = std::max(1, at::get_num_threads());
+  const W* wp = reinterpret_cast<const W*>(w.data_ptr());
+  if (transposed) {
+    gemv_nk<W>(x.data_ptr<float>(), wp, b, scale, y.data_ptr<float>(), M, K, N, threads);
+  } else {
+    at::Tensor part = at::empty({threads, M, N}, x.options());
+    gemv_kn<W>(x.data_ptr<float>(), wp, b, scale, y.data_ptr<float>(), part.data_ptr<float>(), M, K, N, threads);
+  }
+}
+
+// y = (x @ w) * scale + b, then GELU (gelu: 0 none, 1 the tanh approximation, 2 exact), as a
+// new float32 (..., N) tensor, for float32 x and w of float32, bfloat16, float16 or int8 (int8
+// only with a float32 scale per output; the others without); an undefined tensor (None in
+// Python) where this kernel does not apply, so the caller falls back. The checks live here,
+// not in Python, because at ~50 calls a token their cost in Python (~12 us a call, against
+// ~3 us here) would show.
+at::Tensor gemv(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias, int64_t gelu,
+                const c10::optional<at::Tensor>& scale) {
+  const auto cpu = [](const at::Tensor& t) { return t.device().is_cpu() && t.layout() == at::kStrided; };
+  const auto ok = [&](const at::Tensor& t) { return cpu(t) && t.scalar_type() == at::kFloat; };
+  const auto type = w.scalar_type();
+  const bool narrow = type == at::kBFloat16 || type == at::kHalf || type == at::kChar;
+  if (!ok(x) || !cpu(w) || !(type == at::kFloat || narrow) || x.dim() < 1 || w.dim() != 2 || gelu < 0 || gelu > 2)
+    return {};
   const int64_t K = w.size(0), N = w.size(1);
   if (K == 0 || N == 0 || x.size(-1) != K || x.numel() == 0 || x.numel() > kMaxRows * K) return {};
-  const bool has_bias = bias.has_value() && bias->defined();
-  if (has_bias && !(ok(*bias) && bias->dim() == 1 && bias->size(0) == N && bias->is_contiguous())) return {};
+  const bool has_bias = bias.has_value() && bias->defined(), has_scale = scale.has_value() && scale->defined();
+  const auto vector = [&](const at::Tensor& t) { return ok(t) && t.dim() == 1 && t.size(0) == N && t.is_contiguous(); };
+  if (has_bias && !vector(*bias)) return {};
+  if (has_scale != (type == at::kChar) || (has_scale && !vector(*scale))) return {};
   if (at::GradMode::is_enabled() && (x.requires_grad() || w.requires_grad() || (has_bias && bias->requires_grad())))
     return {};  // this kernel records no gradient
   const bool transposed = !(w.stride(0) == N && w.stride(1) == 1);
@@ -159,14 +199,13 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& w, const c10::optional<at
   std::vector<int64_t> sizes = x.sizes().vec();
   sizes.back() = N;
   at::Tensor y = at::empty(sizes, x.options());
-  const int threads = std::max(1, at::get_num_threads());
   const float* bp = has_bias ? bias->data_ptr<float>() : nullptr;
-  if (transposed) {
-    gemv_nk(xc.data_ptr<float>(), w.data_ptr<float>(), bp, y.data_ptr<float>(), M, K, N, threads);
-  } else {
-    at::Tensor part = at::empty({threads, M, N}, x.options());
-    gemv_kn(xc.data_ptr<float>(), w.data_ptr<float>(), bp, y.data_ptr<float>(), part.data_ptr<float>(),
-            M, K, N, threads);
+  const float* sp = has_scale ? scale->data_ptr<float>() : nullptr;
+  switch (type) {
+    case at::kBFloat16: run<BF16>(xc, w, bp, sp, y, M, K, N, transposed); break;
+    case at::kHalf: run<at::Half>(xc, w, bp, sp, y, M, K, N, transposed); break;
+    case at::kChar: run<int8_t>(xc, w, bp, sp, y, M, K, N, transposed); break;
+    default: run<float>(xc, w, bp, sp, y, M, K, N, transposed);
   }
   // GELU as torch computes it, vectorised: a scalar tanh per output here cost 25 us a call
   if (gelu) at::gelu_(y, gelu == 1 ? "tanh" : "none");
@@ -354,16 +393,19 @@ def _extension() -> ModuleType | None:
     return _module
 
 
-def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gelu: str | None) -> torch.Tensor | None:
-    """x @ weight + bias, then GELU if `gelu` names its form ("tanh" or "none", as F.gelu's
-    `approximate`), for float32 CPU x (..., in) of at most 16 rows in all and weight (in, out),
-    either contiguous or the transpose of a contiguous (out, in). None where the kernel can't
-    serve (other dtypes or layouts, more rows, a gradient wanted, no compiler)."""
+def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gelu: str | None,
+         scale: torch.Tensor | None = None) -> torch.Tensor | None:  # fmt: skip
+    """(x @ weight) * scale + bias, then GELU if `gelu` names its form ("tanh" or "none", as
+    F.gelu's `approximate`), in float32, for float32 CPU x (..., in) of at most 16 rows in all
+    and weight (in, out), either contiguous or the transpose of a contiguous (out, in).
+    weight is float32, bfloat16 or float16 (no scale), widened to float32 as it is read, or
+    int8 with a float32 scale (out,) per output. None where the kernel can't serve (other
+    dtypes or layouts, more rows, a gradient wanted, no compiler)."""
     code = _GELU.get(gelu, -1)
     module = _module if _module is not None else _extension()
     if module is None or code < 0:
         return None
-    return module.gemv(x, weight, bias, code)
+    return module.gemv(x, weight, bias, code, scale)
 
 
 def main() -> int:
