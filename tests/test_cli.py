@@ -171,7 +171,7 @@ def test_generate_from_stdin_with_stop_and_samples(capsys, monkeypatch, model_di
     (["--max-new-tokens", "many"], "argument --max-new-tokens: expected a whole number, got 'many'"),
     (["--stop", ""], "stop strings must be non-empty text"),
     (["--device", "tpu"], "unknown device 'tpu'"),
-    (["--dtype", "int8"], "argument --dtype: invalid choice: 'int8'"),
+    (["--dtype", "int4"], "argument --dtype: invalid choice: 'int4'"),
     (["--max-new-tokens", "80", "--on-overflow", "error"], "exceed the context of n_ctx=64"),
 ])  # fmt: skip
 def test_generate_bad_input_is_one_line_and_exit_2(capsys, model_dir, flags, message):

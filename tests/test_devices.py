@@ -7,7 +7,7 @@ import torch
 
 from gpt2 import InvalidArgumentError
 from gpt2 import devices
-from gpt2.devices import process_device, resolve_device, resolve_dtype, training_precision
+from gpt2.devices import WeightFormat, process_device, resolve_device, resolve_dtype, training_precision, weight_format
 
 
 def test_devices_and_dtypes():
@@ -21,6 +21,20 @@ def test_devices_and_dtypes():
     with pytest.raises(InvalidArgumentError, match="unsupported dtype 'int8': use one of float32, bfloat16, float16"):
         resolve_dtype("int8")
     assert resolve_dtype(torch.float16) is torch.float16
+
+
+def test_weight_formats_are_weight_only_on_the_cpu():
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")  # the policy needs no GPU to be stated
+    assert weight_format("float32", cpu) == WeightFormat(torch.float32, torch.float32)
+    for name in ("bfloat16", "float16"):
+        dtype = getattr(torch, name)
+        assert weight_format(name, cpu) == WeightFormat(dtype, torch.float32)  # no fast 16-bit arithmetic
+        assert weight_format(dtype, gpu) == WeightFormat(dtype, dtype)
+    assert weight_format("int8", cpu) == WeightFormat(torch.int8, torch.float32)
+    with pytest.raises(InvalidArgumentError, match="int8 weights are for decoding on the CPU, not on cuda"):
+        weight_format("int8", gpu)
+    with pytest.raises(InvalidArgumentError, match="unsupported dtype 'int4': use one of float32, bfloat16, float16, int8"):
+        weight_format("int4", cpu)
 
 
 def test_mps_asked_for_where_there_is_none():

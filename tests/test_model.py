@@ -176,13 +176,48 @@ def test_low_precision_stays_near_float32_on_cpu(dtype, tolerance, tmp_path):
     hf.save_pretrained(tmp_path)
     fp32 = GPT2.from_pretrained(tmp_path, device="cpu")
     low = GPT2.from_pretrained(tmp_path, device="cpu", dtype=dtype)
-    assert low.dtype == resolve_dtype(dtype)
+    assert low.dtype == resolve_dtype(dtype) and low.compute_dtype == torch.float32  # weight-only on the CPU
     idx = torch.randint(0, 101, (2, 24))
     with torch.no_grad():
         reference = fp32(idx)
         got = low(idx).float()
     # relative to the spread of the logits, which is what sampling sees
     assert max_diff(got, reference) / float(reference.std()) < tolerance
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "int8"])
+def test_narrow_weights_on_the_cpu_compute_what_their_widened_values_give(dtype, tmp_path):
+    """Weight-only: the matrices narrow (int8 with a scale per output channel: per column of a
+    layer's (in, out) weight, per row of wte), the rest float32. Prefill, decoding through the
+    kernel, and the tied embedding all equal a float32 model holding the widened values."""
+    from gpt2.model import Dense, widen
+
+    make_hf_model(vocab_size=50257, n_positions=64, n_embd=48, n_layer=2, n_head=3).save_pretrained(tmp_path)
+    narrow = GPT2.from_pretrained(tmp_path, device="cpu", dtype=dtype)
+    assert narrow.dtype == getattr(torch, dtype) and narrow.compute_dtype == torch.float32
+    assert narrow.transformer.h[0].ln_1.weight.dtype == narrow.transformer.wpe.weight.dtype == torch.float32
+    widened = GPT2.from_pretrained(tmp_path, device="cpu")
+    with torch.no_grad():
+        for module, wide in zip(narrow.modules(), widened.modules()):
+            if isinstance(module, Dense) or module is narrow.transformer.wte:
+                scale = module.scale
+                assert (scale is None) == (dtype != "int8")
+                if scale is not None:
+                    assert scale.shape == (module.weight.shape[1] if isinstance(module, Dense) else module.weight.shape[0],)
+                    assert module.weight.abs().max() == 127
+                w = module.weight if isinstance(module, Dense) else module.weight.t()
+                wide.weight.copy_(widen(w, scale, torch.float32) if isinstance(module, Dense) else widen(w, scale, torch.float32).t())
+        idx = torch.randint(0, 50257, (2, 20))
+        assert max_diff(narrow(idx), widened(idx)) < 1e-4
+        assert torch.equal(narrow.generate(idx, 15, temperature=0), widened.generate(idx, 15, temperature=0))
+
+
+def test_an_int8_model_is_not_saved(tmp_path):
+    make_hf_model(**CONFIGS[0]).save_pretrained(tmp_path)
+    model = GPT2.from_pretrained(tmp_path, device="cpu", dtype="int8")
+    with pytest.raises(InvalidArgumentError, match="an int8 model is not saved: its weights were quantised"):
+        model.save_pretrained(tmp_path / "out")
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.cuda

@@ -197,7 +197,7 @@ def _summary(generated: int, started: float) -> None:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from gpt2.devices import resolve_device, resolve_dtype
+    from gpt2.devices import resolve_device, weight_format
 
     try:
         from gpt2.serve import Limits, serve
@@ -208,8 +208,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     limits = Limits(max_batch_size=args.max_batch_size, max_queue=args.max_queue, max_n=args.max_n, api_key=args.api_key)
     limits.check()
-    resolve_device(args.device)  # bad flags fail now, not once the server listens
-    resolve_dtype(args.dtype)
+    weight_format(args.dtype, resolve_device(args.device))  # bad flags fail now, not once the server listens
     print(f"gpt2: serving {args.model} on http://{args.host}:{args.port}/v1 (the model loads in the background; "
           f"GET /health answers 200 once it has)", file=sys.stderr)  # fmt: skip
     serve(lambda: _load_model(args), args.model, args.host, args.port, limits)
@@ -346,7 +345,9 @@ split). Each is downloaded once and cached, or read from --data.
 def _add_inference_device_flags(parser: argparse.ArgumentParser) -> None:
     """--device and --dtype of the commands that run a model (generate, eval)."""
     parser.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda or cuda:N (default: auto)")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="(default: float32)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "int8"],
+                        help="the weights' precision; on the CPU the lower ones are weight-only, the arithmetic float32, "
+                        "and int8 is the CPU's alone (default: float32)")  # fmt: skip
 
 
 SERVE_EXAMPLES = """\

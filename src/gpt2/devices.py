@@ -3,7 +3,10 @@
 - Devices: "auto" is CUDA where present, else Apple's MPS, else the CPU. Asking for a device
   the machine lacks is an error, never a silent fallback. Under torchrun each process takes
   one GPU, cuda:LOCAL_RANK (`process_device`).
-- Weights: float32 by default; bfloat16 or float16 on request (`resolve_dtype`).
+- Weights: float32 by default; bfloat16 or float16 on request (`resolve_dtype`). For inference
+  (`weight_format`), on the CPU bfloat16, float16 and int8 are weight-only: the big matrices are
+  stored narrow, and everything else, the activations included, stays float32, since the CPU
+  has no fast 16-bit arithmetic; decoding reads the narrow weights and widens them as it goes.
 - Training: parameters stay float32, and on CUDA the forward pass runs under autocast in
   bfloat16 where the GPU has it, else float16 with a gradient scaler (`training_precision`);
   elsewhere float32. TF32 matrix units are on for CUDA training, as in nanoGPT.
@@ -66,6 +69,30 @@ def process_device(device: str, local_rank: int) -> torch.device:
         raise InvalidArgumentError(f"local rank {local_rank} has no GPU: this machine has {torch.cuda.device_count()} "
                                    f"(start at most that many processes a node: --nproc_per_node)")  # fmt: skip
     return torch.device("cuda", local_rank)
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    """How an inference model holds its weights: the matrices (each Dense's weight and wte) in
+    `storage`, int8 with a float32 scale per output; the rest, and the activations, in `compute`."""
+
+    storage: torch.dtype
+    compute: torch.dtype
+
+
+INFERENCE_DTYPES = (*DTYPES, "int8")
+
+
+def weight_format(dtype: str | torch.dtype, device: torch.device) -> WeightFormat:
+    """The weight format of `dtype` (float32, bfloat16, float16 or int8) on `device`."""
+    if dtype in ("int8", torch.int8):
+        if device.type != "cpu":
+            raise InvalidArgumentError(f"int8 weights are for decoding on the CPU, not on {device}: use bfloat16 or float16 there")
+        return WeightFormat(torch.int8, torch.float32)
+    if not (isinstance(dtype, (str, torch.dtype)) and (dtype in DTYPES or dtype in DTYPES.values())):
+        raise InvalidArgumentError(f"unsupported dtype {dtype!r}: use one of {', '.join(INFERENCE_DTYPES)}")
+    storage = resolve_dtype(dtype)
+    return WeightFormat(storage, torch.float32 if device.type == "cpu" else storage)
 
 
 def resolve_dtype(dtype: str | torch.dtype = "float32") -> torch.dtype:

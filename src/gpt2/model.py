@@ -29,7 +29,7 @@ from gpt2._files import atomic_path, atomic_write_text
 from gpt2._gemv import gemv
 from gpt2.config import GPT2Config
 from gpt2.decoding import Row, check_context, row_seed, run
-from gpt2.devices import resolve_device, resolve_dtype
+from gpt2.devices import resolve_device, weight_format
 from gpt2.errors import ContextLengthError, InputTypeError, InvalidArgumentError
 from gpt2.sampling import Sampling, check_max_new_tokens, check_prompts
 from gpt2.tokenizer import Tokenizer
@@ -76,9 +76,20 @@ _onednn_linear = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise"
 _FEW_ROWS = 16  # up to this many rows, the decode kernel
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, gelu: str | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, gelu: str | None = None,
+           scale: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """x @ weight + bias, with weight (in, out), then GELU if `gelu` names its form
-    ("tanh" or "none", as F.gelu's `approximate`). (..., in) -> (..., out)."""
+    ("tanh" or "none", as F.gelu's `approximate`). (..., in) -> (..., out).
+
+    A weight narrower than x (weight-only bfloat16, float16, or int8 times `scale`, one per
+    output) is read as is by the decode kernel at few rows; for many it is widened first.
+    """
+    if weight.dtype != x.dtype:
+        if x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_grad_enabled() and x.numel() <= _FEW_ROWS * x.size(-1):
+            y = gemv(x, weight, bias, gelu, scale)
+            if y is not None:
+                return y
+        weight = widen(weight, scale, x.dtype)
     if x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_grad_enabled():
         if x.numel() <= _FEW_ROWS * x.size(-1):
             y = gemv(x, weight, bias, gelu)  # None where the kernel cannot serve
@@ -94,6 +105,20 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return y if gelu is None else F.gelu(y, approximate=gelu)
 
 
+def widen(weight: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """A narrow weight in `dtype`: int8 times its scale per output (the last dimension)."""
+    return weight.to(dtype) if scale is None else weight.to(dtype) * scale.to(dtype)
+
+
+def quantize_int8(weight: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 with one float32 scale per output channel, the slices along `dim` (0 for
+    a Dense's (in, out) weight, 1 for wte's (V, C) rows): weight ~ q * scale, |q| <= 127."""
+    scale = weight.float().abs().amax(dim) / 127  # (out,)
+    shape = (1, -1) if dim == 0 else (-1, 1)
+    q = torch.round(weight.float() / scale.clamp(min=torch.finfo(torch.float32).tiny).view(shape)).clamp(-127, 127)
+    return q.to(torch.int8), scale
+
+
 class Dense(nn.Module):
     """A linear layer y = x @ weight + bias, with weight stored (in, out).
 
@@ -106,9 +131,10 @@ class Dense(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(in_features, out_features))
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
+        self.register_buffer("scale", None, persistent=False)  # (out,) for int8 weights
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias, scale=self.scale)
 
 
 class CausalSelfAttention(nn.Module):
@@ -248,7 +274,7 @@ class MLP(nn.Module):
         self.approximate = "tanh" if config.activation == "gelu_tanh" else "none"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = linear(x, self.c_fc.weight, self.c_fc.bias, gelu=self.approximate)  # c_fc then GELU, in one pass
+        h = linear(x, self.c_fc.weight, self.c_fc.bias, gelu=self.approximate, scale=self.c_fc.scale)  # c_fc, GELU: one pass
         return self.dropout(self.c_proj(h))
 
 
@@ -293,6 +319,7 @@ class GPT2(nn.Module):
                 ln_f=nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon, bias=config.bias),
             )
         )
+        self.transformer.wte.register_buffer("scale", None, persistent=False)  # (V,) for int8 weights
         self.apply(self._init_weights)
         # GPT-2's scaled init: residual projections shrink with depth so the sum stays O(1).
         for name, p in self.named_parameters():
@@ -341,7 +368,7 @@ class GPT2(nn.Module):
         """
         T = idx.size(1)
         pos = torch.arange(T, device=idx.device) if cache is None else cache.positions  # (T,) or (B, 1)
-        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (B, T, C)
+        x = self.transformer.drop(self.embed(idx) + self.transformer.wpe(pos))  # (B, T, C)
         for layer, block in enumerate(self.transformer.h):
             if self.checkpoint_activations and self.training and torch.is_grad_enabled():
                 # keep only each block's input; recompute its inside during backward (same dropout masks)
@@ -350,9 +377,18 @@ class GPT2(nn.Module):
                 x = block(x, cache, layer)
         return self.transformer.ln_f(x)
 
+    def embed(self, idx: torch.Tensor) -> torch.Tensor:
+        """Token embeddings: (B, T) ids -> (B, T, C) rows of wte, widened where they are stored narrow."""
+        wte = self.transformer.wte
+        x = wte(idx)
+        if x.dtype == self.compute_dtype:
+            return x
+        return widen(x, None if wte.scale is None else wte.scale[idx, None], self.compute_dtype)
+
     def unembed(self, x: torch.Tensor) -> torch.Tensor:
         """Logits of hidden states: (..., C) -> (..., V), x @ wte.T (the unembedding tied to wte)."""
-        return linear(x, self.transformer.wte.weight.t())
+        wte = self.transformer.wte
+        return linear(x, wte.weight.t(), scale=wte.scale)
 
     @torch.inference_mode()
     def generate(
@@ -396,7 +432,7 @@ class GPT2(nn.Module):
     def new_cache(self, slots: int, max_len: int | None = None) -> KVCache:
         """An empty KV cache of `slots` sequences of up to `max_len` (default n_ctx) positions each."""
         max_len = self.config.n_ctx if max_len is None else min(max_len, self.config.n_ctx)
-        return KVCache(self.config, slots, max_len, self.device, self.dtype)
+        return KVCache(self.config, slots, max_len, self.device, self.compute_dtype)
 
     def _check_input(self, idx: torch.Tensor, check_ids: bool = True) -> None:
         if not isinstance(idx, torch.Tensor) or idx.dtype.is_floating_point or idx.dtype == torch.bool:
@@ -431,7 +467,13 @@ class GPT2(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
+        """The weights' dtype (of the matrices, where they are stored narrower than the rest)."""
         return self.transformer.wte.weight.dtype
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The activations' dtype: float32 where the weights are stored narrow on the CPU."""
+        return self.transformer.ln_f.weight.dtype
 
     # ------------------------------------------------------- loading, saving
 
@@ -453,19 +495,31 @@ class GPT2(nn.Module):
         little more memory than the model itself. Returns the model in eval mode, with
         `model.tokenizer` the tokenizer saved with the weights (GPT-2's where none is and the
         vocabulary is GPT-2's, else None).
+
+        `dtype` is float32, bfloat16, float16, or int8 (the CPU only). On a GPU the whole model
+        takes it; on the CPU, which has no fast 16-bit arithmetic, the lower ones are weight-only:
+        the matrices (each layer's and wte) are stored narrow, quantised at load time for int8
+        (symmetric, one float32 scale per output channel), and everything else, activations
+        included, stays float32 (see `gpt2.devices.weight_format`).
         """
 
-        device, dtype = resolve_device(device), resolve_dtype(dtype)
+        device = resolve_device(device)
+        form = weight_format(dtype, device)
         checkpoint = locate(name_or_path)
         config = checkpoint.config if dropout is None else checkpoint.config.replace(dropout=dropout)
         with torch.device("meta"):
             model = cls(config)
         for name, tensor in iter_tensors(checkpoint, framework="pt"):
-            # copies only when the device, dtype or layout must change
-            tensor = tensor.to(device=device, dtype=dtype).contiguous()
             module_name, _, attr = name.rpartition(".")
-            setattr(model.get_submodule(module_name), attr, nn.Parameter(tensor))
-        model._reset_buffers(device, dtype)
+            module = model.get_submodule(module_name)
+            matrix = attr == "weight" and (isinstance(module, Dense) or module is model.transformer.wte)
+            if matrix and form.storage == torch.int8:
+                tensor, scale = quantize_int8(tensor.to(device), dim=0 if isinstance(module, Dense) else 1)
+                module.scale = scale
+            # copies only when the device, dtype or layout must change
+            tensor = tensor.to(device=device, dtype=form.storage if matrix else form.compute).contiguous()
+            setattr(module, attr, nn.Parameter(tensor, requires_grad=tensor.is_floating_point()))
+        model._reset_buffers(device, form.compute)
         model.tokenizer = checkpoint.load_tokenizer()
         return model.eval()
 
@@ -502,6 +556,9 @@ class GPT2(nn.Module):
         (which `from_pretrained` assumes for a model of GPT-2's vocabulary). `tensors` replaces
         the model's own weights: those of a model sharded over processes, gathered on one.
         """
+        if self.dtype == torch.int8:
+            raise InvalidArgumentError("an int8 model is not saved: its weights were quantised when it was loaded; load the "
+                                       "checkpoint with dtype float32 (or bfloat16) to save it")  # fmt: skip
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         tensors = {name: t.contiguous().cpu() for name, t in (tensors or self.hf_state_dict()).items()}
