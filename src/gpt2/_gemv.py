@@ -41,13 +41,20 @@ _SOURCE = r"""
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
+#ifdef __F16C__
+#include <immintrin.h>
+#endif
 
 static constexpr int64_t kMaxRows = 16;  // decoding and short prompts; past this a matrix product wins
 
-// Weights may be narrower than the float32 they are widened to in registers: bfloat16 (the
-// high half of a float32's bits), float16, or int8 (times a float32 scale per output, applied
-// once to each output's sum). Fewer bytes a weight, fewer to stream from memory.
+// Weights may be narrower than the float32 they are widened to: bfloat16 (the high half of a
+// float32's bits), float16, or int8 (times a float32 scale per output, applied once to each
+// output's sum). Fewer bytes a weight, fewer to stream from memory. bfloat16 and int8 widen in
+// registers as they are read (measured faster here than widening into a buffer first);
+// float16 widens a block at a time into a float32 buffer with the CPU's own conversion (F16C),
+// which the compiler does not find for a scalar loop.
 struct BF16 { uint16_t bits; };
 static inline float widen(float w) { return w; }
 static inline float widen(BF16 w) {
@@ -58,6 +65,36 @@ static inline float widen(BF16 w) {
 }
 static inline float widen(at::Half w) { return (float)w; }
 static inline float widen(int8_t w) { return (float)w; }
+
+template <typename W>
+static constexpr bool kBuffered = std::is_same<W, at::Half>::value;
+
+static inline void widen_run(float* dst, const at::Half* src, int64_t n) {
+  int64_t i = 0;
+#ifdef __F16C__
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+#endif
+  for (; i < n; ++i) dst[i] = (float)src[i];
+}
+
+// o[n] += sum_j x[j] * w[j * ld + n] over n < cols and j < rows (R, or fewer at a band's end)
+template <int R, typename E>
+static inline void axpy_rows(const float* x, const E* w, int64_t ld, float* o, int64_t cols, int rows) {
+  if (rows == R) {
+    #pragma omp simd
+    for (int64_t n = 0; n < cols; ++n) {
+      float s = o[n];
+      for (int j = 0; j < R; ++j) s += x[j] * widen(w[j * ld + n]);  // unrolled: R is constant
+      o[n] = s;
+    }
+  } else {
+    for (int j = 0; j < rows; ++j) {
+      #pragma omp simd
+      for (int64_t n = 0; n < cols; ++n) o[n] += x[j] * widen(w[j * ld + n]);
+    }
+  }
+}
 
 // W stored (K, N) row-major (the block weights). Each thread takes a band of W's rows, a
 // contiguous slice of memory, and sums its part of every output into a private buffer; after
@@ -76,27 +113,19 @@ static void gemv_kn(const float* x, const W* w, const float* b, const float* sca
     const int64_t k0 = std::min(K, t * band), k1 = std::min(K, k0 + band);
     float* acc = part + t * M * N;
     std::fill(acc, acc + M * N, 0.f);
+    std::vector<float> buf(kBuffered<W> ? R * chunk : 0);
     for (int64_t k = k0; k < k1; k += R) {
       const int rows = (int)std::min<int64_t>(R, k1 - k);  // R but at the end of a band
       const W* wk = w + k * N;
       for (int64_t n0 = 0; n0 < N; n0 += chunk) {
-        const int64_t n1 = std::min(N, n0 + chunk);
+        const int64_t cols = std::min(N, n0 + chunk) - n0;
+        if constexpr (kBuffered<W>)
+          for (int j = 0; j < rows; ++j) widen_run(buf.data() + j * chunk, wk + j * N + n0, cols);
         for (int64_t r = 0; r < M; ++r) {
-          const float* xr = x + r * K + k;
-          float* o = acc + r * N;
-          if (rows == R) {
-            #pragma omp simd
-            for (int64_t n = n0; n < n1; ++n) {
-              float s = o[n];
-              for (int j = 0; j < R; ++j) s += xr[j] * widen(wk[j * N + n]);  // unrolled: R is constant
-              o[n] = s;
-            }
-          } else {
-            for (int j = 0; j < rows; ++j) {
-              #pragma omp simd
-              for (int64_t n = n0; n < n1; ++n) o[n] += xr[j] * widen(wk[j * N + n]);
-            }
-          }
+          if constexpr (kBuffered<W>)
+            axpy_rows<R>(x + r * K + k, buf.data(), chunk, acc + r * N + n0, cols, rows);
+          else
+            axpy_rows<R>(x + r * K + k, wk + n0, N, acc + r * N + n0, cols, rows);
         }
       }
     }
@@ -112,6 +141,25 @@ static void gemv_kn(const float* x, const W* w, const float* b, const float* sca
   }
 }
 
+// Four dot products of x with the rows w, w + K, w + 2K, w + 3K (or one, `count` 1).
+template <typename E>
+static inline void dot_rows(const float* x, const E* w, int64_t K, int count, float* s) {
+  if (count == 4) {
+    const E *w0 = w, *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
+    float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
+    #pragma omp simd reduction(+ : s0, s1, s2, s3)
+    for (int64_t k = 0; k < K; ++k) {
+      s0 += x[k] * widen(w0[k]); s1 += x[k] * widen(w1[k]); s2 += x[k] * widen(w2[k]); s3 += x[k] * widen(w3[k]);
+    }
+    s[0] = s0, s[1] = s1, s[2] = s2, s[3] = s3;
+  } else {
+    float s0 = 0.f;
+    #pragma omp simd reduction(+ : s0)
+    for (int64_t k = 0; k < K; ++k) s0 += x[k] * widen(w[k]);
+    s[0] = s0;
+  }
+}
+
 // W given as the transpose of a row-major (N, K) tensor (the unembedding, wte.t()): each
 // output is a dot product with one contiguous row, so each thread takes a band of outputs,
 // again a contiguous slice of memory, and no sums cross threads. Four outputs at a time, so
@@ -119,39 +167,24 @@ static void gemv_kn(const float* x, const W* w, const float* b, const float* sca
 template <typename W>
 static void gemv_nk(const float* x, const W* wt, const float* b, const float* scale, float* y,
                     int64_t M, int64_t K, int64_t N, int threads) {
-  const auto out = [&](float s, int64_t n) { return (scale ? s * scale[n] : s) + (b ? b[n] : 0.f); };
   #pragma omp parallel num_threads(threads)
   {
     const int t = omp_get_thread_num(), nt = omp_get_num_threads();
     const int64_t band = ((N + nt - 1) / nt + 3) / 4 * 4;
     const int64_t n0 = std::min(N, t * band), n1 = std::min(N, n0 + band);
-    int64_t n = n0;
-    for (; n + 4 <= n1; n += 4) {
-      const W *w0 = wt + n * K, *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
+    std::vector<float> buf(kBuffered<W> ? 4 * K : 0);
+    for (int64_t n = n0; n < n1;) {
+      const int count = n + 4 <= n1 ? 4 : 1;  // the last outputs of a band whose length is not a multiple of four: one by one
+      if constexpr (kBuffered<W>) widen_run(buf.data(), wt + n * K, count * K);
       for (int64_t r = 0; r < M; ++r) {
-        const float* xr = x + r * K;
-        float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
-        #pragma omp simd reduction(+ : s0, s1, s2, s3)
-        for (int64_t k = 0; k < K; ++k) {
-          s0 += xr[k] * widen(w0[k]); s1 += xr[k] * widen(w1[k]);
-          s2 += xr[k] * widen(w2[k]); s3 += xr[k] * widen(w3[k]);
-        }
-        float* yr = y + r * N + n;
-        yr[0] = out(s0, n);
-        yr[1] = out(s1, n + 1);
-        yr[2] = out(s2, n + 2);
-        yr[3] = out(s3, n + 3);
+        float s[4];
+        if constexpr (kBuffered<W>)
+          dot_rows(x + r * K, buf.data(), K, count, s);
+        else
+          dot_rows(x + r * K, wt + n * K, K, count, s);
+        for (int i = 0; i < count; ++i) y[r * N + n + i] = (scale ? s[i] * scale[n + i] : s[i]) + (b ? b[n + i] : 0.f);
       }
-    }
-    for (; n < n1; ++n) {  // the last outputs of a band whose length is not a multiple of four
-      const W* w0 = wt + n * K;
-      for (int64_t r = 0; r < M; ++r) {
-        const float* xr = x + r * K;
-        float s0 = 0.f;
-        #pragma omp simd reduction(+ : s0)
-        for (int64_t k = 0; k < K; ++k) s0 += xr[k] * widen(w0[k]);
-        y[r * N + n] = out(s0, n);
-      }
+      n += count;
     }
   }
 }
