@@ -164,6 +164,7 @@ def test_generate_from_stdin_with_stop_and_samples(capsys, monkeypatch, model_di
     (["--seed", str(2**64)], "seed must be a whole number from 0 to 18446744073709551615, got 18446744073709551616"),
     (["--engine", "numpy", "--device", "cuda"], "--engine numpy runs on the CPU only, not on --device cuda: use --engine torch"),
     (["--engine", "numpy", "--dtype", "bfloat16"], "--engine numpy computes in float32 only, not --dtype bfloat16"),
+    (["--engine", "numpy", "--dtype", "int8"], "--engine numpy computes in float32 only, not --dtype int8"),
     (["--model", ""], "the model name is empty: give a released name (gpt2, gpt2-medium, gpt2-large, gpt2-xl) or a directory"),
     (["--frobnicate"], "unrecognized arguments: --frobnicate (see 'gpt2 generate --help')"),
     (["--top-p", "1.5"], "top_p must be in (0, 1], got 1.5"),

@@ -321,3 +321,37 @@ def test_data_of_another_tokenizer_is_refused(hf_and_ours, tmp_path):
     prepare([tmp_path / "a.txt"], tmp_path / "chars", "char", 0.5, progress=False)
     with pytest.raises(GPT2Error, match="prepared with another tokenizer"):
         evaluate_data(ours, tmp_path / "chars")
+
+
+# ------------------------------------------------------------------ narrow weights against float32
+
+
+@pytest.fixture(scope="module")
+def trained(gpt2_data, tmp_path_factory):
+    """A small model of GPT-2's vocabulary, trained briefly: peaked distributions, which random
+    weights (flat ones) would not give, so that quantisation errors show."""
+    from gpt2.train import train
+
+    out = tmp_path_factory.mktemp("trained")
+    train(out, data=str(gpt2_data), n_layer=2, n_head=2, n_embd=64, block_size=64, batch_size=8, grad_accum=1, max_iters=100,
+          eval_interval=100, eval_iters=2, warmup_iters=10, lr=3e-3, min_lr=3e-4, device="cpu", progress=False)  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("dtype, max_kl, min_top1, max_ppl_change", [
+    ("bfloat16", 1e-3, 0.98, 0.005), ("float16", 1e-3, 0.98, 0.005), ("int8", 5e-3, 0.95, 0.02),
+])  # fmt: skip
+def test_narrow_weights_agree_with_float32(trained, gpt2_data, dtype, max_kl, min_top1, max_ppl_change):
+    """Issue 12's bounds: KL per token, top-1 agreement and perplexity against float32."""
+    from gpt2.data import open_data
+    from gpt2.evaluate import agreement, evaluate_data
+
+    reference = GPT2.from_pretrained(trained, device="cpu")
+    model = GPT2.from_pretrained(trained, device="cpu", dtype=dtype)
+    ids = open_data(gpt2_data).val
+    result = agreement(reference, model, ids)
+    assert result.tokens == len(ids) and 0 <= result.kl < max_kl and result.top1 >= min_top1
+    assert agreement(reference, reference, ids).kl == 0.0
+    base, ppl = evaluate_data(reference, gpt2_data).perplexity, evaluate_data(model, gpt2_data).perplexity
+    assert abs(ppl / base - 1) < max_ppl_change
+    assert base < 2000  # it learned something: GPT-2's vocabulary unlearned is 50257

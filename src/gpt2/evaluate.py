@@ -218,6 +218,34 @@ def _text_perplexity(model: GPT2, text: str, tokenizer: Tokenizer | CharTokenize
     return perplexity(model, ids, tokenizer=tokenizer, **options)
 
 
+@dataclass(frozen=True)
+class Agreement:
+    """How closely a model's next-token distributions follow a reference's, as llama.cpp reports
+    its quantisations: the mean KL divergence KL(reference || model) per token, in nats, and the
+    share of positions where both rank the same token first."""
+
+    kl: float
+    top1: float
+    tokens: int
+
+
+@torch.inference_mode()
+def agreement(reference: GPT2, model: GPT2, ids: Sequence[int] | np.ndarray, context: int | None = None) -> Agreement:
+    """Agreement of `model` with `reference` (the same model in float32, say) on every position of
+    `ids`, cut into windows of `context` ids (default: the model's context), each scored once."""
+    context = check_window(reference, context, None)[0]
+    ids = torch.as_tensor(np.asarray(ids, dtype=np.int64))
+    kl, same, count = 0.0, 0, 0
+    for start in range(0, len(ids) - 1, context):
+        window = ids[start : start + context][None]  # (1, T)
+        p = torch.log_softmax(reference(window.to(reference.device)).double(), dim=-1)[0]  # (T, V)
+        q = torch.log_softmax(model(window.to(model.device)).double(), dim=-1)[0]
+        kl += float((p.exp() * (p - q.to(p.device))).sum())
+        same += int((p.argmax(-1) == q.argmax(-1).to(p.device)).sum())
+        count += window.size(1)
+    return Agreement(kl / count, same / count, count)
+
+
 def evaluate_data(model: GPT2, directory: str | os.PathLike, split: str = "val", **options: Any) -> Perplexity:
     """Perplexity of a prepared directory's split (val.bin by default), its ids one stream."""
     if split not in ("train", "val"):
