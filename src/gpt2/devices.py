@@ -89,9 +89,10 @@ def weight_format(dtype: str | torch.dtype, device: torch.device) -> WeightForma
         if device.type != "cpu":
             raise InvalidArgumentError(f"int8 weights are for decoding on the CPU, not on {device}: use bfloat16 or float16 there")
         return WeightFormat(torch.int8, torch.float32)
-    if not (isinstance(dtype, (str, torch.dtype)) and (dtype in DTYPES or dtype in DTYPES.values())):
-        raise InvalidArgumentError(f"unsupported dtype {dtype!r}: use one of {', '.join(INFERENCE_DTYPES)}")
-    storage = resolve_dtype(dtype)
+    try:
+        storage = resolve_dtype(dtype)
+    except InvalidArgumentError:
+        raise InvalidArgumentError(f"unsupported dtype {dtype!r}: use one of {', '.join(INFERENCE_DTYPES)}") from None
     return WeightFormat(storage, torch.float32 if device.type == "cpu" else storage)
 
 

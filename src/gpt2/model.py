@@ -84,20 +84,16 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     A weight narrower than x (weight-only bfloat16, float16, or int8 times `scale`, one per
     output) is read as is by the decode kernel at few rows; for many it is widened first.
     """
+    cpu_inference = x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_grad_enabled()
+    if cpu_inference and x.numel() <= _FEW_ROWS * x.size(-1):
+        y = gemv(x, weight, bias, gelu, scale)  # None where the kernel cannot serve
+        if y is not None:
+            return y
     if weight.dtype != x.dtype:
-        if x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_grad_enabled() and x.numel() <= _FEW_ROWS * x.size(-1):
-            y = gemv(x, weight, bias, gelu, scale)
-            if y is not None:
-                return y
         weight = widen(weight, scale, x.dtype)
-    if x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_grad_enabled():
-        if x.numel() <= _FEW_ROWS * x.size(-1):
-            y = gemv(x, weight, bias, gelu)  # None where the kernel cannot serve
-            if y is not None:
-                return y
-        if _onednn_linear is not None:
-            # takes weight as (out, in): a view, no copy; applies the GELU in the same pass
-            return _onednn_linear(x, weight.t(), bias, "none" if gelu is None else "gelu", [], gelu or "")
+    if cpu_inference and _onednn_linear is not None:
+        # takes weight as (out, in): a view, no copy; applies the GELU in the same pass
+        return _onednn_linear(x, weight.t(), bias, "none" if gelu is None else "gelu", [], gelu or "")
     if bias is None:
         y = x @ weight
     else:  # the bias added inside the matrix product, not in a second pass over the output

@@ -6,7 +6,7 @@
 The routes parse and check requests, tokenize, and turn tokens into OpenAI's responses; one
 thread steps a `gpt2.decoding.Decoder` over all rows in flight, so a request joins the running
 batch at the next step and leaves it when it ends. Endpoints: /health, /v1/models,
-/v1/completions, /tokenize, /detokenize, /metrics.
+/v1/completions, /tokenize, /detokenize, /tokenizer_info, /metrics.
 """
 
 from __future__ import annotations
@@ -66,9 +66,11 @@ class RequestError(Exception):
         self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
         self.headers = headers or {}
 
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
     def response(self) -> JSONResponse:
-        body = {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
-        return JSONResponse(body, status_code=self.status, headers=self.headers)
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
 # ------------------------------------------------------------------ requests
@@ -627,7 +629,7 @@ async def _sse(answer: Answer, stream) -> AsyncIterator[str]:
         if answer.request.include_usage:
             yield f"data: {json.dumps(answer.body([]))}\n\n"
     except RequestError as e:
-        yield f"data: {json.dumps({'error': {'message': e.message, 'type': e.kind, 'param': None, 'code': None}})}\n\n"
+        yield f"data: {json.dumps(e.body())}\n\n"
     finally:  # the client gone, or the stream done: free the slots now, not when the generators are collected
         await stream.aclose()
     yield "data: [DONE]\n\n"
@@ -668,9 +670,8 @@ def serve(load: Callable[[], tuple[GPT2, Tokenizer]], model_id: str, host: str =
     """Serve until Ctrl-C or SIGTERM: the app of `create_app` on uvicorn, one log line per
     request. The model loads once the port listens; if it fails to, the server stops and its
     error is raised."""
-    limits.check()
+    app = create_app(load, model_id, limits)  # checks the limits, before the port is taken
     sock = listen(host, port)
-    app = create_app(load, model_id, limits)
     server = app.state.server
     runner = _Uvicorn(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5), server)
     server.on_load_error = lambda: setattr(runner, "should_exit", True)
