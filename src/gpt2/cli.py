@@ -200,7 +200,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from gpt2.devices import resolve_device, weight_format
 
     try:
-        from gpt2.serve import Limits, serve
+        from gpt2.serve import Limits, check_port, serve
     except ModuleNotFoundError as e:
         if e.name not in ("fastapi", "starlette", "uvicorn", "prometheus_client"):
             raise
@@ -209,6 +209,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     limits = Limits(max_batch_size=args.max_batch_size, max_queue=args.max_queue, max_n=args.max_n, api_key=args.api_key)
     limits.check()
     weight_format(args.dtype, resolve_device(args.device))  # bad flags fail now, not once the server listens
+    check_port(args.port)
     print(f"gpt2: serving {args.model} on http://{args.host}:{args.port}/v1 (the model loads in the background; "
           f"GET /health answers 200 once it has)", file=sys.stderr)  # fmt: skip
     serve(lambda: _load_model(args), args.model, args.host, args.port, limits)

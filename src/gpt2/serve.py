@@ -651,9 +651,13 @@ class _Uvicorn(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
+def check_port(port: object) -> int:
+    return int_between("port", port, 0, 65535)
+
+
 def listen(host: str, port: int) -> socket.socket:
     """A socket listening on host:port, or a GPT2Error naming them."""
-    int_between("port", port, 0, 65535)
+    check_port(port)
     try:
         info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
         sock = socket.socket(info[0], socket.SOCK_STREAM)
