@@ -129,7 +129,7 @@ def test_narrow_weights_widen_to_float32_exactly(kernel, k, n, transposed, dtype
     assert w.is_contiguous() != transposed or n == 1
     widened = w.double() * (1 if scale is None else scale.double())
     b = torch.randn(n, generator=g)
-    for rows in (1, 3, 16):
+    for rows in (1, 2, 3, 5, 8, 16):
         x = torch.randn(rows, k, generator=g)
         for gelu in (None, "tanh"):
             y = gemv(x, w, b, gelu, scale)

@@ -205,11 +205,39 @@ def test_narrow_weights_on_the_cpu_compute_what_their_widened_values_give(dtype,
                 if scale is not None:
                     assert scale.shape == (module.weight.shape[1] if isinstance(module, Dense) else module.weight.shape[0],)
                     assert module.weight.abs().max() == 127
+                if isinstance(module, Dense):  # stored (out, in), seen (in, out): a contiguous row per output for the kernel
+                    assert module.weight.t().is_contiguous()
                 w = module.weight if isinstance(module, Dense) else module.weight.t()
                 wide.weight.copy_(widen(w, scale, torch.float32) if isinstance(module, Dense) else widen(w, scale, torch.float32).t())
         idx = torch.randint(0, 50257, (2, 20))
         assert max_diff(narrow(idx), widened(idx)) < 1e-4
         assert torch.equal(narrow.generate(idx, 15, temperature=0), widened.generate(idx, 15, temperature=0))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+def test_narrow_weights_without_the_decode_kernel_widen_and_decode_alike(dtype, tmp_path, monkeypatch):
+    """Where the kernel cannot be built (it then says so once), narrow weights still decode:
+    widened for each product, slower, the same tokens."""
+    import gpt2.model
+
+    make_hf_model(**CONFIGS[0]).save_pretrained(tmp_path)
+    model = GPT2.from_pretrained(tmp_path, device="cpu", dtype=dtype)
+    idx = torch.randint(0, 101, (2, 5))
+    with_kernel = model.generate(idx, 12, temperature=0)
+    monkeypatch.setattr(gpt2.model, "gemv", lambda *args: None)
+    assert torch.equal(model.generate(idx, 12, temperature=0), with_kernel)
+
+
+def test_a_bfloat16_cpu_model_saves_in_the_checkpoint_layout(tmp_path):
+    from safetensors.torch import load_file
+
+    hf = make_hf_model(**CONFIGS[0])
+    hf.save_pretrained(tmp_path)
+    GPT2.from_pretrained(tmp_path, device="cpu", dtype="bfloat16").save_pretrained(tmp_path / "out")
+    saved, original = load_file(tmp_path / "out" / "model.safetensors"), hf.state_dict()
+    name = "transformer.h.0.attn.c_attn.weight"  # (in, out) as Conv1D holds it, though the model stores it (out, in)
+    assert saved[name].dtype == torch.bfloat16 and torch.equal(saved[name], original[name].to(torch.bfloat16))
+    assert torch.equal(saved["transformer.h.0.ln_1.weight"], original["transformer.h.0.ln_1.weight"])
 
 
 def test_an_int8_model_is_not_saved(tmp_path):

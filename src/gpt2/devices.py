@@ -79,6 +79,11 @@ class WeightFormat:
     storage: torch.dtype
     compute: torch.dtype
 
+    @property
+    def weight_only(self) -> bool:
+        """The matrices are narrower than the arithmetic: read narrow, computed in float32."""
+        return self.storage != self.compute
+
 
 INFERENCE_DTYPES = (*DTYPES, "int8")
 

@@ -245,9 +245,14 @@ class KVCache:
             keys[self._slot, :, : k.size(2)].copy_(k[0])
             values[self._slot, :, : v.size(2)].copy_(v[0])
             return k, v
-        keys[self._rows, :, self._columns] = k[:, :, 0]  # (B, H, C/H) into each row's own position
-        values[self._rows, :, self._columns] = v[:, :, 0]
         B = k.size(0)
+        if self.mask is None:  # every row at one position: a slice, cheaper than indexing
+            s = self._seen - 1
+            keys[:B, :, s : s + 1].copy_(k)
+            values[:B, :, s : s + 1].copy_(v)
+        else:
+            keys[self._rows, :, self._columns] = k[:, :, 0]  # (B, H, C/H) into each row's own position
+            values[self._rows, :, self._columns] = v[:, :, 0]
         return keys[:B, :, : self._seen], values[:B, :, : self._seen]  # (B, H, S, C/H)
 
     def move(self, src: int, dst: int) -> None:
@@ -513,7 +518,13 @@ class GPT2(nn.Module):
                 tensor, scale = quantize_int8(tensor.to(device), dim=0 if isinstance(module, Dense) else 1)
                 module.scale = scale
             # copies only when the device, dtype or layout must change
-            tensor = tensor.to(device=device, dtype=form.storage if matrix else form.compute).contiguous()
+            tensor = tensor.to(device=device, dtype=form.storage if matrix else form.compute)
+            if matrix and form.weight_only and isinstance(module, Dense):
+                # stored (out, in) and seen (in, out): the decode kernel reads narrow weights fastest
+                # as one contiguous row per output, as wte's rows already are for the unembedding
+                tensor = tensor.t().contiguous().t()
+            else:
+                tensor = tensor.contiguous()
             setattr(module, attr, nn.Parameter(tensor, requires_grad=tensor.is_floating_point()))
         model._reset_buffers(device, form.compute)
         model.tokenizer = checkpoint.load_tokenizer()

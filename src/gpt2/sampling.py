@@ -59,8 +59,10 @@ def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float |
 
 def sample_next(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None = None) -> torch.Tensor:
     """The next token of each row: (B, V) logits -> (B,) ids."""
-    if sampling.temperature == 0:
-        return logits.argmax(-1)  # the first of equal maxima: the lowest id
+    if sampling.temperature == 0:  # the first of equal maxima: the lowest id
+        if logits.device.type == "cpu" and logits.dtype == torch.float32:  # NumPy's is vectorised: 5 us to torch's 45 here
+            return torch.from_numpy(logits.detach().numpy().argmax(-1))
+        return logits.argmax(-1)
     logits = filter_logits(logits.float() / sampling.temperature, sampling.top_k, sampling.top_p)
     probs = torch.softmax(logits, dim=-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
