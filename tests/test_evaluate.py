@@ -26,7 +26,7 @@ from gpt2.evaluate import (
     sliding_windows,
 )
 from gpt2.model import GPT2
-from gpt2.tasks import Choice, Completion, read_hellaswag, read_lambada
+from gpt2.tasks import Completion, read_hellaswag, read_lambada
 from gpt2.tokenizer import CharTokenizer
 from helpers import make_hf_model
 
