@@ -309,3 +309,64 @@ def test_empty_batch_and_wrong_shapes(tiny):
 def test_model_from_something_else_than_a_config(config, message):
     with pytest.raises(InputTypeError, match=re.escape(message)):
         GPT2(config)
+
+
+# --------------------------------------------------------------------- CUDA graphs
+
+
+def greedy_rows(model: GPT2, prompts: list[list[int]], slots: int, max_len: int, graphs: bool):
+    from gpt2.decoding import Row, run
+    from gpt2.model import TorchEngine
+    from gpt2.sampling import Sampling
+
+    rows = [Row(p, 6 + 3 * i, Sampling(temperature=0)) for i, p in enumerate(prompts)]  # they end at different steps
+    engine = TorchEngine(model, slots, max_len, graphs=graphs)
+    run(engine, rows)
+    return [row.tokens for row in rows], engine
+
+
+@pytest.mark.parametrize("slots, buckets", [(3, {1, 2, 3}), (5, {1, 2, 4, 5})])  # 4 holds batches of 3, padded
+def test_fixed_shape_steps_decode_as_plain_steps(slots, buckets, tmp_path):
+    """The steps CUDA graphs replay (the whole cache attended, masked by each row's position;
+    batches padded to a bucket), run here without capture: the same greedy tokens as plain
+    decoding, with rows of different lengths joining and leaving and one context sliding."""
+    make_hf_model(**CONFIGS[2]).save_pretrained(tmp_path)  # n_positions 40
+    model = GPT2.from_pretrained(tmp_path, device="cpu")
+    prompts = [[1, 2, 3], [4] * 7, [5, 6], [7] * 30, [8], [9, 10, 11, 12]]  # 30 + 15 new tokens slide past 40
+    plain, _ = greedy_rows(model, prompts, slots, 40, graphs=False)
+    fixed, engine = greedy_rows(model, prompts, slots, 40, graphs=True)
+    assert fixed == plain
+    assert engine.graphs is not None and not engine.graphs.capture  # no capture off the GPU
+    assert set(engine.graphs.steps) == buckets  # the batch shrank from `slots` to 1 as rows ended
+
+
+def test_cuda_graphs_are_off_by_default_and_refused_off_the_gpu(tmp_path):
+    make_hf_model(**CONFIGS[0]).save_pretrained(tmp_path)
+    model = GPT2.from_pretrained(tmp_path, device="cpu")
+    assert model.cuda_graphs is False
+    with pytest.raises(InvalidArgumentError, match="CUDA graphs replay decoding on a CUDA GPU; this model is on cpu"):
+        model.use_cuda_graphs()
+    assert model.use_cuda_graphs(False).cuda_graphs is False
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("slots", [1, 3, 8])
+def test_cuda_graphs_decode_as_eager_and_transformers(slots, tmp_path):
+    """Issue 12: greedy tokens replayed from CUDA graphs equal eager decoding's in float32, and
+    transformers' (batch 1); bfloat16 graphs run and stay near."""
+    hf = make_hf_model(n_positions=256)  # the 124M shape
+    hf.save_pretrained(tmp_path)
+    model = GPT2.from_pretrained(tmp_path, device="cuda")
+    model.set_attention("math")  # the same attention kernel with and without a mask
+    prompts = [[(13 * i + j) % 50257 for j in range(5 + 7 * i)] for i in range(slots + 2)]
+    eager, _ = greedy_rows(model, prompts, slots, 256, graphs=False)
+    graphed, engine = greedy_rows(model, prompts, slots, 256, graphs=True)
+    assert engine.graphs.capture and all(step.graph is not None for step in engine.graphs.steps.values())
+    assert graphed == eager
+    idx = torch.tensor([prompts[0]])
+    expected = hf.generate(idx, max_new_tokens=6, do_sample=False, attention_mask=torch.ones_like(idx), pad_token_id=50256)
+    assert graphed[0] == expected[0, idx.size(1) :].tolist()
+    bf16 = GPT2.from_pretrained(tmp_path, device="cuda", dtype="bfloat16")
+    low, _ = greedy_rows(bf16, prompts, slots, 256, graphs=True)
+    assert sum(a == b for x, y in zip(low, eager) for a, b in zip(x, y)) >= 0.5 * sum(map(len, eager))

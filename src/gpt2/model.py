@@ -15,7 +15,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -221,11 +223,18 @@ class KVCache:
         self._slot, self.lengths[slot] = slot, T
         self.positions, self.mask = torch.arange(T, device=self.device), None
 
-    def begin_decode(self, B: int) -> None:
-        """Prepare to add one position to each of slots 0..B-1."""
+    def advance(self, B: int) -> list[int]:
+        """Count one position more in each of slots 0..B-1; returns the new positions (their lengths before)."""
         lengths = self.lengths[:B]
         if max(lengths) >= self.max_len:
             raise ContextLengthError(f"the KV cache holds {self.max_len} positions; slot {lengths.index(max(lengths))} is full")
+        for b in range(B):
+            self.lengths[b] += 1
+        return lengths
+
+    def begin_decode(self, B: int) -> None:
+        """Prepare to add one position to each of slots 0..B-1."""
+        lengths = self.advance(B)
         self._slot = None
         self._rows = torch.arange(B, device=self.device)
         self._columns = torch.tensor(lengths, device=self.device)  # (B,): each row's new position
@@ -235,8 +244,16 @@ class KVCache:
         same = min(lengths) == max(lengths)
         key = torch.arange(self._seen, device=self.device)
         self.mask = None if same else (key[None, :] <= self._columns[:, None])[:, None, None, :]  # (B, 1, 1, S)
-        for b in range(B):
-            self.lengths[b] += 1
+
+    def begin_fixed_decode(self, positions: torch.Tensor) -> None:
+        """Prepare a decoding step whose shapes never change (for CUDA graphs): slot b adds the
+        position positions[b, 0], read from that (B, 1) device tensor when the step runs, and
+        every row attends over the whole cache through a mask built from it. The caller counts
+        the positions (`advance`)."""
+        self._slot, self.positions, self._seen = None, positions, self.max_len
+        self._rows, self._columns = torch.arange(positions.size(0), device=self.device), positions[:, 0]
+        key = torch.arange(self.max_len, device=self.device)
+        self.mask = (key[None, :] <= positions)[:, None, None, :]  # (B, 1, 1, max_len)
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store the new positions' keys and values (B, H, T, C/H); return those to attend to."""
@@ -305,6 +322,7 @@ class GPT2(nn.Module):
         super().__init__()
         self.config = config
         self.checkpoint_activations = False  # trade compute for memory in training (see trunk)
+        self.cuda_graphs = False  # decode by replaying CUDA graphs (see use_cuda_graphs)
         self.tokenizer = None  # from_pretrained sets the tokenizer saved with the weights
         positions = (
             nn.Embedding(config.n_ctx, config.n_embd)
@@ -462,6 +480,14 @@ class GPT2(nn.Module):
             block.attn.use_sdpa = implementation == "sdpa"
         return self
 
+    def use_cuda_graphs(self, enabled: bool = True) -> GPT2:
+        """Decode by replaying CUDA graphs (`DecodeGraphs`): off by default, as it has not yet
+        been measured on a GPU; on a CUDA device only."""
+        if enabled and self.device.type != "cuda":
+            raise InvalidArgumentError(f"CUDA graphs replay decoding on a CUDA GPU; this model is on {self.device}")
+        self.cuda_graphs = bool(enabled)
+        return self
+
     @property
     def device(self) -> torch.device:
         return self.transformer.wte.weight.device
@@ -585,12 +611,15 @@ class TorchEngine:
     Without `use_cache`, every step recomputes each row's whole context (a check of the cache).
     """
 
-    def __init__(self, model: GPT2, slots: int, max_len: int | None = None, use_cache: bool = True):
+    def __init__(self, model: GPT2, slots: int, max_len: int | None = None, use_cache: bool = True, graphs: bool | None = None):
         self.model, self.slots = model, slots
         self.cache = model.new_cache(slots, max_len)
         self.max_len = self.cache.max_len
         self.use_cache = use_cache
         self.history: list[list[int]] = [[] for _ in range(slots)]  # each slot's tokens: to slide, or recompute
+        # fixed-shape steps, replayed as CUDA graphs on a GPU (graphs=None: as model.use_cuda_graphs set)
+        graphs = model.cuda_graphs if graphs is None else graphs
+        self.graphs = DecodeGraphs(model, self.cache) if graphs and use_cache else None
 
     def prefill(self, slot: int, tokens: Sequence[int], every_position: bool = False) -> torch.Tensor:
         self.history[slot] = list(tokens)
@@ -605,6 +634,8 @@ class TorchEngine:
         for b in range(B):
             if self.cache.lengths[b] == self.max_len:  # the context slides: recompute the window before the new token
                 self._fill(b, self.history[b][-self.max_len : -1])
+        if self.graphs is not None:
+            return self.graphs.decode(tokens.tolist(), self.cache.advance(B))
         self.cache.begin_decode(B)
         return self.model.unembed(self.model.trunk(tokens[:, None].to(self.model.device), self.cache)[:, -1])  # (B, V)
 
@@ -617,3 +648,76 @@ class TorchEngine:
         self.cache.begin_prefill(slot, len(window))
         x = self.model.trunk(torch.tensor([window], device=self.model.device), self.cache)[0]  # (T, C)
         return self.model.unembed(x if every_position else x[-1])
+
+
+@dataclass
+class FixedStep:
+    """One batch-size bucket's decoding step: the device tensors it reads and writes, and its graph."""
+
+    tokens: torch.Tensor  # (B,) each row's newest token
+    positions: torch.Tensor  # (B, 1) where each row's token goes
+    logits: torch.Tensor | None = None  # (B, V) what the step computed
+    graph: torch.cuda.CUDAGraph | None = None
+
+
+class DecodeGraphs:
+    """Decoding steps replayed as CUDA graphs: a step's few hundred kernel launches, recorded
+    once per batch-size bucket, cost one launch from Python (issue 12: at batch 1 on an H100,
+    launches, not memory, set the speed).
+
+    A graph replays fixed shapes over fixed memory, so a step reads its tokens and positions
+    from device tensors filled before each replay, writes each row's key and value at its own
+    position, and attends over the whole preallocated cache through a mask built from those
+    positions (`KVCache.begin_fixed_decode`). B rows run in the bucket of the next power of
+    two (at most the cache's slots); padding rows decode token 0 into position 0 of slots past
+    B, which the decoder keeps free. A bucket is captured at its first step, after two warm-up
+    runs of that very step (writing the same keys and values again changes nothing); where
+    capture fails, decoding goes on without graphs, with a warning. Off the GPU the same
+    fixed steps run without capture: slower than plain decoding, a check of this path.
+    """
+
+    def __init__(self, model: GPT2, cache: KVCache):
+        self.model, self.cache = model, cache
+        self.capture = cache.device.type == "cuda"
+        self.pool = torch.cuda.graph_pool_handle() if self.capture else None  # one memory pool for every bucket
+        self.steps: dict[int, FixedStep] = {}
+
+    def decode(self, tokens: list[int], positions: list[int]) -> torch.Tensor:
+        """Logits (B, V) after each row's newest token, at its position."""
+        B, slots = len(tokens), len(self.cache.lengths)
+        size = min(1 << (B - 1).bit_length(), slots)
+        step = self.steps.get(size)
+        if step is None:
+            device = self.cache.device
+            step = self.steps[size] = FixedStep(torch.zeros(size, dtype=torch.long, device=device),
+                                                torch.zeros(size, 1, dtype=torch.long, device=device))  # fmt: skip
+        padding = [0] * (size - B)
+        step.tokens.copy_(torch.tensor(tokens + padding))
+        step.positions.copy_(torch.tensor(positions + padding)[:, None])
+        if step.graph is None and self.capture:
+            self._capture(step)
+        if step.graph is not None:
+            step.graph.replay()
+        else:
+            step.logits = self._run(step)
+        return step.logits[:B].clone()  # the graph's output is overwritten by the next replay
+
+    def _run(self, step: FixedStep) -> torch.Tensor:
+        self.cache.begin_fixed_decode(step.positions)
+        return self.model.unembed(self.model.trunk(step.tokens[:, None], self.cache)[:, -1])  # (B, V)
+
+    def _capture(self, step: FixedStep) -> None:
+        try:
+            side = torch.cuda.Stream()  # warm-up off the default stream, as torch.cuda.graphs asks
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    self._run(step)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                step.logits = self._run(step)
+            step.graph = graph
+        except RuntimeError as e:
+            warnings.warn(f"CUDA graph capture failed, decoding without graphs: {e}", RuntimeWarning, stacklevel=2)
+            self.capture = False
