@@ -2,10 +2,12 @@
 
     .venv/bin/python benchmarks/generate.py [--rounds N]
 
-fp32 on the CPU with torch's default threads. Each measure alternates gpt2 and transformers
-for N rounds and reports medians, so a noisy machine skews both alike. Also measures the
-machine's memory read bandwidth, to say how close decoding comes to its ceiling: every new
-token reads every weight once. Run it on a quiet machine.
+On the CPU with torch's default threads: transformers in float32, gpt2 in float32 and with
+weight-only bfloat16, float16 and int8 (`--dtype`). Each measure alternates them for N rounds
+and reports medians, so a noisy machine skews all alike. Also measures the machine's memory
+read bandwidth, to say how close decoding comes to its ceiling: every new token reads every
+weight once, so the ceiling is the bandwidth over the bytes of the weights. Run it on a quiet
+machine.
 """
 
 from __future__ import annotations
@@ -60,6 +62,40 @@ def peak_memory(path: str, batch: int, which: str) -> int:
     return int(out.stdout.strip().splitlines()[-1])
 
 
+DTYPES = ("float32", "bfloat16", "float16", "int8")  # on the CPU the last three are weight-only (issue 12)
+
+
+def decode_rows(models: dict, hf, rounds: int, bandwidth: float) -> tuple[list[tuple[str, ...]], float]:
+    """Decoding at batch 1 and 8 for each dtype and transformers (float32), rounds alternating;
+    returns the table's rows and gpt2's float32 batch-1 rate."""
+    gen, rows = torch.Generator().manual_seed(0), []
+    weight_bytes = {dtype: sum(p.numel() * p.element_size() for p in m.parameters()) for dtype, m in models.items()}
+
+    def hf_generate(idx: torch.Tensor) -> torch.Tensor:
+        return hf.generate(idx, max_new_tokens=128, do_sample=False, attention_mask=torch.ones_like(idx), pad_token_id=50256)
+
+    for batch in (1, 8):
+        idx = torch.randint(0, 50257, (batch, 16), generator=gen)
+        runs = {dtype: (lambda m=m: m.generate(idx, 128, temperature=0)) for dtype, m in models.items()}
+        runs["transformers"] = lambda: hf_generate(idx)
+        outputs = {name: run() for name, run in runs.items()}  # warm-up, and parity
+        assert torch.equal(outputs["float32"], outputs["transformers"]), "greedy tokens differ from transformers"
+        times = {name: [] for name in runs}
+        for _ in range(rounds):
+            for name, run in runs.items():
+                times[name].append(timed(run, 1)[0])
+        rate = {name: batch * 128 / statistics.median(t) for name, t in times.items()}
+        for dtype in models:
+            ratios = sorted(h / o for o, h in zip(times[dtype], times["transformers"]))
+            steps = rate[dtype] / batch  # decoding steps a second, each reading every weight once
+            rows.append((f"decode, batch {batch}, {dtype}", f"{rate[dtype]:.1f} tok/s", f"{rate['transformers']:.1f} tok/s",
+                         f"{rate[dtype] / rate['transformers']:.2f}x (rounds: {', '.join(f'{r:.2f}' for r in ratios)})",
+                         f"{rate[dtype] / rate['float32']:.2f}x", f"{steps * weight_bytes[dtype] / bandwidth:.0%}"))  # fmt: skip
+        if batch == 1:
+            decode_rate = rate["float32"]
+    return rows, decode_rate
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -68,50 +104,33 @@ def main() -> None:
     from gpt2.model import GPT2, TorchEngine
 
     hf, tmp = random_124m()
-    ours = GPT2.from_pretrained(tmp, device="cpu")
+    models = {dtype: GPT2.from_pretrained(tmp, device="cpu", dtype=dtype) for dtype in DTYPES}
+    ours = models["float32"]
     gen = torch.Generator().manual_seed(0)
-    rows: list[tuple[str, str, str, str]] = []
-
-    def hf_generate(idx: torch.Tensor, n: int) -> torch.Tensor:
-        return hf.generate(idx, max_new_tokens=n, do_sample=False, attention_mask=torch.ones_like(idx), pad_token_id=50256)
+    bandwidth = read_bandwidth()
 
     with torch.inference_mode():
-        for batch in (1, 8):
-            idx = torch.randint(0, 50257, (batch, 16), generator=gen)
-            a, b = ours.generate(idx, 128, temperature=0), hf_generate(idx, 128)  # warm-up, and parity
-            assert torch.equal(a, b), "greedy tokens differ from transformers"
-            t_ours, t_hf = [], []
-            for _ in range(args.rounds):
-                t_ours.append(timed(lambda: ours.generate(idx, 128, temperature=0), 1)[0])
-                t_hf.append(timed(lambda: hf_generate(idx, 128), 1)[0])
-            ours_rate, hf_rate = batch * 128 / statistics.median(t_ours), batch * 128 / statistics.median(t_hf)
-            ratios = sorted(h / o for o, h in zip(t_ours, t_hf))
-            rows.append((f"decode, batch {batch}, 16-token prompt, 128 new tokens, greedy",
-                         f"{ours_rate:.1f} tok/s", f"{hf_rate:.1f} tok/s",
-                         f"{ours_rate / hf_rate:.2f}x (rounds: {', '.join(f'{r:.2f}' for r in ratios)})"))  # fmt: skip
-            if batch == 1:
-                decode_rate = ours_rate
-
+        rows, decode_rate = decode_rows(models, hf, args.rounds, bandwidth)
         for T in (512, 1024):
             idx = torch.randint(0, 50257, (1, T), generator=gen)
             ours(idx), hf(idx)  # warm-up
             t_ours = timed(lambda: ours(idx), args.rounds)[0]
             t_hf = timed(lambda: hf(idx), args.rounds)[0]
             rows.append((f"prefill {T} tokens (one forward pass, all logits)", f"{T / t_ours:.0f} tok/s",
-                         f"{T / t_hf:.0f} tok/s", f"{t_hf / t_ours:.2f}x"))  # fmt: skip
+                         f"{T / t_hf:.0f} tok/s", f"{t_hf / t_ours:.2f}x", "", ""))  # fmt: skip
             t_cached = timed(lambda: TorchEngine(ours, 1, T).prefill(0, idx[0].tolist()), args.rounds)[0]
-            rows.append((f"  prefill {T} tokens into the KV cache (last logits only)", f"{T / t_cached:.0f} tok/s", "", ""))
+            rows.append((f"  prefill {T} tokens into the KV cache (last logits only)", f"{T / t_cached:.0f} tok/s", "", "", "", ""))
 
     for batch in (1, 8):
         ours_peak, hf_peak = peak_memory(tmp, batch, "gpt2"), peak_memory(tmp, batch, "transformers")
         rows.append((f"peak memory of a process: load + generate 128 tokens, batch {batch}",
-                     f"{ours_peak / 1e6:.0f} MB", f"{hf_peak / 1e6:.0f} MB", f"{ours_peak / hf_peak:.2f}x the memory"))  # fmt: skip
+                     f"{ours_peak / 1e6:.0f} MB", f"{hf_peak / 1e6:.0f} MB", f"{ours_peak / hf_peak:.2f}x the memory", "", ""))  # fmt: skip
 
-    bandwidth = read_bandwidth()
     ceiling = bandwidth / WEIGHT_BYTES
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads; transformers {__import__('transformers').__version__}\n")
-    print_table(["measure", "gpt2", "transformers", "gpt2 / transformers"], rows)
+    print_table(["measure", "gpt2", "transformers (float32)", "gpt2 / transformers", "/ gpt2 float32",
+                 "of the bandwidth ceiling for its bytes"], rows)  # fmt: skip
     print(f"\nmemory read bandwidth (sum of a 1 GiB tensor): {bandwidth / 1e9:.1f} GB/s; weights read per token: "
           f"{WEIGHT_BYTES / 1e6:.0f} MB; ceiling {ceiling:.1f} tok/s; batch-1 decode reaches {decode_rate / ceiling:.0%} of it "
           f"({decode_rate * WEIGHT_BYTES / 1e9:.1f} GB/s of weights)")

@@ -139,6 +139,17 @@ def test_generate_numpy_engine_agrees(capsys, model_dir):
     assert run(capsys, *argv, "--engine", "numpy")[1] == torch_out
 
 
+@pytest.mark.cuda
+def test_generate_with_cuda_graphs_prints_what_eager_decoding_prints(capsys, model_dir):
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    argv = ["generate", "Hello", "--model", model_dir, "--max-new-tokens", "20", "--num-samples", "3", "--seed", "1", "--device", "cuda"]
+    eager = run(capsys, *argv)
+    assert eager[0] == 0 and run(capsys, *argv, "--cuda-graphs")[1] == eager[1]
+
+
 def test_generate_from_stdin_with_stop_and_samples(capsys, monkeypatch, model_dir):
     code, out, _ = run(capsys, "generate", "-", "--model", model_dir, "--max-new-tokens", "8", "--temperature", "0",
                        "--num-samples", "2", "--no-stream", stdin=b"The dog", monkeypatch=monkeypatch)  # fmt: skip
@@ -165,6 +176,8 @@ def test_generate_from_stdin_with_stop_and_samples(capsys, monkeypatch, model_di
     (["--engine", "numpy", "--device", "cuda"], "--engine numpy runs on the CPU only, not on --device cuda: use --engine torch"),
     (["--engine", "numpy", "--dtype", "bfloat16"], "--engine numpy computes in float32 only, not --dtype bfloat16"),
     (["--engine", "numpy", "--dtype", "int8"], "--engine numpy computes in float32 only, not --dtype int8"),
+    (["--cuda-graphs", "--device", "cpu"], "--cuda-graphs replays decoding on a CUDA GPU; --device cpu is cpu"),
+    (["--cuda-graphs", "--engine", "numpy"], "--cuda-graphs is for --engine torch on a CUDA GPU, not --engine numpy"),
     (["--model", ""], "the model name is empty: give a released name (gpt2, gpt2-medium, gpt2-large, gpt2-xl) or a directory"),
     (["--frobnicate"], "unrecognized arguments: --frobnicate (see 'gpt2 generate --help')"),
     (["--top-p", "1.5"], "top_p must be in (0, 1], got 1.5"),

@@ -314,30 +314,50 @@ def test_model_from_something_else_than_a_config(config, message):
 # --------------------------------------------------------------------- CUDA graphs
 
 
-def greedy_rows(model: GPT2, prompts: list[list[int]], slots: int, max_len: int, graphs: bool):
+def decode_rows(model: GPT2, prompts: list[list[int]], slots: int, max_len: int, graphs: bool, temperature: float = 1.0):
+    """Each prompt continued (by 6, 9, 12, ... tokens: rows end at different steps): each row's
+    tokens and their log-probabilities, and the engine."""
     from gpt2.decoding import Row, run
     from gpt2.model import TorchEngine
     from gpt2.sampling import Sampling
 
-    rows = [Row(p, 6 + 3 * i, Sampling(temperature=0)) for i, p in enumerate(prompts)]  # they end at different steps
+    rows = [Row(p, 6 + 3 * i, Sampling(temperature), seed=i, logprobs=1) for i, p in enumerate(prompts)]
     engine = TorchEngine(model, slots, max_len, graphs=graphs)
     run(engine, rows)
-    return [row.tokens for row in rows], engine
+    return [row.tokens for row in rows], [row.token_logprobs for row in rows], engine
 
 
 @pytest.mark.parametrize("slots, buckets", [(3, {1, 2, 3}), (5, {1, 2, 4, 5})])  # 4 holds batches of 3, padded
 def test_fixed_shape_steps_decode_as_plain_steps(slots, buckets, tmp_path):
     """The steps CUDA graphs replay (the whole cache attended, masked by each row's position;
-    batches padded to a bucket), run here without capture: the same greedy tokens as plain
-    decoding, with rows of different lengths joining and leaving and one context sliding."""
+    batches padded to a bucket), run here without capture: the same tokens and log-probabilities
+    as plain decoding, with rows of different lengths joining and leaving and one context sliding."""
     make_hf_model(**CONFIGS[2]).save_pretrained(tmp_path)  # n_positions 40
     model = GPT2.from_pretrained(tmp_path, device="cpu")
     prompts = [[1, 2, 3], [4] * 7, [5, 6], [7] * 30, [8], [9, 10, 11, 12]]  # 30 + 15 new tokens slide past 40
-    plain, _ = greedy_rows(model, prompts, slots, 40, graphs=False)
-    fixed, engine = greedy_rows(model, prompts, slots, 40, graphs=True)
-    assert fixed == plain
+    plain, plain_logprobs, _ = decode_rows(model, prompts, slots, 40, graphs=False)
+    fixed, fixed_logprobs, engine = decode_rows(model, prompts, slots, 40, graphs=True)
+    assert fixed == plain  # sampled, so every logit counts
+    assert np.allclose(sum(fixed_logprobs, []), sum(plain_logprobs, []), atol=1e-5)
     assert engine.graphs is not None and not engine.graphs.capture  # no capture off the GPU
     assert set(engine.graphs.steps) == buckets  # the batch shrank from `slots` to 1 as rows ended
+
+
+def test_with_graphs_generate_keeps_one_engine_over_the_whole_context(tmp_path):
+    """So that each batch-size bucket is captured once, not at every call; its tokens are plain
+    decoding's. (Set as use_cuda_graphs sets it on a GPU; here the fixed steps run uncaptured.)"""
+    make_hf_model(**CONFIGS[2]).save_pretrained(tmp_path)
+    model = GPT2.from_pretrained(tmp_path, device="cpu")
+    idx = torch.randint(0, 64, (3, 5))
+    expected = [model.generate(idx[:b], 8, seed=1) for b in (2, 1, 3)]
+    model.cuda_graphs = True
+    got, engines = [], []
+    for b in (2, 1, 3):
+        got.append(model.generate(idx[:b], 8, seed=1))
+        engines.append(model._graphed_engine)
+    assert all(torch.equal(a, b) for a, b in zip(got, expected))
+    assert engines[0] is engines[1] and engines[0].slots == 2 and engines[2].slots == 3  # grown once, for 3 rows
+    assert set(engines[0].graphs.steps) == {1, 2} and set(engines[2].graphs.steps) == {3} and engines[2].max_len == 40
 
 
 def test_cuda_graphs_are_off_by_default_and_refused_off_the_gpu(tmp_path):
@@ -360,13 +380,13 @@ def test_cuda_graphs_decode_as_eager_and_transformers(slots, tmp_path):
     model = GPT2.from_pretrained(tmp_path, device="cuda")
     model.set_attention("math")  # the same attention kernel with and without a mask
     prompts = [[(13 * i + j) % 50257 for j in range(5 + 7 * i)] for i in range(slots + 2)]
-    eager, _ = greedy_rows(model, prompts, slots, 256, graphs=False)
-    graphed, engine = greedy_rows(model, prompts, slots, 256, graphs=True)
+    eager, _, _ = decode_rows(model, prompts, slots, 256, graphs=False, temperature=0)
+    graphed, _, engine = decode_rows(model, prompts, slots, 256, graphs=True, temperature=0)
     assert engine.graphs.capture and all(step.graph is not None for step in engine.graphs.steps.values())
     assert graphed == eager
     idx = torch.tensor([prompts[0]])
     expected = hf.generate(idx, max_new_tokens=6, do_sample=False, attention_mask=torch.ones_like(idx), pad_token_id=50256)
     assert graphed[0] == expected[0, idx.size(1) :].tolist()
     bf16 = GPT2.from_pretrained(tmp_path, device="cuda", dtype="bfloat16")
-    low, _ = greedy_rows(bf16, prompts, slots, 256, graphs=True)
+    low, _, _ = decode_rows(bf16, prompts, slots, 256, graphs=True, temperature=0)
     assert sum(a == b for x, y in zip(low, eager) for a, b in zip(x, y)) >= 0.5 * sum(map(len, eager))

@@ -438,3 +438,5 @@ def test_gpt2_serve_refuses_a_busy_port_and_a_missing_model_in_one_line(models, 
     assert capsys.readouterr().err == "gpt2: error: max_batch_size must be a positive integer, got 0\n"
     assert main(["serve", "--port", "99999"]) == 2  # refused before the server says it serves
     assert capsys.readouterr().err == "gpt2: error: port must be an integer from 0 to 65535, got 99999\n"
+    assert main(["serve", "--cuda-graphs", "--device", "cpu"]) == 2
+    assert capsys.readouterr().err == "gpt2: error: --cuda-graphs replays decoding on a CUDA GPU; --device cpu is cpu\n"

@@ -95,9 +95,22 @@ def _check_generate_args(args: argparse.Namespace) -> str:
         raise _UsageError(f"--engine numpy runs on the CPU only, not on --device {args.device}: use --engine torch")
     if args.engine == "numpy" and args.dtype != "float32":
         raise _UsageError(f"--engine numpy computes in float32 only, not --dtype {args.dtype}: use --engine torch")
+    _check_cuda_graphs(args)
     if args.prompt == "-":
         return _without_final_newline(_read_stdin())
     return _command_line_text(args.prompt, "the prompt given on the command line")
+
+
+def _check_cuda_graphs(args: argparse.Namespace) -> None:
+    if not args.cuda_graphs:
+        return
+    from gpt2.devices import resolve_device
+
+    if args.engine == "numpy":
+        raise _UsageError("--cuda-graphs is for --engine torch on a CUDA GPU, not --engine numpy")
+    device = resolve_device(args.device)
+    if device.type != "cuda":
+        raise _UsageError(f"--cuda-graphs replays decoding on a CUDA GPU; --device {args.device} is {device}")
 
 
 def _load_model(args: argparse.Namespace):
@@ -110,7 +123,7 @@ def _load_model(args: argparse.Namespace):
     else:
         from gpt2.model import GPT2
 
-        model = GPT2.from_pretrained(args.model, device=args.device, dtype=args.dtype)
+        model = GPT2.from_pretrained(args.model, device=args.device, dtype=args.dtype).use_cuda_graphs(args.cuda_graphs)
         tokenizer = model.tokenizer
     if tokenizer is None:
         raise _UsageError(f"the model {args.model} comes with no tokenizer (encoder.json + vocab.bpe, or chars.json), "
@@ -209,6 +222,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     limits = Limits(max_batch_size=args.max_batch_size, max_queue=args.max_queue, max_n=args.max_n, api_key=args.api_key)
     limits.check()
     weight_format(args.dtype, resolve_device(args.device))  # bad flags fail now, not once the server listens
+    _check_cuda_graphs(args)
     check_port(args.port)
     print(f"gpt2: serving {args.model} on http://{args.host}:{args.port}/v1 (the model loads in the background; "
           f"GET /health answers 200 once it has)", file=sys.stderr)  # fmt: skip
@@ -351,6 +365,12 @@ def _add_inference_device_flags(parser: argparse.ArgumentParser) -> None:
                         "and int8 is the CPU's alone (default: float32)")  # fmt: skip
 
 
+def _add_cuda_graphs_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cuda-graphs", action="store_true",
+                        help="decode by replaying CUDA graphs, one launch a token (a CUDA GPU only; experimental: "
+                        "not yet measured on a GPU, so off by default)")  # fmt: skip
+
+
 SERVE_EXAMPLES = """\
 examples:
   gpt2 serve                                        # gpt2 on http://127.0.0.1:8000/v1
@@ -378,6 +398,7 @@ def _add_serve_parser(commands) -> None:
     serve.add_argument("--host", default="127.0.0.1", help="the address to listen on; 0.0.0.0 for every interface (default: 127.0.0.1)")
     serve.add_argument("--port", type=_whole_number, default=8000, help="(default: 8000)")
     _add_inference_device_flags(serve)
+    _add_cuda_graphs_flag(serve)
     serve.add_argument("--max-batch-size", type=_whole_number, default=8, metavar="N",
                        help="requests' rows decoded together; each holds a KV cache of the model's context (default: 8)")  # fmt: skip
     serve.add_argument("--max-queue", type=_whole_number, default=64, metavar="N",
@@ -410,7 +431,7 @@ def _add_eval_parser(commands) -> None:
     ev.add_argument("--json", action="store_true", help="print one JSON object")
     _add_inference_device_flags(ev)
     ev.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
-    ev.set_defaults(func=_cmd_eval, engine="torch")
+    ev.set_defaults(func=_cmd_eval, engine="torch", cuda_graphs=False)
 
 
 def _add_train_parser(commands) -> None:
@@ -507,6 +528,7 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--num-samples", type=_whole_number, default=1, help="continuations to generate (default: 1)")
     generate.add_argument("--stop", action="append", metavar="TEXT", help="end a continuation before this text (repeatable)")
     _add_inference_device_flags(generate)
+    _add_cuda_graphs_flag(generate)
     generate.add_argument("--engine", default="torch", choices=["torch", "numpy"],
                           help="torch (with a KV cache) or numpy (the reference engine: no cache, slow, for checking) (default: torch)")  # fmt: skip
     generate.add_argument("--on-overflow", default="slide", choices=["slide", "error"],

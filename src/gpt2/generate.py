@@ -17,7 +17,6 @@ import torch
 from gpt2._checks import positive_int
 from gpt2.decoding import STOP, Decoder, Row, check_context, row_seed
 from gpt2.errors import InputTypeError, InvalidArgumentError
-from gpt2.model import TorchEngine
 from gpt2.reference import ReferenceModel
 from gpt2.sampling import Sampling, check_max_new_tokens, check_prompts
 from gpt2.tokenizer import IncrementalDecoder, Tokenizer
@@ -122,7 +121,7 @@ class TextGeneration:
         if isinstance(model, ReferenceModel):
             self.engine = NumpyEngine(model, slots)
         else:
-            self.engine = TorchEngine(model, slots, longest + max_new_tokens)
+            self.engine = model.engine(slots, longest + max_new_tokens)
         self.texts = [TextRow(tokenizer, self.stop) for _ in self.rows]
         self.tokens_generated = 0  # tokens chosen, counted per row until its text ends
 

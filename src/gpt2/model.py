@@ -323,6 +323,7 @@ class GPT2(nn.Module):
         self.config = config
         self.checkpoint_activations = False  # trade compute for memory in training (see trunk)
         self.cuda_graphs = False  # decode by replaying CUDA graphs (see use_cuda_graphs)
+        self._graphed_engine: TorchEngine | None = None  # kept across calls, with its graphs
         self.tokenizer = None  # from_pretrained sets the tokenizer saved with the weights
         positions = (
             nn.Embedding(config.n_ctx, config.n_embd)
@@ -443,7 +444,7 @@ class GPT2(nn.Module):
         B, T = idx.shape
         check_context([T], max_new_tokens, self.config.n_ctx, on_overflow)
         rows = [Row(p, max_new_tokens, sampling, row_seed(seed, b), eos_token_id) for b, p in enumerate(prompts)]
-        run(TorchEngine(self, B, T + max_new_tokens, use_cache), rows)
+        run(self.engine(B, T + max_new_tokens, use_cache), rows)
         steps = max(len(row.tokens) for row in rows)  # all rows stop once every one has ended
         new = [row.tokens + [eos_token_id] * (steps - len(row.tokens)) for row in rows]  # an ended row: eos from then on
         return torch.cat([idx, torch.tensor(new, dtype=idx.dtype).view(B, steps).to(idx.device)], dim=1)
@@ -485,8 +486,19 @@ class GPT2(nn.Module):
         been measured on a GPU; on a CUDA device only."""
         if enabled and self.device.type != "cuda":
             raise InvalidArgumentError(f"CUDA graphs replay decoding on a CUDA GPU; this model is on {self.device}")
-        self.cuda_graphs = bool(enabled)
+        self.cuda_graphs, self._graphed_engine = bool(enabled), None
         return self
+
+    def engine(self, slots: int, max_len: int, use_cache: bool = True) -> TorchEngine:
+        """An engine to decode up to `slots` rows of up to max_len positions. With CUDA graphs,
+        one engine over the whole context is kept and reused (replaced by a larger one when more
+        slots are asked for), so each batch-size bucket is captured once, not at every call."""
+        if not (self.cuda_graphs and use_cache):
+            return TorchEngine(self, slots, max_len, use_cache)
+        if self._graphed_engine is None or self._graphed_engine.slots < slots:
+            self._graphed_engine = None  # its cache and graphs freed before the new ones are made
+            self._graphed_engine = TorchEngine(self, slots)
+        return self._graphed_engine
 
     @property
     def device(self) -> torch.device:
