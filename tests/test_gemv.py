@@ -170,6 +170,41 @@ def test_unsupported_inputs_return_none():
         assert gemv(x, w.clone().requires_grad_(), b, None) is None  # would lose the gradient
 
 
+def attention_float64(q, k, v):
+    scores = (q.double() @ k.double().transpose(-1, -2)) / q.size(-1) ** 0.5  # (B, H, 1, S)
+    return torch.softmax(scores, dim=-1) @ v.double()
+
+
+@pytest.mark.parametrize("B", [1, 3])
+@pytest.mark.parametrize("S", [1, 7, 8, 9, 80, 1000])
+def test_attend_matches_float64_over_a_kv_cache(kernel, B, S):
+    """One query per row over the first S positions of a preallocated cache (views, as decoding
+    passes them), q a view into c_attn's output: scores eight keys at a time, then the rest."""
+    g = torch.Generator().manual_seed(B * S)
+    H, D = 12, 64
+    keys, values = torch.randn(4, H, 1024, D, generator=g), torch.randn(4, H, 1024, D, generator=g)
+    qkv = torch.randn(B, 1, 3 * H * D, generator=g) * 2
+    q = qkv[..., : H * D].view(B, 1, H, D).transpose(1, 2)  # (B, H, 1, D), not contiguous
+    k, v = keys[:B, :, :S], values[:B, :, :S]
+    y = _gemv.attend(q, k, v)
+    assert y is not None and y.shape == (B, H, 1, D) and y.dtype == torch.float32
+    assert rel_err(y, attention_float64(q, k, v)) < 1e-5
+
+
+def test_attend_refuses_what_it_does_not_serve(kernel):
+    g = torch.Generator().manual_seed(4)
+    q, k, v = torch.randn(1, 2, 1, 8, generator=g), torch.randn(1, 2, 5, 8, generator=g), torch.randn(1, 2, 5, 8, generator=g)
+    assert rel_err(_gemv.attend(q, k, v), attention_float64(q, k, v)) < 1e-5
+    assert _gemv.attend(torch.randn(1, 2, 3, 8), k, v) is None  # more than one query: torch's attention
+    assert _gemv.attend(q.double(), k.double(), v.double()) is None
+    assert _gemv.attend(q, k, v[:, :, :4]) is None  # keys and values disagree
+    assert _gemv.attend(q, torch.randn(1, 2, 8, 5).transpose(2, 3), v) is None  # a key's values not contiguous
+    assert _gemv.attend(q, torch.randn(1, 2, 5, 16)[..., :8], v) is None  # keys not D apart
+    assert _gemv.attend(q[..., :0], k[..., :0], v[..., :0]) is None
+    with torch.enable_grad():
+        assert _gemv.attend(q.clone().requires_grad_(), k, v) is None  # would lose the gradient
+
+
 @pytest.fixture
 def fresh(monkeypatch, tmp_path):
     """No kernel loaded yet, an empty extensions root, and a fake load_inline that "compiles" at once:

@@ -39,6 +39,7 @@ _SOURCE = r"""
 #include <torch/extension.h>
 #include <omp.h>
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -288,6 +289,58 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& w, const c10::optional<at
   if (gelu) at::gelu_(y, gelu == 1 ? "tanh" : "none");
   return y;
 }
+
+// Attention of one new position per row over its slot's keys, for decoding: q (B, H, 1, D),
+// k and v (B, H, S, D) views of the KV cache (each key's D values contiguous, keys D apart),
+// float32; returns softmax(q k^T / sqrt(D)) v as a new (B, H, 1, D) tensor, or an undefined
+// tensor where this does not apply. torch's fused attention is built for long queries: for
+// one, in the decode loop, it cost ~0.5 ms a token more than this over 12 layers (measured).
+// Scores eight keys at a time (the dot products above), softmax by torch (vectorised exp),
+// then each (row, head) sums its values.
+at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  const auto ok = [](const at::Tensor& t) {
+    return t.device().is_cpu() && t.layout() == at::kStrided && t.scalar_type() == at::kFloat && t.dim() == 4 && t.stride(3) == 1;
+  };
+  if (!ok(q) || !ok(k) || !ok(v) || q.size(2) != 1 || k.sizes() != v.sizes()) return {};
+  const int64_t B = q.size(0), H = q.size(1), D = q.size(3), S = k.size(2);
+  if (k.size(0) != B || k.size(1) != H || k.size(3) != D || S == 0 || D == 0 || k.stride(2) != D || v.stride(2) != D) return {};
+  if (at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad())) return {};
+  const float* qp = q.data_ptr<float>();
+  const float* kp = k.data_ptr<float>();
+  const float* vp = v.data_ptr<float>();
+  const float scale = 1.f / std::sqrt((float)D);
+  const int threads = (int)std::min<int64_t>(std::max(1, at::get_num_threads()), B * H);
+  at::Tensor scores = at::empty({B * H, S}, q.options());
+  float* sp = scores.data_ptr<float>();
+  #pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t bh = 0; bh < B * H; ++bh) {
+    const int64_t b = bh / H, h = bh % H;
+    const float* qi = qp + b * q.stride(0) + h * q.stride(1);
+    const float* ki = kp + b * k.stride(0) + h * k.stride(1);
+    float* si = sp + bh * S;
+    int64_t j = 0;
+    for (; j + 8 <= S; j += 8) dot_tile<1, 8>(qi, ki + j * D, D, si + j);
+    for (; j < S; ++j) dot_tile<1, 1>(qi, ki + j * D, D, si + j);
+    for (j = 0; j < S; ++j) si[j] *= scale;
+  }
+  const at::Tensor p = at::_softmax(scores, 1, false);  // (B * H, S)
+  const float* pp = p.data_ptr<float>();
+  at::Tensor out = at::empty({B, H, 1, D}, q.options());
+  float* op = out.data_ptr<float>();
+  #pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t bh = 0; bh < B * H; ++bh) {
+    const float* vi = vp + (bh / H) * v.stride(0) + (bh % H) * v.stride(1);
+    const float* pi = pp + bh * S;
+    float* o = op + bh * D;
+    std::fill(o, o + D, 0.f);
+    for (int64_t j = 0; j < S; ++j) {
+      const float w = pi[j], *vj = vi + j * D;
+      #pragma omp simd
+      for (int64_t d = 0; d < D; ++d) o[d] += w * vj[d];
+    }
+  }
+  return out;
+}
 """
 
 # -march=native: AVX2 and FMA where the machine has them (the loops above are written for the
@@ -392,7 +445,7 @@ def _build(directory: Path, library: Path) -> ModuleType:
         module = load_inline(
             name=directory.name,
             cpp_sources=_SOURCE,
-            functions=["gemv"],
+            functions=["gemv", "attend"],
             extra_cflags=list(_CFLAGS),  # copies: torch appends to the lists it is given
             extra_ldflags=list(_LDFLAGS),
             build_directory=str(work),
@@ -483,6 +536,14 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gelu:
     if module is None or code < 0:
         return None
     return module.gemv(x, weight, bias, code, scale)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
+    """softmax(q k^T / sqrt(d)) v for one new position per row, decoding on the CPU: q (B, H, 1, d),
+    k and v (B, H, S, d) float32, each key's d values contiguous (views of the KV cache).
+    None where the kernel can't serve (other dtypes or layouts, a gradient wanted, no compiler)."""
+    module = _module if _module is not None else _extension()
+    return None if module is None else module.attend(q, k, v)
 
 
 def main() -> int:
