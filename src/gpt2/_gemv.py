@@ -1,8 +1,11 @@
-"""A matrix-vector kernel for decoding on the CPU: y = x @ weight + bias (then GELU) for <= 16 rows.
+"""Kernels for decoding on the CPU: y = x @ weight + bias (then GELU) for <= 16 rows (`gemv`),
+and attention of one new position per row over the KV cache (`attend`).
 
 Batch-1 decoding reads every weight once per token, so its speed is set by how fast the
-weights stream from memory, not by arithmetic. This kernel has each thread read one
-contiguous slice of the weight front to back, the access pattern that memory serves fastest.
+weights stream from memory, not by arithmetic. The matrix-vector kernel has each thread read
+one contiguous slice of the weight front to back, the access pattern that memory serves
+fastest, and reads bfloat16, float16 and int8 weights as they are stored. torch's attention,
+built for long queries, costs more than this one for a single query per row.
 
 It is a small C++ extension, compiled once (about 50 s on 2 cores; `make demo` and `make test`
 compile it at set-up with `python -m gpt2._gemv`) by torch.utils.cpp_extension.load_inline,
