@@ -191,6 +191,19 @@ def test_attend_matches_float64_over_a_kv_cache(kernel, B, S):
     assert rel_err(y, attention_float64(q, k, v)) < 1e-5
 
 
+def test_attend_rows_of_different_lengths_see_their_own_keys(kernel):
+    g = torch.Generator().manual_seed(5)
+    keys, values = torch.randn(4, 3, 64, 16, generator=g), torch.randn(4, 3, 64, 16, generator=g)
+    q = torch.randn(4, 3, 1, 16, generator=g)
+    seen = torch.tensor([1, 9, 30, 17])
+    y = _gemv.attend(q, keys[:, :, :30], values[:, :, :30], seen)
+    assert y is not None
+    for b, n in enumerate(seen.tolist()):  # each row alone, over its own first n keys
+        assert rel_err(y[b], attention_float64(q[b : b + 1], keys[b : b + 1, :, :n], values[b : b + 1, :, :n])[0]) < 1e-5
+    for bad in (torch.tensor([1, 9, 31, 17]), torch.tensor([0, 9, 30, 17]), torch.tensor([1, 9, 30]), seen.int(), seen.double()):
+        assert _gemv.attend(q, keys[:, :, :30], values[:, :, :30], bad) is None  # out of 1..S, or not (B,) int64
+
+
 def test_attend_refuses_what_it_does_not_serve(kernel):
     g = torch.Generator().manual_seed(4)
     q, k, v = torch.randn(1, 2, 1, 8, generator=g), torch.randn(1, 2, 5, 8, generator=g), torch.randn(1, 2, 5, 8, generator=g)

@@ -156,13 +156,14 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        mask = None  # None: plain causal attention over exactly these T positions
+        mask = counts = None  # None: plain causal attention over exactly these T positions
         if cache is not None:
             k, v = cache.update(layer, k, v)  # (B, H, S, C/H): the past and these T positions
-            mask = cache.mask
+            mask, counts = cache.mask, cache.key_counts  # counts: the keys each row sees, where lengths differ
         y = None
-        if self.use_sdpa and T == 1 and mask is None and x.device.type == "cpu" and not (self.training and self.dropout):
-            y = attend(q, k, v)  # decoding on the CPU: our kernel, ~2x torch's here (None where it can't serve)
+        one_query = T == 1 and (mask is None or counts is not None) and x.device.type == "cpu"
+        if self.use_sdpa and one_query and not (self.training and self.dropout):
+            y = attend(q, k, v, counts)  # decoding: our kernel, ~2x torch's attention here (None where it can't serve)
         if y is None and self.use_sdpa:
             dropout = self.dropout if self.training else 0.0
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=mask is None and T > 1)
@@ -211,6 +212,7 @@ class KVCache:
         # the mask of what they see (None: plain causal attention)
         self.positions: torch.Tensor | None = None
         self.mask: torch.Tensor | None = None
+        self.key_counts: torch.Tensor | None = None  # (B,) keys each row sees, where the mask is by length
         self._slot: int | None = None  # the slot a prompt is prefilled into; None while decoding
         self._rows = self._columns = None  # (B,) each: where decoding writes its new keys
         self._seen = 0  # key positions a decoding step attends to: the longest row's, and the new one
@@ -224,7 +226,7 @@ class KVCache:
         if T > self.max_len:
             raise ContextLengthError(f"the KV cache holds {self.max_len} positions; a prompt of {T} does not fit")
         self._slot, self.lengths[slot] = slot, T
-        self.positions, self.mask = torch.arange(T, device=self.device), None
+        self.positions, self.mask, self.key_counts = torch.arange(T, device=self.device), None, None
 
     def advance(self, B: int) -> list[int]:
         """Count one position more in each of slots 0..B-1; returns the new positions (their lengths before)."""
@@ -247,6 +249,7 @@ class KVCache:
         same = min(lengths) == max(lengths)
         key = torch.arange(self._seen, device=self.device)
         self.mask = None if same else (key[None, :] <= self._columns[:, None])[:, None, None, :]  # (B, 1, 1, S)
+        self.key_counts = None if same else self._columns + 1
 
     def begin_fixed_decode(self, positions: torch.Tensor) -> None:
         """Prepare a decoding step whose shapes never change (for CUDA graphs): slot b adds the
@@ -256,7 +259,7 @@ class KVCache:
         self._slot, self.positions, self._seen = None, positions, self.max_len
         self._rows, self._columns = torch.arange(positions.size(0), device=self.device), positions[:, 0]
         key = torch.arange(self.max_len, device=self.device)
-        self.mask = (key[None, :] <= positions)[:, None, None, :]  # (B, 1, 1, max_len)
+        self.mask, self.key_counts = (key[None, :] <= positions)[:, None, None, :], None  # (B, 1, 1, max_len)
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store the new positions' keys and values (B, H, T, C/H); return those to attend to."""
