@@ -248,8 +248,8 @@ class KVCache:
         # rows of one length see all the keys; otherwise each sees its own positions only
         same = min(lengths) == max(lengths)
         key = torch.arange(self._seen, device=self.device)
-        self.mask = None if same else (key[None, :] <= self._columns[:, None])[:, None, None, :]  # (B, 1, 1, S)
-        self.key_counts = None if same else self._columns + 1
+        self.key_counts = None if same else self._columns + 1  # (B,): each row's keys, itself included
+        self.mask = None if same else (key[None, :] < self.key_counts[:, None])[:, None, None, :]  # (B, 1, 1, S)
 
     def begin_fixed_decode(self, positions: torch.Tensor) -> None:
         """Prepare a decoding step whose shapes never change (for CUDA graphs): slot b adds the
@@ -644,8 +644,8 @@ class TorchEngine:
         return self._fill(slot, self.history[slot][-self.max_len :], every_position)
 
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
-        B = tokens.size(0)
-        for b, token in enumerate(tokens.tolist()):
+        B, new = tokens.size(0), tokens.tolist()
+        for b, token in enumerate(new):
             self.history[b].append(token)
         if not self.use_cache:
             return torch.stack([self._fill(b, self.history[b][-self.max_len :]) for b in range(B)])
@@ -653,7 +653,7 @@ class TorchEngine:
             if self.cache.lengths[b] == self.max_len:  # the context slides: recompute the window before the new token
                 self._fill(b, self.history[b][-self.max_len : -1])
         if self.graphs is not None:
-            return self.graphs.decode(tokens.tolist(), self.cache.advance(B))
+            return self.graphs.decode(new, self.cache.advance(B))
         self.cache.begin_decode(B)
         return self.model.unembed(self.model.trunk(tokens[:, None].to(self.model.device), self.cache)[:, -1])  # (B, V)
 
