@@ -43,3 +43,27 @@ def test_unknown_preset_lists_the_names():
 def test_hf_config_round_trip():
     config = GPT2Config(n_vocab=1000, n_ctx=64, n_embd=32, n_head=4, n_layer=2, positions="sinusoidal", activation="gelu", bias=False)
     assert GPT2Config.from_hf_dict(config.to_hf_dict()) == config
+
+
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("n_positions", -1, "config.json: n_positions must be a positive integer, got -1"),
+        ("n_positions", "1024", "config.json: n_positions must be a positive integer, got '1024'"),
+        ("vocab_size", 0, "config.json: vocab_size must be a positive integer, got 0"),
+        ("resid_pdrop", 1.5, "config.json: resid_pdrop must be in \\[0, 1\\)"),
+        ("n_layer", 0, "config.json: n_layer must be a positive integer, got 0"),
+        ("gpt2_positions", "rotary", "config.json: gpt2_positions must be one of learned, sinusoidal"),
+    ],
+)
+def test_a_bad_hf_config_names_its_own_key(key, value, message):
+    """config.json's keys are Hugging Face's: an error names the key the user finds in the file."""
+    hf = {**GPT2Config(n_vocab=100, n_ctx=16, n_embd=8, n_head=2, n_layer=1).to_hf_dict(), key: value}
+    with pytest.raises(ConfigError, match=message):
+        GPT2Config.from_hf_dict(hf)
+
+
+def test_an_old_config_with_n_ctx_alone_names_n_ctx():
+    hf = {"model_type": "gpt2", "n_ctx": 0}
+    with pytest.raises(ConfigError, match="config.json: n_ctx must be a positive integer, got 0"):
+        GPT2Config.from_hf_dict(hf)

@@ -138,21 +138,27 @@ class GPT2Config:
             raise ConfigError(f"{source}: n_inner is {hf['n_inner']}, but GPT-2's MLP is 4 * n_embd = {4 * n_embd}")
         if hf.get("scale_attn_by_inverse_layer_idx") or hf.get("scale_attn_weights") is False:
             raise ConfigError(f"{source}: only GPT-2's 1/sqrt(head size) attention scaling is supported")
+        # our field: (the key that holds it in this file, its value); an error names the file's key
+        fields = {
+            "n_vocab": ("vocab_size", hf.get("vocab_size", 50257)),
+            "n_ctx": ("n_positions", hf["n_positions"]) if "n_positions" in hf else ("n_ctx", hf.get("n_ctx", 1024)),
+            "n_embd": ("n_embd", n_embd),
+            "n_head": ("n_head", hf.get("n_head", 12)),
+            "n_layer": ("n_layer", hf.get("n_layer", 12)),
+            "dropout": ("resid_pdrop", hf.get("resid_pdrop", 0.1)),
+            "layer_norm_epsilon": ("layer_norm_epsilon", hf.get("layer_norm_epsilon", 1e-5)),
+            "positions": ("gpt2_positions", hf.get("gpt2_positions", "learned")),
+            "bias": ("gpt2_bias", hf.get("gpt2_bias", True)),
+        }
         try:
-            return cls(
-                n_vocab=hf.get("vocab_size", 50257),
-                n_ctx=hf.get("n_positions", hf.get("n_ctx", 1024)),
-                n_embd=n_embd,
-                n_head=hf.get("n_head", 12),
-                n_layer=hf.get("n_layer", 12),
-                dropout=hf.get("resid_pdrop", 0.1),
-                layer_norm_epsilon=hf.get("layer_norm_epsilon", 1e-5),
-                positions=hf.get("gpt2_positions", "learned"),
-                activation=_HF_ACTIVATIONS[activation],
-                bias=hf.get("gpt2_bias", True),
-            )
+            config = cls(activation=_HF_ACTIVATIONS[activation], **{name: value for name, (_, value) in fields.items()})
         except ConfigError as e:
-            raise ConfigError(f"{source}: {e}") from None
+            message = str(e)
+            for name, (key, _) in fields.items():  # GPT2Config's checks begin "n_ctx must ...": name the file's key
+                if message.startswith(f"{name} must"):
+                    message = key + message[len(name) :]
+            raise ConfigError(f"{source}: {message}") from None
+        return config
 
     @classmethod
     def from_openai_hparams(cls, hparams: dict[str, Any], source: str = "hparams.json") -> GPT2Config:
