@@ -25,6 +25,7 @@ from pathlib import Path
 
 from gpt2._checks import is_integer, positive_int
 from gpt2._files import atomic_path, check_file, read_text
+from gpt2._hub import hub_file
 from gpt2.errors import DataError, InvalidArgumentError
 
 LAMBADA_URL = "https://openaipublic.blob.core.windows.net/gpt-2/data/lambada_test.jsonl"
@@ -202,10 +203,7 @@ def _download(url: str, path: Path, task: str, progress: bool) -> None:
 
 def _hub_file() -> Path:
     try:
-        from huggingface_hub import hf_hub_download
-
-        return Path(hf_hub_download(WIKITEXT_REPO, WIKITEXT_FILE, repo_type="dataset"))
-    except Exception as e:  # network, offline mode, missing cache: all end the same way
-        reason = str(e).strip().splitlines()[0].rstrip(".") if str(e).strip() else type(e).__name__
-        raise DataError(f"could not download wikitext2 from the Hugging Face hub ({WIKITEXT_REPO}): {reason}; "
+        return hub_file(WIKITEXT_REPO, WIKITEXT_FILE, repo_type="dataset")
+    except OSError as e:  # offline, unreachable, not found: all end the same way
+        raise DataError(f"could not download wikitext2 from the Hugging Face hub ({WIKITEXT_REPO}): {e}; "
                         f"{_offline_hint('wikitext2')} (wiki.test.raw, or the hub's parquet file)") from None  # fmt: skip

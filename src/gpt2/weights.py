@@ -27,6 +27,7 @@ from typing import Any, Literal
 import numpy as np
 
 from gpt2._files import read_json_object
+from gpt2._hub import hub_file
 from gpt2.config import PRESETS, GPT2Config
 from gpt2.errors import CheckpointError, CheckpointNotFoundError, ConfigError, InputTypeError, UnknownModelError
 from gpt2.tokenizer import CharTokenizer, Tokenizer, load_tokenizer
@@ -118,19 +119,15 @@ def locate(name_or_path: str | os.PathLike) -> Checkpoint:
 
 
 def download(name: str) -> Path:
-    """Download a released model's config.json and model.safetensors from the Hugging Face hub.
-
-    Files land in the hub's standard cache (HF_HOME), so later calls read them from disk.
-    """
+    """A released model's directory (config.json and model.safetensors), from the Hugging Face
+    hub's cache (HF_HOME), downloaded there once."""
     repo = HUB_REPOS[name]
     try:
-        from huggingface_hub import snapshot_download
-
-        return Path(snapshot_download(repo, allow_patterns=["config.json", "model.safetensors"]))
-    except Exception as e:  # network, offline mode, missing cache: all end the same way
-        reason = str(e).strip().splitlines()[0].rstrip(".") if str(e).strip() else type(e).__name__
+        hub_file(repo, "config.json")
+        return hub_file(repo, "model.safetensors").parent  # the two files of one snapshot directory
+    except OSError as e:  # offline, unreachable, not found: all end the same way
         raise CheckpointNotFoundError(
-            f"could not download {name!r} from the Hugging Face hub ({repo}): {reason}. "
+            f"could not download {name!r} from the Hugging Face hub ({repo}): {e}. "
             f"Without a network, pass a local directory instead: a Hugging Face one "
             f"(config.json + model.safetensors) or OpenAI's release (hparams.json + model.ckpt.*)"
         ) from None
