@@ -245,6 +245,14 @@ def test_hellaswag_equals_transformers_scored_as_llm_c_does(leaning, tmp_path, t
     assert right != right_norm  # the two measures differ here, so each is checked
 
 
+def test_hellaswags_progress_bar_counts_examples_not_endings(leaning, tmp_path, capsys):
+    path = tmp_path / "hellaswag_val.jsonl"
+    path.write_text("".join(json.dumps(e) + "\n" for e in HELLASWAG), encoding="utf-8")
+    hellaswag(leaning[1], read_hellaswag(path), batch_size=3, progress=True)
+    bar = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
+    assert bar.startswith("hellaswag: 100%") and " 5/5 " in bar and "example" in bar  # 5 examples of 4 endings each
+
+
 def test_scores_are_the_same_in_any_batch_and_order(hf_and_ours):
     hf, ours = hf_and_ours
     g = torch.Generator().manual_seed(4)

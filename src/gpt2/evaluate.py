@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -282,10 +283,13 @@ class Score:
 
 
 def score_continuations(model: GPT2, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], *,
-                        batch_size: int = DEFAULT_BATCH_SIZE, progress: bool = False, desc: str = "scoring") -> list[Score]:  # fmt: skip
+                        batch_size: int = DEFAULT_BATCH_SIZE, progress: bool = False, desc: str = "scoring",
+                        example_of: Sequence[int] | None = None) -> list[Score]:  # fmt: skip
     """Score each (context ids, continuation ids): the continuation's log-probability given the
     context. A pair longer than the model's context keeps its last n_ctx ids (lm-evaluation-harness
-    does the same). Pairs run longest first, `batch_size` at a time, padded on the right."""
+    does the same). Pairs run longest first, `batch_size` at a time, padded on the right.
+    The progress bar counts examples, each done once all its pairs are: `example_of[i]` is pair
+    i's example (default: each pair is one)."""
     batch_size = positive_int("batch_size (--batch-size)", batch_size)
     n_ctx = model.config.n_ctx
     for i, (context, continuation) in enumerate(pairs):
@@ -295,7 +299,8 @@ def score_continuations(model: GPT2, pairs: Sequence[tuple[Sequence[int], Sequen
                         f" in pair {i}", "this model's ")  # fmt: skip
     order = sorted(range(len(pairs)), key=lambda i: -(len(pairs[i][0]) + len(pairs[i][1])))
     scores: list[Score | None] = [None] * len(pairs)
-    with _inference(model), tqdm(total=len(pairs), desc=desc, disable=not progress, dynamic_ncols=True) as bar:
+    unscored = Counter(range(len(pairs)) if example_of is None else example_of)  # example -> its pairs not yet scored
+    with _inference(model), tqdm(total=len(unscored), desc=desc, unit="example", disable=not progress, dynamic_ncols=True) as bar:
         for first in range(0, len(order), batch_size):
             rows = order[first : first + batch_size]
             sequences = [list(pairs[i][0]) + list(pairs[i][1]) for i in rows]
@@ -313,7 +318,9 @@ def score_continuations(model: GPT2, pairs: Sequence[tuple[Sequence[int], Sequen
             for i, n in zip(rows, lengths):  # the kept targets come row by row
                 scores[i] = Score(float(log_probs[start : start + n].sum()), n, bool(greedy[start : start + n].all()))
                 start += n
-            bar.update(len(rows))
+                example = i if example_of is None else example_of[i]
+                unscored[example] -= 1
+                bar.update(unscored[example] == 0)
     return scores
 
 
@@ -346,11 +353,12 @@ def hellaswag(model: GPT2, examples: Sequence[Choice], tokenizer: Tokenizer | Ch
     """HellaSwag in llm.c's completion style: each ending, " " + ending, is scored after the
     context's ids; acc picks the ending of least total loss, acc_norm the least loss per id."""
     tokenizer = _model_tokenizer(model, tokenizer)
-    pairs = []
-    for example in examples:
+    pairs, example_of = [], []
+    for number, example in enumerate(examples):
         context = tokenizer.encode(example.context)
         pairs += [(context, tokenizer.encode(" " + ending)) for ending in example.endings]
-    scores = score_continuations(model, pairs, batch_size=batch_size, progress=progress, desc="hellaswag")
+        example_of += [number] * len(example.endings)
+    scores = score_continuations(model, pairs, batch_size=batch_size, progress=progress, desc="hellaswag", example_of=example_of)
     right = right_norm = 0
     start = 0
     for example in examples:
