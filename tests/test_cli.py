@@ -463,3 +463,20 @@ def test_eval_bad_input_is_one_line_and_exit_2(capsys, model_dir, tmp_path, text
     code, out, err = run(capsys, "eval", *args, "--model", model_dir, "--no-progress")
     assert (code, out) == (2, "")
     assert err.startswith("gpt2: error: ") and err.count("\n") == 1 and message in err
+
+
+@pytest.mark.parametrize("command", [["generate", "Hi", "--max-new-tokens", "2"], ["eval", "FILE"], ["train", "--out", "OUT"]])
+def test_threads_sets_torchs_thread_count(command, capsys, tmp_path, monkeypatch):
+    """--threads N: on a busy machine, fewer threads than cores (torch's threads wait for each other)."""
+    import torch
+
+    make_hf_model(vocab_size=50257, n_positions=16, n_embd=16, n_layer=1, n_head=2).save_pretrained(tmp_path / "m")
+    (tmp_path / "text.txt").write_text("Some text to score, long enough to have a few windows of ids.")
+    argv = [{"FILE": str(tmp_path / "text.txt"), "OUT": str(tmp_path / "out")}.get(a, a) for a in command]
+    chosen = []
+    monkeypatch.setattr(torch, "set_num_threads", chosen.append)  # the test's own threads stay as they are
+    code = main([*argv, "--threads", "1"] + (["--model", str(tmp_path / "m")] if command[0] != "train" else []))
+    assert chosen == [1]
+    assert code == (2 if command[0] == "train" else 0)  # train: no --data, but the threads were set first
+    assert main([*argv, "--threads", "0"]) == 2
+    assert "gpt2: error: threads (--threads) must be a positive integer, got 0" in capsys.readouterr().err

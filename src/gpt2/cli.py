@@ -242,7 +242,7 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
 def _cmd_train(args: argparse.Namespace) -> int:
     from gpt2.train import train
 
-    options = {k: v for k, v in vars(args).items() if k not in ("command", "func", "out", "resume", "overwrite", "progress")}
+    options = {k: v for k, v in vars(args).items() if k not in ("command", "func", "out", "resume", "overwrite", "progress", "threads")}
     result = train(args.out, resume=args.resume, overwrite=args.overwrite, progress=args.progress, **options)
     if result.rank != 0:  # under torchrun, rank 0 reports
         return 130 if result.interrupted else 0
@@ -358,11 +358,18 @@ split). Each is downloaded once and cached, or read from --data.
 
 
 def _add_inference_device_flags(parser: argparse.ArgumentParser) -> None:
-    """--device and --dtype of the commands that run a model (generate, eval)."""
+    """--device, --dtype and --threads of the commands that run a model (generate, eval, serve)."""
     parser.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda or cuda:N (default: auto)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "int8"],
                         help="the weights' precision; on the CPU the lower ones are weight-only, the arithmetic float32, "
                         "and int8 is the CPU's alone (default: float32)")  # fmt: skip
+    _add_threads_flag(parser)
+
+
+def _add_threads_flag(parser) -> None:
+    parser.add_argument("--threads", type=_whole_number, metavar="N",
+                        help="CPU threads for torch (default: one per core, or $OMP_NUM_THREADS); on a busy machine, "
+                        "fewer than the cores run faster")  # fmt: skip
 
 
 def _add_cuda_graphs_flag(parser: argparse.ArgumentParser) -> None:
@@ -478,6 +485,7 @@ def _add_train_parser(commands) -> None:
     run.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"],
                      help="compute dtype (default: auto: bfloat16 on CUDA, float16 on older GPUs, float32 elsewhere)")  # fmt: skip
     run.add_argument("--compile", choices=["auto", "on", "off"], help="torch.compile the model (default: auto: on CUDA only)")
+    _add_threads_flag(run)
     run.add_argument("--sample-prompt", metavar="TEXT", help="print a continuation of TEXT at each evaluation")
     run.add_argument("--no-progress", dest="progress", action="store_false", default=True, help="no progress bar")
     procs = train.add_argument_group("several processes (start with torchrun --nproc_per_node N -m gpt2 train ...)")
@@ -563,6 +571,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         args, unknown = parser.parse_known_args(argv)
         if unknown:  # argparse would point to `gpt2 --help`; the flags are the sub-command's
             raise _UsageError(f"unrecognized arguments: {' '.join(unknown)} (see 'gpt2 {args.command} --help')")
+        if getattr(args, "threads", None) is not None:
+            from gpt2.devices import set_threads
+
+            set_threads(args.threads)
         return args.func(args)
     except (_UsageError, GPT2Error) as e:
         # under torchrun every process meets the same bad input: rank 0 says it; each says what it alone saw

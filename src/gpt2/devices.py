@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from gpt2._checks import positive_int
 from gpt2.errors import InvalidArgumentError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -148,6 +149,13 @@ def training_precision(device: torch.device, dtype: str = "auto") -> Precision:
     if compute == torch.float16 and device.type == "cpu":
         raise InvalidArgumentError("dtype 'float16' trains on GPUs only (CPU autocast computes in bfloat16): use float32 or bfloat16")
     return Precision(device, compute)
+
+
+def set_threads(threads: int) -> None:
+    """Run torch's CPU work on `threads` threads (torch's default: one per core, or OMP_NUM_THREADS).
+    On a machine where other programs are busy, fewer threads than cores run faster: torch's
+    threads wait for each other at every operation, and one that lost its core holds up all."""
+    torch.set_num_threads(positive_int("threads (--threads)", threads))
 
 
 def enable_tf32() -> None:
