@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import warnings
+
 import pytest
 import torch
 
-from gpt2 import InvalidArgumentError
+from gpt2 import InvalidArgumentError, MemoryLimitError
 from gpt2 import devices
 from gpt2.devices import WeightFormat, process_device, resolve_device, resolve_dtype, training_precision, weight_format
 
@@ -85,3 +88,34 @@ def test_each_process_takes_the_gpu_of_its_local_rank():
         process_device("cuda:0", 0)
     with pytest.raises(InvalidArgumentError, match=f"local rank {torch.cuda.device_count()} has no GPU"):
         process_device("cuda", torch.cuda.device_count())
+
+
+def test_available_memory_is_the_kernels_figure():
+    cpu = torch.device("cpu")
+    available = devices.available_memory(cpu)
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert 0 < available <= total
+    meminfo = dict(line.split(":", 1) for line in open("/proc/meminfo"))
+    assert abs(available - int(meminfo["MemAvailable"].split()[0]) * 1024) < 0.05 * total  # read a moment apart
+
+
+def test_what_cannot_fit_is_refused_and_what_might_not_warns(monkeypatch):
+    """The rule: up to the memory available, silent; up to FITS_MARGIN (1.25) times it, a warning; beyond, refused."""
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(devices, "available_memory", lambda device: 8_000_000_000)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        devices.check_fits(8_000_000_000, cpu, "training", "lower --batch-size")  # all of it: fits
+    with pytest.warns(devices.MemoryWarning, match="training needs about 9.6 GB of memory, but the CPU has 8.0 GB "
+                                                   "available, so it may not fit: lower --batch-size"):  # fmt: skip
+        devices.check_fits(9_600_000_000, cpu, "training", "lower --batch-size")
+    with pytest.raises(MemoryLimitError, match="training needs about 10.1 GB of memory, but the CPU has 8.0 GB available: "
+                                               "lower --batch-size"):  # fmt: skip
+        devices.check_fits(10_100_000_000, cpu, "training", "lower --batch-size")
+    monkeypatch.setattr(devices, "available_memory", lambda device: None)  # unknown (MPS): nothing said
+    devices.check_fits(10**15, cpu, "training", "lower --batch-size")
+
+
+def test_bytes_read_as_people_read_them():
+    assert [devices.format_bytes(n) for n in (512_000, 35_000_000, 1_234_000_000, 412_300_000_000_000)] == [
+        "512 kB", "35.0 MB", "1.2 GB", "412.3 TB"]  # fmt: skip

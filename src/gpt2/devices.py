@@ -15,12 +15,13 @@
 from __future__ import annotations
 
 import contextlib
+import warnings
 from dataclasses import dataclass
 
 import torch
 
 from gpt2._checks import positive_int
-from gpt2.errors import InvalidArgumentError
+from gpt2.errors import InvalidArgumentError, MemoryLimitError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEVICES = "'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'"
@@ -149,6 +150,51 @@ def training_precision(device: torch.device, dtype: str = "auto") -> Precision:
     if compute == torch.float16 and device.type == "cpu":
         raise InvalidArgumentError("dtype 'float16' trains on GPUs only (CPU autocast computes in bfloat16): use float32 or bfloat16")
     return Precision(device, compute)
+
+
+# An estimate over the memory available by up to this factor warns (estimates are rough: the
+# allocator, the libraries, a page cache that gives way); beyond it, the size is refused.
+FITS_MARGIN = 1.25
+
+
+class MemoryWarning(UserWarning):
+    """A size whose estimated memory is a little over what the device has available."""
+
+
+def available_memory(device: torch.device) -> int | None:
+    """Bytes the device can still give: a GPU's free memory, the CPU's MemAvailable (Linux's
+    estimate of what new allocations can take without swapping); None where unknown."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    if device.type != "cpu":
+        return None
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
+def check_fits(needed: int, device: torch.device, what: str, hint: str) -> None:
+    """Refuse (MemoryLimitError) what needs more than FITS_MARGIN times the memory `device` has
+    available, warn (MemoryWarning) above 1x. `what` names what needs it ("training"), `hint` the
+    setting to change."""
+    available = available_memory(device)
+    if available is None or needed <= available:
+        return
+    where = "the CPU" if device.type == "cpu" else str(device)
+    message = f"{what} needs about {format_bytes(needed)} of memory, but {where} has {format_bytes(available)} available"
+    if needed > FITS_MARGIN * available:
+        raise MemoryLimitError(f"{message}: {hint}")
+    warnings.warn(f"{message}, so it may not fit: {hint}", MemoryWarning, stacklevel=2)
+
+
+def format_bytes(n: float) -> str:
+    """1.2 GB, 35.0 MB, 512 kB: decimal units, as disks and memory are sold."""
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
+        if n >= size:
+            return f"{n / size:,.1f} {unit}"
+    return f"{n / 1e3:.0f} kB"
 
 
 def set_threads(threads: int) -> None:

@@ -60,3 +60,7 @@ class DataError(GPT2Error, ValueError):
 
 class DistributedError(GPT2Error, RuntimeError):
     """Training on several processes failed: a bad launch, or a process that died or stopped answering."""
+
+
+class MemoryLimitError(GPT2Error, MemoryError):
+    """A size that cannot fit the device's memory (a batch, a KV cache), refused before anything is allocated."""
