@@ -133,6 +133,18 @@ def test_generate_streams_prompt_and_continuation(capsys, model_dir):
     assert out == "Once" + expected_text(model_dir, "Once", max_new_tokens=10, seed=4, top_k=40, temperature=0.8) + "\n"
 
 
+def test_generate_reads_end_of_text_in_a_prompt_as_the_special_token_unless_told(capsys, model_dir):
+    """As OpenAI's API and gpt2 serve read it (tests/test_serve.py checks that the two agree)."""
+    prompt = "The end.<|endoftext|>A new story"
+    argv = ["generate", prompt, "--model", model_dir, "--max-new-tokens", "10", "--temperature", "0", "--no-stream"]
+    special = expected_text(model_dir, prompt, max_new_tokens=10, temperature=0, allowed_special={"<|endoftext|>"})
+    as_text = expected_text(model_dir, prompt, max_new_tokens=10, temperature=0, allowed_special=frozenset())
+    assert special != as_text
+    assert run(capsys, *argv)[1] == special + "\n"
+    assert run(capsys, *argv, "--special-as-text")[1] == as_text + "\n"
+    assert run(capsys, *argv[:-1], "--engine", "numpy")[1] == prompt + special + "\n"
+
+
 def test_generate_numpy_engine_agrees(capsys, model_dir):
     argv = ["generate", "Hello", "--model", model_dir, "--max-new-tokens", "6", "--temperature", "0", "--no-stream"]
     torch_out = run(capsys, *argv)[1]

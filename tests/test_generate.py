@@ -244,6 +244,27 @@ def test_empty_prompt_starts_from_end_of_text(small):
     assert text != ""
 
 
+def test_end_of_text_written_in_a_prompt_is_the_special_token_unless_read_as_text(small):
+    """allowed_special="all" by default, as OpenAI's API, gpt2 generate and gpt2 serve; frozenset() reads its characters."""
+    hf, model = small
+    prompt = "The end.<|endoftext|>A new story"
+    special = ENC.encode("The end.") + [50256] + ENC.encode("A new story")
+    as_text = ENC.encode(prompt)
+    assert 50256 not in as_text
+
+    def transformers_greedy(ids):
+        new = hf_greedy(hf, torch.tensor([ids]), 10)[0, len(ids) :].tolist()
+        return ENC.decode(new[: new.index(50256)] if 50256 in new else new)
+
+    greedy = dict(max_new_tokens=10, temperature=0)
+    assert generate_text(model, ENC, prompt, **greedy)[0] == transformers_greedy(special)
+    assert generate_text(model, ENC, prompt, **greedy, allowed_special="all")[0] == transformers_greedy(special)
+    read_as_text = "".join(stream_text(model, ENC, prompt, **greedy, allowed_special=frozenset()))
+    assert read_as_text == transformers_greedy(as_text) != transformers_greedy(special)
+    with pytest.raises(InvalidArgumentError, match="allowed_special must be a set of special tokens or 'all'"):
+        TextGeneration(model, ENC, prompt, allowed_special="none")
+
+
 def test_eos_token_id_fills_ended_rows(small):
     _, model = small
     idx = torch.tensor([[464, 3290], [15496, 11]])

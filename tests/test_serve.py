@@ -19,13 +19,14 @@ import pytest
 import torch
 import uvicorn
 
-from helpers import REPO, make_hf_model
+from helpers import REPO, heed_ctrl_c, make_hf_model
 from gpt2 import Tokenizer
 from gpt2.cli import main
 from gpt2.decoding import row_seed
 from gpt2.generate import generate_text
 from gpt2.model import GPT2
 from gpt2.serve import Limits, create_app, listen
+from gpt2.tokenizer import CharTokenizer
 
 ENC = Tokenizer.gpt2()
 N_CTX = 128
@@ -34,8 +35,8 @@ N_CTX = 128
 class Running:
     """A server on a free local port, in a thread of this process."""
 
-    def __init__(self, load, model_id="tiny", limits=Limits(), wait=True):
-        self.app = create_app(load, model_id, limits)
+    def __init__(self, load, model_id="tiny", limits=Limits(), wait=True, **options):
+        self.app = create_app(load, model_id, limits, **options)
         sock = listen("127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
         self.runner = uvicorn.Server(uvicorn.Config(self.app, log_level="warning"))
@@ -132,6 +133,39 @@ def test_prompts_as_token_ids(models, client):
     response = complete(client, prompt=ids, max_tokens=8, temperature=0)
     assert [c.text for c in response.choices] == [ours(models, ENC.decode(p), max_new_tokens=8, temperature=0)[0] for p in ids]
     assert complete(client, prompt=ids[0], max_tokens=8, temperature=0).choices[0].text == response.choices[0].text
+
+
+SPECIAL_PROMPT = "The end.<|endoftext|>A new story"
+
+
+def gpt2_generate(capsys, models, prompt, *flags):
+    capsys.readouterr()
+    argv = ["generate", prompt, "--model", models[2], "--max-new-tokens", "12", "--temperature", "0", "--no-stream"]
+    assert main([*argv, *flags]) == 0
+    return capsys.readouterr().out.removesuffix("\n")
+
+
+def test_end_of_text_in_a_prompt_is_the_special_token_for_gpt2_generate_and_the_server(models, client, capsys):
+    """One rule, OpenAI's: <|endoftext|> written in a prompt is token 50256, in the CLI as in the server."""
+    served = complete(client, prompt=SPECIAL_PROMPT, max_tokens=12, temperature=0).choices[0].text
+    assert served == gpt2_generate(capsys, models, SPECIAL_PROMPT)
+    special = ENC.encode(SPECIAL_PROMPT, allowed_special="all")
+    assert 50256 in special and served == complete(client, prompt=special, max_tokens=12, temperature=0).choices[0].text
+    as_text = complete(client, prompt=ENC.encode(SPECIAL_PROMPT), max_tokens=12, temperature=0).choices[0].text
+    assert as_text != served  # the two readings continue differently: the test tells them apart
+
+
+def test_special_as_text_reads_end_of_text_as_characters_in_both(models, capsys):
+    running = Running(lambda: (models[1], ENC), allowed_special=frozenset())
+    try:
+        client = running.client()
+        served = complete(client, prompt=SPECIAL_PROMPT, max_tokens=12, temperature=0).choices[0].text
+        assert served == gpt2_generate(capsys, models, SPECIAL_PROMPT, "--special-as-text")
+        assert served == complete(client, prompt=ENC.encode(SPECIAL_PROMPT), max_tokens=12, temperature=0).choices[0].text
+        tokens = httpx.post(running.url + "/tokenize", json={"content": SPECIAL_PROMPT}).json()["tokens"]
+        assert tokens == ENC.encode(SPECIAL_PROMPT) and 50256 not in tokens  # /tokenize reads as a completion does
+    finally:
+        running.stop()
 
 
 def test_stop_strings_end_the_text_and_are_never_streamed(models, client):
@@ -301,6 +335,47 @@ def test_invalid_json_an_oversized_body_and_unknown_routes(server):
     assert response.status_code in (404, 405) and "error" in response.json()
 
 
+def test_chat_completions_answer_that_the_server_speaks_the_completions_api(client):
+    with pytest.raises(openai.NotFoundError, match="speaks OpenAI's completions API.*POST /v1/completions") as caught:
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}])
+    error = caught.value.body
+    assert caught.value.status_code == 404 and error["type"] == "invalid_request_error" and error["param"] is None
+    assert error["code"] == "unknown_url"
+
+
+@pytest.fixture(scope="module")
+def char_server(tmp_path_factory):
+    """A character model ("out-char/", as tab completion writes its directory) whose vocabulary is " " to "`"."""
+    directory = tmp_path_factory.mktemp("out-char")
+    make_hf_model(vocab_size=65, n_positions=32, n_embd=32, n_layer=1, n_head=2).save_pretrained(directory)
+    CharTokenizer([chr(c) for c in range(32, 97)]).save(directory)
+    model = GPT2.from_pretrained(directory, device="cpu")
+    running = Running(lambda: (model, model.tokenizer), model_id="out-char/")
+    yield running
+    running.stop()
+
+
+def test_a_character_a_character_model_lacks_is_a_400_naming_it(char_server):
+    client = char_server.client()
+    with pytest.raises(openai.BadRequestError, match="character '日' at position 4 is not in this 65-character vocab") as caught:
+        client.completions.create(model="out-char", prompt="DEF 日本", max_tokens=3)
+    assert caught.value.body["param"] == "prompt"
+    response = post(char_server, {"prompt": ["DEF", "A é"], "max_tokens": 3})
+    assert response.status_code == 400
+    assert response.json()["error"]["message"].startswith("prompt 1: character 'é' at position 2 ")
+    for field in ("content", "prompt"):
+        response = httpx.post(char_server.url + "/tokenize", json={field: "DEF 日本"})
+        error = response.json()["error"]
+        assert response.status_code == 400 and error["param"] == field and "character '日' at position 4" in error["message"]
+    assert client.completions.create(model="out-char", prompt="DEF ", max_tokens=3).usage.completion_tokens == 3
+
+
+def test_a_directory_given_with_a_trailing_slash_is_served_without_it(char_server):
+    client = char_server.client()
+    assert [m.id for m in client.models.list().data] == ["out-char"] and client.models.retrieve("out-char").id == "out-char"
+    assert client.completions.create(model="out-char", prompt="A", max_tokens=2).model == "out-char"
+
+
 def test_a_full_queue_answers_429_with_retry_after(models):
     running = Running(lambda: (models[1], ENC), limits=Limits(max_batch_size=1, max_queue=2))
     scheduler = running.app.state.server.scheduler
@@ -390,23 +465,31 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_gpt2_serve_stops_cleanly_on_a_signal_ending_requests_in_flight(models, sig):
+def gpt2_serve(*flags: str) -> tuple[subprocess.Popen, str]:
+    """`gpt2 serve` in a process of its own, once its model has loaded; and its URL."""
     port = free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO / "src")}
-    process = subprocess.Popen([sys.executable, "-m", "gpt2", "serve", "--model", models[2], "--port", str(port), "--device", "cpu"],
-                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    argv = [sys.executable, "-m", "gpt2", "serve", "--port", str(port), "--device", "cpu", *flags]
+    process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=heed_ctrl_c)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(url + "/health").status_code == 200:
+                return process, url
+        except httpx.ConnectError:
+            pass
+        if time.monotonic() > deadline or process.poll() is not None:
+            process.kill()
+            raise AssertionError(f"gpt2 serve did not start: {process.communicate()}")
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_gpt2_serve_stops_cleanly_on_a_signal_ending_requests_in_flight(models, sig):
+    process, url = gpt2_serve("--model", models[2])
+    port = int(url.rsplit(":", 1)[1])
     try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(url + "/health").status_code == 200:
-                    break
-            except httpx.ConnectError:
-                pass
-            assert time.monotonic() < deadline and process.poll() is None
-            time.sleep(0.1)
         body = {"model": models[2], "prompt": "A very long answer:", "max_tokens": N_CTX - 10, "stream": True}
         with httpx.stream("POST", url + "/v1/completions", json=body, timeout=30) as response:
             lines = response.iter_lines()
@@ -424,14 +507,83 @@ def test_gpt2_serve_stops_cleanly_on_a_signal_ending_requests_in_flight(models, 
         process.kill()
 
 
+def test_gpt2_serve_special_as_text_and_a_directory_with_a_trailing_slash(models, capsys):
+    """The flag reaches the server: its greedy answer equals gpt2 generate --special-as-text's; the id loses the slash."""
+    process, url = gpt2_serve("--model", models[2] + "/", "--special-as-text")
+    try:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+        assert [m.id for m in client.models.list().data] == [models[2]]
+        served = client.completions.create(model=models[2], prompt=SPECIAL_PROMPT, max_tokens=12, temperature=0).choices[0].text
+        as_text, special = (gpt2_generate(capsys, models, SPECIAL_PROMPT, *flags) for flags in (["--special-as-text"], []))
+        assert served == as_text != special
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=20) == 130
+        assert f"gpt2: serving {models[2]}/ on {url}/v1 (" in process.stderr.read()
+    finally:
+        process.kill()
+
+
+SLOW_LOAD = """
+import sys, time, torch
+import gpt2.model
+from gpt2.cli import main
+
+def load_for_a_minute(*args, **kwargs):  # a long load, inside torch as a real one is
+    a, deadline = torch.rand(256, 256), time.monotonic() + 60
+    while time.monotonic() < deadline:
+        a = torch.tanh(a @ a)
+    raise AssertionError("the load was not interrupted")
+
+gpt2.model.GPT2.from_pretrained = load_for_a_minute
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_ctrl_c_or_sigterm_while_the_model_loads_ends_cleanly(models, sig):
+    """Not SIGABRT ("terminate called without an active exception"): no thread is inside torch when the process ends."""
+    port = free_port()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO / "src")}
+    argv = [sys.executable, "-c", SLOW_LOAD, "serve", "--model", models[2], "--port", str(port), "--device", "cpu"]
+    process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=heed_ctrl_c)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                response = httpx.get(f"http://127.0.0.1:{port}/health")
+                assert response.status_code == 503 and "still loading" in response.text
+                break
+            except httpx.ConnectError:
+                assert time.monotonic() < deadline and process.poll() is None
+                time.sleep(0.1)
+        time.sleep(0.5)  # well into the load
+        process.send_signal(sig)
+        sent = time.monotonic()
+        code = process.wait(timeout=30)
+        took = time.monotonic() - sent
+        err = process.stderr.read()
+        assert "terminate called" not in err and "Traceback" not in err and "Fatal Python error" not in err, err
+        if sig == signal.SIGINT:  # "gpt2: interrupted" and 130, as every command
+            assert (code, err.splitlines()[-1]) == (130, "gpt2: interrupted")
+        else:  # SIGTERM takes its default course, as once the model has loaded
+            assert code == -signal.SIGTERM
+        assert took < 10
+    finally:
+        process.kill()
+
+
 def test_gpt2_serve_refuses_a_busy_port_and_a_missing_model_in_one_line(models, capsys, tmp_path):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
         assert main(["serve", "--model", models[2], "--port", str(port)]) == 2
-        err = capsys.readouterr().err.splitlines()
-        assert err[-1].startswith(f"gpt2: error: cannot listen on 127.0.0.1:{port}: ")
+        err = capsys.readouterr().err  # one line: no "serving ... on" before it
+        assert err.startswith(f"gpt2: error: cannot listen on 127.0.0.1:{port}: ") and err.count("\n") == 1
+    # an address of no interface here (TEST-NET-1, documentation's own), so that no name is looked up
+    assert main(["serve", "--model", models[2], "--host", "192.0.2.1", "--port", str(free_port())]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpt2: error: cannot listen on 192.0.2.1:") and err.count("\n") == 1
     assert main(["serve", "--model", str(tmp_path / "nowhere"), "--port", str(free_port())]) == 2
     assert capsys.readouterr().err.splitlines()[-1].startswith("gpt2: error: ")
     assert main(["serve", "--max-batch-size", "0"]) == 2

@@ -144,7 +144,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         warnings.showwarning = lambda message, *_: print(f"gpt2: note: {message}", file=sys.stderr)
         generation = TextGeneration(model, tokenizer, prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                     top_k=top_k, top_p=args.top_p, seed=args.seed, num_samples=args.num_samples,
-                                    stop=args.stop, on_overflow=args.on_overflow)  # fmt: skip
+                                    stop=args.stop, on_overflow=args.on_overflow,
+                                    allowed_special=_allowed_special(args))  # fmt: skip
         samples = _Samples(sys.stdout, prompt, generation, args.stream)
         try:
             for row, piece in generation:
@@ -157,6 +158,11 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     samples.close()
     _summary(generation.tokens_generated, started)
     return 0
+
+
+def _allowed_special(args: argparse.Namespace) -> frozenset[str] | str:
+    """<|endoftext|> in a prompt: the special token, as OpenAI's API reads it, or with --special-as-text its characters."""
+    return frozenset() if args.special_as_text else "all"
 
 
 class _Samples:
@@ -224,9 +230,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     weight_format(args.dtype, resolve_device(args.device))  # bad flags fail now, not once the server listens
     _check_cuda_graphs(args)
     check_port(args.port)
-    print(f"gpt2: serving {args.model} on http://{args.host}:{args.port}/v1 (the model loads in the background; "
-          f"GET /health answers 200 once it has)", file=sys.stderr)  # fmt: skip
-    serve(lambda: _load_model(args), args.model, args.host, args.port, limits)
+
+    def listening(url: str) -> None:
+        print(f"gpt2: serving {args.model} on {url} (loading the model; GET /health answers 200 once it has)", file=sys.stderr)
+
+    serve(lambda: _load_model(args), args.model, args.host, args.port, limits, allowed_special=_allowed_special(args),
+          on_listen=listening)  # fmt: skip
     return 0
 
 
@@ -378,6 +387,12 @@ def _add_cuda_graphs_flag(parser: argparse.ArgumentParser) -> None:
                         "not yet measured on a GPU, so off by default)")  # fmt: skip
 
 
+def _add_special_as_text_flag(parser: argparse.ArgumentParser, where: str) -> None:
+    parser.add_argument("--special-as-text", action="store_true",
+                        help=f"read <|endoftext|> in {where} as ordinary text, not as the end-of-text token 50256 "
+                        "(the default, as OpenAI's API reads it)")  # fmt: skip
+
+
 SERVE_EXAMPLES = """\
 examples:
   gpt2 serve                                        # gpt2 on http://127.0.0.1:8000/v1
@@ -401,11 +416,12 @@ def _add_serve_parser(commands) -> None:
         formatter_class=_HelpFormatter,
     )
     serve.add_argument("--model", default="gpt2", help="a released name or a local directory, as for generate; "
-                       "also the model's id in the API (default: gpt2)")  # fmt: skip
+                       "also the model's id in the API, less a trailing slash (default: gpt2)")  # fmt: skip
     serve.add_argument("--host", default="127.0.0.1", help="the address to listen on; 0.0.0.0 for every interface (default: 127.0.0.1)")
     serve.add_argument("--port", type=_whole_number, default=8000, help="(default: 8000)")
     _add_inference_device_flags(serve)
     _add_cuda_graphs_flag(serve)
+    _add_special_as_text_flag(serve, "string prompts and /tokenize's text")
     serve.add_argument("--max-batch-size", type=_whole_number, default=8, metavar="N",
                        help="requests' rows decoded together; each holds a KV cache of the model's context (default: 8)")  # fmt: skip
     serve.add_argument("--max-queue", type=_whole_number, default=64, metavar="N",
@@ -535,6 +551,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "as in the Python API and the server (default: random)")  # fmt: skip
     generate.add_argument("--num-samples", type=_whole_number, default=1, help="continuations to generate (default: 1)")
     generate.add_argument("--stop", action="append", metavar="TEXT", help="end a continuation before this text (repeatable)")
+    _add_special_as_text_flag(generate, "the prompt")
     _add_inference_device_flags(generate)
     _add_cuda_graphs_flag(generate)
     generate.add_argument("--engine", default="torch", choices=["torch", "numpy"],

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator, Sequence
+from typing import AbstractSet, Literal
 
 import numpy as np
 import torch
@@ -75,6 +76,9 @@ class TextGeneration:
     first stop string, or after max_new_tokens. `model` is a `GPT2`, or a
     `gpt2.reference.ReferenceModel` (the NumPy engine: no cache, slow). An empty prompt
     starts from <|endoftext|>, as GPT-2's unconditional samples do (with a warning).
+    `allowed_special` is the tokenizer's: "all" (the default) reads <|endoftext|> written in a
+    prompt as the special token, as OpenAI's API, `gpt2 generate` and `gpt2 serve` do;
+    frozenset() reads it as its characters.
     """
 
     def __init__(
@@ -91,6 +95,7 @@ class TextGeneration:
         num_samples: int = 1,
         stop: str | Sequence[str] | None = None,
         on_overflow: str = "slide",
+        allowed_special: AbstractSet[str] | Literal["all"] = "all",
     ):
         check_max_new_tokens(max_new_tokens)
         self.sampling = Sampling(temperature, top_k, top_p)
@@ -104,7 +109,7 @@ class TextGeneration:
         for prompt in prompt_list:
             if not isinstance(prompt, str):
                 raise InputTypeError(f"prompts must be str, got {type(prompt).__name__}")
-            ids = tokenizer.encode(prompt)
+            ids = tokenizer.encode(prompt, allowed_special)
             if not ids and tokenizer.eot_token is None:  # a character vocabulary has no <|endoftext|>
                 raise InvalidArgumentError("empty prompt: this model's vocabulary has no <|endoftext|> to start from; give a prompt")
             if not ids:

@@ -7,13 +7,19 @@ The routes parse and check requests, tokenize, and turn tokens into OpenAI's res
 thread steps a `gpt2.decoding.Decoder` over all rows in flight, so a request joins the running
 batch at the next step and leaves it when it ends. Endpoints: /health, /v1/models,
 /v1/completions, /tokenize, /detokenize, /tokenizer_info, /metrics.
+
+`<|endoftext|>` written in a string prompt (and in /tokenize's text) is the special token, as
+OpenAI's API, vLLM and llama.cpp's server read it, unless the server was told otherwise
+(`allowed_special`, the tokenizer's meaning: frozenset() reads it as text).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
+import os
 import socket
 import threading
 import time
@@ -21,6 +27,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import AbstractSet, Literal
 
 import torch
 import uvicorn
@@ -103,7 +110,11 @@ def checked(param: str, check: Callable, *args):
         raise RequestError(400, str(e), param) from None
 
 
-def parse_completion(body: object, tokenizer: Tokenizer, n_vocab: int, n_ctx: int, limits: Limits) -> Completion:
+AllowedSpecial = AbstractSet[str] | Literal["all"]  # Tokenizer.encode's: special tokens read as such in text
+
+
+def parse_completion(body: object, tokenizer: Tokenizer, n_vocab: int, n_ctx: int, limits: Limits,
+                     allowed_special: AllowedSpecial = "all") -> Completion:  # fmt: skip
     """Check a /v1/completions body field by field, as OpenAI's API does."""
     if not isinstance(body, dict):
         raise RequestError(400, "the request body must be a JSON object")
@@ -139,7 +150,7 @@ def parse_completion(body: object, tokenizer: Tokenizer, n_vocab: int, n_ctx: in
     stop = checked("stop", check_stop, body.get("stop"))
     if len(stop) > 4:
         raise RequestError(400, f"stop: up to 4 stop strings, got {len(stop)}", "stop")
-    prompts = parse_prompts(body.get("prompt"), tokenizer, n_vocab)
+    prompts = parse_prompts(body.get("prompt"), tokenizer, n_vocab, allowed_special)
     for ids in prompts:
         if len(ids) + max_tokens > n_ctx:
             raise RequestError(400, f"This model's maximum context length is {n_ctx} tokens, however you requested "
@@ -151,7 +162,7 @@ def parse_completion(body: object, tokenizer: Tokenizer, n_vocab: int, n_ctx: in
     return Completion(prompts, rows, stop, flags["stream"], flags["echo"], logprobs, bool(options.get("include_usage")))
 
 
-def parse_prompts(prompt: object, tokenizer: Tokenizer, n_vocab: int) -> list[list[int]]:
+def parse_prompts(prompt: object, tokenizer: Tokenizer, n_vocab: int, allowed_special: AllowedSpecial = "all") -> list[list[int]]:
     """OpenAI's prompt: a string, a list of strings, a list of ids, or a list of lists of ids."""
     if prompt is None:
         raise RequestError(400, "you must provide a prompt", "prompt")
@@ -160,9 +171,10 @@ def parse_prompts(prompt: object, tokenizer: Tokenizer, n_vocab: int) -> list[li
     if not isinstance(prompt, list) or not prompt:
         raise RequestError(400, "prompt must be a string, a list of strings, a list of token ids or a list of lists of ids", "prompt")
     prompts = []
-    for item in prompt:
-        if isinstance(item, str):  # <|endoftext|> in a prompt is the special token, as in OpenAI's API and vLLM
-            ids = tokenizer.encode(item, allowed_special="all")
+    for i, item in enumerate(prompt):
+        if isinstance(item, str):
+            where = f"prompt {i}: " if len(prompt) > 1 else ""
+            ids = encode_text(tokenizer, item, allowed_special, "prompt", where)
         elif isinstance(item, list) and item and all(is_integer(t) for t in item):
             ids = [int(t) for t in item]
             checked("prompt", check_token_ids, min(ids), max(ids), n_vocab, " in prompt")
@@ -174,6 +186,14 @@ def parse_prompts(prompt: object, tokenizer: Tokenizer, n_vocab: int) -> list[li
             ids = [tokenizer.eot_token]
         prompts.append(ids)
     return prompts
+
+
+def encode_text(tokenizer: Tokenizer, text: str, allowed_special: AllowedSpecial, param: str, where: str = "") -> list[int]:
+    """The ids of a request's text; a character the vocabulary lacks (a character model's) is a 400 naming it."""
+    try:
+        return tokenizer.encode(text, allowed_special)
+    except GPT2Error as e:
+        raise RequestError(400, f"{where}{e}", param) from None
 
 
 # ------------------------------------------------------------------ the generation loop
@@ -377,29 +397,39 @@ class Answer:
 
 
 class Server:
-    """The state behind the routes: the model (loaded in the background), its scheduler, metrics."""
+    """The state behind the routes: the model (loading while the routes answer), its scheduler, metrics."""
 
-    def __init__(self, load: Callable[[], tuple[GPT2, Tokenizer]], model_id: str, limits: Limits):
+    def __init__(self, load: Callable[[], tuple[GPT2, Tokenizer]], model_id: str, limits: Limits,
+                 allowed_special: AllowedSpecial = "all"):  # fmt: skip
         limits.check()
-        self.load, self.model_id, self.limits = load, model_id, limits
+        # a directory's id is its path as given, less the trailing slash that tab completion adds
+        self.model_id = model_id.rstrip("/" + os.sep) or model_id
+        self.load, self.limits, self.allowed_special = load, limits, allowed_special
         self.metrics = Metrics()
         self.ready = threading.Event()
         self.load_error: Exception | None = None
-        self.on_load_error: Callable[[], None] = lambda: None
         self.scheduler: Scheduler | None = None
         self.created = int(time.time())
 
     def start(self) -> None:
-        threading.Thread(target=self._load, name="gpt2-load", daemon=True).start()
+        """Load the model in a thread of its own."""
+        threading.Thread(target=self._load_quietly, name="gpt2-load", daemon=True).start()
 
-    def _load(self) -> None:
+    def _load_quietly(self) -> None:
+        with contextlib.suppress(Exception):  # reported by /health
+            self.load_model()
+
+    def load_model(self) -> None:
+        """Load the model in this thread; until it has, requests to it get 503 (and after a
+        failure, which is also raised, naming the error)."""
         try:
             self.model, self.tokenizer = self.load()
+            self.tokenizer.encode("", self.allowed_special)  # a bad allowed_special fails now, not every request
             self.scheduler = Scheduler(self.model, self.limits, self.metrics)
-            self.ready.set()
-        except Exception as e:  # noqa: BLE001  (reported by /health, and by `serve`, which stops)
+        except Exception as e:
             self.load_error = e
-            self.on_load_error()
+            raise
+        self.ready.set()
 
     def stop(self) -> None:
         if self.scheduler is not None:
@@ -445,14 +475,20 @@ class Server:
             raise RequestError(400, f"the request body is not valid JSON: {e}") from None
 
 
-def create_app(load: Callable[[], tuple[GPT2, Tokenizer]], model_id: str, limits: Limits = Limits()) -> FastAPI:
-    """The server's ASGI app; `load` returns the model and its tokenizer (run in the background:
-    /health answers 503 until it has)."""
-    server = Server(load, model_id, limits)
+def create_app(load: Callable[[], tuple[GPT2, Tokenizer]], model_id: str, limits: Limits = Limits(), *,
+               allowed_special: AllowedSpecial = "all", load_in_background: bool = True) -> FastAPI:  # fmt: skip
+    """The server's ASGI app; `load` returns the model and its tokenizer, in a thread of its own
+    once the app starts (/health answers 503 until it has), or, with `load_in_background`
+    False, when the caller runs `app.state.server.load_model()`: `serve` does, in the main
+    thread, for a process that exits while a thread is inside torch aborts (see `serve`).
+    `allowed_special` (the tokenizer's meaning) says which special tokens written in a string
+    prompt, or in /tokenize's text, are read as such: "all" (as OpenAI's API), or frozenset() for text."""
+    server = Server(load, model_id, limits, allowed_special)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        server.start()
+        if load_in_background:
+            server.start()
         yield
         server.stop()
 
@@ -547,7 +583,8 @@ def _add_routes(app: FastAPI, server: Server) -> None:
         text = body.get("content", body.get("prompt")) if isinstance(body, dict) else None
         if not isinstance(text, str):
             raise RequestError(400, 'give the text as {"content": "..."} (or {"prompt": "..."})', "content")
-        tokens = server.tokenizer.encode(text, allowed_special="all")
+        param = "content" if "content" in body else "prompt"
+        tokens = encode_text(server.tokenizer, text, server.allowed_special, param)  # as a completion's prompt reads it
         return JSONResponse({"tokens": tokens, "count": len(tokens), "max_model_len": server.model.config.n_ctx})
 
     @app.post("/detokenize")
@@ -566,8 +603,13 @@ def _add_routes(app: FastAPI, server: Server) -> None:
         body = await server.body(request)
         server.check_model(body.get("model") if isinstance(body, dict) else None)
         config = server.model.config
-        completion = parse_completion(body, server.tokenizer, config.n_vocab, config.n_ctx, server.limits)
+        completion = parse_completion(body, server.tokenizer, config.n_vocab, config.n_ctx, server.limits, server.allowed_special)
         return await _answer(server, request, completion)
+
+    @app.post("/v1/chat/completions")  # a client that speaks chat learns what to send instead (a later issue adds chat)
+    async def chat() -> JSONResponse:
+        raise RequestError(404, "POST /v1/chat/completions: this server speaks OpenAI's completions API, not chat: "
+                           "send POST /v1/completions with a prompt to continue", code="unknown_url")  # fmt: skip
 
 
 async def _answer(server: Server, request: Request, completion: Completion) -> Response:
@@ -670,15 +712,30 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 def serve(load: Callable[[], tuple[GPT2, Tokenizer]], model_id: str, host: str = "127.0.0.1", port: int = 8000,
-          limits: Limits = Limits(), log_level: str = "info") -> None:  # fmt: skip
-    """Serve until Ctrl-C or SIGTERM: the app of `create_app` on uvicorn, one log line per
-    request. The model loads once the port listens; if it fails to, the server stops and its
-    error is raised."""
-    app = create_app(load, model_id, limits)  # checks the limits, before the port is taken
+          limits: Limits = Limits(), log_level: str = "info", *, allowed_special: AllowedSpecial = "all",
+          on_listen: Callable[[str], None] | None = None) -> None:  # fmt: skip
+    """Serve until Ctrl-C or SIGTERM: the app of `create_app` on uvicorn, one log line per request.
+
+    Once the port listens, `on_listen` gets the API's URL (http://host:port/v1) and the model
+    loads, in this thread, the main one, while uvicorn answers in another (503 until then).
+    So Ctrl-C (KeyboardInterrupt) stops a load as it stops any Python code, and SIGTERM, whose
+    default ends the process, too; whereas a thread still loading when the interpreter exits is
+    ended by unwinding its stack (pthread_exit) through torch's C++ code, which aborts the
+    process ("terminate called without an active exception"). Once the model has loaded, both
+    end the requests in flight and stop uvicorn, then take their usual course, as they do in
+    uvicorn's own `run`. A load that fails stops the server and raises its error."""
+    app = create_app(load, model_id, limits, allowed_special=allowed_special, load_in_background=False)  # checks the limits
     sock = listen(host, port)
+    if on_listen is not None:
+        on_listen(f"http://{f'[{host}]' if ':' in host else host}:{sock.getsockname()[1]}/v1")
     server = app.state.server
     runner = _Uvicorn(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5), server)
-    server.on_load_error = lambda: setattr(runner, "should_exit", True)
-    runner.run(sockets=[sock])
-    if server.load_error is not None:
-        raise server.load_error
+    http = threading.Thread(target=runner.run, kwargs={"sockets": [sock]}, name="gpt2-http", daemon=True)
+    http.start()
+    try:
+        server.load_model()
+        with runner.capture_signals():  # uvicorn's handlers, which only the main thread may install
+            http.join()
+    finally:  # the end, or a load that failed or was interrupted: uvicorn stops first
+        runner.should_exit = True
+        http.join()
