@@ -217,6 +217,7 @@ def _summary(generated: int, started: float) -> None:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from gpt2.devices import resolve_device, weight_format
+    from gpt2.weights import read_config
 
     try:
         from gpt2.serve import Limits, check_port, serve
@@ -227,9 +228,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     limits = Limits(max_batch_size=args.max_batch_size, max_queue=args.max_queue, max_n=args.max_n, api_key=args.api_key)
     limits.check()
-    weight_format(args.dtype, resolve_device(args.device))  # bad flags fail now, not once the server listens
+    device = resolve_device(args.device)
+    form = weight_format(args.dtype, device)  # bad flags fail now, not once the server listens
     _check_cuda_graphs(args)
     check_port(args.port)
+    limits.check_memory(read_config(args.model), device, form.compute)  # and a model that is not there
 
     def listening(url: str) -> None:
         print(f"gpt2: serving {args.model} on {url} (loading the model; GET /health answers 200 once it has)", file=sys.stderr)

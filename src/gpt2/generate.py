@@ -126,7 +126,7 @@ class TextGeneration:
         if isinstance(model, ReferenceModel):
             self.engine = NumpyEngine(model, slots)
         else:
-            self.engine = model.engine(slots, longest + max_new_tokens)
+            self.engine = model.engine(slots, longest + max_new_tokens, hint="generate fewer samples at once (num_samples, --num-samples)")
         self.texts = [TextRow(tokenizer, self.stop) for _ in self.rows]
         self.tokens_generated = 0  # tokens chosen, counted per row until its text ends
 

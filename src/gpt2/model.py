@@ -31,7 +31,7 @@ from gpt2._files import atomic_path, atomic_write_text
 from gpt2._gemv import attend, gemv
 from gpt2.config import GPT2Config
 from gpt2.decoding import Row, check_context, row_seed, run
-from gpt2.devices import resolve_device, weight_format
+from gpt2.devices import check_fits, resolve_device, weight_format
 from gpt2.errors import ContextLengthError, InputTypeError, InvalidArgumentError
 from gpt2.sampling import Sampling, check_max_new_tokens, check_prompts
 from gpt2.tokenizer import Tokenizer
@@ -220,6 +220,20 @@ class KVCache:
     @property
     def device(self) -> torch.device:
         return self.k[0].device
+
+    @staticmethod
+    def bytes_needed(config: GPT2Config, slots: int, max_len: int, dtype: torch.dtype) -> int:
+        """The memory of a cache of `slots` rows of max_len positions (keys and values of every
+        layer), with what a decoding step adds for each row (its logits, probabilities, a sort)."""
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        return slots * (2 * config.n_layer * max_len * config.n_embd * itemsize + 3 * config.n_vocab * 4)
+
+    @staticmethod
+    def check_fits(config: GPT2Config, slots: int, max_len: int, device: torch.device, dtype: torch.dtype, hint: str) -> None:
+        """Refuse, before any of it is allocated, a cache the device cannot hold (`devices.check_fits`;
+        `hint` says which setting to lower)."""
+        needed = KVCache.bytes_needed(config, slots, max_len, dtype)
+        check_fits(needed, device, f"a KV cache of {slots:,} rows of {max_len:,} positions", hint)
 
     def begin_prefill(self, slot: int, T: int) -> None:
         """Prepare to fill `slot` with a prompt of T positions (what it held is dropped)."""
@@ -450,7 +464,7 @@ class GPT2(nn.Module):
         B, T = idx.shape
         check_context([T], max_new_tokens, self.config.n_ctx, on_overflow)
         rows = [Row(p, max_new_tokens, sampling, row_seed(seed, b), eos_token_id) for b, p in enumerate(prompts)]
-        run(self.engine(B, T + max_new_tokens, use_cache), rows)
+        run(self.engine(B, T + max_new_tokens, use_cache, hint="fewer rows in idx at once"), rows)
         steps = max(len(row.tokens) for row in rows)  # all rows stop once every one has ended
         new = [row.tokens + [eos_token_id] * (steps - len(row.tokens)) for row in rows]  # an ended row: eos from then on
         return torch.cat([idx, torch.tensor(new, dtype=idx.dtype).view(B, steps).to(idx.device)], dim=1)
@@ -495,11 +509,15 @@ class GPT2(nn.Module):
         self.cuda_graphs, self._graphed_engine = bool(enabled), None
         return self
 
-    def engine(self, slots: int, max_len: int, use_cache: bool = True) -> TorchEngine:
+    def engine(self, slots: int, max_len: int, use_cache: bool = True, hint: str = "fewer rows at once") -> TorchEngine:
         """An engine to decode up to `slots` rows of up to max_len positions. With CUDA graphs,
         one engine over the whole context is kept and reused (replaced by a larger one when more
-        slots are asked for), so each batch-size bucket is captured once, not at every call."""
-        if not (self.cuda_graphs and use_cache):
+        slots are asked for), so each batch-size bucket is captured once, not at every call.
+        A KV cache the device cannot hold is refused first, `hint` saying what to lower."""
+        graphed = self.cuda_graphs and use_cache
+        KVCache.check_fits(self.config, slots, self.config.n_ctx if graphed else min(max_len, self.config.n_ctx), self.device,
+                           self.compute_dtype, hint)  # fmt: skip
+        if not graphed:
             return TorchEngine(self, slots, max_len, use_cache)
         if self._graphed_engine is None or self._graphed_engine.slots < slots:
             self._graphed_engine = None  # its cache and graphs freed before the new ones are made

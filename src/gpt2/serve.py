@@ -37,10 +37,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from starlette.exceptions import HTTPException
 
 from gpt2._checks import check_token_ids, int_between, is_integer, positive_int
+from gpt2.config import GPT2Config
 from gpt2.decoding import STOP, Decoder, Row, row_seed
 from gpt2.errors import GPT2Error, InvalidArgumentError
 from gpt2.generate import TextRow, check_stop
-from gpt2.model import GPT2, TorchEngine
+from gpt2.model import GPT2, KVCache
 from gpt2.sampling import Sampling, check_seed
 from gpt2.tokenizer import IncrementalDecoder, Tokenizer
 
@@ -62,6 +63,13 @@ class Limits:
             positive_int(name, getattr(self, name))
         if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key.strip()):
             raise InvalidArgumentError("api_key must be non-empty text")
+
+    def check_memory(self, config: GPT2Config, device: torch.device, dtype: torch.dtype) -> None:
+        """Refuse a batch whose KV cache the device cannot hold: each row keeps one of the whole context."""
+        KVCache.check_fits(config, self.max_batch_size, config.n_ctx, device, dtype, BATCH_HINT)
+
+
+BATCH_HINT = "a smaller max_batch_size (--max-batch-size)"
 
 
 class RequestError(Exception):
@@ -223,7 +231,7 @@ class Scheduler:
     """The server's one generation loop: a thread stepping a Decoder over every row in flight."""
 
     def __init__(self, model: GPT2, limits: Limits, metrics: Metrics):
-        self.decoder = Decoder(TorchEngine(model, limits.max_batch_size))
+        self.decoder = Decoder(model.engine(limits.max_batch_size, model.config.n_ctx, hint=BATCH_HINT))
         self.limits, self.metrics = limits, metrics
         self.incoming: list[tuple[Row, Listener]] = []
         self.listeners: dict[Row, Listener] = {}

@@ -118,6 +118,14 @@ def locate(name_or_path: str | os.PathLike) -> Checkpoint:
     )
 
 
+def read_config(name_or_path: str | os.PathLike) -> GPT2Config:
+    """The configuration of a model as `locate` would find it, without reading or downloading
+    its weights: a directory's config.json or hparams.json, a released size's own."""
+    if isinstance(name_or_path, str) and name_or_path in PRESETS and not Path(name_or_path).is_dir():
+        return GPT2Config.from_name(name_or_path)
+    return locate(name_or_path).config
+
+
 def download(name: str) -> Path:
     """A released model's directory (config.json and model.safetensors), from the Hugging Face
     hub's cache (HF_HOME), downloaded there once."""
