@@ -69,19 +69,29 @@ def test_read_text_names_a_missing_file_a_directory_and_a_bad_byte(tmp_path):
 
 # ------------------------------------------------------------------ paths that cannot be written
 
-ROOT = hasattr(os, "geteuid") and os.geteuid() == 0  # root writes into a directory of mode 0555 all the same
 PROC = os.path.isdir("/proc/self")  # Linux: /proc takes no new files, whoever asks
 
 
+def writes_anyway(directory) -> bool:
+    """Whether this process writes into a directory of mode 0555 all the same (root does)."""
+    try:
+        os.close(os.open(directory / "probe", os.O_WRONLY | os.O_CREAT | os.O_EXCL))
+    except PermissionError:
+        return False
+    os.unlink(directory / "probe")
+    return True
+
+
 def unwritable_paths(tmp_path) -> list[tuple[str, str]]:
-    """(a directory to write into, the reason its error must give), as many as this machine and user allow."""
+    """(a directory to write into, the reason its error must give), as many as this machine and user allow:
+    a read-only directory only where this process is refused it (not root)."""
     (tmp_path / "a-file").write_text("x")
+    (tmp_path / "read-only").mkdir(mode=0o555)
     cases = [(tmp_path / "a-file", f"{tmp_path / 'a-file'} is a file, not a directory"),
              (tmp_path / "a-file" / "sub" / "dir", f"{tmp_path / 'a-file'} is a file, not a directory")]  # fmt: skip
     if PROC:
         cases.append((Path("/proc/gpt2-out"), "/proc takes no new files or directories (no such file or directory)"))
-    if not ROOT:
-        (tmp_path / "read-only").mkdir(mode=0o555)
+    if not writes_anyway(tmp_path / "read-only"):
         cases.append((tmp_path / "read-only", "permission denied"))
         cases.append((tmp_path / "read-only" / "out", f"permission denied in {tmp_path / 'read-only'}"))
     return cases
@@ -95,12 +105,14 @@ def test_a_directory_to_write_into_is_made_and_proved_writable(tmp_path):
 
 def test_an_unwritable_directory_is_named_with_the_reason(tmp_path):
     # As root the read-only directory cannot be tested (root writes into it): the other cases run.
+    # Without CAP_DAC_OVERRIDE root is refused too: setpriv --inh-caps=-dac_override --bounding-set=-dac_override ...
     for path, reason in unwritable_paths(tmp_path):
         with pytest.raises(UnwritablePathError) as caught:
             writable_directory(path)
         assert str(caught.value) == f"cannot write into {path}: {reason}"
         assert isinstance(caught.value, GPT2Error) and isinstance(caught.value, OSError)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"] + ([] if ROOT else ["read-only"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "read-only"]
+    assert list((tmp_path / "read-only").iterdir()) == []
 
 
 def test_an_atomic_write_that_cannot_be_made_names_the_final_path(tmp_path):

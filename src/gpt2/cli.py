@@ -231,16 +231,21 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
     from gpt2.data import prepare
 
     meta = prepare(args.inputs, args.out, args.tokenizer, args.val_fraction, overwrite=args.overwrite, progress=args.progress)
-    split = meta["split"]
-    how = ""
-    if split["method"] == "documents":  # which documents validate: the fraction is the tokens', not the files'
-        whole = f"{split['val_documents']} whole document{'s' * (split['val_documents'] != 1)}"
-        cut = None if split["cut"] is None else f"the last {split['cut']['val_tokens']:,} tokens of {split['cut']['document']}"
-        how = ": " + " and ".join(part for part in (whole if split["val_documents"] else None, cut) if part)
-    print(f"gpt2: {meta['train_tokens']:,} training and {meta['val_tokens']:,} validation tokens ({split['actual_val_fraction']:.2%} "
-          f"for validation{how}) of a {meta['vocab_size']:,}-token vocabulary ({meta['tokenizer']}) in {args.out}",
-          file=sys.stderr)  # fmt: skip
+    print(f"gpt2: {meta['train_tokens']:,} training and {meta['val_tokens']:,} validation tokens ({_validation(meta['split'])}) "
+          f"of a {meta['vocab_size']:,}-token vocabulary ({meta['tokenizer']}) in {args.out}", file=sys.stderr)  # fmt: skip
     return 0
+
+
+def _validation(split: dict) -> str:
+    """The real share of validation, and, for several documents, what makes it up:
+    "10.00% for validation: 3 whole documents and the last 1,234 tokens of b.txt"."""
+    said = f"{split['actual_val_fraction']:.2%} for validation"
+    if split["method"] != "documents":
+        return said
+    n, cut = split["val_documents"], split["cut"]
+    parts = [f"{n} whole document{'s' * (n != 1)}"] if n else []
+    parts += [f"the last {cut['val_tokens']:,} tokens of {cut['document']}"] if cut else []
+    return f"{said}: {' and '.join(parts)}"
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -324,7 +329,8 @@ examples:
   cat *.txt | gpt2 prepare - --out data/stdin
 
 Each file is one document; with gpt2 and bpe:N each ends with <|endoftext|>. One document
-splits at 1 - F of its tokens (as nanoGPT's shakespeare_char); several split by whole documents.
+splits at 1 - F of its tokens (as nanoGPT's shakespeare_char); several split by whole documents,
+drawn with a fixed seed, the last of them cut so that validation holds F of the tokens.
 """
 
 

@@ -314,7 +314,8 @@ def prepare(
         "train_tokens": train_tokens, "val_tokens": val_tokens,
         "sources": {"inputs": [str(i) for i in inputs], "documents": len(documents)},
         "split": {"val_fraction": val_fraction, "method": split.method, "seed": SPLIT_SEED,
-                  "actual_val_fraction": val_tokens / (train_tokens + val_tokens), "val_documents": split.val_documents, "cut": cut},
+                  "actual_val_fraction": val_tokens / (train_tokens + val_tokens), "val_documents": split.val_documents,
+                  "cut": cut},  # the document split within (one at most), and how many of its ids validate
     }  # fmt: skip
     atomic_write_text(out / "meta.json", json.dumps(meta, indent=2) + "\n")  # last: it vouches for the rest
     return meta
