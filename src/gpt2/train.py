@@ -45,7 +45,7 @@ from gpt2.config import RESUME_OVERRIDES, GPT2Config, TrainSettings
 from gpt2.data import TokenData, get_batch, open_data
 from gpt2.decoding import ContextOverflowWarning
 from gpt2.devices import Precision, enable_tf32, peak_flops, training_precision
-from gpt2.errors import CheckpointError, ContextLengthError, InvalidArgumentError
+from gpt2.errors import CheckpointError, ContextLengthError, InvalidArgumentError, UnwritablePathError
 from gpt2.evaluate import loss_sum
 from gpt2.generate import generate_text
 from gpt2.model import GPT2
@@ -373,8 +373,9 @@ class Trainer:
         try:
             with atomic_path(path) as tmp:
                 torch.save(state, tmp)
-        except OSError as e:
-            raise CheckpointError(f"could not write {path}: {e.strerror or e}; the previous checkpoint is intact") from None
+        except OSError as e:  # an UnwritablePathError names the path already
+            said = str(e) if isinstance(e, UnwritablePathError) else f"could not write {path}: {e.strerror or e}"
+            raise CheckpointError(f"{said}; the previous checkpoint is intact") from None
 
     def _restore(self, state: dict[str, Any]) -> None:
         if state["version"] == 1:  # one process's: the optimizer's state by parameter index
