@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import io
+import os
+import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from gpt2.cli import main
-from helpers import heed_ctrl_c, make_hf_model
+from helpers import REPO, heed_ctrl_c, make_hf_model
 
 HELLO = "Hello!! I'm Andrej Karpathy. It's 2022. w00t :D 🤗"
 HELLO_IDS = "15496 3228 314 1101 10948 73 509 5117 10036 13 632 338 33160 13 266 405 83 1058 35 12520 97 245"
@@ -344,7 +347,8 @@ def test_ctrl_c_without_streaming_prints_what_was_generated(model_dir):
     argv = ["generate", "Tell me a story", "--model", model_dir, "--engine", "numpy", "--seed", "1", "--no-stream"]
     process = subprocess.Popen([sys.executable, "-m", "gpt2", *argv, "--max-new-tokens", "100000"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=heed_ctrl_c)  # fmt: skip
-    assert b"exceed the context" in process.stderr.readline()  # the note comes as generation starts
+    first = process.stderr.readline()  # the warning comes as generation starts
+    assert first.startswith(b"gpt2: warning: ") and b"exceed the context" in first
     time.sleep(1.5)
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=60)
@@ -391,12 +395,72 @@ def test_prepare_from_stdin_refuses_to_overwrite_and_shows_examples(tmp_path, ca
     ids = np.concatenate([np.fromfile(tmp_path / "d" / f, dtype="<u2") for f in ("train.bin", "val.bin")]).tolist()
     assert code == 0 and out == "" and ids[:3] == [15496, 995, 13] and ids[-1] == 50256  # "Hello", " world", "."
     train = int(len(ids) * 0.9)  # one document: nanoGPT's split
-    assert err == f"gpt2: {train:,} training and {len(ids) - train:,} validation tokens of a 50,257-token vocabulary (gpt2) in {tmp_path / 'd'}\n"
+    assert err == (f"gpt2: {train:,} training and {len(ids) - train:,} validation tokens ({(len(ids) - train) / len(ids):.2%} for "
+                   f"validation) of a 50,257-token vocabulary (gpt2) in {tmp_path / 'd'}\n")  # fmt: skip
     code, _, err = run(capsys, "prepare", "-", "--out", str(tmp_path / "d"), stdin=b"more", monkeypatch=monkeypatch)
     assert code == 2 and err.count("\n") == 1 and "already holds prepared data" in err and "pass --overwrite" in err
     with pytest.raises(SystemExit):
         main(["prepare", "--help"])
     assert "\nexamples:\n  gpt2 prepare input.txt --out data/shakespeare_char --tokenizer char\n" in capsys.readouterr().out
+
+
+def test_prepare_says_how_several_documents_split(tmp_path, capsys):
+    import json
+
+    for name, size in (("a.txt", 3000), ("b.txt", 900), ("c.txt", 40)):  # drawn: c, a, b
+        (tmp_path / "in" / name).parent.mkdir(exist_ok=True)
+        (tmp_path / "in" / name).write_text(("All the world's a stage. " * 200)[:size], encoding="utf-8")
+    code, _, err = run(capsys, "prepare", str(tmp_path / "in"), "--out", str(tmp_path / "d"), "--val-fraction", "0.2", "--no-progress")
+    meta = json.loads((tmp_path / "d" / "meta.json").read_text())
+    train, val, split = meta["train_tokens"], meta["val_tokens"], meta["split"]
+    assert code == 0 and split["val_documents"] == 1 and split["cut"] is not None  # one whole, the tail of another
+    assert err == (f"gpt2: {train:,} training and {val:,} validation tokens ({val / (train + val):.2%} for validation: 1 whole "
+                   f"document and the last {split['cut']['val_tokens']} tokens of {split['cut']['document']}) of a 50,257-token "
+                   f"vocabulary (gpt2) in {tmp_path / 'd'}\n")  # fmt: skip
+    assert abs(val - 0.2 * (train + val)) <= 0.5
+
+
+def test_prepare_and_train_into_an_unwritable_out_say_so_in_one_line(tmp_path):
+    """One case each (a process costs seconds): tests/test_files.py, test_data.py and test_train.py hold the others."""
+    from gpt2.data import prepare
+
+    (tmp_path / "in.txt").write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 20, encoding="utf-8")
+    prepare([tmp_path / "in.txt"], tmp_path / "data", "char", progress=False)
+    (tmp_path / "a-file").write_text("x")
+    on_linux = Path("/proc/self").is_dir()
+    train_out = Path("/proc/gpt2-out") if on_linux else tmp_path / "a-file" / "out"
+    train_reason = "/proc takes no new files or directories (no such file or directory)" if on_linux else \
+        f"{tmp_path / 'a-file'} is a file, not a directory"  # fmt: skip
+    tiny = ["--n-layer", "1", "--n-head", "1", "--n-embd", "8", "--block-size", "8", "--max-iters", "1", "--device", "cpu"]
+    cases = [(["prepare", str(tmp_path / "in.txt"), "--no-progress", "--out", str(tmp_path / "a-file")],
+              f"cannot write into {tmp_path / 'a-file'}: {tmp_path / 'a-file'} is a file, not a directory"),
+             (["train", "--data", str(tmp_path / "data"), *tiny, "--out", str(train_out)],
+              f"cannot write into {train_out}: {train_reason}")]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    for command, message in cases:
+        result = subprocess.run([sys.executable, "-m", "gpt2", *command], env=env, capture_output=True, text=True, timeout=120)
+        assert (result.returncode, result.stderr) == (2, f"gpt2: error: {message}\n")
+
+
+def test_warnings_are_one_line_each(tmp_path):
+    """The BPE trainer runs out of pairs on a small corpus: one line, no Python warning with a source path."""
+    (tmp_path / "in.txt").write_text("to be or not to be, that is the question\n" * 30, encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    command = [sys.executable, "-m", "gpt2", "prepare", str(tmp_path / "in.txt"), "--out", str(tmp_path / "d"), "--tokenizer",
+               "bpe:30000", "--no-progress"]  # fmt: skip
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    lines = result.stderr.splitlines()
+    assert result.returncode == 0 and len(lines) == 2 and lines[1].startswith("gpt2: ") and "validation tokens" in lines[1]
+    assert re.fullmatch(r"gpt2: warning: the corpus ran out of pairs to merge after \d+ merges: the vocabulary has \d+ ids, "
+                        r"not 30000", lines[0])  # fmt: skip
+
+
+def test_a_warning_of_generate_is_one_line(capsys, model_dir):
+    code, out, err = run(capsys, "generate", "", "--model", model_dir, "--max-new-tokens", "2", "--seed", "0")
+    assert code == 0 and out
+    warning, summary = err.splitlines()
+    assert warning == "gpt2: warning: empty prompt: generating from <|endoftext|>, as GPT-2's unconditional samples do"
+    assert summary.startswith("[gpt2: 2 tokens in ")
 
 
 # ------------------------------------------------------------------ gpt2 eval

@@ -16,9 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from helpers import VOCAB, corpus, tiktoken_from_files
-from gpt2 import DataError, InvalidArgumentError, TokenIdError, Tokenizer
+from gpt2 import DataError, InvalidArgumentError, TokenIdError, Tokenizer, UnwritablePathError
 from gpt2 import data as data_module
-from gpt2.data import get_batch, ids_dtype, open_data, prepare
+from gpt2.data import Split, get_batch, ids_dtype, open_data, prepare, split_documents
 from gpt2.tokenizer import CharTokenizer
 
 EOT = 50256
@@ -62,7 +62,7 @@ def test_gpt2_ids_equal_tiktoken_per_document(tmp_path, tiktoken_gpt2):
     order = ["a.txt", "b/c.txt", "b/d.txt"]
     in_val = [name for name in order if _contains(val, expected[name])]
     assert val == sum((expected[n] for n in in_val), []) and train == sum((expected[n] for n in order if n not in in_val), [])
-    assert len(val) >= 0.3 * len(got) and in_val and len(in_val) < 3
+    assert len(val) == round(0.3 * len(got)) and in_val and len(in_val) < 3  # here whole documents make up the share
 
 
 def _contains(haystack: list[int], needle: list[int]) -> bool:
@@ -142,7 +142,7 @@ def test_bad_inputs(tmp_path):
     for inputs, message in cases:
         with pytest.raises(DataError, match=message):
             prepare(inputs, tmp_path / "out", "char", progress=False)
-    with pytest.raises(DataError, match="is a file, not a directory"):
+    with pytest.raises(UnwritablePathError, match="a.txt is a file, not a directory"):
         prepare([tmp_path / "a.txt"], tmp_path / "a.txt", progress=False)
     if hasattr(os, "mkfifo"):
         os.mkfifo(tmp_path / "pipe")
@@ -334,7 +334,10 @@ def test_one_worker_writes_the_same_files(tmp_path):
     for name in ("encoder.json", "vocab.bpe"):  # GPT-2's vocabulary travels as OpenAI's own files
         assert (tmp_path / "a" / name).read_bytes() == (VOCAB / name).read_bytes()
     assert meta["sources"] == {"inputs": [str(docs)], "documents": 6} and meta["tokenizer"] == "gpt2"
-    assert meta["split"] == {"val_fraction": 0.2, "method": "documents", "seed": data_module.SPLIT_SEED}
+    n = meta["train_tokens"] + meta["val_tokens"]
+    assert {k: meta["split"][k] for k in ("val_fraction", "method", "seed")} == {"val_fraction": 0.2, "method": "documents",
+                                                                               "seed": data_module.SPLIT_SEED}  # fmt: skip
+    assert meta["val_tokens"] == round(0.2 * n) and meta["split"]["actual_val_fraction"] == meta["val_tokens"] / n
     assert meta["format"] == "gpt2-prepared" and meta["version"] == 1 and meta["vocab_size"] == 50257
 
 
@@ -353,6 +356,78 @@ def test_bad_inputs_and_workers(tmp_path, monkeypatch):
     for args, error, message in cases:
         with pytest.raises(error, match=message):
             prepare(**{"inputs": [tmp_path / "a.txt"], "out": tmp_path / "out", "progress": False, **args})
+
+
+def test_an_unwritable_out_is_named_before_any_input_is_read(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", None)  # reading it would fail otherwise
+    (tmp_path / "a-file").write_text("x")
+    cases = [(tmp_path / "a-file" / "out", f"{tmp_path / 'a-file'} is a file, not a directory")]
+    if os.path.isdir("/proc/self"):  # Linux
+        cases.append(("/proc/gpt2-data", "/proc takes no new files or directories (no such file or directory)"))
+    for out, reason in cases:
+        with pytest.raises(UnwritablePathError, match=f"^{re.escape(f'cannot write into {out}: {reason}')}$"):
+            prepare(["-"], out, progress=False)
+
+
+def test_the_same_file_given_twice_is_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "docs" / "sub").mkdir(parents=True)
+    a, b = tmp_path / "docs" / "a.txt", tmp_path / "docs" / "b.txt"
+    a.write_text("some text to split", encoding="utf-8")
+    b.write_text("other text", encoding="utf-8")
+    (tmp_path / "link.txt").symlink_to(a)
+    os.link(a, tmp_path / "hard.txt")
+    cases = [
+        ([a, b, a], f"'{a}' is given twice"),
+        (["docs/a.txt", str(a)], f"'{a}' and 'docs/a.txt' are the same file"),
+        ([a, "docs/sub/../a.txt"], f"'docs/sub/../a.txt' and '{a}' are the same file"),
+        ([a, tmp_path / "link.txt"], f"'{tmp_path / 'link.txt'}' and '{a}' are the same file"),
+        ([tmp_path / "hard.txt", a], f"'{a}' and '{tmp_path / 'hard.txt'}' are the same file"),
+        ([tmp_path / "docs", b], f"'{b}' is given twice"),  # once in a directory, once by itself
+        ([b, "docs"], f"'docs/b.txt' and '{b}' are the same file"),
+    ]  # fmt: skip
+    for inputs, message in cases:
+        with pytest.raises(DataError, match=f"^{re.escape(message)}: give each file once"):
+            prepare(inputs, tmp_path / "out", "char", progress=False)
+        assert not (tmp_path / "out").exists()
+
+
+def test_several_documents_split_at_the_fraction_with_at_most_one_cut(tmp_path, tiktoken_gpt2):
+    # Sizes far apart, as a user's files are; drawn in the order 3, 2, 4, 0, 1 (the split's seed).
+    text, sizes = corpus()[1], [9_000, 60, 2_000, 300, 30_000]
+    docs = [text[sum(sizes[:i]) : sum(sizes[: i + 1])] for i in range(5)]
+    for i, doc in enumerate(docs):
+        (tmp_path / "in" / f"{i}.txt").parent.mkdir(exist_ok=True)
+        (tmp_path / "in" / f"{i}.txt").write_text(doc, encoding="utf-8", newline="")
+    ids = [tiktoken_gpt2.encode_ordinary(doc) + [EOT] for doc in docs]
+    n = sum(map(len, ids))
+    for fraction in (0.02, 0.1, 0.5):
+        meta = prepare([tmp_path / "in"], tmp_path / str(fraction), val_fraction=fraction, progress=False)
+        # What the split should be, worked out here: whole documents in the drawn order while they
+        # fit in round(F * n) ids, then the tail of the next one; each split keeps the documents' order.
+        target, whole, cut = round(fraction * n), [], None
+        for d in np.random.default_rng(data_module.SPLIT_SEED).permutation(5).tolist():
+            if sum(len(ids[w]) for w in whole) + len(ids[d]) > target:
+                cut = (d, target - sum(len(ids[w]) for w in whole))
+                break
+            whole.append(d)
+        val = [i for d in range(5) for i in (ids[d] if d in whole else ids[d][len(ids[d]) - cut[1] :] if d == cut[0] else [])]
+        train = [i for d in range(5) if d not in whole for i in (ids[d][: len(ids[d]) - cut[1]] if d == cut[0] else ids[d])]
+        assert (tmp_path / str(fraction) / "val.bin").read_bytes() == np.array(val, dtype="<u2").tobytes()
+        assert (tmp_path / str(fraction) / "train.bin").read_bytes() == np.array(train, dtype="<u2").tobytes()
+        assert abs(len(val) - fraction * n) <= 1 and cut is not None and 0 < cut[1] < len(ids[cut[0]])
+        assert meta["split"] == {"val_fraction": fraction, "method": "documents", "seed": data_module.SPLIT_SEED,
+                                 "actual_val_fraction": len(val) / n, "val_documents": len(whole),
+                                 "cut": {"document": str(tmp_path / "in" / f"{cut[0]}.txt"), "val_tokens": cut[1]}}  # fmt: skip
+        assert (meta["train_tokens"], meta["val_tokens"]) == (len(train), len(val))
+
+
+def test_whole_documents_that_make_up_the_fraction_are_not_cut():
+    # drawn in the order 2, 0, 1
+    assert split_documents([30, 50, 20], 0.2) == Split([(0, 30), (30, 80)], [(80, 100)], "documents", 1, None)
+    assert split_documents([30, 50, 20], 0.4) == Split([(0, 10), (30, 80)], [(10, 30), (80, 100)], "documents", 1, (0, 20))
+    # one token of validation at least, and of training
+    assert split_documents([1, 1, 1], 0.01).val == [(2, 3)] and split_documents([1, 1, 1], 0.99).train == [(1, 2)]
 
 
 def test_read_data_is_read_only(tmp_path):
@@ -542,11 +617,16 @@ def test_a_wide_vocabulary_is_read_as_uint32(tmp_path):
         open_data(tmp_path)
 
 
-def _documents_in_val(train: list[int], val: list[int], expected: list[list[int]]) -> list[int]:
-    """Which documents val holds, checking that train and val are whole documents, in order."""
+def _documents_in_val(train: list[int], val: list[int], expected: list[list[int]], cut: tuple[int, int] | None) -> list[int]:
+    """Which documents val holds whole, checking that train and val are the documents in order, whole
+    but for the one `cut` (document, its ids in val): its head in train, its tail in val."""
     in_val, t, v = [], 0, 0
     for d, ids in enumerate(expected):
-        if train[t : t + len(ids)] == ids:
+        if cut is not None and d == cut[0]:
+            head, tail = ids[: len(ids) - cut[1]], ids[len(ids) - cut[1] :]
+            assert train[t : t + len(head)] == head and val[v : v + len(tail)] == tail, f"document {d} is not split as said"
+            t, v = t + len(head), v + len(tail)
+        elif train[t : t + len(ids)] == ids:
             t += len(ids)
         else:
             assert val[v : v + len(ids)] == ids, f"document {d} is in neither split whole"
@@ -569,6 +649,7 @@ def test_many_documents_through_the_worker_pool(tmp_path, monkeypatch, tiktoken_
     meta = prepare([tmp_path / "in"], tmp_path / "out", val_fraction=0.2, progress=False, num_workers=2)
     expected = [tiktoken_gpt2.encode_ordinary(doc) + [EOT] for doc in docs]
     train, val = read_ids(tmp_path / "out" / "train.bin"), read_ids(tmp_path / "out" / "val.bin")
-    in_val = _documents_in_val(train, val, expected)
-    assert 0 < len(in_val) < 30 and len(val) >= 0.2 * (len(train) + len(val))
+    cut = meta["split"]["cut"]
+    in_val = _documents_in_val(train, val, expected, cut and (int(cut["document"][-6:-4]), cut["val_tokens"]))
+    assert 0 < len(in_val) < 30 and len(val) == round(0.2 * (len(train) + len(val))) and meta["split"]["val_documents"] == len(in_val)
     assert (meta["train_tokens"], meta["val_tokens"]) == (len(train), len(val))

@@ -1,15 +1,18 @@
-"""_files: atomic writes, with the permissions any new file gets, and reading text files."""
+"""_files: atomic writes, with the permissions any new file gets; paths that cannot be written; reading text files."""
 
 from __future__ import annotations
 
 import os
+import re
 import stat
+from pathlib import Path
 
 import pytest
 
-from gpt2 import GPT2, GPT2Config, Tokenizer
-from gpt2._files import atomic_path, atomic_write_text, read_text
+from gpt2 import GPT2, GPT2Config, GPT2Error, Tokenizer, UnwritablePathError
+from gpt2._files import atomic_path, atomic_write_text, read_text, writable_directory
 from gpt2.errors import DataError
+from gpt2.tokenizer import CharTokenizer
 
 
 @pytest.fixture(params=[0o022, 0o077, 0o002], ids=["umask022", "umask077", "umask002"])
@@ -62,3 +65,78 @@ def test_read_text_names_a_missing_file_a_directory_and_a_bad_byte(tmp_path):
                           (tmp_path / "bad.txt", "bad.txt is not UTF-8 text: byte 0xff at offset 2")):  # fmt: skip
         with pytest.raises(DataError, match=message):
             read_text(path, DataError)
+
+
+# ------------------------------------------------------------------ paths that cannot be written
+
+PROC = os.path.isdir("/proc/self")  # Linux: /proc takes no new files, whoever asks
+
+
+def writes_anyway(directory) -> bool:
+    """Whether this process writes into a directory of mode 0555 all the same (root does)."""
+    try:
+        os.close(os.open(directory / "probe", os.O_WRONLY | os.O_CREAT | os.O_EXCL))
+    except PermissionError:
+        return False
+    os.unlink(directory / "probe")
+    return True
+
+
+def unwritable_paths(tmp_path) -> list[tuple[str, str]]:
+    """(a directory to write into, the reason its error must give), as many as this machine and user allow:
+    a read-only directory only where this process is refused it (not root)."""
+    (tmp_path / "a-file").write_text("x")
+    (tmp_path / "read-only").mkdir(mode=0o555)
+    cases = [(tmp_path / "a-file", f"{tmp_path / 'a-file'} is a file, not a directory"),
+             (tmp_path / "a-file" / "sub" / "dir", f"{tmp_path / 'a-file'} is a file, not a directory")]  # fmt: skip
+    if PROC:
+        cases.append((Path("/proc/gpt2-out"), "/proc takes no new files or directories (no such file or directory)"))
+    if not writes_anyway(tmp_path / "read-only"):
+        cases.append((tmp_path / "read-only", "permission denied"))
+        cases.append((tmp_path / "read-only" / "out", f"permission denied in {tmp_path / 'read-only'}"))
+    return cases
+
+
+def test_a_directory_to_write_into_is_made_and_proved_writable(tmp_path):
+    assert writable_directory(tmp_path / "a" / "b") == tmp_path / "a" / "b"
+    assert list((tmp_path / "a" / "b").iterdir()) == []  # the file that proved it is gone
+    assert writable_directory(str(tmp_path / "a")) == tmp_path / "a"  # an existing one is fine too
+
+
+def test_an_unwritable_directory_is_named_with_the_reason(tmp_path):
+    # As root the read-only directory cannot be tested (root writes into it): the other cases run.
+    # Without CAP_DAC_OVERRIDE root is refused too: setpriv --inh-caps=-dac_override --bounding-set=-dac_override ...
+    for path, reason in unwritable_paths(tmp_path):
+        with pytest.raises(UnwritablePathError) as caught:
+            writable_directory(path)
+        assert str(caught.value) == f"cannot write into {path}: {reason}"
+        assert isinstance(caught.value, GPT2Error) and isinstance(caught.value, OSError)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "read-only"]
+    assert list((tmp_path / "read-only").iterdir()) == []
+
+
+def test_an_atomic_write_that_cannot_be_made_names_the_final_path(tmp_path):
+    (tmp_path / "a-file").write_text("x")
+    (tmp_path / "a-dir").mkdir()
+    cases = [(tmp_path / "missing" / "f.json", f"the directory {tmp_path / 'missing'} does not exist"),
+             (tmp_path / "a-file" / "f.json", f"{tmp_path / 'a-file'} is a file, not a directory"),
+             (tmp_path / "a-dir", f"{tmp_path / 'a-dir'} is a directory")]  # fmt: skip
+    if PROC:
+        cases.append((Path("/proc/f.json"), "/proc takes no new files or directories (no such file or directory)"))
+    for path, reason in cases:
+        with pytest.raises(UnwritablePathError, match=f"^{re.escape(f'cannot write {path}: {reason}')}$"):
+            atomic_write_text(path, "text")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-dir", "a-file"]  # no temporary file left
+    assert list((tmp_path / "a-dir").iterdir()) == []
+
+
+def test_models_and_vocabularies_are_not_saved_into_an_unwritable_directory(tmp_path):
+    writers = {
+        "save_pretrained": GPT2(GPT2Config(n_vocab=300, n_ctx=16, n_embd=8, n_head=2, n_layer=1)).save_pretrained,
+        "Tokenizer.save": Tokenizer.train("a small corpus, a small vocabulary", vocab_size=260).save,
+        "CharTokenizer.save": CharTokenizer(["a", "b"]).save,
+    }
+    for path, reason in unwritable_paths(tmp_path):
+        for name, save in writers.items():
+            with pytest.raises(UnwritablePathError, match=f"^cannot write into {re.escape(f'{path}: {reason}')}$"):
+                save(path)

@@ -9,7 +9,7 @@ import torch
 from scipy.stats import chisquare
 
 from helpers import make_hf_model
-from gpt2 import ContextLengthError, InputTypeError, InvalidArgumentError, NonFiniteError, TokenIdError, Tokenizer
+from gpt2 import ContextLengthError, GPT2Warning, InputTypeError, InvalidArgumentError, NonFiniteError, TokenIdError, Tokenizer
 from gpt2.generate import EmptyPromptWarning, TextGeneration, TextRow, generate_text, stream_text
 from gpt2.decoding import ContextOverflowWarning, Decoder, Row
 from gpt2.model import GPT2, TorchEngine
@@ -263,6 +263,19 @@ def test_end_of_text_written_in_a_prompt_is_the_special_token_unless_read_as_tex
     assert read_as_text == transformers_greedy(as_text) != transformers_greedy(special)
     with pytest.raises(InvalidArgumentError, match="allowed_special must be a set of special tokens or 'all'"):
         TextGeneration(model, ENC, prompt, allowed_special="none")
+
+
+def test_gpt2s_warnings_are_silenced_by_one_filter(small):
+    from gpt2.model import CUDAGraphWarning
+
+    _, model = small
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warnings.simplefilter("ignore", GPT2Warning)
+        generate_text(model, ENC, "", max_new_tokens=2, temperature=0)  # an empty prompt
+        model.generate(torch.zeros(1, model.config.n_ctx, dtype=torch.long), 2, temperature=0)  # past the context
+    assert caught == []  # (without the filter: two warnings)
+    assert issubclass(CUDAGraphWarning, GPT2Warning) and issubclass(CUDAGraphWarning, RuntimeWarning)
 
 
 def test_eos_token_id_fills_ended_rows(small):

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 
 import pytest
 
 import gpt2.tasks as tasks
-from gpt2.errors import GPT2Error
+from gpt2.errors import GPT2Error, UnwritablePathError
 from gpt2.tasks import Choice, Completion, read_hellaswag, read_lambada, read_wikitext, task_file
 
 
@@ -116,6 +117,15 @@ def test_a_failed_download_says_how_to_go_on_and_leaves_nothing(online, monkeypa
                                         r"download it elsewhere and pass its path: gpt2 eval --task hellaswag --data PATH"):  # fmt: skip
         task_file("hellaswag", progress=False)
     assert list((tmp_path / "cache").iterdir()) == []
+
+
+def test_an_unwritable_cache_is_named_before_anything_is_fetched(online, monkeypatch, tmp_path):
+    (tmp_path / "a-file").write_text("x")
+    monkeypatch.setenv("GPT2_CACHE", str(tmp_path / "a-file" / "cache"))
+    monkeypatch.setattr(tasks.urllib.request, "urlopen", None)  # a fetch would fail otherwise
+    with pytest.raises(UnwritablePathError, match=f"^cannot write into {re.escape(str(tmp_path / 'a-file' / 'cache'))}: "
+                                                  f"{re.escape(str(tmp_path / 'a-file'))} is a file, not a directory$"):  # fmt: skip
+        task_file("lambada", progress=False)
 
 
 def test_offline_mode_downloads_nothing(monkeypatch, tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,7 +19,7 @@ import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
 from helpers import REPO, heed_ctrl_c, make_hf_model
-from gpt2 import CheckpointError, ContextLengthError, GPT2Error, InvalidArgumentError
+from gpt2 import CheckpointError, ContextLengthError, GPT2Error, InvalidArgumentError, UnwritablePathError
 from gpt2.data import get_batch, prepare
 from gpt2.model import GPT2
 from gpt2.config import GPT2Config, TrainSettings
@@ -355,9 +356,24 @@ def test_bad_settings_are_named(char_data, tmp_path, changes, message):
         train(tmp_path / "out", data=char_data, progress=False, **{**TINY, "max_iters": 2, **changes})
 
 
+def test_an_unwritable_out_is_named_before_anything_is_loaded(char_data, tmp_path):
+    (tmp_path / "a-file").write_text("x")
+    cases = [(tmp_path / "a-file" / "out", f"{tmp_path / 'a-file'} is a file, not a directory")]
+    if os.path.isdir("/proc/self"):  # Linux
+        cases.append((Path("/proc/gpt2-run"), "/proc takes no new files or directories (no such file or directory)"))
+    for out, reason in cases:
+        for data in (char_data, tmp_path / "no-data"):  # the data is not even opened
+            with pytest.raises(UnwritablePathError, match=f"^{re.escape(f'cannot write into {out}: {reason}')}$"):
+                train(out, data=data, max_iters=1, progress=False, **TINY)
+    # a run that cannot start leaves no directory it made
+    with pytest.raises(GPT2Error, match="no-data"):
+        train(tmp_path / "new" / "out", data=tmp_path / "no-data", max_iters=1, progress=False, **TINY)
+    assert not (tmp_path / "new" / "out").exists()
+
+
 def test_out_is_protected(char_data, tmp_path):
     (tmp_path / "file").write_text("x")
-    with pytest.raises(InvalidArgumentError, match="is a file, not a directory"):
+    with pytest.raises(UnwritablePathError, match="file is a file, not a directory"):
         train(tmp_path / "file", data=char_data, max_iters=1, progress=False, **TINY)
     with pytest.raises(InvalidArgumentError, match="nothing to resume in"):
         train(tmp_path / "empty", resume=True, progress=False)

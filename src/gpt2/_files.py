@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import secrets
@@ -10,6 +11,8 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from gpt2.errors import UnwritablePathError
 
 
 @contextlib.contextmanager
@@ -19,14 +22,23 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     A crash or Ctrl-C mid-write leaves the old file (if any) untouched and no half-written
     file behind, because a rename within one directory is atomic on POSIX and Windows.
     The file gets the permissions the user's umask gives any new file (0644 under umask 022).
+    An OSError of its own (the temporary file cannot be made, or renamed) is an
+    `UnwritablePathError` naming `path` and why; the writer's own errors pass as they are.
     """
     path = Path(path)
-    tmp = _new_file_beside(path)
-    mode = stat.S_IMODE(os.stat(tmp).st_mode)
+    try:
+        tmp = _new_file_beside(path)
+        mode = stat.S_IMODE(os.stat(tmp).st_mode)
+    except OSError as e:
+        raise UnwritablePathError(f"cannot write {path}: {_why_unwritable(path.parent, e, made=False)}") from None
     try:
         yield tmp
         os.chmod(tmp, mode)  # a writer may have made the file anew: safetensors' save_file does, as 0600
-        os.replace(tmp, path)
+        try:
+            os.replace(tmp, path)
+        except OSError as e:
+            reason = f"{path} is a directory" if path.is_dir() else _os_reason(e)
+            raise UnwritablePathError(f"cannot write {path}: {reason}") from None
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
@@ -47,6 +59,39 @@ def _new_file_beside(path: Path) -> Path:
         except FileExistsError:
             continue
     raise FileExistsError(f"no free temporary name beside {path}")
+
+
+def writable_directory(path: str | os.PathLike) -> Path:
+    """Make the directory `path` (its parents too) that files are about to be written into, and
+    prove it writable by making and removing a file in it; else an `UnwritablePathError` naming
+    it and why. Writers call it before their work, not after: a run must not train for an hour
+    and then find that it cannot save."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        os.unlink(_new_file_beside(path / "write-test"))
+    except OSError as e:
+        raise UnwritablePathError(f"cannot write into {path}: {_why_unwritable(path, e, made=True)}") from None
+    return path
+
+
+def _why_unwritable(directory: Path, error: OSError, made: bool) -> str:
+    """Why nothing can be written in `directory`, in words: the part of its path in the way, or
+    the OS's reason. `made`: whether the directory was to be made if missing."""
+    existing = next(p for p in (directory, *directory.parents) if os.path.lexists(p))  # "/" or "." at the latest
+    if not existing.is_dir():
+        return f"{existing} is {'a file' if existing.is_file() else 'something else'}, not a directory"
+    if existing != directory and not made:
+        return f"the directory {directory} does not exist"
+    if error.errno == errno.ENOENT:  # the directory exists, yet no name can be made in it: /proc
+        return f"{existing} takes no new files or directories ({_os_reason(error)})"
+    return _os_reason(error) + ("" if existing == directory else f" in {existing}")
+
+
+def _os_reason(error: OSError) -> str:
+    """The OS's words for an error ("read-only file system", "permission denied")."""
+    reason = error.strerror or str(error)
+    return reason[:1].lower() + reason[1:]
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:

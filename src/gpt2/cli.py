@@ -10,6 +10,7 @@ import argparse
 import os
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 
 from gpt2 import __version__
@@ -132,29 +133,24 @@ def _load_model(args: argparse.Namespace):
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    import warnings
-
     from gpt2.generate import TextGeneration
 
     prompt = _check_generate_args(args)
     model, tokenizer = _load_model(args)
     top_k = min(DEFAULT_TOP_K, model.config.n_vocab) if args.top_k is None else args.top_k
     started = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.showwarning = lambda message, *_: print(f"gpt2: note: {message}", file=sys.stderr)
-        generation = TextGeneration(model, tokenizer, prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                                    top_k=top_k, top_p=args.top_p, seed=args.seed, num_samples=args.num_samples,
-                                    stop=args.stop, on_overflow=args.on_overflow,
-                                    allowed_special=_allowed_special(args))  # fmt: skip
-        samples = _Samples(sys.stdout, prompt, generation, args.stream)
-        try:
-            for row, piece in generation:
-                samples.add(row, piece)
-        except BaseException as e:
-            samples.close(interrupted=True)  # Ctrl-C keeps what was generated, streamed or not
-            if isinstance(e, KeyboardInterrupt):
-                _summary(generation.tokens_generated, started)
-            raise
+    generation = TextGeneration(model, tokenizer, prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                top_k=top_k, top_p=args.top_p, seed=args.seed, num_samples=args.num_samples,
+                                stop=args.stop, on_overflow=args.on_overflow, allowed_special=_allowed_special(args))  # fmt: skip
+    samples = _Samples(sys.stdout, prompt, generation, args.stream)
+    try:
+        for row, piece in generation:
+            samples.add(row, piece)
+    except BaseException as e:
+        samples.close(interrupted=True)  # Ctrl-C keeps what was generated, streamed or not
+        if isinstance(e, KeyboardInterrupt):
+            _summary(generation.tokens_generated, started)
+        raise
     samples.close()
     _summary(generation.tokens_generated, started)
     return 0
@@ -246,9 +242,21 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
     from gpt2.data import prepare
 
     meta = prepare(args.inputs, args.out, args.tokenizer, args.val_fraction, overwrite=args.overwrite, progress=args.progress)
-    print(f"gpt2: {meta['train_tokens']:,} training and {meta['val_tokens']:,} validation tokens of a {meta['vocab_size']:,}-token "
-          f"vocabulary ({meta['tokenizer']}) in {args.out}", file=sys.stderr)  # fmt: skip
+    print(f"gpt2: {meta['train_tokens']:,} training and {meta['val_tokens']:,} validation tokens ({_validation(meta['split'])}) "
+          f"of a {meta['vocab_size']:,}-token vocabulary ({meta['tokenizer']}) in {args.out}", file=sys.stderr)  # fmt: skip
     return 0
+
+
+def _validation(split: dict) -> str:
+    """The real share of validation, and, for several documents, what makes it up:
+    "10.00% for validation: 3 whole documents and the last 1,234 tokens of b.txt"."""
+    said = f"{split['actual_val_fraction']:.2%} for validation"
+    if split["method"] != "documents":
+        return said
+    n, cut = split["val_documents"], split["cut"]
+    parts = [f"{n} whole document{'s' * (n != 1)}"] if n else []
+    parts += [f"the last {cut['val_tokens']:,} tokens of {cut['document']}"] if cut else []
+    return f"{said}: {' and '.join(parts)}"
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -332,7 +340,8 @@ examples:
   cat *.txt | gpt2 prepare - --out data/stdin
 
 Each file is one document; with gpt2 and bpe:N each ends with <|endoftext|>. One document
-splits at 1 - F of its tokens (as nanoGPT's shakespeare_char); several split by whole documents.
+splits at 1 - F of its tokens (as nanoGPT's shakespeare_char); several split by whole documents,
+drawn with a fixed seed, the last of them cut so that validation holds F of the tokens.
 """
 
 
@@ -585,7 +594,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _WarningLines:
+    """Shows each warning raised while a command runs as one line on stderr, `gpt2: warning: ...`,
+    once: without Python's source path and line, which mean nothing to a user of the command.
+    Under torchrun every process meets the same ones: rank 0 says them."""
+
+    def __init__(self) -> None:
+        self.shown: set[str] = set()
+
+    def __call__(self, message, category, filename, lineno, file=None, line=None) -> None:
+        text = " ".join(str(message).split())
+        if text not in self.shown and os.environ.get("RANK", "0") == "0":
+            self.shown.add(text)
+            print(f"gpt2: warning: {text}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    with warnings.catch_warnings():
+        warnings.showwarning = _WarningLines()
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     try:
         args, unknown = parser.parse_known_args(argv)

@@ -36,7 +36,7 @@ import regex
 import torch
 
 from gpt2._checks import int_between, is_integer, positive_int, real_between
-from gpt2._files import atomic_path, atomic_write_text, read_json_object
+from gpt2._files import atomic_path, atomic_write_text, read_json_object, writable_directory
 from gpt2.errors import DataError, InputTypeError, InvalidArgumentError, TokenIdError
 from gpt2.tokenizer import CHARS_FILE, GPT2_VOCAB_DIR, CharTokenizer, Tokenizer, same_vocabulary
 
@@ -79,7 +79,8 @@ def find_documents(inputs: Sequence[str | os.PathLike], spool: Path) -> list[Doc
     standard input ("-"), which is copied to `spool` first so that it can be read twice."""
     if isinstance(inputs, (str, os.PathLike)) or not inputs:
         raise InvalidArgumentError("inputs must be a list of text files, directories or '-' (standard input)")
-    documents = []
+    documents: list[Document] = []
+    seen: dict[tuple[int, int], str] = {}  # (device, inode) of each file -> the name it came as
     for given in inputs:
         if not isinstance(given, (str, os.PathLike)):
             raise InputTypeError(f"inputs are paths (str or os.PathLike) or '-', got {given!r}")
@@ -96,14 +97,28 @@ def find_documents(inputs: Sequence[str | os.PathLike], spool: Path) -> list[Doc
             files = sorted(p for p in path.rglob("*") if p.is_file())
             if not files:
                 raise DataError(f"{path} is a directory with no files in it")
-            documents += [Document(str(p), p, p.stat().st_size) for p in files]
         elif path.is_file():
-            documents.append(Document(str(path), path, path.stat().st_size))
+            files = [path]
         elif path.exists():  # a pipe, a device: its size is unknown, and it cannot be read twice
             raise DataError(f"input {str(given)!r} is not a file or a directory: pipe it in as - (standard input)")
         else:
             raise DataError(f"input {str(given)!r} does not exist: give text files, directories, or - for standard input")
+        for file in files:
+            documents.append(_once(Document(str(file), file, file.stat().st_size), seen))
     return documents
+
+
+def _once(document: Document, seen: dict[tuple[int, int], str]) -> Document:
+    """The document, unless its file came before (by the same path or another, a link, or inside
+    a directory given too): the same text in both splits would make the validation loss a training loss."""
+    info = document.path.stat()
+    key = (info.st_dev, info.st_ino)
+    if key in seen:
+        first = seen[key]
+        same = f"{first!r} is given twice" if first == document.name else f"{document.name!r} and {first!r} are the same file"
+        raise DataError(f"{same}: give each file once (twice, its text could be in both the training and the validation split)")
+    seen[key] = document.name
+    return document
 
 
 def read_chunks(document: Document, on_bytes=lambda n: None, anywhere: bool = False) -> Iterator[str]:
@@ -208,31 +223,56 @@ def _encode_batch(batch: list[tuple[int, str | None]], tokenizer, out: BinaryIO,
         counts[d] += len(ids)
 
 
-def split_documents(counts: list[int], val_fraction: float) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
-    """(start, end) ranges of ids for train and for validation.
+@dataclass
+class Split:
+    """Which ids train and which validate: (start, end) ranges into the ids of every document in order."""
+
+    train: list[tuple[int, int]]
+    val: list[tuple[int, int]]
+    method: str  # "tail": one document, cut; "documents": whole documents, and the tail of at most one
+    val_documents: int = 0  # documents that validate whole
+    cut: tuple[int, int] | None = None  # (document, its ids that validate): the one split within, if any
+
+
+def split_documents(counts: list[int], val_fraction: float) -> Split:
+    """Train and validation ids of documents of `counts` ids each.
 
     One document: its first int(n * (1 - F)) ids train, the rest validate (nanoGPT's split).
-    Several: whole documents, drawn with a fixed seed, validate until they hold F of the ids.
+    Several: documents drawn with a fixed seed validate whole while they fit in round(F * n)
+    ids (at least 1, at most n - 1); the last ids of the next one drawn make up the rest (its
+    head trains), so that validation holds F of the ids whatever the documents' sizes.
     """
     n = sum(counts)
-    starts = [0, *itertools.accumulate(counts)]  # document d holds ids starts[d] .. starts[d + 1]
     if len(counts) == 1:
         cut = int(n * (1 - val_fraction))
-        train, val = [(0, cut)], [(cut, n)]
+        split = Split([(0, cut)], [(cut, n)], "tail", 0, (0, n - cut))
     else:
-        chosen, held = set(), 0
-        for d in np.random.default_rng(SPLIT_SEED).permutation(len(counts)):
-            if held >= val_fraction * n:
-                break
-            chosen.add(int(d))
-            held += counts[int(d)]
-        train = [(starts[d], starts[d + 1]) for d in range(len(counts)) if d not in chosen]
-        val = [(starts[d], starts[d + 1]) for d in sorted(chosen)]
-    for name, ranges in (("training", train), ("validation", val)):
+        split = _split_by_documents(counts, min(max(round(val_fraction * n), 1), n - 1))
+    for name, ranges in (("training", split.train), ("validation", split.val)):
         if sum(e - s for s, e in ranges) == 0:
             raise DataError(f"a corpus of {n} tokens in {len(counts)} document(s) is too small to split with "
                             f"val_fraction {val_fraction}: the {name} split would be empty")  # fmt: skip
-    return train, val
+    return split
+
+
+def _split_by_documents(counts: list[int], target: int) -> Split:
+    whole, held, cut = set(), 0, None
+    for d in map(int, np.random.default_rng(SPLIT_SEED).permutation(len(counts))):
+        if held == target:
+            break
+        if held + counts[d] > target:
+            cut = (d, target - held)  # 0 < its ids that validate < counts[d]
+            break
+        whole.add(d)
+        held += counts[d]
+    starts = [0, *itertools.accumulate(counts)]  # document d holds ids starts[d] .. starts[d + 1]
+    train, val = [], []
+    for d in range(len(counts)):
+        start, end = starts[d], starts[d + 1]
+        middle = end - cut[1] if cut is not None and cut[0] == d else start if d in whole else end  # train | val
+        train += [(start, middle)] if middle > start else []
+        val += [(middle, end)] if end > middle else []
+    return Split(train, val, "documents", len(whole), cut)
 
 
 def prepare(
@@ -254,11 +294,11 @@ def prepare(
     out = Path(out)
     _check_out(out, overwrite)
     created = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
+    writable_directory(out)
     try:
         with tempfile.TemporaryDirectory(dir=out, prefix=".prepare-") as scratch:  # beside out: no copy across disks
-            encoder, counts, (train, val), dtype = _write_splits(inputs, out, Path(scratch), tokenizer, val_fraction,
-                                                                 progress, num_workers)  # fmt: skip
+            encoder, documents, split, dtype = _write_splits(inputs, out, Path(scratch), tokenizer, val_fraction,
+                                                             progress, num_workers)  # fmt: skip
     except BaseException:
         if created:  # an error leaves no empty directory behind
             with contextlib.suppress(OSError):
@@ -267,20 +307,24 @@ def prepare(
     if overwrite:
         _remove_other_tokenizers(out, tokenizer)
     _save_tokenizer(encoder, tokenizer, out)
+    train_tokens, val_tokens = (sum(e - s for s, e in ranges) for ranges in (split.train, split.val))
+    cut = None if split.cut is None else {"document": documents[split.cut[0]].name, "val_tokens": split.cut[1]}
     meta = {
         "format": FORMAT, "version": 1, "tokenizer": tokenizer, "vocab_size": encoder.n_vocab, "dtype": dtype.name,
-        "train_tokens": sum(e - s for s, e in train), "val_tokens": sum(e - s for s, e in val),
-        "sources": {"inputs": [str(i) for i in inputs], "documents": len(counts)},
-        "split": {"val_fraction": val_fraction, "method": "tail" if len(counts) == 1 else "documents", "seed": SPLIT_SEED},
+        "train_tokens": train_tokens, "val_tokens": val_tokens,
+        "sources": {"inputs": [str(i) for i in inputs], "documents": len(documents)},
+        "split": {"val_fraction": val_fraction, "method": split.method, "seed": SPLIT_SEED,
+                  "actual_val_fraction": val_tokens / (train_tokens + val_tokens), "val_documents": split.val_documents,
+                  "cut": cut},  # the document split within (one at most), and how many of its ids validate
     }  # fmt: skip
     atomic_write_text(out / "meta.json", json.dumps(meta, indent=2) + "\n")  # last: it vouches for the rest
     return meta
 
 
 def _write_splits(inputs: Sequence[str | os.PathLike], out: Path, scratch: Path, spec: str, val_fraction: float,
-                  progress: bool, num_workers: int) -> tuple[Tokenizer | CharTokenizer, list[int], tuple[list, list], np.dtype]:  # fmt: skip
+                  progress: bool, num_workers: int) -> tuple[Tokenizer | CharTokenizer, list[Document], Split, np.dtype]:  # fmt: skip
     """Encode every document into scratch/all.bin, then write out/train.bin and out/val.bin from it.
-    Returns the tokenizer, each document's number of ids, the split's ranges, and the dtype."""
+    Returns the tokenizer, the documents, the split, and the dtype."""
     documents = find_documents(inputs, scratch / "stdin.txt")
     if not any(d.size for d in documents):
         raise DataError("the corpus is empty: no text in " + ", ".join(d.name for d in documents))
@@ -288,21 +332,19 @@ def _write_splits(inputs: Sequence[str | os.PathLike], out: Path, scratch: Path,
     dtype = ids_dtype(encoder.n_vocab)
     with open(scratch / "all.bin", "wb") as f:
         counts = encode_documents(documents, encoder, f, dtype, progress, num_workers)
-    train, val = split_documents(counts, val_fraction)
+    split = split_documents(counts, val_fraction)
     ids = np.memmap(scratch / "all.bin", dtype=dtype, mode="r")
     # Both files are renamed into place together, at the end: never a new train.bin beside an old val.bin.
     with atomic_path(out / "train.bin") as train_tmp, atomic_path(out / "val.bin") as val_tmp:
-        for tmp, ranges in ((train_tmp, train), (val_tmp, val)):
+        for tmp, ranges in ((train_tmp, split.train), (val_tmp, split.val)):
             with open(tmp, "wb") as f:
                 for start, end in ranges:
                     f.write(ids[start:end].tobytes())
     del ids
-    return encoder, counts, (train, val), dtype
+    return encoder, documents, split, dtype
 
 
 def _check_out(out: Path, overwrite: bool) -> None:
-    if out.exists() and not out.is_dir():
-        raise DataError(f"--out {out} is a file, not a directory")
     existing = [name for name in ("train.bin", "val.bin", "meta.json") if (out / name).exists()]
     if existing and not overwrite:
         raise DataError(f"{out} already holds prepared data ({', '.join(existing)}): pass --overwrite to replace it")

@@ -27,13 +27,13 @@ from typing import Protocol
 
 import torch
 
-from gpt2.errors import ContextLengthError, NonFiniteError
+from gpt2.errors import ContextLengthError, GPT2Warning, NonFiniteError
 from gpt2.sampling import SEED_MAX, Sampling, check_on_overflow, check_seed, sample_next, seeded_generator
 
 STOP, LENGTH = "stop", "length"  # why a row ended, in OpenAI's words
 
 
-class ContextOverflowWarning(UserWarning):
+class ContextOverflowWarning(GPT2Warning):
     """The prompt and the new tokens do not fit the context: the oldest tokens are dropped."""
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from gpt2._checks import positive_int
-from gpt2.errors import InvalidArgumentError, MemoryLimitError
+from gpt2.errors import GPT2Warning, InvalidArgumentError, MemoryLimitError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEVICES = "'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'"
@@ -157,7 +157,7 @@ def training_precision(device: torch.device, dtype: str = "auto") -> Precision:
 FITS_MARGIN = 1.25
 
 
-class MemoryWarning(UserWarning):
+class MemoryWarning(GPT2Warning):
     """A size whose estimated memory is a little over what the device has available."""
 
 

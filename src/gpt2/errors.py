@@ -1,8 +1,10 @@
 """The one exception family of `gpt2`: catch `GPT2Error` to catch them all.
 
 Each subclass also derives from the built-in exception a Python user would
-expect (`ValueError`, `TypeError`, `FileNotFoundError`), so existing
-`except ValueError:` code keeps working.
+expect (`ValueError`, `TypeError`, `FileNotFoundError`, `OSError`), so existing
+`except ValueError:` code keeps working. The warnings `gpt2` gives derive from
+`GPT2Warning`, so that one filter (`warnings.simplefilter("ignore", GPT2Warning)`)
+silences them all.
 """
 
 
@@ -58,9 +60,17 @@ class DataError(GPT2Error, ValueError):
     """Training data is missing, corrupt, or does not fit (a data directory, a corpus, a split)."""
 
 
+class UnwritablePathError(GPT2Error, OSError):
+    """A file or directory cannot be written: a read-only file system, no permission, a file where a directory is needed."""
+
+
 class DistributedError(GPT2Error, RuntimeError):
     """Training on several processes failed: a bad launch, or a process that died or stopped answering."""
 
 
 class MemoryLimitError(GPT2Error, MemoryError):
     """A size that cannot fit the device's memory (a batch, a KV cache), refused before anything is allocated."""
+
+
+class GPT2Warning(UserWarning):
+    """Base class of every warning `gpt2` gives."""

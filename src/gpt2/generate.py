@@ -17,13 +17,13 @@ import torch
 
 from gpt2._checks import positive_int
 from gpt2.decoding import STOP, Decoder, Row, check_context, row_seed
-from gpt2.errors import InputTypeError, InvalidArgumentError
+from gpt2.errors import GPT2Warning, InputTypeError, InvalidArgumentError
 from gpt2.reference import ReferenceModel
 from gpt2.sampling import Sampling, check_max_new_tokens, check_prompts
 from gpt2.tokenizer import IncrementalDecoder, Tokenizer
 
 
-class EmptyPromptWarning(UserWarning):
+class EmptyPromptWarning(GPT2Warning):
     """An empty prompt: generation starts from <|endoftext|>, as GPT-2's unconditional samples do."""
 
 

@@ -27,12 +27,12 @@ from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
 from gpt2._checks import check_token_ids
-from gpt2._files import atomic_path, atomic_write_text
+from gpt2._files import atomic_path, atomic_write_text, writable_directory
 from gpt2._gemv import attend, gemv
 from gpt2.config import GPT2Config
 from gpt2.decoding import Row, check_context, row_seed, run
 from gpt2.devices import check_fits, resolve_device, weight_format
-from gpt2.errors import ContextLengthError, InputTypeError, InvalidArgumentError
+from gpt2.errors import ContextLengthError, GPT2Warning, InputTypeError, InvalidArgumentError
 from gpt2.sampling import Sampling, check_max_new_tokens, check_prompts
 from gpt2.tokenizer import Tokenizer
 from gpt2.weights import iter_tensors, locate
@@ -628,8 +628,7 @@ class GPT2(nn.Module):
         if self.dtype == torch.int8:
             raise InvalidArgumentError("an int8 model is not saved: its weights were quantised when it was loaded; load the "
                                        "checkpoint with dtype float32 (or bfloat16) to save it")  # fmt: skip
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
+        directory = writable_directory(directory)
         tensors = {name: t.contiguous().cpu() for name, t in (tensors or self.hf_state_dict()).items()}
         with atomic_path(directory / "model.safetensors") as tmp:
             save_file(tensors, str(tmp), metadata={"format": "pt"})
@@ -696,6 +695,10 @@ class FixedStep:
     graph: torch.cuda.CUDAGraph | None = None
 
 
+class CUDAGraphWarning(GPT2Warning, RuntimeWarning):
+    """Capturing decoding as CUDA graphs failed: decoding goes on without them."""
+
+
 class DecodeGraphs:
     """Decoding steps replayed as CUDA graphs: a step's few hundred kernel launches, recorded
     once per batch-size bucket, cost one launch from Python (issue 12: at batch 1 on an H100,
@@ -755,5 +758,5 @@ class DecodeGraphs:
                 step.logits = self._run(step)
             step.graph = graph
         except RuntimeError as e:
-            warnings.warn(f"CUDA graph capture failed, decoding without graphs: {e}", RuntimeWarning, stacklevel=2)
+            warnings.warn(f"CUDA graph capture failed, decoding without graphs: {e}", CUDAGraphWarning, stacklevel=2)
             self.capture = False

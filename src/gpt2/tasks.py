@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpt2._checks import is_integer, positive_int
-from gpt2._files import atomic_path, check_file, read_text
+from gpt2._files import atomic_path, check_file, read_text, writable_directory
 from gpt2._hub import hub_file
 from gpt2.errors import DataError, InvalidArgumentError
 
@@ -188,8 +188,8 @@ def _download(url: str, path: Path, task: str, progress: bool) -> None:
         raise DataError(f"{task} is not in the cache ({path}) and HF_HUB_OFFLINE is set; {_offline_hint(task)}")
     from tqdm.auto import tqdm
 
+    writable_directory(path.parent)  # an unwritable cache is said as such, before anything is fetched
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         with urllib.request.urlopen(url, timeout=60) as response, atomic_path(path) as tmp, open(tmp, "wb") as out:
             size = int(response.headers.get("Content-Length") or 0) or None
             with tqdm(total=size, unit="B", unit_scale=True, desc=f"downloading {path.name}", disable=not progress) as bar:

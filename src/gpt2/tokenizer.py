@@ -37,8 +37,9 @@ from typing import AbstractSet, Literal
 import regex
 
 from gpt2._checks import check_token_ids, positive_int
-from gpt2._files import atomic_write_text, read_json_object
+from gpt2._files import atomic_write_text, read_json_object, writable_directory
 from gpt2.errors import (
+    GPT2Warning,
     InputTypeError,
     InvalidArgumentError,
     TokenIdError,
@@ -238,8 +239,7 @@ class Tokenizer:
 
     def save(self, directory: str | os.PathLike) -> None:
         """Write `encoder.json` and `vocab.bpe` into `directory` (created if needed), atomically."""
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
+        directory = writable_directory(directory)
         encoder = {_to_file_form(token): i for token, i in self._encoder.items()}
         encoder.update(self._special_tokens)
         encoder = dict(sorted(encoder.items(), key=lambda item: item[1]))
@@ -529,6 +529,7 @@ class Tokenizer:
             warnings.warn(
                 f"the corpus ran out of pairs to merge after {len(merges)} merges: "
                 f"the vocabulary has {257 + len(merges)} ids, not {vocab_size}",
+                GPT2Warning,
                 stacklevel=2,
             )
         encoder = {bytes([b]): i for i, b in enumerate(_BYTE_TOKEN_ORDER)}
@@ -740,8 +741,7 @@ class CharTokenizer:
 
     def save(self, directory: str | os.PathLike) -> None:
         """Write `chars.json` into `directory` (created if needed), atomically."""
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
+        directory = writable_directory(directory)
         atomic_write_text(directory / CHARS_FILE, json.dumps({"chars": self._chars}, ensure_ascii=False) + "\n")
 
     def __repr__(self) -> str:

@@ -32,7 +32,7 @@ import threading
 import time
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,12 +40,12 @@ from typing import Any
 import torch
 
 from gpt2 import distributed
-from gpt2._files import atomic_path, atomic_write_text
+from gpt2._files import atomic_path, atomic_write_text, writable_directory
 from gpt2.config import RESUME_OVERRIDES, GPT2Config, TrainSettings
 from gpt2.data import TokenData, get_batch, open_data
 from gpt2.decoding import ContextOverflowWarning
 from gpt2.devices import Precision, enable_tf32, peak_flops, training_precision
-from gpt2.errors import CheckpointError, ContextLengthError, InvalidArgumentError
+from gpt2.errors import CheckpointError, ContextLengthError, InvalidArgumentError, UnwritablePathError
 from gpt2.evaluate import loss_sum
 from gpt2.generate import generate_text
 from gpt2.model import GPT2
@@ -189,7 +189,7 @@ class Trainer:
     def _run(self) -> TrainResult:
         s = self.s
         if self.is_main:
-            self.out.mkdir(parents=True, exist_ok=True)
+            writable_directory(self.out)
             _trim_log(self.out / LOG, self.iteration, self.evaluated)
         from tqdm.auto import tqdm
 
@@ -373,8 +373,9 @@ class Trainer:
         try:
             with atomic_path(path) as tmp:
                 torch.save(state, tmp)
-        except OSError as e:
-            raise CheckpointError(f"could not write {path}: {e.strerror or e}; the previous checkpoint is intact") from None
+        except OSError as e:  # an UnwritablePathError names the path already
+            said = str(e) if isinstance(e, UnwritablePathError) else f"could not write {path}: {e.strerror or e}"
+            raise CheckpointError(f"{said}; the previous checkpoint is intact") from None
 
     def _restore(self, state: dict[str, Any]) -> None:
         if state["version"] == 1:  # one process's: the optimizer's state by parameter index
@@ -475,16 +476,25 @@ def plot_losses(log: Path, png: Path, note=print) -> None:
 
 def check_out(out: Path, resume: bool, overwrite: bool) -> None:
     """Nothing a user trained is overwritten by a typo: a run in OUT needs --resume or --overwrite."""
-    if out.exists() and not out.is_dir():
-        raise InvalidArgumentError(f"--out {out} is a file, not a directory")
     if resume and overwrite:
         raise InvalidArgumentError("--resume and --overwrite contradict each other: pick one")
     holds_run = any((out / name).exists() for name in (CHECKPOINT, LOG, "model.safetensors"))
     if holds_run and not (resume or overwrite):
         raise InvalidArgumentError(f"{out} already holds a run: pass --resume to continue it, or --overwrite to start over")
+
+
+def make_out(out: Path, overwrite: bool) -> bool:
+    """OUT, made and proved writable before anything is loaded (a run must not train for an hour,
+    then fail to save), and emptied of an old run's files on overwrite. Only rank 0 writes.
+    Returns whether OUT was made here."""
+    if os.environ.get("RANK", "0") != "0":
+        return False
+    made = not out.exists()
+    writable_directory(out)
     if overwrite:
         for name in (CHECKPOINT, LOG, PLOT):
             (out / name).unlink(missing_ok=True)
+    return made
 
 
 def resumed_settings(stored: dict[str, Any], changes: dict[str, Any]) -> TrainSettings:
@@ -525,7 +535,14 @@ def train(out: str | os.PathLike, *, resume: bool = False, overwrite: bool = Fal
         if settings.get("data") is None:
             raise InvalidArgumentError("no data: give the directory gpt2 prepare wrote (--data DIR)")
         s = TrainSettings(**settings)
-    trainer = Trainer(s, out, progress=progress, state=state)
+    made = make_out(out, overwrite)
+    try:
+        trainer = Trainer(s, out, progress=progress, state=state)
+    except BaseException:
+        if made:  # a run that could not start leaves no empty directory behind
+            with suppress(OSError):
+                out.rmdir()
+        raise
     try:
         return trainer.run()
     finally:
