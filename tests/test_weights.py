@@ -280,11 +280,16 @@ def test_the_zero_biases_and_position_table_saved_for_transformers_read_back(tmp
     assert "transformer.h.0.mlp.c_fc.bias" in load_file(tmp_path / "ours" / "model.safetensors")
     config, tensors = read_tensors(tmp_path / "ours")
     assert set(tensors) == set(model.hf_state_dict())  # what the model has, no more
-    # transformers' own copy (it saves every bias and wpe), and a bfloat16 one, read back too
+    # transformers' own copy (it saves every bias and wpe), and bfloat16 ones, read back too: a CPU model's
+    # (narrow matrices only) and one all in bfloat16, the table included, as a GPU model's
     GPT2LMHeadModel.from_pretrained(tmp_path / "ours").save_pretrained(tmp_path / "theirs")
     GPT2.from_pretrained(tmp_path / "ours", device="cpu", dtype="bfloat16").save_pretrained(tmp_path / "bf16")
+    (tmp_path / "all-bf16").mkdir()
+    (tmp_path / "all-bf16" / "config.json").write_bytes((tmp_path / "ours" / "config.json").read_bytes())
+    narrow = {k: v.to(torch.bfloat16) for k, v in load_file(tmp_path / "ours" / "model.safetensors").items()}
+    save_file(narrow, tmp_path / "all-bf16" / "model.safetensors")
     expected = logits_of(model, IDX)
-    for name, tolerance in (("ours", 0), ("theirs", 0), ("bf16", 0.1)):
+    for name, tolerance in (("ours", 0), ("theirs", 0), ("bf16", 0.1), ("all-bf16", 0.1)):
         loaded = GPT2.from_pretrained(tmp_path / name, device="cpu")
         assert loaded.config == model.config and set(loaded.hf_state_dict()) == set(tensors)
         assert (logits_of(loaded, IDX) - expected).abs().max() <= tolerance, name
