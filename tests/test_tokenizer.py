@@ -628,3 +628,69 @@ def test_char_tokenizer_from_file_and_type_errors(tmp_path):
         tokenizer_module.CharTokenizer(list("ab")).encode_batch(["a", "b", 3])
     with pytest.raises(InputTypeError, match=re.escape("encode_batch() takes a list of texts, got one bytes")):
         tokenizer_module.CharTokenizer(list("ab")).encode_batch(b"ab")
+
+
+# ------------------------------------------------------------------ transformers' files
+
+# Text that a decoder's "clean-up of tokenization spaces" would change (" ," -> ","), more whitespace, and not ASCII.
+SPACED = "Hello , world !\nIt 's  don 't ? I 'm ; you 've .\r\n\t(x) [y] {z} -- 'quoted' \"too\"\n\n  café ✓ 😀 end "
+
+
+def hf_tokenizer(directory):
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()  # not the note that the corpus is longer than model_max_length
+    return AutoTokenizer.from_pretrained(directory)
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "bpe"])
+def test_transformers_reads_the_saved_vocabulary_and_encodes_as_ours(kind, enc, corpus_text, tmp_path):
+    ours = enc if kind == "gpt2" else Tokenizer.train(corpus_text[:100_000], 1000)
+    ours.save_pretrained(tmp_path, model_max_length=64)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["merges.txt", "tokenizer.json", "tokenizer_config.json", "vocab.json"]
+    theirs = hf_tokenizer(tmp_path)
+    assert len(theirs) == ours.n_vocab and theirs.model_max_length == 64
+    assert theirs.eos_token == theirs.bos_token == "<|endoftext|>" and theirs.eos_token_id == ours.eot_token
+    for text in (corpus_text, SPACED):
+        ids = ours.encode(text)
+        assert theirs(text)["input_ids"] == ids
+        assert theirs.decode(ids) == text
+    every_id = [[i] for i in range(ours.n_vocab)]  # single tokens: partial UTF-8 characters decode as U+FFFD alike
+    assert theirs.batch_decode(every_id) == [ours.decode(ids) for ids in every_id]
+    # as in transformers' own GPT-2 files, text spelling <|endoftext|> is that token there
+    assert theirs("a<|endoftext|>b")["input_ids"] == ours.encode("a<|endoftext|>b", allowed_special="all")
+    # without tokenizer.json, transformers builds the same from vocab.json + merges.txt; and we read those back
+    (tmp_path / "tokenizer.json").unlink()
+    assert hf_tokenizer(tmp_path)(corpus_text[:50_000])["input_ids"] == ours.encode(corpus_text[:50_000])
+    assert tokenizer_module.same_vocabulary(tokenizer_module.load_tokenizer(tmp_path), ours)
+
+
+def test_transformers_reads_the_saved_character_vocabulary_and_encodes_as_ours(corpus_text, tmp_path):
+    ours = tokenizer_module.CharTokenizer.from_text([corpus_text, SPACED])
+    ours.save_pretrained(tmp_path, model_max_length=64)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["chars.json", "tokenizer.json", "tokenizer_config.json"]
+    theirs = hf_tokenizer(tmp_path)
+    assert len(theirs) == ours.n_vocab and theirs.model_max_length == 64
+    assert theirs.all_special_tokens == [] and theirs.eos_token_id is None
+    for text in (corpus_text, SPACED):
+        ids = ours.encode(text)
+        assert theirs(text)["input_ids"] == ids
+        assert theirs.decode(ids) == text
+    assert theirs.batch_decode([[i] for i in range(ours.n_vocab)]) == ours.chars
+    unknown = next(chr(c) for c in range(0x4E00, 0x9FFF) if chr(c) not in ours.chars)
+    with pytest.raises(Exception, match=r"Missing \[UNK\] token"):  # refused, as ours refuses, never some id
+        theirs("a" + unknown)
+    assert tokenizer_module.same_vocabulary(tokenizer_module.load_tokenizer(tmp_path), ours)
+
+
+def test_save_pretrained_removes_another_tokenizers_files(enc, tmp_path):
+    enc.save(tmp_path)  # encoder.json + vocab.bpe, which load_tokenizer would read first
+    (tmp_path / "special_tokens_map.json").write_text('{"unk_token": "a"}')  # transformers would read this
+    chars = tokenizer_module.CharTokenizer(list("ab\n"))
+    chars.save_pretrained(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["chars.json", "tokenizer.json", "tokenizer_config.json"]
+    assert tokenizer_module.same_vocabulary(tokenizer_module.load_tokenizer(tmp_path), chars)
+    enc.save_pretrained(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["merges.txt", "tokenizer.json", "tokenizer_config.json", "vocab.json"]
+    assert tokenizer_module.load_tokenizer(tmp_path).encode("Hello world") == [15496, 995]

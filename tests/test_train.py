@@ -277,6 +277,28 @@ def test_char_model_trains_and_generates_from_the_command_line(char_data, tmp_pa
     assert len(text.rstrip("\n")) == 30  # 30 new characters, one token each
 
 
+@pytest.mark.parametrize("vocabulary", ["char", "gpt2"])
+def test_transformers_loads_a_trained_model_and_generates_what_we_generate(vocabulary, char_data, gpt2_data, tmp_path, capsys):
+    """nanoGPT's defaults (no biases; here sinusoidal positions too for GPT-2's vocabulary): transformers
+    loads OUT with its tokenizer, nothing newly initialised, and its greedy pipeline equals gpt2 generate."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
+
+    from gpt2.cli import main
+
+    out = tmp_path / "out"
+    data = char_data if vocabulary == "char" else gpt2_data
+    train(out, data=data, max_iters=10, positions="learned" if vocabulary == "char" else "sinusoidal", progress=False, **TINY)
+    model, info = AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
+    assert not any(info.values()), info
+    generator = pipeline("text-generation", model=model, tokenizer=AutoTokenizer.from_pretrained(out))
+    prompt = "The "
+    theirs = generator(prompt, max_new_tokens=10, do_sample=False)[0]["generated_text"]
+    capsys.readouterr()
+    assert main(["generate", "--model", str(out), prompt, "--temperature", "0", "--max-new-tokens", "10"]) == 0
+    assert capsys.readouterr().out == theirs + "\n"
+    assert len(theirs) > len(prompt)
+
+
 # ------------------------------------------------------------------ devices and compiling
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -259,6 +260,57 @@ def test_save_overwrites_and_keeps_dtype(hf_dir, tmp_path):
     model.save_pretrained(tmp_path / "ckpt")
     assert load_file(tmp_path / "ckpt" / "model.safetensors")["transformer.wte.weight"].dtype == torch.bfloat16
     assert GPT2.from_pretrained(tmp_path / "ckpt", device="cpu", dtype="bfloat16").dtype == torch.bfloat16
+
+
+def nanogpt_model(seed: int = 0) -> GPT2:
+    """A model without biases, with sinusoidal positions: what transformers' GPT-2 has neither of."""
+    torch.manual_seed(seed)
+    model = GPT2(GPT2Config(n_vocab=101, n_ctx=24, n_embd=48, n_head=3, n_layer=2, bias=False, positions="sinusoidal")).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    return model
+
+
+def test_the_zero_biases_and_position_table_saved_for_transformers_read_back(tmp_path):
+    from transformers import GPT2LMHeadModel
+
+    model = nanogpt_model()
+    model.save_pretrained(tmp_path / "ours")
+    assert "transformer.h.0.mlp.c_fc.bias" in load_file(tmp_path / "ours" / "model.safetensors")
+    config, tensors = read_tensors(tmp_path / "ours")
+    assert set(tensors) == set(model.hf_state_dict())  # what the model has, no more
+    # transformers' own copy (it saves every bias and wpe), and bfloat16 ones, read back too: a CPU model's
+    # (narrow matrices only) and one all in bfloat16, the table included, as a GPU model's
+    GPT2LMHeadModel.from_pretrained(tmp_path / "ours").save_pretrained(tmp_path / "theirs")
+    GPT2.from_pretrained(tmp_path / "ours", device="cpu", dtype="bfloat16").save_pretrained(tmp_path / "bf16")
+    (tmp_path / "all-bf16").mkdir()
+    (tmp_path / "all-bf16" / "config.json").write_bytes((tmp_path / "ours" / "config.json").read_bytes())
+    narrow = {k: v.to(torch.bfloat16) for k, v in load_file(tmp_path / "ours" / "model.safetensors").items()}
+    save_file(narrow, tmp_path / "all-bf16" / "model.safetensors")
+    expected = logits_of(model, IDX)
+    for name, tolerance in (("ours", 0), ("theirs", 0), ("bf16", 0.1), ("all-bf16", 0.1)):
+        loaded = GPT2.from_pretrained(tmp_path / name, device="cpu")
+        assert loaded.config == model.config and set(loaded.hf_state_dict()) == set(tensors)
+        assert (logits_of(loaded, IDX) - expected).abs().max() <= tolerance, name
+        assert np.abs(ReferenceModel.load(tmp_path / name)(IDX[0].numpy()) - expected[0].numpy()).max() < max(tolerance, 1e-4)
+
+
+def test_a_trained_bias_or_position_table_the_config_lacks_is_an_error_naming_it(tmp_path):
+    nanogpt_model().save_pretrained(tmp_path)
+    original = load_file(tmp_path / "model.safetensors")
+    bias = original["transformer.h.1.attn.c_attn.bias"].clone()
+    bias[5] = 0.01  # e.g. fine-tuned in transformers, config.json left as it was
+    save_file({**original, "transformer.h.1.attn.c_attn.bias": bias}, tmp_path / "model.safetensors")
+    message = "tensor 'transformer.h.1.attn.c_attn.bias' is not zero, but config.json's \"gpt2_bias\": false says"
+    for load in (lambda: GPT2.from_pretrained(tmp_path, device="cpu"), lambda: ReferenceModel.load(tmp_path)):
+        with pytest.raises(CheckpointError, match=re.escape(message)):
+            load()
+    save_file({**original, "transformer.wpe.weight": original["transformer.wpe.weight"] + 0.05}, tmp_path / "model.safetensors")
+    message = "tensor 'transformer.wpe.weight' is not the sinusoidal position table that config.json's \"gpt2_positions\""
+    for load in (lambda: GPT2.from_pretrained(tmp_path, device="cpu"), lambda: ReferenceModel.load(tmp_path)):
+        with pytest.raises(CheckpointError, match=re.escape(message)):
+            load()
 
 
 def test_every_parameter_comes_from_the_file(hf_dir):

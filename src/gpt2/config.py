@@ -95,9 +95,12 @@ class GPT2Config:
 
     # ------------------------------------------------- Hugging Face's config.json
 
-    def to_hf_dict(self) -> dict[str, Any]:
+    def to_hf_dict(self, eot_token: int | None = None) -> dict[str, Any]:
         """A `config.json` that `transformers.GPT2LMHeadModel` loads.
 
+        `eot_token` is the id of the tokenizer's <|endoftext|> (50256 for GPT-2's), which transformers
+        takes as the bos and eos ids (generation stops at eos); None where the vocabulary has none (a
+        character vocabulary) or is unknown: a config does not know its tokenizer.
         Settings Hugging Face's GPT-2 cannot express (sinusoidal positions, no bias) are kept
         under `gpt2_*` keys, which it ignores and `from_hf_dict` reads back.
         """
@@ -117,8 +120,8 @@ class GPT2Config:
             "attn_pdrop": self.dropout,
             "layer_norm_epsilon": self.layer_norm_epsilon,
             "initializer_range": 0.02,
-            "bos_token_id": self.n_vocab - 1,  # <|endoftext|>, the last id (50256 in GPT-2)
-            "eos_token_id": self.n_vocab - 1,
+            "bos_token_id": eot_token,
+            "eos_token_id": eot_token,
             "tie_word_embeddings": True,
             "scale_attn_weights": True,
             "gpt2_positions": self.positions,

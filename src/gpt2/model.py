@@ -34,8 +34,8 @@ from gpt2.decoding import Row, check_context, row_seed, run
 from gpt2.devices import check_fits, resolve_device, weight_format
 from gpt2.errors import ContextLengthError, GPT2Warning, InputTypeError, InvalidArgumentError
 from gpt2.sampling import Sampling, check_max_new_tokens, check_prompts
-from gpt2.tokenizer import Tokenizer
-from gpt2.weights import iter_tensors, locate
+from gpt2.tokenizer import assumed_tokenizer
+from gpt2.weights import iter_tensors, locate, transformers_only_shapes
 
 
 def softmax(logits: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -617,24 +617,33 @@ class GPT2(nn.Module):
             wpe.weight = sinusoidal_positions(self.config.n_ctx, self.config.n_embd).to(device=device, dtype=dtype)
 
     def save_pretrained(self, directory: str | os.PathLike, tensors: dict[str, torch.Tensor] | None = None) -> None:
-        """Write `config.json` + `model.safetensors` in Hugging Face's GPT-2 layout.
+        """Write `config.json` + `model.safetensors` in Hugging Face's GPT-2 layout, and the tokenizer.
 
-        `transformers.GPT2LMHeadModel.from_pretrained(directory)` loads the result, and so does
+        transformers loads the result: `AutoModelForCausalLM.from_pretrained(directory)` with nothing
+        missing or newly initialised (a model without biases gets zero biases, one with sinusoidal
+        positions the fixed table as wpe: what transformers' GPT-2 needs to compute the same), and
+        `AutoTokenizer.from_pretrained(directory)` (see `Tokenizer.save_pretrained`). So does
         `GPT2.from_pretrained`. Each file is written to a temporary name and renamed into place.
-        The model's tokenizer (`model.tokenizer`) is saved beside the weights, unless it is GPT-2's
-        (which `from_pretrained` assumes for a model of GPT-2's vocabulary). `tensors` replaces
-        the model's own weights: those of a model sharded over processes, gathered on one.
+        The tokenizer is `model.tokenizer`, or GPT-2's for a model of GPT-2's vocabulary that has
+        none; its <|endoftext|> is config.json's eos id (none for a character vocabulary). `tensors`
+        replaces the model's own weights: those of a model sharded over processes, gathered on one.
         """
         if self.dtype == torch.int8:
             raise InvalidArgumentError("an int8 model is not saved: its weights were quantised when it was loaded; load the "
                                        "checkpoint with dtype float32 (or bfloat16) to save it")  # fmt: skip
         directory = writable_directory(directory)
         tensors = {name: t.contiguous().cpu() for name, t in (tensors or self.hf_state_dict()).items()}
+        dtype = tensors["transformer.ln_f.weight"].dtype  # of the vectors (a narrow CPU model keeps them in float32)
+        for name, shape in transformers_only_shapes(self.config).items():
+            positions = name == "transformer.wpe.weight"
+            tensors[name] = sinusoidal_positions(*shape).to(dtype) if positions else torch.zeros(shape, dtype=dtype)
+        tokenizer = self.tokenizer if self.tokenizer is not None else assumed_tokenizer(self.config.n_vocab)
+        eot_token = None if tokenizer is None else tokenizer.eot_token
         with atomic_path(directory / "model.safetensors") as tmp:
             save_file(tensors, str(tmp), metadata={"format": "pt"})
-        atomic_write_text(directory / "config.json", json.dumps(self.config.to_hf_dict(), indent=2) + "\n")
-        if self.tokenizer is not None and self.tokenizer is not Tokenizer.gpt2():  # GPT-2's goes without saying
-            self.tokenizer.save(directory)
+        atomic_write_text(directory / "config.json", json.dumps(self.config.to_hf_dict(eot_token), indent=2) + "\n")
+        if tokenizer is not None:
+            tokenizer.save_pretrained(directory, model_max_length=self.config.n_ctx)
 
 
 class TorchEngine:

@@ -19,6 +19,7 @@ import numpy as np
 
 from gpt2.config import GPT2Config
 from gpt2.errors import InvalidArgumentError
+from gpt2.weights import read_tensors, sinusoidal_positions
 
 Params = dict[str, Any]
 
@@ -104,17 +105,6 @@ def gpt2(
 # ---------------------------------------------------------------------- weights
 
 
-def sinusoidal_positions(n_ctx: int, n_embd: int) -> np.ndarray:
-    """(n_ctx, C): sin on even channels, cos on odd ones, wavelengths from 2 pi to 10000 * 2 pi."""
-    table = np.zeros((n_ctx, n_embd))
-    for i in range(0, n_embd, 2):
-        angle = np.arange(n_ctx) / 10000.0 ** (i / n_embd)
-        table[:, i] = np.sin(angle)
-        if i + 1 < n_embd:
-            table[:, i + 1] = np.cos(angle)
-    return table.astype(np.float32)
-
-
 def params_from_tensors(config: GPT2Config, tensors: dict[str, np.ndarray]) -> Params:
     """Nest canonical tensors as `gpt2()` takes them; missing biases (bias=False) become zeros."""
 
@@ -158,8 +148,6 @@ class ReferenceModel:
     @classmethod
     def load(cls, name_or_path: str | os.PathLike) -> ReferenceModel:
         """Read a checkpoint (any format `gpt2.weights` reads) without torch."""
-        from gpt2.weights import read_tensors
-
         return cls(*read_tensors(name_or_path))
 
     def __call__(self, inputs: Sequence[int]) -> np.ndarray:

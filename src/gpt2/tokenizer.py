@@ -240,12 +240,52 @@ class Tokenizer:
     def save(self, directory: str | os.PathLike) -> None:
         """Write `encoder.json` and `vocab.bpe` into `directory` (created if needed), atomically."""
         directory = writable_directory(directory)
-        encoder = {_to_file_form(token): i for token, i in self._encoder.items()}
-        encoder.update(self._special_tokens)
-        encoder = dict(sorted(encoder.items(), key=lambda item: item[1]))
-        merges = "".join(f"{_to_file_form(a)} {_to_file_form(b)}\n" for a, b in self._merges)
-        atomic_write_text(directory / "encoder.json", json.dumps(encoder))
-        atomic_write_text(directory / "vocab.bpe", "#version: 0.2\n" + merges)
+        atomic_write_text(directory / "encoder.json", json.dumps(self._file_vocabulary()))
+        atomic_write_text(directory / "vocab.bpe", "#version: 0.2\n" + "".join(line + "\n" for line in self._merge_lines()))
+
+    def save_pretrained(self, directory: str | os.PathLike, model_max_length: int | None = None) -> None:
+        """Write the vocabulary as Hugging Face's GPT-2 directories hold it, so that transformers'
+        `AutoTokenizer.from_pretrained(directory)` encodes and decodes as this tokenizer does.
+
+        `vocab.json` and `merges.txt` are OpenAI's two files under transformers' names (which
+        `load_tokenizer` reads too); `tokenizer.json` is the `tokenizers` library's whole pipeline
+        (GPT-2's byte-level pre-tokenization and decoding, BPE with these merges, the special tokens);
+        `tokenizer_config.json` names GPT2Tokenizer, <|endoftext|> as its bos, eos and unk token, no
+        clean-up of spaces when decoding, and `model_max_length` (the model's context) if given.
+        As transformers does, text that spells a special token encodes as that token there.
+        Tokenizer files of another kind in `directory`, which would be read instead, are removed.
+        """
+        vocabulary, merges = self._file_vocabulary(), self._merge_lines()
+        special = sorted(self._special_tokens.items(), key=lambda item: item[1])
+        pipeline = {
+            "version": "1.0", "truncation": None, "padding": None,
+            "added_tokens": [{"id": i, "content": name, "single_word": False, "lstrip": False, "rstrip": False,
+                              "normalized": False, "special": True} for name, i in special],
+            "normalizer": None,
+            "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+            "post_processor": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": True},
+            "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+            "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "", "end_of_word_suffix": "",
+                      "fuse_unk": False, "byte_fallback": False, "ignore_merges": False, "vocab": vocabulary, "merges": merges},
+        }  # fmt: skip
+        config = {"tokenizer_class": "GPT2Tokenizer", "bos_token": EOT, "eos_token": EOT, "unk_token": EOT,
+                  "add_prefix_space": False, "clean_up_tokenization_spaces": False, "errors": "replace"}  # fmt: skip
+        files = {
+            "vocab.json": json.dumps(vocabulary, ensure_ascii=False),
+            "merges.txt": "#version: 0.2\n" + "".join(line + "\n" for line in merges),
+            "tokenizer.json": json.dumps(pipeline, ensure_ascii=False),
+        }
+        _write_pretrained(directory, files, config, model_max_length)
+
+    def _file_vocabulary(self) -> dict[str, int]:
+        """Token (in the files' printable form, or a special token's name) -> id, in id order."""
+        vocabulary = {_to_file_form(token): i for token, i in self._encoder.items()}
+        vocabulary.update(self._special_tokens)
+        return dict(sorted(vocabulary.items(), key=lambda item: item[1]))
+
+    def _merge_lines(self) -> list[str]:
+        """The merges in rank order, each as the two tokens' printable forms joined by a space."""
+        return [f"{_to_file_form(a)} {_to_file_form(b)}" for a, b in self._merges]
 
     # ------------------------------------------------------------- properties
 
@@ -744,6 +784,32 @@ class CharTokenizer:
         directory = writable_directory(directory)
         atomic_write_text(directory / CHARS_FILE, json.dumps({"chars": self._chars}, ensure_ascii=False) + "\n")
 
+    def save_pretrained(self, directory: str | os.PathLike, model_max_length: int | None = None) -> None:
+        """Write `chars.json`, and the vocabulary as a `tokenizer.json` of the `tokenizers` library, so
+        that transformers' `AutoTokenizer.from_pretrained(directory)` encodes and decodes as this does.
+
+        The pipeline: no normalizer; a pre-tokenizer that isolates each character (a code point, as
+        Python's str counts them); a WordLevel model over the characters; a decoder that joins the
+        tokens as they are. Its unknown token is in no vocabulary (a character vocabulary holds single
+        characters), so a character outside the vocabulary raises an error there, as it does here,
+        rather than encoding as some id. `tokenizer_config.json` names no special tokens (there are
+        none), asks for no clean-up of spaces when decoding, and gives `model_max_length` if given.
+        Tokenizer files of another kind in `directory`, which would be read instead, are removed.
+        """
+        pipeline = {
+            "version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
+            "pre_tokenizer": {"type": "Split", "pattern": {"Regex": r"[\s\S]"}, "behavior": "Isolated", "invert": False},
+            "post_processor": None,
+            "decoder": {"type": "Fuse"},
+            "model": {"type": "WordLevel", "vocab": self._ids, "unk_token": "<unknown character>"},
+        }  # fmt: skip
+        files = {
+            CHARS_FILE: json.dumps({"chars": self._chars}, ensure_ascii=False) + "\n",
+            "tokenizer.json": json.dumps(pipeline, ensure_ascii=False),
+        }
+        config = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False}
+        _write_pretrained(directory, files, config, model_max_length)
+
     def __repr__(self) -> str:
         return f"CharTokenizer(n_vocab={self.n_vocab})"
 
@@ -755,11 +821,33 @@ class CharTokenizer:
 
 
 CHARS_FILE = "chars.json"
+# The files a directory's tokenizer is read from: by `load_tokenizer`, and by transformers' AutoTokenizer.
+TOKENIZER_FILES = ("encoder.json", "vocab.bpe", "vocab.json", "merges.txt", CHARS_FILE, "tokenizer.json", "tokenizer_config.json",
+                   "special_tokens_map.json", "added_tokens.json")  # fmt: skip
+
+
+def _write_pretrained(directory: str | os.PathLike, files: dict[str, str], config: dict, model_max_length: int | None) -> None:
+    """Write a tokenizer's files and its `tokenizer_config.json` into `directory` (created if needed),
+    each atomically, and remove the other tokenizer files there, so that no reader finds a stale one."""
+    directory = writable_directory(directory)
+    if model_max_length is not None:
+        config = {**config, "model_max_length": positive_int("model_max_length", model_max_length)}
+    files = {**files, "tokenizer_config.json": json.dumps(config, indent=2, ensure_ascii=False) + "\n"}
+    for name, text in files.items():
+        atomic_write_text(directory / name, text)
+    for name in TOKENIZER_FILES:
+        if name not in files:
+            (directory / name).unlink(missing_ok=True)
 
 
 def same_vocabulary(a: object, b: object) -> bool:
     """Whether two tokenizers map text to the same ids."""
     return type(a) is type(b) and a.__getstate__() == b.__getstate__()
+
+
+def assumed_tokenizer(n_vocab: int) -> Tokenizer | None:
+    """The tokenizer of a model of n_vocab ids saved without one: GPT-2's for GPT-2's vocabulary, else none known."""
+    return Tokenizer.gpt2() if n_vocab == Tokenizer.gpt2().n_vocab else None
 
 
 def load_tokenizer(directory: str | os.PathLike) -> Tokenizer | CharTokenizer | None:

@@ -30,7 +30,7 @@ from gpt2._files import read_json_object
 from gpt2._hub import hub_file
 from gpt2.config import PRESETS, GPT2Config
 from gpt2.errors import CheckpointError, CheckpointNotFoundError, ConfigError, InputTypeError, UnknownModelError
-from gpt2.tokenizer import CharTokenizer, Tokenizer, load_tokenizer
+from gpt2.tokenizer import CharTokenizer, Tokenizer, assumed_tokenizer, load_tokenizer
 
 HUB_REPOS = {name: f"openai-community/{name}" for name in PRESETS}
 
@@ -54,7 +54,7 @@ class Checkpoint:
         directory's); GPT-2's for a model of GPT-2's vocabulary that has none; else None."""
         tokenizer = load_tokenizer(self.directory)
         if tokenizer is None:
-            return Tokenizer.gpt2() if self.config.n_vocab == Tokenizer.gpt2().n_vocab else None
+            return assumed_tokenizer(self.config.n_vocab)
         if tokenizer.n_vocab > self.config.n_vocab:
             raise CheckpointError(f"{self.directory}: the tokenizer has {tokenizer.n_vocab} ids, more than the model's "
                                   f"vocabulary of {self.config.n_vocab}")  # fmt: skip
@@ -91,6 +91,30 @@ def expected_shapes(config: GPT2Config) -> dict[str, tuple[int, ...]]:
     if config.bias:
         shapes["transformer.ln_f.bias"] = (C,)
     return shapes
+
+
+def transformers_only_shapes(config: GPT2Config) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of the tensors transformers' GPT2LMHeadModel has and a model of `config` lacks:
+    every bias of a model without biases, and wpe of one with sinusoidal positions.
+
+    `GPT2.save_pretrained` writes them, as zeros and as the fixed position table, which makes
+    transformers compute what the model computes (it has only biases and a learned wpe) and load
+    it with nothing newly initialised. Readers check they hold just that (`iter_tensors`).
+    """
+    own = expected_shapes(config)
+    everything = expected_shapes(config.replace(bias=True, positions="learned"))
+    return {name: shape for name, shape in everything.items() if name not in own}
+
+
+def sinusoidal_positions(n_ctx: int, n_embd: int) -> np.ndarray:
+    """(n_ctx, C): sin on even channels, cos on odd ones, wavelengths from 2 pi to 10000 * 2 pi."""
+    table = np.zeros((n_ctx, n_embd))
+    for i in range(0, n_embd, 2):
+        angle = np.arange(n_ctx) / 10000.0 ** (i / n_embd)
+        table[:, i] = np.sin(angle)
+        if i + 1 < n_embd:
+            table[:, i + 1] = np.cos(angle)
+    return table.astype(np.float32)
 
 
 # --------------------------------------------------------------------- locating
@@ -172,30 +196,57 @@ def iter_tensors(checkpoint: Checkpoint, framework: Literal["np", "pt"] = "np") 
 
     One tensor at a time keeps peak memory near the model's own size. `framework` picks
     numpy arrays or torch tensors. Raises CheckpointError for an unknown tensor or a wrong
-    shape while iterating, and for missing tensors at the end.
+    shape while iterating, and for missing tensors at the end. The tensors saved for transformers
+    only (`transformers_only_shapes`) are checked and left out.
     """
-    shapes = expected_shapes(checkpoint.config)
+    shapes, extras = expected_shapes(checkpoint.config), transformers_only_shapes(checkpoint.config)
     seen = set()
     for raw_name, tensor in _read_raw(checkpoint, framework):
         name = _canonical_name(raw_name, checkpoint.format)
         if name is None:
             continue
-        if name not in shapes:
+        expected = shapes.get(name) or extras.get(name)
+        if expected is None:
             raise CheckpointError(f"{checkpoint.weights_path}: unexpected tensor {raw_name!r}; is this a GPT-2 checkpoint?")
         shape = tuple(tensor.shape)
         if checkpoint.format == "tensorflow" and len(shape) == 3 and shape[0] == 1:
             tensor, shape = tensor[0], shape[1:]  # OpenAI stored linear weights as 1x1 convolutions
-        if shape != shapes[name]:
+        if shape != expected:
             raise CheckpointError(
                 f"{checkpoint.weights_path}: tensor {raw_name!r} has shape {list(shape)}, "
-                f"but the config ({_describe(checkpoint.config)}) needs {list(shapes[name])}"
+                f"but the config ({_describe(checkpoint.config)}) needs {list(expected)}"
             )
+        if name in extras:  # written for transformers only: the model computes it without the tensor
+            _check_transformers_only(checkpoint, raw_name, name, tensor)
+            continue
         seen.add(name)
         yield name, tensor
     missing = [name for name in shapes if name not in seen]
     if missing:
         more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
         raise CheckpointError(f"{checkpoint.weights_path} lacks tensor(s) {', '.join(missing[:3])}{more}")
+
+
+# How far a stored position table may be from the sinusoidal one: a bfloat16 copy is within half a step
+# at 1.0 (0.004); any other table (learned, or of another formula) is off by far more somewhere.
+_TABLE_TOLERANCE = 1e-2
+
+
+def _check_transformers_only(checkpoint: Checkpoint, raw_name: str, name: str, tensor: Any) -> None:
+    """Raise unless a tensor the config's model lacks holds what `save_pretrained` writes there for
+    transformers: zeros for a bias, the sinusoidal table for wpe. Anything else was trained (e.g. by
+    fine-tuning in transformers) and would be dropped: config.json must then say the model has it."""
+    values = tensor if isinstance(tensor, np.ndarray) else tensor.float().numpy()  # a torch tensor, bfloat16 included
+    config = checkpoint.config
+    if name == "transformer.wpe.weight":
+        if not (np.abs(values - sinusoidal_positions(config.n_ctx, config.n_embd)) <= _TABLE_TOLERANCE).all():  # NaN fails too
+            raise CheckpointError(f"{checkpoint.weights_path}: tensor {raw_name!r} is not the sinusoidal position table that "
+                                  f"config.json's \"gpt2_positions\": \"sinusoidal\" calls for; if the model learned its "
+                                  f"positions (e.g. fine-tuned in transformers), set \"gpt2_positions\": \"learned\"")  # fmt: skip
+    elif np.any(values):
+        raise CheckpointError(f"{checkpoint.weights_path}: tensor {raw_name!r} is not zero, but config.json's \"gpt2_bias\": "
+                              f"false says the model has no biases; if it has (e.g. fine-tuned in transformers), set "
+                              f"\"gpt2_bias\": true")  # fmt: skip
 
 
 def read_tensors(name_or_path: str | os.PathLike) -> tuple[GPT2Config, dict[str, np.ndarray]]:
