@@ -556,3 +556,32 @@ def test_threads_sets_torchs_thread_count(command, capsys, tmp_path, monkeypatch
     assert code == (2 if command[0] == "train" else 0)  # train: no --data, but the threads were set first
     assert main([*argv, "--threads", "0"]) == 2
     assert "gpt2: error: threads (--threads) must be a positive integer, got 0" in capsys.readouterr().err
+
+
+def kv_cache_bytes(rows: int, positions: int, n_layer: int = 2, n_embd: int = 48, n_vocab: int = 50257) -> int:
+    """float32 keys and values of every layer for each position of each row, and a decoding
+    step's logits, probabilities and sort for each row: the memory gpt2 must find first."""
+    return rows * (2 * n_layer * positions * n_embd * 4 + 3 * n_vocab * 4)
+
+
+def test_generate_refuses_samples_whose_kv_cache_cannot_fit(capsys, model_dir, monkeypatch):
+    from gpt2 import devices
+
+    monkeypatch.setattr(devices, "available_memory", lambda device: 10_000_000)  # 10 MB left
+    needed = kv_cache_bytes(200, 1 + 50)  # "Hi" is one token, then 50 new ones
+    code, out, err = run(capsys, "generate", "Hi", "--model", model_dir, "--num-samples", "200")
+    assert (code, out) == (2, "")
+    assert err == (f"gpt2: error: a KV cache of 200 rows of 51 positions needs about {needed / 1e6:.1f} MB of memory, but the "
+                   f"CPU has 10.0 MB available: generate fewer samples at once (num_samples, --num-samples)\n")  # fmt: skip
+
+
+def test_generate_warns_of_samples_that_may_not_fit_and_goes_on(capsys, model_dir, monkeypatch):
+    from gpt2 import devices
+
+    needed = kv_cache_bytes(200, 1 + 2)
+    monkeypatch.setattr(devices, "available_memory", lambda device: int(needed / 1.1))  # a little short: within 1.25x
+    code, out, err = run(capsys, "generate", "Hi", "--model", model_dir, "--num-samples", "200", "--max-new-tokens", "2", "--no-stream")
+    assert code == 0 and out.count("sample 200 of 200") == 1
+    assert err.startswith(f"gpt2: warning: a KV cache of 200 rows of 3 positions needs about {needed / 1e6:.1f} MB of memory, "
+                          f"but the CPU has {int(needed / 1.1) / 1e6:.1f} MB available, so it may not fit: generate fewer "
+                          f"samples at once (num_samples, --num-samples)\n")  # fmt: skip

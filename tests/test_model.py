@@ -461,3 +461,15 @@ def test_cuda_graphs_decode_as_eager_and_transformers(slots, tmp_path):
     bf16 = GPT2.from_pretrained(tmp_path, device="cuda", dtype="bfloat16")
     low, _, _ = decode_rows(bf16, prompts, slots, 256, graphs=True, temperature=0)
     assert sum(a == b for x, y in zip(low, eager) for a, b in zip(x, y)) >= 0.5 * sum(map(len, eager))
+
+
+def test_generate_refuses_rows_whose_kv_cache_cannot_fit(monkeypatch):
+    from gpt2 import MemoryLimitError, devices
+
+    model = GPT2(GPT2Config(n_vocab=100, n_ctx=32, n_embd=16, n_head=2, n_layer=1)).eval()
+    monkeypatch.setattr(devices, "available_memory", lambda device: 100_000)
+    needed = 64 * (2 * 1 * 12 * 16 * 4 + 3 * 100 * 4)  # 64 rows of 2 + 10 positions: keys and values, and a step's logits
+    with pytest.raises(MemoryLimitError, match=f"a KV cache of 64 rows of 12 positions needs about {needed / 1e3:.0f} kB of "
+                                               f"memory, but the CPU has 100 kB available: fewer rows in idx at once"):  # fmt: skip
+        model.generate(torch.zeros(64, 2, dtype=torch.long), 10)
+    model.generate(torch.zeros(8, 2, dtype=torch.long), 10)  # 8 rows fit

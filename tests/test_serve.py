@@ -585,10 +585,42 @@ def test_gpt2_serve_refuses_a_busy_port_and_a_missing_model_in_one_line(models, 
     err = capsys.readouterr().err
     assert err.startswith("gpt2: error: cannot listen on 192.0.2.1:") and err.count("\n") == 1
     assert main(["serve", "--model", str(tmp_path / "nowhere"), "--port", str(free_port())]) == 2
-    assert capsys.readouterr().err.splitlines()[-1].startswith("gpt2: error: ")
+    err = capsys.readouterr().err  # found before the port is taken: no "serving ... on" either
+    assert err.startswith(f"gpt2: error: unknown model '{tmp_path / 'nowhere'}'") and err.count("\n") == 1
     assert main(["serve", "--max-batch-size", "0"]) == 2
     assert capsys.readouterr().err == "gpt2: error: max_batch_size must be a positive integer, got 0\n"
     assert main(["serve", "--port", "99999"]) == 2  # refused before the server says it serves
     assert capsys.readouterr().err == "gpt2: error: port must be an integer from 0 to 65535, got 99999\n"
     assert main(["serve", "--cuda-graphs", "--device", "cpu"]) == 2
     assert capsys.readouterr().err == "gpt2: error: --cuda-graphs replays decoding on a CUDA GPU; --device cpu is cpu\n"
+
+
+MEMORY_LEFT = """
+import sys
+import gpt2.devices
+LEFT = int(sys.argv.pop(1))  # what the machine has left, in bytes
+gpt2.devices.available_memory = lambda device: LEFT
+from gpt2.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_batch_whose_kv_cache_cannot_fit_is_refused_before_the_port_is_taken(models):
+    """Each row of --max-batch-size holds a KV cache of the whole context (and its step's logits)."""
+    needed = 64 * (2 * 2 * N_CTX * 48 * 4 + 3 * 50257 * 4)  # 64 rows: float32 keys and values of 2 layers, 48 wide
+    port = free_port()
+    argv = [sys.executable, "-c", MEMORY_LEFT, "10000000", "serve", "--model", models[2], "--port", str(port), "--max-batch-size", "64"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO / "src")}
+    result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr == (f"gpt2: error: a KV cache of 64 rows of {N_CTX} positions needs about {needed / 1e6:.1f} MB of "
+                             f"memory, but the CPU has 10.0 MB available: a smaller max_batch_size (--max-batch-size)\n")  # fmt: skip
+
+
+def test_an_app_whose_batch_cannot_fit_fails_to_load_and_says_why(models, monkeypatch):
+    from gpt2 import MemoryLimitError, devices
+
+    monkeypatch.setattr(devices, "available_memory", lambda device: 1_000_000)
+    server = create_app(lambda: (models[1], ENC), "tiny", Limits(max_batch_size=4), load_in_background=False).state.server
+    with pytest.raises(MemoryLimitError, match=r"a KV cache of 4 rows of 128 positions needs about .* \(--max-batch-size\)"):
+        server.load_model()
