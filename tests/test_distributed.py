@@ -133,8 +133,9 @@ def test_ctrl_c_in_an_evaluation_stops_every_process_at_the_same_batch(char_data
     would wait for it for ever), with the checkpoint of iteration 0, whose evaluation the resume
     does, with the usual --eval-iters: the run follows the curve of one process."""
     out = tmp_path / "out"
+    settings = dict(SETTINGS, max_iters=20, eval_iters=1_000_001)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "gpt2", "train",
-               "--data", str(char_data), "--out", str(out), *flags(max_iters=20, **dict(SETTINGS, eval_iters=1_000_001))]  # fmt: skip
+               "--data", str(char_data), "--out", str(out), *flags(**settings)]  # fmt: skip
     with open(tmp_path / "stdout", "w") as stdout:
         run = Watched(command, ENV, stdout)
         run.wait_for(r"evaluating train [1-9]")  # rank 0's bar, after a batch: both processes are in the evaluation

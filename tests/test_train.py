@@ -279,7 +279,8 @@ def test_a_stop_between_micro_batches_abandons_the_iteration(char_data, tmp_path
 
 
 @pytest.mark.parametrize("max_iters", [12, 8], ids=["middle", "last"])
-def test_a_stop_in_an_evaluation_abandons_it_and_the_resume_redoes_it(max_iters, char_data, tmp_path, monkeypatch, capsys, one_thread):
+def test_a_stop_in_an_evaluation_abandons_it_and_the_resume_redoes_it(max_iters, char_data, tmp_path, monkeypatch, capsys,
+                                                                      one_thread):  # fmt: skip
     """SIGTERM in the first batch of the evaluation at iteration 8 (the run's last, or not): the
     checkpoint is iteration 8's, the evaluation is not logged, and the resume does it."""
     train(tmp_path / "whole", data=char_data, max_iters=max_iters, progress=False, **STOPPABLE)
@@ -295,9 +296,9 @@ def test_a_stop_in_an_evaluation_abandons_it_and_the_resume_redoes_it(max_iters,
     train(tmp_path / "parts", resume=True, progress=False)
     assert f"gpt2: resuming from iteration 8 (best val loss {state['best_val_loss']:.4f})\n" in capsys.readouterr().err
     assert losses(tmp_path / "parts") == losses(tmp_path / "whole")
-    evals = [{k: r[k] for k in ("iter", "train_loss", "val_loss", "best")} for r in read_log(tmp_path / "parts" / "log.jsonl") if "val_loss" in r]
-    assert evals == [{k: r[k] for k in ("iter", "train_loss", "val_loss", "best")} for r in read_log(tmp_path / "whole" / "log.jsonl") if "val_loss" in r]
-    assert evals[-1]["iter"] == max_iters
+    evals = {run: [{k: r[k] for k in ("iter", "train_loss", "val_loss", "best")} for r in read_log(tmp_path / run / "log.jsonl")
+                   if "val_loss" in r] for run in ("parts", "whole")}  # fmt: skip
+    assert evals["parts"] == evals["whole"] and evals["parts"][-1]["iter"] == max_iters
 
 
 def test_a_second_signal_stops_at_once(char_data, tmp_path, monkeypatch, capsys):
@@ -308,7 +309,8 @@ def test_a_second_signal_stops_at_once(char_data, tmp_path, monkeypatch, capsys)
     out = tmp_path / "out"
     with monkeypatch.context() as m:
         draws = signal_during(m, signal.SIGTERM, lambda draws: draws[-1] == (6, 1), times=2)
-        assert main(["train", "--data", str(char_data), "--out", str(out), "--no-progress", "--max-iters=10", *flags(**STOPPABLE)]) == 130
+        command = ["train", "--data", str(char_data), "--out", str(out), "--no-progress", "--max-iters=10", *flags(**STOPPABLE)]
+        assert main(command) == 130
     assert draws[-1] == (6, 1)
     assert checkpoint(out)["iteration"] == 4  # the last evaluation's
     err = capsys.readouterr().err
@@ -323,11 +325,12 @@ def test_the_progress_bar_shows_micro_batches_and_evaluations(char_data, tmp_pat
     import tqdm.auto
 
     monkeypatch.setattr(tqdm.auto, "tqdm", functools.partial(tqdm.auto.tqdm, mininterval=0))  # every frame drawn
-    train(tmp_path / "out", data=char_data, max_iters=3, progress=True, **{**TINY, "grad_accum": 4, "warmup_iters": 0, "log_interval": 2})
+    settings = {**TINY, "grad_accum": 4, "warmup_iters": 0, "log_interval": 2}
+    train(tmp_path / "out", data=char_data, max_iters=3, progress=True, **settings)
     err = capsys.readouterr().err
     frames = [frame.strip() for frame in err.replace("\n", "\r").split("\r") if frame.strip()]
     evaluating = [f.split(":")[0] for f in frames if f.startswith("evaluating")]
-    assert evaluating[:5] == ["evaluating train 0/2", "evaluating train 1/2", "evaluating train 2/2", "evaluating val 0/2", "evaluating val 1/2"]
+    assert evaluating[:6] == [f"evaluating {split} {k}/2" for split in ("train", "val") for k in range(3)]
     micro = [f for f in frames if "micro-batch" in f]
     assert all(f.startswith("training:") for f in micro)
     assert [f.split("micro-batch ")[1][:3] for f in micro][:4] == ["1/4", "2/4", "3/4", "4/4"]

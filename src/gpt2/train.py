@@ -83,9 +83,11 @@ def warn_about_warmup(s: TrainSettings) -> None:
     suit its 600,000, not a short run (a warning, not an error: a short run may be resumed longer)."""
     if s.warmup_iters >= s.max_iters:
         last = learning_rate(s.max_iters - 1, s)
+        share = 100 * last / s.lr
+        percent = f"{share:.0f}%" if share >= 1 else f"{share:.1g}%"
         warnings.warn(f"warmup_iters (--warmup-iters) {s.warmup_iters} is not below max_iters (--max-iters) {s.max_iters}: "
                       f"the learning rate warms up for the whole run, from {learning_rate(0, s):.2g} to {last:.2g} at its last "
-                      f"iteration ({last / s.lr:.0%} of --lr {s.lr:g}), and never decays; pass a smaller --warmup-iters",
+                      f"iteration ({percent} of --lr {s.lr:g}), and never decays; pass a smaller --warmup-iters",
                       WarmupWarning, stacklevel=2)  # fmt: skip
 
 
