@@ -537,7 +537,7 @@ def _how_often(iterations: list[int], flag: str) -> str:
     return f"(every iteration, {flag})" if gap == 1 else f"(every {gap:,} iterations, {flag})"
 
 
-def plot_losses(log: Path, png: Path, note=print):
+def plot_losses(log: Path, png: Path, note=print) -> Any:
     """Training loss at each logged step (faint) and the evaluations' train and validation losses,
     against iterations. Returns the matplotlib figure drawn (closed), or None without matplotlib."""
     try:
