@@ -6,7 +6,12 @@ its corpus from the Python standard library's own sources instead.
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
 import sysconfig
+import threading
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -77,3 +82,46 @@ def heed_ctrl_c() -> None:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+class Watched:
+    """A command run in the background, its stderr read as it comes (a progress bar writes no new
+    lines, so a reader waiting for lines would wait for ever): `wait_for` a pattern there, then
+    `stop` it with a signal and time its exit."""
+
+    def __init__(self, command: list[str], env: dict[str, str], stdout) -> None:
+        self.process = subprocess.Popen(command, env=env, stdout=stdout, stderr=subprocess.PIPE, preexec_fn=heed_ctrl_c)
+        self.chunks: list[bytes] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        while chunk := os.read(self.process.stderr.fileno(), 1 << 16):
+            self.chunks.append(chunk)
+
+    @property
+    def err(self) -> str:
+        return b"".join(self.chunks).decode("utf-8", errors="replace")
+
+    def wait_for(self, pattern: str, timeout: float = 120) -> None:
+        """Until the regular expression `pattern` matches stderr (the test fails if the process ends first)."""
+        deadline = time.monotonic() + timeout
+        while not re.search(pattern, self.err):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.process.kill()
+                raise AssertionError(f"never saw {pattern!r} on stderr: {self.err[-3000:]}")
+            time.sleep(0.02)
+
+    def stop(self, signum: int, timeout: float = 60) -> float:
+        """Send `signum`; the seconds until the process ends (killed, and the test failing, after `timeout`)."""
+        sent = time.monotonic()
+        self.process.send_signal(signum)
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise AssertionError(f"still running {timeout} s after signal {signum}: {self.err[-3000:]}") from None
+        finally:
+            self.reader.join()
+        return time.monotonic() - sent

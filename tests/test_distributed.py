@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import REPO, heed_ctrl_c
+from helpers import REPO, Watched, heed_ctrl_c
 from gpt2 import DistributedError, InvalidArgumentError
 from gpt2.cli import main
 from gpt2.distributed import start
@@ -125,6 +125,25 @@ def test_ctrl_c_stops_every_process_with_a_checkpoint(char_data, one_process, tm
     assert sorted(steps) == list(range(stopped + 5))
     ref = curve(one_process)[0]
     assert max(abs(steps[i] - ref[i]) for i in range(20)) < TOLERANCE  # the same run as ever, up to where the reference ends
+
+
+def test_ctrl_c_in_an_evaluation_stops_every_process_at_the_same_batch(char_data, one_process, tmp_path):
+    """An evaluation of a million and one batches (shared unevenly: one process draws one more):
+    Ctrl-C stops both processes within seconds at the same batch (were one to go on, the other
+    would wait for it for ever), with the checkpoint of iteration 0, whose evaluation the resume
+    does, with the usual --eval-iters: the run follows the curve of one process."""
+    out = tmp_path / "out"
+    settings = dict(SETTINGS, max_iters=20, eval_iters=1_000_001)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "gpt2", "train",
+               "--data", str(char_data), "--out", str(out), *flags(**settings)]  # fmt: skip
+    with open(tmp_path / "stdout", "w") as stdout:
+        run = Watched(command, ENV, stdout)
+        run.wait_for(r"evaluating train [1-9]")  # rank 0's bar, after a batch: both processes are in the evaluation
+        seconds = run.stop(signal.SIGINT)  # what Ctrl-C sends torchrun, which passes it on to each process
+    assert "gpt2: interrupted at iteration 0; checkpoint saved" in run.err
+    assert seconds < 10, seconds
+    torchrun("--out", str(out), "--resume", "--eval-iters=3")
+    assert_same_curve(out, one_process)
 
 
 # ------------------------------------------------------------------ bad launches, lost processes

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -18,12 +19,13 @@ import torch
 import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-from helpers import REPO, heed_ctrl_c, make_hf_model
+import gpt2.train
+from helpers import REPO, Watched, heed_ctrl_c, make_hf_model
 from gpt2 import CheckpointError, ContextLengthError, GPT2Error, InvalidArgumentError, UnwritablePathError
 from gpt2.data import get_batch, prepare
 from gpt2.model import GPT2
 from gpt2.config import GPT2Config, TrainSettings
-from gpt2.train import EVAL_STREAM, Trainer, learning_rate, make_optimizer, read_log, train
+from gpt2.train import EVAL_STREAM, Trainer, WarmupWarning, learning_rate, make_optimizer, plot_losses, read_log, train
 
 # A model small enough to train for dozens of iterations in a second or two.
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, batch_size=4, grad_accum=2, lr=3e-3, min_lr=3e-4,
@@ -235,6 +237,212 @@ def test_a_failed_save_keeps_the_previous_checkpoint(char_data, tmp_path, monkey
         train(out, resume=True, max_iters=4, progress=False)
     assert (out / "checkpoint.pt").read_bytes() == before
     assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
+
+
+# ------------------------------------------------------------------ stopping
+
+STOPPABLE = dict(RESUMABLE, grad_accum=4)  # dropout on: a resume must redraw the masks of the iteration it repeats
+ENV = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}  # tiny models: threads only contend
+
+
+def flags(**settings) -> list[str]:
+    return [f"--{k.replace('_', '-')}={v}" for k, v in settings.items()]
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models in this process on one thread, as the commands below run (OMP_NUM_THREADS=1):
+    on a busy machine, two threads of microsecond-sized work wait on each other for milliseconds."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def signal_during(monkeypatch, signum: int, when, times: int = 1) -> list[tuple[int, int]]:
+    """Send `signum` to this process (`times` in a row) while the batch `when(draws)` picks is
+    drawn: the handler runs, as a user's Ctrl-C would, in the middle of an iteration or an
+    evaluation. Returns the (iteration, micro_step) of every batch drawn."""
+    draws, real = [], gpt2.train.get_batch
+
+    def get_batch(*args, iteration, micro_step, **kwargs):
+        draws.append((iteration, micro_step))
+        if when(draws) and not getattr(get_batch, "sent", False):
+            get_batch.sent = True
+            for _ in range(times):
+                os.kill(os.getpid(), signum)
+        return real(*args, iteration=iteration, micro_step=micro_step, **kwargs)
+
+    monkeypatch.setattr(gpt2.train, "get_batch", get_batch)
+    return draws
+
+
+def checkpoint(out: Path) -> dict:
+    return torch.load(out / "checkpoint.pt", weights_only=True)
+
+
+def test_a_stop_between_micro_batches_abandons_the_iteration(char_data, tmp_path, monkeypatch, capsys, one_thread):
+    """Ctrl-C in micro-batch 1 of iteration 6's 4: no micro-batch 2, no step; the checkpoint is
+    iteration 6's start (its random state too), and the resume gives the same losses, bit for bit."""
+    train(tmp_path / "whole", data=char_data, max_iters=10, progress=False, **STOPPABLE)
+    with monkeypatch.context() as m:
+        draws = signal_during(m, signal.SIGINT, lambda draws: draws[-1] == (6, 1))
+        result = train(tmp_path / "parts", data=char_data, max_iters=10, progress=False, **STOPPABLE)
+    assert result.interrupted and result.iteration == 6
+    assert draws[-1] == (6, 1)  # stopped before micro-batch 2
+    assert "gpt2: stopping at the next micro-batch or evaluation batch" in capsys.readouterr().err
+    state = checkpoint(tmp_path / "parts")
+    assert (state["iteration"], state["evaluated"]) == (6, 4)
+    assert sorted(losses(tmp_path / "parts")) == list(range(6))
+    train(tmp_path / "parts", resume=True, progress=False)
+    assert losses(tmp_path / "parts") == losses(tmp_path / "whole")
+
+
+@pytest.mark.parametrize("max_iters", [12, 8], ids=["middle", "last"])
+def test_a_stop_in_an_evaluation_abandons_it_and_the_resume_redoes_it(max_iters, char_data, tmp_path, monkeypatch, capsys,
+                                                                      one_thread):  # fmt: skip
+    """SIGTERM in the first batch of the evaluation at iteration 8 (the run's last, or not): the
+    checkpoint is iteration 8's, the evaluation is not logged, and the resume does it."""
+    train(tmp_path / "whole", data=char_data, max_iters=max_iters, progress=False, **STOPPABLE)
+    with monkeypatch.context() as m:
+        draws = signal_during(m, signal.SIGTERM, lambda draws: draws[-1] == (0, EVAL_STREAM) and (7, 3) in draws)
+        result = train(tmp_path / "parts", data=char_data, max_iters=max_iters, progress=False, **STOPPABLE)
+    assert result.interrupted and result.iteration == 8
+    assert draws[-1] == (0, EVAL_STREAM)  # not its second batch (eval_iters 2), nor the validation split
+    state = checkpoint(tmp_path / "parts")
+    assert (state["iteration"], state["evaluated"]) == (8, 4)
+    assert [r["iter"] for r in read_log(tmp_path / "parts" / "log.jsonl") if "val_loss" in r] == [0, 4]
+    capsys.readouterr()
+    train(tmp_path / "parts", resume=True, progress=False)
+    assert f"gpt2: resuming from iteration 8 (best val loss {state['best_val_loss']:.4f})\n" in capsys.readouterr().err
+    assert losses(tmp_path / "parts") == losses(tmp_path / "whole")
+    evals = {run: [{k: r[k] for k in ("iter", "train_loss", "val_loss", "best")} for r in read_log(tmp_path / run / "log.jsonl")
+                   if "val_loss" in r] for run in ("parts", "whole")}  # fmt: skip
+    assert evals["parts"] == evals["whole"] and evals["parts"][-1]["iter"] == max_iters
+
+
+def test_a_second_signal_stops_at_once(char_data, tmp_path, monkeypatch, capsys):
+    """SIGTERM twice (as SIGINT twice): no waiting for the micro-batch, no new checkpoint; the
+    command says so in one line and exits 130."""
+    from gpt2.cli import main
+
+    out = tmp_path / "out"
+    with monkeypatch.context() as m:
+        draws = signal_during(m, signal.SIGTERM, lambda draws: draws[-1] == (6, 1), times=2)
+        command = ["train", "--data", str(char_data), "--out", str(out), "--no-progress", "--max-iters=10", *flags(**STOPPABLE)]
+        assert main(command) == 130
+    assert draws[-1] == (6, 1)
+    assert checkpoint(out)["iteration"] == 4  # the last evaluation's
+    err = capsys.readouterr().err
+    assert err.endswith("once more to stop at once)\ngpt2: interrupted\n") and "Traceback" not in err
+
+
+def test_the_progress_bar_shows_micro_batches_and_evaluations(char_data, tmp_path, monkeypatch, capsys):
+    """Drawn in place (carriage returns, no new line a micro-batch): "micro-batch 3/4" while a step
+    accumulates, "evaluating val 1/2" in an evaluation, then "training" again."""
+    import functools
+
+    import tqdm.auto
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", functools.partial(tqdm.auto.tqdm, mininterval=0))  # every frame drawn
+    settings = {**TINY, "grad_accum": 4, "warmup_iters": 0, "log_interval": 2}
+    train(tmp_path / "out", data=char_data, max_iters=3, progress=True, **settings)
+    err = capsys.readouterr().err
+    frames = [frame.strip() for frame in err.replace("\n", "\r").split("\r") if frame.strip()]
+    evaluating = [f.split(":")[0] for f in frames if f.startswith("evaluating")]
+    assert evaluating[:6] == [f"evaluating {split} {k}/2" for split in ("train", "val") for k in range(3)]
+    micro = [f for f in frames if "micro-batch" in f]
+    assert all(f.startswith("training:") for f in micro)
+    assert [f.split("micro-batch ")[1][:3] for f in micro][:4] == ["1/4", "2/4", "3/4", "4/4"]
+    assert "loss=" in micro[-1] and micro[-1].endswith("micro-batch 4/4]")  # after the logged step's numbers
+    assert frames[-1].startswith("training: 100%") and "micro-batch" not in frames[-1]
+    assert err.count("\n") <= 4  # the evaluations' lines, the bar's last: 12 micro-batches drew no line of their own
+
+
+def test_a_run_stops_within_seconds_of_a_signal_and_resumes_exactly(char_data, tmp_path, one_thread):
+    """The command itself, in an evaluation of a million batches (minutes): SIGINT ends it within
+    seconds, with status 130 and the checkpoint of iteration 8 (whose evaluation is left to do)."""
+    settings = dict(STOPPABLE, lr_decay_iters=12)
+    train(tmp_path / "whole", data=char_data, max_iters=12, progress=False, **settings)
+    train(tmp_path / "parts", data=char_data, max_iters=6, progress=False, **settings)
+    command = [sys.executable, "-m", "gpt2", "train", "--out", str(tmp_path / "parts"), "--resume", "--max-iters=12",
+               "--eval-iters=1000000"]  # fmt: skip
+    with open(tmp_path / "stdout", "w") as stdout:
+        run = Watched(command, ENV, stdout)
+        run.wait_for("evaluating train")  # at iteration 8
+        seconds = run.stop(signal.SIGINT)
+    assert run.process.returncode == 130, run.err
+    assert seconds < 5, seconds
+    assert "gpt2: interrupted at iteration 8; checkpoint saved" in run.err
+    assert (checkpoint(tmp_path / "parts")["iteration"], checkpoint(tmp_path / "parts")["evaluated"]) == (8, 6)
+    train(tmp_path / "parts", resume=True, eval_iters=2, progress=False)
+    assert losses(tmp_path / "parts") == losses(tmp_path / "whole")
+
+
+def test_a_run_stops_within_seconds_of_sigterm_in_a_long_step_and_resumes_exactly(char_data, tmp_path, one_thread):
+    """A step of 300 micro-batches (a second or more): SIGTERM in iteration 1 ends the command
+    before iteration 1 is done, and the bar counted the micro-batches meanwhile."""
+    settings = dict(RESUMABLE, n_layer=1, n_embd=16, block_size=8, batch_size=2, grad_accum=300, warmup_iters=0, lr_decay_iters=2,
+                    eval_iters=1)  # fmt: skip
+    train(tmp_path / "whole", data=char_data, max_iters=2, progress=False, **settings)
+    command = [sys.executable, "-m", "gpt2", "train", "--data", str(char_data), "--out", str(tmp_path / "parts"), "--max-iters=3",
+               *flags(**settings)]  # fmt: skip
+    with open(tmp_path / "stdout", "w") as stdout:
+        run = Watched(command, ENV, stdout)
+        deadline = time.monotonic() + 120
+        while 0 not in (losses(tmp_path / "parts") if (tmp_path / "parts" / "log.jsonl").exists() else {}):
+            assert time.monotonic() < deadline and run.process.poll() is None, run.err
+            time.sleep(0.01)
+        run.wait_for("micro-batch")
+        seconds = run.stop(signal.SIGTERM)
+    assert run.process.returncode == 130, run.err
+    assert seconds < 5, seconds
+    assert "gpt2: interrupted at iteration 1; checkpoint saved" in run.err
+    assert run.err.count("\n") < 10  # the bar moved in place
+    assert sorted(losses(tmp_path / "parts")) == [0]
+    train(tmp_path / "parts", resume=True, max_iters=2, progress=False)
+    assert losses(tmp_path / "parts") == losses(tmp_path / "whole")
+
+
+# ------------------------------------------------------------------ settings that do nothing useful
+
+
+def test_a_warm_up_as_long_as_the_run_is_warned_about(char_data, tmp_path):
+    settings = dict(TINY, warmup_iters=50, lr_decay_iters=100)
+    last = nanogpt_lr(19, 3e-3, 50, 100, 3e-4)  # the last iteration's rate: 20/51 of lr
+    with pytest.warns(WarmupWarning, match=rf"warmup_iters \(--warmup-iters\) 50 is not below max_iters \(--max-iters\) 20: "
+                                           rf"the learning rate warms up for the whole run, from 5.9e-05 to {last:.2g} at its last "
+                                           rf"iteration \(39% of --lr 0.003\), and never decays"):  # fmt: skip
+        train(tmp_path / "out", data=char_data, max_iters=20, progress=False, **settings)
+    with pytest.warns(WarmupWarning, match="50 is not below max_iters .--max-iters. 50"):  # a resume, with its settings
+        train(tmp_path / "out", resume=True, max_iters=50, progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", WarmupWarning)
+        train(tmp_path / "out", resume=True, max_iters=52, progress=False)  # now it decays: no warning
+        train(tmp_path / "fine", data=char_data, max_iters=6, progress=False, **TINY)  # warmup_iters 5 < 6
+
+
+def test_a_resume_says_where_it_resumes_from_the_command_line(char_data, tmp_path, capsys):
+    from gpt2.cli import main
+
+    out = tmp_path / "out"
+    assert main(["train", "--data", str(char_data), "--out", str(out), "--no-progress", "--max-iters=8", *flags(**TINY)]) == 0
+    best = checkpoint(out)["best_val_loss"]
+    capsys.readouterr()
+    assert main(["train", "--out", str(out), "--resume", "--max-iters=9", "--no-progress"]) == 0
+    assert capsys.readouterr().err.startswith(f"gpt2: resuming from iteration 8 (best val loss {best:.4f})\n")
+
+
+def test_the_plot_legend_says_what_its_points_are(char_data, tmp_path):
+    out = tmp_path / "out"
+    train(out, data=char_data, max_iters=10, progress=False, **{**TINY, "log_interval": 3, "eval_interval": 4})
+    figure = plot_losses(out / "log.jsonl", tmp_path / "loss.png")
+    assert [text.get_text() for text in figure.axes[0].get_legend().get_texts()] == [
+        "train loss of a step (every 3 iterations, --log-interval)",  # iterations 0, 3, 6, 9 (the last)
+        "train loss at each evaluation (every 4 iterations, --eval-interval)",  # 0, 4, 8 and 10 (the last)
+        "val loss at each evaluation (every 4 iterations, --eval-interval)",
+    ]
+    assert (tmp_path / "loss.png").read_bytes()[:4] == b"\x89PNG"
 
 
 # ------------------------------------------------------------------ what a run leaves

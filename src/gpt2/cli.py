@@ -357,8 +357,10 @@ examples:
   torchrun --standalone --nproc_per_node 8 -m gpt2 train --data data/owt --out out-owt \\
       --config gpt2 --batch-size 12 --grad-accum 40      # 8 GPUs: 5 micro-batches each a step
 
-Defaults are nanoGPT's. Ctrl-C (or SIGTERM) stops at the end of the iteration under way and
-saves a checkpoint; --resume continues the run with the losses it would have had.
+Defaults are nanoGPT's, sized for GPUs (batch 12 x 40 x 1024 tokens, 600,000 iterations,
+200-batch evaluations every 2,000): on a CPU, start from the shakespeare_char example. Ctrl-C (or
+SIGTERM) stops at the next micro-batch or evaluation batch and saves the checkpoint of the last
+completed iteration; --resume continues the run with the losses it would have had.
 """
 
 

@@ -13,7 +13,8 @@ splits, keep the model of the best validation loss in OUT (Hugging Face's layout
 tokenizer), redraw OUT/loss.png and write OUT/checkpoint.pt, all a resume needs. Batches
 come from generators seeded by (seed, iteration, micro-step) and dropout's random state is
 saved, so a resumed run repeats the losses of a run never stopped. Ctrl-C or SIGTERM stops at
-the end of the iteration under way and saves a checkpoint there.
+the next micro-batch or evaluation batch: the iteration (or evaluation) under way is abandoned
+and the checkpoint is the last completed iteration's, from which a resume redoes it.
 
 On several processes (torchrun, gpt2/distributed.py) each takes an equal share of a step's
 micro-batches, the same batches one process would draw, and the gradients are averaged over
@@ -28,9 +29,11 @@ import json
 import math
 import os
 import signal
+import sys
 import threading
 import time
 import warnings
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -45,7 +48,7 @@ from gpt2.config import RESUME_OVERRIDES, GPT2Config, TrainSettings
 from gpt2.data import TokenData, get_batch, open_data
 from gpt2.decoding import ContextOverflowWarning
 from gpt2.devices import Precision, enable_tf32, peak_flops, training_precision
-from gpt2.errors import CheckpointError, ContextLengthError, InvalidArgumentError, UnwritablePathError
+from gpt2.errors import CheckpointError, ContextLengthError, GPT2Warning, InvalidArgumentError, UnwritablePathError
 from gpt2.evaluate import loss_sum
 from gpt2.generate import generate_text
 from gpt2.model import GPT2
@@ -56,6 +59,15 @@ PLOT = "loss.png"
 EVAL_STREAM = 1 << 32  # evaluation batches use micro-steps from here on: never a training batch's seed
 
 
+class WarmupWarning(GPT2Warning):
+    """The learning rate's warm-up lasts the whole run (warmup_iters >= max_iters): it never reaches
+    lr, and never decays."""
+
+
+class _Stop(Exception):
+    """Ctrl-C or SIGTERM, seen between micro-batches or evaluation batches: abandon the iteration."""
+
+
 def learning_rate(it: int, s: TrainSettings) -> float:
     """nanoGPT's schedule: linear warm-up over warmup_iters, then cosine decay to min_lr at lr_decay_iters."""
     if it < s.warmup_iters:
@@ -64,6 +76,19 @@ def learning_rate(it: int, s: TrainSettings) -> float:
         return s.min_lr
     decay_ratio = (it - s.warmup_iters) / (s.lr_decay_iters - s.warmup_iters)  # 0 .. 1
     return s.min_lr + 0.5 * (1.0 + math.cos(math.pi * decay_ratio)) * (s.lr - s.min_lr)
+
+
+def warn_about_warmup(s: TrainSettings) -> None:
+    """A WarmupWarning where the warm-up is as long as the run: nanoGPT's default 2000 iterations
+    suit its 600,000, not a short run (a warning, not an error: a short run may be resumed longer)."""
+    if s.warmup_iters >= s.max_iters:
+        last = learning_rate(s.max_iters - 1, s)
+        share = 100 * last / s.lr
+        percent = f"{share:.0f}%" if share >= 1 else f"{share:.1g}%"
+        warnings.warn(f"warmup_iters (--warmup-iters) {s.warmup_iters} is not below max_iters (--max-iters) {s.max_iters}: "
+                      f"the learning rate warms up for the whole run, from {learning_rate(0, s):.2g} to {last:.2g} at its last "
+                      f"iteration ({percent} of --lr {s.lr:g}), and never decays; pass a smaller --warmup-iters",
+                      WarmupWarning, stacklevel=2)  # fmt: skip
 
 
 def flops_per_token(model: GPT2) -> float:
@@ -155,6 +180,7 @@ class Trainer:
         self.optimizer = make_optimizer(self.model, s, self.device)  # after wrap: under FSDP it updates the shards
         self.scaler = self.precision.scaler()
         self.iteration, self.evaluated, self.best_val_loss = 0, -1, math.inf
+        self.resumed = state is not None
         if state is not None:
             self._restore(state)
         self.tokens_per_iter = s.batch_size * model.config.n_ctx * s.grad_accum  # over all processes
@@ -163,6 +189,8 @@ class Trainer:
         self.peak_flops = peak * self.world if peak else None
         self.stop_requested = False
         self.last_eval: dict[str, Any] | None = None
+        self.at_start = self._rng_state()  # the random state an abandoned iteration is saved with
+        self.bar, self.stats, self.shown = None, "", 0.0  # the progress bar, its last step's numbers, when it was drawn
 
     @property
     def is_main(self) -> bool:
@@ -191,6 +219,10 @@ class Trainer:
         if self.is_main:
             writable_directory(self.out)
             _trim_log(self.out / LOG, self.iteration, self.evaluated)
+            warn_about_warmup(s)
+            if self.resumed:
+                best = "no evaluation yet" if math.isinf(self.best_val_loss) else f"best val loss {self.best_val_loss:.4f}"
+                print(f"gpt2: resuming from iteration {self.iteration} ({best})", file=sys.stderr)
         from tqdm.auto import tqdm
 
         with self._stop_on_signals(), tqdm(total=s.max_iters, initial=self.iteration, unit="iter", desc="training",
@@ -198,22 +230,44 @@ class Trainer:
             self.bar = bar
             for it in range(self.iteration, s.max_iters + 1):
                 self.iteration = it
-                if (it % s.eval_interval == 0 or it == s.max_iters) and self.evaluated != it:
-                    self.evaluate_and_save(it)
-                if it == s.max_iters:
-                    break
-                if self.procs.any(self.stop_requested):  # every process stops at the same iteration
-                    self.save_checkpoint()
-                    self.procs.barrier()
-                    return self._result(interrupted=True)
-                started = time.perf_counter()
-                loss = self.train_step(it)
+                try:
+                    self.at_start = self._rng_state()
+                    if (it % s.eval_interval == 0 or it == s.max_iters) and self.evaluated != it:
+                        self.evaluate_and_save(it)
+                        self.at_start = self._rng_state()  # (sampling draws from its own generator, but need not)
+                    if it == s.max_iters:
+                        break
+                    started = time.perf_counter()
+                    loss = self.train_step(it)
+                except _Stop:
+                    return self._abandon()
                 if it % s.log_interval == 0 or it + 1 == s.max_iters:
                     loss = float(self.procs.sum(loss)) / self.world  # the mean over all micro-batches of the step
                     self._log_step(it, loss, time.perf_counter() - started)
+                elif not bar.disable:
+                    bar.set_postfix_str(self.stats, refresh=False)  # the micro-batch count off
                 bar.update()
         self.procs.barrier()  # every process ends when rank 0 has written everything
         return self._result(interrupted=False)
+
+    def _check_stop(self) -> None:
+        """Before each micro-batch and evaluation batch: stop if a signal came (to any process: all
+        stop at the same batch, or DDP's all-reduce and FSDP's collectives would wait forever)."""
+        if self.procs.any(self.stop_requested):
+            raise _Stop
+
+    def _abandon(self) -> TrainResult:
+        """Stop in the middle of iteration `self.iteration`: drop its gradients and put back the
+        random state it started from (dropout's draws), then save the checkpoint of the last
+        completed iteration, which a resume repeats from here. The optimizer and the gradient
+        scaler are as they were: both change only after the last micro-batch. A stop in an
+        evaluation leaves `evaluated` at the last one done, so the resume redoes this one."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self.model.train()
+        self._set_rng_state(self.at_start)
+        self.save_checkpoint()
+        self.procs.barrier()
+        return self._result(interrupted=True)
 
     def train_step(self, it: int) -> torch.Tensor:
         """One optimizer step over grad_accum micro-batches; returns their mean loss (a tensor, not synchronised)."""
@@ -222,7 +276,8 @@ class Trainer:
             group["lr"] = learning_rate(it, s)
         total = torch.zeros((), device=self.device)
         share = range(self.rank, s.grad_accum, self.world)  # this process's micro-batches: 1 in `world`
-        for micro in share:
+        for i, micro in enumerate(share):
+            self._check_stop()
             x, y = get_batch(self.data.train, self.model.config.n_ctx, s.batch_size, seed=s.seed, iteration=it,
                              micro_step=micro, device=self.device)  # fmt: skip
             with self.procs.gradient_sync(micro == share[-1]):  # averaged over the processes after the last
@@ -232,6 +287,8 @@ class Trainer:
                 loss = loss / len(share)
                 self.scaler.scale(loss).backward()
             total += loss.detach()
+            if len(share) > 1:
+                self._show("training", f"micro-batch {i + 1}/{len(share)}")
         if s.grad_clip > 0:
             self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.grad_clip)
@@ -247,20 +304,26 @@ class Trainer:
         s = self.s
         self.model.eval()
         losses = {}
-        for split, ids in (("train", self.data.train), ("val", self.data.val)):
-            total = torch.zeros(2, dtype=torch.float64, device=self.device)  # summed loss, ids scored
-            for k in range(self.rank, math.ceil(s.eval_iters / self.world) * self.world, self.world):
-                if k >= s.eval_iters and self.procs.sharded is None:
-                    break
-                x, y = get_batch(ids, self.model.config.n_ctx, s.batch_size, seed=s.seed, iteration=0,
-                                 micro_step=EVAL_STREAM + k % s.eval_iters, device=self.device)  # fmt: skip
-                with self.precision.autocast():
-                    loss, n = loss_sum(self.model, x, y)  # gpt2 eval's computation
-                if k < s.eval_iters:
-                    total += torch.stack([loss, torch.tensor(float(n), dtype=torch.float64, device=self.device)])
-            loss, count = self.procs.sum(total).tolist()
-            losses[split] = loss / count
-        self.model.train()
+        try:
+            for split, ids in (("train", self.data.train), ("val", self.data.val)):
+                total = torch.zeros(2, dtype=torch.float64, device=self.device)  # summed loss, ids scored
+                self._show(f"evaluating {split} 0/{s.eval_iters}", force=True)
+                for k in range(self.rank, math.ceil(s.eval_iters / self.world) * self.world, self.world):
+                    self._check_stop()  # before the break: every process checks as often
+                    if k >= s.eval_iters and self.procs.sharded is None:
+                        break
+                    x, y = get_batch(ids, self.model.config.n_ctx, s.batch_size, seed=s.seed, iteration=0,
+                                     micro_step=EVAL_STREAM + k % s.eval_iters, device=self.device)  # fmt: skip
+                    with self.precision.autocast():
+                        loss, n = loss_sum(self.model, x, y)  # gpt2 eval's computation
+                    if k < s.eval_iters:
+                        total += torch.stack([loss, torch.tensor(float(n), dtype=torch.float64, device=self.device)])
+                    self._show(f"evaluating {split} {min(k + self.world, s.eval_iters)}/{s.eval_iters}")
+                loss, count = self.procs.sum(total).tolist()
+                losses[split] = loss / count
+        finally:
+            self.model.train()
+        self._show("training", force=True)
         return losses
 
     def evaluate_and_save(self, it: int) -> None:
@@ -307,15 +370,30 @@ class Trainer:
             record["mfu"] = self.flops_per_iter / seconds / self.peak_flops
             postfix["mfu"] = f"{record['mfu']:.1%}"
         _append_log(self.out / LOG, record)
-        self.bar.set_postfix(postfix, refresh=False)
+        self.stats = ", ".join(f"{k}={v}" for k, v in postfix.items())  # as tqdm's set_postfix writes them
+        self.bar.set_postfix_str(self.stats, refresh=False)
+
+    def _show(self, description: str, detail: str = "", force: bool = False) -> None:
+        """What the bar shows inside an iteration: `description` ("training", "evaluating val
+        3/200"), and after the last step's numbers `detail` (the micro-batch). Redrawn in place,
+        at most every tqdm's mininterval unless `force`d: many small batches a second cost nothing."""
+        bar = self.bar
+        if bar is None or bar.disable:
+            return
+        bar.set_description_str(description, refresh=False)
+        bar.set_postfix_str(", ".join(part for part in (self.stats, detail) if part), refresh=False)
+        now = time.monotonic()
+        if force or now - self.shown >= bar.mininterval:
+            bar.refresh()
+            self.shown = now
 
     def _result(self, interrupted: bool) -> TrainResult:
         return TrainResult(self.out, self.iteration, self.best_val_loss, self.last_eval, interrupted, self.rank)
 
     @contextmanager
     def _stop_on_signals(self) -> Iterator[None]:
-        """Ctrl-C and SIGTERM stop the run at the end of the iteration under way, with a checkpoint;
-        a second one stops at once."""
+        """Ctrl-C and SIGTERM stop the run at the next micro-batch or evaluation batch, with the
+        checkpoint of the last completed iteration; a second one stops at once (KeyboardInterrupt)."""
         if threading.current_thread() is not threading.main_thread():
             yield
             return
@@ -327,7 +405,9 @@ class Trainer:
                 raise KeyboardInterrupt
             self.stop_requested = True
             if self.is_main:
-                self.bar.write("gpt2: stopping at the end of this iteration, with a checkpoint (once more to stop at once)")
+                again = "" if self.procs.grouped else " (once more to stop at once)"
+                self.bar.write(f"gpt2: stopping at the next micro-batch or evaluation batch, with the checkpoint of the last "
+                               f"completed iteration{again}", file=sys.stderr)  # fmt: skip
 
         previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
@@ -352,8 +432,7 @@ class Trainer:
         `weights`: the model's, already gathered (`Processes.model_state`); else gathered here."""
         model = self.procs.model_state(self.model) if weights is None else weights
         optimizer = self.procs.optimizer_state(self.model, self.optimizer)
-        cuda = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
-        rng = self.procs.gather({"cpu": torch.get_rng_state(), "cuda": cuda})
+        rng = self.procs.gather(self._rng_state())
         if not self.is_main:
             return
         state = {
@@ -388,9 +467,16 @@ class Trainer:
         self.scaler.load_state_dict(state["scaler"])
         self.iteration, self.evaluated, self.best_val_loss = state["iteration"], state["evaluated"], state["best_val_loss"]
         if self.rank < len(rng):  # a process added on resume keeps the seed it started from
-            torch.set_rng_state(rng[self.rank]["cpu"])
-            if self.device.type == "cuda" and rng[self.rank]["cuda"] is not None:
-                torch.cuda.set_rng_state(rng[self.rank]["cuda"], self.device)
+            self._set_rng_state(rng[self.rank])
+
+    def _rng_state(self) -> dict[str, torch.Tensor | None]:
+        """This process's random state (dropout's): a few kB copied on the CPU, no GPU sync."""
+        return {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None}
+
+    def _set_rng_state(self, rng: dict[str, torch.Tensor | None]) -> None:
+        torch.set_rng_state(rng["cpu"])
+        if self.device.type == "cuda" and rng["cuda"] is not None:
+            torch.cuda.set_rng_state(rng["cuda"], self.device)
 
 
 def _model_from_state(state: dict[str, Any]) -> GPT2:
@@ -442,8 +528,19 @@ def _trim_log(path: Path, iteration: int, evaluated: int) -> None:
     atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
 
 
-def plot_losses(log: Path, png: Path, note=print) -> None:
-    """Training loss per iteration (faint) and the evaluations' train and validation losses, against iterations."""
+def _how_often(iterations: list[int], flag: str) -> str:
+    """"(every 10 iterations, --log-interval)": how often a log's records come, from their commonest
+    gap (the interval they were written at; the last iteration's comes off the beat)."""
+    gaps = Counter(b - a for a, b in zip(iterations, iterations[1:]) if b > a)
+    if not gaps:
+        return f"({flag})"
+    gap = min(gaps, key=lambda g: (-gaps[g], g))
+    return f"(every iteration, {flag})" if gap == 1 else f"(every {gap:,} iterations, {flag})"
+
+
+def plot_losses(log: Path, png: Path, note=print) -> Any:
+    """Training loss at each logged step (faint) and the evaluations' train and validation losses,
+    against iterations. Returns the matplotlib figure drawn (closed), or None without matplotlib."""
     try:
         import matplotlib
 
@@ -453,15 +550,18 @@ def plot_losses(log: Path, png: Path, note=print) -> None:
         if not getattr(plot_losses, "warned", False):
             note("gpt2: note: loss.png needs matplotlib: pip install 'gpt2[train]'")
             plot_losses.warned = True
-        return
+        return None
     records = read_log(log)
     steps = [r for r in records if "loss" in r]
     evals = [r for r in records if "val_loss" in r]
     fig, ax = plt.subplots(figsize=(8, 5))
     if steps:
-        ax.plot([r["iter"] for r in steps], [r["loss"] for r in steps], color="tab:blue", alpha=0.25, lw=0.8, label="train (each step)")
+        label = f"train loss of a step {_how_often([r['iter'] for r in steps], '--log-interval')}"
+        ax.plot([r["iter"] for r in steps], [r["loss"] for r in steps], color="tab:blue", alpha=0.25, lw=0.8, label=label)
+    how_often = _how_often([r["iter"] for r in evals], "--eval-interval")
     for key, color in (("train_loss", "tab:blue"), ("val_loss", "tab:orange")):
-        ax.plot([r["iter"] for r in evals], [r[key] for r in evals], "o-", color=color, label=key.replace("_", " "))
+        label = f"{key.split('_')[0]} loss at each evaluation {how_often}"
+        ax.plot([r["iter"] for r in evals], [r[key] for r in evals], "o-", color=color, label=label)
     ax.set_xlabel("iteration")
     ax.set_ylabel("loss (nats per token)")
     ax.grid(alpha=0.3)
@@ -469,6 +569,7 @@ def plot_losses(log: Path, png: Path, note=print) -> None:
     with atomic_path(png) as tmp:
         fig.savefig(tmp, format="png", dpi=100, bbox_inches="tight")
     plt.close(fig)
+    return fig
 
 
 # ------------------------------------------------------------------ the entry point
@@ -528,7 +629,8 @@ def train(out: str | os.PathLike, *, resume: bool = False, overwrite: bool = Fal
     if resume:
         state = load_checkpoint(out)
         s = resumed_settings(state["settings"], settings)
-        if state["iteration"] >= s.max_iters:
+        left = s.max_iters - state["iteration"]  # 0 with the last evaluation still to do: stopped during it
+        if left < 0 or (left == 0 and state["evaluated"] == state["iteration"]):
             raise InvalidArgumentError(f"the run in {out} already did its {state['iteration']} iterations: "
                                        f"pass a larger max_iters (--max-iters) to train further")  # fmt: skip
     else:
