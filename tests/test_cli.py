@@ -585,3 +585,18 @@ def test_generate_warns_of_samples_that_may_not_fit_and_goes_on(capsys, model_di
     assert err.startswith(f"gpt2: warning: a KV cache of 200 rows of 3 positions needs about {needed / 1e6:.1f} MB of memory, "
                           f"but the CPU has {int(needed / 1.1) / 1e6:.1f} MB available, so it may not fit: generate fewer "
                           f"samples at once (num_samples, --num-samples)\n")  # fmt: skip
+
+
+def test_train_refuses_a_batch_no_machine_holds_in_one_line(capsys, tmp_path):
+    """--batch-size 100000000 once ran 90 s and was killed by the kernel at 24 GB: now refused before anything is made."""
+    from gpt2.data import prepare
+
+    (tmp_path / "input.txt").write_text("To be, or not to be, that is the question.\n" * 50, encoding="utf-8")
+    prepare([tmp_path / "input.txt"], tmp_path / "data", "char", progress=False)
+    started = time.monotonic()
+    code, out, err = run(capsys, "train", "--data", str(tmp_path / "data"), "--out", str(tmp_path / "out"), "--batch-size", "100000000",
+                         "--n-layer", "2", "--n-head", "2", "--n-embd", "32", "--block-size", "16")  # fmt: skip
+    assert (code, out) == (2, "") and err.count("\n") == 1
+    assert err.startswith("gpt2: error: training needs about ") and " TB of memory, but the CPU has " in err
+    assert "lower --batch-size (or --block-size): a micro-batch of 100,000,000 windows of 16 tokens keeps about " in err
+    assert time.monotonic() - started < 10 and not (tmp_path / "out").exists()

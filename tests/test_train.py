@@ -601,6 +601,42 @@ def test_an_unwritable_out_is_named_before_anything_is_loaded(char_data, tmp_pat
     assert not (tmp_path / "new" / "out").exists()
 
 
+def weights_and_activations(n_vocab: int, n_layer: int = 2, n_embd: int = 32, block: int = 16, batch: int = 4) -> tuple[int, int]:
+    """The bytes a run of TINY's shape (no biases, learned positions) needs, written out: 16 a weight (float32, its
+    gradient, AdamW's two moments); for each token of a micro-batch, 17 values of n_embd a layer kept for the backward
+    pass (LayerNorms' inputs and outputs, q k v, attention's output, the MLP's 4C twice) and 4 of n_vocab (logits,
+    log-probabilities, the gradients of both), all float32."""
+    C = n_embd
+    weights = n_vocab * C + block * C + n_layer * (3 * C * C + C * C + 4 * C * C + 4 * C * C + 2 * C) + C
+    return 16 * weights, batch * block * (n_layer * 17 * C * 4 + 4 * n_vocab * 4)
+
+
+def test_a_run_that_cannot_fit_is_refused_before_anything_is_made(char_data, tmp_path, monkeypatch):
+    from gpt2 import MemoryLimitError, devices
+
+    vocab = json.loads((char_data / "meta.json").read_text())["vocab_size"]
+    states, activations = weights_and_activations(vocab)
+    monkeypatch.setattr(devices, "available_memory", lambda device: 100_000)  # (a run takes a 200 MB workspace too)
+    message = (f"training needs about {(states + activations + 200e6) / 1e6:.1f} MB of memory, but the CPU has 100 kB available: "
+               f"lower --batch-size (or --block-size): a micro-batch of 4 windows of 16 tokens keeps about "
+               f"{activations / 1e3:.0f} kB of activations, {activations / 4e3:.0f} kB a window, beside "
+               f"{states / 1e3:.0f} kB for the weights, their gradients and AdamW's moments")  # fmt: skip
+    with pytest.raises(MemoryLimitError, match=f"^{re.escape(message)}$"):
+        train(tmp_path / "out", data=char_data, max_iters=1, progress=False, **TINY)
+    assert not (tmp_path / "out").exists()  # nothing made, nothing written
+
+
+def test_a_run_a_little_over_the_memory_available_is_warned_about_and_goes_on(char_data, tmp_path, monkeypatch):
+    from gpt2 import devices
+
+    vocab = json.loads((char_data / "meta.json").read_text())["vocab_size"]
+    needed = sum(weights_and_activations(vocab)) + 200_000_000  # with torch's workspace
+    monkeypatch.setattr(devices, "available_memory", lambda device: int(needed / 1.2))
+    with pytest.warns(devices.MemoryWarning, match="training needs about .* so it may not fit: lower --batch-size"):
+        result = train(tmp_path / "out", data=char_data, max_iters=1, progress=False, **TINY)
+    assert result.iteration == 1
+
+
 def test_out_is_protected(char_data, tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(UnwritablePathError, match="file is a file, not a directory"):

@@ -80,6 +80,14 @@ class Processes:
         return self.rank == 0
 
     @property
+    def sharing_memory(self) -> int:
+        """The processes whose memory comes from the same place as this one's: on the CPU, those of
+        this machine (torchrun's LOCAL_WORLD_SIZE); a GPU is each process's own."""
+        if self.device.type != "cpu" or not launched():
+            return 1
+        return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+
+    @property
     def grouped(self) -> bool:
         """Part of a process group (launched by torchrun, even as its only process)."""
         return dist.is_available() and dist.is_initialized()

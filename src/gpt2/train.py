@@ -38,7 +38,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -47,16 +47,18 @@ from gpt2._files import atomic_path, atomic_write_text, writable_directory
 from gpt2.config import RESUME_OVERRIDES, GPT2Config, TrainSettings
 from gpt2.data import TokenData, get_batch, open_data
 from gpt2.decoding import ContextOverflowWarning
-from gpt2.devices import Precision, enable_tf32, peak_flops, training_precision
+from gpt2.devices import Precision, check_fits, enable_tf32, format_bytes, peak_flops, training_precision
 from gpt2.errors import CheckpointError, ContextLengthError, GPT2Warning, InvalidArgumentError, UnwritablePathError
 from gpt2.evaluate import loss_sum
 from gpt2.generate import generate_text
 from gpt2.model import GPT2
+from gpt2.weights import expected_shapes, read_config
 
 CHECKPOINT = "checkpoint.pt"
 LOG = "log.jsonl"
 PLOT = "loss.png"
 EVAL_STREAM = 1 << 32  # evaluation batches use micro-steps from here on: never a training batch's seed
+WORKSPACE = 200_000_000  # bytes a run takes whatever its size (benchmarks/memory.py: 180 to 230 MB on a CPU)
 
 
 class WarmupWarning(GPT2Warning):
@@ -129,6 +131,53 @@ def build_model(s: TrainSettings, data: TokenData) -> GPT2:
     return model
 
 
+def planned_config(s: TrainSettings, data: TokenData, state: dict[str, Any] | None) -> GPT2Config:
+    """The architecture a run will train, known before any weight is made or read."""
+    if state is not None:
+        return GPT2Config.from_hf_dict(state["model_config"], CHECKPOINT)
+    if s.init is None:
+        return s.model_config(data.vocab_size)
+    config = read_config(s.init)
+    return config if s.block_size is None else config.replace(n_ctx=min(s.block_size, config.n_ctx))
+
+
+class TrainingMemory(NamedTuple):
+    states: int  # bytes of the weights, their gradients and AdamW's moments
+    activations: int  # bytes one micro-batch keeps for the backward pass
+
+    @property
+    def total(self) -> int:
+        return self.states + self.activations + WORKSPACE
+
+
+def training_memory(config: GPT2Config, s: TrainSettings, device: torch.device, compute: torch.dtype,
+                    world: int = 1) -> TrainingMemory:  # fmt: skip
+    """What one process of a run holds at its peak, estimated: the weights with their gradients
+    and AdamW's two moments, one micro-batch's activations, and a workspace.
+    benchmarks/memory.py checks it against the peak of real runs.
+
+    Weights: float32, 16 bytes each with the rest (FSDP shares them out over the processes; DDP
+    keeps a bucketed copy of the gradients, 4 more). Activations, those a micro-batch keeps for
+    the backward pass, for each of its tokens:
+      - each layer's 17 C values: the input and output of both LayerNorms, q, k and v, attention's
+        output, the MLP's 4 C before and after its GELU (4 bytes each, 2 under 16-bit autocast);
+        with activation checkpointing, each layer's input and one layer's 17 C;
+      - the logits, their log-probabilities and the gradients of both: 4 V float32;
+      - with dropout on a CPU, whose fused attention does not drop, each layer's attention
+        scores, probabilities and mask, T per head (16 bytes each);
+    and WORKSPACE bytes whatever the size (torch's first backward pass, oneDNN's buffers): in `total`.
+    """
+    C, L, T, H = config.n_embd, config.n_layer, config.n_ctx, config.n_head
+    weights = sum(math.prod(shape) for shape in expected_shapes(config).values())
+    states = 16 * weights // (world if s.fsdp else 1) + (4 * weights if world > 1 and not s.fsdp else 0)
+    per_value = 2 if compute in (torch.bfloat16, torch.float16) else 4
+    layers = (L * C + 17 * C) if s.checkpoint_activations else L * 17 * C
+    per_token = layers * per_value + 16 * config.n_vocab
+    if s.dropout > 0 and device.type != "cuda":
+        per_token += L * H * T * 16
+    return TrainingMemory(states, s.batch_size * T * per_token)
+
+
 # ------------------------------------------------------------------ a run
 
 
@@ -165,6 +214,7 @@ class Trainer:
             raise InvalidArgumentError(f"grad_accum (--grad-accum) {s.grad_accum} must be a multiple of the {self.world} processes: "
                                        f"each takes an equal share of a step's micro-batches")  # fmt: skip
         self.precision: Precision = training_precision(self.device, s.dtype)
+        self._check_memory(planned_config(s, self.data, state))
         if self.device.type == "cuda":
             enable_tf32()
         torch.manual_seed(s.seed)  # the initial weights (the same in every process), and dropout's stream from there
@@ -191,6 +241,18 @@ class Trainer:
         self.last_eval: dict[str, Any] | None = None
         self.at_start = self._rng_state()  # the random state an abandoned iteration is saved with
         self.bar, self.stats, self.shown = None, "", 0.0  # the progress bar, its last step's numbers, when it was drawn
+
+    def _check_memory(self, config: GPT2Config) -> None:
+        """Refuse, before anything is allocated, a run the device cannot hold (a warning if it may not)."""
+        s = self.s
+        needed = training_memory(config, s, self.device, self.precision.compute, self.world)
+        states, activations = needed.states, needed.activations
+        sharing = self.procs.sharing_memory  # on the CPU, the processes of this machine: each needs as much
+        each = f" in each of the {sharing} processes on this machine" if sharing > 1 else ""
+        hint = (f"lower --batch-size (or --block-size): a micro-batch of {s.batch_size:,} windows of {config.n_ctx:,} tokens "
+                f"keeps about {format_bytes(activations)} of activations{each}, {format_bytes(activations / s.batch_size)} a window, "
+                f"beside {format_bytes(states)} for the weights, their gradients and AdamW's moments")  # fmt: skip
+        check_fits(needed.total * sharing, self.device, "training", hint)
 
     @property
     def is_main(self) -> bool:
