@@ -27,6 +27,9 @@ from gpt2.model import GPT2
 from gpt2.config import GPT2Config, TrainSettings
 from gpt2.train import EVAL_STREAM, Trainer, WarmupWarning, learning_rate, make_optimizer, plot_losses, read_log, train
 
+# Runs of a few iterations are shorter than TINY's warm-up on purpose: its warning is tested once, below.
+pytestmark = pytest.mark.filterwarnings("ignore::gpt2.train.WarmupWarning")
+
 # A model small enough to train for dozens of iterations in a second or two.
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, batch_size=4, grad_accum=2, lr=3e-3, min_lr=3e-4,
             warmup_iters=5, eval_interval=10, eval_iters=2, log_interval=1, device="cpu")  # fmt: skip
