@@ -573,6 +573,9 @@ def test_generate_refuses_samples_whose_kv_cache_cannot_fit(capsys, model_dir, m
     assert (code, out) == (2, "")
     assert err == (f"gpt2: error: a KV cache of 200 rows of 51 positions needs about {needed / 1e6:.1f} MB of memory, but the "
                    f"CPU has 10.0 MB available: generate fewer samples at once (num_samples, --num-samples)\n")  # fmt: skip
+    started = time.monotonic()  # refused before a row of the ten million is made (that took 32 s)
+    code, out, err = run(capsys, "generate", "Hi", "--model", model_dir, "--num-samples", "10000000")
+    assert code == 2 and err.startswith("gpt2: error: a KV cache of 10,000,000 rows") and time.monotonic() - started < 10
 
 
 def test_generate_warns_of_samples_that_may_not_fit_and_goes_on(capsys, model_dir, monkeypatch):

@@ -101,34 +101,39 @@ class TextGeneration:
         self.sampling = Sampling(temperature, top_k, top_p)
         self.sampling.check(model.config.n_vocab)
         positive_int("num_samples", num_samples)
+        row_seed(seed, 0)  # a bad seed fails now
         self.stop = check_stop(stop)
         prompt_list = [prompts] if isinstance(prompts, str) else list(prompts)
         if not prompt_list:
             raise InvalidArgumentError("no prompts: give at least one")
-        self.prompt_ids: list[list[int]] = []
-        for prompt in prompt_list:
-            if not isinstance(prompt, str):
-                raise InputTypeError(f"prompts must be str, got {type(prompt).__name__}")
-            ids = tokenizer.encode(prompt, allowed_special)
-            if not ids and tokenizer.eot_token is None:  # a character vocabulary has no <|endoftext|>
-                raise InvalidArgumentError("empty prompt: this model's vocabulary has no <|endoftext|> to start from; give a prompt")
-            if not ids:
-                warnings.warn("empty prompt: generating from <|endoftext|>, as GPT-2's unconditional samples do",
-                              EmptyPromptWarning, stacklevel=2)  # fmt: skip
-                ids = [tokenizer.eot_token]
-            self.prompt_ids += [ids] * num_samples
-        check_prompts(self.prompt_ids, model.config.n_vocab)
-        # checks the seed and the context now, so that errors come before any output
-        check_context([len(p) for p in self.prompt_ids], max_new_tokens, model.config.n_ctx, on_overflow)
-        self.rows = [Row(ids, max_new_tokens, self.sampling, row_seed(seed, i), tokenizer.eot_token)
-                     for i, ids in enumerate(self.prompt_ids)]  # fmt: skip
-        slots, longest = len(self.rows), max(map(len, self.prompt_ids))
+        prompt_ids = [self._encode(tokenizer, prompt, allowed_special) for prompt in prompt_list]
+        check_prompts(prompt_ids, model.config.n_vocab)
+        # checks the context and the memory now, so that errors come before any output (or any row is made)
+        check_context([len(p) for p in prompt_ids], max_new_tokens, model.config.n_ctx, on_overflow)
+        slots, longest = len(prompt_ids) * num_samples, max(map(len, prompt_ids))
         if isinstance(model, ReferenceModel):
             self.engine = NumpyEngine(model, slots)
         else:
             self.engine = model.engine(slots, longest + max_new_tokens, hint="generate fewer samples at once (num_samples, --num-samples)")
+        self.prompt_ids = [ids for ids in prompt_ids for _ in range(num_samples)]  # prompt-major
+        self.rows = [Row(ids, max_new_tokens, self.sampling, row_seed(seed, i), tokenizer.eot_token)
+                     for i, ids in enumerate(self.prompt_ids)]  # fmt: skip
         self.texts = [TextRow(tokenizer, self.stop) for _ in self.rows]
         self.tokens_generated = 0  # tokens chosen, counted per row until its text ends
+
+    @staticmethod
+    def _encode(tokenizer: Tokenizer, prompt: str, allowed_special: AbstractSet[str] | Literal["all"]) -> list[int]:
+        """A prompt's ids; an empty one is <|endoftext|>, where the vocabulary has it."""
+        if not isinstance(prompt, str):
+            raise InputTypeError(f"prompts must be str, got {type(prompt).__name__}")
+        ids = tokenizer.encode(prompt, allowed_special)
+        if not ids and tokenizer.eot_token is None:  # a character vocabulary has no <|endoftext|>
+            raise InvalidArgumentError("empty prompt: this model's vocabulary has no <|endoftext|> to start from; give a prompt")
+        if not ids:
+            warnings.warn("empty prompt: generating from <|endoftext|>, as GPT-2's unconditional samples do",
+                          EmptyPromptWarning, stacklevel=3)  # fmt: skip
+            ids = [tokenizer.eot_token]
+        return ids
 
     @property
     def finish_reasons(self) -> list[str | None]:
