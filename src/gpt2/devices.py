@@ -162,10 +162,12 @@ class MemoryWarning(GPT2Warning):
 
 
 def available_memory(device: torch.device) -> int | None:
-    """Bytes the device can still give: a GPU's free memory, the CPU's MemAvailable (Linux's
-    estimate of what new allocations can take without swapping); None where unknown."""
+    """Bytes the device can still give: a GPU's free memory with what torch's allocator holds
+    unused, the CPU's MemAvailable (Linux's estimate of what new allocations can take without
+    swapping); None where unknown."""
     if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)  # freed tensors torch keeps
+        return torch.cuda.mem_get_info(device)[0] + cached
     if device.type != "cpu":
         return None
     try:

@@ -19,7 +19,7 @@ from gpt2._checks import positive_int
 from gpt2.decoding import STOP, Decoder, Row, check_context, row_seed
 from gpt2.errors import GPT2Warning, InputTypeError, InvalidArgumentError
 from gpt2.reference import ReferenceModel
-from gpt2.sampling import Sampling, check_max_new_tokens, check_prompts
+from gpt2.sampling import Sampling, check_max_new_tokens, check_prompts, check_seed
 from gpt2.tokenizer import IncrementalDecoder, Tokenizer
 
 
@@ -101,7 +101,8 @@ class TextGeneration:
         self.sampling = Sampling(temperature, top_k, top_p)
         self.sampling.check(model.config.n_vocab)
         positive_int("num_samples", num_samples)
-        row_seed(seed, 0)  # a bad seed fails now
+        if seed is not None:
+            check_seed(seed)  # now, not once the rows are made
         self.stop = check_stop(stop)
         prompt_list = [prompts] if isinstance(prompts, str) else list(prompts)
         if not prompt_list:

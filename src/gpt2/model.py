@@ -225,8 +225,7 @@ class KVCache:
     def bytes_needed(config: GPT2Config, slots: int, max_len: int, dtype: torch.dtype) -> int:
         """The memory of a cache of `slots` rows of max_len positions (keys and values of every
         layer), with what a decoding step adds for each row (its logits, probabilities, a sort)."""
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        return slots * (2 * config.n_layer * max_len * config.n_embd * itemsize + 3 * config.n_vocab * 4)
+        return slots * (2 * config.n_layer * max_len * config.n_embd * dtype.itemsize + 3 * config.n_vocab * 4)
 
     @staticmethod
     def check_fits(config: GPT2Config, slots: int, max_len: int, device: torch.device, dtype: torch.dtype, hint: str) -> None:
@@ -515,13 +514,15 @@ class GPT2(nn.Module):
         slots are asked for), so each batch-size bucket is captured once, not at every call.
         A KV cache the device cannot hold is refused first, `hint` saying what to lower."""
         graphed = self.cuda_graphs and use_cache
+        if graphed and self._graphed_engine is not None and self._graphed_engine.slots >= slots:
+            return self._graphed_engine  # its cache is held already: nothing new to fit
+        if graphed:
+            self._graphed_engine = None  # its cache and graphs freed before the new ones are made
         KVCache.check_fits(self.config, slots, self.config.n_ctx if graphed else min(max_len, self.config.n_ctx), self.device,
                            self.compute_dtype, hint)  # fmt: skip
         if not graphed:
             return TorchEngine(self, slots, max_len, use_cache)
-        if self._graphed_engine is None or self._graphed_engine.slots < slots:
-            self._graphed_engine = None  # its cache and graphs freed before the new ones are made
-            self._graphed_engine = TorchEngine(self, slots)
+        self._graphed_engine = TorchEngine(self, slots)
         return self._graphed_engine
 
     @property
