@@ -36,6 +36,11 @@ MARKS = ("not run", "output not compared", "run in the background")
 RELEASED = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 ELLIPSIS = "…"  # in a console block's output: any text; a line of it alone: any lines
 
+
+def page_id(page: Path) -> str:
+    return str(page.relative_to(REPO))
+
+
 # Long runs, shortened where a block runs (and only there): written as the docs show them.
 SHORTER = [
     (re.compile(r"(--max-iters[ =]|max_iters=)(\d+)"), lambda n: max(1, n // 1000)),  # 2000 -> 2 iterations
@@ -179,7 +184,7 @@ def test_each_command_has_a_page_that_its_help_and_the_readme_name(capsys):
 OTHER_PROGRAMS_FLAGS = {"--corpus"}  # flags the prose gives to programs other than gpt2 (benchmarks/tokenizer.py)
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name if p.parent == REPO else f"docs/{p.name}")
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
 def test_the_flags_the_prose_names_exist(page):
     """A flag in the text (`--top-p`), outside the blocks, is one of some gpt2 command's."""
     known = set().union(*map(flags, REFERENCES), re.findall(r"--[a-z][\w-]*", build_parser().format_help()))
@@ -194,9 +199,9 @@ def anchors(page: Path) -> set[str]:
     return {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in headings}
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name if p.parent == REPO else f"docs/{p.name}")
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
 def test_links_and_paths_lead_somewhere(page):
-    """Every relative link reaches a file (and its heading), and every path of the code's layout exists."""
+    """Every relative link reaches a file (and its heading), and every path of the code the page names exists."""
     text = page.read_text(encoding="utf-8")
     for target in re.findall(r"\]\(([^)\s]+)\)", text):
         if re.match(r"[a-z]+:", target):
@@ -205,6 +210,8 @@ def test_links_and_paths_lead_somewhere(page):
         path = (page.parent / path).resolve() if path else page
         assert path.exists(), f"{page.name}: link to {target}: no such file"
         assert not anchor or anchor in anchors(path), f"{page.name}: link to {target}: no such heading"
+    for path in re.findall(r"`(?:src/)?(gpt2/[\w/]+\.py)", text):  # a module the prose names
+        assert (REPO / "src" / path).exists(), f"{page.name}: {path} does not exist"
     for block in blocks(page):
         if block.lang == "":
             for path in re.findall(r"^((?:src|tests|scripts|benchmarks|docs)/\S*)", block.text, re.M):
@@ -309,7 +316,7 @@ class Background:
     """A block run in the background (a server), until the page ends."""
 
     def __init__(self, block: Block, script: str, port: int, work: Path, env: dict[str, str]) -> None:
-        self.block, self.log = block, work.parent / "background.log"
+        self.log = work.parent / "background.log"
         with open(self.log, "w") as log:
             self.process = subprocess.Popen(["bash", "-c", script], cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT,
                                             start_new_session=True)  # fmt: skip
@@ -372,6 +379,12 @@ def run_page(page: Path, hf_home: Path, root: Path) -> None:
             server.stop()
 
 
+def commands_run(page: Path) -> list[object]:
+    """The commands a page runs: its gpt2 commands and its Python blocks."""
+    run = [b for b in blocks(page) if b.lang in RUN and b.mark != "not run"]
+    return [b for b in run if b.lang == "python"] + [c for b in run if b.lang != "python" for c in invocations(shell_text(b))]
+
+
 RUNNABLE = [page for page in PAGES if any(b.lang in RUN and b.mark != "not run" for b in blocks(page))]
 
 
@@ -379,7 +392,8 @@ RUNNABLE = [page for page in PAGES if any(b.lang in RUN and b.mark != "not run" 
 def ran(request, hf_home, tmp_path_factory) -> dict[Path, BaseException | None]:
     """The pages this session tests, run a few at a time (each command is one process of one
     thread, and most of their time is Python and torch starting): what each raised, or None."""
-    wanted = [item.callspec.params["page"] for item in request.session.items if item.originalname == "test_page_runs"]
+    wanted = [item.callspec.params["page"] for item in request.session.items if getattr(item, "originalname", "") == "test_page_runs"]
+    wanted.sort(key=lambda page: -len(commands_run(page)))  # the longest first
     workers = max(2, min(4, os.cpu_count() or 1))
 
     def run(page: Path) -> BaseException | None:
@@ -393,7 +407,7 @@ def ran(request, hf_home, tmp_path_factory) -> dict[Path, BaseException | None]:
         return dict(zip(wanted, pool.map(run, wanted)))
 
 
-@pytest.mark.parametrize("page", RUNNABLE, ids=lambda p: p.name if p.parent == REPO else f"docs/{p.name}")
+@pytest.mark.parametrize("page", RUNNABLE, ids=page_id)
 def test_page_runs(page, ran):
     if ran[page] is not None:
         raise ran[page]
