@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 import warnings
@@ -611,6 +612,20 @@ class _WarningLines:
             print(f"gpt2: warning: {text}", file=sys.stderr)
 
 
+# the flags of the library's parameters, which its errors name (GPT2Error.param) and the command line sets
+FLAGS = {"threads": "--threads"}
+
+
+def _with_flag(error: Exception) -> str:
+    """An error's message with the flag that sets its parameter: "threads (--threads) must be ..."."""
+    message, param = str(error), getattr(error, "param", None)
+    flag = FLAGS.get(param)
+    if flag is None or flag in message:
+        return message
+    named = re.search(rf"\b{re.escape(param)}\b", message)  # after the parameter's first mention, or at the end
+    return f"{message[: named.end()]} ({flag}){message[named.end() :]}" if named else f"{message} ({flag})"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     with warnings.catch_warnings():
         warnings.showwarning = _WarningLines()
@@ -631,7 +646,7 @@ def _main(argv: Sequence[str] | None) -> int:
     except (_UsageError, GPT2Error) as e:
         # under torchrun every process meets the same bad input: rank 0 says it; each says what it alone saw
         if os.environ.get("RANK", "0") == "0" or isinstance(e, DistributedError):
-            print(f"gpt2: error: {e}", file=sys.stderr)
+            print(f"gpt2: error: {_with_flag(e)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:  # Ctrl-C: what was printed stays printed
         sys.stdout.flush()

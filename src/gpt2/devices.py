@@ -203,7 +203,7 @@ def set_threads(threads: int) -> None:
     """Run torch's CPU work on `threads` threads (torch's default: one per core, or OMP_NUM_THREADS).
     On a machine where other programs are busy, fewer threads than cores run faster: torch's
     threads wait for each other at every operation, and one that lost its core holds up all."""
-    torch.set_num_threads(positive_int("threads (--threads)", threads))
+    torch.set_num_threads(positive_int("threads", threads))
 
 
 def enable_tf32() -> None:

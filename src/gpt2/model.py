@@ -30,10 +30,10 @@ from gpt2._checks import check_token_ids
 from gpt2._files import atomic_path, atomic_write_text, writable_directory
 from gpt2._gemv import attend, gemv
 from gpt2.config import GPT2Config
-from gpt2.decoding import Row, check_context, row_seed, run
+from gpt2.decoding import Request, run
 from gpt2.devices import check_fits, resolve_device, weight_format
 from gpt2.errors import ContextLengthError, GPT2Warning, InputTypeError, InvalidArgumentError
-from gpt2.sampling import Sampling, check_max_new_tokens, check_prompts
+from gpt2.sampling import Sampling
 from gpt2.tokenizer import assumed_tokenizer
 from gpt2.weights import iter_tensors, locate, transformers_only_shapes
 
@@ -455,14 +455,11 @@ class GPT2(nn.Module):
         if not isinstance(idx, torch.Tensor) or idx.dtype.is_floating_point or idx.dtype == torch.bool or idx.dim() != 2:
             what = f"{idx.dtype} tensor of shape {list(idx.shape)}" if isinstance(idx, torch.Tensor) else type(idx).__name__
             raise InputTypeError(f"idx must be an integer tensor of token ids shaped (B, T), got a {what}")
-        check_max_new_tokens(max_new_tokens)
-        sampling = Sampling(temperature, top_k, top_p)
-        sampling.check(self.config.n_vocab)
-        prompts = idx.tolist()
-        check_prompts(prompts, self.config.n_vocab)
+        request = Request.build(idx.tolist(), max_new_tokens, n_vocab=self.config.n_vocab, n_ctx=self.config.n_ctx,
+                                sampling=Sampling(temperature, top_k, top_p), seed=seed, eos_token_id=eos_token_id,
+                                on_overflow=on_overflow)  # fmt: skip
         B, T = idx.shape
-        check_context([T], max_new_tokens, self.config.n_ctx, on_overflow)
-        rows = [Row(p, max_new_tokens, sampling, row_seed(seed, b), eos_token_id) for b, p in enumerate(prompts)]
+        rows = request.rows()
         run(self.engine(B, T + max_new_tokens, use_cache, hint="fewer rows in idx at once"), rows)
         steps = max(len(row.tokens) for row in rows)  # all rows stop once every one has ended
         new = [row.tokens + [eos_token_id] * (steps - len(row.tokens)) for row in rows]  # an ended row: eos from then on
