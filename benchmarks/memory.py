@@ -22,9 +22,9 @@ from _common import print_table
 TRAIN = """
 import json, sys, torch
 import matplotlib.pyplot  # loaded before the baseline: the plot is not what is measured
-from gpt2.config import TrainSettings
 from gpt2.data import open_data
 from gpt2.devices import resolve_device
+from gpt2.settings import TrainSettings
 from gpt2.train import planned_config, train, training_memory
 torch.set_num_threads(1)
 data, out, settings = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
