@@ -511,6 +511,16 @@ def test_load_tokenizer_reads_openai_and_hugging_face_names(tmp_path, tiktoken_g
     assert tokenizer_module.load_tokenizer(tmp_path / "nowhere") is None
 
 
+def test_load_tokenizer_of_one_kind_passes_over_the_other(tmp_path):
+    Tokenizer.gpt2().save(tmp_path)
+    tokenizer_module.CharTokenizer(list("ab")).save(tmp_path)
+    assert isinstance(tokenizer_module.load_tokenizer(tmp_path), Tokenizer)  # the pairs come first
+    assert isinstance(tokenizer_module.load_tokenizer(tmp_path, "bpe"), Tokenizer)
+    assert tokenizer_module.load_tokenizer(tmp_path, "char").chars == ["a", "b"]
+    (tmp_path / "chars.json").unlink()
+    assert tokenizer_module.load_tokenizer(tmp_path, "char") is None
+
+
 def test_load_tokenizer_names_a_corrupt_or_missing_file(tmp_path):
     cases = {
         "chars1": ("not json", r"chars1/chars\.json"),

@@ -780,14 +780,16 @@ def assumed_tokenizer(n_vocab: int) -> Tokenizer | None:
     return Tokenizer.gpt2() if n_vocab == Tokenizer.gpt2().n_vocab else None
 
 
-def load_tokenizer(directory: str | os.PathLike) -> Tokenizer | CharTokenizer | None:
+def load_tokenizer(directory: str | os.PathLike, kind: Literal["bpe", "char"] | None = None) -> Tokenizer | CharTokenizer | None:
     """The tokenizer saved in a directory: encoder.json + vocab.bpe (OpenAI's names), vocab.json +
     merges.txt (Hugging Face's names for the same files), or chars.json; None if none is there.
+    `kind` looks for one kind's files only: "bpe" (the pairs) or "char" (chars.json).
     One file of a pair without the other raises VocabularyNotFoundError naming the missing one."""
     directory = Path(directory)
-    for encoder, merges in (("encoder.json", "vocab.bpe"), ("vocab.json", "merges.txt")):
-        if (directory / encoder).is_file() or (directory / merges).is_file():
-            return Tokenizer.from_files(directory / encoder, directory / merges)
-    if (directory / CHARS_FILE).is_file():
+    if kind != "char":
+        for encoder, merges in (("encoder.json", "vocab.bpe"), ("vocab.json", "merges.txt")):
+            if (directory / encoder).is_file() or (directory / merges).is_file():
+                return Tokenizer.from_files(directory / encoder, directory / merges)
+    if kind != "bpe" and (directory / CHARS_FILE).is_file():
         return CharTokenizer.from_file(directory / CHARS_FILE)
     return None
