@@ -522,6 +522,7 @@ class Tokenizer:
             encoder[a + b] = len(encoder)
         return cls(encoder, merges, {EOT: len(encoder)})
 
+
 def _id_list(ids: Iterable[int]) -> list[int] | tuple[int, ...]:
     """Token ids as a list (or tuple), from whatever `decode` takes; a clear error for the rest."""
     if isinstance(ids, (list, tuple)):
