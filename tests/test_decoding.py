@@ -9,7 +9,8 @@ from helpers import make_hf_model
 from gpt2 import Tokenizer
 from gpt2.decoding import LENGTH, STOP, Decoder, Row, row_seed, run
 from gpt2.generate import TextGeneration, generate_text
-from gpt2.model import GPT2, TorchEngine
+from gpt2.engines import TorchEngine
+from gpt2.model import GPT2
 from gpt2.sampling import Sampling
 
 ENC = Tokenizer.gpt2()

@@ -94,10 +94,10 @@ def _check_generate_args(args: argparse.Namespace) -> str:
     positive_int("num_samples", args.num_samples)
     if args.seed is not None:
         check_seed(args.seed)
-    if args.engine == "numpy" and args.device not in ("auto", "cpu"):
-        raise _UsageError(f"--engine numpy runs on the CPU only, not on --device {args.device}: use --engine torch")
-    if args.engine == "numpy" and args.dtype != "float32":
-        raise _UsageError(f"--engine numpy computes in float32 only, not --dtype {args.dtype}: use --engine torch")
+    if args.engine == "numpy":
+        from gpt2.engines import check_numpy_engine
+
+        check_numpy_engine(args.device, args.dtype, _flag)
     _check_cuda_graphs(args)
     if args.prompt == "-":
         return _without_final_newline(_read_stdin())
@@ -105,15 +105,15 @@ def _check_generate_args(args: argparse.Namespace) -> str:
 
 
 def _check_cuda_graphs(args: argparse.Namespace) -> None:
-    if not args.cuda_graphs:
-        return
-    from gpt2.devices import resolve_device
+    if args.cuda_graphs:
+        from gpt2.engines import check_cuda_graphs
 
-    if args.engine == "numpy":
-        raise _UsageError("--cuda-graphs is for --engine torch on a CUDA GPU, not --engine numpy")
-    device = resolve_device(args.device)
-    if device.type != "cuda":
-        raise _UsageError(f"--cuda-graphs replays decoding on a CUDA GPU; --device {args.device} is {device}")
+        check_cuda_graphs(args.device, args.engine, _flag)
+
+
+def _flag(setting: str) -> str:
+    """A setting's flag, for the library's messages: cuda_graphs -> --cuda-graphs."""
+    return "--" + setting.replace("_", "-")
 
 
 def _load_model(args: argparse.Namespace):

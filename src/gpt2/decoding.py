@@ -12,8 +12,8 @@ a long one. A row's tokens depend on nothing beside it: its prompt is prefilled 
 samples from its own random stream (row i of a call seeded s draws from seed s + i), so a
 request gets the same tokens served among others as served alone. The tensor API
 (`GPT2.generate`), the text API (`gpt2.generate`), `gpt2 generate` and `gpt2 serve` all run
-this one loop. An engine computes logits (`gpt2.model.TorchEngine`, with the KV cache, or
-`gpt2.generate.NumpyEngine`); this module knows nothing of models.
+this one loop. An engine computes logits (`gpt2.engines.TorchEngine`, with the KV cache, or
+`gpt2.engines.NumpyEngine`); this module knows nothing of models.
 """
 
 from __future__ import annotations

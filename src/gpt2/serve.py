@@ -39,9 +39,10 @@ from starlette.exceptions import HTTPException
 from gpt2._checks import check_token_ids, int_between, is_integer, positive_int
 from gpt2.config import GPT2Config
 from gpt2.decoding import STOP, Decoder, Row, row_seed
+from gpt2.engines import KVCache
 from gpt2.errors import GPT2Error, InvalidArgumentError
 from gpt2.generate import TextRow, check_stop
-from gpt2.model import GPT2, KVCache
+from gpt2.model import GPT2
 from gpt2.sampling import Sampling, check_seed
 from gpt2.tokenizer import IncrementalDecoder, Tokenizer
 
