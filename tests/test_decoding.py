@@ -10,7 +10,8 @@ from gpt2 import Tokenizer
 from gpt2.decoding import LENGTH, STOP, Decoder, Request, Row, row_seed, run, start_of_text
 from gpt2.errors import GPT2Error
 from gpt2.generate import TextGeneration, generate_text
-from gpt2.model import GPT2, TorchEngine
+from gpt2.engines import TorchEngine
+from gpt2.model import GPT2
 from gpt2.sampling import Sampling
 
 ENC = Tokenizer.gpt2()

@@ -14,8 +14,8 @@ request gets the same tokens served among others as served alone. The tensor API
 (`GPT2.generate`), the text API (`gpt2.generate`), `gpt2 generate` and `gpt2 serve` all run
 this one loop, and each makes its rows with `Request.build`, which checks the request first:
 its prompts, its max_new_tokens, its sampling and seed, and the context it needs. An engine
-computes logits (`gpt2.model.TorchEngine`, with the KV cache, or
-`gpt2.generate.NumpyEngine`); this module knows nothing of models.
+computes logits (`gpt2.engines.TorchEngine`, with the KV cache, or `gpt2.engines.NumpyEngine`);
+this module knows nothing of models.
 """
 
 from __future__ import annotations

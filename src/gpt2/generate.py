@@ -1,8 +1,8 @@
 """Text generation: prompts in, text out, streamed as tokens arrive.
 
 The text API (`generate_text`, `stream_text`, `TextGeneration`) and the `gpt2 generate`
-command encode the prompts, run the token loop of `gpt2.sampling` on an engine (the torch
-model with its KV cache, `gpt2.model.TorchEngine`, or the NumPy reference engine here),
+command encode the prompts, run the token loop of `gpt2.decoding` on an engine (the torch
+model with its KV cache, `gpt2.engines.TorchEngine`, or `gpt2.engines.NumpyEngine`),
 and decode the tokens as they come, holding back half characters and possible stop strings.
 """
 
@@ -12,11 +12,11 @@ import warnings
 from collections.abc import Iterator, Sequence
 from typing import AbstractSet, Literal
 
-import numpy as np
 import torch
 
 from gpt2._checks import positive_int
 from gpt2.decoding import STOP, Decoder, Request, start_of_text
+from gpt2.engines import NumpyEngine
 from gpt2.errors import GPT2Warning, InputTypeError, InvalidArgumentError
 from gpt2.reference import ReferenceModel
 from gpt2.sampling import Sampling
@@ -25,29 +25,6 @@ from gpt2.tokenizer import IncrementalDecoder, Tokenizer
 
 class EmptyPromptWarning(GPT2Warning):
     """An empty prompt: generation starts from <|endoftext|>, as GPT-2's unconditional samples do."""
-
-
-class NumpyEngine:
-    """Next-token logits from the NumPy reference engine (a `gpt2.decoding.Engine`): every
-    step recomputes the whole context of each row. Slow; it exists to check the torch engine."""
-
-    def __init__(self, reference: ReferenceModel, slots: int):
-        self.reference, self.slots = reference, slots
-        self.history: list[list[int]] = [[] for _ in range(slots)]
-
-    def prefill(self, slot: int, tokens: Sequence[int], every_position: bool = False) -> torch.Tensor:
-        self.history[slot] = list(tokens)
-        logits = self.reference(self.history[slot][-self.reference.config.n_ctx :])  # (T, V)
-        return torch.from_numpy(logits if every_position else logits[-1])
-
-    def decode(self, tokens: torch.Tensor) -> torch.Tensor:
-        for b, token in enumerate(tokens.tolist()):
-            self.history[b].append(token)
-        n_ctx = self.reference.config.n_ctx
-        return torch.from_numpy(np.stack([self.reference(self.history[b][-n_ctx:])[-1] for b in range(tokens.size(0))]))
-
-    def move(self, src: int, dst: int) -> None:
-        self.history[dst] = list(self.history[src])
 
 
 def check_stop(stop: str | Sequence[str] | None) -> list[str]:

@@ -19,7 +19,7 @@ from gpt2.config import GPT2Config
 from gpt2.decoding import Request, Row, start_of_text
 from gpt2.errors import ContextLengthError, GPT2Error, InvalidArgumentError
 from gpt2.generate import check_stop
-from gpt2.model import KVCache
+from gpt2.engines import KVCache
 from gpt2.sampling import Sampling
 from gpt2.tokenizer import Tokenizer
 
