@@ -635,7 +635,7 @@ def test_train_command_errors_are_one_line(char_data, tmp_path, capsys):
     from gpt2.cli import main
 
     assert main(["train", "--data", str(char_data), "--out", str(tmp_path / "o"), "--batch-size", "0"]) == 2
-    assert capsys.readouterr().err == "gpt2: error: batch_size must be a positive integer, got 0\n"
+    assert capsys.readouterr().err == "gpt2: error: batch_size (--batch-size) must be a positive integer, got 0\n"  # the CLI adds its flag
     assert main(["train", "--out", str(tmp_path / "o")]) == 2
     assert "no data: give the directory gpt2 prepare wrote (--data DIR)" in capsys.readouterr().err
     assert main(["train", "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path / "o")]) == 2

@@ -38,7 +38,7 @@ def positive_int(name: str, value: object, error: type[Exception] = InvalidArgum
 
 def check_batch_size(batch_size: object) -> int:
     """How many windows or examples `gpt2.evaluate` scores at a time: a positive integer."""
-    return positive_int("batch_size (--batch-size)", batch_size)
+    return positive_int("batch_size", batch_size)
 
 
 def int_between(name: str, value: object, low: int, high: int, what: str = "an integer") -> int:

@@ -628,7 +628,7 @@ class _WarningLines:
 
 
 # the flags of the library's parameters, which its errors name (GPT2Error.param) and the command line sets
-FLAGS = {"threads": "--threads"}
+FLAGS = {name: "--" + name.replace("_", "-") for name in ("threads", "batch_size", "context", "stride", "limit", "grad_accum")}
 
 
 def _with_flag(error: Exception) -> str:

@@ -142,9 +142,9 @@ def token_byte_lengths(tokenizer: Tokenizer | CharTokenizer) -> np.ndarray:
 def check_window(model: GPT2, context: int | None, stride: int | None) -> tuple[int, int]:
     """The context (default: the model's) and stride (default: half the context) of the windows."""
     n_ctx = model.config.n_ctx
-    context = n_ctx if context is None else int_between("context (--context)", context, 2, n_ctx,
+    context = n_ctx if context is None else int_between("context", context, 2, n_ctx,
                                                         f"a number of ids up to the model's n_ctx={n_ctx}, i.e.")  # fmt: skip
-    stride = max(1, context // 2) if stride is None else int_between("stride (--stride)", stride, 1, context,
+    stride = max(1, context // 2) if stride is None else int_between("stride", stride, 1, context,
                                                                      f"a number of ids up to the context ({context}), i.e.")  # fmt: skip
     return context, stride
 

@@ -60,7 +60,7 @@ def check_task(name: object) -> str:
 
 def check_limit(limit: object) -> int | None:
     """None (every example) or a positive number of examples."""
-    return None if limit is None else positive_int("limit (--limit)", limit)
+    return None if limit is None else positive_int("limit", limit)
 
 
 # ------------------------------------------------------------------ reading the files

@@ -278,8 +278,8 @@ class Trainer:
         s = self.s
         self.rank, self.world, self.device = self.procs.rank, self.procs.world, self.procs.device
         if s.grad_accum % self.world:
-            raise InvalidArgumentError(f"grad_accum (--grad-accum) {s.grad_accum} must be a multiple of the {self.world} processes: "
-                                       f"each takes an equal share of a step's micro-batches")  # fmt: skip
+            raise InvalidArgumentError(f"grad_accum {s.grad_accum} must be a multiple of the {self.world} processes: "
+                                       f"each takes an equal share of a step's micro-batches", "grad_accum")  # fmt: skip
         self.precision: Precision = training_precision(self.device, s.dtype)
         check_training_memory(planned_config(s, self.data, state), s, self.procs, self.precision.compute)
         enable_tf32(self.device)
