@@ -542,6 +542,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train_parser(commands)
     _add_eval_parser(commands)
     _add_serve_parser(commands)
+    _add_references(parser, commands)
     return parser
 
 
@@ -610,6 +611,16 @@ def _add_prepare_parser(commands) -> None:
     prepare.add_argument("--overwrite", action="store_true", help="replace data already in DIR")
     _add_no_progress_flag(prepare)
     prepare.set_defaults(func=_cmd_prepare)
+
+
+# Each command's reference, a page in docs/ of gpt2's repository, named at the end of its --help.
+REFERENCES = {name: f"docs/{name}.md" for name in ("tokenize", "generate", "prepare", "train", "eval", "serve")}
+
+
+def _add_references(parser: argparse.ArgumentParser, commands) -> None:
+    parser.epilog = "reference: README.md, and a page in docs/ for each command (gpt2's repository)"
+    for name, command in commands.choices.items():
+        command.epilog = f"{command.epilog or ''}\nreference: {REFERENCES[name]} (in gpt2's repository)\n"
 
 
 class _WarningLines:
