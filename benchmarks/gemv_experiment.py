@@ -5,9 +5,9 @@
 1. Streaming: one decode step's weights (12 layers x c_attn 768x2304, attn c_proj 768x768,
    c_fc 768x3072 + GELU, mlp c_proj 3072x768, then the 768x50257 unembedding given as wte.t())
    through each option, in GB/s of weights read: the gemv kernel, oneDNN's _linear_pointwise
-   (gpt2.model.linear's fallback) and plain `x @ w (+ b)`.
+   (gpt2._gemv.linear's fallback) and plain `x @ w (+ b)`.
 2. Generation: GPT2(GPT2Config()).generate(16-token prompt, 128 new tokens, greedy), with
-   the kernel (what gpt2.model.linear tries first) and without it (oneDNN then).
+   the kernel (what gpt2._gemv.linear tries first) and without it (oneDNN then).
 
 The machine is shared, so options alternate within every round (in a rotating order) and the
 script prints medians with min-max spreads.
@@ -22,7 +22,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-import gpt2.model
+import gpt2._gemv
 from gpt2._gemv import _extension, gemv
 from gpt2.config import GPT2Config
 from gpt2.model import GPT2
@@ -102,17 +102,17 @@ def generation(rounds: int) -> None:
     model = GPT2(GPT2Config()).eval()
     idx = torch.randint(0, 50257, (1, 16), generator=torch.Generator().manual_seed(0))
     new = 128
-    # gpt2.model.linear tries the kernel first; with it answering None, decoding takes oneDNN
-    with_kernel, without_kernel = gpt2.model.gemv, lambda *args: None
+    # gpt2._gemv.linear tries the kernel first; with it answering None, decoding takes oneDNN
+    with_kernel, without_kernel = gpt2._gemv.gemv, lambda *args: None
 
     def run(kernel) -> tuple[float, torch.Tensor]:
-        gpt2.model.gemv = kernel
+        gpt2._gemv.gemv = kernel
         try:
             start = time.perf_counter()
             out = model.generate(idx, new, temperature=0)
             return new / (time.perf_counter() - start), out
         finally:
-            gpt2.model.gemv = with_kernel
+            gpt2._gemv.gemv = with_kernel
 
     _, ref = run(without_kernel)  # warm up both, and check they pick the same tokens
     _, out = run(with_kernel)

@@ -101,7 +101,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
 
-    from gpt2.model import GPT2, TorchEngine
+    from gpt2.engines import TorchEngine
+    from gpt2.model import GPT2
 
     hf, tmp = random_124m()
     models = {dtype: GPT2.from_pretrained(tmp, device="cpu", dtype=dtype) for dtype in DTYPES}

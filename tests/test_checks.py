@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpt2 import ConfigError, GPT2Config, InvalidArgumentError
+from gpt2 import ConfigError, GPT2Config, GPT2Error, InvalidArgumentError
 from gpt2._checks import int_between, is_integer, is_real, positive_int
 
 
@@ -31,3 +31,16 @@ def test_int_between_includes_both_ends():
     for bad in (0, 6, float("inf"), 2.5):
         with pytest.raises(InvalidArgumentError, match=f"k must be an integer from 1 to 5, got {bad!r}"):
             int_between("k", bad, 1, 5)
+
+
+
+@pytest.mark.parametrize("check, param", [
+    (lambda: positive_int("num_workers", 0), "num_workers"),
+    (lambda: int_between("seed", -1, 0, 9), "seed"),
+    (lambda: GPT2Config(n_head=0), "n_head"),
+])  # fmt: skip
+def test_a_check_names_its_argument_as_the_errors_param(check, param):
+    """The param that the server answers as OpenAI's `param` and the command line gives its flag."""
+    with pytest.raises(GPT2Error) as caught:
+        check()
+    assert caught.value.param == param and param in str(caught.value)

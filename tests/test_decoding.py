@@ -7,9 +7,11 @@ import torch
 
 from helpers import make_hf_model
 from gpt2 import Tokenizer
-from gpt2.decoding import LENGTH, STOP, Decoder, Row, row_seed, run
+from gpt2.decoding import LENGTH, STOP, Decoder, Request, Row, row_seed, run, start_of_text
+from gpt2.errors import GPT2Error
 from gpt2.generate import TextGeneration, generate_text
-from gpt2.model import GPT2, TorchEngine
+from gpt2.engines import TorchEngine
+from gpt2.model import GPT2
 from gpt2.sampling import Sampling
 
 ENC = Tokenizer.gpt2()
@@ -167,3 +169,43 @@ def test_context_slides_for_each_row_of_a_batch(tmp_path):
             for _ in range(20):  # nanoGPT's crop: the last n_ctx tokens
                 expected = torch.cat([expected, hf(expected[:, -16:]).logits[:, -1].argmax(-1, keepdim=True)], 1)
         assert row.tokens == expected[0, len(row.prompt) :].tolist()
+
+
+# ------------------------------------------------------------------ requests
+
+
+def test_a_request_makes_its_rows_prompt_major_and_seeds_row_i_with_seed_plus_i():
+    request = Request.build([[1, 2], [3]], 5, n_vocab=50257, n_ctx=8, sampling=SAMPLED, seed=2**64 - 2, n=2, eos_token_id=9)
+    rows = request.rows()
+    assert [row.prompt for row in rows] == [[1, 2], [1, 2], [3], [3]] and (request.slots, request.longest) == (4, 2)
+    assert [row.seed for row in rows] == [2**64 - 2, 2**64 - 1, 0, 1]
+    assert all((row.max_new_tokens, row.sampling, row.eos_token_id) == (5, SAMPLED, 9) for row in rows)
+
+
+@pytest.mark.parametrize("prompts, options, param, message", [
+    ([[1]], dict(max_new_tokens=0), "max_new_tokens", "max_new_tokens must be a positive integer, got 0"),
+    ([[1]], dict(sampling=Sampling(temperature=-1)), "temperature", "temperature must be a finite number >= 0"),
+    ([[1]], dict(sampling=Sampling(top_k=11)), "top_k", "top_k must be an integer from 1 to 10, got 11"),
+    ([[1]], dict(sampling=Sampling(top_p=0)), "top_p", "top_p must be in \\(0, 1\\], got 0"),
+    ([[1]], dict(seed=-1), "seed", "seed must be a whole number from 0"),
+    ([[1]], dict(n=0), "n", "n must be a positive integer, got 0"),
+    ([], {}, "prompt", "no prompts"),
+    ([[1], []], {}, "prompt", "prompt 1 is empty"),
+    ([[1], [10]], {}, "prompt", "token id 10 in prompt 1 is out of range: ids are 0..9"),
+    ([[1]], dict(on_overflow="wrap"), "on_overflow", "on_overflow must be 'slide' or 'error'"),
+    ([[1] * 5], dict(on_overflow="error"), "prompt", "the prompt \\(5 tokens\\) and 4 new tokens exceed the context of n_ctx=8"),
+])  # fmt: skip
+def test_a_bad_request_is_refused_naming_its_param(prompts, options, param, message):
+    """Every front door's checks, in one place: the server answers the param as OpenAI's `param`."""
+    options = {"max_new_tokens": 4, **options}
+    with pytest.raises(GPT2Error, match=message) as caught:
+        Request.build(prompts, options.pop("max_new_tokens"), n_vocab=10, n_ctx=8, **options)
+    assert caught.value.param == param
+
+
+def test_no_new_tokens_only_where_allowed_and_an_empty_text_prompt_starts_at_end_of_text():
+    assert Request.build([[1]], 0, n_vocab=10, n_ctx=8, allow_zero=True).rows()[0].max_new_tokens == 0
+    assert start_of_text([], 9) == [9] and start_of_text([4], 9) == [4]
+    with pytest.raises(GPT2Error, match="no <\\|endoftext\\|> to start from") as caught:
+        start_of_text([], None)
+    assert caught.value.param == "prompt"

@@ -69,6 +69,49 @@ def test_training_precision_on_cuda():
     assert precision.needs_scaler == (precision.compute is torch.float16)
 
 
+def test_the_dtype_names_are_torchs():
+    """The torch-free names the settings and the command line offer (gpt2.settings) are torch's dtypes."""
+    assert {name: getattr(torch, name) for name in devices.WEIGHT_DTYPES} == devices.DTYPES
+    assert devices.INFERENCE_DTYPES == ("float32", "bfloat16", "float16", "int8")
+    assert devices.TRAINING_DTYPES == ("auto", "float32", "bfloat16", "float16")
+
+
+def test_training_compiles_on_cuda_only_unless_told():
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")  # the policy needs no GPU to be stated
+    assert [devices.should_compile(mode, cpu) for mode in ("auto", "on", "off")] == [False, True, False]
+    assert [devices.should_compile(mode, gpu) for mode in ("auto", "on", "off")] == [True, True, False]
+
+
+def test_adamw_is_fused_where_torch_has_the_fused_update():
+    """Where the policy says fused, torch's fused AdamW runs there and gives what the unfused one does."""
+    cpu = torch.device("cpu")
+    assert devices.fused_adamw_available(cpu) and devices.fused_adamw_available(torch.device("cuda"))
+    assert not devices.fused_adamw_available(torch.device("mps"))
+    weights = []
+    for fused in (True, False):
+        w = torch.nn.Parameter(torch.arange(6.0).reshape(2, 3))
+        optimizer = torch.optim.AdamW([w], lr=0.1, fused=fused)
+        w.grad = torch.ones(2, 3)
+        optimizer.step()
+        weights.append(w.detach())
+    torch.testing.assert_close(weights[0], weights[1])
+
+
+def test_tf32_is_for_cuda_only():
+    flags = torch.backends.cuda.matmul, torch.backends.cudnn
+    before = [flag.allow_tf32 for flag in flags]
+    try:
+        for flag in flags:
+            flag.allow_tf32 = False
+        devices.enable_tf32(torch.device("cpu"))
+        assert [flag.allow_tf32 for flag in flags] == [False, False]
+        devices.enable_tf32(torch.device("cuda"))  # sets the flags; without a GPU they do nothing
+        assert [flag.allow_tf32 for flag in flags] == [True, True]
+    finally:
+        for flag, value in zip(flags, before):
+            flag.allow_tf32 = value
+
+
 def test_each_process_of_a_distributed_launch_takes_its_device(monkeypatch):
     assert process_device("cpu", 3) == torch.device("cpu")  # gloo: every process on the CPU
     if not torch.cuda.is_available():

@@ -1,4 +1,5 @@
-"""The CPU gemv kernel (gpt2._gemv) against float64, and its refusals.
+"""The CPU gemv kernel (gpt2._gemv) against float64, and its refusals; the model's linear
+layer that dispatches to it (or to oneDNN, or to addmm) and its int8 quantisation.
 
 Its first use compiles a C++ extension (about 50 s here, then cached; `make test` builds it
 at set-up); where that cannot be built, gemv returns None and the tests that need its answers
@@ -19,8 +20,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers import make_hf_model
 from gpt2 import _gemv
-from gpt2._gemv import gemv
+from gpt2._gemv import gemv, linear, quantize_int8
+from gpt2.model import GPT2
 
 C, V = 768, 50257
 BLOCK_SHAPES = [(C, 3 * C), (C, C), (C, 4 * C), (4 * C, C)]  # c_attn, attn c_proj, c_fc, mlp c_proj
@@ -168,6 +171,70 @@ def test_unsupported_inputs_return_none():
     assert gemv(x, w, b, "relu") is None
     with torch.enable_grad():
         assert gemv(x, w.clone().requires_grad_(), b, None) is None  # would lose the gradient
+
+
+# ------------------------------------------------------------------ linear: the dispatch the model runs
+
+
+@pytest.mark.parametrize("path", ["kernel", "onednn", "addmm"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8], ids=["f32", "bf16", "int8"])
+def test_linear_gives_the_product_of_the_widened_weight_on_every_path(path, dtype, monkeypatch):
+    """The kernel at few rows, oneDNN for many (and where the kernel cannot serve), addmm where
+    neither is: each gives x @ w + b (then GELU) as float64 gives it for the widened weight."""
+    if path != "kernel":
+        monkeypatch.setattr(_gemv, "gemv", lambda *args: None)
+    if path == "addmm":
+        monkeypatch.setattr(_gemv, "_onednn_linear", None)
+    g = torch.Generator().manual_seed(1)
+    w, scale = narrow(weight(64, 48, False, g), dtype) if dtype != torch.float32 else (weight(64, 48, False, g), None)
+    widened = w.double() * (1 if scale is None else scale.double())
+    b = torch.randn(48, generator=g)
+    with torch.no_grad():
+        for rows in (1, 16, 40):
+            x = torch.randn(rows, 64, generator=g)
+            for gelu in (None, "tanh", "none"):
+                assert rel_err(linear(x, w, b, gelu, scale), reference(x, widened, b, gelu)) < 1e-5
+
+
+def test_quantize_int8_keeps_one_scale_per_output():
+    """A Dense weight (in, out) is scaled per column, wte (V, C) per row: as the test's own quantiser."""
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(40, 24, generator=g)
+    q, scale = quantize_int8(w, dim=0)
+    expected_q, expected_scale = narrow(w, torch.int8)
+    assert q.dtype == torch.int8 and torch.equal(q, expected_q) and torch.allclose(scale, expected_scale)
+    q_rows, row_scale = quantize_int8(w.t(), dim=1)
+    assert torch.equal(q_rows, q.t()) and torch.allclose(row_scale, scale)
+    assert (w - q.float() * scale).abs().max() <= scale.max() / 2 + 1e-7  # off by at most half a step
+
+
+@pytest.mark.parametrize("path", ["onednn", "matmul"])
+def test_decoding_without_the_compiled_kernel_equals_transformers(tmp_path, monkeypatch, path):
+    # where the kernel cannot be built, decoding falls back to oneDNN, or to plain matmuls
+    monkeypatch.setattr(_gemv, "gemv", lambda *args: None)
+    if path == "matmul":
+        monkeypatch.setattr(_gemv, "_onednn_linear", None)
+    hf = make_hf_model(vocab_size=101, n_positions=96, n_embd=48, n_layer=3, n_head=3)
+    hf.save_pretrained(tmp_path)
+    ours = GPT2.from_pretrained(tmp_path, device="cpu")
+    idx = torch.randint(0, 101, (2, 9), generator=torch.Generator().manual_seed(5))
+    expected = hf.generate(idx, max_new_tokens=40, do_sample=False, attention_mask=torch.ones_like(idx), pad_token_id=hf.config.eos_token_id)
+    assert torch.equal(ours.generate(idx, 40, temperature=0), expected)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+def test_narrow_weights_without_the_decode_kernel_widen_and_decode_alike(dtype, tmp_path, monkeypatch):
+    """Where the kernel cannot be built (it then says so once), narrow weights still decode:
+    widened for each product, slower, the same tokens."""
+    make_hf_model(vocab_size=101, n_positions=24, n_embd=48, n_layer=3, n_head=3).save_pretrained(tmp_path)
+    model = GPT2.from_pretrained(tmp_path, device="cpu", dtype=dtype)
+    idx = torch.randint(0, 101, (2, 5))
+    with_kernel = model.generate(idx, 12, temperature=0)
+    monkeypatch.setattr(_gemv, "gemv", lambda *args: None)
+    assert torch.equal(model.generate(idx, 12, temperature=0), with_kernel)
+
+
+# ------------------------------------------------------------------ attention
 
 
 def attention_float64(q, k, v):

@@ -263,13 +263,13 @@ def test_a_choice_reads_each_token_as_it_was_when_made():
     """The loop runs ahead of the routes: a row may have ended by the time its route reads an
     earlier token, which must still count (once, a race cut answers short)."""
     from gpt2.decoding import LENGTH, Row
-    from gpt2.serve import Choice, Completion
+    from gpt2.serve import ChoiceStream, CompletionRequest
 
     tokens = ENC.encode(" one two three")
     row = Row(ENC.encode("Count:"), len(tokens), logprobs=0)
     row.tokens, row.finish_reason = list(tokens), LENGTH  # the loop is done already
     row.token_logprobs, row.top_logprobs = [-1.0, -2.0, -3.0], [[], [], []]
-    choice = Choice(0, row, ENC, Completion([row.prompt], [row], stop=[], logprobs=0))
+    choice = ChoiceStream(0, row, ENC, CompletionRequest([row.prompt], [row], stop=[], logprobs=0))
     pieces = [choice.add(t, LENGTH if i == len(tokens) - 1 else None) for i, t in enumerate(tokens)]
     assert "".join(pieces) == " one two three" and choice.finish_reason == LENGTH and choice.tokens == 3
     assert choice.logprobs["token_logprobs"] == [-1.0, -2.0, -3.0]
@@ -315,6 +315,13 @@ def test_a_bad_request_gets_a_400_naming_the_field_and_the_server_keeps_serving(
     assert response.status_code == 400 and error["param"] == param and message in error["message"]
     assert error["type"] == "invalid_request_error" and "code" in error
     assert httpx.get(server.url + "/health").status_code == 200
+
+
+def test_a_request_past_the_context_is_refused_in_openais_words_and_code(server):
+    """The library's context check (gpt2.decoding.Request), answered as OpenAI's API answers it."""
+    error = post(server, {"prompt": ["hi", [15496] * 120], "max_tokens": 9}).json()["error"]
+    assert (error["param"], error["code"]) == ("prompt", "context_length_exceeded")
+    assert error["message"].startswith("This model's maximum context length is 128 tokens, however you requested 129 tokens")
 
 
 def test_the_openai_client_raises_its_own_errors(client):

@@ -1,6 +1,7 @@
 """Argument checks that every module shares, so that one mistake reads the same everywhere.
 
-Each returns the value (as a plain int or float) or raises a `GPT2Error` naming the argument.
+Each returns the value (as a plain int or float) or raises a `GPT2Error` naming the argument,
+in its message and as its `param`.
 bool is never a number here: `True` is an int to Python, never a count, a seed or an id to us.
 """
 
@@ -25,27 +26,32 @@ def is_real(value: object) -> bool:
 def boolean(name: str, value: object, error: type[Exception] = InvalidArgumentError) -> bool:
     """True or False itself: never 1, "yes" or None."""
     if not isinstance(value, bool):
-        raise error(f"{name} must be True or False, got {value!r}")
+        raise error(f"{name} must be True or False, got {value!r}", param=name)
     return value
 
 
 def positive_int(name: str, value: object, error: type[Exception] = InvalidArgumentError) -> int:
     if not is_integer(value) or value < 1:
-        raise error(f"{name} must be a positive integer, got {value!r}")
+        raise error(f"{name} must be a positive integer, got {value!r}", param=name)
     return int(value)
+
+
+def check_batch_size(batch_size: object) -> int:
+    """How many windows or examples `gpt2.evaluate` scores at a time: a positive integer."""
+    return positive_int("batch_size", batch_size)
 
 
 def int_between(name: str, value: object, low: int, high: int, what: str = "an integer") -> int:
     """An integer in low..high, both included; `what` reads before the range ("an integer from")."""
     if not is_integer(value) or not low <= value <= high:
-        raise InvalidArgumentError(f"{name} must be {what} from {low} to {high}, got {value!r}")
+        raise InvalidArgumentError(f"{name} must be {what} from {low} to {high}, got {value!r}", param=name)
     return int(value)
 
 
 def positive_real(name: str, value: object) -> float:
     """A finite number above zero (a learning rate, a temperature that is not greedy)."""
     if not is_real(value) or value <= 0:
-        raise InvalidArgumentError(f"{name} must be a positive number, got {value!r}")
+        raise InvalidArgumentError(f"{name} must be a positive number, got {value!r}", param=name)
     return float(value)
 
 
@@ -54,13 +60,13 @@ def real_between(name: str, value: object, low: float, high: float, *, open_low:
     inside = is_real(value) and (low < value if open_low else low <= value) and (value < high if open_high else value <= high)
     if not inside:
         interval = f"{'(' if open_low else '['}{low}, {high}{')' if open_high else ']'}"
-        raise InvalidArgumentError(f"{name} must be a number in {interval}, got {value!r}")
+        raise InvalidArgumentError(f"{name} must be a number in {interval}, got {value!r}", param=name)
     return float(value)
 
 
-def check_token_ids(low: int, high: int, n_vocab: int, where: str = "", whose: str = "") -> None:
+def check_token_ids(low: int, high: int, n_vocab: int, where: str = "", whose: str = "", param: str | None = None) -> None:
     """Raise unless the ids low..high (the least and the greatest of a sequence) are all below
     n_vocab and not negative; `where` follows the bad id in the message (" in prompt 2"),
-    `whose` precedes the range ("this model's ")."""
+    `whose` precedes the range ("this model's "), `param` names the argument that holds them."""
     if low < 0 or high >= n_vocab:
-        raise TokenIdError(f"token id {low if low < 0 else high}{where} is out of range: {whose}ids are 0..{n_vocab - 1}")
+        raise TokenIdError(f"token id {low if low < 0 else high}{where} is out of range: {whose}ids are 0..{n_vocab - 1}", param)

@@ -1,5 +1,7 @@
 """Kernels for decoding on the CPU: y = x @ weight + bias (then GELU) for <= 16 rows (`gemv`),
-and attention of one new position per row over the KV cache (`attend`).
+and attention of one new position per row over the KV cache (`attend`); and the model's
+linear layer (`linear`), which dispatches to them, to oneDNN or to addmm, with the narrow
+weights it reads (`widen`, `quantize_int8`, `stored_matrix`).
 
 Batch-1 decoding reads every weight once per token, so its speed is set by how fast the
 weights stream from memory, not by arithmetic. The matrix-vector kernel has each thread read
@@ -37,6 +39,7 @@ from pathlib import Path
 from types import ModuleType
 
 import torch
+from torch.nn import functional as F
 
 _SOURCE = r"""
 #include <torch/extension.h>
@@ -559,6 +562,72 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seen: torch.Tensor
     can't serve (other dtypes or layouts, a gradient wanted, no compiler)."""
     module = _module if _module is not None else _extension()
     return None if module is None else module.attend(q, k, v, seen)
+
+
+# ------------------------------------------------------------------ the CPU linear dispatch
+
+# Decoding on the CPU reads every weight once per token, so its speed is the rate at which the
+# weights stream from memory. At one to a few rows, the matrix-vector product behind `x @ w` runs
+# on one thread; the kernel above streams at the machine's bandwidth. oneDNN's linear (in every
+# x86 CPU build of torch) is its fallback where it cannot be built, and the path for many rows (a
+# prompt, evaluation's windows), where it runs about 20% faster than addmm on this machine
+# (benchmarks/RESULTS.md). Neither computes gradients, so only inference takes these paths;
+# training runs addmm.
+_onednn_linear = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
+_FEW_ROWS = 16  # up to this many rows, the decode kernel
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, gelu: str | None = None,
+           scale: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """x @ weight + bias, with weight (in, out), then GELU if `gelu` names its form
+    ("tanh" or "none", as F.gelu's `approximate`). (..., in) -> (..., out).
+
+    A weight narrower than x (weight-only bfloat16, float16, or int8 times `scale`, one per
+    output) is read as is by the decode kernel at few rows; for many it is widened first.
+    """
+    cpu_inference = x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_grad_enabled()
+    if cpu_inference and x.numel() <= _FEW_ROWS * x.size(-1):
+        y = gemv(x, weight, bias, gelu, scale)  # None where the kernel cannot serve
+        if y is not None:
+            return y
+    if weight.dtype != x.dtype:
+        weight = widen(weight, scale, x.dtype)
+    if cpu_inference and _onednn_linear is not None:
+        # takes weight as (out, in): a view, no copy; applies the GELU in the same pass
+        return _onednn_linear(x, weight.t(), bias, "none" if gelu is None else "gelu", [], gelu or "")
+    if bias is None:
+        y = x @ weight
+    else:  # the bias added inside the matrix product, not in a second pass over the output
+        y = torch.addmm(bias, x.reshape(-1, x.size(-1)), weight).view(*x.shape[:-1], weight.size(-1))
+    return y if gelu is None else F.gelu(y, approximate=gelu)
+
+
+def widen(weight: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """A narrow weight in `dtype`: int8 times its scale per output (the last dimension)."""
+    return weight.to(dtype) if scale is None else weight.to(dtype) * scale.to(dtype)
+
+
+def quantize_int8(weight: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 with one float32 scale per output channel, the slices along `dim` (0 for
+    a Dense's (in, out) weight, 1 for wte's (V, C) rows): weight ~ q * scale, |q| <= 127."""
+    scale = weight.float().abs().amax(dim) / 127  # (out,)
+    shape = (1, -1) if dim == 0 else (-1, 1)
+    q = torch.round(weight.float() / scale.clamp(min=torch.finfo(torch.float32).tiny).view(shape)).clamp(-127, 127)
+    return q.to(torch.int8), scale
+
+
+def stored_matrix(weight: torch.Tensor, storage: torch.dtype, device: torch.device, dense: bool,
+                  weight_only: bool) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+    """A checkpoint's matrix as `linear` reads it, and its int8 scale (None unless `storage` is
+    int8): a Dense layer's weight (in, out) (`dense`), or wte (V, C), in `storage` on `device`.
+    A weight-only (narrow CPU) Dense weight is stored (out, in) and seen (in, out): the decode
+    kernel reads narrow weights fastest as one contiguous row per output, as wte's rows already
+    are for the unembedding. Copies only when the device, dtype or layout must change."""
+    scale = None
+    if storage == torch.int8:
+        weight, scale = quantize_int8(weight.to(device), dim=0 if dense else 1)
+    weight = weight.to(device=device, dtype=storage)
+    return (weight.t().contiguous().t() if dense and weight_only else weight.contiguous()), scale
 
 
 def main() -> int:

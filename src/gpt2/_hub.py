@@ -32,6 +32,12 @@ def hub_file(repo: str, filename: str, repo_type: str = "model") -> Path:
         raise OSError(_first_line(e)) from None
 
 
+def download_error(what: str, repo: str, reason: OSError) -> str:
+    """The message for a download of `what` from the hub repository `repo` that `hub_file` refused
+    with `reason`; the caller adds what to do without a network."""
+    return f"could not download {what} from the Hugging Face hub ({repo}): {reason}"
+
+
 def _check_reachable(endpoint: str) -> None:
     from huggingface_hub import get_session
 

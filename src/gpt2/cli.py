@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 import warnings
 from collections.abc import Sequence
 
 from gpt2 import __version__
+from gpt2.config import ACTIVATIONS, POSITIONS, PRESETS
 from gpt2.errors import DistributedError, GPT2Error
+from gpt2.settings import COMPILE_MODES, INFERENCE_DTYPES, TRAINING_DTYPES, TrainSettings
 
 EXIT_USAGE = 2
 DEFAULT_TOP_K = 200  # clamped to the model's vocabulary: a character model has fewer tokens
@@ -92,10 +95,10 @@ def _check_generate_args(args: argparse.Namespace) -> str:
     positive_int("num_samples", args.num_samples)
     if args.seed is not None:
         check_seed(args.seed)
-    if args.engine == "numpy" and args.device not in ("auto", "cpu"):
-        raise _UsageError(f"--engine numpy runs on the CPU only, not on --device {args.device}: use --engine torch")
-    if args.engine == "numpy" and args.dtype != "float32":
-        raise _UsageError(f"--engine numpy computes in float32 only, not --dtype {args.dtype}: use --engine torch")
+    if args.engine == "numpy":
+        from gpt2.engines import check_numpy_engine
+
+        check_numpy_engine(args.device, args.dtype, _flag)
     _check_cuda_graphs(args)
     if args.prompt == "-":
         return _without_final_newline(_read_stdin())
@@ -103,15 +106,15 @@ def _check_generate_args(args: argparse.Namespace) -> str:
 
 
 def _check_cuda_graphs(args: argparse.Namespace) -> None:
-    if not args.cuda_graphs:
-        return
-    from gpt2.devices import resolve_device
+    if args.cuda_graphs:
+        from gpt2.engines import check_cuda_graphs
 
-    if args.engine == "numpy":
-        raise _UsageError("--cuda-graphs is for --engine torch on a CUDA GPU, not --engine numpy")
-    device = resolve_device(args.device)
-    if device.type != "cuda":
-        raise _UsageError(f"--cuda-graphs replays decoding on a CUDA GPU; --device {args.device} is {device}")
+        check_cuda_graphs(args.device, args.engine, _flag)
+
+
+def _flag(setting: str) -> str:
+    """A setting's flag, for the library's messages: cuda_graphs -> --cuda-graphs."""
+    return "--" + setting.replace("_", "-")
 
 
 def _load_model(args: argparse.Namespace):
@@ -383,7 +386,7 @@ split). Each is downloaded once and cached, or read from --data.
 def _add_inference_device_flags(parser: argparse.ArgumentParser) -> None:
     """--device, --dtype and --threads of the commands that run a model (generate, eval, serve)."""
     parser.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda or cuda:N (default: auto)")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "int8"],
+    parser.add_argument("--dtype", default="float32", choices=INFERENCE_DTYPES,
                         help="the weights' precision; on the CPU the lower ones are weight-only, the arithmetic float32, "
                         "and int8 is the CPU's alone (default: float32)")  # fmt: skip
     _add_threads_flag(parser)
@@ -393,6 +396,11 @@ def _add_threads_flag(parser) -> None:
     parser.add_argument("--threads", type=_whole_number, metavar="N",
                         help="CPU threads for torch (default: one per core, or $OMP_NUM_THREADS); on a busy machine, "
                         "fewer than the cores run faster")  # fmt: skip
+
+
+def _add_no_progress_flag(parser) -> None:
+    # default given: train's parser leaves out the flags not given (argument_default=SUPPRESS)
+    parser.add_argument("--no-progress", dest="progress", action="store_false", default=True, help="no progress bar")
 
 
 def _add_cuda_graphs_flag(parser: argparse.ArgumentParser) -> None:
@@ -467,13 +475,11 @@ def _add_eval_parser(commands) -> None:
     ev.add_argument("--limit", type=_whole_number, metavar="K", help="only the first K examples of a task (wikitext2: rows)")
     ev.add_argument("--json", action="store_true", help="print one JSON object")
     _add_inference_device_flags(ev)
-    ev.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    _add_no_progress_flag(ev)
     ev.set_defaults(func=_cmd_eval, engine="torch", cuda_graphs=False)
 
 
 def _add_train_parser(commands) -> None:
-    from gpt2.config import TrainSettings
-
     train = commands.add_parser(
         "train",
         help="train or fine-tune a model on data prepared with gpt2 prepare",
@@ -489,15 +495,15 @@ def _add_train_parser(commands) -> None:
     train.add_argument("--resume", action="store_true", default=False, help="continue the run in OUT, with its settings")
     train.add_argument("--overwrite", action="store_true", default=False, help="start a new run in an OUT that holds one")
     model = train.add_argument_group("model from scratch (the vocabulary comes from the data)")
-    model.add_argument("--config", choices=["gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"], help="a released size's shape")
+    model.add_argument("--config", choices=list(PRESETS), help="a released size's shape")
     for name, help_text in (("--n-layer", "blocks (default: 12)"), ("--n-head", "attention heads (default: 12)"),
                             ("--n-embd", "width (default: 768)"), ("--block-size", "context of the training windows (default: 1024)")):  # fmt: skip
         model.add_argument(name, type=_whole_number, help=help_text)
     model.add_argument("--dropout", type=float, help="(default: 0.0)")
     model.add_argument("--bias", action=argparse.BooleanOptionalAction,
                        help="biases in linear layers and LayerNorms (default: on with --config, as GPT-2; off otherwise, as nanoGPT)")  # fmt: skip
-    model.add_argument("--positions", choices=["learned", "sinusoidal"], help="(default: learned)")
-    model.add_argument("--activation", choices=["gelu_tanh", "gelu"],
+    model.add_argument("--positions", choices=POSITIONS, help="(default: learned)")
+    model.add_argument("--activation", choices=ACTIVATIONS,
                        help="the MLP's GELU: tanh approximation or exact (default: gelu_tanh with --config, as GPT-2; gelu otherwise, as nanoGPT)")  # fmt: skip
     model.add_argument("--init", help="fine-tune this model: a released name or a model directory")
     model.add_argument("--checkpoint-activations", action="store_true", help="recompute activations in backward: less memory, more compute")
@@ -512,12 +518,12 @@ def _add_train_parser(commands) -> None:
     for name in ("--eval-interval", "--eval-iters", "--log-interval"):
         run.add_argument(name, type=_whole_number, help=f"(default: {getattr(d, name[2:].replace('-', '_'))})")
     run.add_argument("--device", help="auto (CUDA, else MPS, else CPU), cpu, cuda, cuda:N or mps (default: auto)")
-    run.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"],
+    run.add_argument("--dtype", choices=TRAINING_DTYPES,
                      help="compute dtype (default: auto: bfloat16 on CUDA, float16 on older GPUs, float32 elsewhere)")  # fmt: skip
-    run.add_argument("--compile", choices=["auto", "on", "off"], help="torch.compile the model (default: auto: on CUDA only)")
+    run.add_argument("--compile", choices=COMPILE_MODES, help="torch.compile the model (default: auto: on CUDA only)")
     _add_threads_flag(run)
     run.add_argument("--sample-prompt", metavar="TEXT", help="print a continuation of TEXT at each evaluation")
-    run.add_argument("--no-progress", dest="progress", action="store_false", default=True, help="no progress bar")
+    _add_no_progress_flag(run)
     procs = train.add_argument_group("several processes (start with torchrun --nproc_per_node N -m gpt2 train ...)")
     procs.add_argument("--fsdp", action="store_true", help="shard weights, gradients and optimizer state over the processes (FSDP2)")
     procs.add_argument("--timeout", type=float, metavar="SECONDS",
@@ -530,7 +536,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gpt2 {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     commands.required = True
+    _add_tokenize_parser(commands)
+    _add_generate_parser(commands)
+    _add_prepare_parser(commands)
+    _add_train_parser(commands)
+    _add_eval_parser(commands)
+    _add_serve_parser(commands)
+    _add_references(parser, commands)
+    return parser
 
+
+def _add_tokenize_parser(commands) -> None:
     tokenize = commands.add_parser(
         "tokenize",
         help="text to GPT-2 token ids, or ids to text",
@@ -544,6 +560,8 @@ def build_parser() -> argparse.ArgumentParser:
     tokenize.add_argument("--allow-special", action="store_true", help="encode the text <|endoftext|> as the special token 50256")
     tokenize.set_defaults(func=_cmd_tokenize)
 
+
+def _add_generate_parser(commands) -> None:
     generate = commands.add_parser(
         "generate",
         help="continue a prompt with GPT-2, streaming the text",
@@ -575,6 +593,9 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--no-stream", dest="stream", action="store_false",
                           help="print the continuation, without the prompt, once it is done")  # fmt: skip
     generate.set_defaults(func=_cmd_generate)
+
+
+def _add_prepare_parser(commands) -> None:
     prepare = commands.add_parser(
         "prepare",
         help="tokenize text files into training data (train.bin, val.bin, meta.json)",
@@ -588,13 +609,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help="gpt2 (OpenAI's), char (the corpus's characters) or bpe:N (trained on the corpus) (default: gpt2)")  # fmt: skip
     prepare.add_argument("--val-fraction", type=float, default=0.1, metavar="F", help="share of the tokens kept for validation (default: 0.1)")
     prepare.add_argument("--overwrite", action="store_true", help="replace data already in DIR")
-    prepare.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    _add_no_progress_flag(prepare)
     prepare.set_defaults(func=_cmd_prepare)
-    _add_train_parser(commands)
-    _add_eval_parser(commands)
-    _add_serve_parser(commands)
-    _add_references(parser, commands)
-    return parser
 
 
 # Each command's reference, a page in docs/ of gpt2's repository, named at the end of its --help.
@@ -622,6 +638,20 @@ class _WarningLines:
             print(f"gpt2: warning: {text}", file=sys.stderr)
 
 
+# the flags of the library's parameters, which its errors name (GPT2Error.param) and the command line sets
+FLAGS = {name: "--" + name.replace("_", "-") for name in ("threads", "batch_size", "context", "stride", "limit", "grad_accum")}
+
+
+def _with_flag(error: Exception) -> str:
+    """An error's message with the flag that sets its parameter: "threads (--threads) must be ..."."""
+    message, param = str(error), getattr(error, "param", None)
+    flag = FLAGS.get(param)
+    if flag is None or flag in message:
+        return message
+    named = re.search(rf"\b{re.escape(param)}\b", message)  # after the parameter's first mention, or at the end
+    return f"{message[: named.end()]} ({flag}){message[named.end() :]}" if named else f"{message} ({flag})"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     with warnings.catch_warnings():
         warnings.showwarning = _WarningLines()
@@ -642,7 +672,7 @@ def _main(argv: Sequence[str] | None) -> int:
     except (_UsageError, GPT2Error) as e:
         # under torchrun every process meets the same bad input: rank 0 says it; each says what it alone saw
         if os.environ.get("RANK", "0") == "0" or isinstance(e, DistributedError):
-            print(f"gpt2: error: {e}", file=sys.stderr)
+            print(f"gpt2: error: {_with_flag(e)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:  # Ctrl-C: what was printed stays printed
         sys.stdout.flush()

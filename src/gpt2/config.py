@@ -1,19 +1,17 @@
-"""GPT2Config: the hyperparameters of a GPT-2 model, and the four sizes OpenAI released;
-TrainSettings: those of a training run.
+"""GPT2Config: the hyperparameters of a GPT-2 model, and the four sizes OpenAI released.
 
-Torch-free, so the NumPy reference engine and the weight readers can use it too.
+Torch-free, so the NumPy reference engine and the weight readers can use it too (a training
+run's settings are in `settings`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-import os
 from dataclasses import dataclass
 from typing import Any
 
-from gpt2._checks import boolean, check_token_ids, int_between, positive_int, positive_real, real_between
-from gpt2.errors import ConfigError, ContextLengthError, InvalidArgumentError
+from gpt2._checks import boolean, check_token_ids, positive_int
+from gpt2.errors import ConfigError, ContextLengthError
 
 # name -> (n_layer, n_head, n_embd); all have n_ctx 1024 and n_vocab 50257.
 PRESETS: dict[str, tuple[int, int, int]] = {
@@ -173,124 +171,3 @@ class GPT2Config:
             return cls(**{k: hparams[k] for k in ("n_vocab", "n_ctx", "n_embd", "n_head", "n_layer")})
         except ConfigError as e:
             raise ConfigError(f"{source}: {e}") from None
-
-
-DIST_TIMEOUT = 600.0  # seconds a collective waits for the other processes (NCCL's default)
-
-
-@dataclass
-class TrainSettings:
-    """Everything a run is started with; defaults are nanoGPT's (train.py) where it has one.
-
-    The architecture comes from `config` (a released size), the n_* fields, or `init` (a
-    model to fine-tune); the vocabulary size comes from the data. None means "the default":
-    12 layers, 12 heads, 768 wide, block 1024 from scratch; the model's own with `init`.
-    bias and activation default to GPT-2's (biases, the tanh GELU) with `config`, and to
-    nanoGPT's (no biases, the exact GELU, which is also 3x faster on CPUs) otherwise.
-    """
-
-    data: str
-    config: str | None = None
-    n_layer: int | None = None
-    n_head: int | None = None
-    n_embd: int | None = None
-    block_size: int | None = None
-    dropout: float = 0.0
-    bias: bool | None = None
-    positions: str = "learned"
-    activation: str | None = None
-    init: str | None = None
-    batch_size: int = 12
-    grad_accum: int = 40
-    max_iters: int = 600_000
-    lr: float = 6e-4
-    min_lr: float = 6e-5
-    warmup_iters: int = 2000
-    lr_decay_iters: int | None = None  # None: max_iters
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    grad_clip: float = 1.0
-    seed: int = 1337
-    eval_interval: int = 2000
-    eval_iters: int = 200
-    log_interval: int = 1
-    device: str = "auto"
-    dtype: str = "auto"
-    compile: str = "auto"
-    sample_prompt: str | None = None
-    checkpoint_activations: bool = False
-    fsdp: bool = False  # shard weights, gradients and optimizer state over the processes (FSDP2)
-    timeout: float = DIST_TIMEOUT
-
-    def __post_init__(self) -> None:
-        self.data = os.fspath(self.data) if isinstance(self.data, os.PathLike) else self.data
-        if self.init is not None and isinstance(self.init, os.PathLike):
-            self.init = os.fspath(self.init)
-        self._check_model()
-        for name in ("batch_size", "grad_accum", "max_iters", "eval_interval", "eval_iters", "log_interval"):
-            setattr(self, name, positive_int(name, getattr(self, name)))
-        self.lr = positive_real("lr", self.lr)
-        self.min_lr = real_between("min_lr", self.min_lr, 0, self.lr)
-        self.warmup_iters = int_between("warmup_iters", self.warmup_iters, 0, 2**62)
-        if self.lr_decay_iters is None:
-            self.lr_decay_iters = self.max_iters  # fixed when the run starts: a resume that extends max_iters keeps it
-        self.lr_decay_iters = positive_int("lr_decay_iters", self.lr_decay_iters)
-        self.weight_decay = real_between("weight_decay", self.weight_decay, 0, math.inf)
-        self.beta1 = real_between("beta1", self.beta1, 0, 1, open_high=True)
-        self.beta2 = real_between("beta2", self.beta2, 0, 1, open_high=True)
-        self.grad_clip = real_between("grad_clip", self.grad_clip, 0, math.inf)
-        self.seed = int_between("seed", self.seed, 0, 2**63 - 1, "a whole number")
-        _choice("compile", self.compile, ("auto", "on", "off"))
-        _choice("dtype", self.dtype, ("auto", "float32", "bfloat16", "float16"))
-        self.timeout = positive_real("timeout", self.timeout)
-        boolean("checkpoint_activations", self.checkpoint_activations)
-        boolean("fsdp", self.fsdp)
-        if self.sample_prompt is not None and not isinstance(self.sample_prompt, str):
-            raise InvalidArgumentError(f"sample_prompt must be text, got {self.sample_prompt!r}")
-
-    def _check_model(self) -> None:
-        shape = {k: getattr(self, k) for k in ("n_layer", "n_head", "n_embd") if getattr(self, k) is not None}
-        given = ["config"] * (self.config is not None) + list(shape) + ["positions"] * (self.positions != "learned")
-        given += [name for name in ("bias", "activation") if getattr(self, name) is not None]
-        if self.init is not None and given:
-            raise InvalidArgumentError(f"init: the architecture comes from the model being fine-tuned; drop {', '.join(given)}")
-        if self.config is not None and self.config not in PRESETS:
-            raise InvalidArgumentError(f"config must be one of {', '.join(PRESETS)}, got {self.config!r}")
-        for name, value in shape.items():
-            positive_int(name, value)
-        if self.block_size is not None:
-            positive_int("block_size", self.block_size)
-        self.dropout = real_between("dropout", self.dropout, 0, 1, open_high=True)
-        _choice("positions", self.positions, POSITIONS)
-        if self.activation is not None:
-            _choice("activation", self.activation, ACTIVATIONS)
-        if self.bias is not None:
-            boolean("bias", self.bias)
-
-    def model_config(self, n_vocab: int) -> GPT2Config:
-        """The architecture of a model trained from scratch on a vocabulary of n_vocab ids."""
-        n_layer, n_head, n_embd = PRESETS[self.config] if self.config else (12, 12, 768)
-        gpt2 = self.config is not None  # a released shape: GPT-2's choices, else nanoGPT's
-        bias = self.bias if self.bias is not None else gpt2
-        activation = self.activation or ("gelu_tanh" if gpt2 else "gelu")
-        try:
-            return GPT2Config(
-                n_vocab=n_vocab, n_ctx=self.block_size or 1024, n_layer=self.n_layer or n_layer, n_head=self.n_head or n_head,
-                n_embd=self.n_embd or n_embd, dropout=self.dropout, bias=bias, positions=self.positions, activation=activation,
-            )  # fmt: skip
-        except ConfigError as e:
-            raise InvalidArgumentError(str(e)) from None
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-# Settings a resumed run may change: they leave the losses of the iterations alone.
-RESUME_OVERRIDES = ("max_iters", "eval_interval", "eval_iters", "log_interval", "device", "compile", "sample_prompt",
-                    "checkpoint_activations", "fsdp", "timeout")  # fmt: skip
-
-
-def _choice(name: str, value: object, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise InvalidArgumentError(f"{name} must be one of {', '.join(choices)}, got {value!r}")

@@ -38,7 +38,7 @@ import torch
 from gpt2._checks import int_between, is_integer, positive_int, real_between
 from gpt2._files import atomic_path, atomic_write_text, read_json_object, writable_directory
 from gpt2.errors import DataError, InputTypeError, InvalidArgumentError, TokenIdError
-from gpt2.tokenizer import CHARS_FILE, GPT2_VOCAB_DIR, CharTokenizer, Tokenizer, same_vocabulary
+from gpt2.tokenizer import CHARS_FILE, GPT2_VOCAB_DIR, CharTokenizer, Tokenizer, load_tokenizer, same_vocabulary
 
 FORMAT = "gpt2-prepared"
 CHUNK_BYTES = 4 << 20  # read and encode a few MB at a time
@@ -474,11 +474,8 @@ def _open_ours(path: Path) -> TokenData:
 
 def _our_tokenizer(path: Path, spec: object) -> Tokenizer | CharTokenizer | None:
     """The tokenizer prepare saved for `spec` (GPT-2's if its files are gone), None if none is there."""
-    if spec == "char":
-        return CharTokenizer.from_file(path / CHARS_FILE) if (path / CHARS_FILE).is_file() else None
-    if (path / "encoder.json").is_file() or (path / "vocab.bpe").is_file():
-        return Tokenizer.from_files(path / "encoder.json", path / "vocab.bpe")
-    return Tokenizer.gpt2() if spec == "gpt2" else None
+    tokenizer = load_tokenizer(path, "char" if spec == "char" else "bpe")
+    return Tokenizer.gpt2() if tokenizer is None and spec == "gpt2" else tokenizer
 
 
 class _DataOnlyUnpickler(pickle.Unpickler):

@@ -12,8 +12,10 @@ a long one. A row's tokens depend on nothing beside it: its prompt is prefilled 
 samples from its own random stream (row i of a call seeded s draws from seed s + i), so a
 request gets the same tokens served among others as served alone. The tensor API
 (`GPT2.generate`), the text API (`gpt2.generate`), `gpt2 generate` and `gpt2 serve` all run
-this one loop. An engine computes logits (`gpt2.model.TorchEngine`, with the KV cache, or
-`gpt2.generate.NumpyEngine`); this module knows nothing of models.
+this one loop, and each makes its rows with `Request.build`, which checks the request first:
+its prompts, its max_new_tokens, its sampling and seed, and the context it needs. An engine
+computes logits (`gpt2.engines.TorchEngine`, with the KV cache, or `gpt2.engines.NumpyEngine`);
+this module knows nothing of models.
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ from typing import Protocol
 
 import torch
 
-from gpt2.errors import ContextLengthError, GPT2Warning, NonFiniteError
-from gpt2.sampling import SEED_MAX, Sampling, check_on_overflow, check_seed, sample_next, seeded_generator
+from gpt2._checks import check_token_ids, is_integer, positive_int
+from gpt2.errors import ContextLengthError, GPT2Warning, InvalidArgumentError, NonFiniteError
+from gpt2.sampling import SEED_MAX, Sampling, check_seed, sample_next, seeded_generator
 
 STOP, LENGTH = "stop", "length"  # why a row ended, in OpenAI's words
 
@@ -104,6 +107,89 @@ def row_seed(seed: int | None, row: int) -> int | None:
     return None if seed is None else (check_seed(seed) + row) % (SEED_MAX + 1)
 
 
+# ------------------------------------------------------------------ requests: every front door's rows
+
+
+@dataclass(frozen=True)
+class Request:
+    """A checked generation request: prompts, how to continue them, and n rows for each.
+
+    `GPT2.generate`, `gpt2.generate.TextGeneration` and `gpt2 serve` each build one with
+    `Request.build`, make an engine of `slots` rows (whose memory is checked then), and
+    then the rows, prompt-major: row i samples from seed + i.
+    """
+
+    prompts: list[list[int]]
+    max_new_tokens: int
+    sampling: Sampling = Sampling()
+    seed: int | None = None
+    n: int = 1
+    eos_token_id: int | None = None
+    logprobs: int | None = None
+    echo_logprobs: bool = False
+
+    @classmethod
+    def build(cls, prompts: Sequence[list[int]], max_new_tokens: int, *, n_vocab: int, n_ctx: int, sampling: Sampling = Sampling(),
+              seed: int | None = None, n: int = 1, eos_token_id: int | None = None, logprobs: int | None = None,
+              echo_logprobs: bool = False, on_overflow: str = "slide", allow_zero: bool = False) -> Request:  # fmt: skip
+        """Check every part of a request, then hold it. `allow_zero` lets max_new_tokens be 0
+        (the prompt only scored, as OpenAI's echo with max_tokens 0); past n_ctx the context
+        slides, with a warning, or it is an error (`on_overflow`)."""
+        check_max_new_tokens(max_new_tokens, allow_zero)
+        sampling.check(n_vocab)
+        if seed is not None:
+            check_seed(seed)
+        positive_int("n", n)
+        check_prompts(prompts, n_vocab)
+        check_context([len(p) for p in prompts], max_new_tokens, n_ctx, on_overflow, stacklevel=4)  # its caller's caller
+        return cls(list(prompts), max_new_tokens, sampling, seed, n, eos_token_id, logprobs, echo_logprobs)
+
+    @property
+    def slots(self) -> int:
+        """The rows: n for each prompt."""
+        return len(self.prompts) * self.n
+
+    @property
+    def longest(self) -> int:
+        return max(map(len, self.prompts))
+
+    def rows(self) -> list[Row]:
+        """The request's rows, prompt-major (n each); row i samples from seed + i."""
+        return [Row(ids, self.max_new_tokens, self.sampling, row_seed(self.seed, i * self.n + j), self.eos_token_id,
+                    self.logprobs, self.echo_logprobs)
+                for i, ids in enumerate(self.prompts) for j in range(self.n)]  # fmt: skip
+
+
+def check_max_new_tokens(max_new_tokens: int, allow_zero: bool = False) -> int:
+    if allow_zero and is_integer(max_new_tokens) and max_new_tokens == 0:
+        return 0
+    return positive_int("max_new_tokens", max_new_tokens)
+
+
+def check_prompts(prompts: Sequence[Sequence[int]], n_vocab: int) -> None:
+    if len(prompts) == 0:
+        raise InvalidArgumentError("no prompts: give at least one sequence of token ids", "prompt")
+    for b, prompt in enumerate(prompts):
+        if len(prompt) == 0:
+            raise InvalidArgumentError(f"prompt {b} is empty: give at least one token (e.g. <|endoftext|>)", "prompt")
+        check_token_ids(min(prompt), max(prompt), n_vocab, f" in prompt {b}", param="prompt")
+
+
+def start_of_text(ids: list[int], eot_token: int | None) -> list[int]:
+    """A prompt of text as the loop starts it: an empty one from <|endoftext|>, as GPT-2's
+    unconditional samples are, where the vocabulary has it (a character vocabulary has not)."""
+    if ids:
+        return ids
+    if eot_token is None:
+        raise InvalidArgumentError("empty prompt: this model's vocabulary has no <|endoftext|> to start from; give a prompt", "prompt")
+    return [eot_token]
+
+
+def check_on_overflow(on_overflow: str) -> None:
+    if on_overflow not in ("slide", "error"):
+        raise InvalidArgumentError(f"on_overflow must be 'slide' or 'error', got {on_overflow!r}", "on_overflow")
+
+
 def check_context(prompt_lengths: Sequence[int], max_new_tokens: int, n_ctx: int, on_overflow: str, stacklevel: int = 3) -> None:
     """Past n_ctx the context slides (a warning) or it is an error, as `on_overflow` says."""
     check_on_overflow(on_overflow)
@@ -111,8 +197,11 @@ def check_context(prompt_lengths: Sequence[int], max_new_tokens: int, n_ctx: int
     if longest + max_new_tokens > n_ctx:
         message = f"the prompt ({longest} tokens) and {max_new_tokens} new tokens exceed the context of n_ctx={n_ctx}"
         if on_overflow == "error":
-            raise ContextLengthError(message + ": shorten the prompt or ask for fewer new tokens")
+            raise ContextLengthError(message + ": shorten the prompt or ask for fewer new tokens", "prompt")
         warnings.warn(message + f"; the model sees only the last {n_ctx} tokens", ContextOverflowWarning, stacklevel=stacklevel)
+
+
+# ------------------------------------------------------------------ the loop
 
 
 class Decoder:

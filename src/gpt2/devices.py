@@ -9,7 +9,11 @@
   has no fast 16-bit arithmetic; decoding reads the narrow weights and widens them as it goes.
 - Training: parameters stay float32, and on CUDA the forward pass runs under autocast in
   bfloat16 where the GPU has it, else float16 with a gradient scaler (`training_precision`);
-  elsewhere float32. TF32 matrix units are on for CUDA training, as in nanoGPT.
+  elsewhere float32. TF32 matrix units are on for CUDA training, as in nanoGPT (`enable_tf32`);
+  `--compile auto` compiles the step on CUDA only (`should_compile`); AdamW's update is fused
+  on CUDA and the CPU (`fused_adamw_available`).
+- The names of the dtypes (`WEIGHT_DTYPES`, `INFERENCE_DTYPES`, `TRAINING_DTYPES`) live in the
+  torch-free `settings`, so that the command line offers them without importing torch.
 """
 
 from __future__ import annotations
@@ -22,8 +26,9 @@ import torch
 
 from gpt2._checks import positive_int
 from gpt2.errors import GPT2Warning, InvalidArgumentError, MemoryLimitError
+from gpt2.settings import INFERENCE_DTYPES, TRAINING_DTYPES, WEIGHT_DTYPES
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {name: getattr(torch, name) for name in WEIGHT_DTYPES}  # "float32" -> torch.float32
 DEVICES = "'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'"
 
 
@@ -87,9 +92,6 @@ class WeightFormat:
         return self.storage != self.compute
 
 
-INFERENCE_DTYPES = (*DTYPES, "int8")
-
-
 def weight_format(dtype: str | torch.dtype, device: torch.device) -> WeightFormat:
     """The weight format of `dtype` (float32, bfloat16, float16 or int8) on `device`."""
     if dtype in ("int8", torch.int8):
@@ -143,7 +145,7 @@ def training_precision(device: torch.device, dtype: str = "auto") -> Precision:
             return Precision(device, torch.float32)
         return Precision(device, torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16)
     if dtype not in DTYPES:
-        raise InvalidArgumentError(f"unsupported dtype {dtype!r} for training: use auto, {', '.join(DTYPES)}")
+        raise InvalidArgumentError(f"unsupported dtype {dtype!r} for training: use {', '.join(TRAINING_DTYPES)}")
     compute = DTYPES[dtype]
     if compute == torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         raise InvalidArgumentError("dtype 'bfloat16' asked for, but this GPU has no bfloat16: use float16 or auto")
@@ -203,13 +205,27 @@ def set_threads(threads: int) -> None:
     """Run torch's CPU work on `threads` threads (torch's default: one per core, or OMP_NUM_THREADS).
     On a machine where other programs are busy, fewer threads than cores run faster: torch's
     threads wait for each other at every operation, and one that lost its core holds up all."""
-    torch.set_num_threads(positive_int("threads (--threads)", threads))
+    torch.set_num_threads(positive_int("threads", threads))
 
 
-def enable_tf32() -> None:
-    """Let float32 matrix products use the TF32 units of NVIDIA GPUs (Ampere and newer), as nanoGPT does."""
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
+def enable_tf32(device: torch.device) -> None:
+    """For training on `device`: on CUDA, let float32 matrix products use the TF32 units of NVIDIA
+    GPUs (Ampere and newer), as nanoGPT does; elsewhere nothing changes."""
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+
+
+def should_compile(mode: str, device: torch.device) -> bool:
+    """Whether a training step runs under torch.compile: `mode` "on" or "off" as it says, "auto"
+    on CUDA only (elsewhere compiling would need a C++ toolchain at run time)."""
+    return mode == "on" or (mode == "auto" and device.type == "cuda")
+
+
+def fused_adamw_available(device: torch.device) -> bool:
+    """Whether torch has AdamW's fused update (one pass over each tensor instead of several) on
+    `device`: CUDA's and the CPU's (nanoGPT fuses on CUDA only; benchmarks/RESULTS.md)."""
+    return device.type in ("cuda", "cpu")
 
 
 def synchronize(device: torch.device) -> None:

@@ -39,10 +39,10 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import FSDPModule, fully_shard, register_fsdp_forward_method
 from torch.nn.parallel import DistributedDataParallel
 
-from gpt2.config import DIST_TIMEOUT
 from gpt2.devices import process_device, resolve_device
 from gpt2.errors import DistributedError, GPT2Error
 from gpt2.model import GPT2
+from gpt2.settings import DIST_TIMEOUT
 
 ANSWER_WAIT = 10.0  # seconds the survivors of a failure wait to hear from each other
 _FULL_ON_RANK0 = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole tensors, on rank 0's CPU only

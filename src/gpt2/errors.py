@@ -7,9 +7,17 @@ expect (`ValueError`, `TypeError`, `FileNotFoundError`, `OSError`), so existing
 silences them all.
 """
 
+from __future__ import annotations
+
 
 class GPT2Error(Exception):
-    """Base class of every error `gpt2` raises on purpose."""
+    """Base class of every error `gpt2` raises on purpose. `param` names the argument it
+    concerns, as the library calls it ("max_new_tokens"), where there is one: the server
+    answers it as OpenAI's `param` field, the command line adds the flag that sets it."""
+
+    def __init__(self, message: str = "", param: str | None = None):
+        super().__init__(message)
+        self.param = param
 
 
 class VocabularyError(GPT2Error, ValueError):

@@ -30,7 +30,7 @@ import torch
 from torch.nn import functional as F
 from tqdm.auto import tqdm
 
-from gpt2._checks import check_token_ids, int_between, positive_int
+from gpt2._checks import check_batch_size, check_token_ids, int_between
 from gpt2._files import read_text
 from gpt2.data import open_data
 from gpt2.errors import DataError, InvalidArgumentError
@@ -142,9 +142,9 @@ def token_byte_lengths(tokenizer: Tokenizer | CharTokenizer) -> np.ndarray:
 def check_window(model: GPT2, context: int | None, stride: int | None) -> tuple[int, int]:
     """The context (default: the model's) and stride (default: half the context) of the windows."""
     n_ctx = model.config.n_ctx
-    context = n_ctx if context is None else int_between("context (--context)", context, 2, n_ctx,
+    context = n_ctx if context is None else int_between("context", context, 2, n_ctx,
                                                         f"a number of ids up to the model's n_ctx={n_ctx}, i.e.")  # fmt: skip
-    stride = max(1, context // 2) if stride is None else int_between("stride (--stride)", stride, 1, context,
+    stride = max(1, context // 2) if stride is None else int_between("stride", stride, 1, context,
                                                                      f"a number of ids up to the context ({context}), i.e.")  # fmt: skip
     return context, stride
 
@@ -156,7 +156,7 @@ def perplexity(model: GPT2, ids: Sequence[int] | np.ndarray, *, context: int | N
     by `stride` (defaults: the model's context, and half of it), `batch_size` windows at a time.
     `tokenizer` (the ids' own) gives bits per byte."""
     context, stride = check_window(model, context, stride)
-    batch_size = positive_int("batch_size (--batch-size)", batch_size)
+    batch_size = check_batch_size(batch_size)
     ids = np.asarray(ids)
     if ids.ndim != 1 or len(ids) < 2:
         raise InvalidArgumentError(f"perplexity needs a stream of at least 2 ids (one to predict from, one to score), "
@@ -290,7 +290,7 @@ def score_continuations(model: GPT2, pairs: Sequence[tuple[Sequence[int], Sequen
     does the same). Pairs run longest first, `batch_size` at a time, padded on the right.
     The progress bar counts examples, each done once all its pairs are: `example_of[i]` is pair
     i's example (default: each pair is one)."""
-    batch_size = positive_int("batch_size (--batch-size)", batch_size)
+    batch_size = check_batch_size(batch_size)
     n_ctx = model.config.n_ctx
     for i, (context, continuation) in enumerate(pairs):
         if not context or not continuation:
@@ -382,7 +382,7 @@ def run_task(model: GPT2, task: str, data: str | os.PathLike | None = None, *, l
     `limit` examples (WikiText-2: rows), or all. context and stride apply to wikitext2."""
     check_task(task)
     limit = check_limit(limit)
-    batch_size = positive_int("batch_size (--batch-size)", batch_size)
+    batch_size = check_batch_size(batch_size)
     if task == "wikitext2":
         context, stride = check_window(model, context, stride)
     elif context is not None or stride is not None:

@@ -1,8 +1,8 @@
 """Text generation: prompts in, text out, streamed as tokens arrive.
 
 The text API (`generate_text`, `stream_text`, `TextGeneration`) and the `gpt2 generate`
-command encode the prompts, run the token loop of `gpt2.sampling` on an engine (the torch
-model with its KV cache, `gpt2.model.TorchEngine`, or the NumPy reference engine here),
+command encode the prompts, run the token loop of `gpt2.decoding` on an engine (the torch
+model with its KV cache, `gpt2.engines.TorchEngine`, or `gpt2.engines.NumpyEngine`),
 and decode the tokens as they come, holding back half characters and possible stop strings.
 """
 
@@ -12,42 +12,19 @@ import warnings
 from collections.abc import Iterator, Sequence
 from typing import AbstractSet, Literal
 
-import numpy as np
 import torch
 
 from gpt2._checks import positive_int
-from gpt2.decoding import STOP, Decoder, Row, check_context, row_seed
+from gpt2.decoding import STOP, Decoder, Request, start_of_text
+from gpt2.engines import NumpyEngine
 from gpt2.errors import GPT2Warning, InputTypeError, InvalidArgumentError
 from gpt2.reference import ReferenceModel
-from gpt2.sampling import Sampling, check_max_new_tokens, check_prompts, check_seed
+from gpt2.sampling import Sampling
 from gpt2.tokenizer import IncrementalDecoder, Tokenizer
 
 
 class EmptyPromptWarning(GPT2Warning):
     """An empty prompt: generation starts from <|endoftext|>, as GPT-2's unconditional samples do."""
-
-
-class NumpyEngine:
-    """Next-token logits from the NumPy reference engine (a `gpt2.decoding.Engine`): every
-    step recomputes the whole context of each row. Slow; it exists to check the torch engine."""
-
-    def __init__(self, reference: ReferenceModel, slots: int):
-        self.reference, self.slots = reference, slots
-        self.history: list[list[int]] = [[] for _ in range(slots)]
-
-    def prefill(self, slot: int, tokens: Sequence[int], every_position: bool = False) -> torch.Tensor:
-        self.history[slot] = list(tokens)
-        logits = self.reference(self.history[slot][-self.reference.config.n_ctx :])  # (T, V)
-        return torch.from_numpy(logits if every_position else logits[-1])
-
-    def decode(self, tokens: torch.Tensor) -> torch.Tensor:
-        for b, token in enumerate(tokens.tolist()):
-            self.history[b].append(token)
-        n_ctx = self.reference.config.n_ctx
-        return torch.from_numpy(np.stack([self.reference(self.history[b][-n_ctx:])[-1] for b in range(tokens.size(0))]))
-
-    def move(self, src: int, dst: int) -> None:
-        self.history[dst] = list(self.history[src])
 
 
 def check_stop(stop: str | Sequence[str] | None) -> list[str]:
@@ -59,10 +36,10 @@ def check_stop(stop: str | Sequence[str] | None) -> list[str]:
     try:
         stop = list(stop)
     except TypeError:
-        raise InputTypeError(f"stop must be a str, a list of str, or None, got {type(stop).__name__}") from None
+        raise InputTypeError(f"stop must be a str, a list of str, or None, got {type(stop).__name__}", "stop") from None
     for s in stop:
         if not isinstance(s, str) or s == "":
-            raise InvalidArgumentError(f"stop strings must be non-empty text, got {s!r}")
+            raise InvalidArgumentError(f"stop strings must be non-empty text, got {s!r}", "stop")
     return stop
 
 
@@ -97,28 +74,23 @@ class TextGeneration:
         on_overflow: str = "slide",
         allowed_special: AbstractSet[str] | Literal["all"] = "all",
     ):
-        check_max_new_tokens(max_new_tokens)
-        self.sampling = Sampling(temperature, top_k, top_p)
-        self.sampling.check(model.config.n_vocab)
         positive_int("num_samples", num_samples)
-        if seed is not None:
-            check_seed(seed)  # now, not once the rows are made
         self.stop = check_stop(stop)
         prompt_list = [prompts] if isinstance(prompts, str) else list(prompts)
         if not prompt_list:
-            raise InvalidArgumentError("no prompts: give at least one")
-        prompt_ids = [self._encode(tokenizer, prompt, allowed_special) for prompt in prompt_list]
-        check_prompts(prompt_ids, model.config.n_vocab)
-        # checks the context and the memory now, so that errors come before any output (or any row is made)
-        check_context([len(p) for p in prompt_ids], max_new_tokens, model.config.n_ctx, on_overflow)
-        slots, longest = len(prompt_ids) * num_samples, max(map(len, prompt_ids))
+            raise InvalidArgumentError("no prompts: give at least one", "prompt")
+        self.sampling = Sampling(temperature, top_k, top_p)
+        request = Request.build([self._encode(tokenizer, prompt, allowed_special) for prompt in prompt_list], max_new_tokens,
+                                n_vocab=model.config.n_vocab, n_ctx=model.config.n_ctx, sampling=self.sampling, seed=seed,
+                                n=num_samples, eos_token_id=tokenizer.eot_token, on_overflow=on_overflow)  # fmt: skip
+        # the engine (and the memory it needs) before the rows, so that errors come before any row is made
         if isinstance(model, ReferenceModel):
-            self.engine = NumpyEngine(model, slots)
+            self.engine = NumpyEngine(model, request.slots)
         else:
-            self.engine = model.engine(slots, longest + max_new_tokens, hint="generate fewer samples at once (num_samples, --num-samples)")
-        self.prompt_ids = [ids for ids in prompt_ids for _ in range(num_samples)]  # prompt-major
-        self.rows = [Row(ids, max_new_tokens, self.sampling, row_seed(seed, i), tokenizer.eot_token)
-                     for i, ids in enumerate(self.prompt_ids)]  # fmt: skip
+            self.engine = model.engine(request.slots, request.longest + max_new_tokens,
+                                       hint="generate fewer samples at once (num_samples, --num-samples)")  # fmt: skip
+        self.rows = request.rows()
+        self.prompt_ids = [row.prompt for row in self.rows]  # prompt-major
         self.texts = [TextRow(tokenizer, self.stop) for _ in self.rows]
         self.tokens_generated = 0  # tokens chosen, counted per row until its text ends
 
@@ -126,15 +98,12 @@ class TextGeneration:
     def _encode(tokenizer: Tokenizer, prompt: str, allowed_special: AbstractSet[str] | Literal["all"]) -> list[int]:
         """A prompt's ids; an empty one is <|endoftext|>, where the vocabulary has it."""
         if not isinstance(prompt, str):
-            raise InputTypeError(f"prompts must be str, got {type(prompt).__name__}")
+            raise InputTypeError(f"prompts must be str, got {type(prompt).__name__}", "prompt")
         ids = tokenizer.encode(prompt, allowed_special)
-        if not ids and tokenizer.eot_token is None:  # a character vocabulary has no <|endoftext|>
-            raise InvalidArgumentError("empty prompt: this model's vocabulary has no <|endoftext|> to start from; give a prompt")
-        if not ids:
+        if not ids and tokenizer.eot_token is not None:
             warnings.warn("empty prompt: generating from <|endoftext|>, as GPT-2's unconditional samples do",
                           EmptyPromptWarning, stacklevel=3)  # fmt: skip
-            ids = [tokenizer.eot_token]
-        return ids
+        return start_of_text(ids, tokenizer.eot_token)
 
     @property
     def finish_reasons(self) -> list[str | None]:
@@ -178,7 +147,7 @@ def stream_text(model, tokenizer: Tokenizer, prompt: str, **options) -> Iterator
     sample only: TextGeneration itself streams several, as (row, piece)).
     """
     if not isinstance(prompt, str):
-        raise InputTypeError(f"prompt must be a str, got {type(prompt).__name__}")
+        raise InputTypeError(f"prompt must be a str, got {type(prompt).__name__}", "prompt")
     if options.get("num_samples", 1) != 1:
         raise InvalidArgumentError(
             "stream_text streams one continuation (num_samples=1); for several, iterate "

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gpt2._checks import check_token_ids, int_between, is_real, positive_int
+from gpt2._checks import int_between, is_real
 from gpt2.errors import InvalidArgumentError
 
 # ------------------------------------------------------------------ decoding
@@ -30,11 +30,12 @@ class Sampling:
 
     def check(self, n_vocab: int) -> None:
         if not is_real(self.temperature) or self.temperature < 0:
-            raise InvalidArgumentError(f"temperature must be a finite number >= 0 (0 is greedy), got {self.temperature!r}")
+            raise InvalidArgumentError(f"temperature must be a finite number >= 0 (0 is greedy), got {self.temperature!r}",
+                                       "temperature")  # fmt: skip
         if self.top_k is not None:
             int_between("top_k", self.top_k, 1, n_vocab)  # n_vocab: keep every token
         if self.top_p is not None and (not is_real(self.top_p) or not 0 < self.top_p <= 1):
-            raise InvalidArgumentError(f"top_p must be in (0, 1], got {self.top_p!r}")
+            raise InvalidArgumentError(f"top_p must be in (0, 1], got {self.top_p!r}", "top_p")
 
 
 def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float | None = None) -> torch.Tensor:
@@ -94,7 +95,7 @@ def seeded_generator(seed: int) -> torch.Generator:
     state = bytearray(generator.get_state().numpy().tobytes())
     if len(state) != _TORCH_STATE_BYTES:
         raise InvalidArgumentError(f"seeds from 2**32 up need torch's CPU generator state of {_TORCH_STATE_BYTES} bytes; "
-                                   f"this torch's has {len(state)}: use a seed below 2**32")  # fmt: skip
+                                   f"this torch's has {len(state)}: use a seed below 2**32", "seed")  # fmt: skip
     words = np.array(mt19937_init_by_array([seed & 0xFFFFFFFF, seed >> 32]), dtype="<u8").tobytes()
     # the state: seed (u64), left (i32), seeded (i32), next (u64), then the twister's 624 words,
     # each stored as a u64; left = 1 makes the first draw twist, as it does after seeding
@@ -122,24 +123,3 @@ def mt19937_init_by_array(key: Sequence[int]) -> list[int]:
             mt[0], i = mt[-1], 1
     mt[0] = 0x80000000  # the most significant bit set: the state is never all zeros
     return mt
-
-
-# ------------------------------------------------------------------ argument checks
-
-
-def check_on_overflow(on_overflow: str) -> None:
-    if on_overflow not in ("slide", "error"):
-        raise InvalidArgumentError(f"on_overflow must be 'slide' or 'error', got {on_overflow!r}")
-
-
-def check_prompts(prompts: Sequence[Sequence[int]], n_vocab: int) -> None:
-    if len(prompts) == 0:
-        raise InvalidArgumentError("no prompts: give at least one sequence of token ids")
-    for b, prompt in enumerate(prompts):
-        if len(prompt) == 0:
-            raise InvalidArgumentError(f"prompt {b} is empty: give at least one token (e.g. <|endoftext|>)")
-        check_token_ids(min(prompt), max(prompt), n_vocab, f" in prompt {b}")
-
-
-def check_max_new_tokens(max_new_tokens: int) -> None:
-    positive_int("max_new_tokens", max_new_tokens)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from gpt2._checks import is_integer, positive_int
 from gpt2._files import atomic_path, check_file, read_text, writable_directory
-from gpt2._hub import hub_file
+from gpt2._hub import download_error, hub_file
 from gpt2.errors import DataError, InvalidArgumentError
 
 LAMBADA_URL = "https://openaipublic.blob.core.windows.net/gpt-2/data/lambada_test.jsonl"
@@ -60,7 +60,7 @@ def check_task(name: object) -> str:
 
 def check_limit(limit: object) -> int | None:
     """None (every example) or a positive number of examples."""
-    return None if limit is None else positive_int("limit (--limit)", limit)
+    return None if limit is None else positive_int("limit", limit)
 
 
 # ------------------------------------------------------------------ reading the files
@@ -205,5 +205,5 @@ def _hub_file() -> Path:
     try:
         return hub_file(WIKITEXT_REPO, WIKITEXT_FILE, repo_type="dataset")
     except OSError as e:  # offline, unreachable, not found: all end the same way
-        raise DataError(f"could not download wikitext2 from the Hugging Face hub ({WIKITEXT_REPO}): {e}; "
+        raise DataError(f"{download_error('wikitext2', WIKITEXT_REPO, e)}; "
                         f"{_offline_hint('wikitext2')} (wiki.test.raw, or the hub's parquet file)") from None  # fmt: skip

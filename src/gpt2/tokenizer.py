@@ -26,7 +26,6 @@ import os
 import re
 import warnings
 from array import array
-from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from functools import lru_cache
@@ -38,6 +37,7 @@ import regex
 
 from gpt2._checks import check_token_ids, positive_int
 from gpt2._files import atomic_write_text, read_json_object, writable_directory
+from gpt2.bpe_trainer import count_pieces, learn_merges
 from gpt2.errors import (
     GPT2Warning,
     InputTypeError,
@@ -499,7 +499,7 @@ class Tokenizer:
         The ids are laid out as GPT-2's: 256 byte tokens, then one token per merge in the
         order learned, then `<|endoftext|>` last, so `vocab_size` counts all three.
         Each step merges the most frequent adjacent pair (ties: the smaller bytes first);
-        pair counts are updated only in the words that contain the merged pair.
+        pair counts are updated only in the words that contain the merged pair (`gpt2.bpe_trainer`).
         If the corpus runs out of pairs first, the vocabulary is smaller (with a warning).
         """
         if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
@@ -508,64 +508,9 @@ class Tokenizer:
             raise InvalidArgumentError(
                 f"vocab_size must be at least 257 (256 byte tokens and {EOT}), got {vocab_size}"
             )
-        texts = [corpus] if isinstance(corpus, str) else corpus
-        word_counts: Counter[str] = Counter()
-        for i, text in enumerate(texts):
-            if not isinstance(text, str):
-                raise InputTypeError(f"train() takes str texts, got {type(text).__name__} at index {i}")
-            word_counts.update(_pretokenize(text))
-        if not word_counts:
-            raise InvalidArgumentError("cannot train a tokenizer on an empty corpus")
-
-        # Symbols are ints: 0..255 the raw bytes, 256.. the merged tokens in order.
-        symbols = [bytes([b]) for b in range(256)]
-        words = [list(_utf8(word)) for word in word_counts]
-        freqs = list(word_counts.values())
-        pair_counts: defaultdict[tuple[int, int], int] = defaultdict(int)
-        pair_words: defaultdict[tuple[int, int], set[int]] = defaultdict(set)
-        for w, word in enumerate(words):
-            for pair in zip(word, word[1:]):
-                pair_counts[pair] += freqs[w]
-                pair_words[pair].add(w)
-        # A max-heap by count, lazily updated: an entry whose count is out of date is skipped.
-        heap = [(-count, symbols[a], symbols[b], a, b) for (a, b), count in pair_counts.items()]
-        heapq.heapify(heap)
-
-        n_merges = vocab_size - 257
-        merges: list[tuple[int, int]] = []
-        from tqdm.auto import tqdm
-
-        with tqdm(total=n_merges, desc="training BPE", unit="merge", disable=not progress) as bar:
-            while len(merges) < n_merges and heap:
-                negative_count, _, _, a, b = heapq.heappop(heap)
-                if pair_counts.get((a, b)) != -negative_count:
-                    continue
-                new = len(symbols)
-                symbols.append(symbols[a] + symbols[b])
-                merges.append((a, b))
-                changed: set[tuple[int, int]] = set()
-                for w in pair_words.pop((a, b)):
-                    old = words[w]
-                    merged = _merge_pair(old, a, b, new)
-                    if len(merged) == len(old):
-                        continue  # the pair left this word in an earlier merge
-                    for pair in zip(old, old[1:]):
-                        pair_counts[pair] -= freqs[w]
-                        changed.add(pair)
-                    for pair in zip(merged, merged[1:]):
-                        pair_counts[pair] += freqs[w]
-                        pair_words[pair].add(w)
-                        changed.add(pair)
-                    words[w] = merged
-                for pair in changed:
-                    count = pair_counts[pair]
-                    if count > 0:
-                        heapq.heappush(heap, (-count, symbols[pair[0]], symbols[pair[1]], *pair))
-                    else:
-                        del pair_counts[pair]
-                        pair_words.pop(pair, None)
-                bar.update()
-        if len(merges) < n_merges:
+        pieces = count_pieces(corpus, _pretokenize)
+        merges = learn_merges([(_utf8(piece), n) for piece, n in pieces.items()], vocab_size - 257, progress)
+        if len(merges) < vocab_size - 257:
             warnings.warn(
                 f"the corpus ran out of pairs to merge after {len(merges)} merges: "
                 f"the vocabulary has {257 + len(merges)} ids, not {vocab_size}",
@@ -574,8 +519,8 @@ class Tokenizer:
             )
         encoder = {bytes([b]): i for i, b in enumerate(_BYTE_TOKEN_ORDER)}
         for a, b in merges:
-            encoder[symbols[a] + symbols[b]] = len(encoder)
-        return cls(encoder, [(symbols[a], symbols[b]) for a, b in merges], {EOT: len(encoder)})
+            encoder[a + b] = len(encoder)
+        return cls(encoder, merges, {EOT: len(encoder)})
 
 
 def _id_list(ids: Iterable[int]) -> list[int] | tuple[int, ...]:
@@ -599,20 +544,6 @@ def _id_list(ids: Iterable[int]) -> list[int] | tuple[int, ...]:
         raise InputTypeError(
             f"decode() takes a list of token ids (ints), or a 1-D tensor or array of them, got {type(ids).__name__}"
         ) from None
-
-
-def _merge_pair(word: list[int], a: int, b: int, new: int) -> list[int]:
-    """`word` with each non-overlapping (a, b), scanned left to right, replaced by `new`."""
-    out = []
-    i, n = 0, len(word)
-    while i < n:
-        if i + 1 < n and word[i] == a and word[i + 1] == b:
-            out.append(new)
-            i += 2
-        else:
-            out.append(word[i])
-            i += 1
-    return out
 
 
 class IncrementalDecoder:
@@ -850,14 +781,16 @@ def assumed_tokenizer(n_vocab: int) -> Tokenizer | None:
     return Tokenizer.gpt2() if n_vocab == Tokenizer.gpt2().n_vocab else None
 
 
-def load_tokenizer(directory: str | os.PathLike) -> Tokenizer | CharTokenizer | None:
+def load_tokenizer(directory: str | os.PathLike, kind: Literal["bpe", "char"] | None = None) -> Tokenizer | CharTokenizer | None:
     """The tokenizer saved in a directory: encoder.json + vocab.bpe (OpenAI's names), vocab.json +
     merges.txt (Hugging Face's names for the same files), or chars.json; None if none is there.
+    `kind` looks for one kind's files only: "bpe" (the pairs) or "char" (chars.json).
     One file of a pair without the other raises VocabularyNotFoundError naming the missing one."""
     directory = Path(directory)
-    for encoder, merges in (("encoder.json", "vocab.bpe"), ("vocab.json", "merges.txt")):
-        if (directory / encoder).is_file() or (directory / merges).is_file():
-            return Tokenizer.from_files(directory / encoder, directory / merges)
-    if (directory / CHARS_FILE).is_file():
+    if kind != "char":
+        for encoder, merges in (("encoder.json", "vocab.bpe"), ("vocab.json", "merges.txt")):
+            if (directory / encoder).is_file() or (directory / merges).is_file():
+                return Tokenizer.from_files(directory / encoder, directory / merges)
+    if kind != "bpe" and (directory / CHARS_FILE).is_file():
         return CharTokenizer.from_file(directory / CHARS_FILE)
     return None

@@ -28,14 +28,11 @@ import dataclasses
 import json
 import math
 import os
-import signal
 import sys
-import threading
 import time
 import warnings
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -44,17 +41,39 @@ import torch
 
 from gpt2 import distributed
 from gpt2._files import atomic_path, atomic_write_text, writable_directory
-from gpt2.config import RESUME_OVERRIDES, GPT2Config, TrainSettings
+from gpt2.checkpoint import (
+    CHECKPOINT,
+    checkpoint_config,
+    checkpoint_state,
+    load_checkpoint,
+    load_optimizer,
+    model_from_checkpoint,
+    process_rng,
+    rng_state,
+    set_rng_state,
+    write_checkpoint,
+)
+from gpt2.config import GPT2Config
 from gpt2.data import TokenData, get_batch, open_data
 from gpt2.decoding import ContextOverflowWarning
-from gpt2.devices import Precision, check_fits, enable_tf32, format_bytes, peak_flops, training_precision
-from gpt2.errors import CheckpointError, ContextLengthError, GPT2Warning, InvalidArgumentError, UnwritablePathError
+from gpt2.devices import (
+    Precision,
+    check_fits,
+    enable_tf32,
+    format_bytes,
+    fused_adamw_available,
+    peak_flops,
+    should_compile,
+    training_precision,
+)
+from gpt2.errors import ContextLengthError, GPT2Warning, InvalidArgumentError
 from gpt2.evaluate import loss_sum
 from gpt2.generate import generate_text
 from gpt2.model import GPT2
+from gpt2.settings import TrainSettings, resumed_settings
+from gpt2.stopping import StopRequested, StopSignals
 from gpt2.weights import expected_shapes, read_config
 
-CHECKPOINT = "checkpoint.pt"
 LOG = "log.jsonl"
 PLOT = "loss.png"
 EVAL_STREAM = 1 << 32  # evaluation batches use micro-steps from here on: never a training batch's seed
@@ -64,10 +83,6 @@ WORKSPACE = 200_000_000  # bytes a run takes whatever its size (benchmarks/memor
 class WarmupWarning(GPT2Warning):
     """The learning rate's warm-up lasts the whole run (warmup_iters >= max_iters): it never reaches
     lr, and never decays."""
-
-
-class _Stop(Exception):
-    """Ctrl-C or SIGTERM, seen between micro-batches or evaluation batches: abandon the iteration."""
 
 
 def learning_rate(it: int, s: TrainSettings) -> float:
@@ -110,7 +125,7 @@ def make_optimizer(model: GPT2, s: TrainSettings, device: torch.device) -> torch
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": s.weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
-    fused = {"fused": True} if device.type in ("cuda", "cpu") else {}
+    fused = {"fused": True} if fused_adamw_available(device) else {}
     return torch.optim.AdamW(groups, lr=s.lr, betas=(s.beta1, s.beta2), **fused)
 
 
@@ -134,7 +149,7 @@ def build_model(s: TrainSettings, data: TokenData) -> GPT2:
 def planned_config(s: TrainSettings, data: TokenData, state: dict[str, Any] | None) -> GPT2Config:
     """The architecture a run will train, known before any weight is made or read."""
     if state is not None:
-        return GPT2Config.from_hf_dict(state["model_config"], CHECKPOINT)
+        return checkpoint_config(state)
     if s.init is None:
         return s.model_config(data.vocab_size)
     config = read_config(s.init)
@@ -178,6 +193,18 @@ def training_memory(config: GPT2Config, s: TrainSettings, device: torch.device, 
     return TrainingMemory(states, s.batch_size * T * per_token)
 
 
+def check_training_memory(config: GPT2Config, s: TrainSettings, procs: distributed.Processes, compute: torch.dtype) -> None:
+    """Refuse, before anything is allocated, a run the device cannot hold (a warning if it may not)."""
+    needed = training_memory(config, s, procs.device, compute, procs.world)
+    states, activations = needed.states, needed.activations
+    sharing = procs.sharing_memory  # on the CPU, the processes of this machine: each needs as much
+    each = f" in each of the {sharing} processes on this machine" if sharing > 1 else ""
+    hint = (f"lower --batch-size (or --block-size): a micro-batch of {s.batch_size:,} windows of {config.n_ctx:,} tokens "
+            f"keeps about {format_bytes(activations)} of activations{each}, {format_bytes(activations / s.batch_size)} a window, "
+            f"beside {format_bytes(states)} for the weights, their gradients and AdamW's moments")  # fmt: skip
+    check_fits(needed.total * sharing, procs.device, "training", hint)
+
+
 # ------------------------------------------------------------------ a run
 
 
@@ -191,8 +218,48 @@ class TrainResult:
     rank: int = 0  # the process that returns it (0: the one that wrote the files)
 
 
+class Progress:
+    """What a run shows as it goes: tqdm's bar over the iterations (drawn by rank 0, where asked),
+    the last logged step's numbers, and inside an iteration what it is doing."""
+
+    def __init__(self, bar: Any = None):
+        self.bar = bar  # tqdm's, while the loop runs
+        self.stats = ""  # the last logged step's numbers, as tqdm's set_postfix writes them
+        self.shown = 0.0  # when the bar was last drawn
+
+    def show(self, description: str, detail: str = "", force: bool = False) -> None:
+        """What the bar shows inside an iteration: `description` ("training", "evaluating val
+        3/200"), and after the last step's numbers `detail` (the micro-batch). Redrawn in place,
+        at most every tqdm's mininterval unless `force`d: many small batches a second cost nothing."""
+        bar = self.bar
+        if bar is None or bar.disable:
+            return
+        bar.set_description_str(description, refresh=False)
+        bar.set_postfix_str(", ".join(part for part in (self.stats, detail) if part), refresh=False)
+        now = time.monotonic()
+        if force or now - self.shown >= bar.mininterval:
+            bar.refresh()
+            self.shown = now
+
+    def step_done(self, stats: str | None) -> None:
+        """An iteration done; `stats`: its numbers, where it was logged (on rank 0)."""
+        if stats is not None:
+            self.stats = stats
+            self.bar.set_postfix_str(stats, refresh=False)
+        elif not self.bar.disable:
+            self.bar.set_postfix_str(self.stats, refresh=False)  # the micro-batch count off
+        self.bar.update()
+
+    def write(self, text: str, **kwargs: Any) -> None:
+        """A line above the bar (printed even where the bar is not drawn)."""
+        self.bar.write(text, **kwargs)
+
+
 class Trainer:
-    """One training run: the model, its optimizer and data, and the loop over iterations."""
+    """One training run: the model, its optimizer and data, and the loop over iterations. Its
+    parts: the step (`train_step`), the evaluation (`evaluate`, `evaluate_and_save`), the
+    checkpoint (`save_checkpoint`, in the format of gpt2/checkpoint.py) and the stop on a signal
+    (`_abandon`, with gpt2/stopping.py's handlers)."""
 
     def __init__(self, s: TrainSettings, out: Path, *, progress: bool = True, state: dict[str, Any] | None = None):
         self.s, self.out, self.progress = s, out, progress
@@ -211,22 +278,20 @@ class Trainer:
         s = self.s
         self.rank, self.world, self.device = self.procs.rank, self.procs.world, self.procs.device
         if s.grad_accum % self.world:
-            raise InvalidArgumentError(f"grad_accum (--grad-accum) {s.grad_accum} must be a multiple of the {self.world} processes: "
-                                       f"each takes an equal share of a step's micro-batches")  # fmt: skip
+            raise InvalidArgumentError(f"grad_accum {s.grad_accum} must be a multiple of the {self.world} processes: "
+                                       f"each takes an equal share of a step's micro-batches", "grad_accum")  # fmt: skip
         self.precision: Precision = training_precision(self.device, s.dtype)
-        self._check_memory(planned_config(s, self.data, state))
-        if self.device.type == "cuda":
-            enable_tf32()
+        check_training_memory(planned_config(s, self.data, state), s, self.procs, self.precision.compute)
+        enable_tf32(self.device)
         torch.manual_seed(s.seed)  # the initial weights (the same in every process), and dropout's stream from there
-        model = build_model(s, self.data) if state is None else _model_from_state(state)
+        model = build_model(s, self.data) if state is None else model_from_checkpoint(state)
         if self.rank:
             torch.manual_seed(s.seed + self.rank)  # each process its own dropout masks
         self.data.check_block_size(model.config.n_ctx)
         model.checkpoint_activations = s.checkpoint_activations
         self.model = model.to(self.device).train()
         self.tokenizer = self.data.tokenizer
-        compiled = s.compile == "on" or (s.compile == "auto" and self.device.type == "cuda")
-        self.forward = self.procs.wrap(self.model, fsdp=s.fsdp, compiled=compiled)
+        self.forward = self.procs.wrap(self.model, fsdp=s.fsdp, compiled=should_compile(s.compile, self.device))
         self.optimizer = make_optimizer(self.model, s, self.device)  # after wrap: under FSDP it updates the shards
         self.scaler = self.precision.scaler()
         self.iteration, self.evaluated, self.best_val_loss = 0, -1, math.inf
@@ -237,22 +302,10 @@ class Trainer:
         self.flops_per_iter = flops_per_token(model) * self.tokens_per_iter
         peak = peak_flops(self.device, self.precision.compute)
         self.peak_flops = peak * self.world if peak else None
-        self.stop_requested = False
+        self.stop = StopSignals(self.procs)
         self.last_eval: dict[str, Any] | None = None
-        self.at_start = self._rng_state()  # the random state an abandoned iteration is saved with
-        self.bar, self.stats, self.shown = None, "", 0.0  # the progress bar, its last step's numbers, when it was drawn
-
-    def _check_memory(self, config: GPT2Config) -> None:
-        """Refuse, before anything is allocated, a run the device cannot hold (a warning if it may not)."""
-        s = self.s
-        needed = training_memory(config, s, self.device, self.precision.compute, self.world)
-        states, activations = needed.states, needed.activations
-        sharing = self.procs.sharing_memory  # on the CPU, the processes of this machine: each needs as much
-        each = f" in each of the {sharing} processes on this machine" if sharing > 1 else ""
-        hint = (f"lower --batch-size (or --block-size): a micro-batch of {s.batch_size:,} windows of {config.n_ctx:,} tokens "
-                f"keeps about {format_bytes(activations)} of activations{each}, {format_bytes(activations / s.batch_size)} a window, "
-                f"beside {format_bytes(states)} for the weights, their gradients and AdamW's moments")  # fmt: skip
-        check_fits(needed.total * sharing, self.device, "training", hint)
+        self.at_start = rng_state(self.device)  # the random state an abandoned iteration is saved with
+        self.bar = Progress()
 
     @property
     def is_main(self) -> bool:
@@ -279,44 +332,43 @@ class Trainer:
     def _run(self) -> TrainResult:
         s = self.s
         if self.is_main:
-            writable_directory(self.out)
-            _trim_log(self.out / LOG, self.iteration, self.evaluated)
-            warn_about_warmup(s)
-            if self.resumed:
-                best = "no evaluation yet" if math.isinf(self.best_val_loss) else f"best val loss {self.best_val_loss:.4f}"
-                print(f"gpt2: resuming from iteration {self.iteration} ({best})", file=sys.stderr)
+            self._begin()
         from tqdm.auto import tqdm
 
-        with self._stop_on_signals(), tqdm(total=s.max_iters, initial=self.iteration, unit="iter", desc="training",
-                                           disable=not (self.progress and self.is_main), dynamic_ncols=True) as bar:  # fmt: skip
-            self.bar = bar
+        bar = tqdm(total=s.max_iters, initial=self.iteration, unit="iter", desc="training",
+                   disable=not (self.progress and self.is_main), dynamic_ncols=True)  # fmt: skip
+        with self.stop.handled(lambda text: self.bar.write(text, file=sys.stderr)), bar:
+            self.bar = Progress(bar)
             for it in range(self.iteration, s.max_iters + 1):
                 self.iteration = it
                 try:
-                    self.at_start = self._rng_state()
+                    self.at_start = rng_state(self.device)
                     if (it % s.eval_interval == 0 or it == s.max_iters) and self.evaluated != it:
                         self.evaluate_and_save(it)
-                        self.at_start = self._rng_state()  # (sampling draws from its own generator, but need not)
+                        self.at_start = rng_state(self.device)  # (sampling draws from its own generator, but need not)
                     if it == s.max_iters:
                         break
                     started = time.perf_counter()
                     loss = self.train_step(it)
-                except _Stop:
+                except StopRequested:
                     return self._abandon()
+                stats = None
                 if it % s.log_interval == 0 or it + 1 == s.max_iters:
                     loss = float(self.procs.sum(loss)) / self.world  # the mean over all micro-batches of the step
-                    self._log_step(it, loss, time.perf_counter() - started)
-                elif not bar.disable:
-                    bar.set_postfix_str(self.stats, refresh=False)  # the micro-batch count off
-                bar.update()
+                    stats = self._log_step(it, loss, time.perf_counter() - started)
+                self.bar.step_done(stats)
         self.procs.barrier()  # every process ends when rank 0 has written everything
         return self._result(interrupted=False)
 
-    def _check_stop(self) -> None:
-        """Before each micro-batch and evaluation batch: stop if a signal came (to any process: all
-        stop at the same batch, or DDP's all-reduce and FSDP's collectives would wait forever)."""
-        if self.procs.any(self.stop_requested):
-            raise _Stop
+    def _begin(self) -> None:
+        """On rank 0, before the loop: OUT still writable, its log cut back to the checkpoint's
+        iteration, and a word on the warm-up and on where a resumed run resumes."""
+        writable_directory(self.out)
+        _trim_log(self.out / LOG, self.iteration, self.evaluated)
+        warn_about_warmup(self.s)
+        if self.resumed:
+            best = "no evaluation yet" if math.isinf(self.best_val_loss) else f"best val loss {self.best_val_loss:.4f}"
+            print(f"gpt2: resuming from iteration {self.iteration} ({best})", file=sys.stderr)
 
     def _abandon(self) -> TrainResult:
         """Stop in the middle of iteration `self.iteration`: drop its gradients and put back the
@@ -326,10 +378,15 @@ class Trainer:
         evaluation leaves `evaluated` at the last one done, so the resume redoes this one."""
         self.optimizer.zero_grad(set_to_none=True)
         self.model.train()
-        self._set_rng_state(self.at_start)
+        set_rng_state(self.at_start, self.device)
         self.save_checkpoint()
         self.procs.barrier()
         return self._result(interrupted=True)
+
+    def _result(self, interrupted: bool) -> TrainResult:
+        return TrainResult(self.out, self.iteration, self.best_val_loss, self.last_eval, interrupted, self.rank)
+
+    # -------------------------------------------------------------- the step
 
     def train_step(self, it: int) -> torch.Tensor:
         """One optimizer step over grad_accum micro-batches; returns their mean loss (a tensor, not synchronised)."""
@@ -339,7 +396,7 @@ class Trainer:
         total = torch.zeros((), device=self.device)
         share = range(self.rank, s.grad_accum, self.world)  # this process's micro-batches: 1 in `world`
         for i, micro in enumerate(share):
-            self._check_stop()
+            self.stop.check()
             x, y = get_batch(self.data.train, self.model.config.n_ctx, s.batch_size, seed=s.seed, iteration=it,
                              micro_step=micro, device=self.device)  # fmt: skip
             with self.procs.gradient_sync(micro == share[-1]):  # averaged over the processes after the last
@@ -350,7 +407,7 @@ class Trainer:
                 self.scaler.scale(loss).backward()
             total += loss.detach()
             if len(share) > 1:
-                self._show("training", f"micro-batch {i + 1}/{len(share)}")
+                self.bar.show("training", f"micro-batch {i + 1}/{len(share)}")
         if s.grad_clip > 0:
             self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.grad_clip)
@@ -359,36 +416,54 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         return total
 
+    def _log_step(self, it: int, loss: float, seconds: float) -> str | None:
+        """Log a step (on rank 0); returns its numbers for the progress bar."""
+        if not self.is_main:
+            return None
+        tokens_per_s = self.tokens_per_iter / seconds
+        record = {"iter": it, "loss": loss, "lr": learning_rate(it, self.s), "ms": seconds * 1000, "tokens_per_s": tokens_per_s}
+        postfix = {"loss": f"{loss:.4f}", "tok/s": f"{tokens_per_s:,.0f}"}
+        if self.peak_flops:
+            record["mfu"] = self.flops_per_iter / seconds / self.peak_flops
+            postfix["mfu"] = f"{record['mfu']:.1%}"
+        _append_log(self.out / LOG, record)
+        return ", ".join(f"{k}={v}" for k, v in postfix.items())  # as tqdm's set_postfix writes them
+
+    # -------------------------------------------------------------- the evaluation
+
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         """Mean loss over eval_iters batches of each split: the same batches at every evaluation,
         shared out over the processes (under FSDP each runs as many: all take part in each one)."""
-        s = self.s
         self.model.eval()
-        losses = {}
         try:
-            for split, ids in (("train", self.data.train), ("val", self.data.val)):
-                total = torch.zeros(2, dtype=torch.float64, device=self.device)  # summed loss, ids scored
-                self._show(f"evaluating {split} 0/{s.eval_iters}", force=True)
-                for k in range(self.rank, math.ceil(s.eval_iters / self.world) * self.world, self.world):
-                    self._check_stop()  # before the break: every process checks as often
-                    if k >= s.eval_iters and self.procs.sharded is None:
-                        break
-                    x, y = get_batch(ids, self.model.config.n_ctx, s.batch_size, seed=s.seed, iteration=0,
-                                     micro_step=EVAL_STREAM + k % s.eval_iters, device=self.device)  # fmt: skip
-                    with self.precision.autocast():
-                        loss, n = loss_sum(self.model, x, y)  # gpt2 eval's computation
-                    if k < s.eval_iters:
-                        total += torch.stack([loss, torch.tensor(float(n), dtype=torch.float64, device=self.device)])
-                    self._show(f"evaluating {split} {min(k + self.world, s.eval_iters)}/{s.eval_iters}")
-                loss, count = self.procs.sum(total).tolist()
-                losses[split] = loss / count
+            losses = {split: self._split_loss(split, ids) for split, ids in (("train", self.data.train), ("val", self.data.val))}
         finally:
             self.model.train()
-        self._show("training", force=True)
+        self.bar.show("training", force=True)
         return losses
 
+    def _split_loss(self, split: str, ids: Any) -> float:
+        """The mean loss of one split's evaluation batches, over all processes."""
+        s = self.s
+        total = torch.zeros(2, dtype=torch.float64, device=self.device)  # summed loss, ids scored
+        self.bar.show(f"evaluating {split} 0/{s.eval_iters}", force=True)
+        for k in range(self.rank, math.ceil(s.eval_iters / self.world) * self.world, self.world):
+            self.stop.check()  # before the break: every process checks as often
+            if k >= s.eval_iters and self.procs.sharded is None:
+                break
+            x, y = get_batch(ids, self.model.config.n_ctx, s.batch_size, seed=s.seed, iteration=0,
+                             micro_step=EVAL_STREAM + k % s.eval_iters, device=self.device)  # fmt: skip
+            with self.precision.autocast():
+                loss, n = loss_sum(self.model, x, y)  # gpt2 eval's computation
+            if k < s.eval_iters:
+                total += torch.stack([loss, torch.tensor(float(n), dtype=torch.float64, device=self.device)])
+            self.bar.show(f"evaluating {split} {min(k + self.world, s.eval_iters)}/{s.eval_iters}")
+        loss, count = self.procs.sum(total).tolist()
+        return loss / count
+
     def evaluate_and_save(self, it: int) -> None:
+        """Evaluate, then log it, keep the model if it is the best so far, sample, save the checkpoint and plot."""
         losses = self.evaluate()
         self.evaluated = it
         improved = losses["val"] < self.best_val_loss
@@ -421,63 +496,6 @@ class Trainer:
                                  top_k=top_k, seed=self.s.seed)[0]  # fmt: skip
         self.model.train()
         return text
-
-    def _log_step(self, it: int, loss: float, seconds: float) -> None:
-        if not self.is_main:
-            return
-        tokens_per_s = self.tokens_per_iter / seconds
-        record = {"iter": it, "loss": loss, "lr": learning_rate(it, self.s), "ms": seconds * 1000, "tokens_per_s": tokens_per_s}
-        postfix = {"loss": f"{loss:.4f}", "tok/s": f"{tokens_per_s:,.0f}"}
-        if self.peak_flops:
-            record["mfu"] = self.flops_per_iter / seconds / self.peak_flops
-            postfix["mfu"] = f"{record['mfu']:.1%}"
-        _append_log(self.out / LOG, record)
-        self.stats = ", ".join(f"{k}={v}" for k, v in postfix.items())  # as tqdm's set_postfix writes them
-        self.bar.set_postfix_str(self.stats, refresh=False)
-
-    def _show(self, description: str, detail: str = "", force: bool = False) -> None:
-        """What the bar shows inside an iteration: `description` ("training", "evaluating val
-        3/200"), and after the last step's numbers `detail` (the micro-batch). Redrawn in place,
-        at most every tqdm's mininterval unless `force`d: many small batches a second cost nothing."""
-        bar = self.bar
-        if bar is None or bar.disable:
-            return
-        bar.set_description_str(description, refresh=False)
-        bar.set_postfix_str(", ".join(part for part in (self.stats, detail) if part), refresh=False)
-        now = time.monotonic()
-        if force or now - self.shown >= bar.mininterval:
-            bar.refresh()
-            self.shown = now
-
-    def _result(self, interrupted: bool) -> TrainResult:
-        return TrainResult(self.out, self.iteration, self.best_val_loss, self.last_eval, interrupted, self.rank)
-
-    @contextmanager
-    def _stop_on_signals(self) -> Iterator[None]:
-        """Ctrl-C and SIGTERM stop the run at the next micro-batch or evaluation batch, with the
-        checkpoint of the last completed iteration; a second one stops at once (KeyboardInterrupt)."""
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-
-        def request_stop(signum: int, frame: object) -> None:
-            # Under torchrun, Ctrl-C reaches each process twice (from the terminal, then from
-            # torchrun, which kills what is left 30 s later): no second signal stops at once there.
-            if self.stop_requested and not self.procs.grouped:
-                raise KeyboardInterrupt
-            self.stop_requested = True
-            if self.is_main:
-                again = "" if self.procs.grouped else " (once more to stop at once)"
-                self.bar.write(f"gpt2: stopping at the next micro-batch or evaluation batch, with the checkpoint of the last "
-                               f"completed iteration{again}", file=sys.stderr)  # fmt: skip
-
-        previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-
     # -------------------------------------------------------------- files
 
     def save_model(self, weights: dict[str, torch.Tensor]) -> None:
@@ -488,78 +506,26 @@ class Trainer:
             self.model.save_pretrained(self.out, weights)
 
     def save_checkpoint(self, weights: dict[str, torch.Tensor] | None = None) -> None:
-        """All a resume needs, in one file written atomically by rank 0: a failed write keeps
-        the last one. The same file for one process, DDP and FSDP: whole weights, the
-        optimizer's state by parameter name, and each process's random state (dropout's).
+        """All a resume needs, in one file written by rank 0 (gpt2/checkpoint.py): whole weights,
+        the optimizer's state by parameter name, and each process's random state (dropout's).
         `weights`: the model's, already gathered (`Processes.model_state`); else gathered here."""
         model = self.procs.model_state(self.model) if weights is None else weights
         optimizer = self.procs.optimizer_state(self.model, self.optimizer)
-        rng = self.procs.gather(self._rng_state())
+        rng = self.procs.gather(rng_state(self.device))
         if not self.is_main:
             return
-        state = {
-            "format": "gpt2-train-checkpoint",
-            "version": 2,
-            "settings": self.s.to_dict(),
-            "model_config": self.model.config.to_hf_dict(),
-            "iteration": self.iteration,
-            "evaluated": self.evaluated,
-            "best_val_loss": self.best_val_loss,
-            "model": model,
-            "optimizer": optimizer,
-            "scaler": self.scaler.state_dict(),
-            "rng": rng,
-        }
-        path = self.out / CHECKPOINT
-        try:
-            with atomic_path(path) as tmp:
-                torch.save(state, tmp)
-        except OSError as e:  # an UnwritablePathError names the path already
-            said = str(e) if isinstance(e, UnwritablePathError) else f"could not write {path}: {e.strerror or e}"
-            raise CheckpointError(f"{said}; the previous checkpoint is intact") from None
+        state = checkpoint_state(settings=self.s.to_dict(), config=self.model.config, iteration=self.iteration,
+                                 evaluated=self.evaluated, best_val_loss=self.best_val_loss, model=model,
+                                 optimizer=optimizer, scaler=self.scaler.state_dict(), rng=rng)  # fmt: skip
+        write_checkpoint(self.out, state)
 
     def _restore(self, state: dict[str, Any]) -> None:
-        if state["version"] == 1:  # one process's: the optimizer's state by parameter index
-            self.optimizer.load_state_dict(state["optimizer"])
-            cuda = state["rng_cuda"][self.device.index or 0] if state["rng_cuda"] else None
-            rng = [{"cpu": state["rng_cpu"], "cuda": cuda}]
-        else:
-            self.procs.load_optimizer_state(self.model, self.optimizer, state["optimizer"])
-            rng = state["rng"]
+        load_optimizer(state, self.procs, self.model, self.optimizer)
         self.scaler.load_state_dict(state["scaler"])
         self.iteration, self.evaluated, self.best_val_loss = state["iteration"], state["evaluated"], state["best_val_loss"]
-        if self.rank < len(rng):  # a process added on resume keeps the seed it started from
-            self._set_rng_state(rng[self.rank])
-
-    def _rng_state(self) -> dict[str, torch.Tensor | None]:
-        """This process's random state (dropout's): a few kB copied on the CPU, no GPU sync."""
-        return {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None}
-
-    def _set_rng_state(self, rng: dict[str, torch.Tensor | None]) -> None:
-        torch.set_rng_state(rng["cpu"])
-        if self.device.type == "cuda" and rng["cuda"] is not None:
-            torch.cuda.set_rng_state(rng["cuda"], self.device)
-
-
-def _model_from_state(state: dict[str, Any]) -> GPT2:
-    model = GPT2(GPT2Config.from_hf_dict(state["model_config"], "checkpoint.pt"))
-    model.load_state_dict(state["model"])
-    return model
-
-
-def load_checkpoint(out: Path) -> dict[str, Any]:
-    path = out / CHECKPOINT
-    if not path.is_file():
-        raise InvalidArgumentError(f"nothing to resume in {out}: it holds no {CHECKPOINT} (start a run without --resume)")
-    try:
-        # never runs code from the file; mapped, not read: the processes of a node share one copy
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as e:
-        raise CheckpointError(f"{path} cannot be read ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
-                              f"start again with --overwrite") from None  # fmt: skip
-    if not isinstance(state, dict) or state.get("format") != "gpt2-train-checkpoint" or state.get("version") not in (1, 2):
-        raise CheckpointError(f"{path} is not a checkpoint of gpt2 train")
-    return state
+        rng = process_rng(state, self.rank, self.device)
+        if rng is not None:  # a process added on resume keeps the seed it started from
+            set_rng_state(rng, self.device)
 
 
 # ------------------------------------------------------------------ log and plot
@@ -658,21 +624,6 @@ def make_out(out: Path, overwrite: bool) -> bool:
         for name in (CHECKPOINT, LOG, PLOT):
             (out / name).unlink(missing_ok=True)
     return made
-
-
-def resumed_settings(stored: dict[str, Any], changes: dict[str, Any]) -> TrainSettings:
-    """The stored settings of a run, with the changes a resume may make; any other change is an error."""
-    defaults = {f.name: f.default for f in dataclasses.fields(TrainSettings)}
-    stored = {**defaults, **stored}  # a setting added since the run started has its default
-    for name, value in changes.items():
-        if name not in defaults:
-            raise InvalidArgumentError(f"unknown setting {name!r}")
-        if value != stored[name] and name not in RESUME_OVERRIDES:
-            raise InvalidArgumentError(
-                f"{name} (--{name.replace('_', '-')}) is {value!r}, but the run was started with {stored[name]!r}: a resumed run "
-                f"keeps its settings (only {', '.join(RESUME_OVERRIDES)} may change); start a new run with --overwrite instead"
-            )
-    return TrainSettings(**{**stored, **changes})
 
 
 def train(out: str | os.PathLike, *, resume: bool = False, overwrite: bool = False, progress: bool = True,

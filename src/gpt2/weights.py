@@ -27,9 +27,10 @@ from typing import Any, Literal
 import numpy as np
 
 from gpt2._files import read_json_object
-from gpt2._hub import hub_file
+from gpt2._hub import download_error, hub_file
 from gpt2.config import PRESETS, GPT2Config
 from gpt2.errors import CheckpointError, CheckpointNotFoundError, ConfigError, InputTypeError, UnknownModelError
+from gpt2.tf_checkpoint import bfloat16_to_float32, iter_tf_checkpoint
 from gpt2.tokenizer import CharTokenizer, Tokenizer, assumed_tokenizer, load_tokenizer
 
 HUB_REPOS = {name: f"openai-community/{name}" for name in PRESETS}
@@ -159,9 +160,8 @@ def download(name: str) -> Path:
         return hub_file(repo, "model.safetensors").parent  # the two files of one snapshot directory
     except OSError as e:  # offline, unreachable, not found: all end the same way
         raise CheckpointNotFoundError(
-            f"could not download {name!r} from the Hugging Face hub ({repo}): {e}. "
-            f"Without a network, pass a local directory instead: a Hugging Face one "
-            f"(config.json + model.safetensors) or OpenAI's release (hparams.json + model.ckpt.*)"
+            f"{download_error(repr(name), repo, e)}. Without a network, pass a local directory instead: "
+            f"a Hugging Face one (config.json + model.safetensors) or OpenAI's release (hparams.json + model.ckpt.*)"
         ) from None
 
 
@@ -294,8 +294,6 @@ def _read_raw(checkpoint: Checkpoint, framework: str) -> Iterator[tuple[str, Any
         for name, tensor in state.items():
             yield name, tensor.numpy() if framework == "np" else tensor
     else:
-        from gpt2.tf_checkpoint import iter_tf_checkpoint
-
         for name, array in iter_tf_checkpoint(checkpoint.directory):
             if framework == "pt":
                 import torch
@@ -363,7 +361,7 @@ def read_safetensors(path: Path, framework: Literal["np", "pt"] = "np") -> Itera
                 tensor = np.empty(shape, dtype="<u2" if np_dtype is None else np.dtype(np_dtype).newbyteorder("<"))
                 raw = tensor.reshape(-1).view(np.uint8)
             f.readinto(raw)  # straight into the tensor's memory: no second copy
-            if framework == "np" and np_dtype is None:  # bfloat16 is the high half of a float32's bits
-                tensor = (tensor.astype(np.uint32) << 16).view(np.float32)
+            if framework == "np" and np_dtype is None:  # numpy has no bfloat16: widened to float32, exactly
+                tensor = bfloat16_to_float32(tensor)
             yield name, tensor
 

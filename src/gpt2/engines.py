@@ -1,0 +1,371 @@
+"""Engines: what turns a model into next-token logits for the token loop (`gpt2.decoding.Engine`).
+
+    engine.prefill(slot, tokens)  ->  (V,)       a prompt into a slot of the KV cache
+    engine.decode(tokens (B,))    ->  (B, V)     one token more in each of slots 0..B-1
+    engine.move(src, dst)                        a row moving to a slot freed below it
+
+`TorchEngine` runs the torch model over its `KVCache` (with `DecodeGraphs`, its decoding
+steps replayed as CUDA graphs); `NumpyEngine` runs the NumPy reference engine, recomputing
+every context (slow; it checks the other). An engine drives a model through its methods
+(`trunk`, `unembed`, `config`, `device`, `compute_dtype`: the `Model` protocol below) and
+never imports it, as transformers' cache and generation modules do not import its modeling;
+the model's own doors (`GPT2.engine`, `GPT2.use_cuda_graphs`) call in here. The rules of
+which engine runs where (`check_cuda_graphs`, `check_numpy_engine`) live here too, for the
+library and the command line alike.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from gpt2.config import GPT2Config
+from gpt2.devices import check_fits, resolve_device
+from gpt2.errors import ContextLengthError, GPT2Warning, InvalidArgumentError
+from gpt2.reference import ReferenceModel
+
+
+class Model(Protocol):
+    """What an engine asks of a torch model (`gpt2.model.GPT2` is one)."""
+
+    config: GPT2Config
+    cuda_graphs: bool  # decode by replaying CUDA graphs
+    graphed_engine: TorchEngine | None  # with CUDA graphs: the engine kept across calls
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def compute_dtype(self) -> torch.dtype: ...
+
+    def trunk(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """idx (B, T) -> final hidden states (B, T, C), the positions and keys from `cache`."""
+        ...
+
+    def unembed(self, x: torch.Tensor) -> torch.Tensor:
+        """Hidden states (..., C) -> logits (..., V)."""
+        ...
+
+
+class KVCache:
+    """Keys and values of the positions seen so far, for each layer, so that a new token costs
+    one position's work instead of the whole sequence's.
+
+    Preallocated: k and v hold one (slots, H, max_len, C/H) tensor per layer, and slot s holds
+    lengths[s] positions. A prompt is prefilled into one slot; then each decoding step adds one
+    position to each of the first B slots, whose lengths may differ (rows that joined a running
+    batch at different times, as in llama.cpp's server slots): each new position attends to
+    its own slot's positions only.
+    """
+
+    def __init__(self, config: GPT2Config, slots: int, max_len: int, device: torch.device, dtype: torch.dtype):
+        shape = (slots, config.n_head, max_len, config.head_size)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
+        self.max_len = max_len
+        self.lengths = [0] * slots  # positions filled in each slot
+        # the step under way, shared by all layers: the new positions' ids, (T,) or (B, 1), and
+        # the mask of what they see (None: plain causal attention)
+        self.positions: torch.Tensor | None = None
+        self.mask: torch.Tensor | None = None
+        self.key_counts: torch.Tensor | None = None  # (B,) keys each row sees, where the mask is by length
+        self._slot: int | None = None  # the slot a prompt is prefilled into; None while decoding
+        self._rows = self._columns = None  # (B,) each: where decoding writes its new keys
+        self._seen = 0  # key positions a decoding step attends to: the longest row's, and the new one
+
+    @classmethod
+    def for_model(cls, model: Model, slots: int, max_len: int | None = None) -> KVCache:
+        """An empty cache of `slots` sequences of up to `max_len` (default n_ctx) positions each,
+        on the model's device, in its activations' dtype."""
+        max_len = model.config.n_ctx if max_len is None else min(max_len, model.config.n_ctx)
+        return cls(model.config, slots, max_len, model.device, model.compute_dtype)
+
+    @property
+    def device(self) -> torch.device:
+        return self.k[0].device
+
+    @staticmethod
+    def bytes_needed(config: GPT2Config, slots: int, max_len: int, dtype: torch.dtype) -> int:
+        """The memory of a cache of `slots` rows of max_len positions (keys and values of every
+        layer), with what a decoding step adds for each row (its logits, probabilities, a sort)."""
+        return slots * (2 * config.n_layer * max_len * config.n_embd * dtype.itemsize + 3 * config.n_vocab * 4)
+
+    @staticmethod
+    def check_fits(config: GPT2Config, slots: int, max_len: int, device: torch.device, dtype: torch.dtype, hint: str) -> None:
+        """Refuse, before any of it is allocated, a cache the device cannot hold (`devices.check_fits`;
+        `hint` says which setting to lower)."""
+        needed = KVCache.bytes_needed(config, slots, max_len, dtype)
+        check_fits(needed, device, f"a KV cache of {slots:,} rows of {max_len:,} positions", hint)
+
+    def begin_prefill(self, slot: int, T: int) -> None:
+        """Prepare to fill `slot` with a prompt of T positions (what it held is dropped)."""
+        if T > self.max_len:
+            raise ContextLengthError(f"the KV cache holds {self.max_len} positions; a prompt of {T} does not fit")
+        self._slot, self.lengths[slot] = slot, T
+        self.positions, self.mask, self.key_counts = torch.arange(T, device=self.device), None, None
+
+    def advance(self, B: int) -> list[int]:
+        """Count one position more in each of slots 0..B-1; returns the new positions (their lengths before)."""
+        lengths = self.lengths[:B]
+        if max(lengths) >= self.max_len:
+            raise ContextLengthError(f"the KV cache holds {self.max_len} positions; slot {lengths.index(max(lengths))} is full")
+        for b in range(B):
+            self.lengths[b] += 1
+        return lengths
+
+    def begin_decode(self, B: int) -> None:
+        """Prepare to add one position to each of slots 0..B-1."""
+        lengths = self.advance(B)
+        self._slot = None
+        self._rows = torch.arange(B, device=self.device)
+        self._columns = torch.tensor(lengths, device=self.device)  # (B,): each row's new position
+        self.positions = self._columns[:, None]  # (B, 1)
+        self._seen = max(lengths) + 1
+        # rows of one length see all the keys; otherwise each sees its own positions only
+        same = min(lengths) == max(lengths)
+        key = torch.arange(self._seen, device=self.device)
+        self.key_counts = None if same else self._columns + 1  # (B,): each row's keys, itself included
+        self.mask = None if same else (key[None, :] < self.key_counts[:, None])[:, None, None, :]  # (B, 1, 1, S)
+
+    def begin_fixed_decode(self, positions: torch.Tensor) -> None:
+        """Prepare a decoding step whose shapes never change (for CUDA graphs): slot b adds the
+        position positions[b, 0], read from that (B, 1) device tensor when the step runs, and
+        every row attends over the whole cache through a mask built from it. The caller counts
+        the positions (`advance`)."""
+        self._slot, self.positions, self._seen = None, positions, self.max_len
+        self._rows, self._columns = torch.arange(positions.size(0), device=self.device), positions[:, 0]
+        key = torch.arange(self.max_len, device=self.device)
+        self.mask, self.key_counts = (key[None, :] <= positions)[:, None, None, :], None  # (B, 1, 1, max_len)
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store the new positions' keys and values (B, H, T, C/H); return those to attend to."""
+        keys, values = self.k[layer], self.v[layer]
+        if self._slot is not None:  # a prompt attends causally among its own positions
+            keys[self._slot, :, : k.size(2)].copy_(k[0])
+            values[self._slot, :, : v.size(2)].copy_(v[0])
+            return k, v
+        B = k.size(0)
+        if self.mask is None:  # every row at one position: a slice, cheaper than indexing
+            s = self._seen - 1
+            keys[:B, :, s : s + 1].copy_(k)
+            values[:B, :, s : s + 1].copy_(v)
+        else:
+            keys[self._rows, :, self._columns] = k[:, :, 0]  # (B, H, C/H) into each row's own position
+            values[self._rows, :, self._columns] = v[:, :, 0]
+        return keys[:B, :, : self._seen], values[:B, :, : self._seen]  # (B, H, S, C/H)
+
+    def move(self, src: int, dst: int) -> None:
+        """Copy slot src's positions into slot dst (a row moving to a slot freed below it)."""
+        n = self.lengths[src]
+        for tensor in self.k + self.v:
+            tensor[dst, :, :n].copy_(tensor[src, :, :n])
+        self.lengths[dst] = n
+
+
+# ------------------------------------------------------------------ the torch engine
+
+
+class TorchEngine:
+    """Next-token logits from the torch model for `slots` rows (a `gpt2.decoding.Engine`),
+    each in a slot of the KV cache of up to `max_len` positions (default n_ctx).
+
+    Past max_len the context slides, as nanoGPT crops: a full slot is refilled with its last
+    max_len - 1 tokens before the new one (so give max_len = n_ctx where that can happen).
+    Without `use_cache`, every step recomputes each row's whole context (a check of the cache).
+    """
+
+    def __init__(self, model: Model, slots: int, max_len: int | None = None, use_cache: bool = True, graphs: bool | None = None):
+        self.model, self.slots = model, slots
+        self.cache = KVCache.for_model(model, slots, max_len)
+        self.max_len = self.cache.max_len
+        self.use_cache = use_cache
+        self.history: list[list[int]] = [[] for _ in range(slots)]  # each slot's tokens: to slide, or recompute
+        # fixed-shape steps, replayed as CUDA graphs on a GPU (graphs=None: as model.use_cuda_graphs set)
+        graphs = model.cuda_graphs if graphs is None else graphs
+        self.graphs = DecodeGraphs(model, self.cache) if graphs and use_cache else None
+
+    def prefill(self, slot: int, tokens: Sequence[int], every_position: bool = False) -> torch.Tensor:
+        self.history[slot] = list(tokens)
+        return self._fill(slot, self.history[slot][-self.max_len :], every_position)
+
+    def decode(self, tokens: torch.Tensor) -> torch.Tensor:
+        B, new = tokens.size(0), tokens.tolist()
+        for b, token in enumerate(new):
+            self.history[b].append(token)
+        if not self.use_cache:
+            return torch.stack([self._fill(b, self.history[b][-self.max_len :]) for b in range(B)])
+        for b in range(B):
+            if self.cache.lengths[b] == self.max_len:  # the context slides: recompute the window before the new token
+                self._fill(b, self.history[b][-self.max_len : -1])
+        if self.graphs is not None:
+            return self.graphs.decode(new, self.cache.advance(B))
+        self.cache.begin_decode(B)
+        return self.model.unembed(self.model.trunk(tokens[:, None].to(self.model.device), self.cache)[:, -1])  # (B, V)
+
+    def move(self, src: int, dst: int) -> None:
+        self.history[dst] = list(self.history[src])
+        self.cache.move(src, dst)
+
+    def _fill(self, slot: int, window: list[int], every_position: bool = False) -> torch.Tensor:
+        """Logits after `window`, which fills the slot: (V,), or (T, V) for every position."""
+        self.cache.begin_prefill(slot, len(window))
+        x = self.model.trunk(torch.tensor([window], device=self.model.device), self.cache)[0]  # (T, C)
+        return self.model.unembed(x if every_position else x[-1])
+
+
+def model_engine(model: Model, slots: int, max_len: int, use_cache: bool = True, hint: str = "fewer rows at once") -> TorchEngine:
+    """An engine to decode up to `slots` rows of up to max_len positions with `model` (`GPT2.engine`).
+
+    With CUDA graphs, one engine over the whole context is kept in `model.graphed_engine` and
+    reused (replaced by a larger one when more slots are asked for), so each batch-size bucket
+    is captured once, not at every call. A KV cache the device cannot hold is refused first,
+    `hint` saying what to lower."""
+    graphed = model.cuda_graphs and use_cache
+    if graphed and model.graphed_engine is not None and model.graphed_engine.slots >= slots:
+        return model.graphed_engine  # its cache is held already: nothing new to fit
+    if graphed:
+        model.graphed_engine = None  # its cache and graphs freed before the new ones are made
+    n_ctx = model.config.n_ctx
+    KVCache.check_fits(model.config, slots, n_ctx if graphed else min(max_len, n_ctx), model.device, model.compute_dtype, hint)
+    if not graphed:
+        return TorchEngine(model, slots, max_len, use_cache)
+    model.graphed_engine = TorchEngine(model, slots)
+    return model.graphed_engine
+
+
+# ------------------------------------------------------------------ CUDA graphs
+
+
+@dataclass
+class FixedStep:
+    """One batch-size bucket's decoding step: the device tensors it reads and writes, and its graph."""
+
+    tokens: torch.Tensor  # (B,) each row's newest token
+    positions: torch.Tensor  # (B, 1) where each row's token goes
+    logits: torch.Tensor | None = None  # (B, V) what the step computed
+    graph: torch.cuda.CUDAGraph | None = None
+
+
+class CUDAGraphWarning(GPT2Warning, RuntimeWarning):
+    """Capturing decoding as CUDA graphs failed: decoding goes on without them."""
+
+
+class DecodeGraphs:
+    """Decoding steps replayed as CUDA graphs: a step's few hundred kernel launches, recorded
+    once per batch-size bucket, cost one launch from Python (issue 12: at batch 1 on an H100,
+    launches, not memory, set the speed).
+
+    A graph replays fixed shapes over fixed memory, so a step reads its tokens and positions
+    from device tensors filled before each replay, writes each row's key and value at its own
+    position, and attends over the whole preallocated cache through a mask built from those
+    positions (`KVCache.begin_fixed_decode`). B rows run in the bucket of the next power of
+    two (at most the cache's slots); padding rows decode token 0 into position 0 of slots past
+    B, which the decoder keeps free. A bucket is captured at its first step, after two warm-up
+    runs of that very step (writing the same keys and values again changes nothing); where
+    capture fails, decoding goes on without graphs, with a warning. Off the GPU the same
+    fixed steps run without capture: slower than plain decoding, a check of this path.
+    """
+
+    def __init__(self, model: Model, cache: KVCache):
+        self.model, self.cache = model, cache
+        self.capture = cache.device.type == "cuda"
+        self.pool = torch.cuda.graph_pool_handle() if self.capture else None  # one memory pool for every bucket
+        self.steps: dict[int, FixedStep] = {}
+
+    def decode(self, tokens: list[int], positions: list[int]) -> torch.Tensor:
+        """Logits (B, V) after each row's newest token, at its position."""
+        B, slots = len(tokens), len(self.cache.lengths)
+        size = min(1 << (B - 1).bit_length(), slots)
+        step = self.steps.get(size)
+        if step is None:
+            device = self.cache.device
+            step = self.steps[size] = FixedStep(torch.zeros(size, dtype=torch.long, device=device),
+                                                torch.zeros(size, 1, dtype=torch.long, device=device))  # fmt: skip
+        padding = [0] * (size - B)
+        step.tokens.copy_(torch.tensor(tokens + padding))
+        step.positions.copy_(torch.tensor(positions + padding)[:, None])
+        if step.graph is None and self.capture:
+            self._capture(step)
+        if step.graph is not None:
+            step.graph.replay()
+        else:
+            step.logits = self._run(step)
+        return step.logits[:B].clone()  # the graph's output is overwritten by the next replay
+
+    def _run(self, step: FixedStep) -> torch.Tensor:
+        self.cache.begin_fixed_decode(step.positions)
+        return self.model.unembed(self.model.trunk(step.tokens[:, None], self.cache)[:, -1])  # (B, V)
+
+    def _capture(self, step: FixedStep) -> None:
+        try:
+            side = torch.cuda.Stream()  # warm-up off the default stream, as torch.cuda.graphs asks
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    self._run(step)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                step.logits = self._run(step)
+            step.graph = graph
+        except RuntimeError as e:
+            warnings.warn(f"CUDA graph capture failed, decoding without graphs: {e}", CUDAGraphWarning, stacklevel=2)
+            self.capture = False
+
+
+# ------------------------------------------------------------------ the NumPy engine
+
+
+class NumpyEngine:
+    """Next-token logits from the NumPy reference engine (a `gpt2.decoding.Engine`): every
+    step recomputes the whole context of each row. Slow; it exists to check the torch engine."""
+
+    def __init__(self, reference: ReferenceModel, slots: int):
+        self.reference, self.slots = reference, slots
+        self.history: list[list[int]] = [[] for _ in range(slots)]
+
+    def prefill(self, slot: int, tokens: Sequence[int], every_position: bool = False) -> torch.Tensor:
+        self.history[slot] = list(tokens)
+        logits = self.reference(self.history[slot][-self.reference.config.n_ctx :])  # (T, V)
+        return torch.from_numpy(logits if every_position else logits[-1])
+
+    def decode(self, tokens: torch.Tensor) -> torch.Tensor:
+        for b, token in enumerate(tokens.tolist()):
+            self.history[b].append(token)
+        n_ctx = self.reference.config.n_ctx
+        return torch.from_numpy(np.stack([self.reference(self.history[b][-n_ctx:])[-1] for b in range(tokens.size(0))]))
+
+    def move(self, src: int, dst: int) -> None:
+        self.history[dst] = list(self.history[src])
+
+
+# ------------------------------------------------------------------ which engine runs where
+
+
+def check_cuda_graphs(device: str | torch.device, engine: str = "torch", name: Callable[[str], str] = str) -> None:
+    """The CUDA-graph rule: the torch engine replays decoding as CUDA graphs on a CUDA GPU only.
+
+    `device` is the model's, or a device as asked for ("auto", "cpu", ...), which is resolved.
+    `name` gives each setting (cuda_graphs, engine, device) as the caller's user knows it: the
+    command line passes its flags."""
+    if engine != "torch":
+        raise InvalidArgumentError(f"{name('cuda_graphs')} is for {name('engine')} torch on a CUDA GPU, not {name('engine')} {engine}")
+    resolved = resolve_device(device)
+    if resolved.type != "cuda":
+        asked = f"{name('device')} is" if isinstance(device, torch.device) else f"{name('device')} {device} is"
+        raise InvalidArgumentError(f"{name('cuda_graphs')} replays decoding on a CUDA GPU; {asked} {resolved}")
+
+
+def check_numpy_engine(device: str | torch.device, dtype: str | torch.dtype, name: Callable[[str], str] = str) -> None:
+    """The NumPy-engine rule: the reference engine computes in float32 on the CPU ("auto" is
+    the CPU for it). `name` as for `check_cuda_graphs`."""
+    if str(device) not in ("auto", "cpu"):
+        raise InvalidArgumentError(f"{name('engine')} numpy runs on the CPU only, not on {name('device')} {device}: use {name('engine')} torch")
+    if dtype not in ("float32", torch.float32):
+        dtype = str(dtype).removeprefix("torch.")
+        raise InvalidArgumentError(f"{name('engine')} numpy computes in float32 only, not {name('dtype')} {dtype}: use {name('engine')} torch")

@@ -1,0 +1,31 @@
+"""`gpt2 serve`: an OpenAI-compatible HTTP server (FastAPI on uvicorn) with continuous batching.
+
+    client requests ──> routes (the event loop) ──rows──> Scheduler (one thread) ──> Decoder
+                    <── text, SSE chunks        <──(row, token)──┘
+
+The routes parse and check requests, tokenize, and turn tokens into OpenAI's responses; one
+thread steps a `gpt2.decoding.Decoder` over all rows in flight, so a request joins the running
+batch at the next step and leaves it when it ends. Endpoints: /health, /v1/models,
+/v1/completions, /tokenize, /detokenize, /tokenizer_info, /metrics.
+
+`<|endoftext|>` written in a string prompt (and in /tokenize's text) is the special token, as
+OpenAI's API, vLLM and llama.cpp's server read it, unless the server was told otherwise
+(`allowed_special`, the tokenizer's meaning: frozenset() reads it as text).
+
+The rooms, as vLLM's `entrypoints/openai` keeps them:
+
+    protocol     what a client may ask (Limits), request parsing, RequestError
+    scheduler    the generation loop's thread over the decoder, and the metrics
+    server       the state behind the routes: the model loading, readiness, API key, bodies
+    completions  serving one completion: choices' text and logprobs, JSON or SSE
+    app          create_app: routes, middleware, error handlers
+    launch       serve: the app on uvicorn, the model loading in the main thread
+"""
+
+from gpt2.serve.app import create_app
+from gpt2.serve.completions import ChoiceStream, CompletionResponse
+from gpt2.serve.launch import check_port, listen, serve
+from gpt2.serve.protocol import CompletionRequest, Limits, RequestError, parse_completion
+
+__all__ = ["ChoiceStream", "CompletionRequest", "CompletionResponse", "Limits", "RequestError", "check_port", "create_app",
+           "listen", "parse_completion", "serve"]  # fmt: skip

@@ -1,0 +1,183 @@
+"""The server's ASGI app: its routes, the middleware counting responses, and the errors as
+OpenAI's error bodies.
+
+Endpoints: /health, /metrics, /v1/models, /v1/completions, /tokenize, /detokenize and
+/tokenizer_info. A route checks the request (`gpt2.serve.protocol`), and a completion is
+served by `gpt2.serve.completions` over the scheduler's loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException
+
+from gpt2._checks import check_token_ids, is_integer
+from gpt2.errors import GPT2Error
+from gpt2.model import GPT2
+from gpt2.serve.completions import answer
+from gpt2.serve.protocol import AllowedSpecial, Limits, RequestError, encode_text, parse_completion
+from gpt2.serve.scheduler import Metrics
+from gpt2.serve.server import Server
+from gpt2.tokenizer import Tokenizer
+
+
+def create_app(load: Callable[[], tuple[GPT2, Tokenizer]], model_id: str, limits: Limits = Limits(), *,
+               allowed_special: AllowedSpecial = "all", load_in_background: bool = True) -> FastAPI:  # fmt: skip
+    """The server's ASGI app; `load` returns the model and its tokenizer, in a thread of its own
+    once the app starts (/health answers 503 until it has), or, with `load_in_background`
+    False, when the caller runs `app.state.server.load_model()`: `serve` does, in the main
+    thread, for a process that exits while a thread is inside torch aborts (see `serve`).
+    `allowed_special` (the tokenizer's meaning) says which special tokens written in a string
+    prompt, or in /tokenize's text, are read as such: "all" (as OpenAI's API), or frozenset() for text."""
+    server = Server(load, model_id, limits, allowed_special)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if load_in_background:
+            server.start()
+        yield
+        server.stop()
+
+    app = FastAPI(title="gpt2", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.server = server
+    app.add_middleware(_CountRequests, metrics=server.metrics)
+    _add_error_handlers(app)
+    _add_routes(app, server)
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error as OpenAI's error body: a refusal, a library error naming its field, or a bug."""
+
+    @app.exception_handler(RequestError)
+    async def refused(request: Request, e: RequestError) -> JSONResponse:
+        return e.response()
+
+    @app.exception_handler(GPT2Error)
+    async def invalid(request: Request, e: GPT2Error) -> JSONResponse:
+        return RequestError.invalid(e).response()
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, e: HTTPException) -> JSONResponse:
+        return RequestError(e.status_code, f"{request.method} {request.url.path}: {e.detail}").response()
+
+    @app.exception_handler(Exception)
+    async def failed(request: Request, e: Exception) -> JSONResponse:  # a bug of ours: the server keeps serving
+        return RequestError(500, f"internal error: {type(e).__name__}: {e}", kind="server_error").response()
+
+
+ENDPOINTS = ("/health", "/metrics", "/v1/models", "/v1/completions", "/tokenize", "/detokenize", "/tokenizer_info")
+
+
+class _CountRequests:
+    """ASGI middleware counting responses by endpoint and status (a pure one: FastAPI's
+    @middleware would stand between a streamed response and its client)."""
+
+    def __init__(self, app, metrics: Metrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        status = 500
+
+        async def send_noting_status(message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_noting_status)
+        finally:
+            path = scope["path"]
+            endpoint = next((e for e in ENDPOINTS if path == e or path.startswith(e + "/")), "other")
+            self.metrics.requests.labels(endpoint, str(status)).inc()
+
+
+def _add_routes(app: FastAPI, server: Server) -> None:
+    _add_model_routes(app, server)
+    _add_tokenizer_routes(app, server)
+    _add_completion_routes(app, server)
+
+
+def _add_model_routes(app: FastAPI, server: Server) -> None:
+    """/health, /metrics and /v1/models: the server and what it serves."""
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        server.check_ready()
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(server.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    def model_card() -> dict:
+        return {"id": server.model_id, "object": "model", "created": server.created, "owned_by": "gpt2"}
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> JSONResponse:
+        server.check_key(request)
+        return JSONResponse({"object": "list", "data": [model_card()]})
+
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str, request: Request) -> JSONResponse:
+        server.check_key(request)
+        server.check_model(model)
+        return JSONResponse(model_card())
+
+
+def _add_tokenizer_routes(app: FastAPI, server: Server) -> None:
+    """/tokenize and /detokenize speak both llama.cpp's fields ("content") and vLLM's ("prompt"),
+    which lm-evaluation-harness's remote tokenizer uses, with /tokenizer_info."""
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info(request: Request) -> JSONResponse:
+        server.check_key(request)
+        server.check_ready()
+        eot = server.tokenizer.eot_token
+        special = None if eot is None else server.tokenizer.decode([eot])
+        return JSONResponse({"tokenizer_class": type(server.tokenizer).__name__, "eos_token": special, "bos_token": special,
+                             "pad_token": None, "model_max_length": server.model.config.n_ctx})  # fmt: skip
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> JSONResponse:
+        body = await server.body(request)
+        text = body.get("content", body.get("prompt")) if isinstance(body, dict) else None
+        if not isinstance(text, str):
+            raise RequestError(400, 'give the text as {"content": "..."} (or {"prompt": "..."})', "content")
+        param = "content" if "content" in body else "prompt"
+        tokens = encode_text(server.tokenizer, text, server.allowed_special, param)  # as a completion's prompt reads it
+        return JSONResponse({"tokens": tokens, "count": len(tokens), "max_model_len": server.model.config.n_ctx})
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> JSONResponse:
+        body = await server.body(request)
+        tokens = body.get("tokens") if isinstance(body, dict) else None
+        if not isinstance(tokens, list) or not all(is_integer(t) for t in tokens):
+            raise RequestError(400, 'give the ids as {"tokens": [15496, 995]}', "tokens")
+        if tokens:
+            check_token_ids(min(tokens), max(tokens), server.model.config.n_vocab, param="tokens")
+        text = server.tokenizer.decode(tokens)
+        return JSONResponse({"content": text, "prompt": text})
+
+
+def _add_completion_routes(app: FastAPI, server: Server) -> None:
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        body = await server.body(request)
+        server.check_model(body.get("model") if isinstance(body, dict) else None)
+        config = server.model.config
+        completion = parse_completion(body, server.tokenizer, config.n_vocab, config.n_ctx, server.limits, server.allowed_special)
+        return await answer(server, request, completion)
+
+    @app.post("/v1/chat/completions")  # a client that speaks chat learns what to send instead (a later issue adds chat)
+    async def chat() -> JSONResponse:
+        raise RequestError(404, "POST /v1/chat/completions: this server speaks OpenAI's completions API, not chat: "
+                           "send POST /v1/completions with a prompt to continue", code="unknown_url")  # fmt: skip

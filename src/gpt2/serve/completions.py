@@ -1,0 +1,199 @@
+"""Serving one completion: its rows go to the scheduler, and their tokens come back as OpenAI's
+response, whole or as Server-Sent Events.
+
+Each choice's text is released as its row's tokens arrive (`ChoiceStream`: half characters
+and possible stop strings held back, log-probabilities as OpenAI's API reports them); the
+response (`CompletionResponse`) shares the id, time, model and usage of all its choices.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass, field
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from gpt2.decoding import STOP, Row
+from gpt2.generate import TextRow
+from gpt2.serve.protocol import CompletionRequest, RequestError
+from gpt2.serve.scheduler import CANCELLED
+from gpt2.serve.server import Server
+from gpt2.tokenizer import IncrementalDecoder, Tokenizer
+
+
+class ChoiceStream:
+    """One choice of a completion: the text its row's tokens release, and their log-probabilities."""
+
+    def __init__(self, index: int, row: Row, tokenizer: Tokenizer, request: CompletionRequest):
+        self.index, self.row, self.tokenizer = index, row, tokenizer
+        self.text_row = TextRow(tokenizer, request.stop)
+        self.echo = tokenizer.decode(row.prompt) if request.echo else None  # given out with the first piece
+        self.text = ""  # given out so far
+        self.offsets, self.offset = IncrementalDecoder(tokenizer), 0  # each token's place in the text, for text_offset
+        self.logprobs: dict | None = None if request.logprobs is None else {
+            "tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}  # fmt: skip
+        self.sent = 0  # logprob entries already streamed
+        self.done = False
+        self.finish_reason: str | None = None
+        self.tokens = 0  # generated tokens this choice took (the row may have made one more)
+
+    def add(self, token: int | None, reason: str | None) -> str:
+        """The text the row's new token (None: none) releases, `reason` saying whether the row
+        ended with it; the row ends at a stop string."""
+        piece = ""
+        if self.echo is not None:  # the prompt comes first; its log-probabilities exist once the row has joined
+            piece, self.echo = self.echo, None
+            if self.row.echo_logprobs:
+                for prompt_token, entry in zip(self.row.prompt, self.row.prompt_logprobs):
+                    self._log(prompt_token, entry)
+            self.offsets, self.offset = IncrementalDecoder(self.tokenizer), len(piece)
+        taken = token is not None and not self.text_row.done
+        self.tokens += taken
+        piece += self.text_row.follow(token, reason is not None)
+        if taken and token != self.tokenizer.eot_token and self.logprobs is not None:
+            k = len(self.logprobs["tokens"]) - (len(self.row.prompt) if self.row.echo_logprobs else 0)
+            self._log(token, (self.row.token_logprobs[k], self.row.top_logprobs[k]))
+        self.text += piece
+        self.done = self.text_row.done
+        if self.done:
+            self.finish_reason = STOP if self.text_row.stopped else reason
+        if self.text_row.stopped:
+            self.row.end(STOP)  # it leaves the batch at the next step
+        if self.text_row.stopped and self.logprobs is not None:  # the stop string's tokens are not the text's
+            echoed = len(self.row.prompt) if self.row.echo_logprobs else 0
+            while len(self.logprobs["tokens"]) > echoed and self.logprobs["text_offset"][-1] >= len(self.text):
+                for values in self.logprobs.values():
+                    values.pop()
+        return piece
+
+    def _log(self, token: int, entry: tuple[float, list[tuple[int, float]]] | None) -> None:
+        log = self.logprobs
+        log["tokens"].append(self.token_text(token))
+        log["text_offset"].append(self.offset)
+        self.offset += len(self.offsets.add([token]))
+        if entry is None:  # the first token of an echoed prompt
+            log["token_logprobs"].append(None)
+            log["top_logprobs"].append(None)
+            return
+        chosen, alternatives = entry
+        log["token_logprobs"].append(chosen)
+        top = {self.token_text(t): lp for t, lp in alternatives}
+        top.setdefault(self.token_text(token), chosen)  # the chosen token always among them, as vLLM does
+        log["top_logprobs"].append(top)
+
+    def token_text(self, token: int) -> str:
+        """A token as OpenAI's API shows it: its text, or "bytes:\\xNN" where it is part of a character."""
+        raw = self.tokenizer.decode_bytes([token])
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+
+    def unsent_logprobs(self) -> dict | None:
+        if self.logprobs is None:
+            return None
+        new = {key: values[self.sent :] for key, values in self.logprobs.items()}
+        self.sent = len(self.logprobs["tokens"])
+        return new
+
+    def to_dict(self) -> dict:
+        return {"index": self.index, "text": self.text, "logprobs": self.logprobs, "finish_reason": self.finish_reason}
+
+
+@dataclass
+class CompletionResponse:
+    """What a completion's response shares: its id, time, model and usage."""
+
+    model_id: str
+    request: CompletionRequest
+    choices: list[ChoiceStream]
+    id: str = field(default_factory=lambda: f"cmpl-{uuid.uuid4().hex}")
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def usage(self) -> dict:
+        prompt = sum(map(len, self.request.prompts))
+        completion = sum(c.tokens for c in self.choices)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    def body(self, choices: list[dict], usage: bool = True) -> dict:
+        body = {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model_id, "choices": choices}
+        if usage:
+            body["usage"] = self.usage()
+        return body
+
+
+# ------------------------------------------------------------------ serving it
+
+
+async def answer(server: Server, request: Request, completion: CompletionRequest) -> Response:
+    """Submit a completion's rows and answer with their text: whole, or streamed as it comes."""
+    started, loop, events = time.perf_counter(), asyncio.get_running_loop(), asyncio.Queue()
+    server.scheduler.submit(completion.rows, lambda *event: loop.call_soon_threadsafe(events.put_nowait, event))
+    server.metrics.prompt_tokens.inc(sum(map(len, completion.prompts)))
+    choices = [ChoiceStream(i, row, server.tokenizer, completion) for i, row in enumerate(completion.rows)]
+    response = CompletionResponse(server.model_id, completion, choices)
+    stream = pieces(server, request, response, events, started, poll=not completion.stream)
+    if completion.stream:
+        return StreamingResponse(sse(response, stream), media_type="text/event-stream")
+    try:
+        async for _ in stream:
+            pass
+    except RequestError as e:
+        return e.response()
+    return JSONResponse(response.body([choice.to_dict() for choice in choices]))
+
+
+async def pieces(server: Server, request: Request, response: CompletionResponse, events: asyncio.Queue, started: float,
+                 poll: bool) -> AsyncGenerator[tuple[ChoiceStream, str], None]:  # fmt: skip
+    """Yield (choice, piece) as tokens arrive, until every choice has ended. The rows end when
+    the client leaves, so that they free their slots: a stream finds out when a chunk cannot
+    be sent; otherwise (`poll`) the connection is checked every 0.5 s."""
+    by_row = {choice.row: choice for choice in response.choices}
+    first, checked_at = True, time.monotonic()
+    try:
+        while not all(choice.done for choice in response.choices):
+            if poll and time.monotonic() - checked_at > 0.5:
+                if await request.is_disconnected():
+                    return
+                checked_at = time.monotonic()
+            try:
+                row, token, reason, error = await asyncio.wait_for(events.get(), timeout=0.5)
+            except asyncio.TimeoutError:
+                continue
+            if error is not None:
+                raise RequestError(503, error, kind="server_error")
+            if first and token is not None:
+                server.metrics.ttft.observe(time.perf_counter() - started)
+                first = False
+            choice = by_row[row]
+            if not choice.done:
+                yield choice, choice.add(token, reason)
+    finally:
+        for choice in response.choices:
+            choice.row.end(CANCELLED)  # a no-op for rows that ended; frees the slots of the others
+
+
+async def sse(response: CompletionResponse, stream: AsyncGenerator[tuple[ChoiceStream, str], None]) -> AsyncIterator[str]:
+    """Server-Sent Events: a chunk per piece of text, one with each choice's finish_reason, then [DONE]."""
+
+    def chunk(choice: ChoiceStream, text: str, finish: str | None) -> str:
+        body = response.body([{"index": choice.index, "text": text, "logprobs": choice.unsent_logprobs(), "finish_reason": finish}],
+                             usage=False)  # fmt: skip
+        return f"data: {json.dumps(body)}\n\n"
+
+    try:
+        async for choice, piece in stream:
+            if piece or choice.done:
+                yield chunk(choice, piece, choice.finish_reason)
+        if response.request.include_usage:
+            yield f"data: {json.dumps(response.body([]))}\n\n"
+    except RequestError as e:
+        yield f"data: {json.dumps(e.body())}\n\n"
+    finally:  # the client gone, or the stream done: free the slots now, not when the generators are collected
+        await stream.aclose()
+    yield "data: [DONE]\n\n"

@@ -1,0 +1,111 @@
+"""The server's one generation loop: a thread stepping a `gpt2.decoding.Decoder` over every
+row in flight, so that a request joins the running batch at the next step and leaves it when
+it ends; and the server's Prometheus metrics, which the loop keeps.
+
+    routes ──submit(rows, listener)──> Scheduler thread ──step──> Decoder ──> the model's engine
+           <──listener(row, token, finish reason, error)──┘
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+
+import torch
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from gpt2.decoding import Decoder, Row
+from gpt2.model import GPT2
+from gpt2.serve.protocol import BATCH_HINT, Limits, RequestError
+
+CANCELLED = "cancelled"  # a row whose client left, or whose server stops: never reported
+
+
+class Metrics:
+    """Prometheus metrics of one server (its own registry, so that servers in one process do not mix)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("gpt2_requests", "HTTP requests answered", ["endpoint", "status"], registry=r)
+        self.prompt_tokens = Counter("gpt2_prompt_tokens", "prompt tokens of completion requests", registry=r)
+        self.generated_tokens = Counter("gpt2_generated_tokens", "tokens generated", registry=r)
+        self.queue = Gauge("gpt2_queue_length", "rows waiting for a slot in the batch", registry=r)
+        self.batch = Gauge("gpt2_batch_size", "rows decoded at the last step", registry=r)
+        self.ttft = Histogram("gpt2_time_to_first_token_seconds", "from a completion request to its first token", registry=r,
+                              buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))  # fmt: skip
+
+
+# (row, token, finish reason, error) from the loop's thread: the reason as the row had it then, for
+# the row itself may have moved on by the time its route reads the event
+Listener = Callable[[Row, "int | None", "str | None", "str | None"], None]
+
+
+class Scheduler:
+    """The server's one generation loop: a thread stepping a Decoder over every row in flight."""
+
+    def __init__(self, model: GPT2, limits: Limits, metrics: Metrics):
+        self.decoder = Decoder(model.engine(limits.max_batch_size, model.config.n_ctx, hint=BATCH_HINT))
+        self.limits, self.metrics = limits, metrics
+        self.incoming: list[tuple[Row, Listener]] = []
+        self.listeners: dict[Row, Listener] = {}
+        self.wake = threading.Condition()
+        self.closed = False
+        self.thread = threading.Thread(target=self._loop, name="gpt2-decoder", daemon=True)
+        self.thread.start()
+
+    def submit(self, rows: Sequence[Row], listener: Listener) -> None:
+        with self.wake:
+            if self.closed:
+                raise RequestError(503, "the server is shutting down", kind="server_error")
+            if len(rows) > self.limits.max_queue:
+                raise RequestError(400, f"the request asks for {len(rows)} rows (prompts times n), over the {self.limits.max_queue} "
+                                   f"that may wait at once (the server's max_queue)", "n")  # fmt: skip
+            if len(self.incoming) + len(self.decoder.waiting) + len(rows) > self.limits.max_queue:
+                raise RequestError(429, f"the server is busy: {self.limits.max_queue} rows wait already; retry shortly",
+                                   kind="server_error", headers={"Retry-After": "1"})  # fmt: skip
+            self.incoming += [(row, listener) for row in rows]
+            self.wake.notify()
+
+    def close(self) -> None:
+        """Stop the loop: the rows in flight end with an error, new requests get a 503."""
+        with self.wake:
+            self.closed = True
+            self.wake.notify()
+        self.thread.join(timeout=30)
+
+    def _loop(self) -> None:
+        with torch.inference_mode():
+            while self._take():
+                try:
+                    events = self.decoder.step()
+                except Exception as e:  # noqa: BLE001  (a model that fails fails its rows, not the server)
+                    self._fail(f"generation failed: {e}")
+                    continue
+                for row, token in events:
+                    self.listeners[row](row, token, row.finish_reason, None)
+                    self.metrics.generated_tokens.inc(token is not None)
+                self.metrics.batch.set(len(self.decoder.active))
+                self.metrics.queue.set(len(self.decoder.waiting))
+                for row in [row for row in self.listeners if row.done]:
+                    del self.listeners[row]
+        self._fail("the server is shutting down")
+
+    def _take(self) -> bool:
+        """Move new rows into the decoder; wait while there is nothing to do. False: closed."""
+        with self.wake:
+            while not self.closed and not self.incoming and not self.decoder.busy:
+                self.wake.wait()
+            for row, listener in self.incoming:
+                self.decoder.add(row)
+                self.listeners[row] = listener
+            self.incoming.clear()
+            self.metrics.queue.set(len(self.decoder.waiting))
+            return not self.closed
+
+    def _fail(self, message: str) -> None:
+        """Every row in flight ends with an error (its route ends the row, after the tokens before it)."""
+        for row, listener in list(self.listeners.items()):
+            listener(row, None, None, message)
+        self.listeners.clear()
+        self.decoder = Decoder(self.decoder.engine)  # the rows that were in it are gone

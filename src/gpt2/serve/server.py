@@ -1,0 +1,100 @@
+"""The state behind the server's routes: the model, loading while the routes answer (503
+until it has), its scheduler and metrics, and the checks every request to it passes first:
+the API key, the model's readiness, the body's size and JSON.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+
+from fastapi import Request
+
+from gpt2.model import GPT2
+from gpt2.serve.protocol import AllowedSpecial, Limits, RequestError
+from gpt2.serve.scheduler import Metrics, Scheduler
+from gpt2.tokenizer import Tokenizer
+
+
+class Server:
+    """The state behind the routes: the model (loading while the routes answer), its scheduler, metrics."""
+
+    def __init__(self, load: Callable[[], tuple[GPT2, Tokenizer]], model_id: str, limits: Limits,
+                 allowed_special: AllowedSpecial = "all"):  # fmt: skip
+        limits.check()
+        # a directory's id is its path as given, less the trailing slash that tab completion adds
+        self.model_id = model_id.rstrip("/" + os.sep) or model_id
+        self.load, self.limits, self.allowed_special = load, limits, allowed_special
+        self.metrics = Metrics()
+        self.ready = threading.Event()
+        self.load_error: Exception | None = None
+        self.scheduler: Scheduler | None = None
+        self.created = int(time.time())
+
+    def start(self) -> None:
+        """Load the model in a thread of its own."""
+        threading.Thread(target=self._load_quietly, name="gpt2-load", daemon=True).start()
+
+    def _load_quietly(self) -> None:
+        with contextlib.suppress(Exception):  # reported by /health
+            self.load_model()
+
+    def load_model(self) -> None:
+        """Load the model in this thread; until it has, requests to it get 503 (and after a
+        failure, which is also raised, naming the error)."""
+        try:
+            self.model, self.tokenizer = self.load()
+            self.tokenizer.encode("", self.allowed_special)  # a bad allowed_special fails now, not every request
+            self.scheduler = Scheduler(self.model, self.limits, self.metrics)
+        except Exception as e:
+            self.load_error = e
+            raise
+        self.ready.set()
+
+    def stop(self) -> None:
+        if self.scheduler is not None:
+            self.scheduler.close()
+
+    def check_ready(self) -> None:
+        if self.load_error is not None:
+            raise RequestError(503, f"the model failed to load: {self.load_error}", kind="server_error")
+        if not self.ready.is_set():
+            raise RequestError(503, "the model is still loading", kind="server_error", headers={"Retry-After": "1"})
+
+    async def body(self, request: Request) -> object:
+        """The JSON body of a request to the model: after the API key and the model's readiness are checked."""
+        self.check_key(request)
+        self.check_ready()
+        return await self.read_json(request)
+
+    def check_model(self, name: object) -> None:
+        if name is not None and name != self.model_id:
+            raise RequestError(404, f"The model `{name}` does not exist; this server serves `{self.model_id}`", "model",
+                               "model_not_found")  # fmt: skip
+
+    def check_key(self, request: Request) -> None:
+        key = self.limits.api_key
+        if key is not None and not hmac.compare_digest(request.headers.get("authorization", ""), f"Bearer {key}"):
+            raise RequestError(401, "Incorrect or missing API key: send the header Authorization: Bearer KEY",
+                               code="invalid_api_key")  # fmt: skip
+
+    async def read_json(self, request: Request) -> object:
+        """The request body as JSON, read up to the size limit."""
+        limit = self.limits.max_body_bytes
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise RequestError(413, f"the request body of {int(declared)} bytes is over the limit of {limit} bytes")
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise RequestError(413, f"the request body is over the limit of {limit} bytes")
+        try:
+            return json.loads(body)
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise RequestError(400, f"the request body is not valid JSON: {e}") from None

@@ -1,0 +1,66 @@
+"""TrainSettings: a run's settings checked by name, the architecture they give, what a resume may change."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from gpt2 import InvalidArgumentError
+from gpt2.config import GPT2Config
+from gpt2.settings import RESUME_OVERRIDES, TrainSettings, resumed_settings
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(batch_size=0), "batch_size must be a positive integer, got 0"),
+    (dict(grad_accum=-1), "grad_accum must be a positive integer, got -1"),
+    (dict(max_iters=0), "max_iters must be a positive integer, got 0"),
+    (dict(lr=0.0), "lr must be a positive number, got 0.0"),
+    (dict(lr=float("nan")), "lr must be a positive number"),
+    (dict(n_layer=0), "n_layer must be a positive integer, got 0"),
+    (dict(block_size=-4), "block_size must be a positive integer, got -4"),
+    (dict(dropout=1.0), r"dropout must be a number in \[0, 1\)"),
+    (dict(beta2=1.0), r"beta2 must be a number in \[0, 1\)"),
+    (dict(config="gpt5"), "config must be one of gpt2, gpt2-medium, gpt2-large, gpt2-xl"),
+    (dict(compile="yes"), "compile must be one of auto, on, off"),
+    (dict(dtype="int8"), "dtype must be one of auto, float32, bfloat16, float16, got 'int8'"),
+    (dict(positions="rotary"), "positions must be one of learned, sinusoidal, got 'rotary'"),
+    (dict(timeout=0), "timeout must be a positive number, got 0"),
+    (dict(fsdp="yes"), "fsdp must be True or False, got 'yes'"),
+    (dict(checkpoint_activations=1), "checkpoint_activations must be True or False, got 1"),
+    (dict(init="gpt2", n_layer=3), "init: the architecture comes from the model being fine-tuned; drop n_layer"),
+])  # fmt: skip
+def test_bad_settings_are_named(changes, message):
+    with pytest.raises(InvalidArgumentError, match=message):
+        TrainSettings(data="unused", **changes)
+
+
+def test_the_architecture_of_a_run_from_scratch():
+    """nanoGPT's choices (no biases, the exact GELU) by default, GPT-2's with a released shape."""
+    assert TrainSettings(data="d", n_layer=2, block_size=64).model_config(65) == GPT2Config(
+        n_vocab=65, n_ctx=64, n_layer=2, n_head=12, n_embd=768, dropout=0.0, bias=False, activation="gelu")
+    assert TrainSettings(data="d", config="gpt2-medium").model_config(50257) == GPT2Config(
+        n_layer=24, n_head=16, n_embd=1024, dropout=0.0, bias=True, activation="gelu_tanh")  # fmt: skip
+    with pytest.raises(InvalidArgumentError, match=r"n_embd \(30\) must be divisible by n_head \(4\)"):
+        TrainSettings(data="d", n_embd=30, n_head=4).model_config(65)
+
+
+def test_a_resume_changes_only_what_leaves_the_losses_alone():
+    stored = TrainSettings(data="d", max_iters=10, lr=1e-3, min_lr=1e-4).to_dict()
+    del stored["timeout"]  # a setting added since the run started takes its default
+    resumed = resumed_settings(stored, {"max_iters": 20, "eval_interval": 5, "lr": 1e-3})
+    assert (resumed.max_iters, resumed.eval_interval, resumed.lr, resumed.timeout) == (20, 5, 1e-3, 600.0)
+    assert resumed.lr_decay_iters == 10  # fixed when the run started
+    with pytest.raises(InvalidArgumentError, match=r"lr \(--lr\) is 0.01, but the run was started with 0.001: a resumed run keeps"):
+        resumed_settings(stored, {"lr": 1e-2})
+    with pytest.raises(InvalidArgumentError, match="unknown setting 'learning_rate'"):
+        resumed_settings(stored, {"learning_rate": 1e-2})
+    assert set(RESUME_OVERRIDES) <= set(stored) | {"timeout"}
+
+
+def test_the_settings_import_without_torch():
+    """The command line offers the dtype names and the settings' defaults before torch is loaded."""
+    code = "import sys, gpt2.settings; assert 'torch' not in sys.modules"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
+    assert result.returncode == 0, result.stderr.decode()
