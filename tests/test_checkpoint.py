@@ -57,11 +57,13 @@ def test_a_failed_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
 
 
 def test_what_is_not_a_checkpoint_is_refused(tmp_path):
-    with pytest.raises(InvalidArgumentError, match=f"nothing to resume in {tmp_path}: it holds no checkpoint.pt"):
+    with pytest.raises(InvalidArgumentError, match=f"nothing to resume in {tmp_path}: it holds no checkpoint.pt .start a run without resume=True.") as e:
         load_checkpoint(tmp_path)
+    assert e.value.param == "resume"
     (tmp_path / CHECKPOINT).write_bytes(b"not a torch file")
-    with pytest.raises(CheckpointError, match="checkpoint.pt cannot be read .*; start again with --overwrite"):
+    with pytest.raises(CheckpointError, match="checkpoint.pt cannot be read .*; start again with overwrite=True") as e:
         load_checkpoint(tmp_path)
+    assert e.value.param == "overwrite"
     torch.save({"format": "something else"}, tmp_path / CHECKPOINT)
     with pytest.raises(CheckpointError, match="checkpoint.pt is not a checkpoint of gpt2 train"):
         load_checkpoint(tmp_path)

@@ -177,17 +177,17 @@ def test_generate_from_stdin_with_stop_and_samples(capsys, monkeypatch, model_di
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--temperature", "-1"], "temperature must be a finite number >= 0"),
-    (["--temperature", "inf"], "temperature must be a finite number >= 0 (0 is greedy), got inf"),
-    (["--temperature", "nan"], "temperature must be a finite number >= 0 (0 is greedy), got nan"),
-    (["--top-p", "inf"], "top_p must be in (0, 1], got inf"),
+    (["--temperature", "-1"], "temperature (--temperature) must be a finite number >= 0"),
+    (["--temperature", "inf"], "temperature (--temperature) must be a finite number >= 0 (0 is greedy), got inf"),
+    (["--temperature", "nan"], "temperature (--temperature) must be a finite number >= 0 (0 is greedy), got nan"),
+    (["--top-p", "inf"], "top_p (--top-p) must be in (0, 1], got inf"),
     (["--top-k", "inf"], "argument --top-k: expected a whole number, got 'inf'"),
-    (["--top-k", "0"], "top_k must be an integer from 1 to 50257, got 0"),
-    (["--top-k", "50258"], "top_k must be an integer from 1 to 50257, got 50258"),
-    (["--num-samples", "0"], "num_samples must be a positive integer, got 0"),
-    (["--num-samples", "-3"], "num_samples must be a positive integer, got -3"),
-    (["--seed", "-1"], "seed must be a whole number from 0 to 18446744073709551615, got -1"),
-    (["--seed", str(2**64)], "seed must be a whole number from 0 to 18446744073709551615, got 18446744073709551616"),
+    (["--top-k", "0"], "top_k (--top-k) must be an integer from 1 to 50257, got 0"),
+    (["--top-k", "50258"], "top_k (--top-k) must be an integer from 1 to 50257, got 50258"),
+    (["--num-samples", "0"], "num_samples (--num-samples) must be a positive integer, got 0"),
+    (["--num-samples", "-3"], "num_samples (--num-samples) must be a positive integer, got -3"),
+    (["--seed", "-1"], "seed (--seed) must be a whole number from 0 to 18446744073709551615, got -1"),
+    (["--seed", str(2**64)], "seed (--seed) must be a whole number from 0 to 18446744073709551615, got 18446744073709551616"),
     (["--engine", "numpy", "--device", "cuda"], "--engine numpy runs on the CPU only, not on --device cuda: use --engine torch"),
     (["--engine", "numpy", "--dtype", "bfloat16"], "--engine numpy computes in float32 only, not --dtype bfloat16"),
     (["--engine", "numpy", "--dtype", "int8"], "--engine numpy computes in float32 only, not --dtype int8"),
@@ -195,10 +195,10 @@ def test_generate_from_stdin_with_stop_and_samples(capsys, monkeypatch, model_di
     (["--cuda-graphs", "--engine", "numpy"], "--cuda-graphs is for --engine torch on a CUDA GPU, not --engine numpy"),
     (["--model", ""], "the model name is empty: give a released name (gpt2, gpt2-medium, gpt2-large, gpt2-xl) or a directory"),
     (["--frobnicate"], "unrecognized arguments: --frobnicate (see 'gpt2 generate --help')"),
-    (["--top-p", "1.5"], "top_p must be in (0, 1], got 1.5"),
-    (["--max-new-tokens", "0"], "max_new_tokens must be a positive integer, got 0"),
+    (["--top-p", "1.5"], "top_p (--top-p) must be in (0, 1], got 1.5"),
+    (["--max-new-tokens", "0"], "max_new_tokens (--max-new-tokens) must be a positive integer, got 0"),
     (["--max-new-tokens", "many"], "argument --max-new-tokens: expected a whole number, got 'many'"),
-    (["--stop", ""], "stop strings must be non-empty text"),
+    (["--stop", ""], "stop (--stop) strings must be non-empty text"),
     (["--device", "tpu"], "unknown device 'tpu'"),
     (["--dtype", "int4"], "argument --dtype: invalid choice: 'int4'"),
     (["--max-new-tokens", "80", "--on-overflow", "error"], "exceed the context of n_ctx=64"),
@@ -319,7 +319,7 @@ def test_a_character_sized_vocabulary_generates_with_no_flags(capsys, tmp_path):
     assert len(out) == len("A") + 10 + 1  # ten characters, one a token, and the newline
     assert code == 0 and out.startswith("A") and len(out) > 2 and err.startswith("[gpt2: 10 tokens in ")
     code, out, err = run(capsys, "generate", "A", "--model", str(tmp_path), "--top-k", "66")
-    assert (code, out) == (2, "") and err == "gpt2: error: top_k must be an integer from 1 to 65, got 66\n"
+    assert (code, out) == (2, "") and err == "gpt2: error: top_k (--top-k) must be an integer from 1 to 65, got 66\n"
 
 
 def test_a_model_that_produces_nan_stops_with_one_line(capsys, tmp_path):
@@ -376,7 +376,7 @@ def test_prepare_writes_data_and_says_what(tmp_path, capsys):
 @pytest.mark.parametrize("args, message", [
     (["nowhere.txt"], "input 'nowhere.txt' does not exist"),
     (["IN", "--tokenizer", "bpe:12"], "unknown tokenizer 'bpe:12'"),
-    (["IN", "--val-fraction", "2"], r"val_fraction must be a number in (0, 1), got 2.0"),
+    (["IN", "--val-fraction", "2"], r"val_fraction (--val-fraction) must be a number in (0, 1), got 2.0"),
     (["IN", "--val-fraction", "x"], "argument --val-fraction: invalid float value: 'x'"),
 ])  # fmt: skip
 def test_prepare_errors_are_one_line(tmp_path, capsys, args, message):
@@ -398,7 +398,7 @@ def test_prepare_from_stdin_refuses_to_overwrite_and_shows_examples(tmp_path, ca
     assert err == (f"gpt2: {train:,} training and {len(ids) - train:,} validation tokens ({(len(ids) - train) / len(ids):.2%} for "
                    f"validation) of a 50,257-token vocabulary (gpt2) in {tmp_path / 'd'}\n")  # fmt: skip
     code, _, err = run(capsys, "prepare", "-", "--out", str(tmp_path / "d"), stdin=b"more", monkeypatch=monkeypatch)
-    assert code == 2 and err.count("\n") == 1 and "already holds prepared data" in err and "pass --overwrite" in err
+    assert code == 2 and err.count("\n") == 1 and "already holds prepared data" in err and "pass overwrite=True (--overwrite)" in err
     with pytest.raises(SystemExit):
         main(["prepare", "--help"])
     assert "\nexamples:\n  gpt2 prepare input.txt --out data/shakespeare_char --tokenizer char\n" in capsys.readouterr().out
@@ -572,7 +572,7 @@ def test_generate_refuses_samples_whose_kv_cache_cannot_fit(capsys, model_dir, m
     code, out, err = run(capsys, "generate", "Hi", "--model", model_dir, "--num-samples", "200")
     assert (code, out) == (2, "")
     assert err == (f"gpt2: error: a KV cache of 200 rows of 51 positions needs about {needed / 1e6:.1f} MB of memory, but the "
-                   f"CPU has 10.0 MB available: generate fewer samples at once (num_samples, --num-samples)\n")  # fmt: skip
+                   f"CPU has 10.0 MB available: generate fewer samples at once: a smaller num_samples (--num-samples)\n")  # fmt: skip
     started = time.monotonic()  # refused before a row of the ten million is made (that took 32 s)
     code, out, err = run(capsys, "generate", "Hi", "--model", model_dir, "--num-samples", "10000000")
     assert code == 2 and err.startswith("gpt2: error: a KV cache of 10,000,000 rows") and time.monotonic() - started < 10
@@ -587,7 +587,7 @@ def test_generate_warns_of_samples_that_may_not_fit_and_goes_on(capsys, model_di
     assert code == 0 and out.count("sample 200 of 200") == 1
     assert err.startswith(f"gpt2: warning: a KV cache of 200 rows of 3 positions needs about {needed / 1e6:.1f} MB of memory, "
                           f"but the CPU has {int(needed / 1.1) / 1e6:.1f} MB available, so it may not fit: generate fewer "
-                          f"samples at once (num_samples, --num-samples)\n")  # fmt: skip
+                          f"samples at once: a smaller num_samples (--num-samples)\n")  # fmt: skip
 
 
 def test_train_refuses_a_batch_no_machine_holds_in_one_line(capsys, tmp_path):
@@ -601,5 +601,57 @@ def test_train_refuses_a_batch_no_machine_holds_in_one_line(capsys, tmp_path):
                          "--n-layer", "2", "--n-head", "2", "--n-embd", "32", "--block-size", "16")  # fmt: skip
     assert (code, out) == (2, "") and err.count("\n") == 1
     assert err.startswith("gpt2: error: training needs about ") and " TB of memory, but the CPU has " in err
-    assert "lower --batch-size (or --block-size): a micro-batch of 100,000,000 windows of 16 tokens keeps about " in err
+    assert "lower batch_size (--batch-size) (or block_size (--block-size)): a micro-batch of 100,000,000 windows of 16 tokens " in err
     assert time.monotonic() - started < 10 and not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------------ the library's messages and the CLI's flags
+
+
+def test_the_cli_adds_the_flags_of_the_parameters_a_message_names(capsys, tmp_path):
+    """The library's messages name its parameters (resume, max_iters); the command line adds the flag of each."""
+    from gpt2.data import prepare
+
+    (tmp_path / "in.txt").write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 20, encoding="utf-8")
+    prepare([tmp_path / "in.txt"], tmp_path / "data", "char", progress=False)
+    out = str(tmp_path / "out")
+    code, _, err = run(capsys, "train", "--out", out, "--resume", "--overwrite")
+    assert (code, err) == (2, "gpt2: error: resume (--resume) and overwrite (--overwrite) contradict each other: pick one\n")
+    code, _, err = run(capsys, "train", "--out", out, "--resume")
+    assert code == 2 and err.endswith("(start a run without resume=True (--resume))\n")
+    tiny = ["--n-layer", "1", "--n-head", "1", "--n-embd", "8", "--block-size", "8", "--device", "cpu", "--no-progress"]
+    code, _, err = run(capsys, "train", "--data", str(tmp_path / "data"), "--out", out, "--max-iters", "1", *tiny)
+    assert code == 0  # the warning of a warm-up as long as the run: a GPT2Warning with its parameters
+    assert err.startswith("gpt2: warning: warmup_iters (--warmup-iters) 2000 is not below max_iters (--max-iters) 1: ")
+    assert " of lr (--lr) 0.0006), and never decays; pass a smaller warmup_iters\n" in err
+    code, _, err = run(capsys, "train", "--data", str(tmp_path / "data"), "--out", out, "--max-iters", "1", *tiny)
+    assert code == 2 and err.endswith(": pass resume=True (--resume) to continue it, or overwrite=True (--overwrite) to start over\n")
+    code, _, err = run(capsys, "train", "--out", out, "--resume", "--block-size", "16")
+    assert code == 2 and err.startswith("gpt2: error: block_size (--block-size) is 16, but the run was started with 8: ")
+    assert err.endswith("; start a new run with overwrite=True (--overwrite) instead\n")
+
+
+def test_no_library_message_names_a_flag_of_the_cli():
+    """Only cli.py speaks of gpt2's flags: the library names its parameters, and the CLI adds the flags."""
+    import argparse
+    import ast
+
+    from gpt2.cli import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices.values()
+    flags = {flag for p in (parser, *commands) for action in p._actions for flag in action.option_strings if flag.startswith("--")}
+    assert {"--max-iters", "--overwrite", "--max-batch-size", "--version"} <= flags
+    not_messages = {("_gemv.py", "--version")}  # the C compiler's flag, asked of the compiler
+    found = []
+    for path in sorted((REPO / "src" / "gpt2").rglob("*.py")):
+        if path.name == "cli.py":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        documented = [n for n in ast.walk(tree) if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))]
+        docstrings = {id(n.body[0].value) for n in documented if n.body and isinstance(n.body[0], ast.Expr)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+                named = set(re.findall(r"--[a-z][a-z0-9-]*", node.value)) & flags
+                found += [f"{path.name}:{node.lineno}: {flag}" for flag in named if (path.name, flag) not in not_messages]
+    assert not found, f"library strings name gpt2's flags (name the parameter; the CLI adds its flag): {found}"

@@ -153,8 +153,9 @@ def test_bad_inputs(tmp_path):
 def test_prepared_data_is_never_overwritten_by_accident(tmp_path):
     (tmp_path / "doc.txt").write_text("hello there, general kenobi")
     prepare([tmp_path / "doc.txt"], tmp_path / "out", "char", progress=False)
-    with pytest.raises(DataError, match="already holds prepared data .*pass --overwrite"):
+    with pytest.raises(DataError, match="already holds prepared data .*pass overwrite=True") as e:
         prepare([tmp_path / "doc.txt"], tmp_path / "out", "char", progress=False)
+    assert e.value.param == "overwrite"
     prepare([tmp_path / "doc.txt"], tmp_path / "out", "char", overwrite=True, progress=False)
     assert not [p for p in (tmp_path / "out").iterdir() if p.name.startswith(".")]
 

@@ -119,15 +119,16 @@ def test_each_process_of_a_distributed_launch_takes_its_device(monkeypatch):
         with pytest.raises(InvalidArgumentError, match="CUDA is not available"):
             process_device("cuda", 0)
     monkeypatch.setattr(devices, "mps_available", lambda: True)
-    with pytest.raises(InvalidArgumentError, match="not MPS: pass --device cpu"):
+    with pytest.raises(InvalidArgumentError, match="not MPS: use device 'cpu'") as e:
         process_device("mps", 0)
+    assert e.value.param == "device"
 
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_each_process_takes_the_gpu_of_its_local_rank():
     assert process_device("auto", 0) == process_device("cuda", 0) == torch.device("cuda", 0)
-    with pytest.raises(InvalidArgumentError, match="each process takes the GPU of its local rank; pass --device cuda"):
+    with pytest.raises(InvalidArgumentError, match="each process takes the GPU of its local rank; use device 'cuda'"):
         process_device("cuda:0", 0)
     with pytest.raises(InvalidArgumentError, match=f"local rank {torch.cuda.device_count()} has no GPU"):
         process_device("cuda", torch.cuda.device_count())

@@ -159,11 +159,12 @@ def test_grad_accum_must_divide_among_the_processes(char_data, tmp_path):
 
 def test_fsdp_needs_a_distributed_launch(char_data, tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("RANK", raising=False)
-    with pytest.raises(InvalidArgumentError, match="--fsdp shards the model over the processes of a distributed launch: start"):
+    with pytest.raises(InvalidArgumentError, match="fsdp shards the model over the processes of a distributed launch: start") as e:
         train(tmp_path / "out", data=char_data, fsdp=True, progress=False, **SETTINGS)
+    assert e.value.param == "fsdp"
     assert main(["train", "--data", str(char_data), "--out", str(tmp_path / "out"), "--fsdp", "--device", "cpu"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("gpt2: error: --fsdp shards the model") and "torchrun" in err
+    assert err.count("\n") == 1 and err.startswith("gpt2: error: fsdp (--fsdp) shards the model") and "torchrun" in err
 
 
 @pytest.mark.parametrize(
@@ -228,4 +229,4 @@ def test_a_lost_process_is_named_and_the_others_stop(how, char_data, tmp_path):
     assert ranks[0].returncode == 2
     last = err.strip().splitlines()[-1]
     assert last.startswith("gpt2: error: rank 1 of 2 stopped answering (died, or hangs), so rank 0 stops too"), err
-    assert "--timeout 3 s" in last
+    assert "timeout (--timeout) 3 s" in last

@@ -595,9 +595,9 @@ def test_gpt2_serve_refuses_a_busy_port_and_a_missing_model_in_one_line(models, 
     err = capsys.readouterr().err  # found before the port is taken: no "serving ... on" either
     assert err.startswith(f"gpt2: error: unknown model '{tmp_path / 'nowhere'}'") and err.count("\n") == 1
     assert main(["serve", "--max-batch-size", "0"]) == 2
-    assert capsys.readouterr().err == "gpt2: error: max_batch_size must be a positive integer, got 0\n"
+    assert capsys.readouterr().err == "gpt2: error: max_batch_size (--max-batch-size) must be a positive integer, got 0\n"
     assert main(["serve", "--port", "99999"]) == 2  # refused before the server says it serves
-    assert capsys.readouterr().err == "gpt2: error: port must be an integer from 0 to 65535, got 99999\n"
+    assert capsys.readouterr().err == "gpt2: error: port (--port) must be an integer from 0 to 65535, got 99999\n"
     assert main(["serve", "--cuda-graphs", "--device", "cpu"]) == 2
     assert capsys.readouterr().err == "gpt2: error: --cuda-graphs replays decoding on a CUDA GPU; --device cpu is cpu\n"
 
@@ -629,5 +629,6 @@ def test_an_app_whose_batch_cannot_fit_fails_to_load_and_says_why(models, monkey
 
     monkeypatch.setattr(devices, "available_memory", lambda device: 1_000_000)
     server = create_app(lambda: (models[1], ENC), "tiny", Limits(max_batch_size=4), load_in_background=False).state.server
-    with pytest.raises(MemoryLimitError, match=r"a KV cache of 4 rows of 128 positions needs about .* \(--max-batch-size\)"):
+    with pytest.raises(MemoryLimitError, match=r"a KV cache of 4 rows of 128 positions needs about .*: a smaller max_batch_size$") as e:
         server.load_model()
+    assert e.value.param == "max_batch_size"

@@ -52,8 +52,9 @@ def test_a_resume_changes_only_what_leaves_the_losses_alone():
     resumed = resumed_settings(stored, {"max_iters": 20, "eval_interval": 5, "lr": 1e-3})
     assert (resumed.max_iters, resumed.eval_interval, resumed.lr, resumed.timeout) == (20, 5, 1e-3, 600.0)
     assert resumed.lr_decay_iters == 10  # fixed when the run started
-    with pytest.raises(InvalidArgumentError, match=r"lr \(--lr\) is 0.01, but the run was started with 0.001: a resumed run keeps"):
+    with pytest.raises(InvalidArgumentError, match=r"lr is 0.01, but the run was started with 0.001: a resumed run keeps") as e:
         resumed_settings(stored, {"lr": 1e-2})
+    assert (e.value.param, e.value.also) == ("lr", ("overwrite",))
     with pytest.raises(InvalidArgumentError, match="unknown setting 'learning_rate'"):
         resumed_settings(stored, {"learning_rate": 1e-2})
     assert set(RESUME_OVERRIDES) <= set(stored) | {"timeout"}

@@ -221,10 +221,11 @@ def test_a_run_stopped_before_its_first_step_resumes(char_data, tmp_path, monkey
 
 def test_a_resumed_run_keeps_its_model(char_data, tmp_path):
     train(tmp_path / "out", data=char_data, max_iters=2, progress=False, **TINY)
-    with pytest.raises(InvalidArgumentError, match=r"n_embd \(--n-embd\) is 64, but the run was started with 32"):
+    with pytest.raises(InvalidArgumentError, match=r"n_embd is 64, but the run was started with 32"):
         train(tmp_path / "out", resume=True, max_iters=4, n_embd=64, progress=False)
-    with pytest.raises(InvalidArgumentError, match=r"lr \(--lr\)"):
+    with pytest.raises(InvalidArgumentError, match=r"lr is 1.0, but") as e:
         train(tmp_path / "out", resume=True, max_iters=4, lr=1.0, progress=False)
+    assert e.value.param == "lr"
 
 
 # ------------------------------------------------------------------ stopping
@@ -398,11 +399,13 @@ def test_a_run_stops_within_seconds_of_sigterm_in_a_long_step_and_resumes_exactl
 def test_a_warm_up_as_long_as_the_run_is_warned_about(char_data, tmp_path):
     settings = dict(TINY, warmup_iters=50, lr_decay_iters=100)
     last = nanogpt_lr(19, 3e-3, 50, 100, 3e-4)  # the last iteration's rate: 20/51 of lr
-    with pytest.warns(WarmupWarning, match=rf"warmup_iters \(--warmup-iters\) 50 is not below max_iters \(--max-iters\) 20: "
+    with pytest.warns(WarmupWarning, match=rf"warmup_iters 50 is not below max_iters 20: "
                                            rf"the learning rate warms up for the whole run, from 5.9e-05 to {last:.2g} at its last "
-                                           rf"iteration \(39% of --lr 0.003\), and never decays"):  # fmt: skip
+                                           rf"iteration \(39% of lr 0.003\), and never decays; pass a smaller warmup_iters") as caught:  # fmt: skip
         train(tmp_path / "out", data=char_data, max_iters=20, progress=False, **settings)
-    with pytest.warns(WarmupWarning, match="50 is not below max_iters .--max-iters. 50"):  # a resume, with its settings
+    warning = next(w.message for w in caught if isinstance(w.message, WarmupWarning))
+    assert (warning.param, warning.also) == ("warmup_iters", ("max_iters", "lr"))
+    with pytest.warns(WarmupWarning, match="50 is not below max_iters 50"):  # a resume, with its settings
         train(tmp_path / "out", resume=True, max_iters=50, progress=False)
     with warnings.catch_warnings():
         warnings.simplefilter("error", WarmupWarning)
@@ -426,9 +429,9 @@ def test_the_plot_legend_says_what_its_points_are(char_data, tmp_path):
     train(out, data=char_data, max_iters=10, progress=False, **{**TINY, "log_interval": 3, "eval_interval": 4})
     figure = plot_losses(out / "log.jsonl", tmp_path / "loss.png")
     assert [text.get_text() for text in figure.axes[0].get_legend().get_texts()] == [
-        "train loss of a step (every 3 iterations, --log-interval)",  # iterations 0, 3, 6, 9 (the last)
-        "train loss at each evaluation (every 4 iterations, --eval-interval)",  # 0, 4, 8 and 10 (the last)
-        "val loss at each evaluation (every 4 iterations, --eval-interval)",
+        "train loss of a step (every 3 iterations, log_interval)",  # iterations 0, 3, 6, 9 (the last)
+        "train loss at each evaluation (every 4 iterations, eval_interval)",  # 0, 4, 8 and 10 (the last)
+        "val loss at each evaluation (every 4 iterations, eval_interval)",
     ]
     assert (tmp_path / "loss.png").read_bytes()[:4] == b"\x89PNG"
 
@@ -592,11 +595,12 @@ def test_a_run_that_cannot_fit_is_refused_before_anything_is_made(char_data, tmp
     states, activations = weights_and_activations(vocab)
     monkeypatch.setattr(devices, "available_memory", lambda device: 100_000)  # (a run takes a 200 MB workspace too)
     message = (f"training needs about {(states + activations + 200e6) / 1e6:.1f} MB of memory, but the CPU has 100 kB available: "
-               f"lower --batch-size (or --block-size): a micro-batch of 4 windows of 16 tokens keeps about "
+               f"lower batch_size (or block_size): a micro-batch of 4 windows of 16 tokens keeps about "
                f"{activations / 1e3:.0f} kB of activations, {activations / 4e3:.0f} kB a window, beside "
                f"{states / 1e3:.0f} kB for the weights, their gradients and AdamW's moments")  # fmt: skip
-    with pytest.raises(MemoryLimitError, match=f"^{re.escape(message)}$"):
+    with pytest.raises(MemoryLimitError, match=f"^{re.escape(message)}$") as e:
         train(tmp_path / "out", data=char_data, max_iters=1, progress=False, **TINY)
+    assert (e.value.param, e.value.also) == ("batch_size", ("block_size",))
     assert not (tmp_path / "out").exists()  # nothing made, nothing written
 
 
@@ -606,7 +610,7 @@ def test_a_run_a_little_over_the_memory_available_is_warned_about_and_goes_on(ch
     vocab = json.loads((char_data / "meta.json").read_text())["vocab_size"]
     needed = sum(weights_and_activations(vocab)) + 200_000_000  # with torch's workspace
     monkeypatch.setattr(devices, "available_memory", lambda device: int(needed / 1.2))
-    with pytest.warns(devices.MemoryWarning, match="training needs about .* so it may not fit: lower --batch-size"):
+    with pytest.warns(devices.MemoryWarning, match="training needs about .* so it may not fit: lower batch_size"):
         result = train(tmp_path / "out", data=char_data, max_iters=1, progress=False, **TINY)
     assert result.iteration == 1
 
@@ -618,8 +622,9 @@ def test_out_is_protected(char_data, tmp_path):
     with pytest.raises(InvalidArgumentError, match="nothing to resume in"):
         train(tmp_path / "empty", resume=True, progress=False)
     train(tmp_path / "out", data=char_data, max_iters=1, progress=False, **TINY)
-    with pytest.raises(InvalidArgumentError, match="already holds a run: pass --resume to continue it, or --overwrite"):
+    with pytest.raises(InvalidArgumentError, match="already holds a run: pass resume=True to continue it, or overwrite=True") as e:
         train(tmp_path / "out", data=char_data, max_iters=1, progress=False, **TINY)
+    assert (e.value.param, e.value.also) == ("resume", ("overwrite",))
     train(tmp_path / "out", data=char_data, max_iters=2, overwrite=True, progress=False, **TINY)
     assert sorted(losses(tmp_path / "out")) == [0, 1]
 
@@ -637,7 +642,7 @@ def test_train_command_errors_are_one_line(char_data, tmp_path, capsys):
     assert main(["train", "--data", str(char_data), "--out", str(tmp_path / "o"), "--batch-size", "0"]) == 2
     assert capsys.readouterr().err == "gpt2: error: batch_size (--batch-size) must be a positive integer, got 0\n"  # the CLI adds its flag
     assert main(["train", "--out", str(tmp_path / "o")]) == 2
-    assert "no data: give the directory gpt2 prepare wrote (--data DIR)" in capsys.readouterr().err
+    assert "no data (--data): give data, the directory gpt2 prepare wrote" in capsys.readouterr().err
     assert main(["train", "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "nowhere" in err

@@ -62,13 +62,13 @@ def load_checkpoint(out: Path) -> dict[str, Any]:
     """The checkpoint in OUT, checked to be one of ours (either version)."""
     path = out / CHECKPOINT
     if not path.is_file():
-        raise InvalidArgumentError(f"nothing to resume in {out}: it holds no {CHECKPOINT} (start a run without --resume)")
+        raise InvalidArgumentError(f"nothing to resume in {out}: it holds no {CHECKPOINT} (start a run without resume=True)", "resume")
     try:
         # never runs code from the file; mapped, not read: the processes of a node share one copy
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:
         raise CheckpointError(f"{path} cannot be read ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
-                              f"start again with --overwrite") from None  # fmt: skip
+                              f"start again with overwrite=True", "overwrite") from None  # fmt: skip
     if not isinstance(state, dict) or state.get("format") != FORMAT or state.get("version") not in (1, 2):
         raise CheckpointError(f"{path} is not a checkpoint of gpt2 train")
     return state

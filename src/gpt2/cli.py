@@ -628,38 +628,48 @@ class _WarningLines:
     once: without Python's source path and line, which mean nothing to a user of the command.
     Under torchrun every process meets the same ones: rank 0 says them."""
 
-    def __init__(self) -> None:
+    def __init__(self, flags: dict[str, str]) -> None:
         self.shown: set[str] = set()
+        self.flags = flags
 
     def __call__(self, message, category, filename, lineno, file=None, line=None) -> None:
-        text = " ".join(str(message).split())
+        text = " ".join(with_flags(message, self.flags).split())
         if text not in self.shown and os.environ.get("RANK", "0") == "0":
             self.shown.add(text)
             print(f"gpt2: warning: {text}", file=sys.stderr)
 
 
-# the flags of the library's parameters, which its errors name (GPT2Error.param) and the command line sets
-FLAGS = {name: "--" + name.replace("_", "-") for name in ("threads", "batch_size", "context", "stride", "limit", "grad_accum")}
+def parser_flags(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """The flag that sets each of the library's parameters in gpt2's commands: "max_iters" ->
+    "--max-iters" (an option's dest is the parameter's name; a `--no-x` switch sets none)."""
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices.values()
+    return {action.dest: action.option_strings[0] for command in commands for action in command._actions
+            if action.option_strings and not action.option_strings[0].startswith("--no-") and action.dest != "help"}  # fmt: skip
 
 
-def _with_flag(error: Exception) -> str:
-    """An error's message with the flag that sets its parameter: "threads (--threads) must be ..."."""
-    message, param = str(error), getattr(error, "param", None)
-    flag = FLAGS.get(param)
-    if flag is None or flag in message:
-        return message
-    named = re.search(rf"\b{re.escape(param)}\b", message)  # after the parameter's first mention, or at the end
-    return f"{message[: named.end()]} ({flag}){message[named.end() :]}" if named else f"{message} ({flag})"
+def with_flags(said: Exception | Warning, flags: dict[str, str]) -> str:
+    """An error's or warning's message with the flag of each parameter it names (its `param`, then its
+    `also`) after the first mention: "max_iters (--max-iters) must be ...", "pass overwrite=True (--overwrite)"."""
+    message = str(said)
+    for param in (getattr(said, "param", None), *getattr(said, "also", ())):
+        flag = flags.get(param)
+        if flag is None or flag in message:
+            continue
+        # the name as a word (not a piece of a path); its `name=True` first, where a switch is meant
+        word = rf"(?<![\w/.-]){re.escape(param)}"
+        named = re.search(rf"{word}=True\b", message) or re.search(rf"{word}(?![\w/-])", message)
+        message = f"{message[: named.end()]} ({flag}){message[named.end() :]}" if named else f"{message} ({flag})"
+    return message
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    with warnings.catch_warnings():
-        warnings.showwarning = _WarningLines()
-        return _main(argv)
-
-
-def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
+    with warnings.catch_warnings():
+        warnings.showwarning = _WarningLines(parser_flags(parser))
+        return _main(parser, argv)
+
+
+def _main(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
     try:
         args, unknown = parser.parse_known_args(argv)
         if unknown:  # argparse would point to `gpt2 --help`; the flags are the sub-command's
@@ -672,7 +682,7 @@ def _main(argv: Sequence[str] | None) -> int:
     except (_UsageError, GPT2Error) as e:
         # under torchrun every process meets the same bad input: rank 0 says it; each says what it alone saw
         if os.environ.get("RANK", "0") == "0" or isinstance(e, DistributedError):
-            print(f"gpt2: error: {_with_flag(e)}", file=sys.stderr)
+            print(f"gpt2: error: {with_flags(e, parser_flags(parser))}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:  # Ctrl-C: what was printed stays printed
         sys.stdout.flush()

@@ -347,7 +347,7 @@ def _write_splits(inputs: Sequence[str | os.PathLike], out: Path, scratch: Path,
 def _check_out(out: Path, overwrite: bool) -> None:
     existing = [name for name in ("train.bin", "val.bin", "meta.json") if (out / name).exists()]
     if existing and not overwrite:
-        raise DataError(f"{out} already holds prepared data ({', '.join(existing)}): pass --overwrite to replace it")
+        raise DataError(f"{out} already holds prepared data ({', '.join(existing)}): pass overwrite=True to replace it", "overwrite")
 
 
 def _save_tokenizer(tokenizer: Tokenizer | CharTokenizer, spec: str, out: Path) -> None:
@@ -399,7 +399,7 @@ class TokenData:
         for split, ids in (("train", self.train), ("val", self.val)):
             if len(ids) < block_size + 1:
                 raise DataError(f"{self.files[split]} holds {len(ids)} ids, too short for block_size {block_size}: "
-                                f"a window needs {block_size + 1}; use a smaller --block-size or more text")  # fmt: skip
+                                f"a window needs {block_size + 1}; use a smaller block_size or more text", "block_size")  # fmt: skip
 
 
 def open_data(path: str | os.PathLike) -> TokenData:

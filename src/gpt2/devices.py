@@ -67,14 +67,15 @@ def process_device(device: str, local_rank: int) -> torch.device:
     A GPU index or MPS cannot be shared out this way: an error says so."""
     resolved = resolve_device(device)
     if resolved.type == "mps":
-        raise InvalidArgumentError("training on several processes runs on CUDA (NCCL) or the CPU (gloo), not MPS: pass --device cpu")
+        raise InvalidArgumentError("training on several processes runs on CUDA (NCCL) or the CPU (gloo), not MPS: use device 'cpu'", "device")
     if resolved.type == "cpu":
         return resolved
     if device not in ("auto", "cuda"):
-        raise InvalidArgumentError(f"device {device!r}: under torchrun each process takes the GPU of its local rank; pass --device cuda")
+        raise InvalidArgumentError(f"device {device!r}: under torchrun each process takes the GPU of its local rank; use device 'cuda'",
+                                   "device")  # fmt: skip
     if local_rank >= torch.cuda.device_count():
         raise InvalidArgumentError(f"local rank {local_rank} has no GPU: this machine has {torch.cuda.device_count()} "
-                                   f"(start at most that many processes a node: --nproc_per_node)")  # fmt: skip
+                                   f"(start at most that many processes a node: torchrun's --nproc_per_node)")  # fmt: skip
     return torch.device("cuda", local_rank)
 
 
@@ -179,18 +180,19 @@ def available_memory(device: torch.device) -> int | None:
         return None
 
 
-def check_fits(needed: int, device: torch.device, what: str, hint: str) -> None:
+def check_fits(needed: int, device: torch.device, what: str, hint: str, param: str | None = None,
+               also: tuple[str, ...] = ()) -> None:  # fmt: skip
     """Refuse (MemoryLimitError) what needs more than FITS_MARGIN times the memory `device` has
     available, warn (MemoryWarning) above 1x. `what` names what needs it ("training"), `hint` the
-    setting to change."""
+    setting to change: the parameter `param` (and the others in `also`)."""
     available = available_memory(device)
     if available is None or needed <= available:
         return
     where = "the CPU" if device.type == "cpu" else str(device)
     message = f"{what} needs about {format_bytes(needed)} of memory, but {where} has {format_bytes(available)} available"
     if needed > FITS_MARGIN * available:
-        raise MemoryLimitError(f"{message}: {hint}")
-    warnings.warn(f"{message}, so it may not fit: {hint}", MemoryWarning, stacklevel=2)
+        raise MemoryLimitError(f"{message}: {hint}", param, also)
+    warnings.warn(MemoryWarning(f"{message}, so it may not fit: {hint}", param, also), stacklevel=2)
 
 
 def format_bytes(n: float) -> str:

@@ -204,8 +204,8 @@ class Processes:
         else:
             return None  # everyone answers: not a lost process
         cause = re.sub(r"^\[[^\]]*\]\s*", "", str(error).strip().splitlines()[0])[:120]  # without gloo's source location
-        return DistributedError(f"{who}, so rank {self.rank} stops too (a collective waits at most --timeout {self.timeout:g} s; "
-                                f"the backend said: {cause})")  # fmt: skip
+        return DistributedError(f"{who}, so rank {self.rank} stops too (a collective waits at most timeout {self.timeout:g} s; "
+                                f"the backend said: {cause})", "timeout")  # fmt: skip
 
     def _silent_ranks(self) -> list[int] | None:
         """The ranks that do not check in with the store within ANSWER_WAIT seconds (None: the store is gone)."""

@@ -96,11 +96,12 @@ class KVCache:
         return slots * (2 * config.n_layer * max_len * config.n_embd * dtype.itemsize + 3 * config.n_vocab * 4)
 
     @staticmethod
-    def check_fits(config: GPT2Config, slots: int, max_len: int, device: torch.device, dtype: torch.dtype, hint: str) -> None:
+    def check_fits(config: GPT2Config, slots: int, max_len: int, device: torch.device, dtype: torch.dtype, hint: str,
+                   param: str | None = None) -> None:  # fmt: skip
         """Refuse, before any of it is allocated, a cache the device cannot hold (`devices.check_fits`;
-        `hint` says which setting to lower)."""
+        `hint` says which setting to lower, `param` names it)."""
         needed = KVCache.bytes_needed(config, slots, max_len, dtype)
-        check_fits(needed, device, f"a KV cache of {slots:,} rows of {max_len:,} positions", hint)
+        check_fits(needed, device, f"a KV cache of {slots:,} rows of {max_len:,} positions", hint, param)
 
     def begin_prefill(self, slot: int, T: int) -> None:
         """Prepare to fill `slot` with a prompt of T positions (what it held is dropped)."""
@@ -218,20 +219,21 @@ class TorchEngine:
         return self.model.unembed(x if every_position else x[-1])
 
 
-def model_engine(model: Model, slots: int, max_len: int, use_cache: bool = True, hint: str = "fewer rows at once") -> TorchEngine:
+def model_engine(model: Model, slots: int, max_len: int, use_cache: bool = True, hint: str = "fewer rows at once",
+                 param: str | None = None) -> TorchEngine:  # fmt: skip
     """An engine to decode up to `slots` rows of up to max_len positions with `model` (`GPT2.engine`).
 
     With CUDA graphs, one engine over the whole context is kept in `model.graphed_engine` and
     reused (replaced by a larger one when more slots are asked for), so each batch-size bucket
     is captured once, not at every call. A KV cache the device cannot hold is refused first,
-    `hint` saying what to lower."""
+    `hint` saying what to lower (the parameter `param`)."""
     graphed = model.cuda_graphs and use_cache
     if graphed and model.graphed_engine is not None and model.graphed_engine.slots >= slots:
         return model.graphed_engine  # its cache is held already: nothing new to fit
     if graphed:
         model.graphed_engine = None  # its cache and graphs freed before the new ones are made
     n_ctx = model.config.n_ctx
-    KVCache.check_fits(model.config, slots, n_ctx if graphed else min(max_len, n_ctx), model.device, model.compute_dtype, hint)
+    KVCache.check_fits(model.config, slots, n_ctx if graphed else min(max_len, n_ctx), model.device, model.compute_dtype, hint, param)
     if not graphed:
         return TorchEngine(model, slots, max_len, use_cache)
     model.graphed_engine = TorchEngine(model, slots)

@@ -10,14 +10,20 @@ silences them all.
 from __future__ import annotations
 
 
-class GPT2Error(Exception):
-    """Base class of every error `gpt2` raises on purpose. `param` names the argument it
-    concerns, as the library calls it ("max_new_tokens"), where there is one: the server
-    answers it as OpenAI's `param` field, the command line adds the flag that sets it."""
+class Concerning:
+    """What an error or a warning of `gpt2` is about: `param` names the argument it concerns,
+    as the library calls it ("max_new_tokens"), where there is one; `also`, any other arguments
+    its message names. The server answers `param` as OpenAI's `param` field; the command line
+    adds the flag that sets each ("max_iters (--max-iters)"), since messages name no flags."""
 
-    def __init__(self, message: str = "", param: str | None = None):
+    def __init__(self, message: str = "", param: str | None = None, also: tuple[str, ...] = ()):
         super().__init__(message)
         self.param = param
+        self.also = tuple(also)
+
+
+class GPT2Error(Concerning, Exception):
+    """Base class of every error `gpt2` raises on purpose."""
 
 
 class VocabularyError(GPT2Error, ValueError):
@@ -80,5 +86,6 @@ class MemoryLimitError(GPT2Error, MemoryError):
     """A size that cannot fit the device's memory (a batch, a KV cache), refused before anything is allocated."""
 
 
-class GPT2Warning(UserWarning):
-    """Base class of every warning `gpt2` gives."""
+class GPT2Warning(Concerning, UserWarning):
+    """Base class of every warning `gpt2` gives; give it as an instance to name its parameter:
+    `warnings.warn(WarmupWarning(message, "warmup_iters"))`."""

@@ -386,8 +386,8 @@ def run_task(model: GPT2, task: str, data: str | os.PathLike | None = None, *, l
     if task == "wikitext2":
         context, stride = check_window(model, context, stride)
     elif context is not None or stride is not None:
-        raise InvalidArgumentError(f"context and stride (--context, --stride) set the windows of a text; {task} scores "
-                                   f"each example whole")  # fmt: skip
+        raise InvalidArgumentError(f"context and stride set the windows of a text; {task} scores each example whole",
+                                   "context" if context is not None else "stride", ("context", "stride"))  # fmt: skip
     _model_tokenizer(model, None)
     path = task_file(task, data, progress)
     if task == "lambada":

@@ -88,7 +88,8 @@ class TextGeneration:
             self.engine = NumpyEngine(model, request.slots)
         else:
             self.engine = model.engine(request.slots, request.longest + max_new_tokens,
-                                       hint="generate fewer samples at once (num_samples, --num-samples)")  # fmt: skip
+                                       hint="generate fewer samples at once: a smaller num_samples",
+                                       param="num_samples")  # fmt: skip
         self.rows = request.rows()
         self.prompt_ids = [row.prompt for row in self.rows]  # prompt-major
         self.texts = [TextRow(tokenizer, self.stop) for _ in self.rows]

@@ -301,7 +301,7 @@ class GPT2(nn.Module):
                                 on_overflow=on_overflow)  # fmt: skip
         B, T = idx.shape
         rows = request.rows()
-        run(self.engine(B, T + max_new_tokens, use_cache, hint="fewer rows in idx at once"), rows)
+        run(self.engine(B, T + max_new_tokens, use_cache, hint="fewer rows in idx at once", param="idx"), rows)
         steps = max(len(row.tokens) for row in rows)  # all rows stop once every one has ended
         new = [row.tokens + [eos_token_id] * (steps - len(row.tokens)) for row in rows]  # an ended row: eos from then on
         return torch.cat([idx, torch.tensor(new, dtype=idx.dtype).view(B, steps).to(idx.device)], dim=1)
@@ -337,12 +337,13 @@ class GPT2(nn.Module):
         self.cuda_graphs, self.graphed_engine = bool(enabled), None
         return self
 
-    def engine(self, slots: int, max_len: int, use_cache: bool = True, hint: str = "fewer rows at once") -> TorchEngine:
+    def engine(self, slots: int, max_len: int, use_cache: bool = True, hint: str = "fewer rows at once",
+               param: str | None = None) -> TorchEngine:  # fmt: skip
         """An engine to decode up to `slots` rows of up to max_len positions. With CUDA graphs,
         one engine over the whole context is kept and reused (replaced by a larger one when more
         slots are asked for), so each batch-size bucket is captured once, not at every call.
-        A KV cache the device cannot hold is refused first, `hint` saying what to lower."""
-        return model_engine(self, slots, max_len, use_cache, hint)
+        A KV cache the device cannot hold is refused first, `hint` saying what to lower (`param`)."""
+        return model_engine(self, slots, max_len, use_cache, hint, param)
 
     @property
     def device(self) -> torch.device:

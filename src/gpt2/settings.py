@@ -149,8 +149,10 @@ def resumed_settings(stored: dict[str, Any], changes: dict[str, Any]) -> TrainSe
             raise InvalidArgumentError(f"unknown setting {name!r}")
         if value != stored[name] and name not in RESUME_OVERRIDES:
             raise InvalidArgumentError(
-                f"{name} (--{name.replace('_', '-')}) is {value!r}, but the run was started with {stored[name]!r}: a resumed run "
-                f"keeps its settings (only {', '.join(RESUME_OVERRIDES)} may change); start a new run with --overwrite instead"
+                f"{name} is {value!r}, but the run was started with {stored[name]!r}: a resumed run keeps its settings "
+                f"(only {', '.join(RESUME_OVERRIDES)} may change); start a new run with overwrite=True instead",
+                name,
+                ("overwrite",),
             )
     return TrainSettings(**{**stored, **changes})
 

@@ -178,14 +178,13 @@ def task_file(task: str, data: str | os.PathLike | None = None, progress: bool =
     return path
 
 
-def _offline_hint(task: str) -> str:
-    return f"without a network, download it elsewhere and pass its path: gpt2 eval --task {task} --data PATH"
+OFFLINE_HINT = "without a network, download it elsewhere and pass its path as data"
 
 
 def _download(url: str, path: Path, task: str, progress: bool) -> None:
     """Fetch url into path, written under a temporary name and renamed once whole."""
     if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
-        raise DataError(f"{task} is not in the cache ({path}) and HF_HUB_OFFLINE is set; {_offline_hint(task)}")
+        raise DataError(f"{task} is not in the cache ({path}) and HF_HUB_OFFLINE is set; {OFFLINE_HINT}", "data")
     from tqdm.auto import tqdm
 
     writable_directory(path.parent)  # an unwritable cache is said as such, before anything is fetched
@@ -198,7 +197,7 @@ def _download(url: str, path: Path, task: str, progress: bool) -> None:
                     bar.update(len(chunk))
     except OSError as e:  # URLError, timeouts and a full disk are all OSErrors
         reason = getattr(e, "reason", None) or e.strerror or e
-        raise DataError(f"could not download {task} from {url}: {reason}; {_offline_hint(task)}") from None
+        raise DataError(f"could not download {task} from {url}: {reason}; {OFFLINE_HINT}", "data") from None
 
 
 def _hub_file() -> Path:
@@ -206,4 +205,4 @@ def _hub_file() -> Path:
         return hub_file(WIKITEXT_REPO, WIKITEXT_FILE, repo_type="dataset")
     except OSError as e:  # offline, unreachable, not found: all end the same way
         raise DataError(f"{download_error('wikitext2', WIKITEXT_REPO, e)}; "
-                        f"{_offline_hint('wikitext2')} (wiki.test.raw, or the hub's parquet file)") from None  # fmt: skip
+                        f"{OFFLINE_HINT} (wiki.test.raw, or the hub's parquet file)", "data") from None  # fmt: skip

@@ -102,10 +102,10 @@ def warn_about_warmup(s: TrainSettings) -> None:
         last = learning_rate(s.max_iters - 1, s)
         share = 100 * last / s.lr
         percent = f"{share:.0f}%" if share >= 1 else f"{share:.1g}%"
-        warnings.warn(f"warmup_iters (--warmup-iters) {s.warmup_iters} is not below max_iters (--max-iters) {s.max_iters}: "
-                      f"the learning rate warms up for the whole run, from {learning_rate(0, s):.2g} to {last:.2g} at its last "
-                      f"iteration ({percent} of --lr {s.lr:g}), and never decays; pass a smaller --warmup-iters",
-                      WarmupWarning, stacklevel=2)  # fmt: skip
+        warnings.warn(WarmupWarning(f"warmup_iters {s.warmup_iters} is not below max_iters {s.max_iters}: the learning rate "
+                                    f"warms up for the whole run, from {learning_rate(0, s):.2g} to {last:.2g} at its last "
+                                    f"iteration ({percent} of lr {s.lr:g}), and never decays; pass a smaller warmup_iters",
+                                    "warmup_iters", ("max_iters", "lr")), stacklevel=2)  # fmt: skip
 
 
 def flops_per_token(model: GPT2) -> float:
@@ -199,10 +199,10 @@ def check_training_memory(config: GPT2Config, s: TrainSettings, procs: distribut
     states, activations = needed.states, needed.activations
     sharing = procs.sharing_memory  # on the CPU, the processes of this machine: each needs as much
     each = f" in each of the {sharing} processes on this machine" if sharing > 1 else ""
-    hint = (f"lower --batch-size (or --block-size): a micro-batch of {s.batch_size:,} windows of {config.n_ctx:,} tokens "
+    hint = (f"lower batch_size (or block_size): a micro-batch of {s.batch_size:,} windows of {config.n_ctx:,} tokens "
             f"keeps about {format_bytes(activations)} of activations{each}, {format_bytes(activations / s.batch_size)} a window, "
             f"beside {format_bytes(states)} for the weights, their gradients and AdamW's moments")  # fmt: skip
-    check_fits(needed.total * sharing, procs.device, "training", hint)
+    check_fits(needed.total * sharing, procs.device, "training", hint, "batch_size", ("block_size",))
 
 
 # ------------------------------------------------------------------ a run
@@ -264,8 +264,8 @@ class Trainer:
     def __init__(self, s: TrainSettings, out: Path, *, progress: bool = True, state: dict[str, Any] | None = None):
         self.s, self.out, self.progress = s, out, progress
         if s.fsdp and not distributed.launched():
-            raise InvalidArgumentError("--fsdp shards the model over the processes of a distributed launch: "
-                                       "start the run with torchrun --nproc_per_node N -m gpt2 train ... --fsdp")  # fmt: skip
+            raise InvalidArgumentError("fsdp shards the model over the processes of a distributed launch: "
+                                       "start the run under torchrun, one process a GPU", "fsdp")  # fmt: skip
         self.data = open_data(s.data)
         self.procs = distributed.start(s.device, s.timeout)  # this process's rank of world; its device
         try:
@@ -556,14 +556,14 @@ def _trim_log(path: Path, iteration: int, evaluated: int) -> None:
     atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
 
 
-def _how_often(iterations: list[int], flag: str) -> str:
-    """"(every 10 iterations, --log-interval)": how often a log's records come, from their commonest
+def _how_often(iterations: list[int], param: str) -> str:
+    """"(every 10 iterations, log_interval)": how often a log's records come, from their commonest
     gap (the interval they were written at; the last iteration's comes off the beat)."""
     gaps = Counter(b - a for a, b in zip(iterations, iterations[1:]) if b > a)
     if not gaps:
-        return f"({flag})"
+        return f"({param})"
     gap = min(gaps, key=lambda g: (-gaps[g], g))
-    return f"(every iteration, {flag})" if gap == 1 else f"(every {gap:,} iterations, {flag})"
+    return f"(every iteration, {param})" if gap == 1 else f"(every {gap:,} iterations, {param})"
 
 
 def plot_losses(log: Path, png: Path, note=print) -> Any:
@@ -584,9 +584,9 @@ def plot_losses(log: Path, png: Path, note=print) -> Any:
     evals = [r for r in records if "val_loss" in r]
     fig, ax = plt.subplots(figsize=(8, 5))
     if steps:
-        label = f"train loss of a step {_how_often([r['iter'] for r in steps], '--log-interval')}"
+        label = f"train loss of a step {_how_often([r['iter'] for r in steps], 'log_interval')}"
         ax.plot([r["iter"] for r in steps], [r["loss"] for r in steps], color="tab:blue", alpha=0.25, lw=0.8, label=label)
-    how_often = _how_often([r["iter"] for r in evals], "--eval-interval")
+    how_often = _how_often([r["iter"] for r in evals], "eval_interval")
     for key, color in (("train_loss", "tab:blue"), ("val_loss", "tab:orange")):
         label = f"{key.split('_')[0]} loss at each evaluation {how_often}"
         ax.plot([r["iter"] for r in evals], [r[key] for r in evals], "o-", color=color, label=label)
@@ -604,12 +604,13 @@ def plot_losses(log: Path, png: Path, note=print) -> Any:
 
 
 def check_out(out: Path, resume: bool, overwrite: bool) -> None:
-    """Nothing a user trained is overwritten by a typo: a run in OUT needs --resume or --overwrite."""
+    """Nothing a user trained is overwritten by a typo: a run in OUT needs resume or overwrite."""
     if resume and overwrite:
-        raise InvalidArgumentError("--resume and --overwrite contradict each other: pick one")
+        raise InvalidArgumentError("resume and overwrite contradict each other: pick one", "resume", ("overwrite",))
     holds_run = any((out / name).exists() for name in (CHECKPOINT, LOG, "model.safetensors"))
     if holds_run and not (resume or overwrite):
-        raise InvalidArgumentError(f"{out} already holds a run: pass --resume to continue it, or --overwrite to start over")
+        raise InvalidArgumentError(f"{out} already holds a run: pass resume=True to continue it, or overwrite=True to start over",
+                                   "resume", ("overwrite",))  # fmt: skip
 
 
 def make_out(out: Path, overwrite: bool) -> bool:
@@ -645,10 +646,10 @@ def train(out: str | os.PathLike, *, resume: bool = False, overwrite: bool = Fal
         left = s.max_iters - state["iteration"]  # 0 with the last evaluation still to do: stopped during it
         if left < 0 or (left == 0 and state["evaluated"] == state["iteration"]):
             raise InvalidArgumentError(f"the run in {out} already did its {state['iteration']} iterations: "
-                                       f"pass a larger max_iters (--max-iters) to train further")  # fmt: skip
+                                       f"pass a larger max_iters to train further", "max_iters")  # fmt: skip
     else:
         if settings.get("data") is None:
-            raise InvalidArgumentError("no data: give the directory gpt2 prepare wrote (--data DIR)")
+            raise InvalidArgumentError("no data: give data, the directory gpt2 prepare wrote", "data")
         s = TrainSettings(**settings)
     made = make_out(out, overwrite)
     try:

@@ -42,10 +42,10 @@ class Limits:
 
     def check_memory(self, config: GPT2Config, device: torch.device, dtype: torch.dtype) -> None:
         """Refuse a batch whose KV cache the device cannot hold: each row keeps one of the whole context."""
-        KVCache.check_fits(config, self.max_batch_size, config.n_ctx, device, dtype, BATCH_HINT)
+        KVCache.check_fits(config, self.max_batch_size, config.n_ctx, device, dtype, BATCH_HINT, "max_batch_size")
 
 
-BATCH_HINT = "a smaller max_batch_size (--max-batch-size)"
+BATCH_HINT = "a smaller max_batch_size"
 
 
 class RequestError(Exception):

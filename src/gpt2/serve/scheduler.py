@@ -45,7 +45,7 @@ class Scheduler:
     """The server's one generation loop: a thread stepping a Decoder over every row in flight."""
 
     def __init__(self, model: GPT2, limits: Limits, metrics: Metrics):
-        self.decoder = Decoder(model.engine(limits.max_batch_size, model.config.n_ctx, hint=BATCH_HINT))
+        self.decoder = Decoder(model.engine(limits.max_batch_size, model.config.n_ctx, hint=BATCH_HINT, param="max_batch_size"))
         self.limits, self.metrics = limits, metrics
         self.incoming: list[tuple[Row, Listener]] = []
         self.listeners: dict[Row, Listener] = {}
