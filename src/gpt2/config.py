@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpt2._checks import boolean, check_token_ids, positive_int
-from gpt2.errors import ConfigError, ContextLengthError
+from gpt2.errors import ConfigError, ContextLengthError, UnknownModelError
 
 # name -> (n_layer, n_head, n_embd); all have n_ctx 1024 and n_vocab 50257.
 PRESETS: dict[str, tuple[int, int, int]] = {
@@ -82,8 +82,6 @@ class GPT2Config:
     def from_name(cls, name: str, **overrides: Any) -> GPT2Config:
         """The configuration of a released size: gpt2, gpt2-medium, gpt2-large or gpt2-xl."""
         if name not in PRESETS:
-            from gpt2.errors import UnknownModelError
-
             raise UnknownModelError(f"unknown model {name!r}: the released sizes are {', '.join(PRESETS)}")
         n_layer, n_head, n_embd = PRESETS[name]
         return cls(**{"n_layer": n_layer, "n_head": n_head, "n_embd": n_embd, **overrides})
