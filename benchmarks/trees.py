@@ -61,7 +61,7 @@ if kind != "tiny":
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     def step():
-        _, loss = model(idx[:, :-1].reshape(2, 255), idx[:, 1:].reshape(2, 255))
+        _, loss = model(idx[:, :510].reshape(2, 255), idx[:, 1:511].reshape(2, 255))
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
