@@ -111,8 +111,9 @@ class CausalSelfAttention(nn.Module):
         """c_attn's output (B, T, 3C) -> q, k, v, each (B, H, T, C/H): each head attends over its
         own slice of the channels."""
         B, T, C3 = qkv.shape
-        C = C3 // 3
-        return tuple(z.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for z in qkv.split(C, dim=2))
+        q, k, v = qkv.split(C3 // 3, dim=2)  # 3 x (B, T, C)
+        shape = (B, T, self.n_head, C3 // (3 * self.n_head))
+        return q.view(shape).transpose(1, 2), k.view(shape).transpose(1, 2), v.view(shape).transpose(1, 2)
 
 
 def merge_heads(y: torch.Tensor) -> torch.Tensor:
