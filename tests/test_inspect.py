@@ -276,3 +276,12 @@ def test_bad_input_gets_one_clear_error(tmp_path):
     model.tokenizer = None
     with pytest.raises(InvalidArgumentError, match="this model has no tokenizer"):
         trace(model, "some text")
+
+
+def test_import_gpt2_then_gpt2_inspect_trace(tmp_path):
+    import subprocess
+    import sys
+
+    code = "import gpt2, sys; assert 'torch' not in sys.modules; print(gpt2.inspect.trace.__name__, gpt2.inspect.Trace.__name__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.split() == ["trace", "Trace"], out.stderr
