@@ -1,6 +1,6 @@
 # Two commands set everything up on a fresh machine:
-#   make demo   create .venv if absent, install gpt2 (with its train, eval and serve extras), and run it
-#   make test   create .venv if absent, install gpt2 with its dev, train, eval and serve extras, and run the tests
+#   make demo   create .venv if absent, install gpt2 (with its train, eval, serve and inspect extras), and run it
+#   make test   create .venv if absent, install gpt2 with its dev, train, eval, serve and inspect extras, and run the tests
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -16,11 +16,11 @@ $(BIN)/python:
 	$(BIN)/python -m pip install -q $(TORCH)
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q -e ".[train,eval,serve]"
+	$(BIN)/python -m pip install -q -e ".[train,eval,serve,inspect]"
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q -e ".[dev,train,eval,serve]"
+	$(BIN)/python -m pip install -q -e ".[dev,train,eval,serve,inspect]"
 	touch $@ $(VENV)/.installed
 
 # The decode kernel (src/gpt2/_gemv.py): compiled once for each Python, torch, compiler and

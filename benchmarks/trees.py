@@ -1,13 +1,14 @@
-"""Decoding speed of two checkouts of gpt2, before and after a change, in the same run.
+"""The speed of two checkouts of gpt2, before and after a change, in the same run.
 
     git worktree add /tmp/before REV
     .venv/bin/python benchmarks/trees.py --before /tmp/before [--after .] [--rounds 6]
 
 Each measure runs in a process of its own that imports gpt2 from one tree's `src/` (this
 environment's torch and transformers for both); the trees alternate (ABBA...) for N rounds and
-the table gives medians, so a machine that drifts slows both alike. Measures: the 124M shape
-(random weights) decoding 128 greedy tokens at batch 1 and 8, in float32 and int8, and the
-time a decoding step takes on a tiny 12-layer model, where Python's work per step dominates.
+the table gives medians, so a machine that drifts slows both alike. Measures, on the 124M shape
+(random weights): decoding 128 greedy tokens at batch 1 and 8, in float32 and int8; a forward
+pass of 512 tokens; a training step (forward, backward, AdamW) of 2 x 255 tokens; and on a
+tiny 12-layer model, where Python's work per step dominates, decoding 200 tokens.
 Run it on a quiet machine.
 """
 
@@ -30,21 +31,42 @@ from _common import print_table, random_124m
 WORKER = """
 import json, statistics, sys, time, torch
 from gpt2.model import GPT2
-path, tiny = sys.argv[1], sys.argv[2] == "tiny"
-cases = [("float32", 1, 200)] if tiny else [(d, b, 128) for d in ("float32", "int8") for b in (1, 8)]
-if tiny:
+path, kind = sys.argv[1], sys.argv[2]
+if kind == "tiny":
     torch.set_num_threads(1)
-out = {}
-for dtype, batch, tokens in cases:
-    model = GPT2.from_pretrained(path, device="cpu", dtype=dtype)
-    idx = torch.randint(0, model.config.n_vocab, (batch, 16), generator=torch.Generator().manual_seed(0))
-    model.generate(idx, 16, temperature=0)  # warm-up
+
+
+def timed(run, tokens):
+    run()  # warm-up
     times = []
     for _ in range(3):
         start = time.perf_counter()
-        model.generate(idx, tokens, temperature=0)
+        run()
         times.append(time.perf_counter() - start)
-    out[f"{dtype}, batch {batch}"] = batch * tokens / statistics.median(times)
+    return tokens / statistics.median(times)
+
+
+out = {}
+cases = [("float32", 1, 200)] if kind == "tiny" else [(d, b, 128) for d in ("float32", "int8") for b in (1, 8)]
+for dtype, batch, tokens in cases:
+    model = GPT2.from_pretrained(path, device="cpu", dtype=dtype)
+    idx = torch.randint(0, model.config.n_vocab, (batch, 16), generator=torch.Generator().manual_seed(0))
+    out[f"decode {tokens} tokens, {dtype}, batch {batch}"] = timed(lambda: model.generate(idx, tokens, temperature=0), batch * tokens)
+if kind != "tiny":
+    model = GPT2.from_pretrained(path, device="cpu")
+    idx = torch.randint(0, model.config.n_vocab, (1, 512), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        out["forward, 512 tokens, all logits"] = timed(lambda: model(idx), 512)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step():
+        _, loss = model(idx[:, :510].reshape(2, 255), idx[:, 1:511].reshape(2, 255))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    out["training step, 2 x 255 tokens, AdamW"] = timed(step, 510)
 print(json.dumps(out))
 """
 
@@ -98,7 +120,7 @@ def main() -> None:
         rows.append((key, f"{statistics.median(before):.1f} tok/s", f"{statistics.median(after):.1f} tok/s",
                      f"{statistics.median(after) / statistics.median(before):.3f}x",
                      f"{pairs[0]:.2f} to {pairs[-1]:.2f}"))  # fmt: skip
-    print_table(("decode, 128 greedy tokens (tiny: 200)", "before", "after", "after / before", "round pairs"), rows)
+    print_table(("measure (tokens/s)", "before", "after", "after / before", "round pairs"), rows)
 
 
 if __name__ == "__main__":

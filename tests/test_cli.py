@@ -364,6 +364,108 @@ def test_ctrl_c_without_streaming_prints_what_was_generated(model_dir):
     assert whole.startswith(out.decode()[:-1]) and len(out) > 1
 
 
+# ------------------------------------------------------------------ gpt2 inspect
+
+
+def hf_log_probabilities(model_dir: str, ids: list[int]) -> "torch.Tensor":
+    import torch
+    from transformers import GPT2LMHeadModel
+
+    hf = GPT2LMHeadModel.from_pretrained(model_dir).eval()
+    with torch.no_grad():
+        return torch.log_softmax(hf(torch.tensor([ids])).logits[0], dim=-1)  # (T, V)
+
+
+def test_inspect_json_gives_transformers_log_probabilities(capsys, model_dir, tiktoken_gpt2):
+    import json
+
+    text = "The dog chased the cat"
+    code, out, err = run(capsys, "inspect", text, "--model", model_dir, "--json", "--top-k", "3")
+    assert code == 0 and err == ""
+    got = json.loads(out)
+    ids = tiktoken_gpt2.encode(text)
+    assert got["ids"] == ids and got["tokens"] == [tiktoken_gpt2.decode([i]) for i in ids]
+    expected = hf_log_probabilities(model_dir, ids)
+    assert got["logprobs"][0] is None
+    assert max(abs(got["logprobs"][t] - expected[t - 1, ids[t]].item()) for t in range(1, len(ids))) < 1e-4
+    assert [[e["id"] for e in top] for top in got["top"]] == expected.topk(3).indices.tolist()
+    assert got["top"][0][0]["token"] == tiktoken_gpt2.decode([got["top"][0][0]["id"]])
+
+
+def test_inspect_prints_each_tokens_probability_rank_and_alternatives(capsys, model_dir, tiktoken_gpt2):
+    import math
+
+    text = "The dog chased the cat"
+    code, out, _ = run(capsys, "inspect", text, "--model", model_dir, "--top-k", "2")
+    assert code == 0 and "\x1b[" not in out  # not a terminal: no colour
+    lines = out.splitlines()
+    ids = tiktoken_gpt2.encode(text)
+    expected = hf_log_probabilities(model_dir, ids)
+    assert len(lines) == 1 + len(ids) + 1  # a header, a line a token, the next token
+    assert lines[1].split() == ["'The'", "-", "-"]
+    for t in range(1, len(ids)):
+        p = math.exp(expected[t - 1, ids[t]].item())
+        rank = 1 + int((expected[t - 1] > expected[t - 1, ids[t]]).sum())
+        token, shown_p, shown_rank = re.match(r"('.*?')\s+([\d.]+%)\s+(\d+)", lines[1 + t]).groups()
+        assert (token, shown_p, int(shown_rank)) == (repr(tiktoken_gpt2.decode([ids[t]])), f"{p:.2%}", rank)
+    best = expected[-1].topk(2).indices.tolist()
+    assert lines[-1].startswith("(next)") and repr(tiktoken_gpt2.decode([best[0]])) in lines[-1]
+    _, coloured, _ = run(capsys, "inspect", text, "--model", model_dir, "--color", "always")
+    assert coloured.count("\x1b[38;5;") == len(ids) - 1
+
+
+def test_inspect_walk_prints_every_step_with_transformers_values(capsys, model_dir):
+    import torch
+    from transformers import GPT2LMHeadModel
+
+    code, out, _ = run(capsys, "inspect", "Hello, world", "--model", model_dir, "--walk")
+    assert code == 0
+    lines = {line.split()[0]: line for line in out.splitlines()}
+    hf = GPT2LMHeadModel.from_pretrained(model_dir).eval()
+    kept = {}
+    hf.transformer.h[1].mlp.act.register_forward_hook(lambda m, a, out: kept.__setitem__("gelu", out[0, -1]))
+    with torch.no_grad():
+        hf(torch.tensor([[15496, 11, 995]]))
+    line = lines["h.1.mlp.gelu"]
+    assert "(3, 192)" in line
+    values = [float(v) for v in re.search(r"\[(.*), \.\.\.\]", line).group(1).split(", ")]
+    assert max(abs(a - b) for a, b in zip(values, kept["gelu"][:4].tolist())) < 1e-4
+    for step in ("wte", "wpe", "x", "h.0.ln_1", "h.0.attn.c_attn", "h.0.attn.q", "h.0.attn.scores", "h.0.attn.pattern",
+                 "h.0.attn.z", "h.0.attn.c_proj", "h.0.mlp.c_fc", "h.1", "ln_f", "logits", "softmax"):  # fmt: skip
+        assert step in lines, step
+    assert "(3, 50257)" in lines["logits"] and "the next token after ' world'" in lines["softmax"]
+
+
+def test_inspect_png_draws_every_picture(capsys, model_dir, tmp_path):
+    import matplotlib.image
+
+    code, _, err = run(capsys, "inspect", "The dog chased the cat", "--model", model_dir, "--png", str(tmp_path / "pics"),
+                       "--position", "2", "--temperature", "0.7", "--top-p", "0.9")  # fmt: skip
+    assert code == 0
+    names = ["attention-block0.png", "attention-block1.png", "logit-lens.png", "next-token.png"]
+    assert err == f"gpt2: wrote 4 pictures in {tmp_path / 'pics'}: {', '.join(names)}\n"
+    for name in names:
+        assert matplotlib.image.imread(tmp_path / "pics" / name).shape[0] > 100
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["inspect", "", "--json"], "gpt2: error: the text is empty: give at least one token's worth"),
+    (["inspect", "a", "--json", "--walk"], "gpt2: error: give --json or --walk, not both"),
+    (["inspect", "--json"], "gpt2: error: no text: give one"),
+    (["inspect", "a", "--top-k", "0"], "gpt2: error: top_k (--top-k) must be"),
+    (["inspect", " ".join(["a"] * 70)], "gpt2: error: sequence of 70 tokens is longer than the model's context of n_ctx=64"),
+    (["inspect", "a b c", "--png", "PNG", "--position", "3"], "gpt2: error: position (--position) must be a whole number in 0..2"),
+    (["inspect", "a", "--png", "PNG", "--temperature", "-1"], "gpt2: error: temperature (--temperature) must be a finite number >= 0"),
+    (["inspect", "a", "--png", "FILE"], "gpt2: error: "),
+])  # fmt: skip
+def test_inspect_bad_input_is_one_line(capsys, model_dir, tmp_path, argv, message):
+    (tmp_path / "FILE").write_text("not a directory")
+    argv = [a.replace("PNG", str(tmp_path / "pics")).replace("FILE", str(tmp_path / "FILE")) for a in argv]
+    code, out, err = run(capsys, *argv, "--model", model_dir)
+    assert code == 2 and out == ""
+    assert err.startswith(message) and err.count("\n") == 1, err
+
+
 # ------------------------------------------------------------------ gpt2 prepare
 
 

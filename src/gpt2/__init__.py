@@ -58,4 +58,8 @@ def __getattr__(name: str):
         from gpt2.model import GPT2
 
         return GPT2
+    if name == "inspect":  # gpt2.inspect.trace(...) after `import gpt2`, torch imported then
+        import importlib
+
+        return importlib.import_module("gpt2.inspect")
     raise AttributeError(f"module 'gpt2' has no attribute {name!r}")

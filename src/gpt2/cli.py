@@ -7,6 +7,7 @@ Every expected failure (bad flag, bad value, missing file) prints one line on st
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import sys
@@ -308,6 +309,79 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    import json
+
+    from gpt2 import inspect
+    from gpt2._checks import positive_int
+    from gpt2._files import writable_directory
+    from gpt2.sampling import Sampling
+
+    if args.text is None:
+        raise _UsageError('no text: give one (e.g. gpt2 inspect "The dog chased the"), or - to read standard input')
+    if args.json and args.walk:
+        raise _UsageError("give --json or --walk, not both")
+    text = _without_final_newline(_read_stdin()) if args.text == "-" else _command_line_text(args.text, "the text")
+    if not text:
+        raise _UsageError("the text is empty: give at least one token's worth")
+    positive_int("top_k", args.top_k)
+    png = None if args.png is None else writable_directory(args.png)
+    sampling = Sampling(args.temperature, args.top_k, args.top_p)
+    model, _ = _load_model(args)
+    names = inspect.activation_names(model.config.n_layer, on_request=args.walk)
+    trace = inspect.trace(model, text, names=names)
+    report = inspect.next_token_report(trace, args.top_k)
+    if png is not None:
+        _draw(trace, png, args.position, sampling)
+    if args.json:
+        print(json.dumps({key: report[key] for key in ("tokens", "ids", "logprobs", "ranks", "top")}))
+    elif args.walk:
+        print("\n".join(inspect.walkthrough(trace, args.top_k)))
+    else:
+        color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty() and not os.environ.get("NO_COLOR"))
+        print("\n".join(_token_lines(report, color)))
+    return 0
+
+
+def _draw(trace, directory, position: int, sampling) -> None:
+    from gpt2 import figures
+
+    pictures = {f"attention-block{i}.png": (figures.attention, i) for i in range(trace.model.config.n_layer)}
+    pictures |= {"logit-lens.png": (figures.logit_lens,), "next-token.png": (figures.next_token, position, sampling)}
+    for name, (draw, *how) in pictures.items():
+        figures.save(draw(trace, *how), directory / name)
+    print(f"gpt2: wrote {len(pictures)} pictures in {directory}: {', '.join(pictures)}", file=sys.stderr)
+
+
+# Surprise, as the terminal colours it: a probability at least this high, then its colour (256-colour ANSI).
+_COLOURS = ((0.3, 34), (0.05, 178), (0.005, 208), (0.0, 196))
+
+
+def _token_lines(report: dict, color: bool) -> list[str]:
+    """Each token, the probability the model gave it and its rank, and what it expected instead."""
+    def shown(token: str | None, i: int) -> str:
+        return repr(token) if token is not None else f"id {i}"
+
+    def alternatives(top: list[dict]) -> str:
+        return ", ".join(f"{shown(e['token'], e['id'])} {math.exp(e['logprob']):.1%}" for e in top)
+
+    tokens = report["tokens"] or [None] * len(report["ids"])
+    width = max(12, *(len(shown(t, i)) for t, i in zip(tokens, report["ids"])))
+    lines = [f"{'token':<{width}}  {'p':>7}  {'rank':>6}  expected instead (top {len(report['top'][0])})"]
+    for t, (token, i, logprob, rank) in enumerate(zip(tokens, report["ids"], report["logprobs"], report["ranks"])):
+        cell = shown(token, i)
+        if logprob is None:
+            lines.append(f"{cell:<{width}}  {'-':>7}  {'-':>6}")
+            continue
+        p = math.exp(logprob)
+        if color:
+            code = next(c for bound, c in _COLOURS if p >= bound)
+            cell = f"\x1b[38;5;{code}m{cell}\x1b[0m" + " " * (width - len(cell))
+        lines.append(f"{cell:<{width}}  {p:>7.2%}  {rank:>6}  {alternatives(report['top'][t - 1])}")
+    lines.append(f"{'(next)':<{width}}  {'':>7}  {'':>6}  {alternatives(report['top'][-1])}")
+    return lines
+
+
 def _whole_number(text: str) -> int:
     try:
         value = int(text)
@@ -542,6 +616,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train_parser(commands)
     _add_eval_parser(commands)
     _add_serve_parser(commands)
+    _add_inspect_parser(commands)
     _add_references(parser, commands)
     return parser
 
@@ -595,6 +670,46 @@ def _add_generate_parser(commands) -> None:
     generate.set_defaults(func=_cmd_generate)
 
 
+INSPECT_EXAMPLES = """\
+examples:
+  gpt2 inspect "The dog chased the cat"               # each token's probability, rank, alternatives
+  gpt2 inspect --json "The dog chased the cat"
+  gpt2 inspect --png pictures "The dog chased the cat" --temperature 0.7 --top-k 10
+  gpt2 inspect --walk "Hello, world"                  # the forward pass, step by step
+
+--png DIR draws, for the text: attention-blockI.png (every head of block I), logit-lens.png (the
+token each layer's residual stream predicts at each position) and next-token.png (the
+distribution after --position before and after --temperature, --top-k and --top-p). The Python
+API, gpt2.inspect.trace, records every activation and can patch any of them.
+"""
+
+
+def _add_inspect_parser(commands) -> None:
+    inspect = commands.add_parser(
+        "inspect",
+        help="look inside: each token's probability, the forward pass step by step, pictures",
+        description="Run a model on a text and show what it made of each token; or walk through its forward "
+        "pass (--walk), or draw its attention, logit lens and next-token distribution (--png).",
+        epilog=INSPECT_EXAMPLES,
+        formatter_class=_HelpFormatter,
+    )
+    inspect.add_argument("text", nargs="?", help="the text, or - to read it from standard input")
+    inspect.add_argument("--model", default="gpt2", help="a released name or a local directory, as for generate (default: gpt2)")
+    inspect.add_argument("--top-k", type=_whole_number, default=5, metavar="K",
+                         help="alternatives shown at each position; in next-token.png, the top-k filter (default: 5)")  # fmt: skip
+    inspect.add_argument("--json", action="store_true", help="print one JSON object: tokens, ids, logprobs, ranks, top")
+    inspect.add_argument("--walk", action="store_true", help="print the forward pass, a line a step: shape, math, values")
+    inspect.add_argument("--png", metavar="DIR", help="draw the pictures into DIR (needs matplotlib: the inspect extra)")
+    inspect.add_argument("--position", type=int, default=-1, metavar="P",
+                         help="next-token.png: the position whose next token is drawn, 0-based; -1 the last (default: -1)")  # fmt: skip
+    inspect.add_argument("--temperature", type=float, default=0.8, help="next-token.png: the temperature applied (default: 0.8)")
+    inspect.add_argument("--top-p", type=float, default=None, help="next-token.png: the top-p filter (default: off)")
+    inspect.add_argument("--color", choices=["auto", "always", "never"], default="auto",
+                         help="colour tokens by surprise: auto does on a terminal without $NO_COLOR (default: auto)")  # fmt: skip
+    _add_inference_device_flags(inspect)
+    inspect.set_defaults(func=_cmd_inspect, engine="torch", cuda_graphs=False)
+
+
 def _add_prepare_parser(commands) -> None:
     prepare = commands.add_parser(
         "prepare",
@@ -614,7 +729,7 @@ def _add_prepare_parser(commands) -> None:
 
 
 # Each command's reference, a page in docs/ of gpt2's repository, named at the end of its --help.
-REFERENCES = {name: f"docs/{name}.md" for name in ("tokenize", "generate", "prepare", "train", "eval", "serve")}
+REFERENCES = {name: f"docs/{name}.md" for name in ("tokenize", "generate", "prepare", "train", "eval", "serve", "inspect")}
 
 
 def _add_references(parser: argparse.ArgumentParser, commands) -> None:

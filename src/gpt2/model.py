@@ -91,11 +91,7 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
         B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)  # 3 x (B, T, C)
-        # (B, T, C) -> (B, H, T, C/H): each head attends over its own slice of the channels
-        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        q, k, v = self.heads(self.c_attn(x))  # 3 x (B, H, T, C/H)
         mask = counts = None  # None: plain causal attention over exactly these T positions
         if cache is not None:
             k, v = cache.update(layer, k, v)  # (B, H, S, C/H): the past and these T positions
@@ -109,8 +105,21 @@ class CausalSelfAttention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=mask is None and T > 1)
         elif y is None:
             y = attention(q, k, v, mask, self.attn_dropout)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side again
-        return self.resid_dropout(self.c_proj(y))
+        return self.resid_dropout(self.c_proj(merge_heads(y)))
+
+    def heads(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """c_attn's output (B, T, 3C) -> q, k, v, each (B, H, T, C/H): each head attends over its
+        own slice of the channels."""
+        B, T, C3 = qkv.shape
+        q, k, v = qkv.split(C3 // 3, dim=2)  # 3 x (B, T, C)
+        shape = (B, T, self.n_head, C3 // (3 * self.n_head))
+        return q.view(shape).transpose(1, 2), k.view(shape).transpose(1, 2), v.view(shape).transpose(1, 2)
+
+
+def merge_heads(y: torch.Tensor) -> torch.Tensor:
+    """(B, H, T, C/H) -> (B, T, C): the heads' outputs side by side again."""
+    B, H, T, d = y.shape
+    return y.transpose(1, 2).contiguous().view(B, T, H * d)
 
 
 def attention(
@@ -120,15 +129,19 @@ def attention(
 
     mask: True where a query may see a key, broadcastable to (B, H, T, S); None is causal.
     """
+    weights = torch.softmax(attention_scores(q, k, mask), dim=-1)  # (B, H, T, S): each row sums to 1
+    if dropout is not None:
+        weights = dropout(weights)
+    return weights @ v  # (B, H, T, d)
+
+
+def attention_scores(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """q k^T / sqrt(d), -inf where a query may not see a key: (B, H, T, S), the softmax's input."""
     T, S = q.size(-2), k.size(-2)
     scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))  # (B, H, T, S)
     if mask is None:
         mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
-    scores = scores.masked_fill(~mask, float("-inf"))
-    weights = torch.softmax(scores, dim=-1)
-    if dropout is not None:
-        weights = dropout(weights)
-    return weights @ v  # (B, H, T, d)
+    return scores.masked_fill(~mask, float("-inf"))
 
 
 def softmax(logits: torch.Tensor, dim: int = -1) -> torch.Tensor:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -22,6 +22,7 @@ from gpt2.errors import InvalidArgumentError
 from gpt2.weights import read_tensors, sinusoidal_positions
 
 Params = dict[str, Any]
+Tap = Callable[[str, np.ndarray], np.ndarray]
 
 
 def gelu(x: np.ndarray) -> np.ndarray:
@@ -55,50 +56,56 @@ def linear(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
     return x @ w + b
 
 
-def ffn(x: np.ndarray, c_fc: Params, c_proj: Params, activation=gelu) -> np.ndarray:
+def untapped(name: str, x: np.ndarray) -> np.ndarray:
+    """The tap of an ordinary forward pass: each step's value goes on unchanged."""
+    return x
+
+
+def ffn(x: np.ndarray, c_fc: Params, c_proj: Params, activation=gelu, tap: Tap = untapped, name: str = "mlp") -> np.ndarray:
     """Position-wise feed-forward: (T, C) -> (T, 4C) -> activation -> (T, C)."""
-    return linear(activation(linear(x, **c_fc)), **c_proj)
+    h = tap(f"{name}.c_fc", linear(x, **c_fc))  # (T, 4C)
+    return tap(f"{name}.c_proj", linear(tap(f"{name}.gelu", activation(h)), **c_proj))
 
 
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """Causal scaled dot-product attention for one head: (T, d) x3 -> (T, d)."""
-    T, d = q.shape
-    scores = q @ k.T / math.sqrt(d)  # (T, T): how much position i attends to position j
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, tap: Tap = untapped, name: str = "attn") -> np.ndarray:
+    """Causal scaled dot-product attention, every head at once: (H, T, d) x3 -> (H, T, d)."""
+    T, d = q.shape[-2:]
+    scores = q @ k.swapaxes(-1, -2) / math.sqrt(d)  # (H, T, T): how much position i attends to position j
     future = np.triu(np.ones((T, T), dtype=bool), k=1)  # j > i: not visible from i
-    scores = np.where(future, -np.inf, scores)
-    return softmax(scores) @ v
+    scores = tap(f"{name}.scores", np.where(future, -np.inf, scores))
+    return tap(f"{name}.z", tap(f"{name}.pattern", softmax(scores)) @ v)
 
 
-def mha(x: np.ndarray, c_attn: Params, c_proj: Params, n_head: int) -> np.ndarray:
+def mha(x: np.ndarray, c_attn: Params, c_proj: Params, n_head: int, tap: Tap = untapped, name: str = "attn") -> np.ndarray:
     """Multi-head causal self-attention: (T, C) -> (T, C)."""
-    qkv = linear(x, **c_attn)  # (T, 3C)
-    q, k, v = np.split(qkv, 3, axis=-1)  # 3 x (T, C)
-    heads = [
-        attention(qh, kh, vh)  # (T, C/H)
-        for qh, kh, vh in zip(np.split(q, n_head, axis=-1), np.split(k, n_head, axis=-1), np.split(v, n_head, axis=-1))
-    ]
-    return linear(np.concatenate(heads, axis=-1), **c_proj)  # (T, C)
+    qkv = tap(f"{name}.c_attn", linear(x, **c_attn))  # (T, 3C)
+    # (T, C) -> (H, T, C/H): each head attends over its own slice of the channels
+    q, k, v = (tap(f"{name}.{part}", np.stack(np.split(z, n_head, axis=-1))) for part, z in zip("qkv", np.split(qkv, 3, axis=-1)))
+    heads = attention(q, k, v, tap, name)  # (H, T, C/H)
+    return tap(f"{name}.c_proj", linear(np.concatenate(heads, axis=-1), **c_proj))  # (T, C)
 
 
 def transformer_block(
-    x: np.ndarray, ln_1: Params, attn: Params, ln_2: Params, mlp: Params, n_head: int, activation=gelu, eps: float = 1e-5
+    x: np.ndarray, ln_1: Params, attn: Params, ln_2: Params, mlp: Params, n_head: int, activation=gelu, eps: float = 1e-5,
+    tap: Tap = untapped, name: str = "h.0",
 ) -> np.ndarray:
     """Pre-LayerNorm block with residual connections: (T, C) -> (T, C)."""
-    x = x + mha(layer_norm(x, **ln_1, eps=eps), **attn, n_head=n_head)
-    x = x + ffn(layer_norm(x, **ln_2, eps=eps), **mlp, activation=activation)
-    return x
+    x = x + mha(tap(f"{name}.ln_1", layer_norm(x, **ln_1, eps=eps)), **attn, n_head=n_head, tap=tap, name=f"{name}.attn")
+    x = x + ffn(tap(f"{name}.ln_2", layer_norm(x, **ln_2, eps=eps)), **mlp, activation=activation, tap=tap, name=f"{name}.mlp")
+    return tap(name, x)
 
 
 def gpt2(
     inputs: Sequence[int], wte: np.ndarray, wpe: np.ndarray, blocks: list[Params], ln_f: Params, n_head: int,
-    activation=gelu, eps: float = 1e-5,
+    activation=gelu, eps: float = 1e-5, tap: Tap = untapped,
 ) -> np.ndarray:
-    """Logits (T, V) for a sequence of T token ids."""
+    """Logits (T, V) for a sequence of T token ids. `tap(name, value)` sees each step's value
+    (named as `gpt2.inspect` names them) and returns the value the pass goes on with."""
     inputs = np.asarray(inputs)
-    x = wte[inputs] + wpe[np.arange(len(inputs))]  # (T, C)
-    for block in blocks:
-        x = transformer_block(x, **block, n_head=n_head, activation=activation, eps=eps)
-    x = layer_norm(x, **ln_f, eps=eps)
+    x = tap("wte", wte[inputs]) + tap("wpe", wpe[np.arange(len(inputs))])  # (T, C)
+    for i, block in enumerate(blocks):
+        x = transformer_block(x, **block, n_head=n_head, activation=activation, eps=eps, tap=tap, name=f"h.{i}")
+    x = tap("ln_f", layer_norm(x, **ln_f, eps=eps))
     return x @ wte.T  # (T, V): the unembedding is wte itself
 
 
@@ -150,12 +157,22 @@ class ReferenceModel:
         """Read a checkpoint (any format `gpt2.weights` reads) without torch."""
         return cls(*read_tensors(name_or_path))
 
-    def __call__(self, inputs: Sequence[int]) -> np.ndarray:
-        """Logits (T, V) of one sequence of token ids."""
+    def __call__(self, inputs: Sequence[int], tap: Tap = untapped) -> np.ndarray:
+        """Logits (T, V) of one sequence of token ids; `tap`, as `gpt2()` takes it."""
         inputs = np.asarray(inputs)
         if inputs.ndim != 1 or inputs.size == 0 or inputs.dtype.kind not in "iu":
             raise InvalidArgumentError(f"inputs must be a non-empty sequence of integer token ids, got shape {list(inputs.shape)} of {inputs.dtype}")
         self.config.check_sequence(len(inputs), int(inputs.min()), int(inputs.max()))
         activation = gelu if self.config.activation == "gelu_tanh" else gelu_exact
         with np.errstate(invalid="ignore", over="ignore"):  # NaN or inf out is for the caller to report
-            return gpt2(inputs, **self.params, n_head=self.config.n_head, activation=activation, eps=self.config.layer_norm_epsilon)
+            return gpt2(inputs, **self.params, n_head=self.config.n_head, activation=activation, eps=self.config.layer_norm_epsilon, tap=tap)
+
+    def trace(self, inputs: Sequence[int]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Logits (T, V) and every step's value on the way, by name (as `gpt2.inspect.trace`)."""
+        activations: dict[str, np.ndarray] = {}
+
+        def record(name: str, x: np.ndarray) -> np.ndarray:
+            activations[name] = x
+            return x
+
+        return self(inputs, tap=record), activations
