@@ -330,13 +330,14 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     model, _ = _load_model(args)
     names = inspect.activation_names(model.config.n_layer, on_request=args.walk)
     trace = inspect.trace(model, text, names=names)
-    report = inspect.next_token_report(trace, args.top_k)
     if png is not None:
         _draw(trace, png, args.position, sampling)
+    if args.walk:
+        print("\n".join(inspect.walkthrough(trace, args.top_k)))
+        return 0
+    report = inspect.next_token_report(trace, args.top_k)
     if args.json:
         print(json.dumps({key: report[key] for key in ("tokens", "ids", "logprobs", "ranks", "top")}))
-    elif args.walk:
-        print("\n".join(inspect.walkthrough(trace, args.top_k)))
     else:
         color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty() and not os.environ.get("NO_COLOR"))
         print("\n".join(_token_lines(report, color)))
