@@ -360,11 +360,7 @@ _COLOURS = ((0.3, 34), (0.05, 178), (0.005, 208), (0.0, 196))
 
 def _token_lines(report: dict, color: bool) -> list[str]:
     """Each token, the probability the model gave it and its rank, and what it expected instead."""
-    def shown(token: str | None, i: int) -> str:
-        return repr(token) if token is not None else f"id {i}"
-
-    def alternatives(top: list[dict]) -> str:
-        return ", ".join(f"{shown(e['token'], e['id'])} {math.exp(e['logprob']):.1%}" for e in top)
+    from gpt2.inspect import alternatives, token_label as shown
 
     tokens = report["tokens"] or [None] * len(report["ids"])
     width = max(12, *(len(shown(t, i)) for t, i in zip(tokens, report["ids"])))

@@ -222,11 +222,6 @@ def next_token_report(trace: Trace, k: int = 5) -> dict:
             "ranks": [None, *ranks.tolist()], "top": top}  # fmt: skip
 
 
-def surprise(logprob: float | None) -> float | None:
-    """Bits of surprise: -log2 p."""
-    return None if logprob is None else -logprob / math.log(2)
-
-
 # What each step computes, as the seeds write it: the walkthrough's middle column.
 STEP_MATH = {
     "wte": "wte[ids]: each token's embedding",
@@ -272,11 +267,19 @@ def walkthrough(trace: Trace, k: int = 5) -> list[str]:
             lines.append(_walk_line(name, value, math_, last))
     lines.append(_walk_line("logits", trace.logits, "ln_f @ wte^T: a score for every token of the vocabulary", trace.logits[-1]))
     report = next_token_report(trace, k)
-    after = repr(trace.tokens[-1]) if trace.tokens is not None else f"id {trace.ids[-1]}"
-    best = ", ".join(f"{e['token']!r} {math.exp(e['logprob']):.1%}" if e["token"] is not None else f"{e['id']} {math.exp(e['logprob']):.1%}"
-                     for e in report["top"][-1])  # fmt: skip
-    lines.append(f"{'softmax':<18} the next token after {after}: {best}")
+    after = token_label(trace.tokens[-1] if trace.tokens is not None else None, trace.ids[-1])
+    lines.append(f"{'softmax':<18} the next token after {after}: {alternatives(report['top'][-1])}")
     return lines
+
+
+def token_label(token: str | None, i: int) -> str:
+    """A token as the terminal shows it: its text quoted, or its id where there is no tokenizer."""
+    return repr(token) if token is not None else f"id {i}"
+
+
+def alternatives(top: list[dict]) -> str:
+    """A report's top tokens at one position, each with its probability: "',' 17.8%, '.' 10.2%"."""
+    return ", ".join(f"{token_label(e['token'], e['id'])} {math.exp(e['logprob']):.1%}" for e in top)
 
 
 def _walk_line(name: str, value: torch.Tensor, math_: str, last: torch.Tensor) -> str:
