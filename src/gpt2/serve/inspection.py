@@ -14,6 +14,7 @@ tensors are `gpt2.inspect.trace`'s); log-probabilities are given as computed.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 
 import torch
@@ -21,7 +22,7 @@ import torch
 from gpt2._checks import int_between
 from gpt2.inspect import next_token_report, trace
 from gpt2.model import GPT2
-from gpt2.serve.protocol import AllowedSpecial, Limits, RequestError, parse_prompts
+from gpt2.serve.protocol import AllowedSpecial, Limits, RequestError, check_fields, parse_prompts
 from gpt2.tokenizer import Tokenizer, token_text
 
 INSPECT_FIELDS = {"model", "prompt", "top_k"}
@@ -38,12 +39,7 @@ class InspectRequest:
 def parse_inspect(body: object, tokenizer: Tokenizer, model: GPT2, limits: Limits,
                   allowed_special: AllowedSpecial = "all") -> InspectRequest:  # fmt: skip
     """Check a /v1/inspect body: one prompt (text or ids) within the context, and an answer within the limit."""
-    if not isinstance(body, dict):
-        raise RequestError(400, "the request body must be a JSON object")
-    for key in body:
-        if key not in INSPECT_FIELDS:
-            raise RequestError(400, f"Unrecognized request argument supplied: {key}; /v1/inspect takes "
-                               f"{', '.join(sorted(INSPECT_FIELDS))}", key)  # fmt: skip
+    body = check_fields(body, INSPECT_FIELDS)
     top_k = int_between("top_k", 5 if body.get("top_k") is None else body["top_k"], 1, MAX_TOP_K)
     prompts = parse_prompts(body.get("prompt"), tokenizer, model.config.n_vocab, allowed_special)
     if len(prompts) > 1:
@@ -55,7 +51,7 @@ def parse_inspect(body: object, tokenizer: Tokenizer, model: GPT2, limits: Limit
     heads = config.n_layer * config.n_head
     cells, limit = heads * len(ids) ** 2, limits.max_inspect_cells
     if cells > limit:
-        most = int((limit / heads) ** 0.5)
+        most = math.isqrt(limit // heads)
         raise RequestError(400, f"inspecting {len(ids)} tokens gives {config.n_layer} layers x {config.n_head} heads x "
                            f"{len(ids)} x {len(ids)} = {cells:,} attention probabilities, over this server's limit of "
                            f"{limit:,} (max_inspect_cells): at most {most} tokens for this model", "prompt",

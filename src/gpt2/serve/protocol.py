@@ -127,12 +127,12 @@ def parse_completion(body: object, tokenizer: Tokenizer, n_vocab: int, n_ctx: in
     return CompletionRequest(request.prompts, request.rows(), stop, stream, echo, logprobs, include_usage, return_token_ids)
 
 
-def check_fields(body: object) -> dict:
-    """The body: a JSON object of fields this server knows, and supports as given."""
+def check_fields(body: object, known: AbstractSet[str] = COMPLETION_FIELDS) -> dict:
+    """The body: a JSON object of fields this endpoint knows, and supports as given."""
     if not isinstance(body, dict):
         raise RequestError(400, "the request body must be a JSON object")
     for key in body:
-        if key not in COMPLETION_FIELDS:
+        if key not in known:
             raise RequestError(400, f"Unrecognized request argument supplied: {key}", key)
     for key, allowed in UNSUPPORTED.items():
         if body.get(key) is not None and body[key] not in allowed:
