@@ -1,11 +1,12 @@
 # Two commands set everything up on a fresh machine:
 #   make demo   create .venv if absent, install gpt2 (with its train, eval, serve and inspect extras), and run it
-#   make test   create .venv if absent, install gpt2 with its dev, train, eval, serve and inspect extras, and run the tests
+#   make test   create .venv if absent, install gpt2 with its dev, train, eval, serve and inspect extras, Chromium
+#               where it can (for the playground's browser tests), and run the tests
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test bench clean kernel
+.PHONY: demo test bench clean kernel browser
 
 # torch is pinned first: here pip takes a local CPU build in seconds, where an unpinned
 # torch would pull a multi-GB CUDA build. Elsewhere, pass TORCH="..." for the build you want (README).
@@ -36,7 +37,15 @@ demo: $(VENV)/.installed kernel
 	$(BIN)/gpt2 tokenize "$(PROMPT)"
 	$(BIN)/python scripts/demo.py --model "$(MODEL)" "$(PROMPT)"
 
-test: $(VENV)/.installed-dev kernel
+# The playground's tests drive Chromium through Playwright, whose own download needs a network:
+# they use the system's Chromium, installed here where root and apt-get are; else one line says how.
+browser:
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || command -v google-chrome >/dev/null || \
+	{ [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  { apt-get install -y -q chromium >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }; }; } || \
+	echo "make test: no Chromium for the browser tests: sudo apt-get install chromium (or: $(BIN)/python -m playwright install chromium)"
+
+test: $(VENV)/.installed-dev kernel browser
 	$(BIN)/python -m pytest
 
 bench: $(VENV)/.installed-dev kernel

@@ -14,6 +14,9 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
+import openai
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 VOCAB = REPO / "src" / "gpt2" / "vocab"
@@ -125,3 +128,36 @@ class Watched:
         finally:
             self.reader.join()
         return time.monotonic() - sent
+
+
+class Running:
+    """A server on a free local port, in a thread of this process."""
+
+    def __init__(self, load, model_id="tiny", limits=None, wait=True, **options):
+        import uvicorn
+
+        from gpt2.serve import Limits, create_app, listen
+
+        self.app = create_app(load, model_id, limits or Limits(), **options)
+        sock = listen("127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        self.runner = uvicorn.Server(uvicorn.Config(self.app, log_level="warning"))
+        self.thread = threading.Thread(target=self.runner.run, kwargs={"sockets": [sock]}, daemon=True)
+        self.thread.start()
+        while not self.runner.started:
+            time.sleep(0.01)
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self):
+        deadline = time.monotonic() + 60
+        while httpx.get(self.url + "/health").status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+
+    def client(self, **options):
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=options.pop("api_key", "none"), max_retries=0, **options)
+
+    def stop(self):
+        self.runner.should_exit = True
+        self.thread.join(timeout=30)

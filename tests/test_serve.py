@@ -17,48 +17,19 @@ import httpx
 import openai
 import pytest
 import torch
-import uvicorn
 
-from helpers import REPO, heed_ctrl_c, make_hf_model
+from helpers import REPO, Running, heed_ctrl_c, make_hf_model
 from gpt2 import Tokenizer
 from gpt2.cli import main
 from gpt2.decoding import row_seed
+from gpt2.errors import GPT2Error
 from gpt2.generate import generate_text
 from gpt2.model import GPT2
-from gpt2.serve import Limits, create_app, listen
+from gpt2.serve import Limits, create_app
 from gpt2.tokenizer import CharTokenizer
 
 ENC = Tokenizer.gpt2()
 N_CTX = 128
-
-
-class Running:
-    """A server on a free local port, in a thread of this process."""
-
-    def __init__(self, load, model_id="tiny", limits=Limits(), wait=True, **options):
-        self.app = create_app(load, model_id, limits, **options)
-        sock = listen("127.0.0.1", 0)
-        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        self.runner = uvicorn.Server(uvicorn.Config(self.app, log_level="warning"))
-        self.thread = threading.Thread(target=self.runner.run, kwargs={"sockets": [sock]}, daemon=True)
-        self.thread.start()
-        while not self.runner.started:
-            time.sleep(0.01)
-        if wait:
-            self.wait_ready()
-
-    def wait_ready(self):
-        deadline = time.monotonic() + 60
-        while httpx.get(self.url + "/health").status_code != 200:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-
-    def client(self, **options):
-        return openai.OpenAI(base_url=self.url + "/v1", api_key=options.pop("api_key", "none"), max_retries=0, **options)
-
-    def stop(self):
-        self.runner.should_exit = True
-        self.thread.join(timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -278,9 +249,9 @@ def test_a_choice_reads_each_token_as_it_was_when_made():
 # ------------------------------------------------------------------ errors
 
 
-def post(server, body, **options):
+def post(server, body, path="/v1/completions", **options):
     content = body if isinstance(body, (str, bytes)) else json.dumps(body)
-    return httpx.post(server.url + "/v1/completions", content=content, headers={"content-type": "application/json"}, **options)
+    return httpx.post(server.url + path, content=content, headers={"content-type": "application/json"}, **options)
 
 
 BAD_REQUESTS = [
@@ -296,6 +267,7 @@ BAD_REQUESTS = [
     ({"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}, "stop", "up to 4 stop strings, got 5"),
     ({"prompt": "hi", "stop": [""]}, "stop", "stop strings must be non-empty text"),
     ({"prompt": "hi", "stream": "yes"}, "stream", "stream must be true or false"),
+    ({"prompt": "hi", "return_token_ids": 1}, "return_token_ids", "return_token_ids must be true or false"),
     ({"prompt": "hi", "temperature": "hot"}, "temperature", "temperature must be a finite number"),
     ({"max_tokens": 5}, "prompt", "you must provide a prompt"),
     ({"prompt": []}, "prompt", "prompt must be a string, a list of strings"),
@@ -414,6 +386,10 @@ def test_an_api_key_is_required_when_set(models):
         with pytest.raises(openai.AuthenticationError, match="Incorrect or missing API key"):
             running.client(api_key="wrong").completions.create(model="tiny", prompt="hi", max_tokens=2)
         assert httpx.get(running.url + "/v1/models").status_code == 401
+        assert post(running, {"prompt": "hi"}, "/v1/inspect").status_code == 401
+        page = httpx.get(running.url + "/")  # the playground's files are open; the page asks for the key
+        assert page.status_code == 200 and 'id="api-key"' in page.text
+        assert httpx.get(running.url + "/ui/playground.js").status_code == 200
         assert running.client(api_key="s3cret").completions.create(model="tiny", prompt="hi", max_tokens=2).choices[0].text is not None
         assert httpx.get(running.url + "/health").status_code == 200
     finally:
@@ -434,6 +410,115 @@ def test_health_answers_503_until_the_model_is_loaded(models):
         assert post(running, {"prompt": "hi"}).status_code == 503
         loaded.set()
         running.wait_ready()
+    finally:
+        running.stop()
+
+
+# ------------------------------------------------------------------ token ids (vLLM's return_token_ids)
+
+
+def api_token(i: int) -> str:
+    """A token as OpenAI's API writes it in logprobs: its text, or "bytes:\\xNN" for part of a character."""
+    raw = ENC.decode_bytes([i])
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+
+
+def test_return_token_ids_gives_the_ids_generate_makes_whole_and_streamed(models, client):
+    prompt = "Token ids, please:"
+    expected = ours(models, prompt, max_new_tokens=12, temperature=0)[0]
+    whole = complete(client, prompt=prompt, max_tokens=12, temperature=0, extra_body={"return_token_ids": True})
+    choice = whole.choices[0].model_dump()
+    assert choice["prompt_token_ids"] == ENC.encode(prompt)
+    assert ENC.decode(choice["token_ids"]) == choice["text"] == expected and len(choice["token_ids"]) == whole.usage.completion_tokens
+    chunks = [c.choices[0].model_dump() for c in complete(client, prompt=prompt, max_tokens=12, temperature=0, stream=True,
+                                                          logprobs=2, extra_body={"return_token_ids": True}) if c.choices]  # fmt: skip
+    assert chunks[0]["prompt_token_ids"] == ENC.encode(prompt) and all("prompt_token_ids" not in c for c in chunks[1:])
+    assert [i for c in chunks for i in c["token_ids"]] == choice["token_ids"]
+    for c in chunks:  # each chunk's ids are the tokens its log-probabilities list
+        assert [api_token(i) for i in c["token_ids"]] == c["logprobs"]["tokens"]
+    plain = complete(client, prompt=prompt, max_tokens=3).choices[0].model_dump()
+    assert "token_ids" not in plain and "prompt_token_ids" not in plain  # only when asked for
+
+
+# ------------------------------------------------------------------ /v1/inspect
+
+
+def test_inspect_equals_transformers_attention_logprobs_and_logit_lens(models, server):
+    hf = make_hf_model(seed=5, vocab_size=50257, n_positions=N_CTX, n_embd=48, n_layer=2, n_head=3, attn_implementation="eager")
+    text = "The quick brown fox jumps over the lazy dog."
+    ids = ENC.encode(text)
+    answer = post(server, {"model": "tiny", "prompt": text, "top_k": 3}, "/v1/inspect").json()
+    assert answer["ids"] == ids and answer["tokens"] == [api_token(i) for i in ids]
+    with torch.no_grad():
+        out = hf(torch.tensor([ids]), output_attentions=True, output_hidden_states=True)
+    logprobs = torch.log_softmax(out.logits[0], dim=-1)  # (T, V)
+    assert answer["logprobs"][0] is None
+    assert torch.allclose(torch.tensor(answer["logprobs"][1:]), logprobs[:-1].gather(-1, torch.tensor(ids[1:])[:, None])[:, 0], atol=1e-4)
+    for position, top in enumerate(answer["top_logprobs"]):
+        best = logprobs[position].topk(3)
+        assert [e["id"] for e in top] == best.indices.tolist() and [e["token"] for e in top] == [api_token(e["id"]) for e in top]
+        assert torch.allclose(torch.tensor([e["logprob"] for e in top]), best.values, atol=1e-4)
+    attention = torch.tensor(answer["attention"])  # (L, H, T, T), rounded to 4 decimals
+    assert attention.shape == (2, 3, len(ids), len(ids))
+    assert torch.allclose(attention, torch.cat(out.attentions), atol=6e-5)
+    for layer, row in enumerate(answer["logit_lens"]):  # transformers' hidden_states[layer] enters block `layer`
+        stream = out.hidden_states[layer] if layer < 2 else out.hidden_states[2]  # the last one is after ln_f already
+        read = hf.lm_head(hf.transformer.ln_f(stream) if layer < 2 else stream)[0]
+        best = torch.softmax(read, dim=-1).max(dim=-1)
+        assert [e["id"] for e in row] == best.indices.tolist()
+        assert torch.allclose(torch.tensor([e["prob"] for e in row]), best.values, atol=1e-5)
+        assert [e["token"] for e in row] == [api_token(e["id"]) for e in row]
+
+
+BAD_INSPECTIONS = [
+    ({"prompt": ["one", "two"]}, "prompt", "/v1/inspect looks at one prompt at a time, got 2"),
+    ({"prompt": "hi", "top_k": 0}, "top_k", "top_k must be an integer from 1 to 20, got 0"),
+    ({"prompt": "hi", "top_k": 21}, "top_k", "top_k must be an integer from 1 to 20, got 21"),
+    ({"prompt": "hi", "max_tokens": 3}, "max_tokens", "Unrecognized request argument supplied: max_tokens"),
+    ({}, "prompt", "you must provide a prompt"),
+    ({"prompt": [1, 50257]}, "prompt", "token id 50257 in prompt is out of range"),
+    ({"prompt": [15496] * 129}, "prompt", "This model's maximum context length is 128 tokens, however your prompt has 129"),
+]
+
+
+@pytest.mark.parametrize("body, param, message", BAD_INSPECTIONS, ids=[b[1] + str(i) for i, b in enumerate(BAD_INSPECTIONS)])
+def test_a_bad_inspection_gets_a_400_naming_the_field(server, body, param, message):
+    response = post(server, body, "/v1/inspect")
+    error = response.json()["error"]
+    assert response.status_code == 400 and error["param"] == param and message in error["message"]
+    assert post(server, {"prompt": "hi", "model": "other"}, "/v1/inspect").status_code == 404
+
+
+def test_an_inspection_past_the_answer_bound_is_refused_saying_how_far_it_goes(models):
+    running = Running(lambda: (models[1], ENC), limits=Limits(max_inspect_cells=6 * 20 * 20))  # 2 layers x 3 heads: 20 tokens
+    try:
+        assert post(running, {"prompt": [15496] * 20}, "/v1/inspect").status_code == 200
+        error = post(running, {"prompt": [15496] * 21}, "/v1/inspect").json()["error"]
+        assert (error["param"], error["code"]) == ("prompt", "inspection_too_large")
+        assert "2 layers x 3 heads x 21 x 21 = 2,646 attention probabilities, over this server's limit of 2,400" in error["message"]
+        assert "at most 20 tokens" in error["message"]
+    finally:
+        running.stop()
+    with pytest.raises(GPT2Error, match="max_inspect_cells must be"):
+        Limits(max_inspect_cells=0).check()
+
+
+def test_the_playground_is_served_at_the_root_unless_turned_off(models, server):
+    page = httpx.get(server.url + "/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert "default-src 'self'" in page.headers["content-security-policy"]
+    for name in ("playground.js", "playground.css"):
+        assert httpx.get(f"{server.url}/ui/{name}").status_code == 200
+    assert httpx.get(server.url + "/ui/missing.js").status_code == 404
+    card = httpx.get(server.url + "/v1/models").json()["data"][0]
+    assert card["max_model_len"] == N_CTX and card["num_parameters"] == sum(p.numel() for p in models[0].parameters())
+    running = Running(lambda: (models[1], ENC), ui=False)
+    try:
+        assert httpx.get(running.url + "/").status_code == 404 and httpx.get(running.url + "/ui/playground.js").status_code == 404
+        assert post(running, {"prompt": "hi"}, "/v1/inspect").status_code == 200  # the API stays
     finally:
         running.stop()
 
@@ -459,6 +544,8 @@ def test_models_tokenize_detokenize_and_metrics(server, client):
                  "gpt2_batch_size", "gpt2_time_to_first_token_seconds_bucket"):  # fmt: skip
         assert name in metrics
     assert 'gpt2_requests_total{endpoint="/v1/completions",status="200"}' in metrics
+    post(server, {"prompt": "hi"}, "/v1/inspect")
+    assert 'gpt2_requests_total{endpoint="/v1/inspect",status="200"}' in httpx.get(server.url + "/metrics").text
     generated = next(line for line in metrics.splitlines() if line.startswith("gpt2_generated_tokens_total"))
     assert float(generated.split()[1]) >= 4
 
@@ -508,21 +595,26 @@ def test_gpt2_serve_stops_cleanly_on_a_signal_ending_requests_in_flight(models, 
         # uvicorns); SIGINT comes back as KeyboardInterrupt, which gpt2 reports with the usual 130
         assert process.wait(timeout=20) in ((0, -signal.SIGTERM) if sig == signal.SIGTERM else (0, 130))
         err = process.stderr.read() + process.stdout.read()  # uvicorn logs requests to stdout
-        assert f"serving {models[2]} on http://127.0.0.1:{port}/v1" in err and '"POST /v1/completions HTTP/1.1" 200' in err
+        assert f"serving {models[2]} on http://127.0.0.1:{port}/v1; the playground on http://127.0.0.1:{port}/ (" in err
+        assert '"POST /v1/completions HTTP/1.1" 200' in err
         assert "Application shutdown complete" in err
     finally:
         process.kill()
 
 
-def test_gpt2_serve_special_as_text_and_a_directory_with_a_trailing_slash(models, capsys):
-    """The flag reaches the server: its greedy answer equals gpt2 generate --special-as-text's; the id loses the slash."""
-    process, url = gpt2_serve("--model", models[2] + "/", "--special-as-text")
+def test_gpt2_serve_special_as_text_no_ui_and_a_directory_with_a_trailing_slash(models, capsys):
+    """The flags reach the server: its greedy answer equals gpt2 generate --special-as-text's, the
+    page is off, the answer bound is the one given; the id loses the slash."""
+    process, url = gpt2_serve("--model", models[2] + "/", "--special-as-text", "--no-ui", "--max-inspect-cells", "600")
     try:
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
         assert [m.id for m in client.models.list().data] == [models[2]]
         served = client.completions.create(model=models[2], prompt=SPECIAL_PROMPT, max_tokens=12, temperature=0).choices[0].text
         as_text, special = (gpt2_generate(capsys, models, SPECIAL_PROMPT, *flags) for flags in (["--special-as-text"], []))
         assert served == as_text != special
+        assert httpx.get(url + "/").status_code == 404
+        assert httpx.post(url + "/v1/inspect", json={"prompt": [1] * 10}).status_code == 200  # 2 x 3 x 10 x 10 = 600
+        assert "limit of 600" in httpx.post(url + "/v1/inspect", json={"prompt": [1] * 11}).json()["error"]["message"]
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=20) == 130
         assert f"gpt2: serving {models[2]}/ on {url}/v1 (" in process.stderr.read()

@@ -616,3 +616,15 @@ def test_save_pretrained_removes_another_tokenizers_files(enc, tmp_path):
     enc.save_pretrained(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["merges.txt", "tokenizer.json", "tokenizer_config.json", "vocab.json"]
     assert tokenizer_module.load_tokenizer(tmp_path).encode("Hello world") == [15496, 995]
+
+
+def test_token_text_is_the_text_or_the_bytes_of_part_of_a_character_as_openais_logprobs(enc, tiktoken_gpt2):
+    ids = enc.encode("Hello 🤗 中文")
+    for i in ids:
+        raw = tiktoken_gpt2.decode_single_token_bytes(i)
+        try:
+            expected = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            expected = "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+        assert tokenizer_module.token_text(enc, i) == expected
+    assert any(tokenizer_module.token_text(enc, i).startswith("bytes:\\x") for i in ids)

@@ -226,7 +226,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             raise
         raise _UsageError(f"gpt2 serve needs the serve extra ({e.name} is not installed): pip install 'gpt2[serve]'") from None
 
-    limits = Limits(max_batch_size=args.max_batch_size, max_queue=args.max_queue, max_n=args.max_n, api_key=args.api_key)
+    inspect_cells = {} if args.max_inspect_cells is None else {"max_inspect_cells": args.max_inspect_cells}
+    limits = Limits(max_batch_size=args.max_batch_size, max_queue=args.max_queue, max_n=args.max_n, api_key=args.api_key,
+                    **inspect_cells)  # fmt: skip
     limits.check()
     device = resolve_device(args.device)
     form = weight_format(args.dtype, device)  # bad flags fail now, not once the server listens
@@ -235,10 +237,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     limits.check_memory(read_config(args.model), device, form.compute)  # and a model that is not there
 
     def listening(url: str) -> None:
-        print(f"gpt2: serving {args.model} on {url} (loading the model; GET /health answers 200 once it has)", file=sys.stderr)
+        page = "" if args.no_ui else f"; the playground on {url.removesuffix('/v1')}/"
+        print(f"gpt2: serving {args.model} on {url}{page} (loading the model; GET /health answers 200 once it has)", file=sys.stderr)
 
     serve(lambda: _load_model(args), args.model, args.host, args.port, limits, allowed_special=_allowed_special(args),
-          on_listen=listening)  # fmt: skip
+          on_listen=listening, ui=not args.no_ui)  # fmt: skip
     return 0
 
 
@@ -494,9 +497,11 @@ examples:
   curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \\
       -d '{"model": "gpt2", "prompt": "Alan Turing theorized that", "max_tokens": 20, "temperature": 0}'
 
-OpenAI's completions API (/v1/completions, /v1/models), llama.cpp's /tokenize and /detokenize,
-/health and Prometheus' /metrics. Requests share one batch: each joins it at the next token
-and leaves it when it ends. Ctrl-C or SIGTERM stops the server; requests in flight get an error.
+OpenAI's completions API (/v1/completions, /v1/models), /v1/inspect (attention and the logit
+lens of a prompt), llama.cpp's /tokenize and /detokenize, /health and Prometheus' /metrics; and
+the playground, a page at / (open http://127.0.0.1:8000/ in a browser). Requests share one
+batch: each joins it at the next token and leaves it when it ends. Ctrl-C or SIGTERM stops the
+server; requests in flight get an error.
 """
 
 
@@ -520,6 +525,10 @@ def _add_serve_parser(commands) -> None:
     serve.add_argument("--max-queue", type=_whole_number, default=64, metavar="N",
                        help="rows that may wait for a place in the batch; past it, requests get 429 (default: 64)")  # fmt: skip
     serve.add_argument("--max-n", type=_whole_number, default=16, metavar="N", help="the largest n (choices) of a request (default: 16)")
+    serve.add_argument("--max-inspect-cells", type=_whole_number, metavar="N",
+                       help="the most attention probabilities (layers x heads x tokens x tokens) one /v1/inspect answer "
+                       "holds; about 6.5 bytes each in JSON (default: 4194304, 170 tokens of the 124M model)")  # fmt: skip
+    serve.add_argument("--no-ui", action="store_true", help="serve the API alone, without the playground page at /")
     serve.add_argument("--api-key", default=os.environ.get("GPT2_API_KEY"), metavar="KEY",
                        help="require the header Authorization: Bearer KEY (default: $GPT2_API_KEY, else none)")  # fmt: skip
     serve.set_defaults(func=_cmd_serve, engine="torch")

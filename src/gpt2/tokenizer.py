@@ -546,6 +546,16 @@ def _id_list(ids: Iterable[int]) -> list[int] | tuple[int, ...]:
         ) from None
 
 
+def token_text(tokenizer: Tokenizer | CharTokenizer, token: int) -> str:
+    """One token as OpenAI's API shows it in log-probabilities: its text, or "bytes:\\xNN" where
+    it is part of a character."""
+    raw = tokenizer.decode_bytes([token])
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+
+
 class IncrementalDecoder:
     """Turns token ids into text piece by piece, for streaming.
 

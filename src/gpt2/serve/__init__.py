@@ -6,7 +6,8 @@
 The routes parse and check requests, tokenize, and turn tokens into OpenAI's responses; one
 thread steps a `gpt2.decoding.Decoder` over all rows in flight, so a request joins the running
 batch at the next step and leaves it when it ends. Endpoints: /health, /v1/models,
-/v1/completions, /tokenize, /detokenize, /tokenizer_info, /metrics.
+/v1/completions, /v1/inspect, /tokenize, /detokenize, /tokenizer_info, /metrics; and the
+playground, a page at / (its files in ui/) made from /v1/completions and /v1/inspect.
 
 `<|endoftext|>` written in a string prompt (and in /tokenize's text) is the special token, as
 OpenAI's API, vLLM and llama.cpp's server read it, unless the server was told otherwise
@@ -18,7 +19,8 @@ The rooms, as vLLM's `entrypoints/openai` keeps them:
     scheduler    the generation loop's thread over the decoder, and the metrics
     server       the state behind the routes: the model loading, readiness, API key, bodies
     completions  serving one completion: choices' text and logprobs, JSON or SSE
-    app          create_app: routes, middleware, error handlers
+    inspection   /v1/inspect: one prompt's attention, log-probabilities and logit lens
+    app          create_app: routes, middleware, error handlers, the playground's files
     launch       serve: the app on uvicorn, the model loading in the main thread
 """
 

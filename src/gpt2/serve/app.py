@@ -1,18 +1,22 @@
 """The server's ASGI app: its routes, the middleware counting responses, and the errors as
 OpenAI's error bodies.
 
-Endpoints: /health, /metrics, /v1/models, /v1/completions, /tokenize, /detokenize and
-/tokenizer_info. A route checks the request (`gpt2.serve.protocol`), and a completion is
-served by `gpt2.serve.completions` over the scheduler's loop.
+Endpoints: /health, /metrics, /v1/models, /v1/completions, /v1/inspect, /tokenize,
+/detokenize and /tokenizer_info; and the playground, a page at / with its files under /ui.
+A route checks the request (`gpt2.serve.protocol`), and a completion is served by
+`gpt2.serve.completions` over the scheduler's loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from importlib.resources import files
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
@@ -20,6 +24,7 @@ from gpt2._checks import check_token_ids, is_integer
 from gpt2.errors import GPT2Error
 from gpt2.model import GPT2
 from gpt2.serve.completions import answer
+from gpt2.serve.inspection import inspection_json, parse_inspect
 from gpt2.serve.protocol import AllowedSpecial, Limits, RequestError, encode_text, parse_completion
 from gpt2.serve.scheduler import Metrics
 from gpt2.serve.server import Server
@@ -27,13 +32,14 @@ from gpt2.tokenizer import Tokenizer
 
 
 def create_app(load: Callable[[], tuple[GPT2, Tokenizer]], model_id: str, limits: Limits = Limits(), *,
-               allowed_special: AllowedSpecial = "all", load_in_background: bool = True) -> FastAPI:  # fmt: skip
+               allowed_special: AllowedSpecial = "all", load_in_background: bool = True, ui: bool = True) -> FastAPI:  # fmt: skip
     """The server's ASGI app; `load` returns the model and its tokenizer, in a thread of its own
     once the app starts (/health answers 503 until it has), or, with `load_in_background`
     False, when the caller runs `app.state.server.load_model()`: `serve` does, in the main
     thread, for a process that exits while a thread is inside torch aborts (see `serve`).
     `allowed_special` (the tokenizer's meaning) says which special tokens written in a string
-    prompt, or in /tokenize's text, are read as such: "all" (as OpenAI's API), or frozenset() for text."""
+    prompt, or in /tokenize's text, are read as such: "all" (as OpenAI's API), or frozenset() for text.
+    `ui` serves the playground at /."""
     server = Server(load, model_id, limits, allowed_special)
 
     @asynccontextmanager
@@ -48,6 +54,8 @@ def create_app(load: Callable[[], tuple[GPT2, Tokenizer]], model_id: str, limits
     app.add_middleware(_CountRequests, metrics=server.metrics)
     _add_error_handlers(app)
     _add_routes(app, server)
+    if ui:
+        _add_playground(app)
     return app
 
 
@@ -71,7 +79,8 @@ def _add_error_handlers(app: FastAPI) -> None:
         return RequestError(500, f"internal error: {type(e).__name__}: {e}", kind="server_error").response()
 
 
-ENDPOINTS = ("/health", "/metrics", "/v1/models", "/v1/completions", "/tokenize", "/detokenize", "/tokenizer_info")
+ENDPOINTS = ("/health", "/metrics", "/v1/models", "/v1/completions", "/v1/inspect", "/tokenize", "/detokenize", "/tokenizer_info",
+             "/ui", "/")  # fmt: skip
 
 
 class _CountRequests:
@@ -119,7 +128,10 @@ def _add_model_routes(app: FastAPI, server: Server) -> None:
         return Response(generate_latest(server.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     def model_card() -> dict:
-        return {"id": server.model_id, "object": "model", "created": server.created, "owned_by": "gpt2"}
+        card = {"id": server.model_id, "object": "model", "created": server.created, "owned_by": "gpt2"}
+        if server.ready.is_set():  # and vLLM's context size, and the parameter count, once they are known
+            card.update(max_model_len=server.model.config.n_ctx, num_parameters=server.model.num_parameters())
+        return card
 
     @app.get("/v1/models")
     async def models(request: Request) -> JSONResponse:
@@ -177,7 +189,32 @@ def _add_completion_routes(app: FastAPI, server: Server) -> None:
         completion = parse_completion(body, server.tokenizer, config.n_vocab, config.n_ctx, server.limits, server.allowed_special)
         return await answer(server, request, completion)
 
+    @app.post("/v1/inspect")
+    async def inspect(request: Request) -> Response:
+        body = await server.body(request)
+        server.check_model(body.get("model") if isinstance(body, dict) else None)
+        asked = parse_inspect(body, server.tokenizer, server.model, server.limits, server.allowed_special)
+        async with server.inspecting:  # one at a time, beside the decoding thread: each holds T x T per head
+            content = await asyncio.to_thread(inspection_json, server.model, server.tokenizer, asked)
+        return Response(content, media_type="application/json")
+
     @app.post("/v1/chat/completions")  # a client that speaks chat learns what to send instead (a later issue adds chat)
     async def chat() -> JSONResponse:
         raise RequestError(404, "POST /v1/chat/completions: this server speaks OpenAI's completions API, not chat: "
                            "send POST /v1/completions with a prompt to continue", code="unknown_url")  # fmt: skip
+
+
+# The page may load only its own files and talk only to its own server: nothing from elsewhere.
+PAGE_POLICY = "default-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+
+
+def _add_playground(app: FastAPI) -> None:
+    """The playground: its page at / and its script and style under /ui, files of this package,
+    open as /health is (they hold no data: the page sends the API key to the API, as any client)."""
+    page = files("gpt2.serve") / "ui" / "index.html"
+
+    @app.get("/", include_in_schema=False)
+    async def playground() -> FileResponse:
+        return FileResponse(str(page), media_type="text/html", headers={"Content-Security-Policy": PAGE_POLICY})
+
+    app.mount("/ui", StaticFiles(packages=[("gpt2.serve", "ui")]), name="ui")

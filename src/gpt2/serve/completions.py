@@ -23,7 +23,7 @@ from gpt2.generate import TextRow
 from gpt2.serve.protocol import CompletionRequest, RequestError
 from gpt2.serve.scheduler import CANCELLED
 from gpt2.serve.server import Server
-from gpt2.tokenizer import IncrementalDecoder, Tokenizer
+from gpt2.tokenizer import IncrementalDecoder, Tokenizer, token_text
 
 
 class ChoiceStream:
@@ -41,6 +41,8 @@ class ChoiceStream:
         self.done = False
         self.finish_reason: str | None = None
         self.tokens = 0  # generated tokens this choice took (the row may have made one more)
+        self.token_ids: list[int] | None = [] if request.return_token_ids else None  # those tokens, for vLLM's return_token_ids
+        self.ids_sent, self.prompt_ids_sent = 0, False  # token_ids streamed so far; prompt_token_ids, with the first chunk
 
     def add(self, token: int | None, reason: str | None) -> str:
         """The text the row's new token (None: none) releases, `reason` saying whether the row
@@ -54,6 +56,8 @@ class ChoiceStream:
             self.offsets, self.offset = IncrementalDecoder(self.tokenizer), len(piece)
         taken = token is not None and not self.text_row.done
         self.tokens += taken
+        if taken and self.token_ids is not None:
+            self.token_ids.append(token)
         piece += self.text_row.follow(token, reason is not None)
         if taken and token != self.tokenizer.eot_token and self.logprobs is not None:
             k = len(self.logprobs["tokens"]) - (len(self.row.prompt) if self.row.echo_logprobs else 0)
@@ -73,7 +77,7 @@ class ChoiceStream:
 
     def _log(self, token: int, entry: tuple[float, list[tuple[int, float]]] | None) -> None:
         log = self.logprobs
-        log["tokens"].append(self.token_text(token))
+        log["tokens"].append(token_text(self.tokenizer, token))
         log["text_offset"].append(self.offset)
         self.offset += len(self.offsets.add([token]))
         if entry is None:  # the first token of an echoed prompt
@@ -82,17 +86,9 @@ class ChoiceStream:
             return
         chosen, alternatives = entry
         log["token_logprobs"].append(chosen)
-        top = {self.token_text(t): lp for t, lp in alternatives}
-        top.setdefault(self.token_text(token), chosen)  # the chosen token always among them, as vLLM does
+        top = {token_text(self.tokenizer, t): lp for t, lp in alternatives}
+        top.setdefault(token_text(self.tokenizer, token), chosen)  # the chosen token always among them, as vLLM does
         log["top_logprobs"].append(top)
-
-    def token_text(self, token: int) -> str:
-        """A token as OpenAI's API shows it: its text, or "bytes:\\xNN" where it is part of a character."""
-        raw = self.tokenizer.decode_bytes([token])
-        try:
-            return raw.decode("utf-8")
-        except UnicodeDecodeError:
-            return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
 
     def unsent_logprobs(self) -> dict | None:
         if self.logprobs is None:
@@ -101,8 +97,21 @@ class ChoiceStream:
         self.sent = len(self.logprobs["tokens"])
         return new
 
+    def with_token_ids(self, choice: dict, streamed: bool = False) -> dict:
+        """vLLM's return_token_ids: the choice's prompt_token_ids and the token_ids it took; streamed,
+        the ids new since the last chunk, and the prompt's with the first."""
+        if self.token_ids is None:
+            return choice
+        if not (streamed and self.prompt_ids_sent):
+            choice["prompt_token_ids"] = list(self.row.prompt)
+        choice["token_ids"] = self.token_ids[self.ids_sent if streamed else 0 :]
+        if streamed:
+            self.ids_sent, self.prompt_ids_sent = len(self.token_ids), True
+        return choice
+
     def to_dict(self) -> dict:
-        return {"index": self.index, "text": self.text, "logprobs": self.logprobs, "finish_reason": self.finish_reason}
+        choice = {"index": self.index, "text": self.text, "logprobs": self.logprobs, "finish_reason": self.finish_reason}
+        return self.with_token_ids(choice)
 
 
 @dataclass
@@ -182,8 +191,8 @@ async def sse(response: CompletionResponse, stream: AsyncGenerator[tuple[ChoiceS
     """Server-Sent Events: a chunk per piece of text, one with each choice's finish_reason, then [DONE]."""
 
     def chunk(choice: ChoiceStream, text: str, finish: str | None) -> str:
-        body = response.body([{"index": choice.index, "text": text, "logprobs": choice.unsent_logprobs(), "finish_reason": finish}],
-                             usage=False)  # fmt: skip
+        piece = {"index": choice.index, "text": text, "logprobs": choice.unsent_logprobs(), "finish_reason": finish}
+        body = response.body([choice.with_token_ids(piece, streamed=True)], usage=False)
         return f"data: {json.dumps(body)}\n\n"
 
     try:

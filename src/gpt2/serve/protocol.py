@@ -32,10 +32,13 @@ class Limits:
     max_queue: int = 64  # rows waiting for a slot; past it, 429
     max_n: int = 16  # choices of one request
     max_body_bytes: int = 1 << 20
+    # attention probabilities in one /v1/inspect answer (n_layer x n_head x T x T): 2^22 are 170
+    # tokens of the 124M model (59 of gpt2-xl), an answer of 27 MB made in 2.3 s on 2 CPU cores
+    max_inspect_cells: int = 1 << 22
     api_key: str | None = None
 
     def check(self) -> None:
-        for name in ("max_batch_size", "max_queue", "max_n", "max_body_bytes"):
+        for name in ("max_batch_size", "max_queue", "max_n", "max_body_bytes", "max_inspect_cells"):
             positive_int(name, getattr(self, name))
         if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key.strip()):
             raise InvalidArgumentError("api_key must be non-empty text", "api_key")
@@ -86,11 +89,12 @@ class CompletionRequest:
     echo: bool = False
     logprobs: int | None = None
     include_usage: bool = False
+    return_token_ids: bool = False  # vLLM's: each choice's token_ids and prompt_token_ids
 
 
 COMPLETION_FIELDS = {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "n", "stream", "stream_options", "stop",
                      "seed", "logprobs", "echo", "user", "presence_penalty", "frequency_penalty", "logit_bias", "best_of",
-                     "suffix"}  # fmt: skip
+                     "suffix", "return_token_ids"}  # fmt: skip
 UNSUPPORTED = {"presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "logit_bias": ({},), "suffix": ("",)}
 
 AllowedSpecial = AbstractSet[str] | Literal["all"]  # Tokenizer.encode's: special tokens read as such in text
@@ -107,7 +111,7 @@ def parse_completion(body: object, tokenizer: Tokenizer, n_vocab: int, n_ctx: in
     if body.get("best_of") is not None and body["best_of"] != n:
         raise RequestError(400, "best_of is not supported by this server (other than equal to n)", "best_of")
     logprobs = None if body.get("logprobs") is None else int_between("logprobs", body["logprobs"], 0, 5)
-    stream, echo, include_usage = parse_streaming(body)
+    stream, echo, include_usage, return_token_ids = parse_streaming(body)
     stop = check_stop(body.get("stop"))
     if len(stop) > 4:
         raise RequestError(400, f"stop: up to 4 stop strings, got {len(stop)}", "stop")
@@ -120,15 +124,15 @@ def parse_completion(body: object, tokenizer: Tokenizer, n_vocab: int, n_ctx: in
                                 on_overflow="error", allow_zero=True)  # fmt: skip
     except ContextLengthError:
         raise context_exceeded(prompts, max_tokens, n_ctx) from None
-    return CompletionRequest(request.prompts, request.rows(), stop, stream, echo, logprobs, include_usage)
+    return CompletionRequest(request.prompts, request.rows(), stop, stream, echo, logprobs, include_usage, return_token_ids)
 
 
-def check_fields(body: object) -> dict:
-    """The body: a JSON object of fields this server knows, and supports as given."""
+def check_fields(body: object, known: AbstractSet[str] = COMPLETION_FIELDS) -> dict:
+    """The body: a JSON object of fields this endpoint knows, and supports as given."""
     if not isinstance(body, dict):
         raise RequestError(400, "the request body must be a JSON object")
     for key in body:
-        if key not in COMPLETION_FIELDS:
+        if key not in known:
             raise RequestError(400, f"Unrecognized request argument supplied: {key}", key)
     for key, allowed in UNSUPPORTED.items():
         if body.get(key) is not None and body[key] not in allowed:
@@ -136,16 +140,16 @@ def check_fields(body: object) -> dict:
     return body
 
 
-def parse_streaming(body: dict) -> tuple[bool, bool, bool]:
-    """stream, echo and stream_options' include_usage (null, or absent, is false)."""
-    flags = {key: False if body.get(key) is None else body[key] for key in ("stream", "echo")}
+def parse_streaming(body: dict) -> tuple[bool, bool, bool, bool]:
+    """stream, echo, stream_options' include_usage and return_token_ids (null, or absent, is false)."""
+    flags = {key: False if body.get(key) is None else body[key] for key in ("stream", "echo", "return_token_ids")}
     for key, value in flags.items():
         if not isinstance(value, bool):
             raise RequestError(400, f"{key} must be true or false, got {value!r}", key)
     options = {} if body.get("stream_options") is None else body["stream_options"]
     if not isinstance(options, dict) or set(options) - {"include_usage"}:
         raise RequestError(400, 'stream_options must be an object like {"include_usage": true}', "stream_options")
-    return flags["stream"], flags["echo"], bool(options.get("include_usage"))
+    return flags["stream"], flags["echo"], bool(options.get("include_usage")), flags["return_token_ids"]
 
 
 def context_exceeded(prompts: list[list[int]], max_tokens: int, n_ctx: int) -> RequestError:

@@ -5,6 +5,7 @@ the API key, the model's readiness, the body's size and JSON.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import json
@@ -35,6 +36,7 @@ class Server:
         self.load_error: Exception | None = None
         self.scheduler: Scheduler | None = None
         self.created = int(time.time())
+        self.inspecting = asyncio.Lock()  # /v1/inspect's: one inspection at a time
 
     def start(self) -> None:
         """Load the model in a thread of its own."""

@@ -1,0 +1,89 @@
+"""POST /v1/inspect: one prompt looked inside, from `gpt2.inspect`, for the playground's views
+and for any client.
+
+    {"prompt": "The dog chased the", "top_k": 5}
+      -> {"tokens", "ids", "logprobs", "top_logprobs", "attention", "logit_lens"}
+
+The answer holds every head's attention, n_layer x n_head x T x T numbers: Limits'
+max_inspect_cells bounds it, so that one request cannot make the server build and send an
+answer of gigabytes (the 124M model's 144 heads over its 1,024 positions would be 151 million).
+Attention probabilities are rounded to 4 decimals, finer than a picture shows (the exact
+tensors are `gpt2.inspect.trace`'s); log-probabilities are given as computed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+import torch
+
+from gpt2._checks import int_between
+from gpt2.inspect import next_token_report, trace
+from gpt2.model import GPT2
+from gpt2.serve.protocol import AllowedSpecial, Limits, RequestError, check_fields, parse_prompts
+from gpt2.tokenizer import Tokenizer, token_text
+
+INSPECT_FIELDS = {"model", "prompt", "top_k"}
+MAX_TOP_K = 20
+DECIMALS = 4  # of the attention probabilities
+
+
+@dataclass(frozen=True)
+class InspectRequest:
+    ids: list[int]
+    top_k: int = 5
+
+
+def parse_inspect(body: object, tokenizer: Tokenizer, model: GPT2, limits: Limits,
+                  allowed_special: AllowedSpecial = "all") -> InspectRequest:  # fmt: skip
+    """Check a /v1/inspect body: one prompt (text or ids) within the context, and an answer within the limit."""
+    body = check_fields(body, INSPECT_FIELDS)
+    top_k = int_between("top_k", 5 if body.get("top_k") is None else body["top_k"], 1, MAX_TOP_K)
+    prompts = parse_prompts(body.get("prompt"), tokenizer, model.config.n_vocab, allowed_special)
+    if len(prompts) > 1:
+        raise RequestError(400, f"/v1/inspect looks at one prompt at a time, got {len(prompts)}", "prompt")
+    ids, config = prompts[0], model.config
+    if len(ids) > config.n_ctx:
+        raise RequestError(400, f"This model's maximum context length is {config.n_ctx} tokens, however your prompt has "
+                           f"{len(ids)} tokens. Please reduce your prompt.", "prompt", "context_length_exceeded")  # fmt: skip
+    heads = config.n_layer * config.n_head
+    cells, limit = heads * len(ids) ** 2, limits.max_inspect_cells
+    if cells > limit:
+        most = math.isqrt(limit // heads)
+        raise RequestError(400, f"inspecting {len(ids)} tokens gives {config.n_layer} layers x {config.n_head} heads x "
+                           f"{len(ids)} x {len(ids)} = {cells:,} attention probabilities, over this server's limit of "
+                           f"{limit:,} (max_inspect_cells): at most {most} tokens for this model", "prompt",
+                           "inspection_too_large")  # fmt: skip
+    return InspectRequest(ids, top_k)
+
+
+def inspection(model: GPT2, tokenizer: Tokenizer, request: InspectRequest) -> dict:
+    """The answer to /v1/inspect, tokens written as the completions API's logprobs write them.
+
+    tokens, ids       the prompt
+    logprobs          each token's log-probability given those before it (null for the first)
+    top_logprobs      per position, the top_k next tokens: [{"token", "id", "logprob"}, ...]
+    attention         [layer][head][query][key] probabilities (0 above the diagonal)
+    logit_lens        [layer][position] {"token", "id", "prob"}: the top token read from the
+                      residual stream entering block `layer` (layer n_layer: the output)
+    """
+    n_layer = model.config.n_layer
+    patterns = [f"h.{i}.attn.pattern" for i in range(n_layer)]
+    looked = trace(model, request.ids, names=["wte", "wpe", *(f"h.{i}" for i in range(n_layer)), *patterns])
+    text = lambda i: token_text(tokenizer, i)  # noqa: E731
+    report = next_token_report(looked, request.top_k)
+    top = [[{"token": text(e["id"]), "id": e["id"], "logprob": e["logprob"]} for e in position] for position in report["top"]]
+    attention = torch.stack([looked.activations[name] for name in patterns]).double()  # (L, H, T, T); in float64, 4 decimals print as 4
+    lens = []
+    for layer in range(n_layer + 1):  # one layer at a time: (T, V) probabilities each
+        best = torch.softmax(looked.logit_lens(layer).float(), dim=-1).max(dim=-1)
+        lens.append([{"token": text(i), "id": i, "prob": p} for i, p in zip(best.indices.tolist(), best.values.tolist())])
+    return {"tokens": [text(i) for i in request.ids], "ids": request.ids, "logprobs": report["logprobs"], "top_logprobs": top,
+            "attention": attention.round(decimals=DECIMALS).cpu().tolist(), "logit_lens": lens}  # fmt: skip
+
+
+def inspection_json(model: GPT2, tokenizer: Tokenizer, request: InspectRequest) -> bytes:
+    """The answer, encoded: run in a worker thread, for a long prompt's takes a second."""
+    return json.dumps(inspection(model, tokenizer, request)).encode()

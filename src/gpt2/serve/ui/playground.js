@@ -1,0 +1,470 @@
+// The playground: a prompt continued token by token through /v1/completions (streamed, with
+// each token's log-probability, alternatives and id), then looked inside through /v1/inspect
+// (every head's attention, the logit lens). Plain JavaScript, no library: read it top to bottom.
+
+const $ = (id) => document.getElementById(id);
+
+const state = {
+  model: null,       // the served model's card from /v1/models
+  tokens: [],        // the completion: {id, text, logprob, top} each
+  promptIds: null,   // the prompt's token ids, as the server read them
+  controller: null,  // aborts the generation in flight (Stop)
+  inspection: null,  // /v1/inspect's answer for the prompt and the completion
+  query: 0,          // the attention view's chosen row (a position)
+};
+
+// ------------------------------------------------------------------ talking to the server
+
+class ServerError extends Error {}
+
+function headers() {
+  const h = { "Content-Type": "application/json" };
+  const key = $("api-key").value.trim();
+  if (key) h.Authorization = `Bearer ${key}`;
+  return h;
+}
+
+// The server's error body (OpenAI's {"error": {"message"}}), or its status line.
+async function failure(response) {
+  try {
+    const body = await response.json();
+    if (body.error && body.error.message) return new ServerError(`${response.status}: ${body.error.message}`);
+  } catch (_) { /* not JSON: the status says it */ }
+  return new ServerError(`${response.status} ${response.statusText}`);
+}
+
+async function send(path, init) {
+  try {
+    return await fetch(path, { ...init, headers: headers() });
+  } catch (e) {
+    if (e.name === "AbortError") throw e;
+    throw new ServerError(`cannot reach the server: ${e.message}`);
+  }
+}
+
+async function call(path, body) {
+  const response = await send(path, body === undefined ? {} : { method: "POST", body: JSON.stringify(body) });
+  if (!response.ok) throw await failure(response);
+  return response.json();
+}
+
+// Server-Sent Events: each "data: {...}" as an object, until "data: [DONE]".
+async function* events(stream) {
+  const reader = stream.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += value;
+    let end;
+    while ((end = buffer.indexOf("\n\n")) >= 0) {
+      const message = buffer.slice(0, end);
+      buffer = buffer.slice(end + 2);
+      for (const line of message.split("\n")) {
+        if (!line.startsWith("data: ")) continue;
+        if (line === "data: [DONE]") return;
+        yield JSON.parse(line.slice(6));
+      }
+    }
+  }
+}
+
+function showError(message) {
+  $("error").textContent = message;
+  $("error").hidden = !message;
+}
+
+const say = (message) => { $("status").textContent = message; };
+const percent = (p) => `${(100 * p).toFixed(p >= 0.9995 || p < 0.0005 ? 2 : 1)}%`;
+const shown = (text) => JSON.stringify(text);  // a token with its spaces and newlines visible
+
+// ------------------------------------------------------------------ the model
+
+async function loadModel() {
+  try {
+    const card = (await call("/v1/models")).data[0];
+    if (card.max_model_len === undefined) {  // still loading: /v1/models answers before the model is in
+      $("model-info").textContent = `${card.id}: loading the model…`;
+      setTimeout(loadModel, 1000);
+      return;
+    }
+    state.model = card;
+    $("model-info").textContent = `${card.id} · context ${card.max_model_len} tokens · ${count(card.num_parameters)} parameters`;
+    showError("");
+  } catch (e) {
+    state.model = null;
+    $("model-info").textContent = "no model information";
+    showError(e.message);
+  }
+}
+
+function count(n) {
+  if (n >= 1e9) return `${(n / 1e9).toFixed(2)}B`;
+  if (n >= 1e6) return `${(n / 1e6).toFixed(1)}M`;
+  if (n >= 1e3) return `${(n / 1e3).toFixed(1)}K`;
+  return String(n);
+}
+
+// ------------------------------------------------------------------ generating
+
+// The request's settings; a field left empty is the server's default (Top-k: all, Seed: random).
+function settings() {
+  const body = { prompt: $("prompt").value, stream: true, logprobs: 5, return_token_ids: true };
+  if (state.model) body.model = state.model.id;
+  const fields = { "max-tokens": "max_tokens", temperature: "temperature", "top-k": "top_k", "top-p": "top_p", seed: "seed" };
+  for (const [id, key] of Object.entries(fields)) {
+    const input = $(id);
+    if (input.validity.badInput) throw new ServerError(`${input.labels[0].firstChild.textContent.trim()} must be a number`);
+    if (input.value.trim() !== "") body[key] = Number(input.value);
+  }
+  return body;
+}
+
+async function generate(event) {
+  event.preventDefault();
+  if (state.controller) return;
+  showError("");
+  let body;
+  try {
+    body = settings();
+  } catch (e) {
+    showError(e.message);
+    return;
+  }
+  clearViews();
+  const out = $("completion");
+  out.replaceChildren(Object.assign(document.createElement("span"), { className: "prompt", textContent: body.prompt }));
+  state.tokens = [];
+  state.promptIds = null;
+  state.controller = new AbortController();
+  busy(true);
+  say("generating…");
+  let finish = null;
+  try {
+    const response = await send("/v1/completions", { method: "POST", body: JSON.stringify(body), signal: state.controller.signal });
+    if (!response.ok) throw await failure(response);
+    for await (const chunk of events(response.body)) {
+      if (chunk.error) throw new ServerError(chunk.error.message);
+      const choice = chunk.choices && chunk.choices[0];
+      if (!choice) continue;
+      if (choice.prompt_token_ids) state.promptIds = choice.prompt_token_ids;
+      addTokens(choice);
+      finish = choice.finish_reason || finish;
+    }
+    say(`${state.tokens.length} tokens; ${finish === "stop" ? "the model ended the text" : "Max tokens reached"}`);
+  } catch (e) {
+    if (e.name !== "AbortError") {
+      showError(e.message);
+      say("");
+    } else {
+      say(`stopped after ${state.tokens.length} tokens`);
+    }
+  } finally {
+    state.controller = null;
+    busy(false);
+  }
+  if (state.promptIds) await inspect([...state.promptIds, ...state.tokens.map((t) => t.id)]);
+}
+
+function busy(on) {
+  $("generate").disabled = on;
+  $("stop").disabled = !on;
+}
+
+function stop() {
+  if (state.controller) state.controller.abort();
+}
+
+// One chunk's tokens: usually one; more where a token ended half a character, which the
+// server holds back until the character is whole (its text then comes with the next token).
+function addTokens(choice) {
+  const lp = choice.logprobs;
+  if (!lp) return;
+  const whole = lp.tokens.every((t) => !t.startsWith("bytes:")) && lp.tokens.join("") === choice.text;
+  lp.tokens.forEach((text, i) => {
+    const token = { id: choice.token_ids[i], text: whole ? text : i === 0 ? choice.text : "", logprob: lp.token_logprobs[i],
+                    top: lp.top_logprobs[i] };
+    state.tokens.push(token);
+    $("completion").append(tokenElement(token, state.tokens.length === 1));
+  });
+}
+
+function tokenElement(token, first) {
+  const span = document.createElement("span");
+  span.className = token.text.includes("\n") ? "token newline" : "token";  // a newline gets a mark to point at
+  span.textContent = token.text;
+  span.tabIndex = first ? 0 : -1;  // one tab stop for the completion: the arrow keys move within it
+  span.dataset.tokenId = token.id;
+  span.dataset.logprob = token.logprob;
+  span.style.backgroundColor = `hsl(${Math.round(120 * Math.exp(token.logprob))}, 75%, 82%)`;
+  const show = () => showTip(span, token);
+  span.addEventListener("mouseenter", show);
+  span.addEventListener("focus", show);
+  span.addEventListener("mouseleave", hideTip);
+  span.addEventListener("blur", hideTip);
+  return span;
+}
+
+// The arrow keys move between the completion's tokens; Escape hides the alternatives.
+function moveInCompletion(event) {
+  const tokens = [...$("completion").querySelectorAll(".token")];
+  const at = tokens.indexOf(document.activeElement);
+  if (event.key === "Escape") return hideTip();
+  const step = { ArrowRight: 1, ArrowDown: 1, ArrowLeft: -1, ArrowUp: -1, Home: -Infinity, End: Infinity }[event.key];
+  if (at < 0 || step === undefined) return;
+  event.preventDefault();
+  const next = tokens[Math.max(0, Math.min(tokens.length - 1, at + step))];
+  tokens[at].tabIndex = -1;
+  next.tabIndex = 0;
+  next.focus();
+}
+
+function showTip(span, token) {
+  const tip = $("tip");
+  const rows = Object.entries(token.top || {}).sort((a, b) => b[1] - a[1]);
+  const table = document.createElement("table");
+  for (const [text, logprob] of rows) {
+    const row = table.insertRow();
+    if (text === token.text || (token.text === "" && text.startsWith("bytes:"))) row.className = "chosen";
+    row.insertCell().textContent = shown(text);
+    Object.assign(row.insertCell(), { className: "p", textContent: percent(Math.exp(logprob)) });
+  }
+  const head = document.createElement("div");
+  head.textContent = `${shown(token.text)} (id ${token.id}): ${percent(Math.exp(token.logprob))}; the model's top choices:`;
+  tip.replaceChildren(head, table);
+  tip.hidden = false;
+  const box = span.getBoundingClientRect();
+  tip.style.left = `${Math.max(4, Math.min(window.scrollX + box.left, window.scrollX + innerWidth - tip.offsetWidth - 4))}px`;
+  tip.style.top = `${window.scrollY + box.bottom + 6}px`;
+  span.setAttribute("aria-describedby", "tip");
+}
+
+function hideTip() {
+  $("tip").hidden = true;
+}
+
+// ------------------------------------------------------------------ looking inside
+
+async function inspect(ids) {
+  say(`${$("status").textContent}; looking inside…`);
+  try {
+    state.inspection = await call("/v1/inspect", { ...(state.model ? { model: state.model.id } : {}), prompt: ids, top_k: 5 });
+  } catch (e) {
+    showError(`Attention and logit lens: ${e.message}`);
+    say($("status").textContent.replace(/; looking inside…$/, ""));
+    return;
+  }
+  say($("status").textContent.replace(/; looking inside…$/, ""));
+  state.query = ids.length - 1;
+  fillSelects();
+  drawAttention();
+  drawLens();
+}
+
+function clearViews() {
+  state.inspection = null;
+  for (const id of ["layer", "head"]) $(id).disabled = true;
+  const canvas = $("attention");
+  canvas.width = canvas.height = 0;
+  canvas.style.width = canvas.style.height = "0px";
+  $("attention-readout").textContent = "";
+  $("lens").replaceChildren();
+}
+
+function fillSelects() {
+  const { attention } = state.inspection;
+  const options = (select, values) => {
+    const kept = select.value;
+    select.replaceChildren(...values.map(([value, text]) => new Option(text, value)));
+    if (values.some(([value]) => value === kept)) select.value = kept;
+    select.disabled = false;
+  };
+  options($("layer"), attention.map((_, i) => [String(i), `layer ${i}`]));
+  options($("head"), [["all", "all heads"], ...attention[0].map((_, i) => [String(i), `head ${i}`])]);
+}
+
+const label = (i) => { const t = shown(state.inspection.tokens[i]); return t.length > 14 ? `${t.slice(0, 13)}…` : t; };
+
+// White for 0 to dark blue for 1: a probability p is the pixel's red 255 - 247 p.
+const INK = [8, 48, 107];
+const colour = (p) => `rgb(${INK.map((c) => Math.round(255 - (255 - c) * p)).join(",")})`;
+
+// A canvas of css pixels width x height, sharp on a high-density screen.
+function sized(canvas, width, height) {
+  const scale = window.devicePixelRatio || 1;
+  canvas.width = Math.ceil(width * scale);
+  canvas.height = Math.ceil(height * scale);
+  canvas.style.width = `${width}px`;
+  canvas.style.height = `${height}px`;
+  canvas.dataset.scale = scale;
+  const ctx = canvas.getContext("2d");
+  ctx.setTransform(scale, 0, 0, scale, 0, 0);
+  ctx.fillStyle = "#fff";
+  ctx.fillRect(0, 0, width, height);
+  return ctx;
+}
+
+function drawAttention() {
+  if (!state.inspection) return;
+  const layer = Number($("layer").value);
+  const head = $("head").value;
+  const canvas = $("attention");
+  Object.assign(canvas.dataset, { layer, head });
+  const room = Math.max(260, canvas.parentElement.clientWidth - 4);
+  if (head === "all") drawHeads(canvas, state.inspection.attention[layer], room);
+  else drawHead(canvas, state.inspection.attention[layer][Number(head)], room);
+  readout();
+}
+
+// One head: a row per token (the query), a column per token it may attend to (the keys).
+function drawHead(canvas, pattern, room) {
+  const T = pattern.length;
+  const probe = canvas.getContext("2d");
+  probe.font = "12px ui-monospace, Menlo, Consolas, monospace";
+  const margin = Math.min(130, 8 + Math.max(...state.inspection.tokens.map((_, i) => probe.measureText(label(i)).width)));
+  const cell = Math.max(3, Math.min(28, Math.floor((room - margin) / T)));
+  const labelled = cell >= 9;
+  const left = labelled ? margin : 0;
+  const top = labelled ? margin : 0;
+  const ctx = sized(canvas, left + T * cell, top + T * cell);
+  Object.assign(canvas.dataset, { view: "head", cell, left, top, tokens: T });
+  pattern.forEach((row, q) => row.forEach((p, k) => {
+    ctx.fillStyle = colour(p);
+    ctx.fillRect(left + k * cell, top + q * cell, cell, cell);
+  }));
+  if (labelled) {
+    ctx.font = "12px ui-monospace, Menlo, Consolas, monospace";
+    ctx.fillStyle = "#1b1f24";
+    ctx.textBaseline = "middle";
+    ctx.textAlign = "right";
+    for (let i = 0; i < T; i++) ctx.fillText(label(i), left - 4, top + (i + 0.5) * cell, margin - 8);
+    ctx.save();
+    ctx.rotate(-Math.PI / 2);
+    ctx.textAlign = "left";
+    for (let i = 0; i < T; i++) ctx.fillText(label(i), -top + 4, left + (i + 0.5) * cell, margin - 8);
+    ctx.restore();
+  }
+  ctx.strokeStyle = "#f0a020";
+  ctx.lineWidth = 2;
+  ctx.strokeRect(left + 1, top + state.query * cell + 1, T * cell - 2, cell - 2);  // the chosen row
+}
+
+// Every head of a layer, small, side by side: click one to look at it alone.
+function drawHeads(canvas, heads, room) {
+  const T = heads[0].length;
+  const gap = 10;
+  const title = 16;
+  const columns = Math.max(1, Math.min(heads.length, Math.floor((room + gap) / 120)));
+  const panel = Math.floor((room - (columns - 1) * gap) / columns);
+  const rows = Math.ceil(heads.length / columns);
+  const ctx = sized(canvas, columns * panel + (columns - 1) * gap, rows * (panel + title + gap));
+  Object.assign(canvas.dataset, { view: "all", panel, gap, title, columns, tokens: T });
+  const cell = panel / T;
+  ctx.font = "12px system-ui, sans-serif";
+  heads.forEach((pattern, h) => {
+    const x = (h % columns) * (panel + gap);
+    const y = Math.floor(h / columns) * (panel + title + gap);
+    ctx.fillStyle = "#1b1f24";
+    ctx.fillText(`head ${h}`, x, y + 12);
+    pattern.forEach((row, q) => row.forEach((p, k) => {
+      ctx.fillStyle = colour(p);
+      ctx.fillRect(x + k * cell, y + title + q * cell, Math.ceil(cell), Math.ceil(cell));
+    }));
+    ctx.strokeStyle = "#d0d7de";
+    ctx.strokeRect(x + 0.5, y + title + 0.5, panel - 1, panel - 1);
+  });
+}
+
+// Where the chosen token looks, in words: its five largest attention weights.
+function readout() {
+  const head = $("head").value;
+  const out = $("attention-readout");
+  if (head === "all") {
+    out.textContent = `layer ${$("layer").value}: every head, each row a token looking back. Choose a head, or click one.`;
+    return;
+  }
+  const row = state.inspection.attention[Number($("layer").value)][Number(head)][state.query];
+  const top = row.map((p, k) => [p, k]).filter(([, k]) => k <= state.query).sort((a, b) => b[0] - a[0]).slice(0, 5);
+  out.textContent = `${label(state.query)} (position ${state.query}) attends to ` +
+    top.map(([p, k]) => `${label(k)} (${k}) ${percent(p)}`).join(", ");
+}
+
+function pointAtAttention(event) {
+  const canvas = $("attention");
+  if (!state.inspection) return;
+  const box = canvas.getBoundingClientRect();
+  const x = event.clientX - box.left;
+  const y = event.clientY - box.top;
+  const d = canvas.dataset;
+  if (d.view === "all") {
+    if (event.type !== "click") return;
+    const column = Math.floor(x / (Number(d.panel) + Number(d.gap)));
+    const row = Math.floor(y / (Number(d.panel) + Number(d.title) + Number(d.gap)));
+    const h = row * Number(d.columns) + column;
+    if (column < Number(d.columns) && h < state.inspection.attention[0].length) {
+      $("head").value = String(h);
+      drawAttention();
+    }
+    return;
+  }
+  const q = Math.floor((y - Number(d.top)) / Number(d.cell));
+  if (q >= 0 && q < Number(d.tokens) && q !== state.query) {
+    state.query = q;
+    drawAttention();
+  }
+}
+
+function keyOnAttention(event) {
+  if (!state.inspection || $("head").value === "all") return;
+  const step = { ArrowDown: 1, ArrowUp: -1, Home: -Infinity, End: Infinity }[event.key];
+  if (step === undefined) return;
+  event.preventDefault();
+  state.query = Math.max(0, Math.min(state.inspection.tokens.length - 1, state.query + step));
+  drawAttention();
+}
+
+// The logit lens: a row per layer (the output on top), a column per position.
+function drawLens() {
+  const { logit_lens: lens, tokens } = state.inspection;
+  const table = $("lens");
+  table.replaceChildren();
+  const head = table.createTHead().insertRow();
+  head.append(Object.assign(document.createElement("th"), { textContent: "layer \\ token" }));
+  tokens.forEach((_, i) => head.append(Object.assign(document.createElement("th"), { scope: "col", textContent: label(i) })));
+  const body = table.createTBody();
+  for (let layer = lens.length - 1; layer >= 0; layer--) {
+    const row = body.insertRow();
+    const name = layer === lens.length - 1 ? "output" : `block ${layer} in`;
+    row.append(Object.assign(document.createElement("th"), { scope: "row", textContent: name }));
+    lens[layer].forEach((top, position) => {
+      const cell = row.insertCell();
+      cell.textContent = `${shown(top.token).slice(0, 10)}\n${percent(top.prob)}`;
+      cell.title = `${name}, after ${shown(tokens[position])}: ${shown(top.token)} ${percent(top.prob)}`;
+      Object.assign(cell.dataset, { layer, position, tokenId: top.id, prob: top.prob });
+      cell.style.backgroundColor = colour(top.prob);
+      cell.style.color = top.prob > 0.5 ? "#fff" : "#1b1f24";
+    });
+  }
+}
+
+// ------------------------------------------------------------------ wiring
+
+function start() {
+  $("form").addEventListener("submit", generate);
+  $("stop").addEventListener("click", stop);
+  $("prompt").addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) $("form").requestSubmit();
+  });
+  $("api-key").addEventListener("change", loadModel);
+  $("completion").addEventListener("keydown", moveInCompletion);
+  document.addEventListener("keydown", (e) => { if (e.key === "Escape") hideTip(); });
+  for (const id of ["layer", "head"]) $(id).addEventListener("change", drawAttention);
+  $("attention").addEventListener("mousemove", pointAtAttention);
+  $("attention").addEventListener("click", pointAtAttention);
+  $("attention").addEventListener("keydown", keyOnAttention);
+  let width = innerWidth;
+  addEventListener("resize", () => { if (innerWidth !== width) { width = innerWidth; drawAttention(); } });
+  loadModel();
+}
+
+start();

@@ -1,0 +1,320 @@
+"""The playground (`gpt2 serve`'s page at /) in a real browser: Chromium, headless, driven by
+Playwright's Python API, against a server in this process. What the page shows is checked
+against the API it is made from: /v1/completions (through the `openai` client) and /v1/inspect.
+
+The browser is the system's Chromium (Debian's `chromium`; `make test` installs it where it can)
+or Playwright's own (`python -m playwright install chromium`). Without either the tests fail,
+saying so: they are never skipped. A screenshot of the page after a generation is saved in
+test-artifacts/ ($GPT2_TEST_ARTIFACTS); $GPT2_PLAYGROUND_MODEL serves a model directory of your
+own instead of the tests' random one (the README's picture is the tests' on a trained model).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from playwright import sync_api as playwright
+
+from helpers import REPO, Running, make_hf_model
+from gpt2 import Tokenizer
+from gpt2.model import GPT2
+from gpt2.serve import Limits
+
+pytestmark = pytest.mark.browser
+
+ARTIFACTS = Path(os.environ.get("GPT2_TEST_ARTIFACTS", REPO / "test-artifacts"))
+PROMPT = "ROMEO:\nBut soft, what light through yonder window"
+MAX_TOKENS = 24
+
+
+def system_chromium() -> str | None:
+    return next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with playwright.sync_playwright() as p:
+        path = system_chromium()
+        try:
+            chromium = p.chromium.launch(executable_path=path) if path else p.chromium.launch()
+        except playwright.Error as e:
+            pytest.fail(f"no browser for the browser tests ({str(e).splitlines()[0]}): install Chromium "
+                        f"(apt-get install chromium, or python -m playwright install chromium)", pytrace=False)  # fmt: skip
+        yield chromium
+        chromium.close()
+
+
+def served_model(tmp_path_factory) -> tuple[GPT2, Tokenizer, str]:
+    directory = os.environ.get("GPT2_PLAYGROUND_MODEL")
+    if directory:
+        model = GPT2.from_pretrained(directory, device="cpu")
+        return model, model.tokenizer, Path(directory).name
+    directory = tmp_path_factory.mktemp("playground")
+    make_hf_model(seed=7, vocab_size=50257, n_positions=128, n_embd=48, n_layer=2, n_head=3).save_pretrained(directory)
+    return GPT2.from_pretrained(directory, device="cpu"), Tokenizer.gpt2(), "tiny"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    model, tokenizer, name = served_model(tmp_path_factory)
+    running = Running(lambda: (model, tokenizer), name)
+    yield running
+    running.stop()
+
+
+class Watched:
+    """A page with what it asked for and what its console said."""
+
+    def __init__(self, browser, url: str, **context):
+        self.context = browser.new_context(viewport={"width": 1280, "height": 900}, device_scale_factor=1, **context)
+        self.page = self.context.new_page()
+        self.requests: list[str] = []
+        self.errors: list[str] = []
+        self.page.on("request", lambda request: self.requests.append(request.url))
+        self.page.on("console", lambda message: message.type == "error" and self.errors.append(message.text))
+        self.page.on("pageerror", lambda error: self.errors.append(str(error)))
+        self.page.goto(url)
+
+    def wait_until(self, condition: str, timeout: float = 30) -> None:
+        """Poll a JavaScript condition (Playwright's wait_for_function would eval it, which the page's
+        Content-Security-Policy forbids, as it should)."""
+        deadline = time.monotonic() + timeout
+        while not self.page.evaluate(f"() => {condition}"):
+            assert time.monotonic() < deadline, f"still not true after {timeout} s: {condition}"
+            time.sleep(0.05)
+
+    def wait_for_model(self) -> None:
+        self.wait_until("document.getElementById('model-info').textContent.includes('context')")
+
+    def generate(self, prompt: str, max_tokens: int | str, temperature: float | str, **fields: str) -> None:
+        page = self.page
+        page.get_by_label("Prompt").fill(prompt)
+        page.get_by_label("Max tokens").fill(str(max_tokens))
+        page.get_by_label("Temperature").fill(str(temperature))
+        for label, value in fields.items():
+            page.get_by_label({"top_k": "Top-k", "top_p": "Top-p", "seed": "Seed"}[label]).fill(value)
+        page.get_by_role("button", name="Generate").click()
+
+    def tokens(self) -> list[dict]:
+        return self.page.eval_on_selector_all(
+            "#completion .token",
+            "els => els.map(e => ({id: Number(e.dataset.tokenId), logprob: Number(e.dataset.logprob), text: e.textContent}))")
+
+    def close(self) -> None:
+        self.context.close()
+
+
+@pytest.fixture(scope="module")
+def generated(browser, served):
+    """One greedy generation typed and clicked on the page; the views drawn after it."""
+    watched = Watched(browser, served.url)
+    watched.wait_for_model()
+    watched.generate(PROMPT, MAX_TOKENS, 0)
+    watched.page.wait_for_selector("#lens td")
+    yield watched
+    watched.close()
+
+
+def api_completion(served) -> dict:
+    client = served.client()
+    done = client.completions.create(model=client.models.list().data[0].id, prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0,
+                                     logprobs=5, extra_body={"return_token_ids": True})  # fmt: skip
+    return done.choices[0].model_dump()
+
+
+def test_a_greedy_generation_on_the_page_equals_the_api_token_for_token(generated, served):
+    expected = api_completion(served)
+    shown = generated.tokens()
+    eot = served.app.state.server.tokenizer.eot_token
+    ids = [i for i in expected["token_ids"] if i != eot]  # the end of text ends the row; it is not the text's
+    assert len(shown) >= 5 and [t["id"] for t in shown] == ids
+    for token, logprob in zip(shown, expected["logprobs"]["token_logprobs"], strict=True):
+        assert abs(token["logprob"] - logprob) < 1e-4
+    assert "".join(t["text"] for t in shown) == expected["text"]
+    assert generated.page.get_by_label("Completion").inner_text().startswith(PROMPT)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    generated.page.screenshot(path=str(ARTIFACTS / "playground.png"), full_page=True)
+
+
+def test_the_served_model_is_named_with_its_context_and_parameters(generated, served):
+    model = served.app.state.server.model
+    info = generated.page.text_content("#model-info")
+    millions = model.num_parameters() / 1e6
+    assert served.app.state.server.model_id in info and f"context {model.config.n_ctx} tokens" in info
+    assert (f"{millions:.1f}M parameters" if millions < 1000 else f"{millions / 1e3:.2f}B parameters") in info
+
+
+def test_a_token_focused_or_hovered_shows_its_alternatives_with_their_probabilities(generated, served):
+    expected = api_completion(served)["logprobs"]
+    page = generated.page
+    token = page.locator("#completion .token").nth(1)
+    token.hover()
+    tip = page.get_by_role("tooltip")
+    assert tip.is_visible()
+    rows = tip.locator("tr").all_inner_texts()
+    top = sorted(expected["top_logprobs"][1].items(), key=lambda e: -e[1])
+    assert len(rows) == len(top)
+    for row, (text, logprob) in zip(rows, top):
+        shown, percent = row.rsplit("\t", 1)
+        assert shown.strip() == json.dumps(text) and abs(float(percent.rstrip("%")) - 100 * math.exp(logprob)) < 0.051
+    page.keyboard.press("Escape")
+    assert not tip.is_visible()
+    page.locator("#completion .token").first.focus()  # the keyboard: one tab stop, then the arrow keys
+    page.keyboard.press("ArrowRight")
+    assert page.evaluate("document.activeElement.dataset.tokenId") == str(generated.tokens()[1]["id"])
+    assert tip.is_visible()
+
+
+def inspection(served, generated) -> dict:
+    ids = served.app.state.server.tokenizer.encode(PROMPT) + [t["id"] for t in generated.tokens()]
+    return httpx.post(served.url + "/v1/inspect", json={"prompt": ids}).json()
+
+
+def attention_pixels(page) -> list[list[float]]:
+    """The attention canvas read back: each cell's probability from its centre's red (255 - 247 p)."""
+    return page.evaluate("""() => {
+        const canvas = document.getElementById('attention');
+        const d = canvas.dataset, cell = Number(d.cell), T = Number(d.tokens);
+        const ctx = canvas.getContext('2d');
+        const rows = [];
+        for (let q = 0; q < T; q++) {
+            const row = [];
+            for (let k = 0; k < T; k++) {
+                const x = Number(d.left) + (k + 0.5) * cell, y = Number(d.top) + (q + 0.5) * cell;
+                row.push((255 - ctx.getImageData(Math.floor(x), Math.floor(y), 1, 1).data[0]) / 247);
+            }
+            rows.push(row);
+        }
+        return rows;
+    }""")
+
+
+def test_the_attention_view_shows_the_pattern_of_the_chosen_layer_and_head(generated, served):
+    answer = inspection(served, generated)
+    page = generated.page
+    n_layer, n_head, T = len(answer["attention"]), len(answer["attention"][0]), len(answer["ids"])
+    for layer, head in [(n_layer - 1, n_head - 1), (0, 0)]:
+        page.get_by_label("Layer").select_option(str(layer))
+        page.get_by_label("Head").select_option(str(head))
+        shown = attention_pixels(page)
+        assert len(shown) == T
+        for q in range(T):
+            for k in range(T):
+                assert abs(shown[q][k] - answer["attention"][layer][head][q][k]) < 3 / 247, (layer, head, q, k)
+    canvas = page.get_by_label("Attention")
+    canvas.focus()  # the keyboard moves the row that the readout puts into words
+    page.keyboard.press("ArrowUp")
+    readout = page.text_content("#attention-readout")
+    assert f"(position {T - 2}) attends to" in readout
+    page.get_by_label("Head").select_option("all")
+    assert canvas.get_attribute("data-view") == "all"
+    box = canvas.bounding_box()
+    panel, gap, title = (int(canvas.get_attribute(f"data-{key}")) for key in ("panel", "gap", "title"))
+    canvas.click(position={"x": panel + gap + panel / 2, "y": title + panel / 2})  # the second head's panel
+    assert page.get_by_label("Head").input_value() == "1" and box["width"] > 0
+
+
+def test_the_logit_lens_shows_the_top_token_of_every_layer_at_every_position(generated, served):
+    answer = inspection(served, generated)
+    cells = generated.page.eval_on_selector_all(
+        "#lens td", "els => els.map(e => [Number(e.dataset.layer), Number(e.dataset.position), Number(e.dataset.tokenId), e.textContent])")
+    lens = answer["logit_lens"]
+    assert len(cells) == len(lens) * len(answer["ids"])
+    for layer, position, token_id, text in cells:
+        expected = lens[layer][position]
+        assert token_id == expected["id"] and abs(float(text.rsplit("\n", 1)[1].rstrip("%")) - 100 * expected["prob"]) < 0.051
+    assert generated.page.get_by_label("Logit lens").is_visible()
+
+
+def test_the_page_asks_nothing_of_another_origin_and_logs_no_error(generated, served):
+    assert generated.requests and all(url.startswith(served.url + "/") for url in generated.requests)
+    assert generated.errors == []
+
+
+def test_stop_stops_the_generation_and_frees_its_row(browser, served):
+    scheduler = served.app.state.server.scheduler
+    step = scheduler.decoder.step
+    scheduler.decoder.step = lambda: time.sleep(0.05) or step()  # 20 tokens a second: time to press Stop
+    watched = Watched(browser, served.url)
+    try:
+        watched.wait_for_model()
+        most = min(100, served.app.state.server.model.config.n_ctx - 10)
+        watched.generate("A long story:", most, 0.8)
+        watched.wait_until("document.querySelectorAll('#completion .token').length >= 3")
+        watched.page.get_by_role("button", name="Stop").click()
+        watched.wait_until("document.getElementById('status').textContent.startsWith('stopped')")
+        count = len(watched.tokens())
+        assert watched.page.text_content("#status").startswith(f"stopped after {count} tokens") and count < most
+        time.sleep(0.5)
+        assert len(watched.tokens()) == count
+        assert watched.page.get_by_role("button", name="Generate").is_enabled()
+        assert not watched.page.get_by_role("button", name="Stop").is_enabled()
+        deadline = time.monotonic() + 10
+        while "gpt2_batch_size 0.0" not in httpx.get(served.url + "/metrics").text:  # the server let the row go
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    finally:
+        scheduler.decoder.step = step
+        watched.close()
+
+
+def test_a_server_error_appears_on_the_page(browser, served):
+    watched = Watched(browser, served.url)
+    try:
+        watched.wait_for_model()
+        n_ctx = served.app.state.server.model.config.n_ctx
+        watched.generate("word " * (n_ctx + 5), 8, 0)
+        alert = watched.page.get_by_role("alert")
+        alert.wait_for()
+        assert f"400: This model's maximum context length is {n_ctx} tokens" in alert.inner_text()
+        watched.generate("Hello", 2, 0, top_p="0")  # a setting the server refuses, in its words
+        watched.wait_until("document.getElementById('error').textContent.includes('top_p')")
+        assert "400: top_p must be in (0, 1], got 0" in alert.inner_text()
+        watched.generate("Hello", 2, 0, top_p="1")
+        watched.page.wait_for_selector("#lens td")
+        assert not alert.is_visible()  # a good request clears it
+    finally:
+        watched.close()
+
+
+def test_a_server_with_an_api_key_takes_it_from_the_page(browser, served):
+    model, tokenizer = served.app.state.server.model, served.app.state.server.tokenizer
+    locked = Running(lambda: (model, tokenizer), "locked", limits=Limits(api_key="s3cret"))
+    watched = Watched(browser, locked.url)
+    try:
+        alert = watched.page.get_by_role("alert")
+        alert.wait_for()
+        assert "401: Incorrect or missing API key" in alert.inner_text()
+        watched.page.get_by_label("API key").fill("s3cret")
+        watched.page.get_by_label("API key").press("Tab")
+        watched.wait_for_model()
+        watched.generate("Hello", 3, 0)
+        watched.page.wait_for_selector("#lens td")
+        assert len(watched.tokens()) >= 1 and not alert.is_visible()
+    finally:
+        watched.close()
+        locked.stop()
+
+
+def test_the_page_reads_on_a_phone_sized_screen(browser, served):
+    watched = Watched(browser, served.url, is_mobile=True, has_touch=True)
+    try:
+        watched.page.set_viewport_size({"width": 390, "height": 844})
+        watched.wait_for_model()
+        watched.generate("Hello there", 8, 0)
+        watched.page.wait_for_selector("#lens td")
+        assert watched.page.evaluate("document.documentElement.scrollWidth") <= 390  # no sideways scrolling of the page
+        for name in ("Prompt", "Completion", "Attention", "Logit lens"):
+            box = watched.page.get_by_label(name).bounding_box()
+            assert box is not None and box["x"] >= 0 and box["width"] > 0
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        watched.page.screenshot(path=str(ARTIFACTS / "playground-phone.png"), full_page=True)
+    finally:
+        watched.close()
