@@ -14,7 +14,7 @@ from helpers import make_hf_model
 from gpt2 import InputTypeError, InvalidArgumentError
 from gpt2.config import GPT2Config
 from gpt2.errors import ContextLengthError, TokenIdError
-from gpt2.inspect import activation_names, next_token_report, trace
+from gpt2.inspect import activation_names, logit_lens_top, next_token_report, trace
 from gpt2.model import GPT2
 from gpt2.reference import ReferenceModel
 
@@ -112,12 +112,14 @@ def test_logit_lens_equals_transformers_hidden_states_read_out(tmp_path, n_layer
     ids = random_ids(T, seed=2)
     ours = trace(model, ids)
     _, out = hf_activations(hf, ids)
+    probs, top_ids = logit_lens_top(ours)  # (L + 1, T): each layer's top token
     with torch.no_grad():
-        for layer in range(n_layer):  # transformers' hidden_states[layer] enters block `layer`
-            expected = hf.lm_head(hf.transformer.ln_f(out.hidden_states[layer]))[0]
+        for layer in range(n_layer + 1):  # transformers' hidden_states[layer] enters block `layer`
+            # its last hidden state has ln_f applied already: the lens at n_layer is the logits
+            expected = hf.lm_head(hf.transformer.ln_f(out.hidden_states[layer]))[0] if layer < n_layer else out.logits[0]
             assert (ours.logit_lens(layer) - expected).abs().max() < TOL, layer
-    # its last hidden state has ln_f applied already: the lens at n_layer is the logits
-    assert (ours.logit_lens(n_layer) - out.logits[0]).abs().max() < TOL
+            best = torch.softmax(expected, dim=-1).max(dim=-1)
+            assert torch.equal(top_ids[layer], best.indices) and (probs[layer] - best.values).abs().max() < 1e-5, layer
 
 
 def test_zeroing_an_mlp_equals_the_same_hook_in_transformers(tmp_path):

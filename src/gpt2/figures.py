@@ -12,7 +12,7 @@ import torch
 
 from gpt2._files import atomic_path
 from gpt2.errors import InvalidArgumentError
-from gpt2.inspect import Trace
+from gpt2.inspect import Trace, logit_lens_top
 from gpt2.sampling import Sampling, filter_logits
 
 LABELLED = 48  # up to this many tokens, the axes name each one
@@ -76,17 +76,15 @@ def logit_lens(trace: Trace) -> Any:
     cell the token the stream would predict there, read out through ln_f and the unembedding,
     coloured by its probability."""
     n_layer = trace.model.config.n_layer
-    probs = torch.stack([torch.softmax(trace.logit_lens(layer).float(), dim=-1).cpu() for layer in range(n_layer + 1)])
-    best = probs.max(dim=-1)  # (L + 1, T)
-    best_p = best.values.numpy()
-    T = probs.shape[1]
+    best_p, best_ids = logit_lens_top(trace)  # (L + 1, T) each
+    T = best_p.shape[1]
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(2 + 0.9 * min(T, LABELLED), 1.5 + 0.45 * (n_layer + 1)))
-    ax.imshow(best_p, cmap="viridis", vmin=0, vmax=1, aspect="auto", origin="lower")
+    ax.imshow(best_p.numpy(), cmap="viridis", vmin=0, vmax=1, aspect="auto", origin="lower")
     if T <= LABELLED:
         for layer in range(n_layer + 1):
             for t in range(T):
-                text, p = shown(trace, int(best.indices[layer, t])), float(best.values[layer, t])
+                text, p = shown(trace, int(best_ids[layer, t])), float(best_p[layer, t])
                 ax.text(t, layer, f"{text[:8]}\n{p:.0%}", ha="center", va="center", fontsize=6,
                         color="black" if p > 0.5 else "white")  # fmt: skip
         ax.set_xticks(range(T), labels(trace), rotation=90, fontsize=7)

@@ -203,6 +203,17 @@ def _mlp(mlp: torch.nn.Module, x: torch.Tensor, tap: _Tap, name: str) -> torch.T
 # ------------------------------------------------------------------ reading a trace
 
 
+@torch.no_grad()
+def logit_lens_top(trace: Trace) -> tuple[torch.Tensor, torch.Tensor]:
+    """The logit lens's top token at every layer and position: (probabilities, ids), each
+    (n_layer + 1, T), row `layer` read from the stream entering block `layer` (the last row: the
+    output). One layer's (T, V) distribution at a time, and the trace's own logits for the last."""
+    n_layer = trace.model.config.n_layer
+    best = [torch.softmax((trace.logits if layer == n_layer else trace.logit_lens(layer)).float(), dim=-1).max(dim=-1)
+            for layer in range(n_layer + 1)]  # fmt: skip
+    return torch.stack([b.values for b in best]).cpu(), torch.stack([b.indices for b in best]).cpu()
+
+
 def next_token_report(trace: Trace, k: int = 5) -> dict:
     """What the model made of each token: `tokens`, `ids`, `logprobs` (None for the first, then
     each token's log-probability given those before it), `ranks` (1 = the model's top choice),

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from gpt2._checks import int_between
-from gpt2.inspect import next_token_report, trace
+from gpt2.inspect import logit_lens_top, next_token_report, trace
 from gpt2.model import GPT2
 from gpt2.serve.protocol import AllowedSpecial, Limits, RequestError, check_fields, parse_prompts
 from gpt2.tokenizer import Tokenizer, token_text
@@ -76,10 +76,9 @@ def inspection(model: GPT2, tokenizer: Tokenizer, request: InspectRequest) -> di
     report = next_token_report(looked, request.top_k)
     top = [[{"token": text(e["id"]), "id": e["id"], "logprob": e["logprob"]} for e in position] for position in report["top"]]
     attention = torch.stack([looked.activations[name] for name in patterns]).double()  # (L, H, T, T); in float64, 4 decimals print as 4
-    lens = []
-    for layer in range(n_layer + 1):  # one layer at a time: (T, V) probabilities each
-        best = torch.softmax(looked.logit_lens(layer).float(), dim=-1).max(dim=-1)
-        lens.append([{"token": text(i), "id": i, "prob": p} for i, p in zip(best.indices.tolist(), best.values.tolist())])
+    probs, ids = logit_lens_top(looked)  # (L + 1, T) each
+    lens = [[{"token": text(i), "id": i, "prob": p} for i, p in zip(row_ids, row_probs)] for row_ids, row_probs in
+            zip(ids.tolist(), probs.tolist())]  # fmt: skip
     return {"tokens": [text(i) for i in request.ids], "ids": request.ids, "logprobs": report["logprobs"], "top_logprobs": top,
             "attention": attention.round(decimals=DECIMALS).cpu().tolist(), "logit_lens": lens}  # fmt: skip
 
