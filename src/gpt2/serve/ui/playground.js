@@ -246,15 +246,16 @@ function hideTip() {
 // ------------------------------------------------------------------ looking inside
 
 async function inspect(ids) {
-  say(`${$("status").textContent}; looking inside…`);
+  const done = $("status").textContent;  // the generation's summary, shown again once the views are in
+  say(`${done}; looking inside…`);
   try {
     state.inspection = await call("/v1/inspect", { ...(state.model ? { model: state.model.id } : {}), prompt: ids, top_k: 5 });
   } catch (e) {
     showError(`Attention and logit lens: ${e.message}`);
-    say($("status").textContent.replace(/; looking inside…$/, ""));
     return;
+  } finally {
+    say(done);
   }
-  say($("status").textContent.replace(/; looking inside…$/, ""));
   state.query = ids.length - 1;
   fillSelects();
   drawAttention();
