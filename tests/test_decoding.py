@@ -148,11 +148,11 @@ def test_rows_of_one_prompt_share_its_prefill(models, monkeypatch):
     _, model = models
     engine = TorchEngine(model, 4)
     calls = []
-    prefill = engine.prefill
-    monkeypatch.setattr(engine, "prefill", lambda *a, **k: calls.append(a[0]) or prefill(*a, **k))
+    extend = engine.extend
+    monkeypatch.setattr(engine, "extend", lambda *a, **k: calls.append(a[0]) or extend(*a, **k))
     rows = [Row(prompt(12, 6), 8, SAMPLED, seed=row_seed(4, i)) for i in range(3)] + [Row(prompt(13, 6), 8, GREEDY)]
     run(engine, rows)
-    assert calls == [0, 3]
+    assert calls == [[0, 3]]  # one call: the first row of each prompt
     for row in rows:
         assert row.tokens == alone(model, row).tokens
 
@@ -209,3 +209,84 @@ def test_no_new_tokens_only_where_allowed_and_an_empty_text_prompt_starts_at_end
     with pytest.raises(GPT2Error, match="no <\\|endoftext\\|> to start from") as caught:
         start_of_text([], None)
     assert caught.value.param == "prompt"
+
+
+# ------------------------------------------------------------------ prefilled together, in chunks
+
+
+@pytest.mark.parametrize("budget", [None, 16, 40], ids=["one-pass", "chunks-of-16", "chunks-of-40"])
+def test_eight_rows_prefilled_together_and_in_chunks_equal_transformers_and_the_rows_alone(models, budget):
+    """8 rows of prompts from 3 to 41 tokens arrive at once: their prompts go in together (in
+    chunks within a budget of tokens per step); each row's greedy tokens equal transformers'
+    and the row's alone; its log-probabilities, the prompt's (echo) too, agree within 1e-4."""
+    hf, model = models
+    lengths = [3, 17, 30, 5, 41, 9, 25, 12]
+    rows = [Row(prompt(40 + i, n), 6, GREEDY, logprobs=2, echo_logprobs=i % 2 == 0) for i, n in enumerate(lengths)]
+    run_with(Decoder(TorchEngine(model, 8), budget), rows)
+    with torch.inference_mode():
+        for row in rows:
+            idx = torch.tensor([row.prompt])
+            expected = hf.generate(idx, max_new_tokens=6, do_sample=False, attention_mask=torch.ones_like(idx), pad_token_id=0)
+            assert row.tokens == expected[0, len(row.prompt) :].tolist()
+            single = alone(model, row)
+            assert row.tokens == single.tokens
+            assert max(abs(a - b) for a, b in zip(row.token_logprobs, single.token_logprobs)) < 1e-4
+            if row.echo_logprobs:
+                logp = torch.log_softmax(hf(idx).logits[0].float(), -1)  # (T, V)
+                assert row.prompt_logprobs[0] is None and len(row.prompt_logprobs) == len(row.prompt)
+                for t in range(1, len(row.prompt)):
+                    value, top = row.prompt_logprobs[t]
+                    assert abs(value - float(logp[t - 1, row.prompt[t]])) < 1e-4
+                    assert [i for i, _ in top] == logp[t - 1].topk(2).indices.tolist()
+
+
+def run_with(decoder: Decoder, rows: list[Row]) -> list[list[tuple[Row, int | None]]]:
+    """Every row added at once, stepped to the end: the events of each step."""
+    for row in rows:
+        decoder.add(row)
+    steps = []
+    with torch.inference_mode():
+        while decoder.busy:
+            steps.append(decoder.step())
+    return steps
+
+
+def test_a_long_prompt_goes_in_over_several_steps_while_a_running_row_gets_a_token_each_step(models, monkeypatch):
+    _, model = models
+    engine = TorchEngine(model, 2)
+    running, long = Row(prompt(50, 4), 20, GREEDY), Row(prompt(51, 40), 3, GREEDY)
+    decoder = Decoder(engine, max_batched_tokens=11)
+    decoder.add(running)
+    chunks = []
+    extend = engine.extend
+    monkeypatch.setattr(engine, "extend", lambda slots, starts, pieces, every: chunks.append(list(map(len, pieces))) or
+                        extend(slots, starts, pieces, every))  # fmt: skip
+    with torch.inference_mode():
+        decoder.step()
+        decoder.add(long)
+        for _ in range(5):
+            events = decoder.step()
+            assert [row for row, _ in events][0] is running  # the stream keeps flowing
+        while decoder.busy:
+            decoder.step()
+    assert chunks == [[4], [10], [10], [10], [10]]  # 11 tokens a step, one of them the running row's
+    assert long.tokens == alone(model, long).tokens and running.tokens == alone(model, running).tokens
+
+
+def test_a_row_that_leaves_while_its_prompt_goes_in_frees_its_slot_for_the_next(models):
+    _, model = models
+    first, gone, late = Row(prompt(60, 30), 4, GREEDY), Row(prompt(61, 30), 4, GREEDY), Row(prompt(62, 9), 5, GREEDY)
+    decoder = Decoder(TorchEngine(model, 2), max_batched_tokens=8)
+    for row in (first, gone, late):
+        decoder.add(row)
+    with torch.inference_mode():
+        decoder.step()  # first takes slot 0 and 8 of its tokens; gone waits in slot 1
+        gone.end(STOP)
+        while decoder.busy:
+            decoder.step()
+    assert gone.tokens == [] and first.tokens == alone(model, first).tokens and late.tokens == alone(model, late).tokens
+
+
+def test_max_batched_tokens_must_be_a_positive_whole_number(models):
+    with pytest.raises(GPT2Error, match="max_batched_tokens"):
+        Decoder(TorchEngine(models[1], 1), max_batched_tokens=0)

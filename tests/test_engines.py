@@ -175,3 +175,35 @@ def test_the_engine_rules_name_each_setting_as_the_caller_knows_it():
         check_numpy_engine("cuda", "float32")
     check_numpy_engine("auto", "float32")
     check_numpy_engine(torch.device("cpu"), torch.float32)
+
+
+# ------------------------------------------------------------------ extending slots, in padded groups
+
+
+def test_extending_slots_in_ragged_chunks_equals_prefilling_each_whole(small):
+    """Three slots continued from different positions, in one call: each slot's logits at every
+    position equal those of its whole prompt prefilled alone (float32, within 1e-5)."""
+    model = small
+    prompts = [torch.randint(0, 50257, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (20, 7, 33)]
+    engine, reference = TorchEngine(model, 3), TorchEngine(model, 1)
+    cuts = [(0, 9, 20), (0, 1, 7), (0, 16, 33)]  # each prompt in two pieces
+    with torch.inference_mode():
+        first = engine.extend([0, 1, 2], [c[0] for c in cuts], [p[: c[1]] for p, c in zip(prompts, cuts)], [True] * 3)
+        second = engine.extend([2, 0, 1], [cuts[2][1], cuts[0][1], cuts[1][1]],
+                               [prompts[2][cuts[2][1] :], prompts[0][cuts[0][1] :], prompts[1][cuts[1][1] :]], [True, False, True])  # fmt: skip
+        whole = [reference.prefill(0, p, every_position=True) for p in prompts]
+    assert engine.cache.lengths == [20, 7, 33]
+    for b, (head, tail) in enumerate([(first[0], second[1]), (first[1], second[2]), (first[2], second[0])]):
+        if tail.dim() == 1:  # only the last position asked for
+            tail = tail[None]
+        got = torch.cat([head, tail])
+        want = torch.cat([whole[b][: cuts[b][1]], whole[b][-len(tail) :]])
+        assert (got - want).abs().max() < 1e-5
+
+
+def test_padded_groups_keep_padding_small():
+    from gpt2.engines import padded_groups
+
+    assert padded_groups([16] * 8) == [list(range(8))]  # prompts of one length: one batch
+    assert padded_groups([16, 400, 15, 14]) == [[1], [0, 2, 3]]  # the long one alone
+    assert padded_groups([10, 9, 8, 1]) == [[0, 1, 2], [3]]  # 4 x 10 would be 40 for 28

@@ -506,6 +506,11 @@ def test_an_inspection_past_the_answer_bound_is_refused_saying_how_far_it_goes(m
         Limits(max_inspect_cells=0).check()
 
 
+def test_a_step_budget_below_the_batch_is_refused_naming_both():
+    with pytest.raises(GPT2Error, match=r"max_num_batched_tokens \(4\) must be at least max_batch_size \(8\)"):
+        Limits(max_num_batched_tokens=4).check()
+
+
 def test_the_playground_is_served_at_the_root_unless_turned_off(models, server):
     page = httpx.get(server.url + "/")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")

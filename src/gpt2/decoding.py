@@ -3,19 +3,23 @@
     each step:
         rows that ended leave their slots             # the last row moves into a freed slot
         the others' newest tokens are decoded         # (B,) -> (B, V), one batch
-        rows waiting join the free slots              # each prompt prefilled alone: (T,) -> (V,)
+        rows waiting take the free slots
+        their prompts go in, within a token budget    # every chunk in one call: prefilled together
+        rows whose prompt is in join the batch
         every row chooses its next token              # its own sampling settings and seed
 
 This is continuous batching, as llama.cpp's server slots and vLLM do it: a request joins the
 running batch at the next step and leaves it when it ends, so a short request never waits for
-a long one. A row's tokens depend on nothing beside it: its prompt is prefilled alone, and it
-samples from its own random stream (row i of a call seeded s draws from seed s + i), so a
-request gets the same tokens served among others as served alone. The tensor API
-(`GPT2.generate`), the text API (`gpt2.generate`), `gpt2 generate` and `gpt2 serve` all run
-this one loop, and each makes its rows with `Request.build`, which checks the request first:
-its prompts, its max_new_tokens, its sampling and seed, and the context it needs. An engine
-computes logits (`gpt2.engines.TorchEngine`, with the KV cache, or `gpt2.engines.NumpyEngine`);
-this module knows nothing of models.
+a long one; with chunked prefill, as vLLM's, a long prompt goes in a chunk at a time, so the
+rows decoding are not stalled for all of its length. A row's tokens depend on nothing beside
+it: its prompt attends only to itself, and it samples from its own random stream (row i of a
+call seeded s draws from seed s + i), so a request gets the same tokens served among others
+as served alone. The tensor API (`GPT2.generate`), the text API (`gpt2.generate`), `gpt2
+generate` and `gpt2 serve` all run this one loop, and each makes its rows with
+`Request.build`, which checks the request first: its prompts, its max_new_tokens, its
+sampling and seed, and the context it needs. An engine computes logits
+(`gpt2.engines.TorchEngine`, with the KV cache, or `gpt2.engines.NumpyEngine`); this module
+knows nothing of models.
 """
 
 from __future__ import annotations
@@ -44,9 +48,12 @@ class Engine(Protocol):
     """What the loop asks of a model: `slots` rows at most, each in a slot of its cache."""
 
     slots: int
+    max_len: int  # positions a slot holds
 
-    def prefill(self, slot: int, tokens: Sequence[int], every_position: bool = False) -> torch.Tensor:
-        """Logits after `tokens`, put into `slot`: (V,), or (T, V) for every position."""
+    def extend(self, slots: Sequence[int], starts: Sequence[int], chunks: Sequence[Sequence[int]],
+               every_position: Sequence[bool] | None = None) -> list[torch.Tensor]:  # fmt: skip
+        """Logits after each chunk of tokens, which continues slot slots[b] from position
+        starts[b]: (V,) for each, or (T_b, V) for every position where every_position[b]."""
         ...
 
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -100,6 +107,22 @@ class Row:
         top = torch.topk(logp, self.logprobs) if self.logprobs else None
         alternatives = [] if top is None else list(zip(top.indices.tolist(), top.values.tolist()))
         return float(logp[token]), alternatives
+
+
+    def _record_prompt(self, logits: torch.Tensor, window: list[int], start: int) -> None:
+        """The prompt's log-probabilities from the logits (T, V) at window positions start..start+T-1,
+        each the distribution of the token after it (the first token has none)."""
+        if start == 0:
+            self.prompt_logprobs = [None]
+        targets = window[start + 1 : start + len(logits) + 1]
+        if not targets:
+            return
+        logp = torch.log_softmax(logits[: len(targets)].float(), dim=-1)  # (n, V)
+        chosen = logp.gather(1, torch.tensor(targets)[:, None])[:, 0].tolist()
+        top = torch.topk(logp, self.logprobs) if self.logprobs else None
+        for i, value in enumerate(chosen):
+            alternatives = [] if top is None else list(zip(top.indices[i].tolist(), top.values[i].tolist()))
+            self.prompt_logprobs.append((value, alternatives))
 
 
 def row_seed(seed: int | None, row: int) -> int | None:
@@ -204,22 +227,48 @@ def check_context(prompt_lengths: Sequence[int], max_new_tokens: int, n_ctx: int
 # ------------------------------------------------------------------ the loop
 
 
-class Decoder:
-    """The running batch: rows waiting, and rows active in slots 0..B-1 of the engine (row i in slot i)."""
+@dataclass(eq=False)
+class Filling:
+    """A row whose prompt is going into its slot, a chunk at a time (chunked prefill)."""
 
-    def __init__(self, engine: Engine):
+    row: Row
+    window: list[int]  # the prompt as the engine holds it: its last max_len tokens
+    slot: int
+    filled: int = 0  # the window's tokens in the slot so far
+    twin: Filling | None = None  # a row of the same prompt ahead of it: its slot is copied, not computed
+    logits: torch.Tensor | None = None  # (V,) after the whole window
+
+    @property
+    def complete(self) -> bool:
+        return self.filled == len(self.window)
+
+
+class Decoder:
+    """The running batch: rows waiting; rows active in slots 0..A-1 of the engine (row i in
+    slot i); and rows filling, whose prompts go in a chunk at a time, in the slots after those.
+
+    Each step decodes the active rows, then spends what is left of `max_batched_tokens` (vLLM's
+    max_num_batched_tokens; None: no limit) on the prompts of the rows filling, oldest first,
+    all of them in one call of the engine (`Engine.extend`): rows that arrive together are
+    prefilled together, and a long prompt goes in over several steps instead of stalling the
+    rows decoding for all of its length. A row whose prompt is in joins the active rows.
+    """
+
+    def __init__(self, engine: Engine, max_batched_tokens: int | None = None):
         self.engine = engine
+        self.max_batched_tokens = None if max_batched_tokens is None else positive_int("max_batched_tokens", max_batched_tokens)
         self.waiting: deque[Row] = deque()
+        self.filling: list[Filling] = []
         self.active: list[Row] = []
         self.logits: list[torch.Tensor] = []  # (V,) next-token logits of each active row
 
     def add(self, row: Row) -> None:
-        """Queue a row: it joins the batch at the next step with a free slot."""
+        """Queue a row: it starts filling at the next step with a free slot."""
         self.waiting.append(row)
 
     @property
     def busy(self) -> bool:
-        return bool(self.waiting or self.active)
+        return bool(self.waiting or self.filling or self.active)
 
     def step(self) -> list[tuple[Row, int | None]]:
         """One token more for every active row. Returns (row, token) for each row that got one,
@@ -229,11 +278,19 @@ class Decoder:
         if self.active:
             fed = self.engine.decode(torch.tensor([row.tokens[-1] for row in self.active]))  # (B, V)
             self.logits = list(fed)
-        scored = self._join()
+        budget = None if self.max_batched_tokens is None else max(self.max_batched_tokens - len(self.active), 1)
+        scored: list[Row] = []
+        while True:  # again while rows only scored free their slots for rows waiting
+            self._admit()
+            ended, budget = self._fill(budget)
+            scored += ended
+            if not (ended and self.waiting and budget != 0):
+                break
         return self._choose() + [(row, None) for row in scored]
 
     def _leave(self) -> None:
-        """Drop the rows that ended; the last row moves into each freed slot, so slots stay 0..B-1."""
+        """Drop the rows that ended; the last active row moves into each freed slot, so active
+        slots stay 0..A-1, and the rows filling move down to the slots just after them."""
         active, i = self.active, 0
         while i < len(active):
             while active and active[-1].done:
@@ -243,30 +300,75 @@ class Decoder:
                 self.engine.move(len(active) - 1, i)
                 active[i], self.logits[i] = active.pop(), self.logits.pop()
             i += 1
+        self.filling = [fill for fill in self.filling if not fill.row.done]
+        self._place()
 
-    def _join(self) -> list[Row]:
-        """Prefill waiting rows into free slots; returns those that end at once (max_new_tokens 0)."""
-        scored, prefilled = [], {}  # prompt -> its slot and logits, for rows of one prompt (n > 1)
-        while self.waiting and len(self.active) < self.engine.slots:
+    def _place(self) -> None:
+        """Put the k-th row filling in slot A + k (moving down only: no row is overwritten)."""
+        for k, fill in enumerate(self.filling):
+            if fill.twin is not None and fill.twin not in self.filling:  # the row it copies left: compute its own
+                fill.twin = None
+            if fill.slot != len(self.active) + k:
+                self.engine.move(fill.slot, len(self.active) + k)
+                fill.slot = len(self.active) + k
+
+    def _admit(self) -> None:
+        """Waiting rows take the free slots, in order of arrival."""
+        max_len = self.engine.max_len
+        while self.waiting and len(self.active) + len(self.filling) < self.engine.slots:
             row = self.waiting.popleft()
             if row.done:  # ended while it waited (its client left)
                 continue
-            slot, key = len(self.active), tuple(row.prompt)
-            if key in prefilled and not row.echo_logprobs:
-                self.engine.move(prefilled[key][0], slot)
-                logits = prefilled[key][1]
-            else:
-                logits = self.engine.prefill(slot, row.prompt, every_position=row.echo_logprobs)
-                if row.echo_logprobs:
-                    row.prompt_logprobs = [None] + [row._record(logits[t - 1], row.prompt[t]) for t in range(1, len(row.prompt))]
-                    logits = logits[-1]
-            if row.max_new_tokens == 0:  # only scored: the slot stays free
-                row.end(LENGTH)
-                scored.append(row)
+            fill = Filling(row, row.prompt[-max_len:], len(self.active) + len(self.filling))
+            last = self.filling[-1] if self.filling else None
+            if last is not None and last.row.prompt == row.prompt and not (row.echo_logprobs or last.row.echo_logprobs):
+                fill.twin = last.twin or last  # rows of one prompt (n > 1): prefilled once
+            self.filling.append(fill)
+
+    def _fill(self, budget: int | None) -> tuple[list[Row], int | None]:
+        """Prefill the next chunks of the rows filling, up to `budget` tokens (None: no limit), in
+        one call; rows whose prompt is in join the active rows. Returns the rows that end at once
+        (max_new_tokens 0: only scored), and the budget left."""
+        work: list[tuple[Filling, int]] = []
+        for fill in self.filling:
+            if fill.twin is not None:
                 continue
-            prefilled.setdefault(key, (slot, logits))
-            self.active.append(row)
-            self.logits.append(logits)
+            take = len(fill.window) - fill.filled if budget is None else min(len(fill.window) - fill.filled, budget)
+            if take <= 0:
+                break
+            work.append((fill, take))
+            budget = None if budget is None else budget - take
+        if work:
+            chunks = [fill.window[fill.filled : fill.filled + take] for fill, take in work]
+            outs = self.engine.extend([f.slot for f, _ in work], [f.filled for f, _ in work], chunks,
+                                      [f.row.echo_logprobs for f, _ in work])  # fmt: skip
+            for (fill, take), out in zip(work, outs):
+                if fill.row.echo_logprobs:
+                    fill.row._record_prompt(out, fill.window, fill.filled)
+                    out = out[-1]
+                fill.filled += take
+                fill.logits = out
+        return self._join(), budget
+
+    def _join(self) -> list[Row]:
+        """The rows filling whose prompts are in (the first ones: the budget goes oldest first)
+        join the active rows, in the slots just after them."""
+        scored = []
+        while self.filling and (self.filling[0].complete or self.filling[0].twin is not None):
+            fill = self.filling.pop(0)
+            slot = len(self.active)
+            if fill.twin is not None:  # ahead of it, so in already
+                self.engine.move(fill.twin.slot, slot)
+                fill.filled, fill.logits = fill.twin.filled, fill.twin.logits
+            elif fill.slot != slot:  # a row before it was only scored and left its slot
+                self.engine.move(fill.slot, slot)
+            fill.slot = slot
+            if fill.row.max_new_tokens == 0:  # only scored: the slot stays free
+                fill.row.end(LENGTH)
+                scored.append(fill.row)
+                continue
+            self.active.append(fill.row)
+            self.logits.append(fill.logits)
         return scored
 
     def _choose(self) -> list[tuple[Row, int]]:

@@ -76,6 +76,7 @@ class KVCache:
         self.key_counts: torch.Tensor | None = None  # (B,) keys each row sees, where the mask is by length
         self._slot: int | None = None  # the slot a prompt is prefilled into; None while decoding
         self._rows = self._columns = None  # (B,) each: where decoding writes its new keys
+        self._extend: tuple | None = None  # the slots an extending step reads, and where it writes (begin_extend)
         self._seen = 0  # key positions a decoding step attends to: the longest row's, and the new one
 
     @classmethod
@@ -107,8 +108,35 @@ class KVCache:
         """Prepare to fill `slot` with a prompt of T positions (what it held is dropped)."""
         if T > self.max_len:
             raise ContextLengthError(f"the KV cache holds {self.max_len} positions; a prompt of {T} does not fit")
-        self._slot, self.lengths[slot] = slot, T
+        self._slot, self.lengths[slot], self._extend = slot, T, None
         self.positions, self.mask, self.key_counts = torch.arange(T, device=self.device), None, None
+
+    def begin_extend(self, slots: Sequence[int], starts: Sequence[int], counts: Sequence[int]) -> None:
+        """Prepare to add counts[b] positions to slot slots[b] from position starts[b] (what it
+        held from there on is dropped), for B rows at once, padded to the longest: (B, T).
+
+        Row b's t-th new position sees its slot's positions up to starts[b] + t: its cached
+        past and its own earlier new positions. Padding positions (t >= counts[b]) are computed
+        and thrown away: they write no keys and see their row's first position only."""
+        if max(s + n for s, n in zip(starts, counts)) > self.max_len:
+            raise ContextLengthError(f"the KV cache holds {self.max_len} positions; {max(s + n for s, n in zip(starts, counts))} do not fit")
+        B, T, device = len(slots), max(counts), self.device
+        for slot, start, n in zip(slots, starts, counts):
+            self.lengths[slot] = start + n
+        starts_t, counts_t = torch.tensor(starts, device=device), torch.tensor(counts, device=device)
+        t = torch.arange(T, device=device)
+        valid = t[None, :] < counts_t[:, None]  # (B, T)
+        absolute = starts_t[:, None] + t[None, :]  # (B, T): each new position's place in its slot
+        self.positions = torch.where(valid, absolute, 0)
+        self._seen = max(s + n for s, n in zip(starts, counts))
+        key = torch.arange(self._seen, device=device)
+        sees = torch.where(valid, absolute, 0)[:, :, None]  # (B, T, 1): the last key each query sees
+        self.mask, self.key_counts = (key[None, None, :] <= sees)[:, None], None  # (B, 1, T, S)
+        b, t_new = valid.nonzero(as_tuple=True)
+        slots_t = torch.tensor(slots, device=device)
+        contiguous = list(slots) == list(range(slots[0], slots[0] + B))  # then a slice: a view, not a gathered copy
+        self._slot = None
+        self._extend = (slice(slots[0], slots[0] + B) if contiguous else slots_t, b, t_new, slots_t[b], absolute[b, t_new])
 
     def advance(self, B: int) -> list[int]:
         """Count one position more in each of slots 0..B-1; returns the new positions (their lengths before)."""
@@ -122,7 +150,7 @@ class KVCache:
     def begin_decode(self, B: int) -> None:
         """Prepare to add one position to each of slots 0..B-1."""
         lengths = self.advance(B)
-        self._slot = None
+        self._slot = self._extend = None
         self._rows = torch.arange(B, device=self.device)
         self._columns = torch.tensor(lengths, device=self.device)  # (B,): each row's new position
         self.positions = self._columns[:, None]  # (B, 1)
@@ -138,7 +166,7 @@ class KVCache:
         position positions[b, 0], read from that (B, 1) device tensor when the step runs, and
         every row attends over the whole cache through a mask built from it. The caller counts
         the positions (`advance`)."""
-        self._slot, self.positions, self._seen = None, positions, self.max_len
+        self._slot, self._extend, self.positions, self._seen = None, None, positions, self.max_len
         self._rows, self._columns = torch.arange(positions.size(0), device=self.device), positions[:, 0]
         key = torch.arange(self.max_len, device=self.device)
         self.mask, self.key_counts = (key[None, :] <= positions)[:, None, None, :], None  # (B, 1, 1, max_len)
@@ -146,6 +174,11 @@ class KVCache:
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store the new positions' keys and values (B, H, T, C/H); return those to attend to."""
         keys, values = self.k[layer], self.v[layer]
+        if self._extend is not None:  # rows of their own slots and lengths: (B, H, S, C/H) gathered
+            slots, b, t, slot_of, column = self._extend
+            keys[slot_of, :, column] = k.transpose(1, 2)[b, t]  # (N, H, C/H): each new position into its place
+            values[slot_of, :, column] = v.transpose(1, 2)[b, t]
+            return keys[slots, :, : self._seen], values[slots, :, : self._seen]
         if self._slot is not None:  # a prompt attends causally among its own positions
             keys[self._slot, :, : k.size(2)].copy_(k[0])
             values[self._slot, :, : v.size(2)].copy_(v[0])
@@ -191,8 +224,48 @@ class TorchEngine:
         self.graphs = DecodeGraphs(model, self.cache) if graphs and use_cache else None
 
     def prefill(self, slot: int, tokens: Sequence[int], every_position: bool = False) -> torch.Tensor:
-        self.history[slot] = list(tokens)
-        return self._fill(slot, self.history[slot][-self.max_len :], every_position)
+        """Logits after `tokens`, which fill `slot` (the last max_len of them): (V,), or (T, V)."""
+        return self.extend([slot], [0], [list(tokens)[-self.max_len :]], [every_position])[0]
+
+    def extend(self, slots: Sequence[int], starts: Sequence[int], chunks: Sequence[Sequence[int]],
+               every_position: Sequence[bool] | None = None) -> list[torch.Tensor]:  # fmt: skip
+        """Logits after each chunk of tokens, which continues slot slots[b] from position
+        starts[b] (what the slot held from there on is dropped): (V,) for each chunk, or
+        (T_b, V) for its every position where every_position[b]. The chunks run as few padded
+        batches as keep the padding small (`padded_groups`)."""
+        every = list(every_position or [False] * len(slots))
+        for slot, start, chunk in zip(slots, starts, chunks):
+            self.history[slot] = self.history[slot][:start] + list(chunk)
+        if not self.use_cache:  # each slot's whole window recomputed; its chunk's positions kept
+            full = [self._fill(slot, self.history[slot][-self.max_len :], True) for slot in slots]
+            return [f[-len(c) :] if e else f[-1] for f, c, e in zip(full, chunks, every)]
+        hidden: list[torch.Tensor | None] = [None] * len(slots)
+        for group in padded_groups([len(c) for c in chunks]):
+            states = self._hidden([slots[b] for b in group], [starts[b] for b in group], [chunks[b] for b in group])
+            for b, h in zip(group, states):
+                hidden[b] = h
+        logits: list[torch.Tensor | None] = [None] * len(slots)
+        last = [b for b in range(len(slots)) if not every[b]]
+        if last:  # the last positions of every chunk in one matmul
+            for b, row in zip(last, self.model.unembed(torch.stack([hidden[b][-1] for b in last]))):
+                logits[b] = row
+        for b in range(len(slots)):
+            if every[b]:
+                logits[b] = self.model.unembed(hidden[b])
+        return logits
+
+    def _hidden(self, slots: list[int], starts: list[int], chunks: list[Sequence[int]]) -> list[torch.Tensor]:
+        """The final hidden states (T_b, C) of each chunk, run as one batch padded to the longest."""
+        T = max(map(len, chunks))
+        idx = torch.zeros(len(chunks), T, dtype=torch.long)
+        for b, chunk in enumerate(chunks):
+            idx[b, : len(chunk)] = torch.tensor(chunk)
+        if len(slots) == 1 and starts[0] == 0:  # a whole prompt alone: plain causal attention over it
+            self.cache.begin_prefill(slots[0], T)
+        else:
+            self.cache.begin_extend(slots, starts, [len(c) for c in chunks])
+        x = self.model.trunk(idx.to(self.model.device), self.cache)  # (B, T, C)
+        return [x[b, : len(chunk)] for b, chunk in enumerate(chunks)]
 
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
         B, new = tokens.size(0), tokens.tolist()
@@ -217,6 +290,25 @@ class TorchEngine:
         self.cache.begin_prefill(slot, len(window))
         x = self.model.trunk(torch.tensor([window], device=self.model.device), self.cache)[0]  # (T, C)
         return self.model.unembed(x if every_position else x[-1])
+
+
+PADDING_SLACK = 1.25  # a batch of chunks may compute up to this many times their tokens, padding included
+
+
+def padded_groups(counts: Sequence[int]) -> list[list[int]]:
+    """Chunks of `counts` tokens grouped into batches, longest first, each padded to its longest:
+    a chunk joins the batch while the padded batch stays within PADDING_SLACK of its real tokens
+    (8 prompts of 16 tokens run as one batch; one of 400 and one of 16 as two)."""
+    groups: list[list[int]] = []
+    real = 0
+    for b in sorted(range(len(counts)), key=lambda b: -counts[b]):
+        if groups and counts[groups[-1][0]] * (len(groups[-1]) + 1) <= PADDING_SLACK * (real + counts[b]):
+            groups[-1].append(b)
+            real += counts[b]
+        else:
+            groups.append([b])
+            real = counts[b]
+    return groups
 
 
 def model_engine(model: Model, slots: int, max_len: int, use_cache: bool = True, hint: str = "fewer rows at once",
@@ -266,8 +358,8 @@ class DecodeGraphs:
     from device tensors filled before each replay, writes each row's key and value at its own
     position, and attends over the whole preallocated cache through a mask built from those
     positions (`KVCache.begin_fixed_decode`). B rows run in the bucket of the next power of
-    two (at most the cache's slots); padding rows decode token 0 into position 0 of slots past
-    B, which the decoder keeps free. A bucket is captured at its first step, after two warm-up
+    two (at most the cache's slots); padding rows decode token 0 into the first free position
+    of the slots past B (where rows may be filling: what they hold stays). A bucket is captured at its first step, after two warm-up
     runs of that very step (writing the same keys and values again changes nothing); where
     capture fails, decoding goes on without graphs, with a warning. Off the GPU the same
     fixed steps run without capture: slower than plain decoding, a check of this path.
@@ -288,9 +380,10 @@ class DecodeGraphs:
             device = self.cache.device
             step = self.steps[size] = FixedStep(torch.zeros(size, dtype=torch.long, device=device),
                                                 torch.zeros(size, 1, dtype=torch.long, device=device))  # fmt: skip
-        padding = [0] * (size - B)
-        step.tokens.copy_(torch.tensor(tokens + padding))
-        step.positions.copy_(torch.tensor(positions + padding)[:, None])
+        # padding rows write past what their slots hold (a row filling there keeps its keys)
+        spare = [min(self.cache.lengths[b], self.cache.max_len - 1) for b in range(B, size)]
+        step.tokens.copy_(torch.tensor(tokens + [0] * (size - B)))
+        step.positions.copy_(torch.tensor(positions + spare)[:, None])
         if step.graph is None and self.capture:
             self._capture(step)
         if step.graph is not None:
@@ -329,18 +422,25 @@ class NumpyEngine:
 
     def __init__(self, reference: ReferenceModel, slots: int):
         self.reference, self.slots = reference, slots
+        self.max_len = reference.config.n_ctx
         self.history: list[list[int]] = [[] for _ in range(slots)]
 
     def prefill(self, slot: int, tokens: Sequence[int], every_position: bool = False) -> torch.Tensor:
-        self.history[slot] = list(tokens)
-        logits = self.reference(self.history[slot][-self.reference.config.n_ctx :])  # (T, V)
-        return torch.from_numpy(logits if every_position else logits[-1])
+        return self.extend([slot], [0], [list(tokens)[-self.max_len :]], [every_position])[0]
+
+    def extend(self, slots: Sequence[int], starts: Sequence[int], chunks: Sequence[Sequence[int]],
+               every_position: Sequence[bool] | None = None) -> list[torch.Tensor]:  # fmt: skip
+        every, out = every_position or [False] * len(slots), []
+        for slot, start, chunk, e in zip(slots, starts, chunks, every):
+            self.history[slot] = self.history[slot][:start] + list(chunk)
+            logits = self.reference(self.history[slot][-self.max_len :])  # (T, V): the whole window again
+            out.append(torch.from_numpy(logits[-len(chunk) :] if e else logits[-1]))
+        return out
 
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
         for b, token in enumerate(tokens.tolist()):
             self.history[b].append(token)
-        n_ctx = self.reference.config.n_ctx
-        return torch.from_numpy(np.stack([self.reference(self.history[b][-n_ctx:])[-1] for b in range(tokens.size(0))]))
+        return torch.from_numpy(np.stack([self.reference(self.history[b][-self.max_len :])[-1] for b in range(tokens.size(0))]))
 
     def move(self, src: int, dst: int) -> None:
         self.history[dst] = list(self.history[src])

@@ -29,6 +29,9 @@ class Limits:
     """What one client may ask of a server, so that none can take it down."""
 
     max_batch_size: int = 8  # rows decoded together
+    # tokens computed in one step, the rows decoding included (vLLM's max_num_batched_tokens):
+    # prompts go in within it, a long one over several steps, so that streams keep flowing
+    max_num_batched_tokens: int = 512
     max_queue: int = 64  # rows waiting for a slot; past it, 429
     max_n: int = 16  # choices of one request
     max_body_bytes: int = 1 << 20
@@ -38,8 +41,11 @@ class Limits:
     api_key: str | None = None
 
     def check(self) -> None:
-        for name in ("max_batch_size", "max_queue", "max_n", "max_body_bytes", "max_inspect_cells"):
+        for name in ("max_batch_size", "max_num_batched_tokens", "max_queue", "max_n", "max_body_bytes", "max_inspect_cells"):
             positive_int(name, getattr(self, name))
+        if self.max_num_batched_tokens < self.max_batch_size:
+            raise InvalidArgumentError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least max_batch_size "
+                                       f"({self.max_batch_size}): each step decodes a token of every row", "max_num_batched_tokens")  # fmt: skip
         if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key.strip()):
             raise InvalidArgumentError("api_key must be non-empty text", "api_key")
 

@@ -45,7 +45,8 @@ class Scheduler:
     """The server's one generation loop: a thread stepping a Decoder over every row in flight."""
 
     def __init__(self, model: GPT2, limits: Limits, metrics: Metrics):
-        self.decoder = Decoder(model.engine(limits.max_batch_size, model.config.n_ctx, hint=BATCH_HINT, param="max_batch_size"))
+        engine = model.engine(limits.max_batch_size, model.config.n_ctx, hint=BATCH_HINT, param="max_batch_size")
+        self.decoder = Decoder(engine, limits.max_num_batched_tokens)
         self.limits, self.metrics = limits, metrics
         self.incoming: list[tuple[Row, Listener]] = []
         self.listeners: dict[Row, Listener] = {}
@@ -108,4 +109,4 @@ class Scheduler:
         for row, listener in list(self.listeners.items()):
             listener(row, None, None, message)
         self.listeners.clear()
-        self.decoder = Decoder(self.decoder.engine)  # the rows that were in it are gone
+        self.decoder = Decoder(self.decoder.engine, self.limits.max_num_batched_tokens)  # the rows that were in it are gone
