@@ -10,7 +10,7 @@ from gpt2 import Tokenizer
 from gpt2.decoding import LENGTH, STOP, Decoder, Request, Row, row_seed, run, start_of_text
 from gpt2.errors import GPT2Error
 from gpt2.generate import TextGeneration, generate_text
-from gpt2.engines import TorchEngine
+from gpt2.engines import PrefixCache, TorchEngine
 from gpt2.model import GPT2
 from gpt2.sampling import Sampling
 
@@ -290,3 +290,22 @@ def test_a_row_that_leaves_while_its_prompt_goes_in_frees_its_slot_for_the_next(
 def test_max_batched_tokens_must_be_a_positive_whole_number(models):
     with pytest.raises(GPT2Error, match="max_batched_tokens"):
         Decoder(TorchEngine(models[1], 1), max_batched_tokens=0)
+
+
+def test_rows_reusing_a_kept_prefix_score_and_continue_as_rows_computed_whole(models):
+    """A context scored with four endings, as HellaSwag's: the later rows copy its kept blocks;
+    their prompts' log-probabilities equal those computed whole within 1e-5, their tokens too."""
+    _, model = models
+    context = prompt(70, 37)
+    endings = [prompt(71 + i, 3 + i) for i in range(4)]
+    def rows():
+        return [Row(context + e, 4, GREEDY, logprobs=1, echo_logprobs=True) for e in endings]
+    cache = PrefixCache(model.config, 1 << 20, block_size=16)
+    cached, whole = rows(), rows()
+    run(TorchEngine(model, 2, prefix_cache=cache), cached)
+    run(TorchEngine(model, 2), whole)
+    assert cache.hits == 3 * 32  # the first row computes the context; each later one copies its 2 whole blocks
+    for a, b in zip(cached, whole):
+        assert a.tokens == b.tokens
+        assert max(abs(x[0] - y[0]) for x, y in zip(a.prompt_logprobs[1:], b.prompt_logprobs[1:])) < 1e-5
+        assert [x[1][0][0] for x in a.prompt_logprobs[1:]] == [y[1][0][0] for y in b.prompt_logprobs[1:]]

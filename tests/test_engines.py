@@ -11,7 +11,7 @@ from helpers import make_hf_model
 from gpt2 import InvalidArgumentError, MemoryLimitError, Tokenizer, devices
 from gpt2.config import GPT2Config
 from gpt2.decoding import Row, run
-from gpt2.engines import TorchEngine, check_cuda_graphs, check_numpy_engine
+from gpt2.engines import PrefixCache, TorchEngine, check_cuda_graphs, check_numpy_engine
 from gpt2.generate import generate_text
 from gpt2.model import GPT2
 from gpt2.reference import ReferenceModel
@@ -207,3 +207,53 @@ def test_padded_groups_keep_padding_small():
     assert padded_groups([16] * 8) == [list(range(8))]  # prompts of one length: one batch
     assert padded_groups([16, 400, 15, 14]) == [[1], [0, 2, 3]]  # the long one alone
     assert padded_groups([10, 9, 8, 1]) == [[0, 1, 2], [3]]  # 4 x 10 would be 40 for 28
+
+
+# ------------------------------------------------------------------ the prefix cache
+
+
+def kv_block(value: float, n_layer: int = 2) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What a block of 4 positions of a model of 2 layers, 1 head of 2 channels holds, all `value`."""
+    return torch.full((n_layer, 1, 4, 2), value), torch.full((n_layer, 1, 4, 2), value), torch.full((4, 2), value)
+
+
+def test_the_prefix_cache_finds_blocks_by_every_token_before_them_and_evicts_the_least_recently_used():
+    config = GPT2Config(n_vocab=10, n_ctx=32, n_embd=2, n_head=1, n_layer=2)
+    per_block = 4 * 2 * (2 * 2 + 1) * 4  # 4 positions x 2 channels x (keys and values of 2 layers, hidden) x 4 bytes
+    cache = PrefixCache(config, max_bytes=3 * per_block, block_size=4)
+    assert cache.block_bytes == per_block
+    reads = []
+    cache.add([1, 2, 3, 4, 5, 6, 7, 8, 9], lambda i, j: reads.append((i, j)) or kv_block(i))
+    assert reads == [(0, 4), (4, 8)]  # whole blocks only
+    assert [b.k[0, 0, 0, 0].item() for b in cache.match([1, 2, 3, 4, 5, 6, 7, 8, 0])] == [0, 4]
+    assert len(cache.match([1, 2, 3, 4, 5, 6, 7, 8])) == 1  # the last token is always computed: its logits are needed
+    assert cache.match([9, 2, 3, 4, 5, 6, 7, 8, 0]) == []  # a different first block: its second is not the same block
+    assert (cache.queries, cache.hits) == (9 + 8 + 9, 8 + 4)
+    cache.add([1, 2, 3, 4, 0, 0, 0, 0], lambda i, j: reads.append((i, j)) or kv_block(-i))
+    assert reads[2:] == [(4, 8)]  # the first block is kept already
+    assert cache.bytes == 3 * per_block
+    cache.add([5, 5, 5, 5], lambda i, j: kv_block(99))  # over the bound: the least recently used leaf goes
+    assert cache.bytes == 3 * per_block
+    assert len(cache.match([1, 2, 3, 4, 5, 6, 7, 8, 0])) == 1 and len(cache.match([1, 2, 3, 4, 0, 0, 0, 0, 1])) == 2
+    assert len(cache.match([5, 5, 5, 5, 1])) == 1
+    tiny = PrefixCache(config, max_bytes=per_block - 1, block_size=4)
+    tiny.add([1, 2, 3, 4], lambda i, j: kv_block(0))
+    assert tiny.bytes == 0  # not even one block fits: none kept
+
+
+def test_a_prompt_that_reuses_kept_blocks_gets_the_logits_of_one_computed_whole(small):
+    """Two prompts share 24 tokens (a block of 16 is kept); the second's logits at every position,
+    the kept ones from their hidden states, equal those of an engine without the cache within 1e-5."""
+    model = small
+    shared = torch.randint(0, 50257, (24,), generator=torch.Generator().manual_seed(7)).tolist()
+    first, second = shared + [11, 12, 13], shared + [21, 22]
+    cache = PrefixCache(model.config, 1 << 20, block_size=16)
+    engine, plain = TorchEngine(model, 2, prefix_cache=cache), TorchEngine(model, 1)
+    with torch.inference_mode():
+        engine.prefill(1, first)
+        engine.remember(1, first)
+        filled = engine.reuse(0, second)
+        logits = torch.cat([engine.cached_logits(0, filled), engine.extend([0], [filled], [second[filled:]], [True])[0]])
+        expected = plain.prefill(0, second, every_position=True)
+    assert filled == 16 and (cache.queries, cache.hits) == (26, 16)
+    assert (logits - expected).abs().max() < 1e-5

@@ -182,6 +182,34 @@ def test_lm_evaluation_harness_style_scoring_of_id_prompts(client):
         assert greedy and all(len(top) in (1, 2) for top in lp.top_logprobs[1:])
 
 
+def metric(server, name: str) -> float:
+    line = next(line for line in httpx.get(server.url + "/metrics").text.splitlines() if line.startswith(name + " "))
+    return float(line.split()[1])
+
+
+def test_a_prompt_beginning_as_an_earlier_one_reuses_its_blocks_with_the_same_logprobs(models, server):
+    """A context of 40 tokens scored with three endings (lm-evaluation-harness's requests): the
+    later ones reuse its kept blocks, counted in /metrics as vLLM counts them, and their echo
+    log-probabilities equal those of a server that keeps none, within 1e-5."""
+    context = torch.randint(0, 50256, (40,), generator=torch.Generator().manual_seed(9)).tolist()
+    prompts = [context + [100 + i, 200 + i] for i in range(3)]
+    plain = Running(lambda: (models[1], ENC), limits=Limits(prefix_cache_mb=0))
+    try:
+        def logprobs(running, ids):
+            choice = complete(running.client(), prompt=ids, max_tokens=0, echo=True, logprobs=2, temperature=0).choices[0]
+            return choice.logprobs.token_logprobs[1:], choice.logprobs.top_logprobs[1:]
+        queries, hits = metric(server, "gpt2_prefix_cache_queries_total"), metric(server, "gpt2_prefix_cache_hits_total")
+        for ids in prompts:
+            (got, got_top), (want, want_top) = logprobs(server, ids), logprobs(plain, ids)
+            assert max(abs(a - b) for a, b in zip(got, want)) < 1e-5
+            assert [list(t) for t in got_top] == [list(t) for t in want_top]
+        assert metric(server, "gpt2_prefix_cache_queries_total") - queries == 3 * 42
+        assert metric(server, "gpt2_prefix_cache_hits_total") - hits >= 2 * 32  # the later two: 2 blocks of 16 each
+        assert metric(plain, "gpt2_prefix_cache_queries_total") == 0
+    finally:
+        plain.stop()
+
+
 def test_concurrent_requests_equal_the_same_requests_one_at_a_time(models, server):
     """8 clients at once, greedy and seeded sampling mixed: each gets the answer it gets alone."""
     requests = [dict(prompt=f"Request number {i} says", max_tokens=10 + 3 * i, temperature=0 if i % 2 else 0.8, seed=i)

@@ -227,8 +227,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         raise _UsageError(f"gpt2 serve needs the serve extra ({e.name} is not installed): pip install 'gpt2[serve]'") from None
 
     inspect_cells = {} if args.max_inspect_cells is None else {"max_inspect_cells": args.max_inspect_cells}
-    limits = Limits(max_batch_size=args.max_batch_size, max_num_batched_tokens=args.max_num_batched_tokens, max_queue=args.max_queue,
-                    max_n=args.max_n, api_key=args.api_key, **inspect_cells)  # fmt: skip
+    limits = Limits(max_batch_size=args.max_batch_size, max_num_batched_tokens=args.max_num_batched_tokens,
+                    prefix_cache_mb=args.prefix_cache_mb, max_queue=args.max_queue, max_n=args.max_n, api_key=args.api_key,
+                    **inspect_cells)  # fmt: skip
     limits.check()
     device = resolve_device(args.device)
     form = weight_format(args.dtype, device)  # bad flags fail now, not once the server listens
@@ -525,6 +526,10 @@ def _add_serve_parser(commands) -> None:
     serve.add_argument("--max-num-batched-tokens", type=_whole_number, default=512, metavar="N",
                        help="tokens computed in one step, as vLLM's: prompts go in within it, a long one in chunks over "
                        "several steps, so that the streams running keep flowing (default: 512)")  # fmt: skip
+    serve.add_argument("--prefix-cache-mb", type=_whole_number, default=512, metavar="MB",
+                       help="memory for the KV blocks of prompts kept for later prompts that begin the same way (a shared "
+                       "system prompt, few-shot examples, a context scored with several endings); the least recently "
+                       "used go first; 0 keeps none (default: 512)")  # fmt: skip
     serve.add_argument("--max-queue", type=_whole_number, default=64, metavar="N",
                        help="rows that may wait for a place in the batch; past it, requests get 429 (default: 64)")  # fmt: skip
     serve.add_argument("--max-n", type=_whole_number, default=16, metavar="N", help="the largest n (choices) of a request (default: 16)")

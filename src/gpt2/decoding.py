@@ -49,6 +49,7 @@ class Engine(Protocol):
 
     slots: int
     max_len: int  # positions a slot holds
+    block_size: int | None  # tokens in a block of its prefix cache (None: it keeps none)
 
     def extend(self, slots: Sequence[int], starts: Sequence[int], chunks: Sequence[Sequence[int]],
                every_position: Sequence[bool] | None = None) -> list[torch.Tensor]:  # fmt: skip
@@ -58,6 +59,18 @@ class Engine(Protocol):
 
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
         """Logits (B, V) after one token more (B,) in each of slots 0..B-1."""
+        ...
+
+    def reuse(self, slot: int, tokens: Sequence[int]) -> int:
+        """Put the kept blocks that begin `tokens` into `slot` (a prefix cache); returns the positions filled."""
+        ...
+
+    def remember(self, slot: int, tokens: Sequence[int]) -> None:
+        """Keep the blocks of `tokens`, the first positions of `slot`, for later prompts."""
+        ...
+
+    def cached_logits(self, slot: int, n: int) -> torch.Tensor:
+        """Logits (n, V) of the first n positions of `slot`, where `reuse` filled them."""
         ...
 
     def move(self, src: int, dst: int) -> None:
@@ -236,6 +249,7 @@ class Filling:
     slot: int
     filled: int = 0  # the window's tokens in the slot so far
     twin: Filling | None = None  # a row of the same prompt ahead of it: its slot is copied, not computed
+    after: Filling | None = None  # a row ahead that begins with the same block: its blocks are reused once kept
     logits: torch.Tensor | None = None  # (V,) after the whole window
 
     @property
@@ -251,7 +265,9 @@ class Decoder:
     max_num_batched_tokens; None: no limit) on the prompts of the rows filling, oldest first,
     all of them in one call of the engine (`Engine.extend`): rows that arrive together are
     prefilled together, and a long prompt goes in over several steps instead of stalling the
-    rows decoding for all of its length. A row whose prompt is in joins the active rows.
+    rows decoding for all of its length. A row whose prompt is in joins the active rows. Where
+    the engine keeps prompts' blocks (a prefix cache), a row starts from those that begin its
+    prompt, and a row that begins as a row still filling ahead of it waits for that row's blocks.
     """
 
     def __init__(self, engine: Engine, max_batched_tokens: int | None = None):
@@ -306,11 +322,12 @@ class Decoder:
     def _place(self) -> None:
         """Put the k-th row filling in slot A + k (moving down only: no row is overwritten)."""
         for k, fill in enumerate(self.filling):
-            if fill.twin is not None and fill.twin not in self.filling:  # the row it copies left: compute its own
-                fill.twin = None
             if fill.slot != len(self.active) + k:
                 self.engine.move(fill.slot, len(self.active) + k)
                 fill.slot = len(self.active) + k
+            if fill.twin is not None and fill.twin not in self.filling:  # the row it copies left: compute its own
+                fill.twin = None
+                self._reuse(fill)
 
     def _admit(self) -> None:
         """Waiting rows take the free slots, in order of arrival."""
@@ -323,7 +340,19 @@ class Decoder:
             last = self.filling[-1] if self.filling else None
             if last is not None and last.row.prompt == row.prompt and not (row.echo_logprobs or last.row.echo_logprobs):
                 fill.twin = last.twin or last  # rows of one prompt (n > 1): prefilled once
+            else:
+                size = self.engine.block_size
+                fill.after = next((f for f in self.filling if size and f.window[:size] == fill.window[:size] and not f.after
+                                   and len(fill.window) > size), None)  # fmt: skip
+                if fill.after is None:
+                    self._reuse(fill)
             self.filling.append(fill)
+
+    def _reuse(self, fill: Filling) -> None:
+        """Start a row filling from the kept blocks that begin its prompt (a prefix cache's)."""
+        fill.after, fill.filled = None, self.engine.reuse(fill.slot, fill.window)
+        if fill.filled and fill.row.echo_logprobs:
+            fill.row._record_prompt(self.engine.cached_logits(fill.slot, fill.filled), fill.window, 0)
 
     def _fill(self, budget: int | None) -> tuple[list[Row], int | None]:
         """Prefill the next chunks of the rows filling, up to `budget` tokens (None: no limit), in
@@ -331,7 +360,9 @@ class Decoder:
         (max_new_tokens 0: only scored), and the budget left."""
         work: list[tuple[Filling, int]] = []
         for fill in self.filling:
-            if fill.twin is not None:
+            if fill.after is not None and fill.after not in self.filling:  # the row it shares a beginning with is in
+                self._reuse(fill)
+            if fill.twin is not None or fill.after is not None:
                 continue
             take = len(fill.window) - fill.filled if budget is None else min(len(fill.window) - fill.filled, budget)
             if take <= 0:
@@ -360,8 +391,10 @@ class Decoder:
             if fill.twin is not None:  # ahead of it, so in already
                 self.engine.move(fill.twin.slot, slot)
                 fill.filled, fill.logits = fill.twin.filled, fill.twin.logits
-            elif fill.slot != slot:  # a row before it was only scored and left its slot
-                self.engine.move(fill.slot, slot)
+            else:
+                if fill.slot != slot:  # a row before it was only scored and left its slot
+                    self.engine.move(fill.slot, slot)
+                self.engine.remember(slot, fill.window)
             fill.slot = slot
             if fill.row.max_new_tokens == 0:  # only scored: the slot stays free
                 fill.row.end(LENGTH)

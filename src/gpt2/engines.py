@@ -16,7 +16,9 @@ library and the command line alike.
 
 from __future__ import annotations
 
+import itertools
 import warnings
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -201,6 +203,88 @@ class KVCache:
         self.lengths[dst] = n
 
 
+# ------------------------------------------------------------------ the prefix cache
+
+
+@dataclass(eq=False)
+class Block:
+    """The keys, values and final hidden states of `block_size` positions of some prompt."""
+
+    id: int
+    k: torch.Tensor  # (n_layer, H, block_size, C/H)
+    v: torch.Tensor
+    hidden: torch.Tensor  # (block_size, C): the logits of these positions, for a prompt's log-probabilities
+
+
+class PrefixCache:
+    """The KV entries of prompts' blocks, kept after their requests end and reused by later
+    prompts that begin the same way (vLLM's automatic prefix caching, llama.cpp's cache_prompt).
+
+    A prompt is cut into blocks of `block_size` tokens; a block is keyed by its tokens and the
+    block before it (so by every token up to its end, exactly: no hash to collide), and holds
+    its positions' keys and values for every layer and their final hidden states. What a
+    position holds depends only on the tokens up to it, so a later prompt sharing the first
+    blocks copies them into its slot and computes only the rest. At most `max_bytes` are kept:
+    past it, the least recently used blocks go first (a prompt's blocks are touched last to
+    first, so a block outlives the blocks that continue it). `queries` and `hits` count
+    prompt tokens looked up and found (vLLM's prefix_cache_queries and prefix_cache_hits).
+    """
+
+    def __init__(self, config: GPT2Config, max_bytes: int, block_size: int = 16, dtype: torch.dtype = torch.float32):
+        self.block_size, self.max_bytes = block_size, max_bytes
+        self.block_bytes = block_size * config.n_embd * (2 * config.n_layer + 1) * dtype.itemsize
+        self.blocks: OrderedDict[tuple[int, tuple[int, ...]], Block] = OrderedDict()  # least recently used first
+        self.queries = self.hits = 0
+        self._ids = itertools.count(1)  # 0 is the start of every prompt
+
+    @property
+    def bytes(self) -> int:
+        return len(self.blocks) * self.block_bytes
+
+    def match(self, tokens: Sequence[int]) -> list[Block]:
+        """The cached blocks that begin `tokens`, at most up to its last token but one (whose
+        logits the caller computes), counted as a query; the blocks become the most recent."""
+        found, parent, size = [], 0, self.block_size
+        for i in range(0, len(tokens) - 1 - size + 1, size):
+            block = self.blocks.get((parent, tuple(tokens[i : i + size])))
+            if block is None:
+                break
+            found.append(block)
+            parent = block.id
+        keys = self._keys(tokens, len(found))
+        for key in reversed(keys):  # the first block most recent: evicted after those that continue it
+            self.blocks.move_to_end(key)
+        self.queries += len(tokens)
+        self.hits += len(found) * size
+        return found
+
+    def add(self, tokens: Sequence[int], read: Callable[[int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> None:
+        """Keep the blocks of `tokens` not kept yet; `read(start, stop)` gives the keys, values and
+        hidden states of those positions. Then the oldest blocks go until the bound holds."""
+        parent, size = 0, self.block_size
+        if self.block_bytes > self.max_bytes:
+            return
+        for i in range(0, len(tokens) - size + 1, size):
+            key = (parent, tuple(tokens[i : i + size]))
+            block = self.blocks.get(key)
+            if block is None:
+                block = self.blocks[key] = Block(next(self._ids), *read(i, i + size))
+            parent = block.id
+        for key in reversed(self._keys(tokens, len(tokens) // size)):
+            self.blocks.move_to_end(key)
+        while self.bytes > self.max_bytes:
+            self.blocks.popitem(last=False)
+
+    def _keys(self, tokens: Sequence[int], n: int) -> list[tuple[int, tuple[int, ...]]]:
+        """The keys of the first n blocks of tokens (all of them cached)."""
+        keys, parent, size = [], 0, self.block_size
+        for i in range(n):
+            key = (parent, tuple(tokens[i * size : (i + 1) * size]))
+            keys.append(key)
+            parent = self.blocks[key].id
+        return keys
+
+
 # ------------------------------------------------------------------ the torch engine
 
 
@@ -211,9 +295,12 @@ class TorchEngine:
     Past max_len the context slides, as nanoGPT crops: a full slot is refilled with its last
     max_len - 1 tokens before the new one (so give max_len = n_ctx where that can happen).
     Without `use_cache`, every step recomputes each row's whole context (a check of the cache).
+    With a `prefix_cache`, prompts' blocks are kept and reused (`reuse`, `remember`): each
+    slot's final hidden states are kept too, for the log-probabilities of a reused prompt.
     """
 
-    def __init__(self, model: Model, slots: int, max_len: int | None = None, use_cache: bool = True, graphs: bool | None = None):
+    def __init__(self, model: Model, slots: int, max_len: int | None = None, use_cache: bool = True, graphs: bool | None = None,
+                 prefix_cache: PrefixCache | None = None):  # fmt: skip
         self.model, self.slots = model, slots
         self.cache = KVCache.for_model(model, slots, max_len)
         self.max_len = self.cache.max_len
@@ -222,6 +309,10 @@ class TorchEngine:
         # fixed-shape steps, replayed as CUDA graphs on a GPU (graphs=None: as model.use_cuda_graphs set)
         graphs = model.cuda_graphs if graphs is None else graphs
         self.graphs = DecodeGraphs(model, self.cache) if graphs and use_cache else None
+        self.prefix_cache = prefix_cache if use_cache else None
+        self.states = None  # (slots, max_len, C): each slot's final hidden states, where prompts' blocks are kept
+        if self.prefix_cache is not None:
+            self.states = torch.zeros(slots, self.max_len, model.config.n_embd, device=model.device, dtype=model.compute_dtype)
 
     def prefill(self, slot: int, tokens: Sequence[int], every_position: bool = False) -> torch.Tensor:
         """Logits after `tokens`, which fill `slot` (the last max_len of them): (V,), or (T, V)."""
@@ -234,16 +325,12 @@ class TorchEngine:
         (T_b, V) for its every position where every_position[b]. The chunks run as few padded
         batches as keep the padding small (`padded_groups`)."""
         every = list(every_position or [False] * len(slots))
-        for slot, start, chunk in zip(slots, starts, chunks):
-            self.history[slot] = self.history[slot][:start] + list(chunk)
         if not self.use_cache:  # each slot's whole window recomputed; its chunk's positions kept
+            for slot, start, chunk in zip(slots, starts, chunks):
+                self.history[slot] = self.history[slot][:start] + list(chunk)
             full = [self._fill(slot, self.history[slot][-self.max_len :], True) for slot in slots]
             return [f[-len(c) :] if e else f[-1] for f, c, e in zip(full, chunks, every)]
-        hidden: list[torch.Tensor | None] = [None] * len(slots)
-        for group in padded_groups([len(c) for c in chunks]):
-            states = self._hidden([slots[b] for b in group], [starts[b] for b in group], [chunks[b] for b in group])
-            for b, h in zip(group, states):
-                hidden[b] = h
+        hidden = self.hidden(slots, starts, chunks)
         logits: list[torch.Tensor | None] = [None] * len(slots)
         last = [b for b in range(len(slots)) if not every[b]]
         if last:  # the last positions of every chunk in one matmul
@@ -253,6 +340,47 @@ class TorchEngine:
             if every[b]:
                 logits[b] = self.model.unembed(hidden[b])
         return logits
+
+    def hidden(self, slots: Sequence[int], starts: Sequence[int], chunks: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """The final hidden states (T_b, C) of each chunk, which continues slot slots[b] from
+        position starts[b], as `extend` computes them (for a caller that unembeds them itself)."""
+        hidden: list[torch.Tensor | None] = [None] * len(slots)
+        for slot, start, chunk in zip(slots, starts, chunks):
+            self.history[slot] = self.history[slot][:start] + list(chunk)
+        for group in padded_groups([len(c) for c in chunks]):
+            states = self._hidden([slots[b] for b in group], [starts[b] for b in group], [chunks[b] for b in group])
+            for b, h in zip(group, states):
+                hidden[b] = h
+        return hidden
+
+    @property
+    def block_size(self) -> int | None:
+        return None if self.prefix_cache is None else self.prefix_cache.block_size
+
+    def reuse(self, slot: int, tokens: Sequence[int]) -> int:
+        """Fill `slot` with the kept blocks that begin `tokens` (at most all of them but the last
+        token); returns the positions filled (0 without a prefix cache)."""
+        blocks = [] if self.prefix_cache is None else self.prefix_cache.match(tokens)
+        n = len(blocks) * (self.prefix_cache.block_size if blocks else 0)
+        if n:
+            k, v = torch.cat([b.k for b in blocks], dim=2), torch.cat([b.v for b in blocks], dim=2)  # (n_layer, H, n, C/H)
+            for layer in range(len(self.cache.k)):
+                self.cache.k[layer][slot, :, :n].copy_(k[layer])
+                self.cache.v[layer][slot, :, :n].copy_(v[layer])
+            self.states[slot, :n].copy_(torch.cat([b.hidden for b in blocks]))
+        self.cache.lengths[slot], self.history[slot] = n, list(tokens[:n])
+        return n
+
+    def remember(self, slot: int, tokens: Sequence[int]) -> None:
+        """Keep the blocks of `tokens`, the first positions of `slot`, for later prompts (with a prefix cache)."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.add(tokens, lambda i, j: (torch.stack([k[slot, :, i:j] for k in self.cache.k]),
+                                                        torch.stack([v[slot, :, i:j] for v in self.cache.v]),
+                                                        self.states[slot, i:j].clone()))  # fmt: skip
+
+    def cached_logits(self, slot: int, n: int) -> torch.Tensor:
+        """The logits (n, V) of the first n positions of `slot`, from their kept hidden states."""
+        return self.model.unembed(self.states[slot, :n])
 
     def _hidden(self, slots: list[int], starts: list[int], chunks: list[Sequence[int]]) -> list[torch.Tensor]:
         """The final hidden states (T_b, C) of each chunk, run as one batch padded to the longest."""
@@ -265,6 +393,9 @@ class TorchEngine:
         else:
             self.cache.begin_extend(slots, starts, [len(c) for c in chunks])
         x = self.model.trunk(idx.to(self.model.device), self.cache)  # (B, T, C)
+        if self.states is not None:
+            for slot, start, chunk, h in zip(slots, starts, chunks, x):
+                self.states[slot, start : start + len(chunk)] = h[: len(chunk)]
         return [x[b, : len(chunk)] for b, chunk in enumerate(chunks)]
 
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -284,6 +415,8 @@ class TorchEngine:
     def move(self, src: int, dst: int) -> None:
         self.history[dst] = list(self.history[src])
         self.cache.move(src, dst)
+        if self.states is not None:
+            self.states[dst, : self.cache.lengths[dst]] = self.states[src, : self.cache.lengths[dst]]
 
     def _fill(self, slot: int, window: list[int], every_position: bool = False) -> torch.Tensor:
         """Logits after `window`, which fills the slot: (V,), or (T, V) for every position."""
@@ -312,7 +445,7 @@ def padded_groups(counts: Sequence[int]) -> list[list[int]]:
 
 
 def model_engine(model: Model, slots: int, max_len: int, use_cache: bool = True, hint: str = "fewer rows at once",
-                 param: str | None = None) -> TorchEngine:  # fmt: skip
+                 param: str | None = None, prefix_cache: PrefixCache | None = None) -> TorchEngine:  # fmt: skip
     """An engine to decode up to `slots` rows of up to max_len positions with `model` (`GPT2.engine`).
 
     With CUDA graphs, one engine over the whole context is kept in `model.graphed_engine` and
@@ -320,15 +453,16 @@ def model_engine(model: Model, slots: int, max_len: int, use_cache: bool = True,
     is captured once, not at every call. A KV cache the device cannot hold is refused first,
     `hint` saying what to lower (the parameter `param`)."""
     graphed = model.cuda_graphs and use_cache
-    if graphed and model.graphed_engine is not None and model.graphed_engine.slots >= slots:
-        return model.graphed_engine  # its cache is held already: nothing new to fit
+    kept = model.graphed_engine
+    if graphed and kept is not None and kept.slots >= slots and kept.prefix_cache is prefix_cache:
+        return kept  # its cache is held already: nothing new to fit
     if graphed:
         model.graphed_engine = None  # its cache and graphs freed before the new ones are made
     n_ctx = model.config.n_ctx
     KVCache.check_fits(model.config, slots, n_ctx if graphed else min(max_len, n_ctx), model.device, model.compute_dtype, hint, param)
     if not graphed:
-        return TorchEngine(model, slots, max_len, use_cache)
-    model.graphed_engine = TorchEngine(model, slots)
+        return TorchEngine(model, slots, max_len, use_cache, prefix_cache=prefix_cache)
+    model.graphed_engine = TorchEngine(model, slots, prefix_cache=prefix_cache)
     return model.graphed_engine
 
 
@@ -436,6 +570,17 @@ class NumpyEngine:
             logits = self.reference(self.history[slot][-self.max_len :])  # (T, V): the whole window again
             out.append(torch.from_numpy(logits[-len(chunk) :] if e else logits[-1]))
         return out
+
+    block_size = None  # no prefix cache: every prompt is computed whole
+
+    def reuse(self, slot: int, tokens: Sequence[int]) -> int:
+        return 0
+
+    def remember(self, slot: int, tokens: Sequence[int]) -> None:
+        pass
+
+    def cached_logits(self, slot: int, n: int) -> torch.Tensor:
+        raise NotImplementedError("the NumPy engine keeps no blocks (reuse always gives 0)")
 
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
         for b, token in enumerate(tokens.tolist()):

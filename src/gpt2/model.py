@@ -29,7 +29,7 @@ from gpt2._gemv import attend, linear, stored_matrix, widen
 from gpt2.config import GPT2Config
 from gpt2.decoding import Request, run
 from gpt2.devices import resolve_device, weight_format
-from gpt2.engines import KVCache, TorchEngine, check_cuda_graphs, model_engine
+from gpt2.engines import KVCache, PrefixCache, TorchEngine, check_cuda_graphs, model_engine
 from gpt2.errors import ContextLengthError, InputTypeError, InvalidArgumentError
 from gpt2.sampling import Sampling
 from gpt2.tokenizer import assumed_tokenizer
@@ -351,12 +351,13 @@ class GPT2(nn.Module):
         return self
 
     def engine(self, slots: int, max_len: int, use_cache: bool = True, hint: str = "fewer rows at once",
-               param: str | None = None) -> TorchEngine:  # fmt: skip
+               param: str | None = None, prefix_cache: PrefixCache | None = None) -> TorchEngine:  # fmt: skip
         """An engine to decode up to `slots` rows of up to max_len positions. With CUDA graphs,
         one engine over the whole context is kept and reused (replaced by a larger one when more
         slots are asked for), so each batch-size bucket is captured once, not at every call.
-        A KV cache the device cannot hold is refused first, `hint` saying what to lower (`param`)."""
-        return model_engine(self, slots, max_len, use_cache, hint, param)
+        A KV cache the device cannot hold is refused first, `hint` saying what to lower (`param`).
+        With a `prefix_cache`, prompts' blocks are kept and reused (`gpt2.engines.PrefixCache`)."""
+        return model_engine(self, slots, max_len, use_cache, hint, param, prefix_cache)
 
     @property
     def device(self) -> torch.device:

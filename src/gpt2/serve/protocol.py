@@ -32,6 +32,8 @@ class Limits:
     # tokens computed in one step, the rows decoding included (vLLM's max_num_batched_tokens):
     # prompts go in within it, a long one over several steps, so that streams keep flowing
     max_num_batched_tokens: int = 512
+    # prompts' KV blocks kept for later prompts that begin the same way (0: none), least recently used out first
+    prefix_cache_mb: int = 512
     max_queue: int = 64  # rows waiting for a slot; past it, 429
     max_n: int = 16  # choices of one request
     max_body_bytes: int = 1 << 20
@@ -43,6 +45,9 @@ class Limits:
     def check(self) -> None:
         for name in ("max_batch_size", "max_num_batched_tokens", "max_queue", "max_n", "max_body_bytes", "max_inspect_cells"):
             positive_int(name, getattr(self, name))
+        if not is_integer(self.prefix_cache_mb) or self.prefix_cache_mb < 0:
+            raise InvalidArgumentError(f"prefix_cache_mb must be a whole number of MB, 0 for none, got {self.prefix_cache_mb!r}",
+                                       "prefix_cache_mb")  # fmt: skip
         if self.max_num_batched_tokens < self.max_batch_size:
             raise InvalidArgumentError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least max_batch_size "
                                        f"({self.max_batch_size}): each step decodes a token of every row", "max_num_batched_tokens")  # fmt: skip

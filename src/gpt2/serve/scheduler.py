@@ -15,6 +15,7 @@ import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gpt2.decoding import Decoder, Row
+from gpt2.engines import PrefixCache
 from gpt2.model import GPT2
 from gpt2.serve.protocol import BATCH_HINT, Limits, RequestError
 
@@ -32,6 +33,9 @@ class Metrics:
         self.generated_tokens = Counter("gpt2_generated_tokens", "tokens generated", registry=r)
         self.queue = Gauge("gpt2_queue_length", "rows waiting for a slot in the batch", registry=r)
         self.batch = Gauge("gpt2_batch_size", "rows decoded at the last step", registry=r)
+        # prompt tokens looked up in the prefix cache, and found there (vLLM's prefix_cache_queries, _hits)
+        self.prefix_cache_queries = Counter("gpt2_prefix_cache_queries", "prompt tokens looked up in the prefix cache", registry=r)
+        self.prefix_cache_hits = Counter("gpt2_prefix_cache_hits", "prompt tokens found in the prefix cache", registry=r)
         self.ttft = Histogram("gpt2_time_to_first_token_seconds", "from a completion request to its first token", registry=r,
                               buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))  # fmt: skip
 
@@ -45,7 +49,11 @@ class Scheduler:
     """The server's one generation loop: a thread stepping a Decoder over every row in flight."""
 
     def __init__(self, model: GPT2, limits: Limits, metrics: Metrics):
-        engine = model.engine(limits.max_batch_size, model.config.n_ctx, hint=BATCH_HINT, param="max_batch_size")
+        prefix = None
+        if limits.prefix_cache_mb:
+            prefix = PrefixCache(model.config, limits.prefix_cache_mb << 20, dtype=model.compute_dtype)
+        engine = model.engine(limits.max_batch_size, model.config.n_ctx, hint=BATCH_HINT, param="max_batch_size", prefix_cache=prefix)
+        self.counted = (0, 0)  # the prefix cache's queries and hits, as the metrics have them
         self.decoder = Decoder(engine, limits.max_num_batched_tokens)
         self.limits, self.metrics = limits, metrics
         self.incoming: list[tuple[Row, Listener]] = []
@@ -86,11 +94,20 @@ class Scheduler:
                 for row, token in events:
                     self.listeners[row](row, token, row.finish_reason, None)
                     self.metrics.generated_tokens.inc(token is not None)
+                self._count_prefix_cache()
                 self.metrics.batch.set(len(self.decoder.active))
                 self.metrics.queue.set(len(self.decoder.waiting))
                 for row in [row for row in self.listeners if row.done]:
                     del self.listeners[row]
         self._fail("the server is shutting down")
+
+    def _count_prefix_cache(self) -> None:
+        cache = self.decoder.engine.prefix_cache
+        if cache is not None:
+            queries, hits = self.counted
+            self.metrics.prefix_cache_queries.inc(cache.queries - queries)
+            self.metrics.prefix_cache_hits.inc(cache.hits - hits)
+            self.counted = (cache.queries, cache.hits)
 
     def _take(self) -> bool:
         """Move new rows into the decoder; wait while there is nothing to do. False: closed."""
