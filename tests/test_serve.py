@@ -535,7 +535,7 @@ def test_an_inspection_past_the_answer_bound_is_refused_saying_how_far_it_goes(m
 
 
 def test_a_step_budget_below_the_batch_is_refused_naming_both():
-    with pytest.raises(GPT2Error, match=r"max_num_batched_tokens \(4\) must be at least max_batch_size \(8\)"):
+    with pytest.raises(GPT2Error, match=r"max_num_batched_tokens must be at least max_batch_size \(8\), .*; got 4"):
         Limits(max_num_batched_tokens=4).check()
 
 
@@ -721,6 +721,11 @@ def test_gpt2_serve_refuses_a_busy_port_and_a_missing_model_in_one_line(models, 
     assert err.startswith(f"gpt2: error: unknown model '{tmp_path / 'nowhere'}'") and err.count("\n") == 1
     assert main(["serve", "--max-batch-size", "0"]) == 2
     assert capsys.readouterr().err == "gpt2: error: max_batch_size (--max-batch-size) must be a positive integer, got 0\n"
+    assert main(["serve", "--max-num-batched-tokens", "4"]) == 2
+    assert capsys.readouterr().err == ("gpt2: error: max_num_batched_tokens (--max-num-batched-tokens) must be at least "
+                                       "max_batch_size (8), as each step decodes a token of every row; got 4\n")  # fmt: skip
+    assert main(["serve", "--prefix-cache-mb", "-1"]) == 2
+    assert capsys.readouterr().err == "gpt2: error: prefix_cache_mb (--prefix-cache-mb) must be a whole number of MB, 0 for none, got -1\n"
     assert main(["serve", "--port", "99999"]) == 2  # refused before the server says it serves
     assert capsys.readouterr().err == "gpt2: error: port (--port) must be an integer from 0 to 65535, got 99999\n"
     assert main(["serve", "--cuda-graphs", "--device", "cpu"]) == 2

@@ -49,8 +49,8 @@ class Limits:
             raise InvalidArgumentError(f"prefix_cache_mb must be a whole number of MB, 0 for none, got {self.prefix_cache_mb!r}",
                                        "prefix_cache_mb")  # fmt: skip
         if self.max_num_batched_tokens < self.max_batch_size:
-            raise InvalidArgumentError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least max_batch_size "
-                                       f"({self.max_batch_size}): each step decodes a token of every row", "max_num_batched_tokens")  # fmt: skip
+            raise InvalidArgumentError(f"max_num_batched_tokens must be at least max_batch_size ({self.max_batch_size}), as each "
+                                       f"step decodes a token of every row; got {self.max_num_batched_tokens}", "max_num_batched_tokens")  # fmt: skip
         if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key.strip()):
             raise InvalidArgumentError("api_key must be non-empty text", "api_key")
 
