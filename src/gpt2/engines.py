@@ -119,7 +119,7 @@ class KVCache:
 
         Row b's t-th new position sees its slot's positions up to starts[b] + t: its cached
         past and its own earlier new positions. Padding positions (t >= counts[b]) are computed
-        and thrown away: they write no keys and see their row's first position only."""
+        and thrown away: they write no keys."""
         if max(s + n for s, n in zip(starts, counts)) > self.max_len:
             raise ContextLengthError(f"the KV cache holds {self.max_len} positions; {max(s + n for s, n in zip(starts, counts))} do not fit")
         B, T, device = len(slots), max(counts), self.device
@@ -134,6 +134,8 @@ class KVCache:
         key = torch.arange(self._seen, device=device)
         sees = torch.where(valid, absolute, 0)[:, :, None]  # (B, T, 1): the last key each query sees
         self.mask, self.key_counts = (key[None, None, :] <= sees)[:, None], None  # (B, 1, T, S)
+        if max(starts) == 0:  # fresh prompts: plain causal attention (padding sees padding, and is thrown away)
+            self.mask = None
         b, t_new = valid.nonzero(as_tuple=True)
         slots_t = torch.tensor(slots, device=device)
         contiguous = list(slots) == list(range(slots[0], slots[0] + B))  # then a slice: a view, not a gathered copy
