@@ -1,8 +1,9 @@
 """Engines: what turns a model into next-token logits for the token loop (`gpt2.decoding.Engine`).
 
-    engine.prefill(slot, tokens)  ->  (V,)       a prompt into a slot of the KV cache
-    engine.decode(tokens (B,))    ->  (B, V)     one token more in each of slots 0..B-1
-    engine.move(src, dst)                        a row moving to a slot freed below it
+    engine.extend(slots, starts, chunks) -> [(V,)]   chunks of prompts into slots of the KV cache, together
+    engine.decode(tokens (B,))    ->  (B, V)         one token more in each of slots 0..B-1
+    engine.move(src, dst)                            a row moving to a slot freed below it
+    engine.reuse(slot, tokens), remember(...)        a prompt's blocks kept and reused (`PrefixCache`)
 
 `TorchEngine` runs the torch model over its `KVCache` (with `DecodeGraphs`, its decoding
 steps replayed as CUDA graphs); `NumpyEngine` runs the NumPy reference engine, recomputing
