@@ -230,6 +230,31 @@ def test_a_client_that_leaves_frees_its_rows(server, client):
     assert complete(client, prompt="Still there?", max_tokens=3).choices[0].finish_reason == "length"
 
 
+def test_prompts_of_every_length_give_onednn_a_few_shapes(models, server, monkeypatch):
+    """oneDNN builds and keeps a kernel for each shape of rows it is given (up to 1,024 of them):
+    a server meeting prompts of every length grew by 170 MB (benchmarks/load.py). The rows it
+    gets are padded to a few sizes, and the padding changes no log-probability."""
+    from gpt2 import _gemv
+
+    sizes, onednn = set(), _gemv._onednn_linear
+
+    def recording(x, *args):
+        sizes.add(x.numel() // x.size(-1))
+        return onednn(x, *args)
+
+    monkeypatch.setattr(_gemv, "_onednn_linear", recording)
+    for length in range(17, 81):  # past the 16 rows the decode kernel takes
+        ids = [(911 * i + length) % 50257 for i in range(length)]
+        choice = post(server, {"prompt": ids, "max_tokens": 0, "echo": True, "logprobs": 0}).json()["choices"][0]
+        if length == 37:
+            with torch.no_grad():
+                expected = torch.log_softmax(models[0](torch.tensor([ids])).logits[0].double(), dim=-1)
+            served = choice["logprobs"]["token_logprobs"]
+            assert served[0] is None and len(served) == length
+            assert max(abs(served[t] - float(expected[t - 1, ids[t]])) for t in range(1, length)) < 1e-4
+    assert 0 < len(sizes) <= 4 and min(sizes) >= 17  # unpadded, 64 sizes
+
+
 def test_a_choice_reads_each_token_as_it_was_when_made():
     """The loop runs ahead of the routes: a row may have ended by the time its route reads an
     earlier token, which must still count (once, a race cut answers short)."""
