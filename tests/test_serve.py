@@ -230,6 +230,47 @@ def test_a_client_that_leaves_frees_its_rows(server, client):
     assert complete(client, prompt="Still there?", max_tokens=3).choices[0].finish_reason == "length"
 
 
+def gauges(url: str) -> dict[str, float]:
+    """The gauges of rows, as Prometheus' own parser reads /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    names = ("gpt2_queue_length", "gpt2_batch_size", "gpt2_rows_in_flight")
+    return {f.name: f.samples[0].value for f in text_string_to_metric_families(httpx.get(url + "/metrics").text) if f.name in names}
+
+
+def test_rows_in_flight_counts_the_rows_whose_prompts_are_going_in(models):
+    """A prompt going in a chunk a step is neither in the batch nor in the queue: the gauge of
+    rows in flight counts it, and is 0 once the loop is idle (how benchmarks/load.py sees a
+    server at rest)."""
+    running = Running(lambda: (models[1], ENC), limits=Limits(max_batch_size=2, max_num_batched_tokens=8))
+    scheduler = running.app.state.server.scheduler
+    stalled, gate, step, calls = threading.Event(), threading.Event(), scheduler.decoder.step, []
+
+    def stall_before_the_second_step():
+        calls.append(1)
+        if len(calls) == 2:  # after the first step's 8 prompt tokens, its gauges reported
+            stalled.set()
+            gate.wait(30)
+        return step()
+
+    scheduler.decoder.step = stall_before_the_second_step
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            scored = pool.submit(post, running, {"prompt": [15496] * 100, "max_tokens": 0, "echo": True, "logprobs": 0})
+            assert stalled.wait(30)
+            assert gauges(running.url) == {"gpt2_queue_length": 0, "gpt2_batch_size": 0, "gpt2_rows_in_flight": 1}
+            gate.set()
+            assert scored.result().status_code == 200
+        deadline = time.monotonic() + 10
+        while gauges(running.url)["gpt2_rows_in_flight"] != 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert gauges(running.url) == {"gpt2_queue_length": 0, "gpt2_batch_size": 0, "gpt2_rows_in_flight": 0}
+    finally:
+        gate.set()
+        running.stop()
+
+
 def test_prompts_of_every_length_give_onednn_a_few_shapes(models, server, monkeypatch):
     """oneDNN builds and keeps a kernel for each shape of rows it is given (up to 1,024 of them):
     a server meeting prompts of every length grew by 170 MB (benchmarks/load.py). The rows it

@@ -32,6 +32,10 @@ class Metrics:
         self.generated_tokens = Counter("gpt2_generated_tokens", "tokens generated", registry=r)
         self.queue = Gauge("gpt2_queue_length", "rows waiting for a slot in the batch", registry=r)
         self.batch = Gauge("gpt2_batch_size", "rows decoded at the last step", registry=r)
+        # the two above miss the rows whose prompts are going in (and those not yet taken): this
+        # one is 0 exactly when the loop holds no row, as it is once idle
+        self.in_flight = Gauge("gpt2_rows_in_flight", "rows the loop holds: waiting, filling their prompts or decoding",
+                               registry=r)  # fmt: skip
         self.ttft = Histogram("gpt2_time_to_first_token_seconds", "from a completion request to its first token", registry=r,
                               buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))  # fmt: skip
 
@@ -86,8 +90,7 @@ class Scheduler:
                 for row, token in events:
                     self.listeners[row](row, token, row.finish_reason, None)
                     self.metrics.generated_tokens.inc(token is not None)
-                self.metrics.batch.set(len(self.decoder.active))
-                self.metrics.queue.set(len(self.decoder.waiting))
+                self._report()
                 for row in [row for row in self.listeners if row.done]:
                     del self.listeners[row]
         self._fail("the server is shutting down")
@@ -96,13 +99,21 @@ class Scheduler:
         """Move new rows into the decoder; wait while there is nothing to do. False: closed."""
         with self.wake:
             while not self.closed and not self.incoming and not self.decoder.busy:
+                self._report()  # idle: every gauge 0
                 self.wake.wait()
             for row, listener in self.incoming:
                 self.decoder.add(row)
                 self.listeners[row] = listener
             self.incoming.clear()
-            self.metrics.queue.set(len(self.decoder.waiting))
+            self._report()
             return not self.closed
+
+    def _report(self) -> None:
+        """The gauges of the rows in flight, as the decoder holds them now."""
+        decoder = self.decoder
+        self.metrics.batch.set(len(decoder.active))
+        self.metrics.queue.set(len(decoder.waiting))
+        self.metrics.in_flight.set(len(self.incoming) + len(decoder.waiting) + len(decoder.filling) + len(decoder.active))
 
     def _fail(self, message: str) -> None:
         """Every row in flight ends with an error (its route ends the row, after the tokens before it)."""
