@@ -3,6 +3,7 @@ requests share the batch, bad requests get OpenAI's errors, and the server keeps
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -238,6 +239,13 @@ def gauges(url: str) -> dict[str, float]:
     return {f.name: f.samples[0].value for f in text_string_to_metric_families(httpx.get(url + "/metrics").text) if f.name in names}
 
 
+def wait_for_gauge(url: str, name: str, value: float, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while gauges(url)[name] != value:
+        assert time.monotonic() < deadline, f"{name} is {gauges(url)[name]}, not {value}, after {timeout} s"
+        time.sleep(0.05)
+
+
 def test_rows_in_flight_counts_the_rows_whose_prompts_are_going_in(models):
     """A prompt going in a chunk a step is neither in the batch nor in the queue: the gauge of
     rows in flight counts it, and is 0 once the loop is idle (how benchmarks/load.py sees a
@@ -261,13 +269,34 @@ def test_rows_in_flight_counts_the_rows_whose_prompts_are_going_in(models):
             assert gauges(running.url) == {"gpt2_queue_length": 0, "gpt2_batch_size": 0, "gpt2_rows_in_flight": 1}
             gate.set()
             assert scored.result().status_code == 200
-        deadline = time.monotonic() + 10
-        while gauges(running.url)["gpt2_rows_in_flight"] != 0:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_for_gauge(running.url, "gpt2_rows_in_flight", 0, 10)
         assert gauges(running.url) == {"gpt2_queue_length": 0, "gpt2_batch_size": 0, "gpt2_rows_in_flight": 0}
     finally:
         gate.set()
+        running.stop()
+
+
+def test_the_rows_of_clients_that_left_while_waiting_free_their_places_in_the_queue(models):
+    """A client gone before its row had a slot: the row leaves the queue at the next step, not
+    once a slot frees, so it holds no place of max_queue (a 429 for rows nobody waits for)."""
+    running = Running(lambda: (models[1], ENC), limits=Limits(max_batch_size=1, max_queue=2))
+    scheduler = running.app.state.server.scheduler
+    step = scheduler.decoder.step
+    scheduler.decoder.step = lambda: time.sleep(0.1) or step()  # the long request holds the one slot for 12 s
+    long = {"prompt": "A long answer:", "max_tokens": N_CTX - 10, "stream": True}
+    try:
+        with httpx.stream("POST", running.url + "/v1/completions", json=long, timeout=30) as first:
+            lines = first.iter_lines()  # kept: an iterator collected closes the connection
+            assert next(lines).startswith("data: ")  # it has the slot
+            with contextlib.ExitStack() as stack:  # two clients wait, then leave before their first token
+                for _ in range(2):
+                    waiting = stack.enter_context(httpx.stream("POST", running.url + "/v1/completions", json={**long, "max_tokens": 5}))
+                    assert waiting.status_code == 200
+                wait_for_gauge(running.url, "gpt2_queue_length", 2, 10)
+            wait_for_gauge(running.url, "gpt2_queue_length", 0, 3)  # not once the long one ends, 12 s from now
+            with httpx.stream("POST", running.url + "/v1/completions", json={**long, "max_tokens": 5}) as response:
+                assert response.status_code == 200  # not 429: nobody waits
+    finally:
         running.stop()
 
 
