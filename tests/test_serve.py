@@ -3,6 +3,7 @@ requests share the batch, bad requests get OpenAI's errors, and the server keeps
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -256,6 +257,100 @@ def test_a_client_that_leaves_frees_its_rows(server, client):
         post(server, {**body, "stream": False, "n": 8}, timeout=0.3)
     rows_leave(before, 8 * 110)
     assert complete(client, prompt="Still there?", max_tokens=3).choices[0].finish_reason == "length"
+
+
+def gauges(url: str) -> dict[str, float]:
+    """The gauges of rows, as Prometheus' own parser reads /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    names = ("gpt2_queue_length", "gpt2_batch_size", "gpt2_rows_in_flight")
+    return {f.name: f.samples[0].value for f in text_string_to_metric_families(httpx.get(url + "/metrics").text) if f.name in names}
+
+
+def wait_for_gauge(url: str, name: str, value: float, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while gauges(url)[name] != value:
+        assert time.monotonic() < deadline, f"{name} is {gauges(url)[name]}, not {value}, after {timeout} s"
+        time.sleep(0.05)
+
+
+def test_rows_in_flight_counts_the_rows_whose_prompts_are_going_in(models):
+    """A prompt going in a chunk a step is neither in the batch nor in the queue: the gauge of
+    rows in flight counts it, and is 0 once the loop is idle (how benchmarks/load.py sees a
+    server at rest)."""
+    running = Running(lambda: (models[1], ENC), limits=Limits(max_batch_size=2, max_num_batched_tokens=8))
+    scheduler = running.app.state.server.scheduler
+    stalled, gate, step, calls = threading.Event(), threading.Event(), scheduler.decoder.step, []
+
+    def stall_before_the_second_step():
+        calls.append(1)
+        if len(calls) == 2:  # after the first step's 8 prompt tokens, its gauges reported
+            stalled.set()
+            gate.wait(30)
+        return step()
+
+    scheduler.decoder.step = stall_before_the_second_step
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            scored = pool.submit(post, running, {"prompt": [15496] * 100, "max_tokens": 0, "echo": True, "logprobs": 0})
+            assert stalled.wait(30)
+            assert gauges(running.url) == {"gpt2_queue_length": 0, "gpt2_batch_size": 0, "gpt2_rows_in_flight": 1}
+            gate.set()
+            assert scored.result().status_code == 200
+        wait_for_gauge(running.url, "gpt2_rows_in_flight", 0, 10)
+        assert gauges(running.url) == {"gpt2_queue_length": 0, "gpt2_batch_size": 0, "gpt2_rows_in_flight": 0}
+    finally:
+        gate.set()
+        running.stop()
+
+
+def test_the_rows_of_clients_that_left_while_waiting_free_their_places_in_the_queue(models):
+    """A client gone before its row had a slot: the row leaves the queue at the next step, not
+    once a slot frees, so it holds no place of max_queue (a 429 for rows nobody waits for)."""
+    running = Running(lambda: (models[1], ENC), limits=Limits(max_batch_size=1, max_queue=2))
+    scheduler = running.app.state.server.scheduler
+    step = scheduler.decoder.step
+    scheduler.decoder.step = lambda: time.sleep(0.1) or step()  # the long request holds the one slot for 12 s
+    long = {"prompt": "A long answer:", "max_tokens": N_CTX - 10, "stream": True}
+    try:
+        with httpx.stream("POST", running.url + "/v1/completions", json=long, timeout=30) as first:
+            lines = first.iter_lines()  # kept: an iterator collected closes the connection
+            assert next(lines).startswith("data: ")  # it has the slot
+            with contextlib.ExitStack() as stack:  # two clients wait, then leave before their first token
+                for _ in range(2):
+                    waiting = stack.enter_context(httpx.stream("POST", running.url + "/v1/completions", json={**long, "max_tokens": 5}))
+                    assert waiting.status_code == 200
+                wait_for_gauge(running.url, "gpt2_queue_length", 2, 10)
+            wait_for_gauge(running.url, "gpt2_queue_length", 0, 3)  # not once the long one ends, 12 s from now
+            with httpx.stream("POST", running.url + "/v1/completions", json={**long, "max_tokens": 5}) as response:
+                assert response.status_code == 200  # not 429: nobody waits
+    finally:
+        running.stop()
+
+
+def test_prompts_of_every_length_give_onednn_a_few_shapes(models, server, monkeypatch):
+    """oneDNN builds and keeps a kernel for each shape of rows it is given (up to 1,024 of them):
+    a server meeting prompts of every length grew by 170 MB (benchmarks/load.py). The rows it
+    gets are padded to a few sizes, and the padding changes no log-probability."""
+    from gpt2 import _gemv
+
+    sizes, onednn = set(), _gemv._onednn_linear
+
+    def recording(x, *args):
+        sizes.add(x.numel() // x.size(-1))
+        return onednn(x, *args)
+
+    monkeypatch.setattr(_gemv, "_onednn_linear", recording)
+    for length in range(17, 81):  # past the 16 rows the decode kernel takes
+        ids = [(911 * i + length) % 50257 for i in range(length)]
+        choice = post(server, {"prompt": ids, "max_tokens": 0, "echo": True, "logprobs": 0}).json()["choices"][0]
+        if length == 37:
+            with torch.no_grad():
+                expected = torch.log_softmax(models[0](torch.tensor([ids])).logits[0].double(), dim=-1)
+            served = choice["logprobs"]["token_logprobs"]
+            assert served[0] is None and len(served) == length
+            assert max(abs(served[t] - float(expected[t - 1, ids[t]])) for t in range(1, length)) < 1e-4
+    assert 0 < len(sizes) <= 4 and min(sizes) >= 17  # unpadded, 64 sizes
 
 
 def test_a_choice_reads_each_token_as_it_was_when_made():

@@ -306,7 +306,11 @@ class Decoder:
 
     def _leave(self) -> None:
         """Drop the rows that ended; the last active row moves into each freed slot, so active
-        slots stay 0..A-1, and the rows filling move down to the slots just after them."""
+        slots stay 0..A-1, and the rows filling move down to the slots just after them. Rows
+        that ended while they waited (their clients left) leave the queue now, not once they
+        would have had a slot: a server counts the rows waiting against its max_queue."""
+        if any(row.done for row in self.waiting):
+            self.waiting = deque(row for row in self.waiting if not row.done)
         active, i = self.active, 0
         while i < len(active):
             while active and active[-1].done:

@@ -36,6 +36,10 @@ class Metrics:
         # prompt tokens looked up in the prefix cache, and found there (vLLM's prefix_cache_queries, _hits)
         self.prefix_cache_queries = Counter("gpt2_prefix_cache_queries", "prompt tokens looked up in the prefix cache", registry=r)
         self.prefix_cache_hits = Counter("gpt2_prefix_cache_hits", "prompt tokens found in the prefix cache", registry=r)
+        # the two above miss the rows whose prompts are going in (and those not yet taken): this
+        # one is 0 exactly when the loop holds no row, as it is once idle
+        self.in_flight = Gauge("gpt2_rows_in_flight", "rows the loop holds: waiting, filling their prompts or decoding",
+                               registry=r)  # fmt: skip
         self.ttft = Histogram("gpt2_time_to_first_token_seconds", "from a completion request to its first token", registry=r,
                               buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))  # fmt: skip
 
@@ -95,8 +99,7 @@ class Scheduler:
                     self.listeners[row](row, token, row.finish_reason, None)
                     self.metrics.generated_tokens.inc(token is not None)
                 self._count_prefix_cache()
-                self.metrics.batch.set(len(self.decoder.active))
-                self.metrics.queue.set(len(self.decoder.waiting))
+                self._report()
                 for row in [row for row in self.listeners if row.done]:
                     del self.listeners[row]
         self._fail("the server is shutting down")
@@ -113,13 +116,21 @@ class Scheduler:
         """Move new rows into the decoder; wait while there is nothing to do. False: closed."""
         with self.wake:
             while not self.closed and not self.incoming and not self.decoder.busy:
+                self._report()  # idle: every gauge 0
                 self.wake.wait()
             for row, listener in self.incoming:
                 self.decoder.add(row)
                 self.listeners[row] = listener
             self.incoming.clear()
-            self.metrics.queue.set(len(self.decoder.waiting))
+            self._report()
             return not self.closed
+
+    def _report(self) -> None:
+        """The gauges of the rows in flight, as the decoder holds them now."""
+        decoder = self.decoder
+        self.metrics.batch.set(len(decoder.active))
+        self.metrics.queue.set(len(decoder.waiting))
+        self.metrics.in_flight.set(len(self.incoming) + len(decoder.waiting) + len(decoder.filling) + len(decoder.active))
 
     def _fail(self, message: str) -> None:
         """Every row in flight ends with an error (its route ends the row, after the tokens before it)."""
