@@ -10,8 +10,8 @@ every context (slow; it checks the other). An engine drives a model through its 
 (`trunk`, `unembed`, `config`, `device`, `compute_dtype`: the `Model` protocol below) and
 never imports it, as transformers' cache and generation modules do not import its modeling;
 the model's own doors (`GPT2.engine`, `GPT2.use_cuda_graphs`) call in here. The rules of
-which engine runs where (`check_cuda_graphs`, `check_numpy_engine`) live here too, for the
-library and the command line alike.
+which engine runs where (`check_cuda_graphs`, `check_numpy_engine`, and `check_draft` for a
+draft model's engine beside the model's) live here too, for the library and the command line alike.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from gpt2.config import GPT2Config
 from gpt2.devices import check_fits, resolve_device
 from gpt2.errors import ContextLengthError, GPT2Warning, InvalidArgumentError
 from gpt2.reference import ReferenceModel
+from gpt2.tokenizer import same_vocabulary
 
 
 class Model(Protocol):
@@ -120,6 +121,9 @@ class KVCache:
         and thrown away: they write no keys and see their row's first position only."""
         if max(s + n for s, n in zip(starts, counts)) > self.max_len:
             raise ContextLengthError(f"the KV cache holds {self.max_len} positions; {max(s + n for s, n in zip(starts, counts))} do not fit")
+        for slot, start in zip(slots, starts):  # a chunk continues what its slot holds: past it, it would see stale keys
+            if start > self.lengths[slot]:
+                raise InvalidArgumentError(f"slot {slot} holds {self.lengths[slot]} positions: a chunk cannot start at {start}")
         B, T, device = len(slots), max(counts), self.device
         for slot, start, n in zip(slots, starts, counts):
             self.lengths[slot] = start + n
@@ -239,33 +243,30 @@ class TorchEngine:
         if not self.use_cache:  # each slot's whole window recomputed; its chunk's positions kept
             full = [self._fill(slot, self.history[slot][-self.max_len :], True) for slot in slots]
             return [f[-len(c) :] if e else f[-1] for f, c, e in zip(full, chunks, every)]
-        hidden: list[torch.Tensor | None] = [None] * len(slots)
+        order, states, sizes = [], [], []  # the chunks in the order computed, the positions unembedded, how many each
         for group in padded_groups([len(c) for c in chunks]):
-            states = self._hidden([slots[b] for b in group], [starts[b] for b in group], [chunks[b] for b in group])
-            for b, h in zip(group, states):
-                hidden[b] = h
+            x = self._hidden([slots[b] for b in group], [starts[b] for b in group], [chunks[b] for b in group])  # (B, T, C)
+            counts = torch.tensor([len(chunks[b]) for b in group], device=x.device)[:, None]
+            t = torch.arange(x.size(1), device=x.device)[None, :]
+            every_t = torch.tensor([every[b] for b in group], device=x.device)[:, None]
+            states.append(x[(t < counts) & (every_t | (t == counts - 1))])  # (N, C): each chunk's last, or all its positions
+            order += group
+            sizes += [len(chunks[b]) if every[b] else 1 for b in group]
+        # every chunk's positions in one matmul: the unembedding read once, not once a chunk
         logits: list[torch.Tensor | None] = [None] * len(slots)
-        last = [b for b in range(len(slots)) if not every[b]]
-        if last:  # the last positions of every chunk in one matmul
-            for b, row in zip(last, self.model.unembed(torch.stack([hidden[b][-1] for b in last]))):
-                logits[b] = row
-        for b in range(len(slots)):
-            if every[b]:
-                logits[b] = self.model.unembed(hidden[b])
+        for b, out in zip(order, self.model.unembed(torch.cat(states)).split(sizes)):
+            logits[b] = out if every[b] else out[0]
         return logits
 
-    def _hidden(self, slots: list[int], starts: list[int], chunks: list[Sequence[int]]) -> list[torch.Tensor]:
-        """The final hidden states (T_b, C) of each chunk, run as one batch padded to the longest."""
+    def _hidden(self, slots: list[int], starts: list[int], chunks: list[Sequence[int]]) -> torch.Tensor:
+        """The final hidden states (B, T, C) of the chunks, run as one batch padded to the longest, T."""
         T = max(map(len, chunks))
-        idx = torch.zeros(len(chunks), T, dtype=torch.long)
-        for b, chunk in enumerate(chunks):
-            idx[b, : len(chunk)] = torch.tensor(chunk)
+        idx = torch.tensor([list(chunk) + [0] * (T - len(chunk)) for chunk in chunks])  # (B, T), one tensor made, not B
         if len(slots) == 1 and starts[0] == 0:  # a whole prompt alone: plain causal attention over it
             self.cache.begin_prefill(slots[0], T)
         else:
             self.cache.begin_extend(slots, starts, [len(c) for c in chunks])
-        x = self.model.trunk(idx.to(self.model.device), self.cache)  # (B, T, C)
-        return [x[b, : len(chunk)] for b, chunk in enumerate(chunks)]
+        return self.model.trunk(idx.to(self.model.device), self.cache)
 
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
         B, new = tokens.size(0), tokens.tolist()
@@ -471,3 +472,22 @@ def check_numpy_engine(device: str | torch.device, dtype: str | torch.dtype, nam
     if dtype not in ("float32", torch.float32):
         dtype = str(dtype).removeprefix("torch.")
         raise InvalidArgumentError(f"{name('engine')} numpy computes in float32 only, not {name('dtype')} {dtype}: use {name('engine')} torch")
+
+
+def check_draft(model: Model | ReferenceModel, draft: Model | ReferenceModel, tokenizer: object = None,
+                draft_tokenizer: object = None) -> None:  # fmt: skip
+    """The speculative-decoding rule: a draft model proposes the model's own tokens, so it has the
+    model's vocabulary (its n_vocab, and its tokenizer where both are known: by default each
+    model's `tokenizer`), and it runs on the model's device (a NumPy model: the CPU)."""
+    n_vocab, draft_vocab = model.config.n_vocab, draft.config.n_vocab
+    if draft_vocab != n_vocab:
+        raise InvalidArgumentError(f"the draft model's vocabulary has {draft_vocab:,} tokens, the model's {n_vocab:,}: "
+                                   "a draft must share the model's tokenizer", "draft")  # fmt: skip
+    tokenizer = getattr(model, "tokenizer", None) if tokenizer is None else tokenizer
+    draft_tokenizer = getattr(draft, "tokenizer", None) if draft_tokenizer is None else draft_tokenizer
+    if tokenizer is not None and draft_tokenizer is not None and not same_vocabulary(tokenizer, draft_tokenizer):
+        raise InvalidArgumentError(f"the draft model's tokenizer is not the model's (both of {n_vocab:,} tokens, but "
+                                   "other tokens or merges): a draft must share the model's tokenizer", "draft")  # fmt: skip
+    device, draft_device = (getattr(m, "device", torch.device("cpu")) for m in (model, draft))
+    if draft_device != device:
+        raise InvalidArgumentError(f"the draft model is on {draft_device}, the model on {device}: load both on one device", "draft")
