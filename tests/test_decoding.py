@@ -442,3 +442,20 @@ def test_sampling_with_a_draft_follows_the_models_distribution_exactly(small_pai
                             draft_tokens=3)[:, len(PROMPT) :].numpy()  # fmt: skip
     assert chi_square_p(tokens, exact_distribution(hf, 4, sampling)) > 1e-3
     assert chi_square_p(tokens, exact_distribution(hf_draft, 4, sampling)) < 1e-3
+
+
+def test_drafts_stay_within_the_steps_token_budget(models, draft, monkeypatch):
+    """max_batched_tokens 6 for 3 rows: each pass of the model verifies 6 tokens at most (a
+    row's newest and its drafts, the earlier rows' drafts first), not 3 x (1 + 4)."""
+    _, model = models
+    engine = TorchEngine(model, 3)
+    passes = []
+    extend = engine.extend
+    monkeypatch.setattr(engine, "extend", lambda slots, starts, chunks, every=None: passes.append(sum(map(len, chunks))) or
+                        extend(slots, starts, chunks, every))  # fmt: skip
+    rows = [Row(prompt(90 + i, 2), 20, GREEDY) for i in range(3)]  # all in at the first step
+    decoder = Decoder(engine, max_batched_tokens=6, draft=TorchEngine(draft, 3), draft_tokens=4)
+    run_with(decoder, rows)
+    assert max(passes) == 6 and decoder.stats.proposed > 0
+    for row in rows:
+        assert row.tokens == alone(model, row).tokens

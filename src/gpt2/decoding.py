@@ -20,6 +20,13 @@ generate` and `gpt2 serve` all run this one loop, and each makes its rows with
 sampling and seed, and the context it needs. An engine computes logits
 (`gpt2.engines.TorchEngine`, with the KV cache, or `gpt2.engines.NumpyEngine`); this module
 knows nothing of models.
+
+With a draft engine (a smaller model of the same tokenizer), decoding is speculative, as in
+Leviathan et al. (2023) and Chen et al. (2023): each step the draft proposes k tokens for every
+active row, one batched pass each, and the engine verifies all of them in one pass; each row
+keeps the drafts that speculative sampling's rule keeps (`gpt2.sampling.speculative_accept`),
+and one token more. Its tokens follow the engine's distribution exactly: greedy rows get the
+tokens they get without a draft.
 """
 
 from __future__ import annotations
@@ -319,7 +326,7 @@ class Decoder:
         self._leave()
         events: list[tuple[Row, int | None]] = []
         chosen, computed = 0, len(self.active)  # rows from `chosen` on choose from self.logits; the engine's tokens
-        if self.draft is not None and self.active:  # its own starts, always: a verifying pass leaves refused drafts in the slots
+        if self.draft is not None and self.active:  # never `decode`, which appends after what a slot holds: refused drafts too
             counts = self._draft_counts()
             events, chosen, computed = self._speculate(counts), len(self.active), len(self.active) + sum(counts)
         elif self.active:
@@ -472,14 +479,17 @@ class Decoder:
 
     def _draft_counts(self) -> list[int]:
         """The tokens the draft proposes for each active row this step: draft_tokens at most, one
-        fewer than the row may still make (the pass after them gives one more), and no more than
-        the engine's context and the draft's hold (the window and the drafts, bar the last, in the
-        draft). 0 where the draft does not hold the row."""
-        counts = []
+        fewer than the row may still make (the pass after them gives one more), no more than the
+        engine's context and the draft's hold (the window and the drafts, bar the last, in the
+        draft), and, rows first come first served, within max_batched_tokens (the engine verifies
+        each row's drafts and its newest token). 0 where the draft does not hold the row."""
+        counts, spare = [], None if self.max_batched_tokens is None else self.max_batched_tokens - len(self.active)
         for row in self.active:
             n = min(len(row.prompt), self.engine.max_len) + len(row.tokens)  # len(self._window(row))
-            room = min(self.engine.max_len - n, self.draft.max_len - n + 1, row.max_new_tokens - len(row.tokens) - 1)
-            counts.append(max(0, min(self.draft_tokens, room)) if row in self.drafted else 0)
+            room = min(self.draft_tokens, self.engine.max_len - n, self.draft.max_len - n + 1, row.max_new_tokens - len(row.tokens) - 1)
+            k = max(0, room if spare is None else min(room, spare)) if row in self.drafted else 0
+            counts.append(k)
+            spare = None if spare is None else spare - k
         return counts
 
     def _speculate(self, counts: list[int]) -> list[tuple[Row, int]]:
@@ -531,11 +541,11 @@ class Decoder:
         logits and p (k + 1, V): the engine's logits and distributions at its newest token and at
         each draft; q (k, V): the draft's; n: the length of its window before them."""
         row, k = self.active[i], len(drafts)
-        kept, token = speculative_accept(p, q, drafts, row.generator)
+        kept, after = speculative_accept(p, q, drafts, row.generator)
         if k:  # the draft holds the window and drafts[:k - 1]: those past the first refused are not the row's
             self.drafted[row] = n + min(kept, k - 1)
         events = []
-        for t, token in enumerate(drafts[:kept] + [token]):
+        for t, token in enumerate(drafts[:kept] + [after]):
             self._take(row, logits[t], token)
             events.append((row, token))
             if row.done:  # at eos or max_new_tokens: the rest are dropped
