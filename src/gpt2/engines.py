@@ -474,20 +474,25 @@ def check_numpy_engine(device: str | torch.device, dtype: str | torch.dtype, nam
         raise InvalidArgumentError(f"{name('engine')} numpy computes in float32 only, not {name('dtype')} {dtype}: use {name('engine')} torch")
 
 
+def check_draft_config(config: GPT2Config, draft_config: GPT2Config) -> None:
+    """What a draft model's configuration must meet, before either is loaded: the model's n_vocab."""
+    if draft_config.n_vocab != config.n_vocab:
+        raise InvalidArgumentError(f"draft has a vocabulary of {draft_config.n_vocab:,} tokens, the model {config.n_vocab:,}: "
+                                   "a draft model must share the model's tokenizer", "draft")  # fmt: skip
+
+
 def check_draft(model: Model | ReferenceModel, draft: Model | ReferenceModel, tokenizer: object = None,
                 draft_tokenizer: object = None) -> None:  # fmt: skip
     """The speculative-decoding rule: a draft model proposes the model's own tokens, so it has the
     model's vocabulary (its n_vocab, and its tokenizer where both are known: by default each
     model's `tokenizer`), and it runs on the model's device (a NumPy model: the CPU)."""
-    n_vocab, draft_vocab = model.config.n_vocab, draft.config.n_vocab
-    if draft_vocab != n_vocab:
-        raise InvalidArgumentError(f"the draft model's vocabulary has {draft_vocab:,} tokens, the model's {n_vocab:,}: "
-                                   "a draft must share the model's tokenizer", "draft")  # fmt: skip
+    check_draft_config(model.config, draft.config)
+    n_vocab = model.config.n_vocab
     tokenizer = getattr(model, "tokenizer", None) if tokenizer is None else tokenizer
     draft_tokenizer = getattr(draft, "tokenizer", None) if draft_tokenizer is None else draft_tokenizer
     if tokenizer is not None and draft_tokenizer is not None and not same_vocabulary(tokenizer, draft_tokenizer):
-        raise InvalidArgumentError(f"the draft model's tokenizer is not the model's (both of {n_vocab:,} tokens, but "
-                                   "other tokens or merges): a draft must share the model's tokenizer", "draft")  # fmt: skip
+        raise InvalidArgumentError(f"draft has another tokenizer than the model's (of {n_vocab:,} tokens too, but other "
+                                   "tokens or merges): a draft model must share the model's tokenizer", "draft")  # fmt: skip
     device, draft_device = (getattr(m, "device", torch.device("cpu")) for m in (model, draft))
     if draft_device != device:
-        raise InvalidArgumentError(f"the draft model is on {draft_device}, the model on {device}: load both on one device", "draft")
+        raise InvalidArgumentError(f"draft is on {draft_device}, the model on {device}: load both on one device", "draft")
