@@ -526,7 +526,10 @@ class Decoder:
             live = [i for i, k in enumerate(counts) if k > j]
             starts = [self.drafted[rows[i]] for i in live]
             chunks = [windows[i][start:] if j == 0 else drafts[i][-1:] for i, start in zip(live, starts)]
-            logits = torch.stack(self.draft.extend(live, starts, chunks)).float().cpu()  # (B, V)
+            if j and live == list(range(len(live))):  # one token after the last pass's in slots 0..B-1: decode's fast step
+                logits = self.draft.decode(torch.tensor([chunk[0] for chunk in chunks])).float().cpu()  # (B, V)
+            else:
+                logits = torch.stack(self.draft.extend(live, starts, chunks)).float().cpu()
             check_finite(logits, [rows[i] for i in live], "the draft model")
             q = row_probabilities(logits, [rows[i].sampling for i in live])
             for i, start, chunk, row_q in zip(live, starts, chunks, q):
