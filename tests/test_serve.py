@@ -19,7 +19,7 @@ import openai
 import pytest
 import torch
 
-from helpers import REPO, Running, heed_ctrl_c, make_hf_model
+from helpers import REPO, Running, heed_ctrl_c, make_hf_model, perturbed
 from gpt2 import Tokenizer
 from gpt2.cli import main
 from gpt2.decoding import row_seed
@@ -676,6 +676,67 @@ def test_models_tokenize_detokenize_and_metrics(server, client):
     assert 'gpt2_requests_total{endpoint="/v1/inspect",status="200"}' in httpx.get(server.url + "/metrics").text
     generated = next(line for line in metrics.splitlines() if line.startswith("gpt2_generated_tokens_total"))
     assert float(generated.split()[1]) >= 4
+
+
+# ------------------------------------------------------------------ a draft model (speculative decoding)
+
+
+@pytest.fixture(scope="module")
+def draft_dir(models, tmp_path_factory):
+    """A draft of the served model's vocabulary, which agrees with it often, not always."""
+    directory = tmp_path_factory.mktemp("draft")
+    perturbed(models[0], 0.5).save_pretrained(directory)
+    return str(directory)
+
+
+def metric(url: str, name: str) -> float:
+    return float(next(line for line in httpx.get(url + "/metrics").text.splitlines() if line.startswith(name + " ")).split()[1])
+
+
+def test_a_server_with_a_draft_model_answers_what_it_answers_without(models, client, draft_dir):
+    """Greedy choices with a draft proposing 3 tokens a step: the text, log-probabilities and finish
+    reasons of the server without one, whole and streamed, up to a stop string too; /metrics
+    counts the drafts proposed and kept."""
+    draft = GPT2.from_pretrained(draft_dir, device="cpu")
+    running = Running(lambda: (models[1], ENC), limits=Limits(draft_tokens=3), load_draft=lambda: (draft, ENC))
+    try:
+        drafted = running.client()
+        request = dict(prompt=["The meaning of life is", "Hello"], max_tokens=20, temperature=0, logprobs=2)
+        got, expected = complete(drafted, **request), complete(client, **request)
+        for choice, alone in zip(got.choices, expected.choices):
+            assert (choice.text, choice.finish_reason) == (alone.text, alone.finish_reason)
+            assert max(abs(a - b) for a, b in zip(choice.logprobs.token_logprobs, alone.logprobs.token_logprobs)) < 1e-4
+        stop = expected.choices[0].text[5:9]
+        request = dict(prompt="The meaning of life is", max_tokens=20, temperature=0, stop=[stop])
+        whole = complete(drafted, **request).choices[0]
+        assert (whole.text, whole.finish_reason) == (expected.choices[0].text[: expected.choices[0].text.index(stop)], "stop")
+        chunks = list(complete(drafted, stream=True, **request))
+        assert "".join(c.choices[0].text for c in chunks) == whole.text and chunks[-1].choices[0].finish_reason == "stop"
+        assert 0 < metric(running.url, "gpt2_draft_accepted_tokens_total") < metric(running.url, "gpt2_draft_tokens_total")
+    finally:
+        running.stop()
+
+
+def test_gpt2_serve_with_a_draft_model_and_its_refusals_in_one_line(models, draft_dir, capsys, tmp_path):
+    process, url = gpt2_serve("--model", models[2], "--draft-model", draft_dir, "--draft-tokens", "2")
+    try:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+        served = client.completions.create(model=models[2], prompt="Hello", max_tokens=12, temperature=0).choices[0].text
+        assert served == ours(models, "Hello", max_new_tokens=12, temperature=0)[0]
+        assert metric(url, "gpt2_draft_tokens_total") > 0
+    finally:
+        process.kill()
+    make_hf_model(vocab_size=65, n_positions=32, n_embd=32, n_layer=1, n_head=2).save_pretrained(tmp_path)
+    CharTokenizer([chr(c) for c in range(32, 97)]).save(tmp_path)
+    capsys.readouterr()
+    for flags, message in [
+        (["--draft-model", str(tmp_path)], "draft (--draft-model) has a vocabulary of 65 tokens, the model 50,257: "
+                                           "a draft model must share the model's tokenizer"),
+        (["--draft-tokens", "3"], "--draft-tokens is the number of tokens a draft model proposes: give --draft-model too"),
+        (["--draft-model", draft_dir, "--draft-tokens", "0"], "draft_tokens (--draft-tokens) must be a positive integer, got 0"),
+    ]:  # fmt: skip  (refused before the port is taken: no "serving ... on" first)
+        assert main(["serve", "--model", models[2], "--port", str(free_port()), *flags]) == 2
+        assert capsys.readouterr().err == f"gpt2: error: {message}\n"
 
 
 # ------------------------------------------------------------------ the command

@@ -11,8 +11,8 @@ every context (slow; it checks the other). An engine drives a model through its 
 (`trunk`, `unembed`, `config`, `device`, `compute_dtype`: the `Model` protocol below) and
 never imports it, as transformers' cache and generation modules do not import its modeling;
 the model's own doors (`GPT2.engine`, `GPT2.use_cuda_graphs`) call in here. The rules of
-which engine runs where (`check_cuda_graphs`, `check_numpy_engine`) live here too, for the
-library and the command line alike.
+which engine runs where (`check_cuda_graphs`, `check_numpy_engine`, and `check_draft` for a
+draft model's engine beside the model's) live here too, for the library and the command line alike.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from gpt2.config import GPT2Config
 from gpt2.devices import check_fits, resolve_device
 from gpt2.errors import ContextLengthError, GPT2Warning, InvalidArgumentError
 from gpt2.reference import ReferenceModel
+from gpt2.tokenizer import same_vocabulary
 
 
 class Model(Protocol):
@@ -123,6 +124,9 @@ class KVCache:
         and thrown away: they write no keys."""
         if max(s + n for s, n in zip(starts, counts)) > self.max_len:
             raise ContextLengthError(f"the KV cache holds {self.max_len} positions; {max(s + n for s, n in zip(starts, counts))} do not fit")
+        for slot, start in zip(slots, starts):  # a chunk continues what its slot holds: past it, it would see stale keys
+            if start > self.lengths[slot]:
+                raise InvalidArgumentError(f"slot {slot} holds {self.lengths[slot]} positions: a chunk cannot start at {start}")
         B, T, device = len(slots), max(counts), self.device
         for slot, start, n in zip(slots, starts, counts):
             self.lengths[slot] = start + n
@@ -334,15 +338,10 @@ class TorchEngine:
             full = [self._fill(slot, self.history[slot][-self.max_len :], True) for slot in slots]
             return [f[-len(c) :] if e else f[-1] for f, c, e in zip(full, chunks, every)]
         hidden = self.hidden(slots, starts, chunks)
-        logits: list[torch.Tensor | None] = [None] * len(slots)
-        last = [b for b in range(len(slots)) if not every[b]]
-        if last:  # the last positions of every chunk in one matmul
-            for b, row in zip(last, self.model.unembed(torch.stack([hidden[b][-1] for b in last]))):
-                logits[b] = row
-        for b in range(len(slots)):
-            if every[b]:
-                logits[b] = self.model.unembed(hidden[b])
-        return logits
+        # every chunk's positions in one matmul: the unembedding read once, not once a chunk
+        states = [h if e else h[-1:] for h, e in zip(hidden, every)]  # each chunk's last, or all its positions
+        out = self.model.unembed(torch.cat(states)).split([len(h) for h in states])
+        return [o if e else o[0] for o, e in zip(out, every)]
 
     def hidden(self, slots: Sequence[int], starts: Sequence[int], chunks: Sequence[Sequence[int]]) -> list[torch.Tensor]:
         """The final hidden states (T_b, C) of each chunk, which continues slot slots[b] from
@@ -388,9 +387,7 @@ class TorchEngine:
     def _hidden(self, slots: list[int], starts: list[int], chunks: list[Sequence[int]]) -> list[torch.Tensor]:
         """The final hidden states (T_b, C) of each chunk, run as one batch padded to the longest."""
         T = max(map(len, chunks))
-        idx = torch.zeros(len(chunks), T, dtype=torch.long)
-        for b, chunk in enumerate(chunks):
-            idx[b, : len(chunk)] = torch.tensor(chunk)
+        idx = torch.tensor([list(chunk) + [0] * (T - len(chunk)) for chunk in chunks])  # (B, T), one tensor made, not B
         if len(slots) == 1 and starts[0] == 0:  # a whole prompt alone: plain causal attention over it
             self.cache.begin_prefill(slots[0], T)
         else:
@@ -619,3 +616,27 @@ def check_numpy_engine(device: str | torch.device, dtype: str | torch.dtype, nam
     if dtype not in ("float32", torch.float32):
         dtype = str(dtype).removeprefix("torch.")
         raise InvalidArgumentError(f"{name('engine')} numpy computes in float32 only, not {name('dtype')} {dtype}: use {name('engine')} torch")
+
+
+def check_draft_config(config: GPT2Config, draft_config: GPT2Config) -> None:
+    """What a draft model's configuration must meet, before either is loaded: the model's n_vocab."""
+    if draft_config.n_vocab != config.n_vocab:
+        raise InvalidArgumentError(f"draft has a vocabulary of {draft_config.n_vocab:,} tokens, the model {config.n_vocab:,}: "
+                                   "a draft model must share the model's tokenizer", "draft")  # fmt: skip
+
+
+def check_draft(model: Model | ReferenceModel, draft: Model | ReferenceModel, tokenizer: object = None,
+                draft_tokenizer: object = None) -> None:  # fmt: skip
+    """The speculative-decoding rule: a draft model proposes the model's own tokens, so it has the
+    model's vocabulary (its n_vocab, and its tokenizer where both are known: by default each
+    model's `tokenizer`), and it runs on the model's device (a NumPy model: the CPU)."""
+    check_draft_config(model.config, draft.config)
+    n_vocab = model.config.n_vocab
+    tokenizer = getattr(model, "tokenizer", None) if tokenizer is None else tokenizer
+    draft_tokenizer = getattr(draft, "tokenizer", None) if draft_tokenizer is None else draft_tokenizer
+    if tokenizer is not None and draft_tokenizer is not None and not same_vocabulary(tokenizer, draft_tokenizer):
+        raise InvalidArgumentError(f"draft has another tokenizer than the model's (of {n_vocab:,} tokens too, but other "
+                                   "tokens or merges): a draft model must share the model's tokenizer", "draft")  # fmt: skip
+    device, draft_device = (getattr(m, "device", torch.device("cpu")) for m in (model, draft))
+    if draft_device != device:
+        raise InvalidArgumentError(f"draft is on {draft_device}, the model on {device}: load both on one device", "draft")

@@ -16,11 +16,12 @@ from fastapi.responses import JSONResponse
 
 from gpt2._checks import check_token_ids, int_between, is_integer, is_real, positive_int
 from gpt2.config import GPT2Config
-from gpt2.decoding import Request, Row, start_of_text
+from gpt2.decoding import Request, Row, check_draft_tokens, start_of_text
 from gpt2.errors import ContextLengthError, GPT2Error, InvalidArgumentError
 from gpt2.generate import check_stop
 from gpt2.engines import KVCache
 from gpt2.sampling import Sampling
+from gpt2.settings import DRAFT_TOKENS
 from gpt2.tokenizer import Tokenizer
 
 
@@ -41,6 +42,7 @@ class Limits:
     # tokens of the 124M model (59 of gpt2-xl), an answer of 27 MB made in 2.3 s on 2 CPU cores
     max_inspect_cells: int = 1 << 22
     api_key: str | None = None
+    draft_tokens: int = DRAFT_TOKENS  # tokens a draft model proposes per step, where the server has one
 
     def check(self) -> None:
         for name in ("max_batch_size", "max_num_batched_tokens", "max_queue", "max_n", "max_body_bytes", "max_inspect_cells"):
@@ -48,6 +50,7 @@ class Limits:
         if not is_integer(self.prefix_cache_mb) or self.prefix_cache_mb < 0:
             raise InvalidArgumentError(f"prefix_cache_mb must be a whole number of MB, 0 for none, got {self.prefix_cache_mb!r}",
                                        "prefix_cache_mb")  # fmt: skip
+        check_draft_tokens(self.draft_tokens)
         if self.max_num_batched_tokens < self.max_batch_size:
             raise InvalidArgumentError(f"max_num_batched_tokens must be at least max_batch_size ({self.max_batch_size}), as each "
                                        f"step decodes a token of every row; got {self.max_num_batched_tokens}", "max_num_batched_tokens")  # fmt: skip

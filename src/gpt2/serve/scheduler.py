@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from gpt2.decoding import Decoder, Row
+from gpt2.decoding import Decoder, Engine, Row, finish_reasons
 from gpt2.engines import PrefixCache
 from gpt2.model import GPT2
 from gpt2.serve.protocol import BATCH_HINT, Limits, RequestError
@@ -42,6 +42,9 @@ class Metrics:
                                registry=r)  # fmt: skip
         self.ttft = Histogram("gpt2_time_to_first_token_seconds", "from a completion request to its first token", registry=r,
                               buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))  # fmt: skip
+        # speculative decoding's, as vLLM's spec_decode_num_draft_tokens and num_accepted_tokens
+        self.draft_tokens = Counter("gpt2_draft_tokens", "tokens a draft model proposed", registry=r)
+        self.accepted_tokens = Counter("gpt2_draft_accepted_tokens", "draft tokens the model kept", registry=r)
 
 
 # (row, token, finish reason, error) from the loop's thread: the reason as the row had it then, for
@@ -50,16 +53,20 @@ Listener = Callable[[Row, "int | None", "str | None", "str | None"], None]
 
 
 class Scheduler:
-    """The server's one generation loop: a thread stepping a Decoder over every row in flight."""
+    """The server's one generation loop: a thread stepping a Decoder over every row in flight
+    (speculatively, with a `draft` model: its engine beside the model's, limits.draft_tokens a step)."""
 
-    def __init__(self, model: GPT2, limits: Limits, metrics: Metrics):
-        prefix = None
+    def __init__(self, model: GPT2, limits: Limits, metrics: Metrics, draft: GPT2 | None = None):
+        def engine(m: GPT2, prefix_cache: PrefixCache | None = None) -> Engine:  # a KV cache of the whole context for each row
+            return m.engine(limits.max_batch_size, model.config.n_ctx, hint=BATCH_HINT, param="max_batch_size",
+                            prefix_cache=prefix_cache)  # fmt: skip
+
+        self.limits, self.metrics = limits, metrics
+        prefix = None  # the model's prompts' blocks (the draft computes its own: it is cheap)
         if limits.prefix_cache_mb:
             prefix = PrefixCache(model.config, limits.prefix_cache_mb << 20, dtype=model.compute_dtype)
-        engine = model.engine(limits.max_batch_size, model.config.n_ctx, hint=BATCH_HINT, param="max_batch_size", prefix_cache=prefix)
         self.counted = (0, 0)  # the prefix cache's queries and hits, as the metrics have them
-        self.decoder = Decoder(engine, limits.max_num_batched_tokens)
-        self.limits, self.metrics = limits, metrics
+        self.decoder = self._decoder(engine(model, prefix), None if draft is None else engine(draft))
         self.incoming: list[tuple[Row, Listener]] = []
         self.listeners: dict[Row, Listener] = {}
         self.wake = threading.Condition()
@@ -90,14 +97,18 @@ class Scheduler:
     def _loop(self) -> None:
         with torch.inference_mode():
             while self._take():
+                stats = self.decoder.stats
+                proposed, accepted = stats.proposed, stats.accepted
                 try:
                     events = self.decoder.step()
                 except Exception as e:  # noqa: BLE001  (a model that fails fails its rows, not the server)
                     self._fail(f"generation failed: {e}")
                     continue
-                for row, token in events:
-                    self.listeners[row](row, token, row.finish_reason, None)
+                for (row, token), reason in zip(events, finish_reasons(events)):
+                    self.listeners[row](row, token, reason, None)
                     self.metrics.generated_tokens.inc(token is not None)
+                self.metrics.draft_tokens.inc(stats.proposed - proposed)
+                self.metrics.accepted_tokens.inc(stats.accepted - accepted)
                 self._count_prefix_cache()
                 self._report()
                 for row in [row for row in self.listeners if row.done]:
@@ -137,4 +148,7 @@ class Scheduler:
         for row, listener in list(self.listeners.items()):
             listener(row, None, None, message)
         self.listeners.clear()
-        self.decoder = Decoder(self.decoder.engine, self.limits.max_num_batched_tokens)  # the rows that were in it are gone
+        self.decoder = self._decoder(self.decoder.engine, self.decoder.draft)  # the rows that were in it are gone
+
+    def _decoder(self, engine: Engine, draft: Engine | None) -> Decoder:
+        return Decoder(engine, self.limits.max_num_batched_tokens, draft, self.limits.draft_tokens)
