@@ -456,12 +456,14 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="a small run, as CI's test runs it")
     parser.add_argument("--max-batch-size", type=int, default=8, help="the server's (default: 8, as gpt2 serve's)")
     parser.add_argument("--tolerance", type=float, default=0.05, help="RSS growth allowed, a fraction of round 1's (default: 0.05)")
-    parser.add_argument("--tolerance-mb", type=float, help="RSS growth allowed in MB, if more (default: 16; --quick: 48, for "
-                        "in rounds of a few seconds the allocator's high-water mark of one round can pass another's by 20 MB)")
+    parser.add_argument("--tolerance-mb", type=float, help="RSS growth allowed in MB, if more (default: 32, for the allocator may "
+                        "keep a later round's higher peak: a scoring request's logits alone are its prompt x 50,257 x 4 bytes, "
+                        "which glibc's heap keeps below 32 MB; --quick: 100, for after rounds of seconds on the tiny model the "
+                        "RSS lands anywhere from its floor to its peak, 50 MB apart: CI's run checks the rest, not memory)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    quick = {"clients": 16, "seconds": 4, "rounds": 2, "shape": "tiny", "tolerance_mb": 48}
-    full = {"clients": 64, "seconds": 20, "rounds": 3, "shape": "small", "tolerance_mb": 16}
+    quick = {"clients": 16, "seconds": 4, "rounds": 2, "shape": "tiny", "tolerance_mb": 100}
+    full = {"clients": 64, "seconds": 20, "rounds": 3, "shape": "small", "tolerance_mb": 32}
     for key, value in (quick if args.quick else full).items():
         setattr(args, key, value if getattr(args, key) is None else getattr(args, key))
 

@@ -1,6 +1,8 @@
 """`gpt2 serve` under load, small: benchmarks/load.py --quick (16 clients, 2 rounds of 4 s, a
 tiny model it makes) passes its own checks: no request answered other than its kind expects,
-no row left in flight after a round, no 500, no traceback in the server's log, no memory growth."""
+no row left in flight after a round, no 500, no traceback in the server's log, and no memory
+growth past 100 MB a round (rounds of seconds are too short to tell less from the allocator's
+high-water mark; the full run's tolerance is 32 MB)."""
 
 from __future__ import annotations
 

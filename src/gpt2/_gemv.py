@@ -602,11 +602,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 def onednn_rows(rows: int) -> int:
-    """The rows oneDNN is given for `rows`: rounded up to a multiple of 16, and past 128 rows to
-    eight sizes in each doubling (at most 1/8 more rows). oneDNN builds a kernel for each shape
-    it is given and keeps up to 1,024 of them, so a server meeting prompts of every length grew
-    by 170 MB before that bound (benchmarks/load.py); a few sizes are built once, early."""
-    step = max(16, 1 << max(rows.bit_length() - 4, 0))
+    """The rows oneDNN is given for `rows`: rounded up to one of eight sizes in each doubling
+    (at most 1/8 more rows; 40 sizes from 17 to 512). oneDNN builds a kernel for each shape it
+    is given and keeps up to 1,024 of them, so a server meeting prompts of every length grew by
+    170 MB before that bound (benchmarks/load.py); a few sizes are built once, early."""
+    step = 1 << max(rows.bit_length() - 4, 0)
     return -(-rows // step) * step
 
 
