@@ -16,7 +16,8 @@ time limit, so nothing hangs; an answer that is not what its kind expects is an 
 After each round, once its clients are done, /metrics must show no rows in flight (waiting,
 filling or decoding) within a few seconds, and the server's RSS is read (/proc/PID/status);
 after rounds 2..R it must stay within a tolerance of its value after round 1 (round 1 is the
-warm-up: first-time allocations land there). The server's log must hold no traceback and no
+warm-up: first-time allocations land there), less the bytes the prefix cache holds (from
+/metrics): the cache grows by design, as prompts come, up to --prefix-cache-mb. The server's log must hold no traceback and no
 ERROR line, and no request may get a 500. The script stops the server (SIGTERM) and exits 1
 if any check fails.
 """
@@ -96,12 +97,12 @@ def save_random_model(shape: str, directory: str) -> dict:
 class ServerProcess:
     """`gpt2 serve` in a process of its own, its stdout and stderr in a log file."""
 
-    def __init__(self, model: str, log: Path, batch: int, queue: int) -> None:
+    def __init__(self, model: str, log: Path, batch: int, queue: int, prefix_cache_mb: int) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
         argv = [sys.executable, "-m", "gpt2", "serve", "--model", model, "--port", str(self.port), "--device", "cpu", "--no-ui",
-                "--max-batch-size", str(batch), "--max-queue", str(queue)]  # fmt: skip
+                "--max-batch-size", str(batch), "--max-queue", str(queue), "--prefix-cache-mb", str(prefix_cache_mb)]  # fmt: skip
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO / "src")}
         with open(log, "wb") as out:
             self.process = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -344,6 +345,7 @@ class Round:
     generated: float  # tokens the server generated in the round (those of clients that left included)
     gauges: dict[str, float]  # rows in flight, once at rest
     memory: dict[str, int]  # VmRSS, VmHWM after the round
+    cache: float  # bytes the prefix cache holds after the round (at most --prefix-cache-mb)
 
     @property
     def errors(self) -> list[Outcome]:
@@ -361,12 +363,13 @@ def latency_cells(outcomes: list[Outcome]) -> list[str]:
     return [ms(percentile(latencies, 50)), ms(percentile(latencies, 99)), ms(percentile(ttfts, 50)), ms(percentile(ttfts, 99))]
 
 
-def summary_row(label: str, outcomes: list[Outcome], wall: float, generated: float, at_rest: str, rss: str, peak: str) -> list[str]:
+def summary_row(label: str, outcomes: list[Outcome], wall: float, generated: float, at_rest: str, rss: str, peak: str,
+                cache: str) -> list[str]:  # fmt: skip
     by_kind = "/".join(str(sum(o.kind == kind and o.error is None for o in outcomes)) for kind in KINDS)
     served = sum(o.tokens for o in outcomes if o.error is None)
     errors = sum(o.error is not None for o in outcomes)
     return [label, str(len(outcomes)), by_kind, str(errors), f"{served / wall:.1f}", f"{generated / wall:.1f}", *latency_cells(outcomes),
-            at_rest, rss, peak]  # fmt: skip
+            at_rest, rss, peak, cache]  # fmt: skip
 
 
 def round_rows(rounds: list[Round]) -> list[list[str]]:
@@ -374,11 +377,12 @@ def round_rows(rounds: list[Round]) -> list[list[str]]:
     rows = []
     for i, r in enumerate(rounds, 1):
         at_rest = ", ".join(f"{int(v) if v == v else v}" for v in r.gauges.values())
-        rows.append(summary_row(str(i), r.outcomes, r.wall, r.generated, at_rest, mb(r.memory["VmRSS"]), mb(r.memory["VmHWM"])))
+        rows.append(summary_row(str(i), r.outcomes, r.wall, r.generated, at_rest, mb(r.memory["VmRSS"]), mb(r.memory["VmHWM"]),
+                                mb(r.cache)))  # fmt: skip
     every = [o for r in rounds for o in r.outcomes]
     rest = "0, 0, 0" if all(r.at_rest for r in rounds) else "not 0"
     rows.append(summary_row("all", every, sum(r.wall for r in rounds), sum(r.generated for r in rounds), rest,
-                            mb(rounds[-1].memory["VmRSS"]), mb(max(r.memory["VmHWM"] for r in rounds))))  # fmt: skip
+                            mb(rounds[-1].memory["VmRSS"]), mb(max(r.memory["VmHWM"] for r in rounds)), mb(rounds[-1].cache)))  # fmt: skip
     return rows
 
 
@@ -392,16 +396,17 @@ def kind_rows(outcomes: list[Outcome]) -> list[list[str]]:
 
 
 def memory_verdict(rounds: list[Round], tolerance: float, tolerance_mb: float) -> tuple[bool, str]:
-    """Whether the RSS after rounds 2..R stays within the tolerance of the RSS after round 1."""
-    first = rounds[0].memory["VmRSS"]
+    """Whether the RSS after rounds 2..R stays within the tolerance of the RSS after round 1, less
+    what the prefix cache holds: it grows by design, up to --prefix-cache-mb, as prompts come."""
+    first = rounds[0].memory["VmRSS"] - rounds[0].cache
     allowed = max(tolerance * first, tolerance_mb * 1e6)
-    growth = [r.memory["VmRSS"] - first for r in rounds[1:]]
+    growth = [r.memory["VmRSS"] - r.cache - first for r in rounds[1:]]
     if not growth:
         return True, "memory growth across rounds: not measured (one round)"
     worst = max(growth)
     ok = worst <= allowed
     steps = ", ".join(f"{g / 1e6:+.1f} MB" for g in growth)
-    return ok, (f"memory growth across rounds: RSS after rounds 2..{len(rounds)} against round 1 ({mb(first)}): {steps}; "
+    return ok, (f"memory growth across rounds: RSS less the prefix cache after rounds 2..{len(rounds)} against round 1 ({mb(first)}): {steps}; "
                 f"allowed +{allowed / 1e6:.1f} MB (max of {tolerance:.0%} and {tolerance_mb:g} MB): {'no growth' if ok else 'GROWTH'}")
 
 
@@ -412,8 +417,9 @@ def run_rounds(server: ServerProcess, args: argparse.Namespace, n_ctx: int) -> l
         before = read_metrics(server.url).get("gpt2_generated_tokens_total", 0)
         outcomes, wall = asyncio.run(round_of(server.url, args.clients, args.seconds, f"{args.seed}-{i}", n_ctx))
         gauges = wait_for_rest(server.url)
-        generated = read_metrics(server.url).get("gpt2_generated_tokens_total", 0) - before
-        rounds.append(Round(outcomes, wall, generated, gauges, server.memory()))
+        metrics = read_metrics(server.url)
+        generated = metrics.get("gpt2_generated_tokens_total", 0) - before
+        rounds.append(Round(outcomes, wall, generated, gauges, server.memory(), metrics.get("gpt2_prefix_cache_bytes", 0)))
         print(f"round {i + 1}: {len(outcomes)} requests, {len(rounds[-1].errors)} errors, {wall:.1f} s", file=sys.stderr)
     return rounds
 
@@ -424,10 +430,10 @@ def report(rounds: list[Round], args: argparse.Namespace, shape: dict, statuses:
 
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}; "
           f"model: {args.shape} shape ({shape['n_layer']} layers, {shape['n_embd']} wide, context {shape['n_ctx']}), random weights; "
-          f"gpt2 serve --max-batch-size {args.max_batch_size}; {args.clients} clients, {args.rounds} rounds of {args.seconds:g} s\n")  # fmt: skip
+          f"gpt2 serve --max-batch-size {args.max_batch_size} --prefix-cache-mb {args.prefix_cache_mb}; {args.clients} clients, {args.rounds} rounds of {args.seconds:g} s\n")  # fmt: skip
     print_table(["round", "requests", "as expected: " + "/".join(KINDS), "errors", "tok/s served", "tok/s generated",
                  "latency p50", "latency p99", "TTFT p50", "TTFT p99", "rows in flight, batch, queue after",
-                 "RSS after", "peak RSS"], round_rows(rounds))  # fmt: skip
+                 "RSS after", "peak RSS", "prefix cache after"], round_rows(rounds))  # fmt: skip
     print()
     print_table(["kind (all rounds)", "requests", "errors", "latency p50", "latency p99", "TTFT p50", "TTFT p99", "tokens served"],
                 kind_rows([o for r in rounds for o in r.outcomes]))  # fmt: skip
@@ -455,6 +461,7 @@ def main() -> int:
     parser.add_argument("--shape", choices=SHAPES, help="the model's shape (default: small; --quick: tiny)")
     parser.add_argument("--quick", action="store_true", help="a small run, as CI's test runs it")
     parser.add_argument("--max-batch-size", type=int, default=8, help="the server's (default: 8, as gpt2 serve's)")
+    parser.add_argument("--prefix-cache-mb", type=int, default=512, help="the server's (default: 512, as gpt2 serve's)")
     parser.add_argument("--tolerance", type=float, default=0.05, help="RSS growth allowed, a fraction of round 1's (default: 0.05)")
     parser.add_argument("--tolerance-mb", type=float, help="RSS growth allowed in MB, if more (default: 32, for the allocator may "
                         "keep a later round's higher peak: a scoring request's logits alone are its prompt x 50,257 x 4 bytes, "
@@ -470,7 +477,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         shape = save_random_model(args.shape, tmp)
         # max_queue: every client's row may wait at once, so that no 429 is a busy server's fault
-        server = ServerProcess(tmp, Path(tmp) / "server.log", args.max_batch_size, max(64, args.clients))
+        server = ServerProcess(tmp, Path(tmp) / "server.log", args.max_batch_size, max(64, args.clients), args.prefix_cache_mb)
         try:
             rounds = run_rounds(server, args, shape["n_ctx"])
             statuses = {k: v for k, v in read_metrics(server.url).items() if k.startswith("gpt2_requests_total") and 'status="500"' in k}

@@ -3,6 +3,8 @@ CUDA graphs, the NumPy engine, and the rules of which engine runs where."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 import torch
@@ -11,7 +13,7 @@ from helpers import make_hf_model
 from gpt2 import InvalidArgumentError, MemoryLimitError, Tokenizer, devices
 from gpt2.config import GPT2Config
 from gpt2.decoding import Row, run
-from gpt2.engines import PrefixCache, TorchEngine, check_cuda_graphs, check_numpy_engine
+from gpt2.engines import Block, PrefixCache, TorchEngine, check_cuda_graphs, check_numpy_engine
 from gpt2.generate import generate_text
 from gpt2.model import GPT2
 from gpt2.reference import ReferenceModel
@@ -212,9 +214,15 @@ def test_padded_groups_keep_padding_small():
 # ------------------------------------------------------------------ the prefix cache
 
 
-def kv_block(value: float, n_layer: int = 2) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """What a block of 4 positions of a model of 2 layers, 1 head of 2 channels holds, all `value`."""
-    return torch.full((n_layer, 1, 4, 2), value), torch.full((n_layer, 1, 4, 2), value), torch.full((4, 2), value)
+def kv_block(value: float) -> Callable[[Block], None]:
+    """Fill a block (of 4 positions of a model of 2 layers, 1 head of 2 channels) with `value`."""
+
+    def write(block: Block) -> None:
+        assert block.k.shape == block.v.shape == (2, 1, 4, 2) and block.hidden.shape == (4, 2)
+        for tensor in (block.k, block.v, block.hidden):
+            tensor.fill_(value)
+
+    return write
 
 
 def test_the_prefix_cache_finds_blocks_by_every_token_before_them_and_evicts_the_least_recently_used():
@@ -223,22 +231,28 @@ def test_the_prefix_cache_finds_blocks_by_every_token_before_them_and_evicts_the
     cache = PrefixCache(config, max_bytes=3 * per_block, block_size=4)
     assert cache.block_bytes == per_block
     reads = []
-    cache.add([1, 2, 3, 4, 5, 6, 7, 8, 9], lambda i, j: reads.append((i, j)) or kv_block(i))
+    cache.add([1, 2, 3, 4, 5, 6, 7, 8, 9], lambda i, j, block: reads.append((i, j)) or kv_block(i)(block))
     assert reads == [(0, 4), (4, 8)]  # whole blocks only
     assert [b.k[0, 0, 0, 0].item() for b in cache.match([1, 2, 3, 4, 5, 6, 7, 8, 0])] == [0, 4]
     assert len(cache.match([1, 2, 3, 4, 5, 6, 7, 8])) == 1  # the last token is always computed: its logits are needed
     assert cache.match([9, 2, 3, 4, 5, 6, 7, 8, 0]) == []  # a different first block: its second is not the same block
     assert (cache.queries, cache.hits) == (9 + 8 + 9, 8 + 4)
-    cache.add([1, 2, 3, 4, 0, 0, 0, 0], lambda i, j: reads.append((i, j)) or kv_block(-i))
+    cache.add([1, 2, 3, 4, 0, 0, 0, 0], lambda i, j, block: reads.append((i, j)) or kv_block(-i)(block))
     assert reads[2:] == [(4, 8)]  # the first block is kept already
     assert cache.bytes == 3 * per_block
-    cache.add([5, 5, 5, 5], lambda i, j: kv_block(99))  # over the bound: the least recently used leaf goes
+    cache.add([5, 5, 5, 5], lambda i, j, block: kv_block(99)(block))  # over the bound: the least recently used leaf goes
     assert cache.bytes == 3 * per_block
     assert len(cache.match([1, 2, 3, 4, 5, 6, 7, 8, 0])) == 1 and len(cache.match([1, 2, 3, 4, 0, 0, 0, 0, 1])) == 2
     assert len(cache.match([5, 5, 5, 5, 1])) == 1
+    for i in range(20):  # past the bound, each new block takes an evicted one's place: no memory more
+        cache.add([i, i, i, i, 7], lambda i_, j, block, value=i: kv_block(value)(block))
+    assert cache.bytes == cache.reserved_bytes == 3 * per_block
+    assert [b.k.sum().item() for b in cache.match([19, 19, 19, 19, 0])] == [19 * 16]
+    cache.add(list(range(20)), lambda i, j, block: kv_block(i)(block))  # 5 blocks: its first 3 kept
+    assert [b.hidden[0, 0].item() for b in cache.match(list(range(21)))] == [0, 4, 8]
     tiny = PrefixCache(config, max_bytes=per_block - 1, block_size=4)
-    tiny.add([1, 2, 3, 4], lambda i, j: kv_block(0))
-    assert tiny.bytes == 0  # not even one block fits: none kept
+    tiny.add([1, 2, 3, 4], lambda i, j, block: kv_block(0)(block))
+    assert tiny.bytes == tiny.reserved_bytes == 0  # not even one block fits: none kept
 
 
 def test_a_prompt_that_reuses_kept_blocks_gets_the_logits_of_one_computed_whole(small):

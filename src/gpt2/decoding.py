@@ -129,7 +129,6 @@ class Row:
         alternatives = [] if top is None else list(zip(top.indices.tolist(), top.values.tolist()))
         return float(logp[token]), alternatives
 
-
     def _record_prompt(self, logits: torch.Tensor, window: list[int], start: int) -> None:
         """The prompt's log-probabilities from the logits (T, V) at window positions start..start+T-1,
         each the distribution of the token after it (the first token has none)."""

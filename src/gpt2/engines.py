@@ -27,6 +27,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from gpt2._checks import is_integer
 from gpt2.config import GPT2Config
 from gpt2.devices import check_fits, resolve_device
 from gpt2.errors import ContextLengthError, GPT2Warning, InvalidArgumentError
@@ -215,12 +216,17 @@ class KVCache:
 
 @dataclass(eq=False)
 class Block:
-    """The keys, values and final hidden states of `block_size` positions of some prompt."""
+    """The keys, values and final hidden states of `block_size` positions of some prompt: views
+    of a place in its cache's pool."""
 
     id: int
     k: torch.Tensor  # (n_layer, H, block_size, C/H)
     v: torch.Tensor
     hidden: torch.Tensor  # (block_size, C): the logits of these positions, for a prompt's log-probabilities
+
+
+# the pool grows by slabs of this many bytes (or one block): a few large allocations, made once
+SLAB_BYTES = 32 << 20
 
 
 class PrefixCache:
@@ -235,18 +241,34 @@ class PrefixCache:
     past it, the least recently used blocks go first (a prompt's blocks are touched last to
     first, so a block outlives the blocks that continue it). `queries` and `hits` count
     prompt tokens looked up and found (vLLM's prefix_cache_queries and prefix_cache_hits).
+
+    Blocks live in a pool of places, as vLLM's block pool: allocated in slabs as the cache
+    fills, never freed, and an evicted block's place is the next block's. Blocks allocated and
+    freed one by one fragmented the heap: a server's memory grew past the cache's bound
+    (benchmarks/load.py). `reserved_bytes` is what the pool holds, `bytes` what its blocks use.
     """
 
-    def __init__(self, config: GPT2Config, max_bytes: int, block_size: int = 16, dtype: torch.dtype = torch.float32):
+    def __init__(self, config: GPT2Config, max_bytes: int, block_size: int = 16, dtype: torch.dtype = torch.float32,
+                 device: str | torch.device = "cpu"):  # fmt: skip
         self.block_size, self.max_bytes = block_size, max_bytes
         self.block_bytes = block_size * config.n_embd * (2 * config.n_layer + 1) * dtype.itemsize
+        self.capacity = max_bytes // self.block_bytes  # blocks
         self.blocks: OrderedDict[tuple[int, tuple[int, ...]], Block] = OrderedDict()  # least recently used first
         self.queries = self.hits = 0
         self._ids = itertools.count(1)  # 0 is the start of every prompt
+        head = config.n_embd // config.n_head
+        self._shapes = ((config.n_layer, config.n_head, block_size, head),) * 2 + ((block_size, config.n_embd),)
+        self._dtype, self._device = dtype, device
+        self._free: list[tuple[torch.Tensor, ...]] = []  # places of the pool no block holds: (k, v, hidden) views
+        self._reserved = 0  # places allocated
 
     @property
     def bytes(self) -> int:
         return len(self.blocks) * self.block_bytes
+
+    @property
+    def reserved_bytes(self) -> int:
+        return self._reserved * self.block_bytes
 
     def match(self, tokens: Sequence[int]) -> list[Block]:
         """The cached blocks that begin `tokens`, at most up to its last token but one (whose
@@ -265,22 +287,39 @@ class PrefixCache:
         self.hits += len(found) * size
         return found
 
-    def add(self, tokens: Sequence[int], read: Callable[[int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> None:
-        """Keep the blocks of `tokens` not kept yet; `read(start, stop)` gives the keys, values and
-        hidden states of those positions. Then the oldest blocks go until the bound holds."""
-        parent, size = 0, self.block_size
-        if self.block_bytes > self.max_bytes:
+    def add(self, tokens: Sequence[int], write: Callable[[int, int, Block], None]) -> None:
+        """Keep the blocks of `tokens` not kept yet; `write(start, stop, block)` copies the keys,
+        values and hidden states of those positions into the block's place. Past the bound, the
+        least recently used block's place is taken (never one of this prompt's: of a prompt of
+        more blocks than the bound, the first ones are kept)."""
+        parent, size, keys = 0, self.block_size, []
+        if self.capacity == 0:
             return
-        for i in range(0, len(tokens) - size + 1, size):
+        for i in range(0, min(len(tokens) // size, self.capacity) * size, size):  # its first blocks, where all do not fit
             key = (parent, tuple(tokens[i : i + size]))
             block = self.blocks.get(key)
             if block is None:
-                block = self.blocks[key] = Block(next(self._ids), *read(i, i + size))
+                block = Block(next(self._ids), *self._place())
+                write(i, i + size, block)
+                self.blocks[key] = block
+            self.blocks.move_to_end(key)  # this prompt's blocks go after the others
+            keys.append(key)
             parent = block.id
-        for key in reversed(self._keys(tokens, len(tokens) // size)):
+        for key in reversed(keys):
             self.blocks.move_to_end(key)
-        while self.bytes > self.max_bytes:
-            self.blocks.popitem(last=False)
+
+    def _place(self) -> tuple[torch.Tensor, ...]:
+        """A free place of the pool: a new slab's where none is free and the bound allows, else
+        the least recently used block's."""
+        if not self._free and self._reserved < self.capacity:
+            n = min(max(1, SLAB_BYTES // self.block_bytes), self.capacity - self._reserved)
+            slab = [torch.empty((n, *shape), dtype=self._dtype, device=self._device) for shape in self._shapes]
+            self._free = [tuple(t[i] for t in slab) for i in reversed(range(n))]
+            self._reserved += n
+        if not self._free:
+            evicted = self.blocks.popitem(last=False)[1]
+            return evicted.k, evicted.v, evicted.hidden
+        return self._free.pop()
 
     def _keys(self, tokens: Sequence[int], n: int) -> list[tuple[int, tuple[int, ...]]]:
         """The keys of the first n blocks of tokens (all of them cached)."""
@@ -290,6 +329,13 @@ class PrefixCache:
             keys.append(key)
             parent = self.blocks[key].id
         return keys
+
+
+def check_prefix_cache_mb(mb: object) -> int:
+    """The memory a prefix cache may take: a whole number of MB, 0 for none."""
+    if not is_integer(mb) or mb < 0:
+        raise InvalidArgumentError(f"prefix_cache_mb must be a whole number of MB, 0 for none, got {mb!r}", "prefix_cache_mb")
+    return int(mb)
 
 
 # ------------------------------------------------------------------ the torch engine
@@ -364,21 +410,27 @@ class TorchEngine:
         token); returns the positions filled (0 without a prefix cache)."""
         blocks = [] if self.prefix_cache is None else self.prefix_cache.match(tokens)
         n = len(blocks) * (self.prefix_cache.block_size if blocks else 0)
-        if n:
-            k, v = torch.cat([b.k for b in blocks], dim=2), torch.cat([b.v for b in blocks], dim=2)  # (n_layer, H, n, C/H)
-            for layer in range(len(self.cache.k)):
-                self.cache.k[layer][slot, :, :n].copy_(k[layer])
-                self.cache.v[layer][slot, :, :n].copy_(v[layer])
-            self.states[slot, :n].copy_(torch.cat([b.hidden for b in blocks]))
+        size = self.block_size
+        for i, block in enumerate(blocks):  # copied in place: no gathered copy of them all
+            for layer, (k, v) in enumerate(zip(self.cache.k, self.cache.v)):
+                k[slot, :, i * size : (i + 1) * size].copy_(block.k[layer])
+                v[slot, :, i * size : (i + 1) * size].copy_(block.v[layer])
+            self.states[slot, i * size : (i + 1) * size].copy_(block.hidden)
         self.cache.lengths[slot], self.history[slot] = n, list(tokens[:n])
         return n
 
     def remember(self, slot: int, tokens: Sequence[int]) -> None:
         """Keep the blocks of `tokens`, the first positions of `slot`, for later prompts (with a prefix cache)."""
-        if self.prefix_cache is not None:
-            self.prefix_cache.add(tokens, lambda i, j: (torch.stack([k[slot, :, i:j] for k in self.cache.k]),
-                                                        torch.stack([v[slot, :, i:j] for v in self.cache.v]),
-                                                        self.states[slot, i:j].clone()))  # fmt: skip
+        if self.prefix_cache is None:
+            return
+
+        def write(i: int, j: int, block: Block) -> None:
+            for layer, (k, v) in enumerate(zip(self.cache.k, self.cache.v)):
+                block.k[layer].copy_(k[slot, :, i:j])
+                block.v[layer].copy_(v[slot, :, i:j])
+            block.hidden.copy_(self.states[slot, i:j])
+
+        self.prefix_cache.add(tokens, write)
 
     def cached_logits(self, slot: int, n: int) -> torch.Tensor:
         """The logits (n, V) of the first n positions of `slot`, from their kept hidden states."""

@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 from gpt2._checks import check_batch_size, check_token_ids, int_between
 from gpt2._files import read_text
 from gpt2.data import open_data
-from gpt2.engines import PrefixCache, TorchEngine
+from gpt2.engines import PrefixCache, TorchEngine, check_prefix_cache_mb
 from gpt2.errors import DataError, InvalidArgumentError
 from gpt2.model import GPT2
 from gpt2.tasks import Choice, Completion, check_limit, check_task, read_hellaswag, read_lambada, read_wikitext, task_file
@@ -302,7 +302,7 @@ def score_continuations(model: GPT2, pairs: Sequence[tuple[Sequence[int], Sequen
     The progress bar counts examples, each done once all its pairs are: `example_of[i]` is pair
     i's example (default: each pair is one)."""
     batch_size = check_batch_size(batch_size)
-    prefix_cache_mb = int_between("prefix_cache_mb", prefix_cache_mb, 0, 1 << 40, "a whole number of MB, 0 for none")
+    prefix_cache_mb = check_prefix_cache_mb(prefix_cache_mb)
     n_ctx = model.config.n_ctx
     for i, (context, continuation) in enumerate(pairs):
         if not context or not continuation:
@@ -312,8 +312,8 @@ def score_continuations(model: GPT2, pairs: Sequence[tuple[Sequence[int], Sequen
     if prefix_cache_mb:  # one context's pairs together; longest first
         order = sorted(range(len(pairs)), key=lambda i: (-len(pairs[i][0]), tuple(pairs[i][0]), -len(pairs[i][1])))
         longest = min(max(len(c) + len(x) for c, x in pairs) - 1, n_ctx)
-        engine = model.engine(batch_size, longest, prefix_cache=PrefixCache(model.config, prefix_cache_mb << 20, dtype=model.compute_dtype),
-                              hint="a smaller batch_size", param="batch_size")  # fmt: skip
+        kept = PrefixCache(model.config, prefix_cache_mb << 20, dtype=model.compute_dtype, device=model.device)
+        engine = model.engine(batch_size, longest, prefix_cache=kept, hint="a smaller batch_size", param="batch_size")
     else:
         order = sorted(range(len(pairs)), key=lambda i: -(len(pairs[i][0]) + len(pairs[i][1])))
     scores: list[Score | None] = [None] * len(pairs)

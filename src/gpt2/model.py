@@ -325,6 +325,7 @@ class GPT2(nn.Module):
         check_draft_tokens(draft_tokens)
         B, T = idx.shape
         rows = request.rows()
+
         def engine(model: GPT2) -> TorchEngine:
             return model.engine(B, T + max_new_tokens, use_cache, hint="fewer rows in idx at once", param="idx")
 

@@ -19,7 +19,7 @@ from gpt2.config import GPT2Config
 from gpt2.decoding import Request, Row, check_draft_tokens, start_of_text
 from gpt2.errors import ContextLengthError, GPT2Error, InvalidArgumentError
 from gpt2.generate import check_stop
-from gpt2.engines import KVCache
+from gpt2.engines import KVCache, check_prefix_cache_mb
 from gpt2.sampling import Sampling
 from gpt2.settings import DRAFT_TOKENS
 from gpt2.tokenizer import Tokenizer
@@ -47,9 +47,7 @@ class Limits:
     def check(self) -> None:
         for name in ("max_batch_size", "max_num_batched_tokens", "max_queue", "max_n", "max_body_bytes", "max_inspect_cells"):
             positive_int(name, getattr(self, name))
-        if not is_integer(self.prefix_cache_mb) or self.prefix_cache_mb < 0:
-            raise InvalidArgumentError(f"prefix_cache_mb must be a whole number of MB, 0 for none, got {self.prefix_cache_mb!r}",
-                                       "prefix_cache_mb")  # fmt: skip
+        check_prefix_cache_mb(self.prefix_cache_mb)
         check_draft_tokens(self.draft_tokens)
         if self.max_num_batched_tokens < self.max_batch_size:
             raise InvalidArgumentError(f"max_num_batched_tokens must be at least max_batch_size ({self.max_batch_size}), as each "

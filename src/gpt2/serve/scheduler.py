@@ -36,6 +36,8 @@ class Metrics:
         # prompt tokens looked up in the prefix cache, and found there (vLLM's prefix_cache_queries, _hits)
         self.prefix_cache_queries = Counter("gpt2_prefix_cache_queries", "prompt tokens looked up in the prefix cache", registry=r)
         self.prefix_cache_hits = Counter("gpt2_prefix_cache_hits", "prompt tokens found in the prefix cache", registry=r)
+        self.prefix_cache_bytes = Gauge("gpt2_prefix_cache_bytes", "memory the prefix cache's blocks hold (at most --prefix-cache-mb)",
+                                        registry=r)  # fmt: skip
         # the two above miss the rows whose prompts are going in (and those not yet taken): this
         # one is 0 exactly when the loop holds no row, as it is once idle
         self.in_flight = Gauge("gpt2_rows_in_flight", "rows the loop holds: waiting, filling their prompts or decoding",
@@ -64,7 +66,8 @@ class Scheduler:
         self.limits, self.metrics = limits, metrics
         prefix = None  # the model's prompts' blocks (the draft computes its own: it is cheap)
         if limits.prefix_cache_mb:
-            prefix = PrefixCache(model.config, limits.prefix_cache_mb << 20, dtype=model.compute_dtype)
+            prefix = PrefixCache(model.config, limits.prefix_cache_mb << 20, dtype=model.compute_dtype,
+                                 device=model.device)  # fmt: skip
         self.counted = (0, 0)  # the prefix cache's queries and hits, as the metrics have them
         self.decoder = self._decoder(engine(model, prefix), None if draft is None else engine(draft))
         self.incoming: list[tuple[Row, Listener]] = []
@@ -81,11 +84,17 @@ class Scheduler:
             if len(rows) > self.limits.max_queue:
                 raise RequestError(400, f"the request asks for {len(rows)} rows (prompts times n), over the {self.limits.max_queue} "
                                    f"that may wait at once (the server's max_queue)", "n")  # fmt: skip
-            if len(self.incoming) + len(self.decoder.waiting) + len(rows) > self.limits.max_queue:
+            if self._waiting() + len(rows) > self.limits.max_queue:
                 raise RequestError(429, f"the server is busy: {self.limits.max_queue} rows wait already; retry shortly",
                                    kind="server_error", headers={"Retry-After": "1"})  # fmt: skip
             self.incoming += [(row, listener) for row in rows]
             self.wake.notify()
+
+    def _waiting(self) -> int:
+        """Rows waiting for a slot, less those whose clients left (they leave the queue at the next
+        step): a client that leaves and asks again at once is not refused for its own old row."""
+        waiting = [row for row, _ in self.incoming] + list(self.decoder.waiting)  # list(): one step of the loop's thread
+        return sum(not row.done for row in waiting)
 
     def close(self) -> None:
         """Stop the loop: the rows in flight end with an error, new requests get a 503."""
@@ -121,6 +130,7 @@ class Scheduler:
             queries, hits = self.counted
             self.metrics.prefix_cache_queries.inc(cache.queries - queries)
             self.metrics.prefix_cache_hits.inc(cache.hits - hits)
+            self.metrics.prefix_cache_bytes.set(cache.reserved_bytes)
             self.counted = (cache.queries, cache.hits)
 
     def _take(self) -> bool:
