@@ -53,6 +53,7 @@ bench: $(VENV)/.installed-dev kernel
 	$(BIN)/python benchmarks/load_memory.py
 	$(BIN)/python benchmarks/generate.py
 	$(BIN)/python benchmarks/serve.py
+	$(BIN)/python benchmarks/load.py
 	$(BIN)/python benchmarks/lowbit.py
 	$(BIN)/python benchmarks/prepare.py
 	$(BIN)/python benchmarks/train.py

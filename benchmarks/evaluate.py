@@ -9,6 +9,13 @@ which computes logits for every position. `gpt2.evaluate.perplexity` batches the
 computes logits only where ids are scored. Both run fp32 on the CPU with torch's default
 threads, alternating for R rounds (medians), and both perplexities are printed: they must agree.
 Run it on a quiet machine.
+
+    .venv/bin/python benchmarks/evaluate.py --hellaswag [--examples 40] [--rounds 3]
+
+With --hellaswag: `gpt2.evaluate.score_continuations` on HellaSwag's shape (a context of 60-100
+ids, four endings of 15-30; random ids, the 124M shape's random weights), with each context's
+blocks kept and reused (the default) and without (prefix_cache_mb=0), alternating: examples
+per second, and the largest difference between the two's scores.
 """
 
 from __future__ import annotations
@@ -53,7 +60,11 @@ def main() -> None:
     parser.add_argument("--stride", type=int, default=512)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--hellaswag", action="store_true", help="continuation scoring with and without the prefix cache")
+    parser.add_argument("--examples", type=int, default=40)
     args = parser.parse_args()
+    if args.hellaswag:
+        return hellaswag_shaped(args.examples, args.batch_size, args.rounds)
 
     from transformers import GPT2Config as HFConfig
     from transformers import GPT2LMHeadModel
@@ -95,6 +106,35 @@ def main() -> None:
     print_table(["", "scored ids/s", "seconds", "loss (nats)", "vs transformers"], rows)
     assert results["gpt2"][1] == results["transformers"][1], "the two scored different ids"
     print(f"\nloss difference: {abs(results['gpt2'][0] - results['transformers'][0]):.2e}")
+
+
+def hellaswag_shaped(examples: int, batch_size: int, rounds: int) -> None:
+    from _common import random_124m
+
+    from gpt2.evaluate import score_continuations
+    from gpt2.model import GPT2
+
+    _, directory = random_124m()
+    model = GPT2.from_pretrained(directory, device="cpu")
+    g = torch.Generator().manual_seed(0)
+    ids = lambda lo, hi: torch.randint(0, 50256, (int(torch.randint(lo, hi + 1, (1,), generator=g)),), generator=g).tolist()  # noqa: E731
+    pairs = [(context, ids(15, 30)) for context in (ids(60, 100) for _ in range(examples)) for _ in range(4)]
+    times: dict[int, list[float]] = {256: [], 0: []}
+    scores = {}
+    for _ in range(rounds):
+        for mb in times:
+            start = time.perf_counter()
+            scores[mb] = score_continuations(model, pairs, batch_size=batch_size, prefix_cache_mb=mb)
+            times[mb].append(time.perf_counter() - start)
+    worst = max(abs(a.log_prob - b.log_prob) for a, b in zip(scores[256], scores[0]))
+    print(f"{examples} HellaSwag-shaped examples (4 endings each), batch {batch_size}; torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads, {platform.machine()}; median of {rounds} rounds\n")  # fmt: skip
+    base = statistics.median(times[0])
+    print_table(["score_continuations", "examples/s", "seconds", "vs without"],
+                [[name, f"{examples / statistics.median(times[mb]):.1f}", f"{statistics.median(times[mb]):.2f}",
+                  f"{base / statistics.median(times[mb]):.2f}x"]
+                 for name, mb in (("with the prefix cache (256 MB)", 256), ("without (prefix_cache_mb=0)", 0))])  # fmt: skip
+    print(f"\nlargest difference between the two's summed log-probabilities: {worst:.1e}")
 
 
 if __name__ == "__main__":

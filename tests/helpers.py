@@ -78,6 +78,23 @@ def make_hf_model(seed: int = 0, **config):
     return model
 
 
+def perturbed(model, scale: float = 0.5, seed: int = 0):
+    """A copy of a transformers model with noise added to its blocks' weights (`scale` times each
+    tensor's spread; the embeddings kept): a draft model that often agrees with the model, not
+    always, as a smaller model trained on the same text does."""
+    import copy
+
+    import torch
+
+    draft = copy.deepcopy(model)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in draft.named_parameters():
+            if ".h." in name:
+                p.add_(torch.randn(p.shape, generator=generator) * scale * p.std())
+    return draft
+
+
 def heed_ctrl_c() -> None:
     """For subprocess.Popen(preexec_fn=...): take SIGINT's default back in the child. A shell
     without job control starts background commands (a CI job run with &) with SIGINT ignored,

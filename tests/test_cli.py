@@ -154,6 +154,42 @@ def test_generate_numpy_engine_agrees(capsys, model_dir):
     assert run(capsys, *argv, "--engine", "numpy")[1] == torch_out
 
 
+@pytest.fixture(scope="module")
+def draft_dir(model_dir, tmp_path_factory):
+    """A draft of model_dir's vocabulary, which agrees with it often, not always."""
+    from transformers import GPT2LMHeadModel
+
+    from helpers import perturbed
+
+    directory = tmp_path_factory.mktemp("draft")
+    perturbed(GPT2LMHeadModel.from_pretrained(model_dir), 0.5).save_pretrained(directory)
+    return str(directory)
+
+
+def test_generate_with_a_draft_model_prints_what_the_model_alone_prints(capsys, model_dir, draft_dir):
+    argv = ["generate", "The dog", "--model", model_dir, "--max-new-tokens", "24", "--temperature", "0", "--no-stream"]
+    code, out, err = run(capsys, *argv, "--draft-model", draft_dir, "--draft-tokens", "3")
+    assert code == 0 and out == expected_text(model_dir, "The dog", max_new_tokens=24, temperature=0) + "\n"
+    assert err.startswith("[gpt2: 24 tokens in ")
+    assert run(capsys, *argv, "--draft-model", draft_dir, "--engine", "numpy")[1] == out
+
+
+def test_generate_refuses_a_draft_of_another_vocabulary_and_bad_draft_tokens_in_one_line(capsys, model_dir, draft_dir, tmp_path):
+    from gpt2.tokenizer import CharTokenizer
+
+    make_hf_model(vocab_size=65, n_positions=32, n_embd=32, n_layer=1, n_head=2).save_pretrained(tmp_path)
+    CharTokenizer([chr(c) for c in range(32, 97)]).save(tmp_path)
+    capsys.readouterr()  # transformers' progress bar
+    for flags, message in [
+        (["--draft-model", str(tmp_path)], "draft (--draft-model) has a vocabulary of 65 tokens, the model 50,257: "
+                                           "a draft model must share the model's tokenizer"),
+        (["--draft-tokens", "3"], "--draft-tokens is the number of tokens a draft model proposes: give --draft-model too"),
+        (["--draft-model", draft_dir, "--draft-tokens", "0"], "draft_tokens (--draft-tokens) must be a positive integer, got 0"),
+    ]:  # fmt: skip
+        code, out, err = run(capsys, "generate", "Hi", "--model", model_dir, *flags)
+        assert (code, out, err) == (2, "", f"gpt2: error: {message}\n")
+
+
 @pytest.mark.cuda
 def test_generate_with_cuda_graphs_prints_what_eager_decoding_prints(capsys, model_dir):
     import torch

@@ -3,6 +3,8 @@ CUDA graphs, the NumPy engine, and the rules of which engine runs where."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 import torch
@@ -11,7 +13,7 @@ from helpers import make_hf_model
 from gpt2 import InvalidArgumentError, MemoryLimitError, Tokenizer, devices
 from gpt2.config import GPT2Config
 from gpt2.decoding import Row, run
-from gpt2.engines import TorchEngine, check_cuda_graphs, check_numpy_engine
+from gpt2.engines import Block, PrefixCache, TorchEngine, check_cuda_graphs, check_numpy_engine
 from gpt2.generate import generate_text
 from gpt2.model import GPT2
 from gpt2.reference import ReferenceModel
@@ -175,3 +177,97 @@ def test_the_engine_rules_name_each_setting_as_the_caller_knows_it():
         check_numpy_engine("cuda", "float32")
     check_numpy_engine("auto", "float32")
     check_numpy_engine(torch.device("cpu"), torch.float32)
+
+
+# ------------------------------------------------------------------ extending slots, in padded groups
+
+
+def test_extending_slots_in_ragged_chunks_equals_prefilling_each_whole(small):
+    """Three slots continued from different positions, in one call: each slot's logits at every
+    position equal those of its whole prompt prefilled alone (float32, within 1e-5)."""
+    model = small
+    prompts = [torch.randint(0, 50257, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (20, 7, 33)]
+    engine, reference = TorchEngine(model, 3), TorchEngine(model, 1)
+    cuts = [(0, 9, 20), (0, 1, 7), (0, 16, 33)]  # each prompt in two pieces
+    with torch.inference_mode():
+        first = engine.extend([0, 1, 2], [c[0] for c in cuts], [p[: c[1]] for p, c in zip(prompts, cuts)], [True] * 3)
+        second = engine.extend([2, 0, 1], [cuts[2][1], cuts[0][1], cuts[1][1]],
+                               [prompts[2][cuts[2][1] :], prompts[0][cuts[0][1] :], prompts[1][cuts[1][1] :]], [True, False, True])  # fmt: skip
+        whole = [reference.prefill(0, p, every_position=True) for p in prompts]
+    assert engine.cache.lengths == [20, 7, 33]
+    for b, (head, tail) in enumerate([(first[0], second[1]), (first[1], second[2]), (first[2], second[0])]):
+        if tail.dim() == 1:  # only the last position asked for
+            tail = tail[None]
+        got = torch.cat([head, tail])
+        want = torch.cat([whole[b][: cuts[b][1]], whole[b][-len(tail) :]])
+        assert (got - want).abs().max() < 1e-5
+
+
+def test_padded_groups_keep_padding_small():
+    from gpt2.engines import padded_groups
+
+    assert padded_groups([16] * 8) == [list(range(8))]  # prompts of one length: one batch
+    assert padded_groups([16, 400, 15, 14]) == [[1], [0, 2, 3]]  # the long one alone
+    assert padded_groups([10, 9, 8, 1]) == [[0, 1, 2], [3]]  # 4 x 10 would be 40 for 28
+
+
+# ------------------------------------------------------------------ the prefix cache
+
+
+def kv_block(value: float) -> Callable[[Block], None]:
+    """Fill a block (of 4 positions of a model of 2 layers, 1 head of 2 channels) with `value`."""
+
+    def write(block: Block) -> None:
+        assert block.k.shape == block.v.shape == (2, 1, 4, 2) and block.hidden.shape == (4, 2)
+        for tensor in (block.k, block.v, block.hidden):
+            tensor.fill_(value)
+
+    return write
+
+
+def test_the_prefix_cache_finds_blocks_by_every_token_before_them_and_evicts_the_least_recently_used():
+    config = GPT2Config(n_vocab=10, n_ctx=32, n_embd=2, n_head=1, n_layer=2)
+    per_block = 4 * 2 * (2 * 2 + 1) * 4  # 4 positions x 2 channels x (keys and values of 2 layers, hidden) x 4 bytes
+    cache = PrefixCache(config, max_bytes=3 * per_block, block_size=4)
+    assert cache.block_bytes == per_block
+    reads = []
+    cache.add([1, 2, 3, 4, 5, 6, 7, 8, 9], lambda i, j, block: reads.append((i, j)) or kv_block(i)(block))
+    assert reads == [(0, 4), (4, 8)]  # whole blocks only
+    assert [b.k[0, 0, 0, 0].item() for b in cache.match([1, 2, 3, 4, 5, 6, 7, 8, 0])] == [0, 4]
+    assert len(cache.match([1, 2, 3, 4, 5, 6, 7, 8])) == 1  # the last token is always computed: its logits are needed
+    assert cache.match([9, 2, 3, 4, 5, 6, 7, 8, 0]) == []  # a different first block: its second is not the same block
+    assert (cache.queries, cache.hits) == (9 + 8 + 9, 8 + 4)
+    cache.add([1, 2, 3, 4, 0, 0, 0, 0], lambda i, j, block: reads.append((i, j)) or kv_block(-i)(block))
+    assert reads[2:] == [(4, 8)]  # the first block is kept already
+    assert cache.bytes == 3 * per_block
+    cache.add([5, 5, 5, 5], lambda i, j, block: kv_block(99)(block))  # over the bound: the least recently used leaf goes
+    assert cache.bytes == 3 * per_block
+    assert len(cache.match([1, 2, 3, 4, 5, 6, 7, 8, 0])) == 1 and len(cache.match([1, 2, 3, 4, 0, 0, 0, 0, 1])) == 2
+    assert len(cache.match([5, 5, 5, 5, 1])) == 1
+    for i in range(20):  # past the bound, each new block takes an evicted one's place: no memory more
+        cache.add([i, i, i, i, 7], lambda i_, j, block, value=i: kv_block(value)(block))
+    assert cache.bytes == cache.reserved_bytes == 3 * per_block
+    assert [b.k.sum().item() for b in cache.match([19, 19, 19, 19, 0])] == [19 * 16]
+    cache.add(list(range(20)), lambda i, j, block: kv_block(i)(block))  # 5 blocks: its first 3 kept
+    assert [b.hidden[0, 0].item() for b in cache.match(list(range(21)))] == [0, 4, 8]
+    tiny = PrefixCache(config, max_bytes=per_block - 1, block_size=4)
+    tiny.add([1, 2, 3, 4], lambda i, j, block: kv_block(0)(block))
+    assert tiny.bytes == tiny.reserved_bytes == 0  # not even one block fits: none kept
+
+
+def test_a_prompt_that_reuses_kept_blocks_gets_the_logits_of_one_computed_whole(small):
+    """Two prompts share 24 tokens (a block of 16 is kept); the second's logits at every position,
+    the kept ones from their hidden states, equal those of an engine without the cache within 1e-5."""
+    model = small
+    shared = torch.randint(0, 50257, (24,), generator=torch.Generator().manual_seed(7)).tolist()
+    first, second = shared + [11, 12, 13], shared + [21, 22]
+    cache = PrefixCache(model.config, 1 << 20, block_size=16)
+    engine, plain = TorchEngine(model, 2, prefix_cache=cache), TorchEngine(model, 1)
+    with torch.inference_mode():
+        engine.prefill(1, first)
+        engine.remember(1, first)
+        filled = engine.reuse(0, second)
+        logits = torch.cat([engine.cached_logits(0, filled), engine.extend([0], [filled], [second[filled:]], [True])[0]])
+        expected = plain.prefill(0, second, every_position=True)
+    assert filled == 16 and (cache.queries, cache.hits) == (26, 16)
+    assert (logits - expected).abs().max() < 1e-5

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from gpt2.data import prepare
+from gpt2.engines import TorchEngine
 from gpt2.errors import GPT2Error
 from gpt2.evaluate import (
     Window,
@@ -263,6 +264,29 @@ def test_scores_are_the_same_in_any_batch_and_order(hf_and_ours):
         expected, greedy = continuation_score(hf, context, continuation)
         assert abs(got.log_prob - expected) < 1e-4 and got.greedy == greedy and got.n_ids == len(continuation)
     assert all(abs(a.log_prob - b.log_prob) < 1e-5 for a, b in zip(one, score_continuations(ours, pairs, batch_size=4)))
+
+
+def test_continuations_of_one_context_reuse_its_blocks_and_score_as_computed_whole(hf_and_ours, monkeypatch):
+    """Three contexts of 20 to 40 ids, four endings each (HellaSwag's shape): with the prefix
+    cache, each context's whole blocks are computed once, and every score equals the padded
+    computation's within 1e-5 and transformers' within 1e-4."""
+    hf, ours = hf_and_ours
+    g = torch.Generator().manual_seed(8)
+    pairs = [(context, torch.randint(0, 50257, (3 + k,), generator=g).tolist())
+             for context in (torch.randint(0, 50257, (n,), generator=g).tolist() for n in (20, 33, 40)) for k in range(4)]  # fmt: skip
+    computed = []
+    hidden = TorchEngine.hidden
+    monkeypatch.setattr(TorchEngine, "hidden", lambda self, slots, starts, chunks: computed.append(sum(map(len, chunks))) or
+                        hidden(self, slots, starts, chunks))  # fmt: skip
+    cached = score_continuations(ours, pairs, batch_size=3)
+    whole = score_continuations(ours, pairs, batch_size=3, prefix_cache_mb=0)
+    inputs = sum(len(c) + len(x) - 1 for c, x in pairs)
+    assert sum(computed) == inputs - 3 * (16 + 32 + 32)  # each context's whole blocks once, not four times
+    for got, want, (context, continuation) in zip(cached, whole, pairs):
+        assert abs(got.log_prob - want.log_prob) < 1e-5 and got.greedy == want.greedy and got.n_ids == want.n_ids
+        assert abs(got.log_prob - continuation_score(hf, context, continuation)[0]) < 1e-4
+    with pytest.raises(GPT2Error, match="prefix_cache_mb"):
+        score_continuations(ours, pairs, prefix_cache_mb=-1)
 
 
 def test_a_pair_longer_than_the_context_keeps_its_last_ids(hf_and_ours):

@@ -196,6 +196,14 @@ def test_linear_gives_the_product_of_the_widened_weight_on_every_path(path, dtyp
                 assert rel_err(linear(x, w, b, gelu, scale), reference(x, widened, b, gelu)) < 1e-5
 
 
+def test_onednn_gets_rows_in_a_few_sizes_at_most_an_eighth_more():
+    """oneDNN keeps a kernel for each shape it is given: rows are padded to eight sizes in each
+    doubling, never fewer than given and never more than 1/8 more."""
+    for rows in range(1, 8193):
+        assert rows <= _gemv.onednn_rows(rows) <= rows * 9 / 8
+    assert len({_gemv.onednn_rows(rows) for rows in range(17, 513)}) == 40  # a server's prompts, within 512 tokens a step
+
+
 def test_quantize_int8_keeps_one_scale_per_output():
     """A Dense weight (in, out) is scaled per column, wte (V, C) per row: as the test's own quantiser."""
     g = torch.Generator().manual_seed(2)

@@ -7,7 +7,7 @@ import warnings
 import pytest
 import torch
 
-from helpers import make_hf_model
+from helpers import make_hf_model, perturbed
 from gpt2 import ContextLengthError, GPT2Warning, InputTypeError, InvalidArgumentError, NonFiniteError, TokenIdError, Tokenizer
 from gpt2.generate import EmptyPromptWarning, TextGeneration, TextRow, generate_text, stream_text
 from gpt2.decoding import ContextOverflowWarning, Decoder, Row
@@ -319,3 +319,81 @@ def test_nan_or_inf_logits_stop_generation_with_a_clear_error(broken, options):
         with pytest.raises(NonFiniteError):
             generate_text(ReferenceModel(model.config, {k: v.numpy() for k, v in model.hf_state_dict().items()}), ENC,
                           "The dog", max_new_tokens=2, **options)  # fmt: skip
+
+
+# ------------------------------------------------------------------ a draft model (speculative decoding)
+
+
+@pytest.fixture(scope="module")
+def draft(small, tmp_path_factory):
+    """A draft of the small model's vocabulary that agrees with it often, not always."""
+    directory = tmp_path_factory.mktemp("draft")
+    perturbed(small[0], 0.5).save_pretrained(directory)
+    return GPT2.from_pretrained(directory, device="cpu")
+
+
+def test_greedy_text_with_a_draft_is_the_text_without_it_with_its_stop_strings_and_reasons(small, draft):
+    """A row gets several tokens a step with a draft: its text still ends just before a stop
+    string, and each row's finish reason is its own, as without a draft."""
+    _, model = small
+    prompts = ["Once upon a time", "The meaning of life is", "Hello"]
+    free = generate_text(model, ENC, prompts, max_new_tokens=30, temperature=0)
+    assert generate_text(model, ENC, prompts, max_new_tokens=30, temperature=0, draft=draft, draft_tokens=3) == free
+    stop = free[1][8:12]
+    runs = [TextGeneration(model, ENC, prompts, max_new_tokens=30, temperature=0, stop=stop, **options)
+            for options in ({}, {"draft": draft, "draft_tokens": 5})]  # fmt: skip
+    texts = [[""] * 3, [""] * 3]
+    for run, text in zip(runs, texts):
+        for row, piece in run:
+            text[row] += piece
+    assert texts[1] == texts[0] and texts[0][1] == free[1][: free[1].index(stop)]
+    assert runs[1].finish_reasons == runs[0].finish_reasons and runs[1].tokens_generated == runs[0].tokens_generated
+    assert runs[1].stats.accepted > 0 and runs[1].stats.tokens_per_pass > 1
+
+
+def test_the_numpy_engine_drafts_as_the_torch_engine_does(small, draft):
+    _, model = small
+    numpy_model, numpy_draft = (ReferenceModel(m.config, {k: v.numpy() for k, v in m.hf_state_dict().items()}) for m in (model, draft))
+    expected = generate_text(model, ENC, "Hello", max_new_tokens=8, temperature=0)
+    assert generate_text(numpy_model, ENC, "Hello", max_new_tokens=8, temperature=0, draft=numpy_draft) == expected
+
+
+def test_a_draft_that_does_not_share_the_models_vocabulary_or_device_is_refused_naming_it(small):
+    from gpt2.config import GPT2Config
+    from gpt2.tokenizer import CharTokenizer
+
+    _, model = small
+    idx = torch.tensor([[464, 3290]])
+    config = dict(n_ctx=16, n_embd=8, n_head=2, n_layer=1)
+    with pytest.raises(InvalidArgumentError, match="draft has a vocabulary of 97 tokens, the model 50,257: a draft model must share") as caught:
+        model.generate(idx, 4, draft=GPT2(GPT2Config(n_vocab=97, **config)))
+    assert caught.value.param == "draft"
+    with torch.device("meta"):
+        elsewhere = GPT2(GPT2Config(n_vocab=50257, **config))
+    with pytest.raises(InvalidArgumentError, match="draft is on meta, the model on cpu: load both on one device"):
+        generate_text(model, ENC, "Hello", draft=elsewhere)
+    chars, other = GPT2(GPT2Config(n_vocab=3, **config)), GPT2(GPT2Config(n_vocab=3, **config))
+    chars.tokenizer, other.tokenizer = CharTokenizer("abc"), CharTokenizer("xyz")
+    with pytest.raises(InvalidArgumentError, match="draft has another tokenizer than the model's \\(of 3 tokens too") as caught:
+        chars.generate(torch.tensor([[0, 1]]), 4, draft=other)
+    assert caught.value.param == "draft"
+    with pytest.raises(InvalidArgumentError, match="draft has another tokenizer than the model's"):
+        generate_text(chars, CharTokenizer("abc"), "ab", draft=other)
+    other.tokenizer = CharTokenizer("abc")  # the same characters: a draft of its own
+    assert chars.generate(torch.tensor([[0, 1]]), 4, temperature=0, draft=other).shape == (1, 6)
+
+
+@pytest.mark.parametrize("draft_tokens", [0, -1, 1.5, True])
+def test_draft_tokens_must_be_a_positive_whole_number(small, draft, draft_tokens):
+    _, model = small
+    with pytest.raises(InvalidArgumentError, match=f"draft_tokens must be a positive integer, got {draft_tokens}") as caught:
+        model.generate(torch.tensor([[464]]), 4, draft=draft, draft_tokens=draft_tokens)
+    assert caught.value.param == "draft_tokens"
+    with pytest.raises(InvalidArgumentError, match="draft_tokens must be a positive integer"):
+        TextGeneration(model, ENC, "Hello", draft=draft, draft_tokens=draft_tokens)
+
+
+def test_a_draft_that_produces_nan_stops_generation_with_a_clear_error(small, broken):
+    _, model = small
+    with pytest.raises(NonFiniteError, match="the draft model produced NaN or infinite logits at new token 2"):
+        generate_text(model, ENC, "The dog", max_new_tokens=5, temperature=0, draft=broken[0])

@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from scipy.stats import chisquare
+from scipy.stats import binomtest, chisquare
 
-from gpt2.sampling import Sampling, filter_logits, mt19937_init_by_array, sample_next, seeded_generator
+from gpt2.sampling import (Sampling, filter_logits, mt19937_init_by_array, probabilities, row_probabilities, sample_next,
+                           seeded_generator, speculative_accept)  # fmt: skip
 
 # ------------------------------------------------------------------ filters and draws
 
@@ -55,6 +56,61 @@ def test_sampled_frequencies_match_the_filtered_distribution(sampling):
 
 def test_greedy_is_argmax_with_lowest_id_on_ties():
     assert sample_next(torch.tensor([[0.0, 5.0, 5.0]]), Sampling(temperature=0)).item() == 1
+
+
+def test_probabilities_are_the_filtered_distribution_and_greedy_is_one_hot():
+    logits = torch.tensor([[0.4, 0.3, 0.2, 0.1]]).log()
+    # top_k=3: 4/9, 3/9, 2/9; top_p=0.7 keeps the first two (7/9), renormalised
+    assert torch.allclose(probabilities(logits, Sampling(top_k=3, top_p=0.7)), torch.tensor([[4 / 7, 3 / 7, 0, 0]]))
+    assert torch.allclose(probabilities(logits * 2, Sampling(temperature=2.0)), torch.tensor([[0.4, 0.3, 0.2, 0.1]]))
+    assert probabilities(torch.tensor([[0.0, 5.0, 5.0]]), Sampling(temperature=0)).tolist() == [[0, 1, 0]]
+    rows = row_probabilities(torch.cat([logits, logits]), [Sampling(temperature=0), Sampling(top_k=1)])
+    assert rows.tolist() == [[1, 0, 0, 0], [1, 0, 0, 0]]
+
+
+# ------------------------------------------------------------------ speculative sampling's rule
+
+
+def one_hot(*ids: int, V: int = 8) -> torch.Tensor:
+    return torch.nn.functional.one_hot(torch.tensor(ids), V).float()
+
+
+def test_greedy_drafts_are_kept_while_they_are_the_argmax_then_the_argmax_follows_without_a_draw():
+    generator = torch.Generator().manual_seed(0)
+    state = generator.get_state()
+    assert speculative_accept(one_hot(2, 5, 3, 7), one_hot(2, 5, 1), [2, 5, 1], generator) == (2, 3)
+    assert speculative_accept(one_hot(2, 5, 3, 7), one_hot(2, 5, 3), [2, 5, 3], generator) == (3, 7)  # all kept: p's last
+    assert speculative_accept(one_hot(4), one_hot(4)[:0], [], generator) == (0, 4)  # no drafts: the model's token
+    assert torch.equal(generator.get_state(), state)  # nothing was random
+
+
+def test_a_refused_draft_is_replaced_from_the_residual_distribution():
+    """p = (0.1, 0.9), q = (0.9, 0.1): draft 0 is kept with probability p/q = 1/9; refused, the
+    token comes from max(0, p - q) = (0, 0.8): always token 1. Draft 1 (p > q) is always kept."""
+    p = torch.tensor([[0.1, 0.9, 0, 0], [0, 0, 1.0, 0]])
+    q = torch.tensor([[0.9, 0.1, 0, 0]])
+    generator = torch.Generator().manual_seed(1)
+    outcomes = [speculative_accept(p, q, [0], generator) for _ in range(9000)]
+    kept = sum(n for n, _ in outcomes)
+    assert {token for n, token in outcomes if n == 0} == {1} and {token for n, token in outcomes if n == 1} == {2}
+    assert binomtest(kept, 9000, 1 / 9).pvalue > 1e-3
+    assert all(speculative_accept(p, q, [1], generator) == (1, 2) for _ in range(100))
+
+
+def test_the_first_token_follows_the_models_distribution_whatever_the_drafts():
+    """Drafts drawn from q, kept or replaced by the rule: the token that comes first is drawn
+    from p, not from q (a chi-square test tells them apart)."""
+    target, proposal = np.array([0.05, 0.4, 0.05, 0.3, 0.2, 0, 0, 0]), np.array([0.3, 0.1, 0.2, 0.1, 0.05, 0.25, 0, 0])
+    p, q = torch.tensor(np.stack([target, np.full(8, 1 / 8)]), dtype=torch.float32), torch.tensor(proposal[None], dtype=torch.float32)
+    generator = torch.Generator().manual_seed(2)
+    firsts = []
+    for draft in torch.multinomial(q[0], 20_000, replacement=True, generator=generator).tolist():
+        kept, token = speculative_accept(p, q, [draft], generator)
+        firsts.append(draft if kept else token)
+    counts = np.bincount(firsts, minlength=8)
+    assert counts[5:].sum() == 0  # p gives them nothing, though q gives token 5 a quarter
+    assert chisquare(counts[:5], target[:5] * 20_000).pvalue > 1e-3
+    assert chisquare(counts[:5], proposal[:5] / proposal[:5].sum() * 20_000).pvalue < 1e-3  # q's, on p's tokens
 
 
 # ------------------------------------------------------------------ seeds

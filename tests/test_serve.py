@@ -3,6 +3,7 @@ requests share the batch, bad requests get OpenAI's errors, and the server keeps
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -18,7 +19,7 @@ import openai
 import pytest
 import torch
 
-from helpers import REPO, Running, heed_ctrl_c, make_hf_model
+from helpers import REPO, Running, heed_ctrl_c, make_hf_model, perturbed
 from gpt2 import Tokenizer
 from gpt2.cli import main
 from gpt2.decoding import row_seed
@@ -182,6 +183,39 @@ def test_lm_evaluation_harness_style_scoring_of_id_prompts(client):
         assert greedy and all(len(top) in (1, 2) for top in lp.top_logprobs[1:])
 
 
+def metric(url: str, name: str) -> float:
+    """One value of the server's /metrics."""
+    line = next(line for line in httpx.get(url + "/metrics").text.splitlines() if line.startswith(name + " "))
+    return float(line.split()[1])
+
+
+def test_a_prompt_beginning_as_an_earlier_one_reuses_its_blocks_with_the_same_logprobs(models, server):
+    """A context of 40 tokens scored with three endings (lm-evaluation-harness's requests): the
+    later ones reuse its kept blocks, counted in /metrics as vLLM counts them, and their echo
+    log-probabilities equal those of a server that keeps none, within 1e-5; the memory the
+    blocks hold is in /metrics too."""
+    context = torch.randint(0, 50256, (40,), generator=torch.Generator().manual_seed(9)).tolist()
+    prompts = [context + [100 + i, 200 + i] for i in range(3)]
+    plain = Running(lambda: (models[1], ENC), limits=Limits(prefix_cache_mb=0))
+    try:
+        def logprobs(running, ids):
+            choice = complete(running.client(), prompt=ids, max_tokens=0, echo=True, logprobs=2, temperature=0).choices[0]
+            return choice.logprobs.token_logprobs[1:], choice.logprobs.top_logprobs[1:]
+        queries, hits = metric(server.url, "gpt2_prefix_cache_queries_total"), metric(server.url, "gpt2_prefix_cache_hits_total")
+        for ids in prompts:
+            (got, got_top), (want, want_top) = logprobs(server, ids), logprobs(plain, ids)
+            assert max(abs(a - b) for a, b in zip(got, want)) < 1e-5
+            assert [list(t) for t in got_top] == [list(t) for t in want_top]
+        assert metric(server.url, "gpt2_prefix_cache_queries_total") - queries == 3 * 42
+        assert metric(server.url, "gpt2_prefix_cache_hits_total") - hits >= 2 * 32  # the later two: 2 blocks of 16 each
+        assert metric(plain.url, "gpt2_prefix_cache_queries_total") == 0
+        config = models[1].config  # the context's 2 blocks at least: keys, values (each layer) and final hidden states of 16 tokens
+        assert metric(server.url, "gpt2_prefix_cache_bytes") >= 2 * 16 * config.n_embd * (2 * config.n_layer + 1) * 4
+        assert metric(plain.url, "gpt2_prefix_cache_bytes") == 0
+    finally:
+        plain.stop()
+
+
 def test_concurrent_requests_equal_the_same_requests_one_at_a_time(models, server):
     """8 clients at once, greedy and seeded sampling mixed: each gets the answer it gets alone."""
     requests = [dict(prompt=f"Request number {i} says", max_tokens=10 + 3 * i, temperature=0 if i % 2 else 0.8, seed=i)
@@ -228,6 +262,129 @@ def test_a_client_that_leaves_frees_its_rows(server, client):
         post(server, {**body, "stream": False, "n": 8}, timeout=0.3)
     rows_leave(before, 8 * 110)
     assert complete(client, prompt="Still there?", max_tokens=3).choices[0].finish_reason == "length"
+
+
+def gauges(url: str) -> dict[str, float]:
+    """The gauges of rows, as Prometheus' own parser reads /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    names = ("gpt2_queue_length", "gpt2_batch_size", "gpt2_rows_in_flight")
+    return {f.name: f.samples[0].value for f in text_string_to_metric_families(httpx.get(url + "/metrics").text) if f.name in names}
+
+
+def wait_for_gauge(url: str, name: str, value: float, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while gauges(url)[name] != value:
+        assert time.monotonic() < deadline, f"{name} is {gauges(url)[name]}, not {value}, after {timeout} s"
+        time.sleep(0.05)
+
+
+def test_rows_in_flight_counts_the_rows_whose_prompts_are_going_in(models):
+    """A prompt going in a chunk a step is neither in the batch nor in the queue: the gauge of
+    rows in flight counts it, and is 0 once the loop is idle (how benchmarks/load.py sees a
+    server at rest)."""
+    running = Running(lambda: (models[1], ENC), limits=Limits(max_batch_size=2, max_num_batched_tokens=8))
+    scheduler = running.app.state.server.scheduler
+    stalled, gate, step, calls = threading.Event(), threading.Event(), scheduler.decoder.step, []
+
+    def stall_before_the_second_step():
+        calls.append(1)
+        if len(calls) == 2:  # after the first step's 8 prompt tokens, its gauges reported
+            stalled.set()
+            gate.wait(30)
+        return step()
+
+    scheduler.decoder.step = stall_before_the_second_step
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            scored = pool.submit(post, running, {"prompt": [15496] * 100, "max_tokens": 0, "echo": True, "logprobs": 0})
+            assert stalled.wait(30)
+            assert gauges(running.url) == {"gpt2_queue_length": 0, "gpt2_batch_size": 0, "gpt2_rows_in_flight": 1}
+            gate.set()
+            assert scored.result().status_code == 200
+        wait_for_gauge(running.url, "gpt2_rows_in_flight", 0, 10)
+        assert gauges(running.url) == {"gpt2_queue_length": 0, "gpt2_batch_size": 0, "gpt2_rows_in_flight": 0}
+    finally:
+        gate.set()
+        running.stop()
+
+
+def test_the_rows_of_clients_that_left_while_waiting_free_their_places_in_the_queue(models):
+    """A client gone before its row had a slot: the row leaves the queue at the next step, not
+    once a slot frees, so it holds no place of max_queue (a 429 for rows nobody waits for)."""
+    running = Running(lambda: (models[1], ENC), limits=Limits(max_batch_size=1, max_queue=2))
+    scheduler = running.app.state.server.scheduler
+    step = scheduler.decoder.step
+    scheduler.decoder.step = lambda: time.sleep(0.1) or step()  # the long request holds the one slot for 12 s
+    long = {"prompt": "A long answer:", "max_tokens": N_CTX - 10, "stream": True}
+    try:
+        with httpx.stream("POST", running.url + "/v1/completions", json=long, timeout=30) as first:
+            lines = first.iter_lines()  # kept: an iterator collected closes the connection
+            assert next(lines).startswith("data: ")  # it has the slot
+            with contextlib.ExitStack() as stack:  # two clients wait, then leave before their first token
+                for _ in range(2):
+                    waiting = stack.enter_context(httpx.stream("POST", running.url + "/v1/completions", json={**long, "max_tokens": 5}))
+                    assert waiting.status_code == 200
+                wait_for_gauge(running.url, "gpt2_queue_length", 2, 10)
+            wait_for_gauge(running.url, "gpt2_queue_length", 0, 3)  # not once the long one ends, 12 s from now
+            with httpx.stream("POST", running.url + "/v1/completions", json={**long, "max_tokens": 5}) as response:
+                assert response.status_code == 200  # not 429: nobody waits
+    finally:
+        running.stop()
+
+
+def test_a_client_that_leaves_the_queue_and_asks_again_at_once_is_not_refused(models):
+    """The queue counts the rows of clients still there: a row whose client left holds no place
+    of max_queue even before the loop's next step drops it (benchmarks/load.py got 429s from
+    clients that left a stream and asked again while a step ran)."""
+    running = Running(lambda: (models[1], ENC), limits=Limits(max_batch_size=1, max_queue=1))
+    scheduler = running.app.state.server.scheduler
+    gate, step = threading.Event(), scheduler.decoder.step
+    scheduler.decoder.step = lambda: gate.wait() and step()  # the loop stalls before its next step
+    try:
+        with httpx.stream("POST", running.url + "/v1/completions", json={"prompt": "one", "max_tokens": 2, "stream": True}) as first:
+            assert first.status_code == 200
+            while not scheduler.decoder.waiting:  # taken by the loop, which waits at the gate
+                time.sleep(0.01)
+        row = scheduler.decoder.waiting[0]
+        deadline = time.monotonic() + 10
+        while not row.done and time.monotonic() < deadline:  # the server saw the client leave
+            time.sleep(0.01)
+        assert row.done and row in scheduler.decoder.waiting  # still queued: the loop has not stepped
+        with ThreadPoolExecutor(1) as pool:
+            again = pool.submit(post, running, {"prompt": "two", "max_tokens": 2})
+            while not scheduler.incoming and not again.done():
+                time.sleep(0.01)
+            gate.set()
+            assert again.result().status_code == 200
+    finally:
+        gate.set()
+        running.stop()
+
+
+def test_prompts_of_every_length_give_onednn_a_few_shapes(models, server, monkeypatch):
+    """oneDNN builds and keeps a kernel for each shape of rows it is given (up to 1,024 of them):
+    a server meeting prompts of every length grew by 170 MB (benchmarks/load.py). The rows it
+    gets are padded to a few sizes, and the padding changes no log-probability."""
+    from gpt2 import _gemv
+
+    sizes, onednn = set(), _gemv._onednn_linear
+
+    def recording(x, *args):
+        sizes.add(x.numel() // x.size(-1))
+        return onednn(x, *args)
+
+    monkeypatch.setattr(_gemv, "_onednn_linear", recording)
+    for length in range(17, 81):  # past the 16 rows the decode kernel takes
+        ids = [(911 * i + length) % 50257 for i in range(length)]
+        choice = post(server, {"prompt": ids, "max_tokens": 0, "echo": True, "logprobs": 0}).json()["choices"][0]
+        if length == 37:
+            with torch.no_grad():
+                expected = torch.log_softmax(models[0](torch.tensor([ids])).logits[0].double(), dim=-1)
+            served = choice["logprobs"]["token_logprobs"]
+            assert served[0] is None and len(served) == length
+            assert max(abs(served[t] - float(expected[t - 1, ids[t]])) for t in range(1, length)) < 1e-4
+    assert 0 < len(sizes) <= 18 and min(sizes) >= 17  # unpadded, 64 sizes
 
 
 def test_a_choice_reads_each_token_as_it_was_when_made():
@@ -506,6 +663,11 @@ def test_an_inspection_past_the_answer_bound_is_refused_saying_how_far_it_goes(m
         Limits(max_inspect_cells=0).check()
 
 
+def test_a_step_budget_below_the_batch_is_refused_naming_both():
+    with pytest.raises(GPT2Error, match=r"max_num_batched_tokens must be at least max_batch_size \(8\), .*; got 4"):
+        Limits(max_num_batched_tokens=4).check()
+
+
 def test_the_playground_is_served_at_the_root_unless_turned_off(models, server):
     page = httpx.get(server.url + "/")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
@@ -548,6 +710,63 @@ def test_models_tokenize_detokenize_and_metrics(server, client):
     assert 'gpt2_requests_total{endpoint="/v1/inspect",status="200"}' in httpx.get(server.url + "/metrics").text
     generated = next(line for line in metrics.splitlines() if line.startswith("gpt2_generated_tokens_total"))
     assert float(generated.split()[1]) >= 4
+
+
+# ------------------------------------------------------------------ a draft model (speculative decoding)
+
+
+@pytest.fixture(scope="module")
+def draft_dir(models, tmp_path_factory):
+    """A draft of the served model's vocabulary, which agrees with it often, not always."""
+    directory = tmp_path_factory.mktemp("draft")
+    perturbed(models[0], 0.5).save_pretrained(directory)
+    return str(directory)
+
+
+def test_a_server_with_a_draft_model_answers_what_it_answers_without(models, client, draft_dir):
+    """Greedy choices with a draft proposing 3 tokens a step: the text, log-probabilities and finish
+    reasons of the server without one, whole and streamed, up to a stop string too; /metrics
+    counts the drafts proposed and kept."""
+    draft = GPT2.from_pretrained(draft_dir, device="cpu")
+    running = Running(lambda: (models[1], ENC), limits=Limits(draft_tokens=3), load_draft=lambda: (draft, ENC))
+    try:
+        drafted = running.client()
+        request = dict(prompt=["The meaning of life is", "Hello"], max_tokens=20, temperature=0, logprobs=2)
+        got, expected = complete(drafted, **request), complete(client, **request)
+        for choice, alone in zip(got.choices, expected.choices):
+            assert (choice.text, choice.finish_reason) == (alone.text, alone.finish_reason)
+            assert max(abs(a - b) for a, b in zip(choice.logprobs.token_logprobs, alone.logprobs.token_logprobs)) < 1e-4
+        stop = expected.choices[0].text[5:9]
+        request = dict(prompt="The meaning of life is", max_tokens=20, temperature=0, stop=[stop])
+        whole = complete(drafted, **request).choices[0]
+        assert (whole.text, whole.finish_reason) == (expected.choices[0].text[: expected.choices[0].text.index(stop)], "stop")
+        chunks = list(complete(drafted, stream=True, **request))
+        assert "".join(c.choices[0].text for c in chunks) == whole.text and chunks[-1].choices[0].finish_reason == "stop"
+        assert 0 < metric(running.url, "gpt2_draft_accepted_tokens_total") < metric(running.url, "gpt2_draft_tokens_total")
+    finally:
+        running.stop()
+
+
+def test_gpt2_serve_with_a_draft_model_and_its_refusals_in_one_line(models, draft_dir, capsys, tmp_path):
+    process, url = gpt2_serve("--model", models[2], "--draft-model", draft_dir, "--draft-tokens", "2")
+    try:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+        served = client.completions.create(model=models[2], prompt="Hello", max_tokens=12, temperature=0).choices[0].text
+        assert served == ours(models, "Hello", max_new_tokens=12, temperature=0)[0]
+        assert metric(url, "gpt2_draft_tokens_total") > 0
+    finally:
+        process.kill()
+    make_hf_model(vocab_size=65, n_positions=32, n_embd=32, n_layer=1, n_head=2).save_pretrained(tmp_path)
+    CharTokenizer([chr(c) for c in range(32, 97)]).save(tmp_path)
+    capsys.readouterr()
+    for flags, message in [
+        (["--draft-model", str(tmp_path)], "draft (--draft-model) has a vocabulary of 65 tokens, the model 50,257: "
+                                           "a draft model must share the model's tokenizer"),
+        (["--draft-tokens", "3"], "--draft-tokens is the number of tokens a draft model proposes: give --draft-model too"),
+        (["--draft-model", draft_dir, "--draft-tokens", "0"], "draft_tokens (--draft-tokens) must be a positive integer, got 0"),
+    ]:  # fmt: skip  (refused before the port is taken: no "serving ... on" first)
+        assert main(["serve", "--model", models[2], "--port", str(free_port()), *flags]) == 2
+        assert capsys.readouterr().err == f"gpt2: error: {message}\n"
 
 
 # ------------------------------------------------------------------ the command
@@ -688,6 +907,11 @@ def test_gpt2_serve_refuses_a_busy_port_and_a_missing_model_in_one_line(models, 
     assert err.startswith(f"gpt2: error: unknown model '{tmp_path / 'nowhere'}'") and err.count("\n") == 1
     assert main(["serve", "--max-batch-size", "0"]) == 2
     assert capsys.readouterr().err == "gpt2: error: max_batch_size (--max-batch-size) must be a positive integer, got 0\n"
+    assert main(["serve", "--max-num-batched-tokens", "4"]) == 2
+    assert capsys.readouterr().err == ("gpt2: error: max_num_batched_tokens (--max-num-batched-tokens) must be at least "
+                                       "max_batch_size (8), as each step decodes a token of every row; got 4\n")  # fmt: skip
+    assert main(["serve", "--prefix-cache-mb", "-1"]) == 2
+    assert capsys.readouterr().err == "gpt2: error: prefix_cache_mb (--prefix-cache-mb) must be a whole number of MB, 0 for none, got -1\n"
     assert main(["serve", "--port", "99999"]) == 2  # refused before the server says it serves
     assert capsys.readouterr().err == "gpt2: error: port (--port) must be an integer from 0 to 65535, got 99999\n"
     assert main(["serve", "--cuda-graphs", "--device", "cpu"]) == 2

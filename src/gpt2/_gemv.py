@@ -593,13 +593,33 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if weight.dtype != x.dtype:
         weight = widen(weight, scale, x.dtype)
     if cpu_inference and _onednn_linear is not None:
-        # takes weight as (out, in): a view, no copy; applies the GELU in the same pass
-        return _onednn_linear(x, weight.t(), bias, "none" if gelu is None else "gelu", [], gelu or "")
+        return _onednn(x, weight, bias, gelu)
     if bias is None:
         y = x @ weight
     else:  # the bias added inside the matrix product, not in a second pass over the output
         y = torch.addmm(bias, x.reshape(-1, x.size(-1)), weight).view(*x.shape[:-1], weight.size(-1))
     return y if gelu is None else F.gelu(y, approximate=gelu)
+
+
+def onednn_rows(rows: int) -> int:
+    """The rows oneDNN is given for `rows`: rounded up to one of eight sizes in each doubling
+    (at most 1/8 more rows; 40 sizes from 17 to 512). oneDNN builds a kernel for each shape it
+    is given and keeps up to 1,024 of them, so a server meeting prompts of every length grew by
+    170 MB before that bound (benchmarks/load.py); a few sizes are built once, early."""
+    step = 1 << max(rows.bit_length() - 4, 0)
+    return -(-rows // step) * step
+
+
+def _onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gelu: str | None) -> torch.Tensor:
+    """oneDNN's linear over x's rows padded with zeros to `onednn_rows` (their products dropped)."""
+    rows, k = x.numel() // x.size(-1), x.size(-1)
+    flat = x.reshape(rows, k)
+    padded = onednn_rows(rows)
+    if padded != rows:
+        flat = torch.cat([flat, flat.new_zeros(padded - rows, k)])
+    # takes weight as (out, in): a view, no copy; applies the GELU in the same pass
+    y = _onednn_linear(flat, weight.t(), bias, "none" if gelu is None else "gelu", [], gelu or "")
+    return y[:rows].view(*x.shape[:-1], y.size(-1))
 
 
 def widen(weight: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from gpt2 import __version__
 from gpt2.config import ACTIVATIONS, POSITIONS, PRESETS
 from gpt2.errors import DistributedError, GPT2Error
-from gpt2.settings import COMPILE_MODES, INFERENCE_DTYPES, TRAINING_DTYPES, TrainSettings
+from gpt2.settings import COMPILE_MODES, DRAFT_TOKENS, INFERENCE_DTYPES, TRAINING_DTYPES, TrainSettings
 
 EXIT_USAGE = 2
 DEFAULT_TOP_K = 200  # clamped to the model's vocabulary: a character model has fewer tokens
@@ -101,6 +101,7 @@ def _check_generate_args(args: argparse.Namespace) -> str:
 
         check_numpy_engine(args.device, args.dtype, _flag)
     _check_cuda_graphs(args)
+    _check_draft_tokens(args)
     if args.prompt == "-":
         return _without_final_newline(_read_stdin())
     return _command_line_text(args.prompt, "the prompt given on the command line")
@@ -113,27 +114,53 @@ def _check_cuda_graphs(args: argparse.Namespace) -> None:
         check_cuda_graphs(args.device, args.engine, _flag)
 
 
+def _check_draft_tokens(args: argparse.Namespace) -> None:
+    if args.draft_tokens is not None:
+        from gpt2.decoding import check_draft_tokens
+
+        if args.draft is None:
+            raise _UsageError("--draft-tokens is the number of tokens a draft model proposes: give --draft-model too")
+        check_draft_tokens(args.draft_tokens)
+
+
+def _draft_tokens(args: argparse.Namespace) -> dict[str, int]:
+    """--draft-tokens as the library's keyword, where it was given (else the library's default)."""
+    return {} if args.draft_tokens is None else {"draft_tokens": args.draft_tokens}
+
+
 def _flag(setting: str) -> str:
     """A setting's flag, for the library's messages: cuda_graphs -> --cuda-graphs."""
     return "--" + setting.replace("_", "-")
 
 
-def _load_model(args: argparse.Namespace):
-    """The model and the tokenizer saved with it (GPT-2's for a model of GPT-2's vocabulary)."""
+def _load_model(args: argparse.Namespace, name: str | None = None):
+    """The model (--model, or `name`) and the tokenizer saved with it (GPT-2's for a model of GPT-2's vocabulary)."""
+    name = args.model if name is None else name
     if args.engine == "numpy":
         from gpt2.reference import ReferenceModel
         from gpt2.weights import locate
 
-        model, tokenizer = ReferenceModel.load(args.model), locate(args.model).load_tokenizer()
+        model, tokenizer = ReferenceModel.load(name), locate(name).load_tokenizer()
     else:
         from gpt2.model import GPT2
 
-        model = GPT2.from_pretrained(args.model, device=args.device, dtype=args.dtype).use_cuda_graphs(args.cuda_graphs)
+        model = GPT2.from_pretrained(name, device=args.device, dtype=args.dtype).use_cuda_graphs(args.cuda_graphs)
         tokenizer = model.tokenizer
     if tokenizer is None:
-        raise _UsageError(f"the model {args.model} comes with no tokenizer (encoder.json + vocab.bpe, or chars.json), "
+        raise _UsageError(f"the model {name} comes with no tokenizer (encoder.json + vocab.bpe, or chars.json), "
                           f"and its vocabulary of {model.config.n_vocab} ids is not GPT-2's")  # fmt: skip
     return model, tokenizer
+
+
+def _load_draft(args: argparse.Namespace, model, tokenizer):
+    """The draft model of --draft-model (None without one), checked against the model."""
+    if args.draft is None:
+        return None
+    from gpt2.engines import check_draft
+
+    draft, draft_tokenizer = _load_model(args, args.draft)
+    check_draft(model, draft, tokenizer, draft_tokenizer)
+    return draft
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
@@ -141,11 +168,13 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
     prompt = _check_generate_args(args)
     model, tokenizer = _load_model(args)
+    draft = _load_draft(args, model, tokenizer)
     top_k = min(DEFAULT_TOP_K, model.config.n_vocab) if args.top_k is None else args.top_k
     started = time.perf_counter()
     generation = TextGeneration(model, tokenizer, prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                 top_k=top_k, top_p=args.top_p, seed=args.seed, num_samples=args.num_samples,
-                                stop=args.stop, on_overflow=args.on_overflow, allowed_special=_allowed_special(args))  # fmt: skip
+                                stop=args.stop, on_overflow=args.on_overflow, allowed_special=_allowed_special(args),
+                                draft=draft, **_draft_tokens(args))  # fmt: skip
     samples = _Samples(sys.stdout, prompt, generation, args.stream)
     try:
         for row, piece in generation:
@@ -226,22 +255,31 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             raise
         raise _UsageError(f"gpt2 serve needs the serve extra ({e.name} is not installed): pip install 'gpt2[serve]'") from None
 
+    _check_draft_tokens(args)
     inspect_cells = {} if args.max_inspect_cells is None else {"max_inspect_cells": args.max_inspect_cells}
-    limits = Limits(max_batch_size=args.max_batch_size, max_queue=args.max_queue, max_n=args.max_n, api_key=args.api_key,
-                    **inspect_cells)  # fmt: skip
+    limits = Limits(max_batch_size=args.max_batch_size, max_num_batched_tokens=args.max_num_batched_tokens,
+                    prefix_cache_mb=args.prefix_cache_mb, max_queue=args.max_queue, max_n=args.max_n, api_key=args.api_key,
+                    **inspect_cells, **_draft_tokens(args))  # fmt: skip
     limits.check()
     device = resolve_device(args.device)
     form = weight_format(args.dtype, device)  # bad flags fail now, not once the server listens
     _check_cuda_graphs(args)
     check_port(args.port)
-    limits.check_memory(read_config(args.model), device, form.compute)  # and a model that is not there
+    configs = [read_config(name) for name in [args.model] + ([] if args.draft is None else [args.draft])]
+    for config in configs:
+        limits.check_memory(config, device, form.compute)  # and a model that is not there
+    if args.draft is not None:
+        from gpt2.engines import check_draft_config
+
+        check_draft_config(*configs)  # its tokenizer once it has loaded
 
     def listening(url: str) -> None:
         page = "" if args.no_ui else f"; the playground on {url.removesuffix('/v1')}/"
         print(f"gpt2: serving {args.model} on {url}{page} (loading the model; GET /health answers 200 once it has)", file=sys.stderr)
 
+    load_draft = None if args.draft is None else lambda: _load_model(args, args.draft)
     serve(lambda: _load_model(args), args.model, args.host, args.port, limits, allowed_special=_allowed_special(args),
-          on_listen=listening, ui=not args.no_ui)  # fmt: skip
+          on_listen=listening, ui=not args.no_ui, load_draft=load_draft)  # fmt: skip
     return 0
 
 
@@ -483,6 +521,15 @@ def _add_cuda_graphs_flag(parser: argparse.ArgumentParser) -> None:
                         "not yet measured on a GPU, so off by default)")  # fmt: skip
 
 
+def _add_draft_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--draft-model", dest="draft", metavar="MODEL",
+                        help="speculative decoding: a smaller model of the same tokenizer (a name or a directory, as "
+                        "--model) proposes tokens, which the model verifies several at a time; greedy text is the same, "
+                        "sampled text follows the same distribution (default: none)")  # fmt: skip
+    parser.add_argument("--draft-tokens", type=_whole_number, metavar="K",
+                        help=f"the tokens the draft model proposes per step (default: {DRAFT_TOKENS})")
+
+
 def _add_special_as_text_flag(parser: argparse.ArgumentParser, where: str) -> None:
     parser.add_argument("--special-as-text", action="store_true",
                         help=f"read <|endoftext|> in {where} as ordinary text, not as the end-of-text token 50256 "
@@ -520,8 +567,16 @@ def _add_serve_parser(commands) -> None:
     _add_inference_device_flags(serve)
     _add_cuda_graphs_flag(serve)
     _add_special_as_text_flag(serve, "string prompts and /tokenize's text")
+    _add_draft_flags(serve)
     serve.add_argument("--max-batch-size", type=_whole_number, default=8, metavar="N",
                        help="requests' rows decoded together; each holds a KV cache of the model's context (default: 8)")  # fmt: skip
+    serve.add_argument("--max-num-batched-tokens", type=_whole_number, default=512, metavar="N",
+                       help="tokens computed in one step, as vLLM's: prompts go in within it, a long one in chunks over "
+                       "several steps, so that the streams running keep flowing (default: 512)")  # fmt: skip
+    serve.add_argument("--prefix-cache-mb", type=_whole_number, default=512, metavar="MB",
+                       help="memory for the KV blocks of prompts kept for later prompts that begin the same way (a shared "
+                       "system prompt, few-shot examples, a context scored with several endings); the least recently "
+                       "used go first; 0 keeps none (default: 512)")  # fmt: skip
     serve.add_argument("--max-queue", type=_whole_number, default=64, metavar="N",
                        help="rows that may wait for a place in the batch; past it, requests get 429 (default: 64)")  # fmt: skip
     serve.add_argument("--max-n", type=_whole_number, default=16, metavar="N", help="the largest n (choices) of a request (default: 16)")
@@ -669,6 +724,7 @@ def _add_generate_parser(commands) -> None:
     _add_cuda_graphs_flag(generate)
     generate.add_argument("--engine", default="torch", choices=["torch", "numpy"],
                           help="torch (with a KV cache) or numpy (the reference engine: no cache, slow, for checking) (default: torch)")  # fmt: skip
+    _add_draft_flags(generate)
     generate.add_argument("--on-overflow", default="slide", choices=["slide", "error"],
                           help="past the model's context: keep the last n_ctx tokens, or stop with an error (default: slide)")  # fmt: skip
     generate.add_argument("--no-stream", dest="stream", action="store_false",

@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 from gpt2._checks import check_batch_size, check_token_ids, int_between
 from gpt2._files import read_text
 from gpt2.data import open_data
+from gpt2.engines import PrefixCache, TorchEngine, check_prefix_cache_mb
 from gpt2.errors import DataError, InvalidArgumentError
 from gpt2.model import GPT2
 from gpt2.tasks import Choice, Completion, check_limit, check_task, read_hellaswag, read_lambada, read_wikitext, task_file
@@ -44,6 +45,7 @@ IGNORE = -100  # a target that is not scored (PyTorch's and Hugging Face's ignor
 # faulted in, for every chunk (166 rows at GPT-2's vocabulary; measured in benchmarks/RESULTS.md)
 LOGIT_BYTES = 32 << 20
 DEFAULT_BATCH_SIZE = 8
+DEFAULT_PREFIX_CACHE_MB = 256  # contexts' KV blocks kept while scoring continuations
 
 
 # ------------------------------------------------------------------ the one computation
@@ -58,8 +60,13 @@ def target_log_probs(model: GPT2, idx: torch.Tensor, targets: torch.Tensor, *, g
     Runs the model as it is (call model.eval() for inference) and under the caller's autocast.
     """
     keep = targets != IGNORE  # (B, T)
-    hidden = model.trunk(idx)[keep]  # (M, C)
-    chosen = targets[keep]  # (M,)
+    return scored_log_probs(model, model.trunk(idx)[keep], targets[keep], greedy=greedy)
+
+
+def scored_log_probs(model: GPT2, hidden: torch.Tensor, chosen: torch.Tensor, *, greedy: bool = False
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+    """log p(chosen[m]) under the logits of hidden states (M, C): (M,) float32, and with
+    `greedy` (M,) bools, whether each is the most likely id there."""
     log_probs, argmax = [], []
     rows = max(1, LOGIT_BYTES // (4 * model.config.n_vocab))
     for start in range(0, chosen.numel(), rows):
@@ -284,35 +291,43 @@ class Score:
 
 def score_continuations(model: GPT2, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], *,
                         batch_size: int = DEFAULT_BATCH_SIZE, progress: bool = False, desc: str = "scoring",
-                        example_of: Sequence[int] | None = None) -> list[Score]:  # fmt: skip
+                        example_of: Sequence[int] | None = None, prefix_cache_mb: int = DEFAULT_PREFIX_CACHE_MB
+                        ) -> list[Score]:  # fmt: skip
     """Score each (context ids, continuation ids): the continuation's log-probability given the
     context. A pair longer than the model's context keeps its last n_ctx ids (lm-evaluation-harness
-    does the same). Pairs run longest first, `batch_size` at a time, padded on the right.
+    does the same). Pairs run `batch_size` at a time, those of one context together, each
+    context's KV blocks kept (`gpt2.engines.PrefixCache`, up to `prefix_cache_mb`, least recently
+    used out first), so that its other continuations (HellaSwag's four endings) compute only
+    what follows them. With prefix_cache_mb 0, pairs run longest first, padded on the right.
     The progress bar counts examples, each done once all its pairs are: `example_of[i]` is pair
     i's example (default: each pair is one)."""
     batch_size = check_batch_size(batch_size)
+    prefix_cache_mb = check_prefix_cache_mb(prefix_cache_mb)
     n_ctx = model.config.n_ctx
     for i, (context, continuation) in enumerate(pairs):
         if not context or not continuation:
             raise InvalidArgumentError(f"pair {i}: a context and a continuation of at least one id each are needed")
         check_token_ids(min(min(context), min(continuation)), max(max(context), max(continuation)), model.config.n_vocab,
                         f" in pair {i}", "this model's ")  # fmt: skip
-    order = sorted(range(len(pairs)), key=lambda i: -(len(pairs[i][0]) + len(pairs[i][1])))
+    if prefix_cache_mb:  # one context's pairs together; longest first
+        order = sorted(range(len(pairs)), key=lambda i: (-len(pairs[i][0]), tuple(pairs[i][0]), -len(pairs[i][1])))
+        longest = min(max(len(c) + len(x) for c, x in pairs) - 1, n_ctx)
+        kept = PrefixCache(model.config, prefix_cache_mb << 20, dtype=model.compute_dtype, device=model.device)
+        engine = model.engine(batch_size, longest, prefix_cache=kept, hint="a smaller batch_size", param="batch_size")
+    else:
+        order = sorted(range(len(pairs)), key=lambda i: -(len(pairs[i][0]) + len(pairs[i][1])))
     scores: list[Score | None] = [None] * len(pairs)
     unscored = Counter(range(len(pairs)) if example_of is None else example_of)  # example -> its pairs not yet scored
     with _inference(model), tqdm(total=len(unscored), desc=desc, unit="example", disable=not progress, dynamic_ncols=True) as bar:
         for first in range(0, len(order), batch_size):
             rows = order[first : first + batch_size]
-            sequences = [list(pairs[i][0]) + list(pairs[i][1]) for i in rows]
+            # at most n_ctx + 1 ids of each: n_ctx in, the last n scored
+            windows = [(list(pairs[i][0]) + list(pairs[i][1]))[-(n_ctx + 1) :] for i in rows]
             lengths = [min(len(pairs[i][1]), n_ctx) for i in rows]
-            T = min(max(map(len, sequences)) - 1, n_ctx)
-            idx = torch.zeros(len(rows), T, dtype=torch.long)
-            targets = torch.full((len(rows), T), IGNORE, dtype=torch.long)
-            for row, (sequence, n) in enumerate(zip(sequences, lengths)):
-                window = sequence[-(n_ctx + 1) :]  # (at most n_ctx + 1 ids: n_ctx in, the last n scored)
-                idx[row, : len(window) - 1] = torch.tensor(window[:-1])
-                targets[row, len(window) - 1 - n : len(window) - 1] = torch.tensor(window[-n:])
-            log_probs, greedy = target_log_probs(model, idx.to(model.device), targets.to(model.device), greedy=True)
+            if prefix_cache_mb:
+                log_probs, greedy = _reusing_log_probs(model, engine, windows, lengths)
+            else:
+                log_probs, greedy = _padded_log_probs(model, windows, lengths)
             log_probs, greedy = log_probs.double().cpu(), greedy.cpu()
             start = 0
             for i, n in zip(rows, lengths):  # the kept targets come row by row
@@ -322,6 +337,41 @@ def score_continuations(model: GPT2, pairs: Sequence[tuple[Sequence[int], Sequen
                 unscored[example] -= 1
                 bar.update(unscored[example] == 0)
     return scores
+
+
+def _padded_log_probs(model: GPT2, windows: list[list[int]], lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The log-probabilities of the last lengths[b] ids of each window, and whether each is the
+    greedy one, row by row: the windows in one batch padded on the right."""
+    T = max(map(len, windows)) - 1
+    idx = torch.zeros(len(windows), T, dtype=torch.long)
+    targets = torch.full((len(windows), T), IGNORE, dtype=torch.long)
+    for row, (window, n) in enumerate(zip(windows, lengths)):
+        idx[row, : len(window) - 1] = torch.tensor(window[:-1])
+        targets[row, len(window) - 1 - n : len(window) - 1] = torch.tensor(window[-n:])
+    return target_log_probs(model, idx.to(model.device), targets.to(model.device), greedy=True)
+
+
+def _reusing_log_probs(model: GPT2, engine: TorchEngine, windows: list[list[int]], lengths: list[int]
+                       ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """As `_padded_log_probs`, each window in its slot of `engine` starting from the kept blocks of
+    its context. The first window of each context in the batch goes first, and its context's
+    blocks are kept, so that the others (its other continuations) start from them."""
+    contexts = [window[: len(window) - n] for window, n in zip(windows, lengths)]  # the ids before the scored ones
+    first: dict[tuple[int, ...], int] = {}
+    for b, context in enumerate(contexts):
+        first.setdefault(tuple(context[: engine.block_size]), b)
+    leaders = sorted(first.values())
+    hidden: list[torch.Tensor | None] = [None] * len(windows)
+    for group in (leaders, [b for b in range(len(windows)) if b not in leaders]):
+        if not group:
+            continue
+        starts = [engine.reuse(b, contexts[b]) for b in group]
+        states = engine.hidden(group, starts, [windows[b][s:-1] for b, s in zip(group, starts)])
+        for b, start, h in zip(group, starts, states):
+            engine.remember(b, contexts[b])
+            hidden[b] = h[len(contexts[b]) - 1 - start :]  # (n, C): the positions whose next id is scored
+    chosen = torch.tensor([i for window, n in zip(windows, lengths) for i in window[-n:]], device=model.device)
+    return scored_log_probs(model, torch.cat(hidden), chosen, greedy=True)
 
 
 def encode_pair(tokenizer: Tokenizer | CharTokenizer, context: str, continuation: str) -> tuple[list[int], list[int]]:

@@ -15,11 +15,12 @@ from typing import AbstractSet, Literal
 import torch
 
 from gpt2._checks import positive_int
-from gpt2.decoding import STOP, Decoder, Request, start_of_text
-from gpt2.engines import NumpyEngine
+from gpt2.decoding import STOP, Decoder, Request, check_draft_tokens, finish_reasons, start_of_text
+from gpt2.engines import NumpyEngine, check_draft
 from gpt2.errors import GPT2Warning, InputTypeError, InvalidArgumentError
 from gpt2.reference import ReferenceModel
 from gpt2.sampling import Sampling
+from gpt2.settings import DRAFT_TOKENS
 from gpt2.tokenizer import IncrementalDecoder, Tokenizer
 
 
@@ -53,6 +54,8 @@ class TextGeneration:
     first stop string, or after max_new_tokens. `model` is a `GPT2`, or a
     `gpt2.reference.ReferenceModel` (the NumPy engine: no cache, slow). An empty prompt
     starts from <|endoftext|>, as GPT-2's unconditional samples do (with a warning).
+    With a `draft` model (of the same tokenizer: see `GPT2.generate`), decoding is speculative:
+    it proposes `draft_tokens` tokens a step, which `model` verifies in one pass.
     `allowed_special` is the tokenizer's: "all" (the default) reads <|endoftext|> written in a
     prompt as the special token, as OpenAI's API, `gpt2 generate` and `gpt2 serve` do;
     frozenset() reads it as its characters.
@@ -73,9 +76,14 @@ class TextGeneration:
         stop: str | Sequence[str] | None = None,
         on_overflow: str = "slide",
         allowed_special: AbstractSet[str] | Literal["all"] = "all",
+        draft=None,
+        draft_tokens: int = DRAFT_TOKENS,
     ):
         positive_int("num_samples", num_samples)
         self.stop = check_stop(stop)
+        if draft is not None:
+            check_draft(model, draft, tokenizer)
+        self.draft_tokens = check_draft_tokens(draft_tokens)
         prompt_list = [prompts] if isinstance(prompts, str) else list(prompts)
         if not prompt_list:
             raise InvalidArgumentError("no prompts: give at least one", "prompt")
@@ -83,17 +91,21 @@ class TextGeneration:
         request = Request.build([self._encode(tokenizer, prompt, allowed_special) for prompt in prompt_list], max_new_tokens,
                                 n_vocab=model.config.n_vocab, n_ctx=model.config.n_ctx, sampling=self.sampling, seed=seed,
                                 n=num_samples, eos_token_id=tokenizer.eot_token, on_overflow=on_overflow)  # fmt: skip
-        # the engine (and the memory it needs) before the rows, so that errors come before any row is made
-        if isinstance(model, ReferenceModel):
-            self.engine = NumpyEngine(model, request.slots)
-        else:
-            self.engine = model.engine(request.slots, request.longest + max_new_tokens,
-                                       hint="generate fewer samples at once: a smaller num_samples",
-                                       param="num_samples")  # fmt: skip
+        # the engines (and the memory they need) before the rows, so that errors come before any row is made
+        self.engine = self._engine(model, request)
+        self.draft = None if draft is None else self._engine(draft, request)
+        self.stats = None  # the decoder's DraftStats, once it runs
         self.rows = request.rows()
         self.prompt_ids = [row.prompt for row in self.rows]  # prompt-major
         self.texts = [TextRow(tokenizer, self.stop) for _ in self.rows]
         self.tokens_generated = 0  # tokens chosen, counted per row until its text ends
+
+    @staticmethod
+    def _engine(model, request: Request):
+        if isinstance(model, ReferenceModel):
+            return NumpyEngine(model, request.slots)
+        return model.engine(request.slots, request.longest + request.max_new_tokens,
+                            hint="generate fewer samples at once: a smaller num_samples", param="num_samples")  # fmt: skip
 
     @staticmethod
     def _encode(tokenizer: Tokenizer, prompt: str, allowed_special: AbstractSet[str] | Literal["all"]) -> list[int]:
@@ -115,16 +127,18 @@ class TextGeneration:
     def __iter__(self) -> Iterator[tuple[int, str]]:
         texts = self.texts
         index = {row: b for b, row in enumerate(self.rows)}
-        decoder = Decoder(self.engine)
+        decoder = Decoder(self.engine, draft=self.draft, draft_tokens=self.draft_tokens)
+        self.stats = decoder.stats
         for row in self.rows:
             decoder.add(row)
         with torch.inference_mode():
             while decoder.busy:
-                for row, token in decoder.step():
+                events = decoder.step()
+                for (row, token), reason in zip(events, finish_reasons(events)):
                     b = index[row]
                     if token is not None and not texts[b].done:
                         self.tokens_generated += 1
-                    piece = texts[b].follow(token, row.done)
+                    piece = texts[b].follow(token, reason is not None)
                     if texts[b].stopped:  # "stop", even if this was its last token
                         row.finish_reason = STOP
                     if piece:

@@ -27,11 +27,12 @@ from gpt2._checks import check_token_ids
 from gpt2._files import atomic_path, atomic_write_text, writable_directory
 from gpt2._gemv import attend, linear, stored_matrix, widen
 from gpt2.config import GPT2Config
-from gpt2.decoding import Request, run
+from gpt2.decoding import Request, check_draft_tokens, run
 from gpt2.devices import resolve_device, weight_format
-from gpt2.engines import KVCache, TorchEngine, check_cuda_graphs, model_engine
+from gpt2.engines import KVCache, PrefixCache, TorchEngine, check_cuda_graphs, check_draft, model_engine
 from gpt2.errors import ContextLengthError, InputTypeError, InvalidArgumentError
 from gpt2.sampling import Sampling
+from gpt2.settings import DRAFT_TOKENS
 from gpt2.tokenizer import assumed_tokenizer
 from gpt2.weights import iter_tensors, locate, transformers_only_shapes
 
@@ -298,6 +299,8 @@ class GPT2(nn.Module):
         eos_token_id: int | None = None,
         use_cache: bool = True,
         on_overflow: str = "slide",
+        draft: GPT2 | None = None,
+        draft_tokens: int = DRAFT_TOKENS,
     ) -> torch.Tensor:
         """Continue each sequence of idx (B, T) by max_new_tokens tokens: returns (B, T + new).
 
@@ -307,14 +310,26 @@ class GPT2(nn.Module):
         and generation stops early once every row has. Past n_ctx tokens the context slides
         (on_overflow="slide", with a warning) or raises (on_overflow="error"). Call model.eval()
         first, as with any inference: in training mode dropout stays on.
+
+        With a `draft` model (a smaller one of the same tokenizer, on the same device), decoding
+        is speculative: the draft proposes `draft_tokens` tokens, this model verifies them in one
+        pass (`gpt2.decoding.Decoder`). Greedy tokens are the same as without it; sampled ones
+        follow this model's distribution, as without it, though not the same random draws.
         """
         check_idx(idx)
         request = Request.build(idx.tolist(), max_new_tokens, n_vocab=self.config.n_vocab, n_ctx=self.config.n_ctx,
                                 sampling=Sampling(temperature, top_k, top_p), seed=seed, eos_token_id=eos_token_id,
                                 on_overflow=on_overflow)  # fmt: skip
+        if draft is not None:
+            check_draft(self, draft)
+        check_draft_tokens(draft_tokens)
         B, T = idx.shape
         rows = request.rows()
-        run(self.engine(B, T + max_new_tokens, use_cache, hint="fewer rows in idx at once", param="idx"), rows)
+
+        def engine(model: GPT2) -> TorchEngine:
+            return model.engine(B, T + max_new_tokens, use_cache, hint="fewer rows in idx at once", param="idx")
+
+        run(engine(self), rows, None if draft is None else engine(draft), draft_tokens)
         steps = max(len(row.tokens) for row in rows)  # all rows stop once every one has ended
         new = [row.tokens + [eos_token_id] * (steps - len(row.tokens)) for row in rows]  # an ended row: eos from then on
         return torch.cat([idx, torch.tensor(new, dtype=idx.dtype).view(B, steps).to(idx.device)], dim=1)
@@ -351,12 +366,13 @@ class GPT2(nn.Module):
         return self
 
     def engine(self, slots: int, max_len: int, use_cache: bool = True, hint: str = "fewer rows at once",
-               param: str | None = None) -> TorchEngine:  # fmt: skip
+               param: str | None = None, prefix_cache: PrefixCache | None = None) -> TorchEngine:  # fmt: skip
         """An engine to decode up to `slots` rows of up to max_len positions. With CUDA graphs,
         one engine over the whole context is kept and reused (replaced by a larger one when more
         slots are asked for), so each batch-size bucket is captured once, not at every call.
-        A KV cache the device cannot hold is refused first, `hint` saying what to lower (`param`)."""
-        return model_engine(self, slots, max_len, use_cache, hint, param)
+        A KV cache the device cannot hold is refused first, `hint` saying what to lower (`param`).
+        With a `prefix_cache`, prompts' blocks are kept and reused (`gpt2.engines.PrefixCache`)."""
+        return model_engine(self, slots, max_len, use_cache, hint, param, prefix_cache)
 
     @property
     def device(self) -> torch.device:

@@ -1,4 +1,5 @@
-"""Choosing tokens: decoding (greedy, temperature, top-k, top-p) and seeds.
+"""Choosing tokens: decoding (greedy, temperature, top-k, top-p), speculative decoding's
+acceptance rule, and seeds.
 
 The token loop that calls these, one row at a time with its own settings, is `gpt2.decoding`.
 """
@@ -58,15 +59,69 @@ def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float |
     return logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
 
 
+def probabilities(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """The distribution `sample_next` draws from: (B, V) logits -> (B, V) probabilities, after
+    temperature, top-k and top-p. Temperature 0 puts all of it on the most likely token (the
+    lowest id among equal maxima, as torch's argmax picks)."""
+    if sampling.temperature == 0:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.size(-1)).float()
+    return torch.softmax(filter_logits(logits.float() / sampling.temperature, sampling.top_k, sampling.top_p), dim=-1)
+
+
 def sample_next(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None = None) -> torch.Tensor:
     """The next token of each row: (B, V) logits -> (B,) ids."""
     if sampling.temperature == 0:  # the first of equal maxima: the lowest id
         if logits.device.type == "cpu" and logits.dtype == torch.float32:  # NumPy's is vectorised: 5 us to torch's 45 here
             return torch.from_numpy(logits.detach().numpy().argmax(-1))
         return logits.argmax(-1)
-    logits = filter_logits(logits.float() / sampling.temperature, sampling.top_k, sampling.top_p)
-    probs = torch.softmax(logits, dim=-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return torch.multinomial(probabilities(logits, sampling), 1, generator=generator).squeeze(-1)
+
+
+def row_probabilities(logits: torch.Tensor, samplings: Sequence[Sampling]) -> torch.Tensor:
+    """`probabilities` of each row of logits (N, V) under its own settings, samplings[n]: one
+    call for each distinct setting, not one a row."""
+    groups: dict[Sampling, list[int]] = {}
+    for n, sampling in enumerate(samplings):
+        groups.setdefault(sampling, []).append(n)
+    if len(groups) == 1:
+        return probabilities(logits, samplings[0])
+    probs = torch.empty(logits.shape, dtype=torch.float32)
+    for sampling, rows in groups.items():
+        probs[rows] = probabilities(logits[rows], sampling)
+    return probs
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> int:
+    """One token from probabilities (V,); a certain one (greedy, top_k 1) without a random draw."""
+    values = probs.numpy()  # a view: NumPy reads a value for 0.1 us, torch for 5
+    top = int(values.argmax())
+    return top if values[top] >= 1 else int(torch.multinomial(probs, 1, generator=generator))
+
+
+def speculative_accept(p: torch.Tensor, q: torch.Tensor, drafts: Sequence[int],
+                       generator: torch.Generator | None = None) -> tuple[int, int]:  # fmt: skip
+    """Speculative sampling's rule (Leviathan et al. 2023; Chen et al. 2023): which of k draft
+    tokens to keep, and the token after them, so that the tokens follow the target's distribution
+    exactly, whatever the draft's.
+
+    p (k+1, V): the target's distributions at each draft token and after the last; q (k, V): the
+    draft's, from which drafts[i] was drawn. Draft i is kept with probability min(1, p_i/q_i) of
+    its token; at the first refused, the token comes from the residual max(0, p_i - q_i),
+    normalised; if all k are kept, from p_k. Returns (drafts kept, the token after them). Where
+    p and q are one-hot (greedy), this keeps the drafts that are the target's argmax and gives
+    its argmax after them, with no random draw.
+    """
+    p_values, q_values = p.numpy(), q.numpy()  # views, read a value at a time
+    for i, token in enumerate(drafts):
+        target, proposed = p_values[i, token], q_values[i, token]
+        if target >= proposed:  # kept for certain: no draw
+            continue
+        if target > 0 and float(torch.rand((), generator=generator)) * proposed < target:  # u < p/q
+            continue
+        residual = (p[i] - q[i]).clamp_min(0)
+        total = float(residual.sum())
+        return i, draw(residual / total if total > 0 else p[i], generator)  # total 0 only by rounding
+    return len(drafts), draw(p[len(drafts)], generator)
 
 
 # ------------------------------------------------------------------ seeds

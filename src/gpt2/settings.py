@@ -1,6 +1,7 @@
 """The settings a user gives by name, torch-free, so that the command line can offer them
 without starting torch: the precisions of weights and of training (`devices` maps the names
-to torch's dtypes), and `TrainSettings`, everything a training run is started with.
+to torch's dtypes), speculative decoding's default draft tokens, and `TrainSettings`,
+everything a training run is started with.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from gpt2.errors import ConfigError, InvalidArgumentError
 WEIGHT_DTYPES = ("float32", "bfloat16", "float16")
 # For inference, int8 too: weight-only, on the CPU (devices.weight_format).
 INFERENCE_DTYPES = (*WEIGHT_DTYPES, "int8")
+# The tokens a draft model proposes per step, by default, in speculative decoding (decoding.Decoder).
+DRAFT_TOKENS = 4
 # A training run's compute dtype; auto: devices.training_precision picks one for the device.
 TRAINING_DTYPES = ("auto", *WEIGHT_DTYPES)
 # torch.compile of a training step: auto compiles on CUDA only (devices.should_compile).

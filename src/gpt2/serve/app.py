@@ -32,15 +32,17 @@ from gpt2.tokenizer import Tokenizer
 
 
 def create_app(load: Callable[[], tuple[GPT2, Tokenizer]], model_id: str, limits: Limits = Limits(), *,
-               allowed_special: AllowedSpecial = "all", load_in_background: bool = True, ui: bool = True) -> FastAPI:  # fmt: skip
+               allowed_special: AllowedSpecial = "all", load_in_background: bool = True, ui: bool = True,
+               load_draft: Callable[[], tuple[GPT2, Tokenizer]] | None = None) -> FastAPI:  # fmt: skip
     """The server's ASGI app; `load` returns the model and its tokenizer, in a thread of its own
     once the app starts (/health answers 503 until it has), or, with `load_in_background`
     False, when the caller runs `app.state.server.load_model()`: `serve` does, in the main
     thread, for a process that exits while a thread is inside torch aborts (see `serve`).
     `allowed_special` (the tokenizer's meaning) says which special tokens written in a string
     prompt, or in /tokenize's text, are read as such: "all" (as OpenAI's API), or frozenset() for text.
-    `ui` serves the playground at /."""
-    server = Server(load, model_id, limits, allowed_special)
+    `ui` serves the playground at /. `load_draft`, loaded after the model, returns a draft model
+    and its tokenizer: decoding is then speculative (`gpt2.decoding.Decoder`), limits.draft_tokens a step."""
+    server = Server(load, model_id, limits, allowed_special, load_draft)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -16,11 +16,12 @@ from fastapi.responses import JSONResponse
 
 from gpt2._checks import check_token_ids, int_between, is_integer, is_real, positive_int
 from gpt2.config import GPT2Config
-from gpt2.decoding import Request, Row, start_of_text
+from gpt2.decoding import Request, Row, check_draft_tokens, start_of_text
 from gpt2.errors import ContextLengthError, GPT2Error, InvalidArgumentError
 from gpt2.generate import check_stop
-from gpt2.engines import KVCache
+from gpt2.engines import KVCache, check_prefix_cache_mb
 from gpt2.sampling import Sampling
+from gpt2.settings import DRAFT_TOKENS
 from gpt2.tokenizer import Tokenizer
 
 
@@ -29,6 +30,11 @@ class Limits:
     """What one client may ask of a server, so that none can take it down."""
 
     max_batch_size: int = 8  # rows decoded together
+    # tokens computed in one step, the rows decoding included (vLLM's max_num_batched_tokens):
+    # prompts go in within it, a long one over several steps, so that streams keep flowing
+    max_num_batched_tokens: int = 512
+    # prompts' KV blocks kept for later prompts that begin the same way (0: none), least recently used out first
+    prefix_cache_mb: int = 512
     max_queue: int = 64  # rows waiting for a slot; past it, 429
     max_n: int = 16  # choices of one request
     max_body_bytes: int = 1 << 20
@@ -36,10 +42,16 @@ class Limits:
     # tokens of the 124M model (59 of gpt2-xl), an answer of 27 MB made in 2.3 s on 2 CPU cores
     max_inspect_cells: int = 1 << 22
     api_key: str | None = None
+    draft_tokens: int = DRAFT_TOKENS  # tokens a draft model proposes per step, where the server has one
 
     def check(self) -> None:
-        for name in ("max_batch_size", "max_queue", "max_n", "max_body_bytes", "max_inspect_cells"):
+        for name in ("max_batch_size", "max_num_batched_tokens", "max_queue", "max_n", "max_body_bytes", "max_inspect_cells"):
             positive_int(name, getattr(self, name))
+        check_prefix_cache_mb(self.prefix_cache_mb)
+        check_draft_tokens(self.draft_tokens)
+        if self.max_num_batched_tokens < self.max_batch_size:
+            raise InvalidArgumentError(f"max_num_batched_tokens must be at least max_batch_size ({self.max_batch_size}), as each "
+                                       f"step decodes a token of every row; got {self.max_num_batched_tokens}", "max_num_batched_tokens")  # fmt: skip
         if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key.strip()):
             raise InvalidArgumentError("api_key must be non-empty text", "api_key")
 

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from fastapi import Request
 
+from gpt2.engines import check_draft
 from gpt2.model import GPT2
 from gpt2.serve.protocol import AllowedSpecial, Limits, RequestError
 from gpt2.serve.scheduler import Metrics, Scheduler
@@ -26,11 +27,11 @@ class Server:
     """The state behind the routes: the model (loading while the routes answer), its scheduler, metrics."""
 
     def __init__(self, load: Callable[[], tuple[GPT2, Tokenizer]], model_id: str, limits: Limits,
-                 allowed_special: AllowedSpecial = "all"):  # fmt: skip
+                 allowed_special: AllowedSpecial = "all", load_draft: Callable[[], tuple[GPT2, Tokenizer]] | None = None):  # fmt: skip
         limits.check()
         # a directory's id is its path as given, less the trailing slash that tab completion adds
         self.model_id = model_id.rstrip("/" + os.sep) or model_id
-        self.load, self.limits, self.allowed_special = load, limits, allowed_special
+        self.load, self.limits, self.allowed_special, self.load_draft = load, limits, allowed_special, load_draft
         self.metrics = Metrics()
         self.ready = threading.Event()
         self.load_error: Exception | None = None
@@ -47,12 +48,16 @@ class Server:
             self.load_model()
 
     def load_model(self) -> None:
-        """Load the model in this thread; until it has, requests to it get 503 (and after a
-        failure, which is also raised, naming the error)."""
+        """Load the model (and the draft model, if any) in this thread; until it has, requests
+        to it get 503 (and after a failure, which is also raised, naming the error)."""
         try:
             self.model, self.tokenizer = self.load()
             self.tokenizer.encode("", self.allowed_special)  # a bad allowed_special fails now, not every request
-            self.scheduler = Scheduler(self.model, self.limits, self.metrics)
+            draft = None
+            if self.load_draft is not None:
+                draft, draft_tokenizer = self.load_draft()
+                check_draft(self.model, draft, self.tokenizer, draft_tokenizer)
+            self.scheduler = Scheduler(self.model, self.limits, self.metrics, draft)
         except Exception as e:
             self.load_error = e
             raise
