@@ -206,22 +206,6 @@ def ids(generator: torch.Generator, n: int) -> list[int]:
     return torch.randint(0, 50256, (n,), generator=generator).tolist()
 
 
-def together(url: str, prompts: list[list[int]], max_tokens: int) -> list[dict]:
-    results: list[dict | None] = [None] * len(prompts)
-    gate = threading.Barrier(len(prompts))
-
-    def client(i: int) -> None:
-        gate.wait()
-        results[i] = request(url, prompts[i], max_tokens)
-
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(prompts))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return results
-
-
 def p90(values: list[float]) -> float:
     return statistics.quantiles(values, n=10)[-1]
 
@@ -229,7 +213,7 @@ def p90(values: list[float]) -> float:
 def prefill(url: str, length: int, seed: int) -> tuple[list[float], list[str]]:
     """Times to first token (s) of 8 clients at once with prompts of `length` tokens, and their texts."""
     g = torch.Generator().manual_seed(seed)
-    results = together(url, [ids(g, length) for _ in range(8)], 16)
+    results = at_once(url, [ids(g, length) for _ in range(8)], 16)[1]
     return [r["first"] - r["start"] for r in results], [r["text"] for r in results]
 
 

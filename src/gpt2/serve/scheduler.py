@@ -36,7 +36,7 @@ class Metrics:
         # prompt tokens looked up in the prefix cache, and found there (vLLM's prefix_cache_queries, _hits)
         self.prefix_cache_queries = Counter("gpt2_prefix_cache_queries", "prompt tokens looked up in the prefix cache", registry=r)
         self.prefix_cache_hits = Counter("gpt2_prefix_cache_hits", "prompt tokens found in the prefix cache", registry=r)
-        self.prefix_cache_bytes = Gauge("gpt2_prefix_cache_bytes", "memory the prefix cache's blocks hold (at most --prefix-cache-mb)",
+        self.prefix_cache_bytes = Gauge("gpt2_prefix_cache_bytes", "memory the prefix cache's blocks hold (at most the server's prefix_cache_mb)",
                                         registry=r)  # fmt: skip
         # the two above miss the rows whose prompts are going in (and those not yet taken): this
         # one is 0 exactly when the loop holds no row, as it is once idle
