@@ -286,9 +286,18 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def _cmd_prepare(args: argparse.Namespace) -> int:
     from gpt2.data import prepare
 
-    meta = prepare(args.inputs, args.out, args.tokenizer, args.val_fraction, overwrite=args.overwrite, progress=args.progress)
-    print(f"gpt2: {meta['train_tokens']:,} training and {meta['val_tokens']:,} validation tokens ({_validation(meta['split'])}) "
-          f"of a {meta['vocab_size']:,}-token vocabulary ({meta['tokenizer']}) in {args.out}", file=sys.stderr)  # fmt: skip
+    if not args.inputs and args.dataset is None:
+        raise _UsageError("give INPUT files or directories, - for standard input, or --dataset NAME")
+    meta = prepare(args.inputs, args.out, args.tokenizer, args.val_fraction, overwrite=args.overwrite, progress=args.progress,
+                   text_field=args.text_field, dataset=args.dataset, dataset_config=args.dataset_config,
+                   dataset_split=args.dataset_split, shard_tokens=args.shard_tokens)  # fmt: skip
+    if "shards" in meta:
+        shards = meta["shards"]
+        said = (f"{meta['train_tokens']:,} training tokens in {len(shards['train'])} shard{'s' * (len(shards['train']) != 1)} and "
+                f"{meta['val_tokens']:,} validation tokens in {shards['val'][0]} ({shards['documents']:,} documents)")  # fmt: skip
+    else:
+        said = f"{meta['train_tokens']:,} training and {meta['val_tokens']:,} validation tokens ({_validation(meta['split'])})"
+    print(f"gpt2: {said} of a {meta['vocab_size']:,}-token vocabulary ({meta['tokenizer']}) in {args.out}", file=sys.stderr)
     return 0
 
 
@@ -453,10 +462,15 @@ examples:
   gpt2 prepare books/ notes.txt --out data/mytext                     # GPT-2's tokenizer
   gpt2 prepare corpus/ --out data/corpus-bpe --tokenizer bpe:8192 --val-fraction 0.05
   cat *.txt | gpt2 prepare - --out data/stdin
+  gpt2 prepare pages.jsonl --out data/pages --text-field body --shard-tokens 100000000
+  gpt2 prepare --dataset HuggingFaceFW/fineweb --dataset-config sample-10BT --out data/fineweb10B \
+      --shard-tokens 100000000
 
-Each file is one document; with gpt2 and bpe:N each ends with <|endoftext|>. One document
-splits at 1 - F of its tokens (as nanoGPT's shakespeare_char); several split by whole documents,
-drawn with a fixed seed, the last of them cut so that validation holds F of the tokens.
+Each text file is one document, and each record of a .jsonl or .parquet file or a dataset; with
+gpt2 and bpe:N each ends with <|endoftext|> (in shards each starts with it, as llm.c's). One file
+splits at 1 - F of its tokens (as nanoGPT's shakespeare_char); several split by whole files,
+drawn with a fixed seed, the last of them cut so that validation holds F of the tokens. With
+--shard-tokens the first shard validates, as llm.c's fineweb.py.
 """
 
 
@@ -601,7 +615,8 @@ def _add_eval_parser(commands) -> None:
     )
     ev.add_argument("file", nargs="?", metavar="FILE", help="a UTF-8 text file, tokenized as one stream with the model's tokenizer")
     ev.add_argument("--model", default="gpt2", help="a released name or a model directory (default: gpt2)")
-    ev.add_argument("--data", metavar="PATH", help="without --task: a directory gpt2 prepare wrote (its val.bin); "
+    ev.add_argument("--data", metavar="PATH", help="without --task: a directory gpt2 prepare wrote (its val.bin or val shards), "
+                    "or llm.c's token files; "
                     "with --task: the task's own file instead of the download")  # fmt: skip
     ev.add_argument("--task", choices=TASKS, help="a benchmark instead of a text")
     ev.add_argument("--context", type=_whole_number, metavar="N", help="ids in a window (default: the model's context)")
@@ -780,11 +795,22 @@ def _add_prepare_parser(commands) -> None:
         epilog=PREPARE_EXAMPLES,
         formatter_class=_HelpFormatter,
     )
-    prepare.add_argument("inputs", nargs="+", metavar="INPUT", help="text files, directories (every file beneath), or - for standard input")
+    prepare.add_argument("inputs", nargs="*", metavar="INPUT",
+                         help="text files, .jsonl and .parquet files (a document a record), directories (every file beneath), "
+                              "or - for standard input")  # fmt: skip
     prepare.add_argument("--out", required=True, metavar="DIR", help="where to write the prepared data")
     prepare.add_argument("--tokenizer", default="gpt2", metavar="SPEC",
                          help="gpt2 (OpenAI's), char (the corpus's characters) or bpe:N (trained on the corpus) (default: gpt2)")  # fmt: skip
     prepare.add_argument("--val-fraction", type=float, default=0.1, metavar="F", help="share of the tokens kept for validation (default: 0.1)")
+    prepare.add_argument("--text-field", default="text", metavar="NAME",
+                         help="the field of a .jsonl or .parquet record, or of a dataset's example, that holds its text (default: text)")  # fmt: skip
+    prepare.add_argument("--dataset", metavar="NAME", help="a Hugging Face dataset (a name on the hub, or a local directory of "
+                         "data files), streamed: nothing is downloaded whole")  # fmt: skip
+    prepare.add_argument("--dataset-config", metavar="C", help="the dataset's configuration (e.g. sample-10BT for HuggingFaceFW/fineweb)")
+    prepare.add_argument("--split", dest="dataset_split", default="train", metavar="S", help="the dataset's split (default: train)")
+    prepare.add_argument("--shard-tokens", type=_whole_number, metavar="N",
+                         help="write llm.c's shards of N tokens (DIRNAME_val_000000.bin, DIRNAME_train_000001.bin, ...; the "
+                              "first validates) instead of train.bin and val.bin")  # fmt: skip
     prepare.add_argument("--overwrite", action="store_true", help="replace data already in DIR")
     _add_no_progress_flag(prepare)
     prepare.set_defaults(func=_cmd_prepare)

@@ -32,6 +32,7 @@ from tqdm.auto import tqdm
 
 from gpt2._checks import check_batch_size, check_token_ids, int_between
 from gpt2._files import read_text
+from gpt2.corpora import Shards
 from gpt2.data import open_data
 from gpt2.engines import PrefixCache, TorchEngine, check_prefix_cache_mb
 from gpt2.errors import DataError, InvalidArgumentError
@@ -156,7 +157,7 @@ def check_window(model: GPT2, context: int | None, stride: int | None) -> tuple[
     return context, stride
 
 
-def perplexity(model: GPT2, ids: Sequence[int] | np.ndarray, *, context: int | None = None, stride: int | None = None,
+def perplexity(model: GPT2, ids: Sequence[int] | np.ndarray | Shards, *, context: int | None = None, stride: int | None = None,
                batch_size: int = DEFAULT_BATCH_SIZE, tokenizer: Tokenizer | CharTokenizer | None = None,
                progress: bool = False) -> Perplexity:  # fmt: skip
     """The loss of the model on `ids`, one stream, with sliding windows of `context` ids moved
@@ -164,7 +165,7 @@ def perplexity(model: GPT2, ids: Sequence[int] | np.ndarray, *, context: int | N
     `tokenizer` (the ids' own) gives bits per byte."""
     context, stride = check_window(model, context, stride)
     batch_size = check_batch_size(batch_size)
-    ids = np.asarray(ids)
+    ids = ids if isinstance(ids, Shards) else np.asarray(ids)  # shards are read a window at a time, never copied whole
     if ids.ndim != 1 or len(ids) < 2:
         raise InvalidArgumentError(f"perplexity needs a stream of at least 2 ids (one to predict from, one to score), "
                                    f"got {len(ids) if ids.ndim == 1 else list(ids.shape)}")  # fmt: skip
@@ -255,7 +256,7 @@ def agreement(reference: GPT2, model: GPT2, ids: Sequence[int] | np.ndarray, con
 
 
 def evaluate_data(model: GPT2, directory: str | os.PathLike, split: str = "val", **options: Any) -> Perplexity:
-    """Perplexity of a prepared directory's split (val.bin by default), its ids one stream."""
+    """Perplexity of a prepared directory's split (val.bin, or the val shards, by default), its ids one stream."""
     if split not in ("train", "val"):
         raise InvalidArgumentError(f"split must be 'train' or 'val', got {split!r}")
     data = open_data(directory)
