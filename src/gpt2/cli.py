@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from gpt2 import __version__
 from gpt2.config import ACTIVATIONS, POSITIONS, PRESETS
 from gpt2.errors import DistributedError, GPT2Error
-from gpt2.settings import COMPILE_MODES, DRAFT_TOKENS, INFERENCE_DTYPES, TRAINING_DTYPES, TrainSettings
+from gpt2.settings import COMPILE_MODES, DRAFT_TOKENS, INFERENCE_DTYPES, TRAINING_DTYPES, TrainSettings, read_recipe
 
 EXIT_USAGE = 2
 DEFAULT_TOP_K = 200  # clamped to the model's vocabulary: a character model has fewer tokens
@@ -316,16 +316,20 @@ def _validation(split: dict) -> str:
 def _cmd_train(args: argparse.Namespace) -> int:
     from gpt2.train import train
 
-    options = {k: v for k, v in vars(args).items() if k not in ("command", "func", "out", "resume", "overwrite", "progress", "threads")}
-    result = train(args.out, resume=args.resume, overwrite=args.overwrite, progress=args.progress, **options)
+    given = {k: v for k, v in vars(args).items() if k not in ("command", "func", "recipe", "resume", "overwrite", "progress", "threads")}
+    options = {**(read_recipe(args.recipe) if "recipe" in args else {}), **given}  # the flags given override the recipe
+    if "out" not in options:
+        raise _UsageError("the following arguments are required: --out (or out in the recipe)")
+    out = options.pop("out")
+    result = train(out, resume=args.resume, overwrite=args.overwrite, progress=args.progress, **options)
     if result.rank != 0:  # under torchrun, rank 0 reports
         return 130 if result.interrupted else 0
     if result.interrupted:
         print(f"gpt2: interrupted at iteration {result.iteration}; checkpoint saved. Continue with: "
-              f"gpt2 train --out {args.out} --resume", file=sys.stderr)  # fmt: skip
+              f"gpt2 train --out {out} --resume", file=sys.stderr)  # fmt: skip
         return 130
-    print(f"gpt2: {result.iteration} iterations; best validation loss {result.best_val_loss:.4f}, its model in {args.out} "
-          f"(gpt2 generate --model {args.out})", file=sys.stderr)  # fmt: skip
+    print(f"gpt2: {result.iteration} iterations; best validation loss {result.best_val_loss:.4f}, its model in {out} "
+          f"(gpt2 generate --model {out})", file=sys.stderr)  # fmt: skip
     return 0
 
 
@@ -640,7 +644,10 @@ def _add_train_parser(commands) -> None:
         argument_default=argparse.SUPPRESS,  # only the flags given reach train(): a resume tells them apart
     )
     d = TrainSettings  # the defaults, shown in the help
-    train.add_argument("--out", required=True, help="the run's directory: the best model, log, plot and checkpoint")
+    train.add_argument("--recipe", metavar="FILE|NAME",
+                       help="settings from a TOML file whose keys are the flags' names (max_iters = 2000), or one of "
+                            "gpt2's recipes by name (shakespeare_char, ...); flags given override it")  # fmt: skip
+    train.add_argument("--out", help="the run's directory: the best model, log, plot and checkpoint (required, here or in the recipe)")
     train.add_argument("--data", help="a directory gpt2 prepare wrote (or nanoGPT's train.bin/val.bin, or llm.c's .bin files)")
     train.add_argument("--resume", action="store_true", default=False, help="continue the run in OUT, with its settings")
     train.add_argument("--overwrite", action="store_true", default=False, help="start a new run in an OUT that holds one")
@@ -674,6 +681,10 @@ def _add_train_parser(commands) -> None:
     _add_threads_flag(run)
     run.add_argument("--sample-prompt", metavar="TEXT", help="print a continuation of TEXT at each evaluation")
     _add_no_progress_flag(run)
+    logs = train.add_argument_group("logging (each record of OUT/log.jsonl, also to)")
+    logs.add_argument("--wandb", metavar="PROJECT", help="Weights & Biases, in this project (WANDB_MODE=offline: offline); pip install 'gpt2[wandb]'")
+    logs.add_argument("--wandb-run-name", metavar="NAME", help="the run's name in W&B (default: one W&B makes up)")
+    logs.add_argument("--tensorboard", metavar="DIR", help="TensorBoard's event files, in DIR; pip install 'gpt2[tensorboard]'")
     procs = train.add_argument_group("several processes (start with torchrun --nproc_per_node N -m gpt2 train ...)")
     procs.add_argument("--fsdp", action="store_true", help="shard weights, gradients and optimizer state over the processes (FSDP2)")
     procs.add_argument("--timeout", type=float, metavar="SECONDS",

@@ -7,14 +7,23 @@ everything a training run is started with.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import os
+import sys
+import typing
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: tomllib's original, the tomli package
+    import tomli as tomllib
 
 from gpt2._checks import boolean, int_between, positive_int, positive_real, real_between
 from gpt2.config import ACTIVATIONS, POSITIONS, PRESETS, GPT2Config
-from gpt2.errors import ConfigError, InvalidArgumentError
+from gpt2.errors import ConfigError, InvalidArgumentError, RecipeError, RecipeNotFoundError
 
 # The dtypes a model's weights may be stored in (the names of torch's dtypes).
 WEIGHT_DTYPES = ("float32", "bfloat16", "float16")
@@ -74,6 +83,9 @@ class TrainSettings:
     checkpoint_activations: bool = False
     fsdp: bool = False  # shard weights, gradients and optimizer state over the processes (FSDP2)
     timeout: float = DIST_TIMEOUT
+    wandb: str | None = None  # a Weights & Biases project to log to
+    wandb_run_name: str | None = None  # the run's name there (default: one W&B makes up)
+    tensorboard: str | None = None  # a directory to write TensorBoard's event files to
 
     def __post_init__(self) -> None:
         self.data = os.fspath(self.data) if isinstance(self.data, os.PathLike) else self.data
@@ -99,7 +111,19 @@ class TrainSettings:
         boolean("checkpoint_activations", self.checkpoint_activations)
         boolean("fsdp", self.fsdp)
         if self.sample_prompt is not None and not isinstance(self.sample_prompt, str):
-            raise InvalidArgumentError(f"sample_prompt must be text, got {self.sample_prompt!r}")
+            raise InvalidArgumentError(f"sample_prompt must be text, got {self.sample_prompt!r}", "sample_prompt")
+        self._check_loggers()
+
+    def _check_loggers(self) -> None:
+        if isinstance(self.tensorboard, os.PathLike):
+            self.tensorboard = os.fspath(self.tensorboard)
+        for name in ("wandb", "wandb_run_name", "tensorboard"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, str) and value.strip()):
+                raise InvalidArgumentError(f"{name} must be a name (a directory for tensorboard), got {value!r}", name)
+        if self.wandb_run_name is not None and self.wandb is None:
+            raise InvalidArgumentError("wandb_run_name names a run of the Weights & Biases project given as wandb: give wandb too",
+                                       "wandb_run_name", ("wandb",))  # fmt: skip
 
     def _check_model(self) -> None:
         shape = {k: getattr(self, k) for k in ("n_layer", "n_head", "n_embd") if getattr(self, k) is not None}
@@ -140,7 +164,7 @@ class TrainSettings:
 
 # Settings a resumed run may change: they leave the losses of the iterations alone.
 RESUME_OVERRIDES = ("max_iters", "eval_interval", "eval_iters", "log_interval", "device", "compile", "sample_prompt",
-                    "checkpoint_activations", "fsdp", "timeout")  # fmt: skip
+                    "checkpoint_activations", "fsdp", "timeout", "wandb", "wandb_run_name", "tensorboard")  # fmt: skip
 
 
 def resumed_settings(stored: dict[str, Any], changes: dict[str, Any]) -> TrainSettings:
@@ -163,3 +187,76 @@ def resumed_settings(stored: dict[str, Any], changes: dict[str, Any]) -> TrainSe
 def _choice(name: str, value: object, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise InvalidArgumentError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+
+
+# ------------------------------------------------------------------ recipes: a run's settings in a TOML file
+
+RECIPES = Path(__file__).parent / "recipes"  # the recipes shipped with gpt2, by name: shakespeare_char.toml, ...
+RECIPE_EXTRAS = {"out": str}  # a recipe's keys beside TrainSettings' fields (the run's directory)
+
+
+def recipe_names() -> list[str]:
+    """The names of the recipes shipped with gpt2 (`read_recipe` takes a name or a file)."""
+    return sorted(path.stem for path in RECIPES.glob("*.toml"))
+
+
+def recipe_keys() -> dict[str, type]:
+    """What a recipe may set, and the type of each: TrainSettings' fields (int, float, bool or str)
+    and RECIPE_EXTRAS. Read from the dataclass: a setting added to TrainSettings is a key at once."""
+    hints = typing.get_type_hints(TrainSettings)
+    keys = {}
+    for field in dataclasses.fields(TrainSettings):
+        kinds = [kind for kind in typing.get_args(hints[field.name]) or (hints[field.name],) if kind is not type(None)]
+        keys[field.name] = kinds[0]
+    return {**keys, **RECIPE_EXTRAS}
+
+
+def read_recipe(recipe: str | os.PathLike) -> dict[str, Any]:
+    """The settings a recipe file holds, as keyword arguments of `gpt2.train.train` (`out` too, if
+    it has one). `recipe`: a TOML file, or the name of a recipe shipped with gpt2 (recipe_names()).
+    Keys are the settings' names, with - or _ (`max_iters = 2000`, `max-iters = 2000`); an unknown
+    key or a value of the wrong type is a RecipeError naming it."""
+    path = Path(recipe)
+    if not path.is_file() and str(recipe) in recipe_names():
+        path = RECIPES / f"{recipe}.toml"
+    try:
+        with open(path, "rb") as f:
+            table = tomllib.load(f)
+    except FileNotFoundError:
+        shipped = ", ".join(recipe_names())
+        raise RecipeNotFoundError(f"no recipe {str(recipe)!r}: give a TOML file, or one of gpt2's recipes: {shipped}", "recipe") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise RecipeError(f"cannot read the recipe {path}: {e}", "recipe") from None
+    except tomllib.TOMLDecodeError as e:
+        raise RecipeError(f"the recipe {path} is not valid TOML: {e}", "recipe") from None
+    return _recipe_settings(table, path)
+
+
+def _recipe_settings(table: dict[str, Any], path: Path) -> dict[str, Any]:
+    """The recipe's keys as settings' names, each value checked against its setting's type."""
+    keys, settings = recipe_keys(), {}
+    for key, value in table.items():
+        name = key.replace("-", "_")
+        if name not in keys:
+            close = difflib.get_close_matches(name, keys, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise RecipeError(f"the recipe {path} has an unknown key {key!r}{hint}; the keys are the settings' names: "
+                              f"{', '.join(sorted(keys))}", "recipe")  # fmt: skip
+        if name in settings:
+            raise RecipeError(f"the recipe {path} sets {name} twice", name)
+        settings[name] = _recipe_value(name, value, keys[name], path)
+    return settings
+
+
+_TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+def _recipe_value(name: str, value: Any, kind: type, path: Path) -> Any:
+    """The value, if TOML gave it the type of its setting: a float setting takes an integer too (lr = 1)."""
+    fits = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not fits:
+        raise RecipeError(f"the recipe {path} sets {name} to {value!r}, a {type(value).__name__}: {name} must be "
+                          f"{_TYPE_NAMES.get(kind, kind.__name__)}", name)  # fmt: skip
+    return value

@@ -69,6 +69,7 @@ from gpt2.devices import (
 from gpt2.errors import ContextLengthError, GPT2Warning, InvalidArgumentError
 from gpt2.evaluate import loss_sum
 from gpt2.generate import generate_text
+from gpt2.loggers import WANDB_ID, Loggers, check_loggers, open_loggers, read_log
 from gpt2.model import GPT2
 from gpt2.settings import TrainSettings, resumed_settings
 from gpt2.stopping import StopRequested, StopSignals
@@ -266,6 +267,7 @@ class Trainer:
         if s.fsdp and not distributed.launched():
             raise InvalidArgumentError("fsdp shards the model over the processes of a distributed launch: "
                                        "start the run under torchrun, one process a GPU", "fsdp")  # fmt: skip
+        self.logger: Loggers | None = None  # rank 0's, from the loop's start: log.jsonl, W&B, TensorBoard
         self.data = open_data(s.data)
         self.procs = distributed.start(s.device, s.timeout)  # this process's rank of world; its device
         try:
@@ -318,6 +320,9 @@ class Trainer:
         """Leave the process group, once nothing holds it: DDP's wrapper, and under FSDP the
         model and the optimizer (their tensors are shards that name the group)."""
         self.forward = self.model = self.optimizer = None
+        if self.logger is not None:
+            self.logger.close()
+            self.logger = None
         self.procs.close()
 
     def run(self) -> TrainResult:
@@ -362,9 +367,12 @@ class Trainer:
 
     def _begin(self) -> None:
         """On rank 0, before the loop: OUT still writable, its log cut back to the checkpoint's
-        iteration, and a word on the warm-up and on where a resumed run resumes."""
+        iteration, the loggers opened with the settings from here on, and a word on the warm-up and
+        on where a resumed run resumes."""
         writable_directory(self.out)
         _trim_log(self.out / LOG, self.iteration, self.evaluated)
+        self.logger = open_loggers(self.s, self.out / LOG, self.iteration, self.resumed)
+        self.logger.log({"iter": self.iteration, "settings": self.s.to_dict()})
         warn_about_warmup(self.s)
         if self.resumed:
             best = "no evaluation yet" if math.isinf(self.best_val_loss) else f"best val loss {self.best_val_loss:.4f}"
@@ -426,7 +434,7 @@ class Trainer:
         if self.peak_flops:
             record["mfu"] = self.flops_per_iter / seconds / self.peak_flops
             postfix["mfu"] = f"{record['mfu']:.1%}"
-        _append_log(self.out / LOG, record)
+        self.logger.log(record)
         return ", ".join(f"{k}={v}" for k, v in postfix.items())  # as tqdm's set_postfix writes them
 
     # -------------------------------------------------------------- the evaluation
@@ -478,7 +486,7 @@ class Trainer:
             self.save_checkpoint(weights)  # under FSDP its part of gathering the optimizer's state
             return
         self.last_eval = record
-        _append_log(self.out / LOG, record)
+        self.logger.log(record)
         self.bar.write(f"iter {it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
                        + (" (best so far: saved)" if improved else ""))  # fmt: skip
         if "sample" in record:
@@ -531,27 +539,11 @@ class Trainer:
 # ------------------------------------------------------------------ log and plot
 
 
-def _append_log(path: Path, record: dict[str, Any]) -> None:
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(record) + "\n")
-
-
-def read_log(path: Path) -> list[dict[str, Any]]:
-    """The records of a run's log.jsonl (a line cut short by a crash is skipped)."""
-    if not path.is_file():
-        return []
-    records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return records
-
-
 def _trim_log(path: Path, iteration: int, evaluated: int) -> None:
     """Keep the records of the iterations done before `iteration` (and its evaluation, if done):
     a run that resumes from a checkpoint logs the later ones again."""
+    if not path.is_file():  # a new run: its first record makes the file
+        return
     kept = [r for r in read_log(path) if r["iter"] < iteration or ("val_loss" in r and r["iter"] <= evaluated)]
     atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
 
@@ -622,7 +614,7 @@ def make_out(out: Path, overwrite: bool) -> bool:
     made = not out.exists()
     writable_directory(out)
     if overwrite:
-        for name in (CHECKPOINT, LOG, PLOT):
+        for name in (CHECKPOINT, LOG, PLOT, WANDB_ID):
             (out / name).unlink(missing_ok=True)
     return made
 
@@ -651,6 +643,7 @@ def train(out: str | os.PathLike, *, resume: bool = False, overwrite: bool = Fal
         if settings.get("data") is None:
             raise InvalidArgumentError("no data: give data, the directory gpt2 prepare wrote", "data")
         s = TrainSettings(**settings)
+    check_loggers(s)
     made = make_out(out, overwrite)
     try:
         trainer = Trainer(s, out, progress=progress, state=state)
