@@ -103,8 +103,9 @@ def scored_one(gpt2_data, tmp_path_factory) -> tuple[Path, list[str]]:
     root = tmp_path_factory.mktemp("scored")
     path = write_hellaswag(root / "hellaswag_val.jsonl", corpus_hellaswag(24))
     settings = dict(data=gpt2_data, eval_task_data=path, **SCORED)
+    data = open_data(gpt2_data)
     limit = next(n for n in range(24, 1, -1)
-                 if len(TaskEvaluation(TrainSettings(**settings, eval_task_limit=n), open_data(gpt2_data), False).batches(32, 4 * 32)) % 2)
+                 if len(TaskEvaluation(TrainSettings(**settings, eval_task_limit=n), data, False).batches(32, 4 * 32)) % 2)
     train(root / "out", max_iters=4, eval_task_limit=limit, progress=False, **settings)
     return root / "out", flags(eval_task_data=path, eval_task_limit=limit, **SCORED)
 

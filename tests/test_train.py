@@ -762,7 +762,7 @@ def test_a_bad_eval_task_is_refused_before_anything_is_made(gpt2_data, char_data
         err, flag = capsys.readouterr().err, "--" + param.replace("_", "-")
         assert err.count("\n") == 1 and err.endswith("\n") and "Traceback" not in err, err
         if changes.get("eval_task") == "mmlu":  # argparse's choices
-            assert err.startswith("gpt2: error: argument --eval-task: invalid choice: 'mmlu' (choose from 'hellaswag')")
+            assert re.fullmatch(r"gpt2: error: argument --eval-task: invalid choice: 'mmlu' \(choose from '?hellaswag'?\).*\n", err)
         else:  # the library's message, with the setting's flag
             assert f"({flag})" in err and err.replace(f" ({flag})", "").startswith(f"gpt2: error: {message}"), err
         assert not (tmp_path / "out").exists()

@@ -662,7 +662,8 @@ def _add_train_parser(commands) -> None:
     run.add_argument("--eval-task", choices=EVAL_TASKS,
                      help="a benchmark scored at each evaluation too (GPT-2's BPE tokens): logged, printed and plotted")  # fmt: skip
     run.add_argument("--eval-task-limit", type=_whole_number, metavar="N", help="only its first N examples (default: all)")
-    run.add_argument("--eval-task-data", metavar="PATH", help="its file, as gpt2 eval --data takes it (default: the download, cached)")
+    run.add_argument("--eval-task-data", metavar="PATH",
+                     help="its file, as gpt2 eval --data takes it (default: the download, cached)")  # fmt: skip
     _add_no_progress_flag(run)
     procs = train.add_argument_group("several processes (start with torchrun --nproc_per_node N -m gpt2 train ...)")
     procs.add_argument("--fsdp", action="store_true", help="shard weights, gradients and optimizer state over the processes (FSDP2)")

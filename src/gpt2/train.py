@@ -563,10 +563,12 @@ class Trainer:
             return
         self.last_eval = record
         _append_log(self.out / LOG, record)
-        score = "" if self.task is None else f"{self.task.name} {scores[f'{self.task.name}_acc_norm']:.4f}"
-        self.bar.set_score(score.replace(" ", "="))
-        self.bar.write(f"iter {it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}" + (f", {score}" if score else "")
-                       + (" (best so far: saved)" if improved else ""))  # fmt: skip
+        line = f"iter {it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
+        if self.task is not None:  # acc_norm, the accuracy llm.c and build-nanogpt print
+            score = scores[f"{self.task.name}_acc_norm"]
+            line += f", {self.task.name} {score:.4f}"
+            self.bar.set_score(f"{self.task.name}={score:.4f}")
+        self.bar.write(line + (" (best so far: saved)" if improved else ""))
         if "sample" in record:
             self.bar.write(f"sample: {self.s.sample_prompt}{record['sample']}")
         self.save_checkpoint(weights)
@@ -694,8 +696,9 @@ def plot_losses(log: Path, png: Path, note=print) -> Any:
 def _plot_hellaswag(ax: Any, scored: list[dict[str, Any]], how_often: str) -> None:
     """HellaSwag's acc_norm (and acc, faint) at each evaluation, with OpenAI's 124M for scale."""
     iters = [r["iter"] for r in scored]
-    ax.plot(iters, [r["hellaswag_acc_norm"] for r in scored], "o-", color="tab:green", label=f"acc_norm at each evaluation {how_often}")
-    ax.plot(iters, [r["hellaswag_acc"] for r in scored], "o-", color="tab:green", alpha=0.3, label="acc (without the norm)")
+    ax.plot(iters, [r["hellaswag_acc_norm"] for r in scored], "o-", color="tab:green",
+            label=f"acc_norm at each evaluation {how_often}")  # fmt: skip
+    ax.plot(iters, [r["hellaswag_acc"] for r in scored], "o-", color="tab:green", alpha=0.3, label="acc (least total loss, not per token)")
     ax.axhline(HELLASWAG_GPT2, color="tab:red", ls="--", lw=1, label=f"OpenAI's GPT-2 124M: {HELLASWAG_GPT2} (all 10,042 examples)")
     ax.set_xlabel("iteration")
     ax.set_ylabel("HellaSwag accuracy")
