@@ -34,10 +34,20 @@ from gpt2.settings import RESUME_OVERRIDES, TrainSettings, read_recipe, recipe_k
     (dict(fsdp="yes"), "fsdp must be True or False, got 'yes'"),
     (dict(checkpoint_activations=1), "checkpoint_activations must be True or False, got 1"),
     (dict(init="gpt2", n_layer=3), "init: the architecture comes from the model being fine-tuned; drop n_layer"),
+    (dict(eval_task="mmlu"), "eval_task must be one of hellaswag, got 'mmlu'"),
+    (dict(eval_task="hellaswag", eval_task_limit=0), "eval_task_limit must be a positive integer, got 0"),
+    (dict(eval_task="hellaswag", eval_task_limit=2.5), "eval_task_limit must be a positive integer, got 2.5"),
+    (dict(eval_task="hellaswag", eval_task_limit=True), "eval_task_limit must be a positive integer, got True"),
+    (dict(eval_task="hellaswag", eval_task_data=3), "eval_task_data must be a path, got 3"),
+    (dict(eval_task_limit=100), r"eval_task_limit is a setting of eval_task, which is not set: give eval_task too \(or drop "
+                                r"eval_task_limit\)"),
+    (dict(eval_task_limit=100, eval_task_data="h.jsonl"), r"\(or drop eval_task_limit and eval_task_data\)"),
 ])  # fmt: skip
 def test_bad_settings_are_named(changes, message):
-    with pytest.raises(InvalidArgumentError, match=message):
+    with pytest.raises(InvalidArgumentError, match=message) as e:
         TrainSettings(data="unused", **changes)
+    if "eval_task" in str(e.value):
+        assert e.value.param == str(e.value).split()[0]  # the setting the message starts with
 
 
 def test_the_architecture_of_a_run_from_scratch():
@@ -62,6 +72,18 @@ def test_a_resume_changes_only_what_leaves_the_losses_alone():
     with pytest.raises(InvalidArgumentError, match="unknown setting 'learning_rate'"):
         resumed_settings(stored, {"learning_rate": 1e-2})
     assert set(RESUME_OVERRIDES) <= set(stored) | {"timeout"}
+
+
+def test_a_resume_may_start_stop_or_change_the_eval_task():
+    """A benchmark scored at each evaluation leaves the losses alone: a resume may change it."""
+    stored = TrainSettings(data="d", eval_task="hellaswag", eval_task_limit=100).to_dict()
+    assert (resumed_settings(stored, {}).eval_task, resumed_settings(stored, {}).eval_task_limit) == ("hellaswag", 100)
+    resumed = resumed_settings(stored, {"eval_task_limit": 500, "eval_task_data": "h.jsonl"})
+    assert (resumed.eval_task, resumed.eval_task_limit, resumed.eval_task_data) == ("hellaswag", 500, "h.jsonl")
+    assert resumed_settings(stored, {"eval_task": None, "eval_task_limit": None}).eval_task is None
+    fresh = TrainSettings(data="d").to_dict()
+    del fresh["eval_task"], fresh["eval_task_limit"], fresh["eval_task_data"]  # a run started before they existed
+    assert resumed_settings(fresh, {"eval_task": "hellaswag"}).eval_task == "hellaswag"
 
 
 def test_the_settings_import_without_torch():

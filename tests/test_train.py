@@ -20,13 +20,15 @@ import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
 import gpt2.train
-from helpers import REPO, Watched, heed_ctrl_c, make_hf_model
-from gpt2 import ContextLengthError, GPT2Error, InvalidArgumentError, UnwritablePathError
-from gpt2.data import get_batch, prepare
+from helpers import REPO, Watched, corpus_hellaswag, heed_ctrl_c, make_hf_model, write_hellaswag
+from gpt2 import ContextLengthError, DataError, GPT2Error, InvalidArgumentError, UnwritablePathError
+from gpt2.data import get_batch, open_data, prepare
+from gpt2.evaluate import hellaswag
 from gpt2.model import GPT2
 from gpt2.config import GPT2Config
 from gpt2.settings import TrainSettings
-from gpt2.train import EVAL_STREAM, Trainer, WarmupWarning, learning_rate, make_optimizer, plot_losses, read_log, train
+from gpt2.tasks import read_hellaswag
+from gpt2.train import EVAL_STREAM, TaskEvaluation, Trainer, WarmupWarning, learning_rate, make_optimizer, plot_losses, read_log, train
 
 # Runs of a few iterations are shorter than TINY's warm-up on purpose: its warning is tested once, below.
 pytestmark = pytest.mark.filterwarnings("ignore::gpt2.train.WarmupWarning")
@@ -436,6 +438,84 @@ def test_the_plot_legend_says_what_its_points_are(char_data, tmp_path):
     assert (tmp_path / "loss.png").read_bytes()[:4] == b"\x89PNG"
 
 
+# ------------------------------------------------------------------ a benchmark at each evaluation
+
+
+# HellaSwag at each evaluation: a GPT-2-vocabulary model, windows long enough for most examples' pairs
+SCORED = dict(TINY, block_size=32, grad_accum=1, eval_interval=2, eval_iters=1, warmup_iters=0, eval_task="hellaswag")
+
+
+@pytest.fixture
+def hellaswag_file(tmp_path) -> Path:
+    return write_hellaswag(tmp_path / "hellaswag_val.jsonl", corpus_hellaswag(24))
+
+
+def test_hellaswag_at_each_evaluation_is_gpt2_evals_score_of_the_model_saved_there(gpt2_data, hellaswag_file, tmp_path,
+                                                                                   monkeypatch, capsys):  # fmt: skip
+    """The log's acc and acc_norm at an evaluation are `gpt2.evaluate.hellaswag`'s (the prefix-cached
+    scoring of `gpt2 eval`) for the model saved there, over the first eval_task_limit examples;
+    the line printed and the progress bar show acc_norm, a resume keeps scoring, and loss.png
+    draws the accuracies beside the loss."""
+    import functools
+
+    import tqdm.auto
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", functools.partial(tqdm.auto.tqdm, mininterval=0))  # every frame drawn
+    out, examples = tmp_path / "out", read_hellaswag(hellaswag_file, limit=12)
+    scores = []
+    for max_iters in (2, 4):  # iteration 2's model is saved, then the resume saves iteration 4's
+        settings = dict(data=gpt2_data, eval_task_data=hellaswag_file, eval_task_limit=12, **SCORED) if max_iters == 2 else {}
+        train(out, resume=max_iters > 2, max_iters=max_iters, progress=True, **settings)
+        record = [r for r in read_log(out / "log.jsonl") if "val_loss" in r][-1]
+        assert record["iter"] == max_iters and record["best"]  # the model in OUT is this evaluation's
+        expected = hellaswag(GPT2.from_pretrained(out, device="cpu"), examples)
+        assert (record["hellaswag_acc"], record["hellaswag_acc_norm"]) == (expected["acc"], expected["acc_norm"])
+        scores += [expected["acc"], expected["acc_norm"]]
+        output = capsys.readouterr()
+        frames = [f.strip() for f in output.err.replace("\n", "\r").split("\r") if f.strip()]
+        assert any(f.startswith("evaluating hellaswag 1/") for f in frames)
+        assert f"hellaswag={record['hellaswag_acc_norm']:.4f}" in frames[-1]  # beside the steps' numbers, to the end
+        assert re.search(rf"iter {max_iters}: train loss [\d.]+, val loss [\d.]+, hellaswag {record['hellaswag_acc_norm']:.4f} "
+                         rf"\(best so far: saved\)\n", output.out)  # fmt: skip
+    assert all(0 < score < 1 for score in scores)  # scores that a wrong choice of ending would change
+    evals = [r for r in read_log(out / "log.jsonl") if "val_loss" in r]
+    assert [r["iter"] for r in evals] == [0, 2, 4] and all("hellaswag_acc_norm" in r for r in evals)
+    assert (out / "loss.png").read_bytes()[:4] == b"\x89PNG"
+    figure = plot_losses(out / "log.jsonl", tmp_path / "loss.png")
+    assert len(figure.axes) == 2  # the loss, and beside it HellaSwag
+    acc_norm, acc, gpt2_124m = figure.axes[1].get_lines()
+    assert list(acc_norm.get_xdata()) == [0, 2, 4] and list(acc_norm.get_ydata()) == [r["hellaswag_acc_norm"] for r in evals]
+    assert list(acc.get_ydata()) == [r["hellaswag_acc"] for r in evals]
+    assert set(gpt2_124m.get_ydata()) == {0.2955}  # llm.c's acc_norm of OpenAI's 124M, for scale
+    assert [t.get_text() for t in figure.axes[1].get_legend().get_texts()][0] == (
+        "acc_norm at each evaluation (every 2 iterations, eval_interval)")
+
+
+def test_a_stop_while_hellaswag_is_scored_abandons_the_evaluation(gpt2_data, hellaswag_file, tmp_path, monkeypatch):
+    """Ctrl-C between two of HellaSwag's batches at iteration 2: the checkpoint is iteration 2's,
+    with its evaluation to do, and the resume logs what a run never stopped logs."""
+    settings = dict(data=gpt2_data, eval_task_data=hellaswag_file, eval_task_limit=8, **SCORED)
+    batches = len(TaskEvaluation(TrainSettings(**settings), open_data(gpt2_data), progress=False).batches(32, 4 * 32))
+    assert batches >= 2
+    train(tmp_path / "whole", max_iters=3, progress=False, **settings)
+    calls, real = [], gpt2.train.score_continuations
+
+    def score_continuations(*args, **kwargs):  # one call a batch
+        calls.append(1)
+        if len(calls) == batches + 2:  # iteration 2's second batch, after iteration 0's
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(gpt2.train, "score_continuations", score_continuations)
+    result = train(tmp_path / "parts", max_iters=3, progress=False, **settings)
+    assert result.interrupted and (checkpoint(tmp_path / "parts")["iteration"], checkpoint(tmp_path / "parts")["evaluated"]) == (2, 0)
+    assert len(calls) == batches + 2  # no batch after the stop
+    train(tmp_path / "parts", resume=True, progress=False)
+    keys = ("iter", "loss", "val_loss", "hellaswag_acc", "hellaswag_acc_norm")
+    logged = [[tuple(r.get(k) for k in keys) for r in read_log(out / "log.jsonl")] for out in (tmp_path / "parts", tmp_path / "whole")]
+    assert logged[0] == logged[1] and len(logged[0]) == 3 + 3  # 3 steps, evaluations at 0, 2, 3
+
+
 # ------------------------------------------------------------------ what a run leaves
 
 
@@ -646,3 +726,43 @@ def test_train_command_errors_are_one_line(char_data, tmp_path, capsys):
     assert main(["train", "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "nowhere" in err
+
+
+def test_a_bad_eval_task_is_refused_before_anything_is_made(gpt2_data, char_data, hellaswag_file, tmp_path, monkeypatch, capsys):
+    """Each is named before the run starts (nothing is left in OUT), and in one line at the
+    command line, with its flag and exit status 2."""
+    from gpt2.cli import main
+
+    monkeypatch.setenv("GPT2_CACHE", str(tmp_path / "empty-cache"))  # and HF_HUB_OFFLINE=1 (conftest): no download
+    lambada = write_hellaswag(tmp_path / "lambada_test.jsonl", [{"text": "a b c"}])
+    missing = tmp_path / "nowhere.jsonl"
+    cases = [  # (changes, error, its message's start, the setting it names)
+        (dict(eval_task="mmlu"), InvalidArgumentError, "eval_task must be one of hellaswag, got 'mmlu'", "eval_task"),
+        (dict(eval_task_limit=0), InvalidArgumentError, "eval_task_limit must be a positive integer, got 0", "eval_task_limit"),
+        (dict(eval_task_data=missing), DataError, f"{missing} does not exist", "eval_task_data"),
+        (dict(eval_task_data=lambada), DataError, f'{lambada}, line 1: expected {{"ctx": text, "endings": [texts], "label": index}} '
+                                                  "(HellaSwag's format), got keys ['text']", "eval_task_data"),
+        (dict(eval_task_data=None), DataError, f"hellaswag is not in the cache ({tmp_path / 'empty-cache' / 'hellaswag_val.jsonl'}) "
+                                               "and HF_HUB_OFFLINE is set; without a network, download it elsewhere and pass its "
+                                               "path as eval_task_data", "eval_task_data"),
+        (dict(data=char_data), InvalidArgumentError, "eval_task hellaswag needs a BPE tokenizer that writes any text (GPT-2's, as "
+                                                     f"llm.c scores it), but the data in {char_data} has a character-level one (",
+         "eval_task"),
+        (dict(eval_task=None, eval_task_limit=10), InvalidArgumentError, "eval_task_limit is a setting of eval_task, which is not "
+                                                                         "set: give eval_task too", "eval_task_limit"),
+    ]  # fmt: skip
+    for changes, error, message, param in cases:
+        settings = {**dict(data=gpt2_data, eval_task="hellaswag", eval_task_data=hellaswag_file, max_iters=1, **TINY), **changes}
+        settings = {k: v for k, v in settings.items() if v is not None}
+        with pytest.raises(error) as e:
+            train(tmp_path / "out", progress=False, **settings)
+        assert str(e.value).startswith(message) and e.value.param == param, str(e.value)
+        assert not (tmp_path / "out").exists()
+        assert main(["train", "--out", str(tmp_path / "out"), "--no-progress", *flags(**settings)]) == 2
+        err, flag = capsys.readouterr().err, "--" + param.replace("_", "-")
+        assert err.count("\n") == 1 and err.endswith("\n") and "Traceback" not in err, err
+        if changes.get("eval_task") == "mmlu":  # argparse's choices
+            assert re.fullmatch(r"gpt2: error: argument --eval-task: invalid choice: 'mmlu' \(choose from '?hellaswag'?\).*\n", err)
+        else:  # the library's message, with the setting's flag
+            assert f"({flag})" in err and err.replace(f" ({flag})", "").startswith(f"gpt2: error: {message}"), err
+        assert not (tmp_path / "out").exists()

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from gpt2 import __version__
 from gpt2.config import ACTIVATIONS, POSITIONS, PRESETS
 from gpt2.errors import DistributedError, GPT2Error
-from gpt2.settings import COMPILE_MODES, DRAFT_TOKENS, INFERENCE_DTYPES, TRAINING_DTYPES, TrainSettings, read_recipe
+from gpt2.settings import COMPILE_MODES, DRAFT_TOKENS, EVAL_TASKS, INFERENCE_DTYPES, TRAINING_DTYPES, TrainSettings, read_recipe
 
 EXIT_USAGE = 2
 DEFAULT_TOP_K = 200  # clamped to the model's vocabulary: a character model has fewer tokens
@@ -489,6 +489,7 @@ examples:
       --grad-accum 8 --max-iters 200 --lr 3e-5 --warmup-iters 0 --dropout 0.1
   torchrun --standalone --nproc_per_node 8 -m gpt2 train --data data/owt --out out-owt \\
       --config gpt2 --batch-size 12 --grad-accum 40      # 8 GPUs: 5 micro-batches each a step
+  gpt2 train --data data/mytext --out out-hs --init gpt2 --eval-task hellaswag --eval-task-limit 500
 
 Defaults are nanoGPT's, sized for GPUs (batch 12 x 40 x 1024 tokens, 600,000 iterations,
 200-batch evaluations every 2,000): on a CPU, start from the shakespeare_char example. Ctrl-C (or
@@ -680,6 +681,11 @@ def _add_train_parser(commands) -> None:
     run.add_argument("--compile", choices=COMPILE_MODES, help="torch.compile the model (default: auto: on CUDA only)")
     _add_threads_flag(run)
     run.add_argument("--sample-prompt", metavar="TEXT", help="print a continuation of TEXT at each evaluation")
+    run.add_argument("--eval-task", choices=EVAL_TASKS,
+                     help="a benchmark scored at each evaluation too (GPT-2's BPE tokens): logged, printed and plotted")  # fmt: skip
+    run.add_argument("--eval-task-limit", type=_whole_number, metavar="N", help="only its first N examples (default: all)")
+    run.add_argument("--eval-task-data", metavar="PATH",
+                     help="its file, as gpt2 eval --data takes it (default: the download, cached)")  # fmt: skip
     _add_no_progress_flag(run)
     logs = train.add_argument_group("logging (each record of OUT/log.jsonl, also to)")
     logs.add_argument("--wandb", metavar="PROJECT", help="Weights & Biases, in this project (WANDB_MODE=offline: offline); pip install 'gpt2[wandb]'")

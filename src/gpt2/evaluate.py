@@ -404,21 +404,35 @@ def hellaswag(model: GPT2, examples: Sequence[Choice], tokenizer: Tokenizer | Ch
     """HellaSwag in llm.c's completion style: each ending, " " + ending, is scored after the
     context's ids; acc picks the ending of least total loss, acc_norm the least loss per id."""
     tokenizer = _model_tokenizer(model, tokenizer)
+    pairs, example_of = hellaswag_pairs(tokenizer, examples)
+    scores = score_continuations(model, pairs, batch_size=batch_size, progress=progress, desc="hellaswag", example_of=example_of)
+    right, right_norm = hellaswag_right(examples, [s.log_prob for s in scores], [s.n_ids for s in scores])
+    return {"task": "hellaswag", "examples": len(examples), "acc": right / len(examples), "acc_norm": right_norm / len(examples)}
+
+
+def hellaswag_pairs(tokenizer: Tokenizer | CharTokenizer, examples: Sequence[Choice]
+                    ) -> tuple[list[tuple[list[int], list[int]]], list[int]]:  # fmt: skip
+    """(context ids, ids of " " + ending) for each ending of each example, example by example,
+    and the example each pair is of."""
     pairs, example_of = [], []
     for number, example in enumerate(examples):
         context = tokenizer.encode(example.context)
         pairs += [(context, tokenizer.encode(" " + ending)) for ending in example.endings]
         example_of += [number] * len(example.endings)
-    scores = score_continuations(model, pairs, batch_size=batch_size, progress=progress, desc="hellaswag", example_of=example_of)
-    right = right_norm = 0
-    start = 0
+    return pairs, example_of
+
+
+def hellaswag_right(examples: Sequence[Choice], log_probs: Sequence[float], n_ids: Sequence[int]) -> tuple[int, int]:
+    """How many examples' right ending has the greatest log-probability (acc's count) and the
+    greatest per id (acc_norm's), given each pair's score (in `hellaswag_pairs`' order)."""
+    right = right_norm = start = 0
     for example in examples:
-        choices = scores[start : start + len(example.endings)]
+        k = range(start, start + len(example.endings))
         start += len(example.endings)
         # the first of equal scores wins, as torch's argmin in llm.c
-        right += max(range(len(choices)), key=lambda k: choices[k].log_prob) == example.label
-        right_norm += max(range(len(choices)), key=lambda k: choices[k].log_prob / choices[k].n_ids) == example.label
-    return {"task": "hellaswag", "examples": len(examples), "acc": right / len(examples), "acc_norm": right_norm / len(examples)}
+        right += max(k, key=lambda i: log_probs[i]) - k.start == example.label
+        right_norm += max(k, key=lambda i: log_probs[i] / n_ids[i]) - k.start == example.label
+    return right, right_norm
 
 
 def wikitext2(model: GPT2, text: str, tokenizer: Tokenizer | CharTokenizer | None = None, **options: Any) -> dict[str, Any]:

@@ -36,6 +36,9 @@ TRAINING_DTYPES = ("auto", *WEIGHT_DTYPES)
 # torch.compile of a training step: auto compiles on CUDA only (devices.should_compile).
 COMPILE_MODES = ("auto", "on", "off")
 
+# The benchmarks a run can score at each of its evaluations (gpt2/tasks.py reads them).
+EVAL_TASKS = ("hellaswag",)
+
 DIST_TIMEOUT = 600.0  # seconds a collective waits for the other processes (NCCL's default)
 
 
@@ -80,6 +83,9 @@ class TrainSettings:
     dtype: str = "auto"
     compile: str = "auto"
     sample_prompt: str | None = None
+    eval_task: str | None = None  # a benchmark scored at each evaluation (EVAL_TASKS)
+    eval_task_limit: int | None = None  # its first N examples; None: all
+    eval_task_data: str | None = None  # its file; None: gpt2 eval's download, cached
     checkpoint_activations: bool = False
     fsdp: bool = False  # shard weights, gradients and optimizer state over the processes (FSDP2)
     timeout: float = DIST_TIMEOUT
@@ -113,6 +119,7 @@ class TrainSettings:
         if self.sample_prompt is not None and not isinstance(self.sample_prompt, str):
             raise InvalidArgumentError(f"sample_prompt must be text, got {self.sample_prompt!r}", "sample_prompt")
         self._check_loggers()
+        self._check_eval_task()
 
     def _check_loggers(self) -> None:
         if isinstance(self.tensorboard, os.PathLike):
@@ -144,6 +151,20 @@ class TrainSettings:
         if self.bias is not None:
             boolean("bias", self.bias)
 
+    def _check_eval_task(self) -> None:
+        if self.eval_task is not None:
+            _choice("eval_task", self.eval_task, EVAL_TASKS)
+        if self.eval_task_limit is not None:
+            self.eval_task_limit = positive_int("eval_task_limit", self.eval_task_limit)
+        if isinstance(self.eval_task_data, os.PathLike):
+            self.eval_task_data = os.fspath(self.eval_task_data)
+        if self.eval_task_data is not None and not isinstance(self.eval_task_data, str):
+            raise InvalidArgumentError(f"eval_task_data must be a path, got {self.eval_task_data!r}", "eval_task_data")
+        given = [name for name in ("eval_task_limit", "eval_task_data") if getattr(self, name) is not None]
+        if self.eval_task is None and given:
+            raise InvalidArgumentError(f"{given[0]} is a setting of eval_task, which is not set: give eval_task too (or drop "
+                                       f"{' and '.join(given)})", given[0], ("eval_task",))  # fmt: skip
+
     def model_config(self, n_vocab: int) -> GPT2Config:
         """The architecture of a model trained from scratch on a vocabulary of n_vocab ids."""
         n_layer, n_head, n_embd = PRESETS[self.config] if self.config else (12, 12, 768)
@@ -164,7 +185,8 @@ class TrainSettings:
 
 # Settings a resumed run may change: they leave the losses of the iterations alone.
 RESUME_OVERRIDES = ("max_iters", "eval_interval", "eval_iters", "log_interval", "device", "compile", "sample_prompt",
-                    "checkpoint_activations", "fsdp", "timeout", "wandb", "wandb_run_name", "tensorboard")  # fmt: skip
+                    "eval_task", "eval_task_limit", "eval_task_data", "checkpoint_activations", "fsdp", "timeout", "wandb",
+                    "wandb_run_name", "tensorboard")  # fmt: skip
 
 
 def resumed_settings(stored: dict[str, Any], changes: dict[str, Any]) -> TrainSettings:
@@ -186,7 +208,7 @@ def resumed_settings(stored: dict[str, Any], changes: dict[str, Any]) -> TrainSe
 
 def _choice(name: str, value: object, choices: tuple[str, ...]) -> None:
     if value not in choices:
-        raise InvalidArgumentError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+        raise InvalidArgumentError(f"{name} must be one of {', '.join(choices)}, got {value!r}", name)
 
 
 # ------------------------------------------------------------------ recipes: a run's settings in a TOML file

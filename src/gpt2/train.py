@@ -66,19 +66,23 @@ from gpt2.devices import (
     should_compile,
     training_precision,
 )
-from gpt2.errors import ContextLengthError, GPT2Warning, InvalidArgumentError
-from gpt2.evaluate import loss_sum
+from gpt2.errors import ContextLengthError, DataError, GPT2Warning, InvalidArgumentError
+from gpt2.evaluate import hellaswag_pairs, hellaswag_right, loss_sum, score_continuations
 from gpt2.generate import generate_text
 from gpt2.loggers import WANDB_ID, Loggers, check_loggers, open_loggers, read_log
 from gpt2.model import GPT2
 from gpt2.settings import TrainSettings, resumed_settings
 from gpt2.stopping import StopRequested, StopSignals
+from gpt2.tasks import read_hellaswag, task_file
+from gpt2.tokenizer import CharTokenizer, Tokenizer
 from gpt2.weights import expected_shapes, read_config
 
 LOG = "log.jsonl"
 PLOT = "loss.png"
 EVAL_STREAM = 1 << 32  # evaluation batches use micro-steps from here on: never a training batch's seed
 WORKSPACE = 200_000_000  # bytes a run takes whatever its size (benchmarks/memory.py: 180 to 230 MB on a CPU)
+# HellaSwag's acc_norm of OpenAI's 124M on all 10,042 examples, completion style (llm.c; docs/eval.md)
+HELLASWAG_GPT2 = 0.2955
 
 
 class WarmupWarning(GPT2Warning):
@@ -226,6 +230,7 @@ class Progress:
     def __init__(self, bar: Any = None):
         self.bar = bar  # tqdm's, while the loop runs
         self.stats = ""  # the last logged step's numbers, as tqdm's set_postfix writes them
+        self.score = ""  # the last evaluation's task score ("hellaswag=0.2950"), where a run scores one
         self.shown = 0.0  # when the bar was last drawn
 
     def show(self, description: str, detail: str = "", force: bool = False) -> None:
@@ -236,7 +241,7 @@ class Progress:
         if bar is None or bar.disable:
             return
         bar.set_description_str(description, refresh=False)
-        bar.set_postfix_str(", ".join(part for part in (self.stats, detail) if part), refresh=False)
+        bar.set_postfix_str(self._postfix(detail), refresh=False)
         now = time.monotonic()
         if force or now - self.shown >= bar.mininterval:
             bar.refresh()
@@ -246,14 +251,63 @@ class Progress:
         """An iteration done; `stats`: its numbers, where it was logged (on rank 0)."""
         if stats is not None:
             self.stats = stats
-            self.bar.set_postfix_str(stats, refresh=False)
-        elif not self.bar.disable:
-            self.bar.set_postfix_str(self.stats, refresh=False)  # the micro-batch count off
+        if stats is not None or not self.bar.disable:
+            self.bar.set_postfix_str(self._postfix(), refresh=False)  # (the micro-batch count off)
         self.bar.update()
+
+    def set_score(self, score: str) -> None:
+        """The last evaluation's task score ("hellaswag=0.2950"), shown from now on beside the steps' numbers."""
+        self.score = score
+        self.show("training", force=True)
+
+    def _postfix(self, detail: str = "") -> str:
+        return ", ".join(part for part in (self.stats, self.score, detail) if part)
 
     def write(self, text: str, **kwargs: Any) -> None:
         """A line above the bar (printed even where the bar is not drawn)."""
         self.bar.write(text, **kwargs)
+
+
+class TaskEvaluation:
+    """The benchmark a run scores at each evaluation (eval_task: HellaSwag, as llm.c and
+    build-nanogpt score it while GPT-2 trains), with `gpt2 eval --task`'s scoring. Its examples
+    are read and tokenized once, before the run starts: a file that is missing or not the
+    task's, or data whose tokenizer cannot read them, stops the run before its first iteration."""
+
+    def __init__(self, s: TrainSettings, data: TokenData, progress: bool):
+        self.name = s.eval_task
+        check_task_tokenizer(s.eval_task, data)
+        path = task_file(s.eval_task, s.eval_task_data, progress, param="eval_task_data")
+        try:
+            self.examples = read_hellaswag(path, s.eval_task_limit)
+        except DataError as e:  # the file is the eval_task_data setting's (or its download's)
+            raise DataError(str(e), "eval_task_data") from None
+        self.pairs, _ = hellaswag_pairs(data.tokenizer, self.examples)  # (context ids, ending ids), 4 an example
+
+    def batches(self, n_ctx: int, ids: int) -> list[list[int]]:
+        """The pairs' indices in batches of at most `ids` positions, padding included, longest
+        first (a training micro-batch's: scoring, without gradients, fits wherever training does)."""
+        length = [min(len(c) + len(x), n_ctx + 1) - 1 for c, x in self.pairs]  # positions in the forward pass
+        batches, batch = [], []
+        for i in sorted(range(len(self.pairs)), key=lambda i: -length[i]):
+            if batch and (len(batch) + 1) * length[batch[0]] > ids:
+                batches.append(batch)
+                batch = []
+            batch.append(i)
+        return batches + [batch]
+
+
+def check_task_tokenizer(task: str, data: TokenData) -> None:
+    """Refuse a task the data's tokenizer cannot write: HellaSwag's text is any English, which a
+    byte-level BPE tokenizer (GPT-2's, or a bpe:N one) encodes whole and a character vocabulary,
+    which knows only its corpus's characters, does not."""
+    if isinstance(data.tokenizer, Tokenizer):
+        return
+    has = (f"a character-level one ({data.tokenizer.n_vocab} characters), which knows only its corpus's characters"
+           if isinstance(data.tokenizer, CharTokenizer) else "none of its own")  # fmt: skip
+    raise InvalidArgumentError(f"eval_task {task} needs a BPE tokenizer that writes any text (GPT-2's, as llm.c scores it), but the "
+                               f"data in {data.directory} has {has}: train on data prepared with tokenizer gpt2, or drop eval_task",
+                               "eval_task")  # fmt: skip
 
 
 class Trainer:
@@ -269,6 +323,7 @@ class Trainer:
                                        "start the run under torchrun, one process a GPU", "fsdp")  # fmt: skip
         self.logger: Loggers | None = None  # rank 0's, from the loop's start: log.jsonl, W&B, TensorBoard
         self.data = open_data(s.data)
+        self.task = None if s.eval_task is None else TaskEvaluation(s, self.data, progress and os.environ.get("RANK", "0") == "0")
         self.procs = distributed.start(s.device, s.timeout)  # this process's rank of world; its device
         try:
             self._build(state)
@@ -293,6 +348,7 @@ class Trainer:
         model.checkpoint_activations = s.checkpoint_activations
         self.model = model.to(self.device).train()
         self.tokenizer = self.data.tokenizer
+        self.task_batches = [] if self.task is None else self.task.batches(model.config.n_ctx, s.batch_size * model.config.n_ctx)
         self.forward = self.procs.wrap(self.model, fsdp=s.fsdp, compiled=should_compile(s.compile, self.device))
         self.optimizer = make_optimizer(self.model, s, self.device)  # after wrap: under FSDP it updates the shards
         self.scaler = self.precision.scaler()
@@ -470,12 +526,40 @@ class Trainer:
         loss, count = self.procs.sum(total).tolist()
         return loss / count
 
+    @torch.no_grad()
+    def score_task(self) -> dict[str, float]:
+        """The eval_task's acc and acc_norm ({} without one), by `gpt2 eval`'s scoring under the
+        run's autocast: the batches shared out over the processes (under FSDP each runs as many),
+        each pair's score summed over all of them."""
+        task, batches = self.task, self.task_batches
+        if task is None:
+            return {}
+        scores = torch.zeros(len(task.pairs), 2, dtype=torch.float64, device=self.device)  # log-probability, ids scored
+        n = len(batches)
+        self.bar.show(f"evaluating {task.name} 0/{n}", force=True)
+        for k in range(self.rank, math.ceil(n / self.world) * self.world, self.world):
+            self.stop.check()  # before the break: every process checks as often
+            if k >= n and self.procs.sharded is None:
+                break
+            pairs = [task.pairs[i] for i in batches[k % n]]
+            with self.precision.autocast():
+                got = score_continuations(self.model, pairs, batch_size=len(pairs), prefix_cache_mb=0)  # one forward pass
+            if k < n:
+                scores[batches[k]] = torch.tensor([[g.log_prob, g.n_ids] for g in got], dtype=torch.float64, device=self.device)
+            self.bar.show(f"evaluating {task.name} {min(k + self.world, n)}/{n}")
+        log_probs, n_ids = self.procs.sum(scores).T.tolist()
+        right, right_norm = hellaswag_right(task.examples, log_probs, n_ids)
+        self.bar.show("training", force=True)
+        return {f"{task.name}_acc": right / len(task.examples), f"{task.name}_acc_norm": right_norm / len(task.examples)}
+
     def evaluate_and_save(self, it: int) -> None:
         """Evaluate, then log it, keep the model if it is the best so far, sample, save the checkpoint and plot."""
         losses = self.evaluate()
+        scores = self.score_task()
         self.evaluated = it
         improved = losses["val"] < self.best_val_loss
-        record = {"iter": it, "train_loss": losses["train"], "val_loss": losses["val"], "lr": learning_rate(it, self.s), "best": improved}
+        record = {"iter": it, "train_loss": losses["train"], "val_loss": losses["val"], **scores, "lr": learning_rate(it, self.s),
+                  "best": improved}  # fmt: skip
         weights = self.procs.model_state(self.model)  # gathered once (under FSDP, by every process) for both files
         if improved:
             self.best_val_loss = losses["val"]
@@ -487,8 +571,12 @@ class Trainer:
             return
         self.last_eval = record
         self.logger.log(record)
-        self.bar.write(f"iter {it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
-                       + (" (best so far: saved)" if improved else ""))  # fmt: skip
+        line = f"iter {it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
+        if self.task is not None:  # acc_norm, the accuracy llm.c and build-nanogpt print
+            score = scores[f"{self.task.name}_acc_norm"]
+            line += f", {self.task.name} {score:.4f}"
+            self.bar.set_score(f"{self.task.name}={score:.4f}")
+        self.bar.write(line + (" (best so far: saved)" if improved else ""))
         if "sample" in record:
             self.bar.write(f"sample: {self.s.sample_prompt}{record['sample']}")
         self.save_checkpoint(weights)
@@ -560,7 +648,8 @@ def _how_often(iterations: list[int], param: str) -> str:
 
 def plot_losses(log: Path, png: Path, note=print) -> Any:
     """Training loss at each logged step (faint) and the evaluations' train and validation losses,
-    against iterations. Returns the matplotlib figure drawn (closed), or None without matplotlib."""
+    against iterations; beside them, as llm.c's plots, HellaSwag's accuracies where the run scored
+    it. Returns the matplotlib figure drawn (closed), or None without matplotlib."""
     try:
         import matplotlib
 
@@ -574,7 +663,9 @@ def plot_losses(log: Path, png: Path, note=print) -> Any:
     records = read_log(log)
     steps = [r for r in records if "loss" in r]
     evals = [r for r in records if "val_loss" in r]
-    fig, ax = plt.subplots(figsize=(8, 5))
+    scored = [r for r in evals if "hellaswag_acc_norm" in r]
+    fig, axes = plt.subplots(1, 2 if scored else 1, figsize=(15 if scored else 8, 5), squeeze=False)
+    ax = axes[0, 0]
     if steps:
         label = f"train loss of a step {_how_often([r['iter'] for r in steps], 'log_interval')}"
         ax.plot([r["iter"] for r in steps], [r["loss"] for r in steps], color="tab:blue", alpha=0.25, lw=0.8, label=label)
@@ -586,10 +677,25 @@ def plot_losses(log: Path, png: Path, note=print) -> Any:
     ax.set_ylabel("loss (nats per token)")
     ax.grid(alpha=0.3)
     ax.legend()
+    if scored:
+        _plot_hellaswag(axes[0, 1], scored, how_often)
     with atomic_path(png) as tmp:
         fig.savefig(tmp, format="png", dpi=100, bbox_inches="tight")
     plt.close(fig)
     return fig
+
+
+def _plot_hellaswag(ax: Any, scored: list[dict[str, Any]], how_often: str) -> None:
+    """HellaSwag's acc_norm (and acc, faint) at each evaluation, with OpenAI's 124M for scale."""
+    iters = [r["iter"] for r in scored]
+    ax.plot(iters, [r["hellaswag_acc_norm"] for r in scored], "o-", color="tab:green",
+            label=f"acc_norm at each evaluation {how_often}")  # fmt: skip
+    ax.plot(iters, [r["hellaswag_acc"] for r in scored], "o-", color="tab:green", alpha=0.3, label="acc (least total loss, not per token)")
+    ax.axhline(HELLASWAG_GPT2, color="tab:red", ls="--", lw=1, label=f"OpenAI's GPT-2 124M: {HELLASWAG_GPT2} (all 10,042 examples)")
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("HellaSwag accuracy")
+    ax.grid(alpha=0.3)
+    ax.legend()
 
 
 # ------------------------------------------------------------------ the entry point
