@@ -174,20 +174,21 @@ class Processes:
             return get_model_state_dict(model, options=_FULL_ON_RANK0)
         return {name: t.detach().cpu() for name, t in model.state_dict().items()} if self.is_main else {}
 
-    def optimizer_state(self, model: GPT2, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-        """The optimizer's whole state, keyed by parameter names, on rank 0 ({} elsewhere): the
-        same file for one process, DDP and FSDP. Under FSDP every process must call it.
-        Before the first step it is {}: torch would make one (at lr 0, but counting) to fill it."""
-        if not optimizer.state or (self.sharded is None and not self.is_main):
+    def optimizer_state(self, model: GPT2, optimizers: list[torch.optim.Optimizer]) -> dict[str, Any]:
+        """The optimizers' whole state, keyed by parameter names (AdamW's and Muon's in one dict,
+        each parameter's under its name), on rank 0 ({} elsewhere): the same file for one process,
+        DDP and FSDP. Under FSDP every process must call it. Before the first step it is {}: torch
+        would make one (at lr 0, but counting) to fill it."""
+        if not any(optimizer.state for optimizer in optimizers) or (self.sharded is None and not self.is_main):
             return {}
         self._resharded()
-        return get_optimizer_state_dict(model, optimizer, options=_FULL_ON_RANK0)
+        return get_optimizer_state_dict(model, optimizers, options=_FULL_ON_RANK0)
 
-    def load_optimizer_state(self, model: GPT2, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    def load_optimizer_state(self, model: GPT2, optimizers: list[torch.optim.Optimizer], state: dict[str, Any]) -> None:
         """Load a state of `optimizer_state` (each process holds all of it; FSDP keeps its shard)."""
         if not state:
-            return  # saved before the first step: the new optimizer is that state
-        set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
+            return  # saved before the first step: the new optimizers are that state
+        set_optimizer_state_dict(model, optimizers, state, options=StateDictOptions(full_state_dict=True))
 
     # ------------------------------------------------------------ failures
 

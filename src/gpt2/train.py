@@ -6,7 +6,7 @@
             x, y = get_batch(train, seed, it, micro) # (B, T) ids and their next ids
             loss = cross_entropy(model(x), y) / grad_accum
             loss.backward()
-        clip_grad_norm(grad_clip); adamw.step()
+        clip_grad_norm(grad_clip); adamw.step()      # --optimizer muon: muon.step() for the blocks' matrices too
 
 Evaluations (at iteration 0, every eval_interval and at the end) log the mean loss of both
 splits, keep the model of the best validation loss in OUT (Hugging Face's layout, with its
@@ -85,14 +85,17 @@ class WarmupWarning(GPT2Warning):
     lr, and never decays."""
 
 
-def learning_rate(it: int, s: TrainSettings) -> float:
-    """nanoGPT's schedule: linear warm-up over warmup_iters, then cosine decay to min_lr at lr_decay_iters."""
+def learning_rate(it: int, s: TrainSettings, peak: float | None = None) -> float:
+    """nanoGPT's schedule: linear warm-up over warmup_iters, then cosine decay to min_lr at lr_decay_iters.
+    `peak`: the schedule of a learning rate that tops at `peak` instead of lr (Muon's, muon_lr), the
+    same curve scaled (down to min_lr * peak / lr)."""
+    lr, min_lr = (s.lr, s.min_lr) if peak is None else (peak, s.min_lr * (peak / s.lr))
     if it < s.warmup_iters:
-        return s.lr * (it + 1) / (s.warmup_iters + 1)
+        return lr * (it + 1) / (s.warmup_iters + 1)
     if it >= s.lr_decay_iters:
-        return s.min_lr
+        return min_lr
     decay_ratio = (it - s.warmup_iters) / (s.lr_decay_iters - s.warmup_iters)  # 0 .. 1
-    return s.min_lr + 0.5 * (1.0 + math.cos(math.pi * decay_ratio)) * (s.lr - s.min_lr)
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * decay_ratio)) * (lr - min_lr)
 
 
 def warn_about_warmup(s: TrainSettings) -> None:
@@ -116,17 +119,33 @@ def flops_per_token(model: GPT2) -> float:
     return 6 * weights + 12 * config.n_layer * config.n_embd * config.n_ctx
 
 
-def make_optimizer(model: GPT2, s: TrainSettings, device: torch.device) -> torch.optim.AdamW:
-    """AdamW with weight decay on the 2-D parameters only (matrices and embeddings, not biases
-    or LayerNorms): nanoGPT's configure_optimizers, with the fused update on CPUs too (one
-    pass over each tensor instead of several)."""
-    params = [p for p in model.parameters() if p.requires_grad]
+def make_optimizers(model: GPT2, s: TrainSettings, device: torch.device) -> list[torch.optim.Optimizer]:
+    """The run's optimizers, stepped together. adamw: AdamW alone, with weight decay on the 2-D
+    parameters only (matrices and embeddings, not biases or LayerNorms): nanoGPT's
+    configure_optimizers, with the fused update on CPUs too (one pass over each tensor instead of
+    several). muon: torch's Muon for the blocks' matrices (c_attn, c_proj, c_fc: the hidden layers
+    it is made for) and AdamW as above for the rest: embeddings, biases, LayerNorms. Muon's update
+    is scaled to the size of AdamW's (Moonshot's match_rms_adamw, the same whichever way round a
+    matrix is stored), so AdamW's lr and weight decay carry over (docs/train.md)."""
+    params = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    muon = [p for name, p in params if s.optimizer == "muon" and name.startswith("transformer.h.") and p.dim() == 2]
+    rest = [p for _, p in params if not any(p is q for q in muon)]
     groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": s.weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        {"params": [p for p in rest if p.dim() >= 2], "weight_decay": s.weight_decay},
+        {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0},
     ]
     fused = {"fused": True} if fused_adamw_available(device) else {}
-    return torch.optim.AdamW(groups, lr=s.lr, betas=(s.beta1, s.beta2), **fused)
+    optimizers: list[torch.optim.Optimizer] = [torch.optim.AdamW(groups, lr=s.lr, betas=(s.beta1, s.beta2), **fused)]
+    if muon:
+        optimizers.append(torch.optim.Muon(muon, lr=peak_lr(s, muon=True),
+                                           weight_decay=s.weight_decay, momentum=0.95, nesterov=True,
+                                           adjust_lr_fn="match_rms_adamw"))  # fmt: skip
+    return optimizers
+
+
+def peak_lr(s: TrainSettings, muon: bool) -> float:
+    """The top of the learning rate's schedule: lr, or muon_lr (default lr) for Muon's matrices."""
+    return (s.lr if s.muon_lr is None else s.muon_lr) if muon else s.lr
 
 
 # ------------------------------------------------------------------ the model
@@ -292,7 +311,7 @@ class Trainer:
         self.model = model.to(self.device).train()
         self.tokenizer = self.data.tokenizer
         self.forward = self.procs.wrap(self.model, fsdp=s.fsdp, compiled=should_compile(s.compile, self.device))
-        self.optimizer = make_optimizer(self.model, s, self.device)  # after wrap: under FSDP it updates the shards
+        self.optimizers = make_optimizers(self.model, s, self.device)  # after wrap: under FSDP they update the shards
         self.scaler = self.precision.scaler()
         self.iteration, self.evaluated, self.best_val_loss = 0, -1, math.inf
         self.resumed = state is not None
@@ -317,7 +336,7 @@ class Trainer:
     def close(self) -> None:
         """Leave the process group, once nothing holds it: DDP's wrapper, and under FSDP the
         model and the optimizer (their tensors are shards that name the group)."""
-        self.forward = self.model = self.optimizer = None
+        self.forward = self.model = self.optimizers = None
         self.procs.close()
 
     def run(self) -> TrainResult:
@@ -376,7 +395,8 @@ class Trainer:
         completed iteration, which a resume repeats from here. The optimizer and the gradient
         scaler are as they were: both change only after the last micro-batch. A stop in an
         evaluation leaves `evaluated` at the last one done, so the resume redoes this one."""
-        self.optimizer.zero_grad(set_to_none=True)
+        for optimizer in self.optimizers:
+            optimizer.zero_grad(set_to_none=True)
         self.model.train()
         set_rng_state(self.at_start, self.device)
         self.save_checkpoint()
@@ -391,8 +411,10 @@ class Trainer:
     def train_step(self, it: int) -> torch.Tensor:
         """One optimizer step over grad_accum micro-batches; returns their mean loss (a tensor, not synchronised)."""
         s = self.s
-        for group in self.optimizer.param_groups:
-            group["lr"] = learning_rate(it, s)
+        for optimizer in self.optimizers:
+            lr = learning_rate(it, s, peak_lr(s, muon=isinstance(optimizer, torch.optim.Muon)))
+            for group in optimizer.param_groups:
+                group["lr"] = lr
         total = torch.zeros((), device=self.device)
         share = range(self.rank, s.grad_accum, self.world)  # this process's micro-batches: 1 in `world`
         for i, micro in enumerate(share):
@@ -409,11 +431,14 @@ class Trainer:
             if len(share) > 1:
                 self.bar.show("training", f"micro-batch {i + 1}/{len(share)}")
         if s.grad_clip > 0:
-            self.scaler.unscale_(self.optimizer)
+            for optimizer in self.optimizers:
+                self.scaler.unscale_(optimizer)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.grad_clip)
-        self.scaler.step(self.optimizer)
+        for optimizer in self.optimizers:  # (one scaler for all: torch's recipe for several optimizers)
+            self.scaler.step(optimizer)
         self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
+        for optimizer in self.optimizers:
+            optimizer.zero_grad(set_to_none=True)
         return total
 
     def _log_step(self, it: int, loss: float, seconds: float) -> str | None:
@@ -510,7 +535,7 @@ class Trainer:
         the optimizer's state by parameter name, and each process's random state (dropout's).
         `weights`: the model's, already gathered (`Processes.model_state`); else gathered here."""
         model = self.procs.model_state(self.model) if weights is None else weights
-        optimizer = self.procs.optimizer_state(self.model, self.optimizer)
+        optimizer = self.procs.optimizer_state(self.model, self.optimizers)
         rng = self.procs.gather(rng_state(self.device))
         if not self.is_main:
             return
@@ -520,7 +545,7 @@ class Trainer:
         write_checkpoint(self.out, state)
 
     def _restore(self, state: dict[str, Any]) -> None:
-        load_optimizer(state, self.procs, self.model, self.optimizer)
+        load_optimizer(state, self.procs, self.model, self.optimizers)
         self.scaler.load_state_dict(state["scaler"])
         self.iteration, self.evaluated, self.best_val_loss = state["iteration"], state["evaluated"], state["best_val_loss"]
         rng = process_rng(state, self.rank, self.device)
