@@ -21,7 +21,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimi
 
 import gpt2.train
 from helpers import REPO, Watched, heed_ctrl_c, make_hf_model
-from gpt2 import ContextLengthError, GPT2Error, InvalidArgumentError, UnwritablePathError
+from gpt2 import CheckpointError, ContextLengthError, GPT2Error, InvalidArgumentError, UnwritablePathError
 from gpt2.data import get_batch, prepare
 from gpt2.model import GPT2
 from gpt2.config import GPT2Config
@@ -185,7 +185,7 @@ def test_muon_lr_scales_the_schedule():
 
 def test_one_muon_step_equals_muon_written_out(gpt2_data, tmp_path):
     """The weights after one step: Muon's update (written out above) for the blocks' matrices,
-    with decoupled weight decay at lr, and AdamW's for the rest."""
+    with decoupled weight decay at Muon's lr, and AdamW's for the rest."""
     hf = make_hf_model(seed=3, vocab_size=50257, n_positions=16, n_embd=32, n_layer=2, n_head=2)
     hf.save_pretrained(tmp_path / "init")
     settings = dict(TINY, grad_accum=1, warmup_iters=0, weight_decay=0.1, grad_clip=1.0, seed=7, eval_interval=1000)
@@ -196,8 +196,10 @@ def test_one_muon_step_equals_muon_written_out(gpt2_data, tmp_path):
     model = GPT2.from_pretrained(tmp_path / "init", device="cpu", dropout=0.0).train()
     model(x, y)[1].backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    lr, matrices = 3e-3, {n for n, p in model.named_parameters() if n.startswith("transformer.h.") and p.dim() == 2}
-    expected = {n: (p * (1 - lr * 0.1) - lr * muon_update(p.grad)).detach() for n, p in model.named_parameters() if n in matrices}
+    lr, muon_lr = 3e-3, 0.01  # TINY's, and Muon's by default
+    matrices = {n for n, p in model.named_parameters() if n.startswith("transformer.h.") and p.dim() == 2}
+    expected = {n: (p * (1 - muon_lr * 0.1) - muon_lr * muon_update(p.grad)).detach()
+                for n, p in model.named_parameters() if n in matrices}  # fmt: skip
     rest = [p for n, p in model.named_parameters() if n not in matrices]
     torch.optim.AdamW([{"params": [p for p in rest if p.dim() >= 2], "weight_decay": 0.1},
                        {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95)).step()  # fmt: skip
@@ -327,6 +329,42 @@ def test_a_run_stopped_before_its_first_step_resumes(char_data, tmp_path, monkey
     assert torch.load(tmp_path / "parts" / "checkpoint.pt", weights_only=True)["iteration"] == 0
     train(tmp_path / "parts", resume=True, progress=False)
     assert losses(tmp_path / "parts") == losses(tmp_path / "whole")
+
+
+def test_files_written_while_training_goes_on_hold_the_evaluations_state(char_data, tmp_path, monkeypatch):
+    """An evaluation's checkpoint is written in a thread while the next steps run: it holds the
+    state of the evaluation's iteration, not a later one (slow writes and a crash at iteration 6:
+    the resume from iteration 4 repeats the run never stopped), and it is whole when the run stops."""
+    train(tmp_path / "whole", data=char_data, max_iters=8, progress=False, **RESUMABLE)
+    real, crash_at = gpt2.train.write_checkpoint, 6
+
+    def slow(out, state):
+        time.sleep(0.5)  # steps 4 and 5 run meanwhile
+        real(out, state)
+
+    def step(self, it, real_step=Trainer.train_step):
+        if it == crash_at:
+            raise RuntimeError("a crash")
+        return real_step(self, it)
+
+    with monkeypatch.context() as m:
+        m.setattr(gpt2.train, "write_checkpoint", slow)
+        m.setattr(Trainer, "train_step", step)
+        with pytest.raises(RuntimeError, match="a crash"):
+            train(tmp_path / "parts", data=char_data, max_iters=8, progress=False, **RESUMABLE)
+    assert checkpoint(tmp_path / "parts")["iteration"] == 4
+    train(tmp_path / "parts", resume=True, progress=False)
+    assert losses(tmp_path / "parts") == losses(tmp_path / "whole")
+
+
+def test_a_checkpoint_that_cannot_be_written_stops_the_run_with_its_error(char_data, tmp_path, monkeypatch):
+    def full(out, state):
+        raise CheckpointError(f"could not write {out / 'checkpoint.pt'}: No space left on device; the previous checkpoint is intact")
+
+    monkeypatch.setattr(gpt2.train, "write_checkpoint", full)
+    with pytest.raises(CheckpointError, match="No space left on device; the previous checkpoint is intact"):
+        train(tmp_path / "out", data=char_data, max_iters=8, progress=False, **TINY)
+    assert max(losses(tmp_path / "out")) < 8  # raised in the run's thread, at the next evaluation or the end
 
 
 def test_a_resumed_run_keeps_its_model(char_data, tmp_path):

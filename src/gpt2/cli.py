@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from gpt2 import __version__
 from gpt2.config import ACTIVATIONS, POSITIONS, PRESETS
 from gpt2.errors import DistributedError, GPT2Error
-from gpt2.settings import COMPILE_MODES, DRAFT_TOKENS, INFERENCE_DTYPES, OPTIMIZERS, TRAINING_DTYPES, TrainSettings
+from gpt2.settings import COMPILE_MODES, DRAFT_TOKENS, INFERENCE_DTYPES, MUON_LR, OPTIMIZERS, TRAINING_DTYPES, TrainSettings
 
 EXIT_USAGE = 2
 DEFAULT_TOP_K = 200  # clamped to the model's vocabulary: a character model has fewer tokens
@@ -651,7 +651,7 @@ def _add_train_parser(commands) -> None:
         optim.add_argument(name, type=kind, help=f"(default: {'max-iters' if default is None else default})")
     optim.add_argument("--optimizer", choices=OPTIMIZERS,
                        help="adamw, or muon: Muon for the blocks' matrices, AdamW for the rest (default: adamw)")  # fmt: skip
-    optim.add_argument("--muon-lr", type=float, help="with --optimizer muon: the peak learning rate of Muon's matrices (default: --lr)")
+    optim.add_argument("--muon-lr", type=float, help=f"with --optimizer muon: the peak learning rate of Muon's matrices (default: {MUON_LR})")
     run = train.add_argument_group("evaluation, devices, output")
     for name in ("--eval-interval", "--eval-iters", "--log-interval"):
         run.add_argument(name, type=_whole_number, help=f"(default: {getattr(d, name[2:].replace('-', '_'))})")

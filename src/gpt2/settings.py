@@ -28,6 +28,9 @@ TRAINING_DTYPES = ("auto", *WEIGHT_DTYPES)
 COMPILE_MODES = ("auto", "on", "off")
 # The optimizers of a training run: AdamW for every weight, or Muon for the blocks' matrices (train.make_optimizers).
 OPTIMIZERS = ("adamw", "muon")
+# Muon's peak learning rate by default: the best of 0.001, 0.003, 0.01 and 0.03 on nanoGPT's shakespeare_char
+# recipe (docs/train.md), about what Keller Jordan's 0.02 gives these shapes; AdamW's lr would be 10x too small.
+MUON_LR = 0.01
 
 DIST_TIMEOUT = 600.0  # seconds a collective waits for the other processes (NCCL's default)
 
@@ -66,7 +69,7 @@ class TrainSettings:
     beta2: float = 0.95
     grad_clip: float = 1.0
     optimizer: str = "adamw"
-    muon_lr: float | None = None  # None: lr (Muon's update is scaled to AdamW's size, so the same lr carries over)
+    muon_lr: float | None = None  # None: MUON_LR, with optimizer muon
     seed: int = 1337
     eval_interval: int = 2000
     eval_iters: int = 200

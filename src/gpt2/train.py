@@ -40,7 +40,7 @@ from typing import Any, NamedTuple
 import torch
 
 from gpt2 import distributed
-from gpt2._files import atomic_path, atomic_write_text, writable_directory
+from gpt2._files import BackgroundWriter, atomic_path, atomic_write_text, writable_directory
 from gpt2.checkpoint import (
     CHECKPOINT,
     checkpoint_config,
@@ -70,7 +70,7 @@ from gpt2.errors import ContextLengthError, GPT2Warning, InvalidArgumentError
 from gpt2.evaluate import loss_sum
 from gpt2.generate import generate_text
 from gpt2.model import GPT2
-from gpt2.settings import TrainSettings, resumed_settings
+from gpt2.settings import MUON_LR, TrainSettings, resumed_settings
 from gpt2.stopping import StopRequested, StopSignals
 from gpt2.weights import expected_shapes, read_config
 
@@ -126,7 +126,7 @@ def make_optimizers(model: GPT2, s: TrainSettings, device: torch.device) -> list
     several). muon: torch's Muon for the blocks' matrices (c_attn, c_proj, c_fc: the hidden layers
     it is made for) and AdamW as above for the rest: embeddings, biases, LayerNorms. Muon's update
     is scaled to the size of AdamW's (Moonshot's match_rms_adamw, the same whichever way round a
-    matrix is stored), so AdamW's lr and weight decay carry over (docs/train.md)."""
+    matrix is stored), at its own learning rate (muon_lr) on the same schedule (docs/train.md)."""
     params = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     muon = [p for name, p in params if s.optimizer == "muon" and name.startswith("transformer.h.") and p.dim() == 2]
     rest = [p for _, p in params if not any(p is q for q in muon)]
@@ -144,8 +144,8 @@ def make_optimizers(model: GPT2, s: TrainSettings, device: torch.device) -> list
 
 
 def peak_lr(s: TrainSettings, muon: bool) -> float:
-    """The top of the learning rate's schedule: lr, or muon_lr (default lr) for Muon's matrices."""
-    return (s.lr if s.muon_lr is None else s.muon_lr) if muon else s.lr
+    """The top of the learning rate's schedule: lr, or muon_lr (default MUON_LR) for Muon's matrices."""
+    return (MUON_LR if s.muon_lr is None else s.muon_lr) if muon else s.lr
 
 
 # ------------------------------------------------------------------ the model
@@ -325,6 +325,7 @@ class Trainer:
         self.last_eval: dict[str, Any] | None = None
         self.at_start = rng_state(self.device)  # the random state an abandoned iteration is saved with
         self.bar = Progress()
+        self.writer = BackgroundWriter()  # rank 0's files of an evaluation, written while training goes on
 
     @property
     def is_main(self) -> bool:
@@ -342,8 +343,9 @@ class Trainer:
     def run(self) -> TrainResult:
         try:
             return self._run()
-        except Exception as e:
-            failure = self.procs.failure(e)  # another process died or hangs: say which
+        except BaseException as e:
+            self.writer.finish()  # whatever stopped the run, the files of the last evaluation are whole
+            failure = self.procs.failure(e) if isinstance(e, Exception) else None  # another process died or hangs: say which
             if failure is not None:
                 raise failure from None
             raise
@@ -376,6 +378,7 @@ class Trainer:
                     loss = float(self.procs.sum(loss)) / self.world  # the mean over all micro-batches of the step
                     stats = self._log_step(it, loss, time.perf_counter() - started)
                 self.bar.step_done(stats)
+        self.writer.wait()
         self.procs.barrier()  # every process ends when rank 0 has written everything
         return self._result(interrupted=False)
 
@@ -399,6 +402,7 @@ class Trainer:
             optimizer.zero_grad(set_to_none=True)
         self.model.train()
         set_rng_state(self.at_start, self.device)
+        self.writer.wait()  # the last evaluation's files first: this checkpoint is later
         self.save_checkpoint()
         self.procs.barrier()
         return self._result(interrupted=True)
@@ -496,11 +500,10 @@ class Trainer:
         weights = self.procs.model_state(self.model)  # gathered once (under FSDP, by every process) for both files
         if improved:
             self.best_val_loss = losses["val"]
-            self.save_model(weights)
         if self.s.sample_prompt is not None and (self.is_main or self.procs.sharded is not None):  # FSDP: all take part
             record["sample"] = self.sample(self.s.sample_prompt)
+        state = self.checkpoint_state(weights)  # under FSDP every process's part of gathering the optimizer's state
         if not self.is_main:
-            self.save_checkpoint(weights)  # under FSDP its part of gathering the optimizer's state
             return
         self.last_eval = record
         _append_log(self.out / LOG, record)
@@ -508,7 +511,14 @@ class Trainer:
                        + (" (best so far: saved)" if improved else ""))  # fmt: skip
         if "sample" in record:
             self.bar.write(f"sample: {self.s.sample_prompt}{record['sample']}")
-        self.save_checkpoint(weights)
+        self.writer.write(lambda: self.write_files(weights if improved else None, state))  # copies: training goes on
+
+    def write_files(self, best: dict[str, torch.Tensor] | None, state: dict[str, Any]) -> None:
+        """Rank 0's files of an evaluation (in the writer's thread): the model, if `best`, the
+        checkpoint, then the plot."""
+        if best is not None:
+            self.save_model(best)
+        write_checkpoint(self.out, state)
         plot_losses(self.out / LOG, self.out / PLOT, note=self.bar.write)
 
     def sample(self, prompt: str, max_new_tokens: int = 100) -> str:
@@ -530,19 +540,25 @@ class Trainer:
             self.model.tokenizer = self.tokenizer
             self.model.save_pretrained(self.out, weights)
 
-    def save_checkpoint(self, weights: dict[str, torch.Tensor] | None = None) -> None:
-        """All a resume needs, in one file written by rank 0 (gpt2/checkpoint.py): whole weights,
-        the optimizer's state by parameter name, and each process's random state (dropout's).
-        `weights`: the model's, already gathered (`Processes.model_state`); else gathered here."""
+    def save_checkpoint(self) -> None:
+        """Write the checkpoint now (rank 0; every process takes part in gathering it)."""
+        state = self.checkpoint_state()
+        if self.is_main:
+            write_checkpoint(self.out, state)
+
+    def checkpoint_state(self, weights: dict[str, torch.Tensor] | None = None) -> dict[str, Any] | None:
+        """All a resume needs, for one file written by rank 0 (gpt2/checkpoint.py): whole weights,
+        the optimizers' state by parameter name, and each process's random state (dropout's), as
+        copies that later steps leave alone (None on the other ranks). `weights`: the model's,
+        already gathered (`Processes.model_state`); else gathered here."""
         model = self.procs.model_state(self.model) if weights is None else weights
         optimizer = self.procs.optimizer_state(self.model, self.optimizers)
         rng = self.procs.gather(rng_state(self.device))
         if not self.is_main:
-            return
-        state = checkpoint_state(settings=self.s.to_dict(), config=self.model.config, iteration=self.iteration,
-                                 evaluated=self.evaluated, best_val_loss=self.best_val_loss, model=model,
-                                 optimizer=optimizer, scaler=self.scaler.state_dict(), rng=rng)  # fmt: skip
-        write_checkpoint(self.out, state)
+            return None
+        return checkpoint_state(settings=self.s.to_dict(), config=self.model.config, iteration=self.iteration,
+                                evaluated=self.evaluated, best_val_loss=self.best_val_loss, model=model,
+                                optimizer=optimizer, scaler=self.scaler.state_dict(), rng=rng)  # fmt: skip
 
     def _restore(self, state: dict[str, Any]) -> None:
         load_optimizer(state, self.procs, self.model, self.optimizers)
@@ -593,12 +609,9 @@ def _how_often(iterations: list[int], param: str) -> str:
 
 def plot_losses(log: Path, png: Path, note=print) -> Any:
     """Training loss at each logged step (faint) and the evaluations' train and validation losses,
-    against iterations. Returns the matplotlib figure drawn (closed), or None without matplotlib."""
+    against iterations. Returns the matplotlib figure drawn, or None without matplotlib."""
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")  # files only: no window, no display needed
-        import matplotlib.pyplot as plt
+        from matplotlib.figure import Figure  # not pyplot: no global state (it draws in the writer's thread), no window
     except ImportError:
         if not getattr(plot_losses, "warned", False):
             note("gpt2: note: loss.png needs matplotlib: pip install 'gpt2[train]'")
@@ -607,7 +620,8 @@ def plot_losses(log: Path, png: Path, note=print) -> Any:
     records = read_log(log)
     steps = [r for r in records if "loss" in r]
     evals = [r for r in records if "val_loss" in r]
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig = Figure(figsize=(8, 5))
+    ax = fig.subplots()
     if steps:
         label = f"train loss of a step {_how_often([r['iter'] for r in steps], 'log_interval')}"
         ax.plot([r["iter"] for r in steps], [r["loss"] for r in steps], color="tab:blue", alpha=0.25, lw=0.8, label=label)
@@ -620,8 +634,7 @@ def plot_losses(log: Path, png: Path, note=print) -> Any:
     ax.grid(alpha=0.3)
     ax.legend()
     with atomic_path(png) as tmp:
-        fig.savefig(tmp, format="png", dpi=100, bbox_inches="tight")
-    plt.close(fig)
+        fig.savefig(tmp, format="png", dpi=100, bbox_inches="tight")  # drawn by Agg, matplotlib's canvas for files
     return fig
 
 
