@@ -18,7 +18,17 @@ from collections.abc import Sequence
 from gpt2 import __version__
 from gpt2.config import ACTIVATIONS, POSITIONS, PRESETS
 from gpt2.errors import DistributedError, GPT2Error
-from gpt2.settings import COMPILE_MODES, DRAFT_TOKENS, EVAL_TASKS, INFERENCE_DTYPES, TRAINING_DTYPES, TrainSettings, read_recipe
+from gpt2.settings import (
+    COMPILE_MODES,
+    DRAFT_TOKENS,
+    EVAL_TASKS,
+    INFERENCE_DTYPES,
+    MUON_LR,
+    OPTIMIZERS,
+    TRAINING_DTYPES,
+    TrainSettings,
+    read_recipe,
+)
 
 EXIT_USAGE = 2
 DEFAULT_TOP_K = 200  # clamped to the model's vocabulary: a character model has fewer tokens
@@ -665,13 +675,16 @@ def _add_train_parser(commands) -> None:
                        help="the MLP's GELU: tanh approximation or exact (default: gelu_tanh with --config, as GPT-2; gelu otherwise, as nanoGPT)")  # fmt: skip
     model.add_argument("--init", help="fine-tune this model: a released name or a model directory")
     model.add_argument("--checkpoint-activations", action="store_true", help="recompute activations in backward: less memory, more compute")
-    optim = train.add_argument_group("optimisation (AdamW, linear warm-up then cosine decay)")
+    optim = train.add_argument_group("optimisation (AdamW or Muon, linear warm-up then cosine decay)")
     for name, kind in (("--batch-size", _whole_number), ("--grad-accum", _whole_number), ("--max-iters", _whole_number),
                        ("--lr", float), ("--min-lr", float), ("--warmup-iters", _whole_number), ("--lr-decay-iters", _whole_number),
                        ("--weight-decay", float), ("--beta1", float), ("--beta2", float), ("--grad-clip", float),
                        ("--seed", _whole_number)):  # fmt: skip
         default = getattr(d, name[2:].replace("-", "_"))
         optim.add_argument(name, type=kind, help=f"(default: {'max-iters' if default is None else default})")
+    optim.add_argument("--optimizer", choices=OPTIMIZERS,
+                       help="adamw, or muon: Muon for the blocks' matrices, AdamW for the rest (default: adamw)")  # fmt: skip
+    optim.add_argument("--muon-lr", type=float, help=f"with --optimizer muon: the peak learning rate of Muon's matrices (default: {MUON_LR})")
     run = train.add_argument_group("evaluation, devices, output")
     for name in ("--eval-interval", "--eval-iters", "--log-interval"):
         run.add_argument(name, type=_whole_number, help=f"(default: {getattr(d, name[2:].replace('-', '_'))})")

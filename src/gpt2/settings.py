@@ -35,6 +35,11 @@ DRAFT_TOKENS = 4
 TRAINING_DTYPES = ("auto", *WEIGHT_DTYPES)
 # torch.compile of a training step: auto compiles on CUDA only (devices.should_compile).
 COMPILE_MODES = ("auto", "on", "off")
+# The optimizers of a training run: AdamW for every weight, or Muon for the blocks' matrices (train.make_optimizers).
+OPTIMIZERS = ("adamw", "muon")
+# Muon's peak learning rate by default: the best of 0.001, 0.003, 0.01 and 0.03 on nanoGPT's shakespeare_char
+# recipe (docs/train.md), about what Keller Jordan's 0.02 gives these shapes; AdamW's lr would be 10x too small.
+MUON_LR = 0.01
 
 # The benchmarks a run can score at each of its evaluations (gpt2/tasks.py reads them).
 EVAL_TASKS = ("hellaswag",)
@@ -75,6 +80,8 @@ class TrainSettings:
     beta1: float = 0.9
     beta2: float = 0.95
     grad_clip: float = 1.0
+    optimizer: str = "adamw"
+    muon_lr: float | None = None  # None: MUON_LR, with optimizer muon
     seed: int = 1337
     eval_interval: int = 2000
     eval_iters: int = 200
@@ -110,6 +117,7 @@ class TrainSettings:
         self.beta1 = real_between("beta1", self.beta1, 0, 1, open_high=True)
         self.beta2 = real_between("beta2", self.beta2, 0, 1, open_high=True)
         self.grad_clip = real_between("grad_clip", self.grad_clip, 0, math.inf)
+        self._check_optimizer()
         self.seed = int_between("seed", self.seed, 0, 2**63 - 1, "a whole number")
         _choice("compile", self.compile, COMPILE_MODES)
         _choice("dtype", self.dtype, TRAINING_DTYPES)
@@ -131,6 +139,18 @@ class TrainSettings:
         if self.wandb_run_name is not None and self.wandb is None:
             raise InvalidArgumentError("wandb_run_name names a run of the Weights & Biases project given as wandb: give wandb too",
                                        "wandb_run_name", ("wandb",))  # fmt: skip
+
+    def _check_optimizer(self) -> None:
+        _choice("optimizer", self.optimizer, OPTIMIZERS)
+        if self.muon_lr is not None:
+            self.muon_lr = positive_real("muon_lr", self.muon_lr)
+            if self.optimizer != "muon":
+                raise InvalidArgumentError(f"muon_lr is the learning rate of optimizer muon, but optimizer is {self.optimizer!r}: "
+                                           "drop muon_lr or pass optimizer='muon'", "muon_lr", ("optimizer",))  # fmt: skip
+        if self.optimizer == "muon" and self.fsdp:
+            raise InvalidArgumentError("optimizer muon cannot run with fsdp: Muon orthogonalises each matrix whole (Newton-Schulz), "
+                                       "and FSDP2 shards every matrix over the processes; train with DDP (without fsdp) "
+                                       "or with optimizer adamw", "optimizer", ("fsdp",))  # fmt: skip
 
     def _check_model(self) -> None:
         shape = {k: getattr(self, k) for k in ("n_layer", "n_head", "n_embd") if getattr(self, k) is not None}

@@ -6,7 +6,7 @@
             x, y = get_batch(train, seed, it, micro) # (B, T) ids and their next ids
             loss = cross_entropy(model(x), y) / grad_accum
             loss.backward()
-        clip_grad_norm(grad_clip); adamw.step()
+        clip_grad_norm(grad_clip); adamw.step()      # --optimizer muon: muon.step() for the blocks' matrices too
 
 Evaluations (at iteration 0, every eval_interval and at the end) log the mean loss of both
 splits, keep the model of the best validation loss in OUT (Hugging Face's layout, with its
@@ -40,7 +40,7 @@ from typing import Any, NamedTuple
 import torch
 
 from gpt2 import distributed
-from gpt2._files import atomic_path, atomic_write_text, writable_directory
+from gpt2._files import BackgroundWriter, atomic_path, atomic_write_text, writable_directory
 from gpt2.checkpoint import (
     CHECKPOINT,
     checkpoint_config,
@@ -71,7 +71,7 @@ from gpt2.evaluate import hellaswag_pairs, hellaswag_right, loss_sum, score_cont
 from gpt2.generate import generate_text
 from gpt2.loggers import WANDB_ID, Loggers, check_loggers, open_loggers, read_log
 from gpt2.model import GPT2
-from gpt2.settings import TrainSettings, resumed_settings
+from gpt2.settings import MUON_LR, TrainSettings, resumed_settings
 from gpt2.stopping import StopRequested, StopSignals
 from gpt2.tasks import read_hellaswag, task_file
 from gpt2.tokenizer import CharTokenizer, Tokenizer
@@ -90,14 +90,17 @@ class WarmupWarning(GPT2Warning):
     lr, and never decays."""
 
 
-def learning_rate(it: int, s: TrainSettings) -> float:
-    """nanoGPT's schedule: linear warm-up over warmup_iters, then cosine decay to min_lr at lr_decay_iters."""
+def learning_rate(it: int, s: TrainSettings, peak: float | None = None) -> float:
+    """nanoGPT's schedule: linear warm-up over warmup_iters, then cosine decay to min_lr at lr_decay_iters.
+    `peak`: the schedule of a learning rate that tops at `peak` instead of lr (Muon's, muon_lr), the
+    same curve scaled (down to min_lr * peak / lr)."""
+    lr, min_lr = (s.lr, s.min_lr) if peak is None else (peak, s.min_lr * (peak / s.lr))
     if it < s.warmup_iters:
-        return s.lr * (it + 1) / (s.warmup_iters + 1)
+        return lr * (it + 1) / (s.warmup_iters + 1)
     if it >= s.lr_decay_iters:
-        return s.min_lr
+        return min_lr
     decay_ratio = (it - s.warmup_iters) / (s.lr_decay_iters - s.warmup_iters)  # 0 .. 1
-    return s.min_lr + 0.5 * (1.0 + math.cos(math.pi * decay_ratio)) * (s.lr - s.min_lr)
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * decay_ratio)) * (lr - min_lr)
 
 
 def warn_about_warmup(s: TrainSettings) -> None:
@@ -121,17 +124,33 @@ def flops_per_token(model: GPT2) -> float:
     return 6 * weights + 12 * config.n_layer * config.n_embd * config.n_ctx
 
 
-def make_optimizer(model: GPT2, s: TrainSettings, device: torch.device) -> torch.optim.AdamW:
-    """AdamW with weight decay on the 2-D parameters only (matrices and embeddings, not biases
-    or LayerNorms): nanoGPT's configure_optimizers, with the fused update on CPUs too (one
-    pass over each tensor instead of several)."""
-    params = [p for p in model.parameters() if p.requires_grad]
+def make_optimizers(model: GPT2, s: TrainSettings, device: torch.device) -> list[torch.optim.Optimizer]:
+    """The run's optimizers, stepped together. adamw: AdamW alone, with weight decay on the 2-D
+    parameters only (matrices and embeddings, not biases or LayerNorms): nanoGPT's
+    configure_optimizers, with the fused update on CPUs too (one pass over each tensor instead of
+    several). muon: torch's Muon for the blocks' matrices (c_attn, c_proj, c_fc: the hidden layers
+    it is made for) and AdamW as above for the rest: embeddings, biases, LayerNorms. Muon's update
+    is scaled to the size of AdamW's (Moonshot's match_rms_adamw, the same whichever way round a
+    matrix is stored), at its own learning rate (muon_lr) on the same schedule (docs/train.md)."""
+    params = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    muon = [p for name, p in params if s.optimizer == "muon" and name.startswith("transformer.h.") and p.dim() == 2]
+    rest = [p for _, p in params if not any(p is q for q in muon)]
     groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": s.weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        {"params": [p for p in rest if p.dim() >= 2], "weight_decay": s.weight_decay},
+        {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0},
     ]
     fused = {"fused": True} if fused_adamw_available(device) else {}
-    return torch.optim.AdamW(groups, lr=s.lr, betas=(s.beta1, s.beta2), **fused)
+    optimizers: list[torch.optim.Optimizer] = [torch.optim.AdamW(groups, lr=s.lr, betas=(s.beta1, s.beta2), **fused)]
+    if muon:
+        optimizers.append(torch.optim.Muon(muon, lr=peak_lr(s, muon=True),
+                                           weight_decay=s.weight_decay, momentum=0.95, nesterov=True,
+                                           adjust_lr_fn="match_rms_adamw"))  # fmt: skip
+    return optimizers
+
+
+def peak_lr(s: TrainSettings, muon: bool) -> float:
+    """The top of the learning rate's schedule: lr, or muon_lr (default MUON_LR) for Muon's matrices."""
+    return (MUON_LR if s.muon_lr is None else s.muon_lr) if muon else s.lr
 
 
 # ------------------------------------------------------------------ the model
@@ -350,7 +369,7 @@ class Trainer:
         self.tokenizer = self.data.tokenizer
         self.task_batches = [] if self.task is None else self.task.batches(model.config.n_ctx, s.batch_size * model.config.n_ctx)
         self.forward = self.procs.wrap(self.model, fsdp=s.fsdp, compiled=should_compile(s.compile, self.device))
-        self.optimizer = make_optimizer(self.model, s, self.device)  # after wrap: under FSDP it updates the shards
+        self.optimizers = make_optimizers(self.model, s, self.device)  # after wrap: under FSDP they update the shards
         self.scaler = self.precision.scaler()
         self.iteration, self.evaluated, self.best_val_loss = 0, -1, math.inf
         self.resumed = state is not None
@@ -364,6 +383,7 @@ class Trainer:
         self.last_eval: dict[str, Any] | None = None
         self.at_start = rng_state(self.device)  # the random state an abandoned iteration is saved with
         self.bar = Progress()
+        self.writer = BackgroundWriter()  # rank 0's files of an evaluation, written while training goes on
 
     @property
     def is_main(self) -> bool:
@@ -375,7 +395,7 @@ class Trainer:
     def close(self) -> None:
         """Leave the process group, once nothing holds it: DDP's wrapper, and under FSDP the
         model and the optimizer (their tensors are shards that name the group)."""
-        self.forward = self.model = self.optimizer = None
+        self.forward = self.model = self.optimizers = None
         if self.logger is not None:
             self.logger.close()
             self.logger = None
@@ -384,8 +404,9 @@ class Trainer:
     def run(self) -> TrainResult:
         try:
             return self._run()
-        except Exception as e:
-            failure = self.procs.failure(e)  # another process died or hangs: say which
+        except BaseException as e:
+            self.writer.finish()  # whatever stopped the run, the files of the last evaluation are whole
+            failure = self.procs.failure(e) if isinstance(e, Exception) else None  # another process died or hangs: say which
             if failure is not None:
                 raise failure from None
             raise
@@ -418,6 +439,7 @@ class Trainer:
                     loss = float(self.procs.sum(loss)) / self.world  # the mean over all micro-batches of the step
                     stats = self._log_step(it, loss, time.perf_counter() - started)
                 self.bar.step_done(stats)
+        self.writer.wait()
         self.procs.barrier()  # every process ends when rank 0 has written everything
         return self._result(interrupted=False)
 
@@ -440,9 +462,11 @@ class Trainer:
         completed iteration, which a resume repeats from here. The optimizer and the gradient
         scaler are as they were: both change only after the last micro-batch. A stop in an
         evaluation leaves `evaluated` at the last one done, so the resume redoes this one."""
-        self.optimizer.zero_grad(set_to_none=True)
+        for optimizer in self.optimizers:
+            optimizer.zero_grad(set_to_none=True)
         self.model.train()
         set_rng_state(self.at_start, self.device)
+        self.writer.wait()  # the last evaluation's files first: this checkpoint is later
         self.save_checkpoint()
         self.procs.barrier()
         return self._result(interrupted=True)
@@ -455,8 +479,10 @@ class Trainer:
     def train_step(self, it: int) -> torch.Tensor:
         """One optimizer step over grad_accum micro-batches; returns their mean loss (a tensor, not synchronised)."""
         s = self.s
-        for group in self.optimizer.param_groups:
-            group["lr"] = learning_rate(it, s)
+        for optimizer in self.optimizers:
+            lr = learning_rate(it, s, peak_lr(s, muon=isinstance(optimizer, torch.optim.Muon)))
+            for group in optimizer.param_groups:
+                group["lr"] = lr
         total = torch.zeros((), device=self.device)
         share = range(self.rank, s.grad_accum, self.world)  # this process's micro-batches: 1 in `world`
         for i, micro in enumerate(share):
@@ -473,11 +499,14 @@ class Trainer:
             if len(share) > 1:
                 self.bar.show("training", f"micro-batch {i + 1}/{len(share)}")
         if s.grad_clip > 0:
-            self.scaler.unscale_(self.optimizer)
+            for optimizer in self.optimizers:
+                self.scaler.unscale_(optimizer)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.grad_clip)
-        self.scaler.step(self.optimizer)
+        for optimizer in self.optimizers:  # (one scaler for all: torch's recipe for several optimizers)
+            self.scaler.step(optimizer)
         self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
+        for optimizer in self.optimizers:
+            optimizer.zero_grad(set_to_none=True)
         return total
 
     def _log_step(self, it: int, loss: float, seconds: float) -> str | None:
@@ -563,11 +592,10 @@ class Trainer:
         weights = self.procs.model_state(self.model)  # gathered once (under FSDP, by every process) for both files
         if improved:
             self.best_val_loss = losses["val"]
-            self.save_model(weights)
         if self.s.sample_prompt is not None and (self.is_main or self.procs.sharded is not None):  # FSDP: all take part
             record["sample"] = self.sample(self.s.sample_prompt)
+        state = self.checkpoint_state(weights)  # under FSDP every process's part of gathering the optimizer's state
         if not self.is_main:
-            self.save_checkpoint(weights)  # under FSDP its part of gathering the optimizer's state
             return
         self.last_eval = record
         self.logger.log(record)
@@ -579,7 +607,14 @@ class Trainer:
         self.bar.write(line + (" (best so far: saved)" if improved else ""))
         if "sample" in record:
             self.bar.write(f"sample: {self.s.sample_prompt}{record['sample']}")
-        self.save_checkpoint(weights)
+        self.writer.write(lambda: self.write_files(weights if improved else None, state))  # copies: training goes on
+
+    def write_files(self, best: dict[str, torch.Tensor] | None, state: dict[str, Any]) -> None:
+        """Rank 0's files of an evaluation (in the writer's thread): the model, if `best`, the
+        checkpoint, then the plot."""
+        if best is not None:
+            self.save_model(best)
+        write_checkpoint(self.out, state)
         plot_losses(self.out / LOG, self.out / PLOT, note=self.bar.write)
 
     def sample(self, prompt: str, max_new_tokens: int = 100) -> str:
@@ -601,22 +636,28 @@ class Trainer:
             self.model.tokenizer = self.tokenizer
             self.model.save_pretrained(self.out, weights)
 
-    def save_checkpoint(self, weights: dict[str, torch.Tensor] | None = None) -> None:
-        """All a resume needs, in one file written by rank 0 (gpt2/checkpoint.py): whole weights,
-        the optimizer's state by parameter name, and each process's random state (dropout's).
-        `weights`: the model's, already gathered (`Processes.model_state`); else gathered here."""
+    def save_checkpoint(self) -> None:
+        """Write the checkpoint now (rank 0; every process takes part in gathering it)."""
+        state = self.checkpoint_state()
+        if self.is_main:
+            write_checkpoint(self.out, state)
+
+    def checkpoint_state(self, weights: dict[str, torch.Tensor] | None = None) -> dict[str, Any] | None:
+        """All a resume needs, for one file written by rank 0 (gpt2/checkpoint.py): whole weights,
+        the optimizers' state by parameter name, and each process's random state (dropout's), as
+        copies that later steps leave alone (None on the other ranks). `weights`: the model's,
+        already gathered (`Processes.model_state`); else gathered here."""
         model = self.procs.model_state(self.model) if weights is None else weights
-        optimizer = self.procs.optimizer_state(self.model, self.optimizer)
+        optimizer = self.procs.optimizer_state(self.model, self.optimizers)
         rng = self.procs.gather(rng_state(self.device))
         if not self.is_main:
-            return
-        state = checkpoint_state(settings=self.s.to_dict(), config=self.model.config, iteration=self.iteration,
-                                 evaluated=self.evaluated, best_val_loss=self.best_val_loss, model=model,
-                                 optimizer=optimizer, scaler=self.scaler.state_dict(), rng=rng)  # fmt: skip
-        write_checkpoint(self.out, state)
+            return None
+        return checkpoint_state(settings=self.s.to_dict(), config=self.model.config, iteration=self.iteration,
+                                evaluated=self.evaluated, best_val_loss=self.best_val_loss, model=model,
+                                optimizer=optimizer, scaler=self.scaler.state_dict(), rng=rng)  # fmt: skip
 
     def _restore(self, state: dict[str, Any]) -> None:
-        load_optimizer(state, self.procs, self.model, self.optimizer)
+        load_optimizer(state, self.procs, self.model, self.optimizers)
         self.scaler.load_state_dict(state["scaler"])
         self.iteration, self.evaluated, self.best_val_loss = state["iteration"], state["evaluated"], state["best_val_loss"]
         rng = process_rng(state, self.rank, self.device)
@@ -649,12 +690,9 @@ def _how_often(iterations: list[int], param: str) -> str:
 def plot_losses(log: Path, png: Path, note=print) -> Any:
     """Training loss at each logged step (faint) and the evaluations' train and validation losses,
     against iterations; beside them, as llm.c's plots, HellaSwag's accuracies where the run scored
-    it. Returns the matplotlib figure drawn (closed), or None without matplotlib."""
+    it. Returns the matplotlib figure drawn, or None without matplotlib."""
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")  # files only: no window, no display needed
-        import matplotlib.pyplot as plt
+        from matplotlib.figure import Figure  # not pyplot: no global state (it draws in the writer's thread), no window
     except ImportError:
         if not getattr(plot_losses, "warned", False):
             note("gpt2: note: loss.png needs matplotlib: pip install 'gpt2[train]'")
@@ -664,7 +702,8 @@ def plot_losses(log: Path, png: Path, note=print) -> Any:
     steps = [r for r in records if "loss" in r]
     evals = [r for r in records if "val_loss" in r]
     scored = [r for r in evals if "hellaswag_acc_norm" in r]
-    fig, axes = plt.subplots(1, 2 if scored else 1, figsize=(15 if scored else 8, 5), squeeze=False)
+    fig = Figure(figsize=(15 if scored else 8, 5))
+    axes = fig.subplots(1, 2 if scored else 1, squeeze=False)
     ax = axes[0, 0]
     if steps:
         label = f"train loss of a step {_how_often([r['iter'] for r in steps], 'log_interval')}"
@@ -680,8 +719,7 @@ def plot_losses(log: Path, png: Path, note=print) -> Any:
     if scored:
         _plot_hellaswag(axes[0, 1], scored, how_often)
     with atomic_path(png) as tmp:
-        fig.savefig(tmp, format="png", dpi=100, bbox_inches="tight")
-    plt.close(fig)
+        fig.savefig(tmp, format="png", dpi=100, bbox_inches="tight")  # drawn by Agg, matplotlib's canvas for files
     return fig
 
 
