@@ -63,7 +63,8 @@ def main() -> None:
             out = tmp / f"out-{sig.name}-{when}"
             seconds = stop_after(args.src, tmp / "data", out, sig, when)
             lines = (out / "log.jsonl").read_text().splitlines() if (out / "log.jsonl").is_file() else []
-            state = json.loads(lines[-1]) if lines else {}  # nothing logged: stopped in the first evaluation
+            records = [r for r in map(json.loads, lines) if "settings" not in r]  # the settings: the run's first record
+            state = records[-1] if records else {}  # nothing logged: stopped in the first evaluation
             saved = "yes" if (out / "checkpoint.pt").is_file() else "no"
             rows.append((sig.name, f"during the {'first evaluation' if when == 'evaluation' else 'first step'}", f"{seconds:.1f} s",
                          saved, str(state.get("iter", "-"))))  # fmt: skip

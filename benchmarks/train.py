@@ -1,6 +1,6 @@
 """Training speed and quality against nanoGPT, run from ../shared/anchors/nanoGPT in the same run.
 
-    .venv/bin/python benchmarks/train.py [--only shakespeare|124m|ddp|gpu] [--iters N]
+    .venv/bin/python benchmarks/train.py [--only shakespeare,124m,ddp,gpu,muon] [--iters N] [--quick]
 
 1. nanoGPT's CPU recipe for shakespeare_char (its README): 4 layers, 4 heads, 128 wide, block
    64, batch 12, 2000 iterations, lr 1e-3 to 1e-4, warm-up 100, beta2 0.99, dropout 0, an
@@ -19,6 +19,15 @@
 4. One GPU (run where CUDA is; skipped elsewhere): the 124M shape, batch 16 x 1024, bfloat16
    autocast, fused AdamW, eager and compiled, as section 2 runs it, plus MFU against the GPU's
    dense bfloat16 peak and the peak GPU memory of each.
+
+5. Muon against AdamW (`--optimizer muon`): section 1's recipe trained by `gpt2 train` with each,
+   evaluated every 50 iterations: the validation loss of each at equal iterations, and the
+   iterations and training time (the steps' summed ms) each needs to reach nanoGPT's final
+   validation loss of section 1 (run in the same invocation; with `--only muon`, AdamW's own
+   final loss). Muon at its default lr, MUON_LR, tuned on this recipe (docs/train.md). Also section 2's 124M
+   shape: ms per iteration with each optimizer.
+
+`--quick`: a smoke run of every section (a few iterations), to check that the script works.
 
 nanoGPT is run in place from a scratch directory that links to its files (its train.py reads
 configurator.py and data/ from the working directory); nothing of it is copied into the project.
@@ -47,6 +56,7 @@ from _common import print_table
 from gpt2.config import GPT2Config
 from gpt2.devices import peak_flops
 from gpt2.model import GPT2
+from gpt2.settings import MUON_LR
 from gpt2.train import flops_per_token, read_log
 
 REPO = Path(__file__).resolve().parents[1]
@@ -100,10 +110,19 @@ def shakespeare(root: Path, iters: int) -> list[list[str]]:
     records = read_log(root / "ours-out" / "log.jsonl")
     ours_val = [r["val_loss"] for r in records if "val_loss" in r][-1]
     ours_ms = statistics.median(r["ms"] for r in records if "ms" in r and r["iter"] > 0)
+    # gpt2's Muon recipe, as shipped: its own iterations (fewer), to nanoGPT's loss or below
+    muon_s, _ = run_timed([*gpt2, "train", "--recipe", "shakespeare_char_muon", "--data", str(root / "ours-data"),
+                           "--out", str(root / "muon-out"), "--no-progress"], cwd=root)  # fmt: skip
+    muon_records = read_log(root / "muon-out" / "log.jsonl")
+    muon_evals = [r for r in muon_records if "val_loss" in r]
     return [
         ["wall time of the run", f"{ours_s:.1f} s", f"{theirs_s:.1f} s", f"{theirs_s / ours_s:.2f}x faster"],
         ["median time per iteration", f"{ours_ms:.1f} ms", f"{theirs_ms:.1f} ms", f"{theirs_ms / ours_ms:.2f}x faster"],
         [f"validation loss at iteration {iters}", f"{ours_val:.4f}", f"{theirs_val:.4f}", f"{ours_val - theirs_val:+.4f}"],
+        [f"gpt2's recipe shakespeare_char_muon ({muon_evals[-1]['iter']} iterations): wall time of the run", f"{muon_s:.1f} s",
+         f"{theirs_s:.1f} s", f"{theirs_s / muon_s:.2f}x faster"],  # fmt: skip
+        ["  its validation loss at the end", f"{muon_evals[-1]['val_loss']:.4f}", f"{theirs_val:.4f}",
+         f"{muon_evals[-1]['val_loss'] - theirs_val:+.4f}"],  # fmt: skip
     ]
 
 
@@ -222,33 +241,99 @@ def ddp(root: Path, iters: int) -> list[list[str]]:
     return rows
 
 
+def gpt2_run(root: Path, name: str, data: Path, recipe: dict, *extra: str) -> tuple[float, list[dict]]:
+    """`gpt2 train` on the recipe, as its users run it: wall time and log records."""
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in recipe.items()]
+    seconds, _ = run_timed([sys.executable, "-m", "gpt2", "train", "--data", str(data), "--out", str(root / name), "--device=cpu",
+                            "--compile=off", "--lr=1e-3", "--grad-accum=1", "--no-progress", *flags, *extra], cwd=root)  # fmt: skip
+    return seconds, read_log(root / name / "log.jsonl")
+
+
+def reached(records: list[dict], target: float) -> tuple[int, float] | None:
+    """The first evaluation at or below `target`: its iteration, and the training steps' seconds to get there."""
+    for r in records:
+        if "val_loss" in r and r["val_loss"] <= target:
+            return r["iter"], sum(x["ms"] for x in records if "ms" in x and x["iter"] < r["iter"]) / 1000
+    return None
+
+
+def muon(root: Path, iters: int, iters_124m: int, target: float | None) -> list[list[str]]:
+    """AdamW and Muon on the shakespeare_char recipe (and their 124M step time)."""
+    root.mkdir(parents=True)
+    run_timed([sys.executable, "-m", "gpt2", "prepare", str(SHAKESPEARE), "--out", str(root / "char"), "--tokenizer", "char",
+               "--no-progress"], cwd=root)  # fmt: skip
+    recipe = dict(RECIPE, max_iters=iters, lr_decay_iters=iters, eval_interval=max(iters // 40, 10), log_interval=1)
+    runs = {"adamw": gpt2_run(root, "adamw", root / "char", recipe),
+            "muon": gpt2_run(root, "muon", root / "char", recipe, "--optimizer=muon", f"--muon-lr={MUON_LR}")}  # fmt: skip
+    evals = {k: {r["iter"]: r["val_loss"] for r in log if "val_loss" in r} for k, (_, log) in runs.items()}
+    whose = "nanoGPT's" if target is not None else "AdamW's"
+    target = evals["adamw"][iters] if target is None else target
+    rows = [[f"validation loss at iteration {it}", f"{evals['adamw'][it]:.4f}", f"{evals['muon'][it]:.4f}",
+             f"{evals['muon'][it] - evals['adamw'][it]:+.4f}"] for it in sorted(evals["adamw"]) if it % max(iters // 8, 1) == 0]  # fmt: skip
+    at = {k: reached(log, target) for k, (_, log) in runs.items()}
+    show = {k: "not reached" if v is None else f"iteration {v[0]} ({v[1]:.1f} s of steps)" for k, v in at.items()}
+    ratio = f"{at['muon'][0] / at['adamw'][0]:.0%} of AdamW's iterations" if None not in at.values() and at["adamw"][0] else ""
+    rows.append([f"reaches {whose} final validation loss {target:.4f}", show["adamw"], show["muon"], ratio])
+    ms = {k: statistics.median(r["ms"] for r in log if "ms" in r and r["iter"] > 0) for k, (_, log) in runs.items()}
+    rows.append(["median ms per iteration", f"{ms['adamw']:.1f}", f"{ms['muon']:.1f}", f"{ms['muon'] / ms['adamw']:.2f}x the time"])
+    rows.append(["wall time of the run (evaluations every " + f"{recipe['eval_interval']} iterations)", f"{runs['adamw'][0]:.1f} s",
+                 f"{runs['muon'][0]:.1f} s", ""])  # fmt: skip
+    step = {}
+    for name, extra in (("adamw", {}), ("muon", {"optimizer": "muon"})):
+        work = root / f"m124-{name}"
+        random_ids(work / "data")
+        settings = dict(GPT2_CPU_124M, max_iters=iters_124m, eval_interval=10**6, eval_iters=1, log_interval=1, warmup_iters=0,
+                        data=str(work / "data"), device="cpu", compile="off", **extra)  # fmt: skip
+        out = subprocess.run([sys.executable, "-c", CHILD_124M, "gpt2", str(work), str(iters_124m), json.dumps(settings)],
+                             capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO / "src")})  # fmt: skip
+        if out.returncode != 0:
+            sys.exit(f"124M with {name} failed:\n{out.stderr[-3000:]}")
+        step[name] = json.loads(out.stdout.strip().splitlines()[-1])["ms"]
+    rows.append(["124M, batch 4 x 256: ms per iteration", f"{step['adamw']:.0f}", f"{step['muon']:.0f}",
+                 f"{step['muon'] / step['adamw']:.2f}x the time"])  # fmt: skip
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=["shakespeare", "124m", "ddp", "gpu"])
+    parser.add_argument("--only", type=lambda text: set(text.split(",")), metavar="SECTIONS",
+                        help="sections to run, comma-separated, of: shakespeare, 124m, ddp, gpu, muon (default: all)")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: a few iterations of each section")
     parser.add_argument("--iters", type=int, default=2000, help="iterations of the shakespeare recipe (default: 2000)")
     parser.add_argument("--iters-124m", type=int, default=8, help="iterations of the 124M run (default: 8; the first 2 are warm-up)")
     parser.add_argument("--iters-gpu", type=int, default=50, help="iterations of each GPU run (default: 50; the first 2 are warm-up)")
     parser.add_argument("--iters-ddp", type=int, default=30, help="iterations of each DDP run (default: 30; the first 2 are warm-up)")
     args = parser.parse_args()
+    if args.quick:
+        args.iters, args.iters_124m, args.iters_gpu, args.iters_ddp = 40, 3, 5, 4
     if not ANCHOR.is_dir() or not SHAKESPEARE.is_file():
         sys.exit(f"this benchmark needs nanoGPT in {ANCHOR} and {SHAKESPEARE} (../shared beside the clone)")
-    if args.only == "gpu" and not torch.cuda.is_available():
+    sections = {"shakespeare", "124m", "ddp", "gpu", "muon"}
+    if args.only is not None and not args.only <= sections:
+        sys.exit(f"--only takes sections of {', '.join(sorted(sections))}, not {', '.join(sorted(args.only - sections))}")
+    args.only = args.only or sections
+    if args.only == {"gpu"} and not torch.cuda.is_available():
         sys.exit("--only gpu needs a CUDA GPU: this machine has none")
-    rows, ddp_rows = [], []
+    rows, ddp_rows, muon_rows, nanogpt_loss = [], [], [], None
     with tempfile.TemporaryDirectory() as tmp:
-        if args.only in (None, "shakespeare"):
+        if "shakespeare" in args.only:
             rows += shakespeare(Path(tmp) / "s", args.iters)
-        if args.only in (None, "124m"):
+            nanogpt_loss = float(rows[-1][2])
+        if "124m" in args.only:
             rows += cpu_124m(Path(tmp), args.iters_124m)
-        if args.only in (None, "gpu") and torch.cuda.is_available():
+        if "gpu" in args.only and torch.cuda.is_available():
             rows += gpu(Path(tmp), args.iters_gpu)
-        if args.only in (None, "ddp"):
+        if "ddp" in args.only:
             (Path(tmp) / "d").mkdir()
             ddp_rows = ddp(Path(tmp) / "d", args.iters_ddp)
+        if "muon" in args.only:
+            muon_rows = muon(Path(tmp) / "muon", args.iters, args.iters_124m, nanogpt_loss)
     if rows:
         print_table(["measure", "gpt2", "nanoGPT", "gpt2 vs nanoGPT"], rows)
     if ddp_rows:
         print_table(["DDP on the CPU (gloo)", "1 process, 2 threads", "2 processes, 1 thread each", "2 vs 1"], ddp_rows)
+    if muon_rows:
+        print_table(["shakespeare_char recipe, gpt2 train", "AdamW", f"Muon (--muon-lr {MUON_LR})", "Muon vs AdamW"], muon_rows)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ its corpus from the Python standard library's own sources instead.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -40,6 +41,27 @@ def corpus() -> tuple[str, str]:
         if size > 1_000_000:
             break
     return "the standard library's sources", "".join(text)
+
+
+def corpus_hellaswag(n: int = 24) -> list[dict]:
+    """n examples in HellaSwag's format from the corpus's lines (of 6 words or more): a line's first
+    half, and the second halves of it and the next three lines, its own at index i % 4: a model
+    trained on the corpus for a few iterations scores neither 0 nor 1, and not the same at each
+    evaluation."""
+    lines = [line.split() for line in corpus()[1].splitlines() if len(line.split()) >= 6]
+    examples = []
+    for i in range(n):
+        halves = [(words[: len(words) // 2], words[len(words) // 2 :]) for words in lines[i : i + 4]]
+        endings = [" ".join(second) for _, second in halves]
+        endings[0], endings[i % 4] = endings[i % 4], endings[0]
+        examples.append({"ctx": " ".join(halves[0][0]), "endings": endings, "label": i % 4})
+    return examples
+
+
+def write_hellaswag(path: Path, examples: list[dict]) -> Path:
+    """A hellaswag_val.jsonl of these examples; its path."""
+    path.write_text("".join(json.dumps(e) + "\n" for e in examples), encoding="utf-8")
+    return path
 
 
 def tiktoken_from_files(encoder_json: Path, vocab_bpe: Path, eot: int = 50256):

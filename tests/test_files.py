@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 import re
 import stat
+import threading
 from pathlib import Path
 
 import pytest
 
 from gpt2 import GPT2, GPT2Config, GPT2Error, Tokenizer, UnwritablePathError
-from gpt2._files import atomic_path, atomic_write_text, read_text, writable_directory
+from gpt2._files import BackgroundWriter, atomic_path, atomic_write_text, read_text, writable_directory
 from gpt2.errors import DataError
 from gpt2.tokenizer import CharTokenizer
 
@@ -140,3 +141,34 @@ def test_models_and_vocabularies_are_not_saved_into_an_unwritable_directory(tmp_
         for name, save in writers.items():
             with pytest.raises(UnwritablePathError, match=f"^cannot write into {re.escape(f'{path}: {reason}')}$"):
                 save(path)
+
+
+def test_the_background_writer_writes_one_batch_at_a_time_and_raises_its_errors_in_the_caller(tmp_path):
+    writer, go, order = BackgroundWriter(), threading.Event(), []
+
+    def slow():
+        go.wait(timeout=30)
+        atomic_write_text(tmp_path / "a.txt", "first")
+        order.append(("first", threading.current_thread() is threading.main_thread()))
+
+    writer.write(slow)
+    assert not (tmp_path / "a.txt").exists()  # the caller went on while the write waits
+    go.set()
+    writer.write(lambda: order.append(("second", (tmp_path / "a.txt").read_text())))  # after the first, whole
+    writer.wait()
+    assert order == [("first", False), ("second", "first")]
+
+    def fails():
+        raise UnwritablePathError(f"cannot write {tmp_path / 'b'}: no space left on device")
+
+    writer.write(fails)
+    with pytest.raises(UnwritablePathError, match="no space left on device"):
+        writer.wait()
+    writer.wait()  # raised once
+    writer.write(fails)
+    with pytest.raises(UnwritablePathError):  # by the next write, before it starts
+        writer.write(lambda: order.append("never"))
+    writer.write(fails)
+    writer.finish()  # waits, and drops the error: the caller has one of its own
+    writer.wait()
+    assert order == [("first", False), ("second", "first")]

@@ -1,15 +1,19 @@
-"""TrainSettings: a run's settings checked by name, the architecture they give, what a resume may change."""
+"""TrainSettings: a run's settings checked by name, the architecture they give, what a resume may
+change, and recipes (settings in TOML files)."""
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import subprocess
 import sys
 
 import pytest
 
-from gpt2 import InvalidArgumentError
+from helpers import REPO
+from gpt2 import InvalidArgumentError, RecipeError, RecipeNotFoundError
 from gpt2.config import GPT2Config
-from gpt2.settings import RESUME_OVERRIDES, TrainSettings, resumed_settings
+from gpt2.settings import RESUME_OVERRIDES, TrainSettings, read_recipe, recipe_keys, recipe_names, resumed_settings
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -30,10 +34,20 @@ from gpt2.settings import RESUME_OVERRIDES, TrainSettings, resumed_settings
     (dict(fsdp="yes"), "fsdp must be True or False, got 'yes'"),
     (dict(checkpoint_activations=1), "checkpoint_activations must be True or False, got 1"),
     (dict(init="gpt2", n_layer=3), "init: the architecture comes from the model being fine-tuned; drop n_layer"),
+    (dict(eval_task="mmlu"), "eval_task must be one of hellaswag, got 'mmlu'"),
+    (dict(eval_task="hellaswag", eval_task_limit=0), "eval_task_limit must be a positive integer, got 0"),
+    (dict(eval_task="hellaswag", eval_task_limit=2.5), "eval_task_limit must be a positive integer, got 2.5"),
+    (dict(eval_task="hellaswag", eval_task_limit=True), "eval_task_limit must be a positive integer, got True"),
+    (dict(eval_task="hellaswag", eval_task_data=3), "eval_task_data must be a path, got 3"),
+    (dict(eval_task_limit=100), r"eval_task_limit is a setting of eval_task, which is not set: give eval_task too \(or drop "
+                                r"eval_task_limit\)"),
+    (dict(eval_task_limit=100, eval_task_data="h.jsonl"), r"\(or drop eval_task_limit and eval_task_data\)"),
 ])  # fmt: skip
 def test_bad_settings_are_named(changes, message):
-    with pytest.raises(InvalidArgumentError, match=message):
+    with pytest.raises(InvalidArgumentError, match=message) as e:
         TrainSettings(data="unused", **changes)
+    if "eval_task" in str(e.value):
+        assert e.value.param == str(e.value).split()[0]  # the setting the message starts with
 
 
 def test_the_architecture_of_a_run_from_scratch():
@@ -60,8 +74,93 @@ def test_a_resume_changes_only_what_leaves_the_losses_alone():
     assert set(RESUME_OVERRIDES) <= set(stored) | {"timeout"}
 
 
+def test_a_resume_may_start_stop_or_change_the_eval_task():
+    """A benchmark scored at each evaluation leaves the losses alone: a resume may change it."""
+    stored = TrainSettings(data="d", eval_task="hellaswag", eval_task_limit=100).to_dict()
+    assert (resumed_settings(stored, {}).eval_task, resumed_settings(stored, {}).eval_task_limit) == ("hellaswag", 100)
+    resumed = resumed_settings(stored, {"eval_task_limit": 500, "eval_task_data": "h.jsonl"})
+    assert (resumed.eval_task, resumed.eval_task_limit, resumed.eval_task_data) == ("hellaswag", 500, "h.jsonl")
+    assert resumed_settings(stored, {"eval_task": None, "eval_task_limit": None}).eval_task is None
+    fresh = TrainSettings(data="d").to_dict()
+    del fresh["eval_task"], fresh["eval_task_limit"], fresh["eval_task_data"]  # a run started before they existed
+    assert resumed_settings(fresh, {"eval_task": "hellaswag"}).eval_task == "hellaswag"
+
+
 def test_the_settings_import_without_torch():
     """The command line offers the dtype names and the settings' defaults before torch is loaded."""
     code = "import sys, gpt2.settings; assert 'torch' not in sys.modules"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
     assert result.returncode == 0, result.stderr.decode()
+
+
+# ------------------------------------------------------------------ recipes
+
+
+@pytest.mark.parametrize("name", recipe_names())
+def test_every_shipped_recipe_builds_valid_settings(name):
+    settings = read_recipe(name)
+    assert settings.pop("out").startswith("out-") and settings["data"].startswith("data/")
+    TrainSettings(**settings)  # raises on a bad value
+
+
+def test_the_shipped_recipes_are_the_peers_settings():
+    """Each against its source, as written there (nanoGPT's configs and README, llm.c's script)."""
+    char = read_recipe("shakespeare_char")
+    assert {k: char[k] for k in ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "max_iters", "lr", "min_lr",
+                                 "warmup_iters", "beta2", "dropout", "eval_interval", "eval_iters", "grad_accum")} == dict(
+        n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12, max_iters=2000, lr=1e-3, min_lr=1e-4, warmup_iters=100,
+        beta2=0.99, dropout=0.0, eval_interval=250, eval_iters=20, grad_accum=1)  # fmt: skip
+    owt = read_recipe("gpt2_124m_owt")
+    assert owt["batch_size"] * owt["block_size"] * owt["grad_accum"] == 12 * 1024 * 5 * 8  # 491,520 tokens a step
+    fineweb = read_recipe("gpt2_124m_fineweb")
+    assert fineweb["batch_size"] * fineweb["block_size"] * fineweb["grad_accum"] == 524288  # llm.c's -d
+    assert (fineweb["max_iters"], fineweb["warmup_iters"], fineweb["min_lr"], fineweb["lr"]) == (18865, 700, 0.0, 6e-4)
+    assert sorted(p.stem for p in (REPO / "recipes").glob("*.toml")) == recipe_names()  # the repository's recipes/
+
+
+def test_a_recipe_takes_the_flags_names_with_dashes_or_underscores(tmp_path):
+    recipe = tmp_path / "r.toml"
+    recipe.write_text('max-iters = 5\nlr = 1\nout = "o"\nbias = true\nsample_prompt = "A"\n')
+    assert read_recipe(recipe) == {"max_iters": 5, "lr": 1.0, "out": "o", "bias": True, "sample_prompt": "A"}
+    assert isinstance(read_recipe(recipe)["lr"], float)  # an integer where a number goes: TOML's 1 is lr 1.0
+
+
+@pytest.mark.parametrize("text, error, message", [
+    ("max_iter = 5\n", RecipeError, r"has an unknown key 'max_iter' \(did you mean max_iters\?\); the keys are the "
+                                    r"settings' names: activation, batch_size, .*, max_iters, .*, out, .*, weight_decay$"),
+    ("lr = 1e-3\nmax_iters 5\n", RecipeError, r"is not valid TOML: .*\(at line 2, column 11\)$"),
+    ('max_iters = "5"\n', RecipeError, r"sets max_iters to '5', a str: max_iters must be an integer$"),
+    ("lr = true\n", RecipeError, r"sets lr to True, a bool: lr must be a number$"),
+    ("n_layer = 2.0\n", RecipeError, r"sets n_layer to 2.0, a float: n_layer must be an integer$"),
+    ("[model]\nn_layer = 2\n", RecipeError, r"has an unknown key 'model'"),
+    ("max_iters = 5\nmax-iters = 6\n", RecipeError, r"sets max_iters twice$"),
+])  # fmt: skip
+def test_a_bad_recipe_is_named_with_its_file_and_key(tmp_path, text, error, message):
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(text)
+    with pytest.raises(error, match=rf"^the recipe {re.escape(str(recipe))} {message}"):
+        read_recipe(recipe)
+
+
+def test_a_missing_recipe_names_the_shipped_ones(tmp_path):
+    with pytest.raises(RecipeNotFoundError, match=r"^no recipe '.*nothing.toml': give a TOML file, or one of gpt2's recipes: "
+                                                  r"finetune_shakespeare, gpt2_124m_fineweb, .*shakespeare_char"):  # fmt: skip
+        read_recipe(tmp_path / "nothing.toml")
+    assert issubclass(RecipeNotFoundError, FileNotFoundError)
+
+
+def test_a_setting_added_to_train_settings_is_a_recipe_key():
+    """The keys come from TrainSettings' fields: another part's setting (a new optimizer) needs no list kept here."""
+    keys = recipe_keys()
+    assert set(keys) == {f.name for f in dataclasses.fields(TrainSettings)} | {"out"}
+    assert (keys["max_iters"], keys["lr"], keys["bias"], keys["init"], keys["wandb"]) == (int, float, bool, str, str)
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(wandb=""), "wandb must be a name"),
+    (dict(tensorboard=3), "tensorboard must be a name"),
+    (dict(wandb_run_name="x"), "wandb_run_name names a run of the Weights & Biases project given as wandb: give wandb too"),
+])  # fmt: skip
+def test_bad_logger_settings_are_named(changes, message):
+    with pytest.raises(InvalidArgumentError, match=message):
+        TrainSettings(data="unused", **changes)

@@ -136,6 +136,14 @@ def test_offline_mode_downloads_nothing(monkeypatch, tmp_path):
         task_file("lambada")
     with pytest.raises(GPT2Error, match=r"could not download wikitext2 from the Hugging Face hub \(Salesforce/wikitext\)"):
         task_file("wikitext2")
+    # the setting that gives the file is named: `gpt2 train`'s eval_task_data, not `gpt2 eval`'s data
+    with pytest.raises(GPT2Error, match=r"HF_HUB_OFFLINE is set; without a network, download it elsewhere and pass its path as "
+                                        r"eval_task_data$") as e:  # fmt: skip
+        task_file("hellaswag", param="eval_task_data")
+    assert e.value.param == "eval_task_data"
+    with pytest.raises(GPT2Error, match=r"pass its path as eval_task_data \(wiki.test.raw") as e:
+        task_file("wikitext2", param="eval_task_data")
+    assert e.value.param == "eval_task_data"
 
 
 def test_a_file_of_ones_own_is_taken_as_it_is(tmp_path):

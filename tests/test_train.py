@@ -20,13 +20,15 @@ import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
 import gpt2.train
-from helpers import REPO, Watched, heed_ctrl_c, make_hf_model
-from gpt2 import ContextLengthError, GPT2Error, InvalidArgumentError, UnwritablePathError
-from gpt2.data import get_batch, prepare
+from helpers import REPO, Watched, corpus_hellaswag, heed_ctrl_c, make_hf_model, write_hellaswag
+from gpt2 import CheckpointError, ContextLengthError, DataError, GPT2Error, InvalidArgumentError, UnwritablePathError
+from gpt2.data import get_batch, open_data, prepare
+from gpt2.evaluate import hellaswag
 from gpt2.model import GPT2
 from gpt2.config import GPT2Config
 from gpt2.settings import TrainSettings
-from gpt2.train import EVAL_STREAM, Trainer, WarmupWarning, learning_rate, make_optimizer, plot_losses, read_log, train
+from gpt2.tasks import read_hellaswag
+from gpt2.train import EVAL_STREAM, TaskEvaluation, Trainer, WarmupWarning, learning_rate, make_optimizers, plot_losses, read_log, train
 
 # Runs of a few iterations are shorter than TINY's warm-up on purpose: its warning is tested once, below.
 pytestmark = pytest.mark.filterwarnings("ignore::gpt2.train.WarmupWarning")
@@ -142,6 +144,117 @@ def test_one_step_equals_transformers(gpt2_data, tmp_path):
         assert (state[name] - p.detach()).abs().max() < 1e-5, name
 
 
+# ------------------------------------------------------------------ Muon
+
+
+def muon_update(grad: torch.Tensor, momentum: float = 0.95) -> torch.Tensor:
+    """Muon's first update of a matrix, written out from Keller Jordan's muon.py and Moonshot's
+    paper as the independent reference: Nesterov momentum on an average of the gradients (after one
+    step the buffer is (1 - momentum) grad), five quintic Newton-Schulz iterations in bfloat16 on the
+    wide way round (each as addmm: bfloat16 rounds every product, so only the same order of
+    operations gives the same numbers), and Moonshot's scale 0.2 sqrt(max(A, B))."""
+    buffer = (1 - momentum) * grad
+    x = grad.lerp(buffer, momentum).bfloat16()
+    wide = x.size(0) <= x.size(1)
+    x = x if wide else x.T
+    x = x / x.norm().clamp(min=1e-7)
+    a, b, c = 3.4445, -4.7750, 2.0315
+    for _ in range(5):
+        gram = x @ x.T
+        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)  # a x + (b gram + c gram^2) x
+    return (x if wide else x.T).float() * 0.2 * math.sqrt(max(grad.shape))
+
+
+def test_muon_updates_the_blocks_matrices_and_adamw_the_rest():
+    model = GPT2(GPT2Config(n_vocab=65, n_ctx=16, n_layer=2, n_head=2, n_embd=32, bias=True))
+    adamw, muon = make_optimizers(model, TrainSettings(data="unused", optimizer="muon"), torch.device("cpu"))
+    names = {p: name for name, p in model.named_parameters()}
+    matrices = [f"transformer.h.{i}.{m}.weight" for i in (0, 1) for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")]
+    assert isinstance(muon, torch.optim.Muon) and sorted(names[p] for p in muon.param_groups[0]["params"]) == sorted(matrices)
+    decayed, not_decayed = ([names[p] for p in g["params"]] for g in adamw.param_groups)
+    assert decayed == ["transformer.wte.weight", "transformer.wpe.weight"]
+    assert len(not_decayed) == 2 * 8 + 2 and all(name.endswith(("bias", "ln_1.weight", "ln_2.weight", "ln_f.weight")) for name in not_decayed)
+    (alone,) = make_optimizers(model, TrainSettings(data="unused"), torch.device("cpu"))  # adamw: every weight
+    assert sum(len(g["params"]) for g in alone.param_groups) == len(names)
+
+
+def test_muon_lr_scales_the_schedule():
+    s = TrainSettings(data="unused", lr=1e-3, min_lr=1e-4, warmup_iters=10, max_iters=100, optimizer="muon", muon_lr=5e-3)
+    for it in (0, 5, 10, 50, 99, 150):
+        assert learning_rate(it, s, 5e-3) == pytest.approx(5 * nanogpt_lr(it, 1e-3, 10, 100, 1e-4), rel=1e-12)
+    assert learning_rate(150, s, s.lr) == learning_rate(150, s) == 1e-4  # the peak lr itself: the same numbers, bit for bit
+
+
+def test_one_muon_step_equals_muon_written_out(gpt2_data, tmp_path):
+    """The weights after one step: Muon's update (written out above) for the blocks' matrices,
+    with decoupled weight decay at Muon's lr, and AdamW's for the rest."""
+    hf = make_hf_model(seed=3, vocab_size=50257, n_positions=16, n_embd=32, n_layer=2, n_head=2)
+    hf.save_pretrained(tmp_path / "init")
+    settings = dict(TINY, grad_accum=1, warmup_iters=0, weight_decay=0.1, grad_clip=1.0, seed=7, eval_interval=1000)
+    for name in ("n_layer", "n_head", "n_embd"):
+        settings.pop(name)
+    train(tmp_path / "out", data=gpt2_data, init=tmp_path / "init", max_iters=1, optimizer="muon", progress=False, **settings)
+    x, y = get_batch(np.fromfile(gpt2_data / "train.bin", dtype=np.uint16), 16, 4, seed=7, iteration=0, micro_step=0)
+    model = GPT2.from_pretrained(tmp_path / "init", device="cpu", dropout=0.0).train()
+    model(x, y)[1].backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    lr, muon_lr = 3e-3, 0.01  # TINY's, and Muon's by default
+    matrices = {n for n, p in model.named_parameters() if n.startswith("transformer.h.") and p.dim() == 2}
+    expected = {n: (p * (1 - muon_lr * 0.1) - muon_lr * muon_update(p.grad)).detach()
+                for n, p in model.named_parameters() if n in matrices}  # fmt: skip
+    rest = [p for n, p in model.named_parameters() if n not in matrices]
+    torch.optim.AdamW([{"params": [p for p in rest if p.dim() >= 2], "weight_decay": 0.1},
+                       {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95)).step()  # fmt: skip
+    expected |= {n: p.detach() for n, p in model.named_parameters() if n not in matrices}
+    state = torch.load(tmp_path / "out" / "checkpoint.pt", weights_only=True)
+    for name, p in expected.items():
+        assert (state["model"][name] - p).abs().max() < 2e-6, name
+    moved = [float((state["model"][n] - p.detach()).abs().max()) for n, p in GPT2.from_pretrained(tmp_path / "init").named_parameters()]
+    assert min(moved) > 1e-4  # every weight moved: the tolerance above is far below a step
+    assert {"momentum_buffer"} == set(state["optimizer"]["state"]["transformer.h.0.mlp.c_fc.weight"])
+    assert {"step", "exp_avg", "exp_avg_sq"} == set(state["optimizer"]["state"]["transformer.wte.weight"])
+
+
+def test_a_muon_run_resumes_bit_for_bit_and_keeps_its_optimizer(char_data, tmp_path, capsys):
+    settings = dict(RESUMABLE, optimizer="muon", muon_lr=6e-3)
+    train(tmp_path / "whole", data=char_data, max_iters=12, progress=False, **settings)
+    train(tmp_path / "parts", data=char_data, max_iters=7, lr_decay_iters=12, progress=False, **settings)
+    with pytest.raises(InvalidArgumentError, match="optimizer is 'adamw', but the run was started with 'muon'") as e:
+        train(tmp_path / "parts", resume=True, max_iters=12, optimizer="adamw", progress=False)
+    assert e.value.param == "optimizer"
+    train(tmp_path / "parts", resume=True, max_iters=12, progress=False)
+    whole, parts = losses(tmp_path / "whole"), losses(tmp_path / "parts")
+    assert sorted(parts) == list(range(12)) and parts == whole  # bit for bit, dropout on
+    adamw = losses(train(tmp_path / "adamw", data=char_data, max_iters=12, progress=False, **RESUMABLE).out)
+    assert adamw[0] == whole[0] and adamw[11] != whole[11]  # the same start, another optimizer
+    # a Muon-trained model is a model like any other: it loads and generates
+    from gpt2.cli import main
+
+    capsys.readouterr()
+    assert main(["generate", "--model", str(tmp_path / "parts"), "--max-new-tokens", "5", "--seed", "1", "--device", "cpu", "To"]) == 0
+    assert capsys.readouterr().out.startswith("To")
+
+
+def test_muon_is_refused_under_fsdp_and_an_unknown_optimizer_is_named(char_data, tmp_path, capsys):
+    from gpt2.cli import main
+
+    with pytest.raises(InvalidArgumentError, match="optimizer muon cannot run with fsdp: Muon orthogonalises each matrix whole") as e:
+        train(tmp_path / "out", data=char_data, optimizer="muon", fsdp=True, progress=False, **TINY)
+    assert (e.value.param, e.value.also) == ("optimizer", ("fsdp",))
+    with pytest.raises(InvalidArgumentError, match="^optimizer must be one of adamw, muon, got 'sgd'$"):
+        train(tmp_path / "out", data=char_data, optimizer="sgd", progress=False, **TINY)
+    with pytest.raises(InvalidArgumentError, match="muon_lr is the learning rate of optimizer muon, but optimizer is 'adamw'"):
+        train(tmp_path / "out", data=char_data, muon_lr=0.02, progress=False, **TINY)
+    base = ["train", "--data", str(char_data), "--out", str(tmp_path / "out"), "--device", "cpu"]
+    assert main([*base, "--optimizer", "muon", "--fsdp"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("gpt2: error: optimizer (--optimizer) muon cannot run with fsdp (--fsdp)")
+    assert main([*base, "--optimizer", "sgd"]) == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err.startswith("gpt2: error: argument --optimizer: invalid choice: 'sgd'") and "adamw" in err and "muon" in err
+    assert not (tmp_path / "out").exists()
+
+
 # ------------------------------------------------------------------ resuming
 
 
@@ -192,10 +305,11 @@ def test_a_checkpoint_of_the_first_format_resumes(char_data, tmp_path):
     state = torch.load(path, weights_only=True)
     model = GPT2(GPT2Config.from_hf_dict(state["model_config"]))
     model.load_state_dict(state["model"])
-    optimizer = make_optimizer(model, TrainSettings(**state["settings"]), torch.device("cpu"))
+    (optimizer,) = make_optimizers(model, TrainSettings(**state["settings"]), torch.device("cpu"))
     set_optimizer_state_dict(model, optimizer, state["optimizer"], options=StateDictOptions(full_state_dict=True))
     old = {k: v for k, v in state.items() if k not in ("rng", "optimizer")}
-    old["settings"] = {k: v for k, v in old["settings"].items() if k not in ("fsdp", "timeout")}  # added with format 2
+    later = ("fsdp", "timeout", "optimizer", "muon_lr")  # added with format 2, and since
+    old["settings"] = {k: v for k, v in old["settings"].items() if k not in later}
     torch.save({**old, "version": 1, "optimizer": optimizer.state_dict(), "rng_cpu": state["rng"][0]["cpu"], "rng_cuda": []}, path)
     assert isinstance(next(iter(torch.load(path, weights_only=True)["optimizer"]["state"])), int)
     train(tmp_path / "parts", resume=True, max_iters=12, timeout=60.0, progress=False)
@@ -217,6 +331,42 @@ def test_a_run_stopped_before_its_first_step_resumes(char_data, tmp_path, monkey
     assert torch.load(tmp_path / "parts" / "checkpoint.pt", weights_only=True)["iteration"] == 0
     train(tmp_path / "parts", resume=True, progress=False)
     assert losses(tmp_path / "parts") == losses(tmp_path / "whole")
+
+
+def test_files_written_while_training_goes_on_hold_the_evaluations_state(char_data, tmp_path, monkeypatch):
+    """An evaluation's checkpoint is written in a thread while the next steps run: it holds the
+    state of the evaluation's iteration, not a later one (slow writes and a crash at iteration 6:
+    the resume from iteration 4 repeats the run never stopped), and it is whole when the run stops."""
+    train(tmp_path / "whole", data=char_data, max_iters=8, progress=False, **RESUMABLE)
+    real, crash_at = gpt2.train.write_checkpoint, 6
+
+    def slow(out, state):
+        time.sleep(0.5)  # steps 4 and 5 run meanwhile
+        real(out, state)
+
+    def step(self, it, real_step=Trainer.train_step):
+        if it == crash_at:
+            raise RuntimeError("a crash")
+        return real_step(self, it)
+
+    with monkeypatch.context() as m:
+        m.setattr(gpt2.train, "write_checkpoint", slow)
+        m.setattr(Trainer, "train_step", step)
+        with pytest.raises(RuntimeError, match="a crash"):
+            train(tmp_path / "parts", data=char_data, max_iters=8, progress=False, **RESUMABLE)
+    assert checkpoint(tmp_path / "parts")["iteration"] == 4
+    train(tmp_path / "parts", resume=True, progress=False)
+    assert losses(tmp_path / "parts") == losses(tmp_path / "whole")
+
+
+def test_a_checkpoint_that_cannot_be_written_stops_the_run_with_its_error(char_data, tmp_path, monkeypatch):
+    def full(out, state):
+        raise CheckpointError(f"could not write {out / 'checkpoint.pt'}: No space left on device; the previous checkpoint is intact")
+
+    monkeypatch.setattr(gpt2.train, "write_checkpoint", full)
+    with pytest.raises(CheckpointError, match="No space left on device; the previous checkpoint is intact"):
+        train(tmp_path / "out", data=char_data, max_iters=8, progress=False, **TINY)
+    assert max(losses(tmp_path / "out")) < 8  # raised in the run's thread, at the next evaluation or the end
 
 
 def test_a_resumed_run_keeps_its_model(char_data, tmp_path):
@@ -436,6 +586,85 @@ def test_the_plot_legend_says_what_its_points_are(char_data, tmp_path):
     assert (tmp_path / "loss.png").read_bytes()[:4] == b"\x89PNG"
 
 
+# ------------------------------------------------------------------ a benchmark at each evaluation
+
+
+# HellaSwag at each evaluation: a GPT-2-vocabulary model, windows long enough for most examples' pairs
+SCORED = dict(TINY, block_size=32, grad_accum=1, eval_interval=2, eval_iters=1, warmup_iters=0, eval_task="hellaswag")
+
+
+@pytest.fixture
+def hellaswag_file(tmp_path) -> Path:
+    return write_hellaswag(tmp_path / "hellaswag_val.jsonl", corpus_hellaswag(24))
+
+
+def test_hellaswag_at_each_evaluation_is_gpt2_evals_score_of_the_model_saved_there(gpt2_data, hellaswag_file, tmp_path,
+                                                                                   monkeypatch, capsys):  # fmt: skip
+    """The log's acc and acc_norm at an evaluation are `gpt2.evaluate.hellaswag`'s (the prefix-cached
+    scoring of `gpt2 eval`) for the model saved there, over the first eval_task_limit examples;
+    the line printed and the progress bar show acc_norm, a resume keeps scoring, and loss.png
+    draws the accuracies beside the loss."""
+    import functools
+
+    import tqdm.auto
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", functools.partial(tqdm.auto.tqdm, mininterval=0))  # every frame drawn
+    out, examples = tmp_path / "out", read_hellaswag(hellaswag_file, limit=12)
+    scores = []
+    for max_iters in (2, 4):  # iteration 2's model is saved, then the resume saves iteration 4's
+        settings = dict(data=gpt2_data, eval_task_data=hellaswag_file, eval_task_limit=12, **SCORED) if max_iters == 2 else {}
+        train(out, resume=max_iters > 2, max_iters=max_iters, progress=True, **settings)
+        record = [r for r in read_log(out / "log.jsonl") if "val_loss" in r][-1]
+        assert record["iter"] == max_iters and record["best"]  # the model in OUT is this evaluation's
+        expected = hellaswag(GPT2.from_pretrained(out, device="cpu"), examples)
+        assert (record["hellaswag_acc"], record["hellaswag_acc_norm"]) == (expected["acc"], expected["acc_norm"])
+        scores += [expected["acc"], expected["acc_norm"]]
+        output = capsys.readouterr()
+        frames = [f.strip() for f in output.err.replace("\n", "\r").split("\r") if f.strip()]
+        assert any(f.startswith("evaluating hellaswag 1/") for f in frames)
+        assert f"hellaswag={record['hellaswag_acc_norm']:.4f}" in frames[-1]  # beside the steps' numbers, to the end
+        assert re.search(rf"iter {max_iters}: train loss [\d.]+, val loss [\d.]+, hellaswag {record['hellaswag_acc_norm']:.4f} "
+                         rf"\(best so far: saved\)\n", output.out)  # fmt: skip
+    assert all(0 < score < 1 for score in scores)  # scores that a wrong choice of ending would change
+    evals = [r for r in read_log(out / "log.jsonl") if "val_loss" in r]
+    assert [r["iter"] for r in evals] == [0, 2, 4] and all("hellaswag_acc_norm" in r for r in evals)
+    assert (out / "loss.png").read_bytes()[:4] == b"\x89PNG"
+    figure = plot_losses(out / "log.jsonl", tmp_path / "loss.png")
+    assert len(figure.axes) == 2  # the loss, and beside it HellaSwag
+    acc_norm, acc, gpt2_124m = figure.axes[1].get_lines()
+    assert list(acc_norm.get_xdata()) == [0, 2, 4] and list(acc_norm.get_ydata()) == [r["hellaswag_acc_norm"] for r in evals]
+    assert list(acc.get_ydata()) == [r["hellaswag_acc"] for r in evals]
+    assert set(gpt2_124m.get_ydata()) == {0.2955}  # llm.c's acc_norm of OpenAI's 124M, for scale
+    assert [t.get_text() for t in figure.axes[1].get_legend().get_texts()][0] == (
+        "acc_norm at each evaluation (every 2 iterations, eval_interval)")
+
+
+def test_a_stop_while_hellaswag_is_scored_abandons_the_evaluation(gpt2_data, hellaswag_file, tmp_path, monkeypatch):
+    """Ctrl-C between two of HellaSwag's batches at iteration 2: the checkpoint is iteration 2's,
+    with its evaluation to do, and the resume logs what a run never stopped logs."""
+    settings = dict(data=gpt2_data, eval_task_data=hellaswag_file, eval_task_limit=8, **SCORED)
+    batches = len(TaskEvaluation(TrainSettings(**settings), open_data(gpt2_data), progress=False).batches(32, 4 * 32))
+    assert batches >= 2
+    train(tmp_path / "whole", max_iters=3, progress=False, **settings)
+    calls, real = [], gpt2.train.score_continuations
+
+    def score_continuations(*args, **kwargs):  # one call a batch
+        calls.append(1)
+        if len(calls) == batches + 2:  # iteration 2's second batch, after iteration 0's
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(gpt2.train, "score_continuations", score_continuations)
+    result = train(tmp_path / "parts", max_iters=3, progress=False, **settings)
+    assert result.interrupted and (checkpoint(tmp_path / "parts")["iteration"], checkpoint(tmp_path / "parts")["evaluated"]) == (2, 0)
+    assert len(calls) == batches + 2  # no batch after the stop
+    train(tmp_path / "parts", resume=True, progress=False)
+    keys = ("iter", "loss", "val_loss", "hellaswag_acc", "hellaswag_acc_norm")
+    logged = [[tuple(r.get(k) for k in keys) for r in read_log(out / "log.jsonl") if "settings" not in r]  # (a resume logs them again)
+              for out in (tmp_path / "parts", tmp_path / "whole")]  # fmt: skip
+    assert logged[0] == logged[1] and len(logged[0]) == 3 + 3  # 3 steps, evaluations at 0, 2, 3
+
+
 # ------------------------------------------------------------------ what a run leaves
 
 
@@ -646,3 +875,43 @@ def test_train_command_errors_are_one_line(char_data, tmp_path, capsys):
     assert main(["train", "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "nowhere" in err
+
+
+def test_a_bad_eval_task_is_refused_before_anything_is_made(gpt2_data, char_data, hellaswag_file, tmp_path, monkeypatch, capsys):
+    """Each is named before the run starts (nothing is left in OUT), and in one line at the
+    command line, with its flag and exit status 2."""
+    from gpt2.cli import main
+
+    monkeypatch.setenv("GPT2_CACHE", str(tmp_path / "empty-cache"))  # and HF_HUB_OFFLINE=1 (conftest): no download
+    lambada = write_hellaswag(tmp_path / "lambada_test.jsonl", [{"text": "a b c"}])
+    missing = tmp_path / "nowhere.jsonl"
+    cases = [  # (changes, error, its message's start, the setting it names)
+        (dict(eval_task="mmlu"), InvalidArgumentError, "eval_task must be one of hellaswag, got 'mmlu'", "eval_task"),
+        (dict(eval_task_limit=0), InvalidArgumentError, "eval_task_limit must be a positive integer, got 0", "eval_task_limit"),
+        (dict(eval_task_data=missing), DataError, f"{missing} does not exist", "eval_task_data"),
+        (dict(eval_task_data=lambada), DataError, f'{lambada}, line 1: expected {{"ctx": text, "endings": [texts], "label": index}} '
+                                                  "(HellaSwag's format), got keys ['text']", "eval_task_data"),
+        (dict(eval_task_data=None), DataError, f"hellaswag is not in the cache ({tmp_path / 'empty-cache' / 'hellaswag_val.jsonl'}) "
+                                               "and HF_HUB_OFFLINE is set; without a network, download it elsewhere and pass its "
+                                               "path as eval_task_data", "eval_task_data"),
+        (dict(data=char_data), InvalidArgumentError, "eval_task hellaswag needs a BPE tokenizer that writes any text (GPT-2's, as "
+                                                     f"llm.c scores it), but the data in {char_data} has a character-level one (",
+         "eval_task"),
+        (dict(eval_task=None, eval_task_limit=10), InvalidArgumentError, "eval_task_limit is a setting of eval_task, which is not "
+                                                                         "set: give eval_task too", "eval_task_limit"),
+    ]  # fmt: skip
+    for changes, error, message, param in cases:
+        settings = {**dict(data=gpt2_data, eval_task="hellaswag", eval_task_data=hellaswag_file, max_iters=1, **TINY), **changes}
+        settings = {k: v for k, v in settings.items() if v is not None}
+        with pytest.raises(error) as e:
+            train(tmp_path / "out", progress=False, **settings)
+        assert str(e.value).startswith(message) and e.value.param == param, str(e.value)
+        assert not (tmp_path / "out").exists()
+        assert main(["train", "--out", str(tmp_path / "out"), "--no-progress", *flags(**settings)]) == 2
+        err, flag = capsys.readouterr().err, "--" + param.replace("_", "-")
+        assert err.count("\n") == 1 and err.endswith("\n") and "Traceback" not in err, err
+        if changes.get("eval_task") == "mmlu":  # argparse's choices
+            assert re.fullmatch(r"gpt2: error: argument --eval-task: invalid choice: 'mmlu' \(choose from '?hellaswag'?\).*\n", err)
+        else:  # the library's message, with the setting's flag
+            assert f"({flag})" in err and err.replace(f" ({flag})", "").startswith(f"gpt2: error: {message}"), err
+        assert not (tmp_path / "out").exists()

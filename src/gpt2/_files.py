@@ -8,7 +8,8 @@ import json
 import os
 import secrets
 import stat
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -125,3 +126,44 @@ def read_text(path: Path, error: type[Exception]) -> str:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise error(f"{path} is not UTF-8 text: byte 0x{raw[e.start]:02x} at offset {e.start}") from None
+
+
+class BackgroundWriter:
+    """Writes files in a thread of its own, one batch of writes at a time, while the caller goes on
+    (a training run: its checkpoint, best model and plot, off the loop's critical path).
+
+    `write(fn)` first waits for the batch before it, then runs `fn` in a new thread; `wait()` waits
+    for the last one. Whatever a batch raised is raised again in the caller's thread by the next
+    `write` or `wait`; `finish()` waits without raising (for a caller already stopping with an error
+    of its own). The thread is not a daemon: a process that exits waits for its files. The caller
+    hands `fn` copies of what it writes, since it goes on changing the originals.
+    """
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def write(self, fn: Callable[[], None]) -> None:
+        self.wait()
+        self._thread = threading.Thread(target=self._run, args=(fn,), name="gpt2-writer")
+        self._thread.start()
+
+    def _run(self, fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except BaseException as e:  # kept for the caller's thread, which raises it
+            self._error = e
+
+    def wait(self) -> None:
+        """Wait for the last batch of writes; raise its error, if it failed."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def finish(self) -> None:
+        """Wait for the last batch of writes, dropping its error."""
+        with contextlib.suppress(Exception):
+            self.wait()

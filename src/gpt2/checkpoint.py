@@ -86,13 +86,13 @@ def model_from_checkpoint(state: dict[str, Any]) -> GPT2:
     return model
 
 
-def load_optimizer(state: dict[str, Any], procs: Processes, model: GPT2, optimizer: torch.optim.Optimizer) -> None:
-    """Give `optimizer` the checkpoint's state: version 1's by parameter index, version 2's by
-    parameter name (through `procs`, which shares it out over the processes under FSDP)."""
+def load_optimizer(state: dict[str, Any], procs: Processes, model: GPT2, optimizers: list[torch.optim.Optimizer]) -> None:
+    """Give `optimizers` the checkpoint's state: version 1's (AdamW's alone) by parameter index,
+    version 2's by parameter name (through `procs`, which shares it out over the processes under FSDP)."""
     if state["version"] == 1:
-        optimizer.load_state_dict(state["optimizer"])
+        optimizers[0].load_state_dict(state["optimizer"])
     else:
-        procs.load_optimizer_state(model, optimizer, state["optimizer"])
+        procs.load_optimizer_state(model, optimizers, state["optimizer"])
 
 
 def process_rng(state: dict[str, Any], rank: int, device: torch.device) -> RngState | None:

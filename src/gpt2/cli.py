@@ -18,7 +18,17 @@ from collections.abc import Sequence
 from gpt2 import __version__
 from gpt2.config import ACTIVATIONS, POSITIONS, PRESETS
 from gpt2.errors import DistributedError, GPT2Error
-from gpt2.settings import COMPILE_MODES, DRAFT_TOKENS, INFERENCE_DTYPES, TRAINING_DTYPES, TrainSettings
+from gpt2.settings import (
+    COMPILE_MODES,
+    DRAFT_TOKENS,
+    EVAL_TASKS,
+    INFERENCE_DTYPES,
+    MUON_LR,
+    OPTIMIZERS,
+    TRAINING_DTYPES,
+    TrainSettings,
+    read_recipe,
+)
 
 EXIT_USAGE = 2
 DEFAULT_TOP_K = 200  # clamped to the model's vocabulary: a character model has fewer tokens
@@ -286,9 +296,18 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def _cmd_prepare(args: argparse.Namespace) -> int:
     from gpt2.data import prepare
 
-    meta = prepare(args.inputs, args.out, args.tokenizer, args.val_fraction, overwrite=args.overwrite, progress=args.progress)
-    print(f"gpt2: {meta['train_tokens']:,} training and {meta['val_tokens']:,} validation tokens ({_validation(meta['split'])}) "
-          f"of a {meta['vocab_size']:,}-token vocabulary ({meta['tokenizer']}) in {args.out}", file=sys.stderr)  # fmt: skip
+    if not args.inputs and args.dataset is None:
+        raise _UsageError("give INPUT files or directories, - for standard input, or --dataset NAME")
+    meta = prepare(args.inputs, args.out, args.tokenizer, args.val_fraction, overwrite=args.overwrite, progress=args.progress,
+                   text_field=args.text_field, dataset=args.dataset, dataset_config=args.dataset_config,
+                   dataset_split=args.dataset_split, shard_tokens=args.shard_tokens)  # fmt: skip
+    if "shards" in meta:
+        shards = meta["shards"]
+        said = (f"{meta['train_tokens']:,} training tokens in {len(shards['train'])} shard{'s' * (len(shards['train']) != 1)} and "
+                f"{meta['val_tokens']:,} validation tokens in {shards['val'][0]} ({shards['documents']:,} documents)")  # fmt: skip
+    else:
+        said = f"{meta['train_tokens']:,} training and {meta['val_tokens']:,} validation tokens ({_validation(meta['split'])})"
+    print(f"gpt2: {said} of a {meta['vocab_size']:,}-token vocabulary ({meta['tokenizer']}) in {args.out}", file=sys.stderr)
     return 0
 
 
@@ -307,16 +326,20 @@ def _validation(split: dict) -> str:
 def _cmd_train(args: argparse.Namespace) -> int:
     from gpt2.train import train
 
-    options = {k: v for k, v in vars(args).items() if k not in ("command", "func", "out", "resume", "overwrite", "progress", "threads")}
-    result = train(args.out, resume=args.resume, overwrite=args.overwrite, progress=args.progress, **options)
+    given = {k: v for k, v in vars(args).items() if k not in ("command", "func", "recipe", "resume", "overwrite", "progress", "threads")}
+    options = {**(read_recipe(args.recipe) if "recipe" in args else {}), **given}  # the flags given override the recipe
+    if "out" not in options:
+        raise _UsageError("the following arguments are required: --out (or out in the recipe)")
+    out = options.pop("out")
+    result = train(out, resume=args.resume, overwrite=args.overwrite, progress=args.progress, **options)
     if result.rank != 0:  # under torchrun, rank 0 reports
         return 130 if result.interrupted else 0
     if result.interrupted:
         print(f"gpt2: interrupted at iteration {result.iteration}; checkpoint saved. Continue with: "
-              f"gpt2 train --out {args.out} --resume", file=sys.stderr)  # fmt: skip
+              f"gpt2 train --out {out} --resume", file=sys.stderr)  # fmt: skip
         return 130
-    print(f"gpt2: {result.iteration} iterations; best validation loss {result.best_val_loss:.4f}, its model in {args.out} "
-          f"(gpt2 generate --model {args.out})", file=sys.stderr)  # fmt: skip
+    print(f"gpt2: {result.iteration} iterations; best validation loss {result.best_val_loss:.4f}, its model in {out} "
+          f"(gpt2 generate --model {out})", file=sys.stderr)  # fmt: skip
     return 0
 
 
@@ -453,10 +476,15 @@ examples:
   gpt2 prepare books/ notes.txt --out data/mytext                     # GPT-2's tokenizer
   gpt2 prepare corpus/ --out data/corpus-bpe --tokenizer bpe:8192 --val-fraction 0.05
   cat *.txt | gpt2 prepare - --out data/stdin
+  gpt2 prepare pages.jsonl --out data/pages --text-field body --shard-tokens 100000000
+  gpt2 prepare --dataset HuggingFaceFW/fineweb --dataset-config sample-10BT --out data/fineweb10B \
+      --shard-tokens 100000000
 
-Each file is one document; with gpt2 and bpe:N each ends with <|endoftext|>. One document
-splits at 1 - F of its tokens (as nanoGPT's shakespeare_char); several split by whole documents,
-drawn with a fixed seed, the last of them cut so that validation holds F of the tokens.
+Each text file is one document, and each record of a .jsonl or .parquet file or a dataset; with
+gpt2 and bpe:N each ends with <|endoftext|> (in shards each starts with it, as llm.c's). One file
+splits at 1 - F of its tokens (as nanoGPT's shakespeare_char); several split by whole files,
+drawn with a fixed seed, the last of them cut so that validation holds F of the tokens. With
+--shard-tokens the first shard validates, as llm.c's fineweb.py.
 """
 
 
@@ -471,6 +499,7 @@ examples:
       --grad-accum 8 --max-iters 200 --lr 3e-5 --warmup-iters 0 --dropout 0.1
   torchrun --standalone --nproc_per_node 8 -m gpt2 train --data data/owt --out out-owt \\
       --config gpt2 --batch-size 12 --grad-accum 40      # 8 GPUs: 5 micro-batches each a step
+  gpt2 train --data data/mytext --out out-hs --init gpt2 --eval-task hellaswag --eval-task-limit 500
 
 Defaults are nanoGPT's, sized for GPUs (batch 12 x 40 x 1024 tokens, 600,000 iterations,
 200-batch evaluations every 2,000): on a CPU, start from the shakespeare_char example. Ctrl-C (or
@@ -601,7 +630,8 @@ def _add_eval_parser(commands) -> None:
     )
     ev.add_argument("file", nargs="?", metavar="FILE", help="a UTF-8 text file, tokenized as one stream with the model's tokenizer")
     ev.add_argument("--model", default="gpt2", help="a released name or a model directory (default: gpt2)")
-    ev.add_argument("--data", metavar="PATH", help="without --task: a directory gpt2 prepare wrote (its val.bin); "
+    ev.add_argument("--data", metavar="PATH", help="without --task: a directory gpt2 prepare wrote (its val.bin or val shards), "
+                    "or llm.c's token files; "
                     "with --task: the task's own file instead of the download")  # fmt: skip
     ev.add_argument("--task", choices=TASKS, help="a benchmark instead of a text")
     ev.add_argument("--context", type=_whole_number, metavar="N", help="ids in a window (default: the model's context)")
@@ -625,7 +655,10 @@ def _add_train_parser(commands) -> None:
         argument_default=argparse.SUPPRESS,  # only the flags given reach train(): a resume tells them apart
     )
     d = TrainSettings  # the defaults, shown in the help
-    train.add_argument("--out", required=True, help="the run's directory: the best model, log, plot and checkpoint")
+    train.add_argument("--recipe", metavar="FILE|NAME",
+                       help="settings from a TOML file whose keys are the flags' names (max_iters = 2000), or one of "
+                            "gpt2's recipes by name (shakespeare_char, ...); flags given override it")  # fmt: skip
+    train.add_argument("--out", help="the run's directory: the best model, log, plot and checkpoint (required, here or in the recipe)")
     train.add_argument("--data", help="a directory gpt2 prepare wrote (or nanoGPT's train.bin/val.bin, or llm.c's .bin files)")
     train.add_argument("--resume", action="store_true", default=False, help="continue the run in OUT, with its settings")
     train.add_argument("--overwrite", action="store_true", default=False, help="start a new run in an OUT that holds one")
@@ -642,13 +675,16 @@ def _add_train_parser(commands) -> None:
                        help="the MLP's GELU: tanh approximation or exact (default: gelu_tanh with --config, as GPT-2; gelu otherwise, as nanoGPT)")  # fmt: skip
     model.add_argument("--init", help="fine-tune this model: a released name or a model directory")
     model.add_argument("--checkpoint-activations", action="store_true", help="recompute activations in backward: less memory, more compute")
-    optim = train.add_argument_group("optimisation (AdamW, linear warm-up then cosine decay)")
+    optim = train.add_argument_group("optimisation (AdamW or Muon, linear warm-up then cosine decay)")
     for name, kind in (("--batch-size", _whole_number), ("--grad-accum", _whole_number), ("--max-iters", _whole_number),
                        ("--lr", float), ("--min-lr", float), ("--warmup-iters", _whole_number), ("--lr-decay-iters", _whole_number),
                        ("--weight-decay", float), ("--beta1", float), ("--beta2", float), ("--grad-clip", float),
                        ("--seed", _whole_number)):  # fmt: skip
         default = getattr(d, name[2:].replace("-", "_"))
         optim.add_argument(name, type=kind, help=f"(default: {'max-iters' if default is None else default})")
+    optim.add_argument("--optimizer", choices=OPTIMIZERS,
+                       help="adamw, or muon: Muon for the blocks' matrices, AdamW for the rest (default: adamw)")  # fmt: skip
+    optim.add_argument("--muon-lr", type=float, help=f"with --optimizer muon: the peak learning rate of Muon's matrices (default: {MUON_LR})")
     run = train.add_argument_group("evaluation, devices, output")
     for name in ("--eval-interval", "--eval-iters", "--log-interval"):
         run.add_argument(name, type=_whole_number, help=f"(default: {getattr(d, name[2:].replace('-', '_'))})")
@@ -658,7 +694,16 @@ def _add_train_parser(commands) -> None:
     run.add_argument("--compile", choices=COMPILE_MODES, help="torch.compile the model (default: auto: on CUDA only)")
     _add_threads_flag(run)
     run.add_argument("--sample-prompt", metavar="TEXT", help="print a continuation of TEXT at each evaluation")
+    run.add_argument("--eval-task", choices=EVAL_TASKS,
+                     help="a benchmark scored at each evaluation too (GPT-2's BPE tokens): logged, printed and plotted")  # fmt: skip
+    run.add_argument("--eval-task-limit", type=_whole_number, metavar="N", help="only its first N examples (default: all)")
+    run.add_argument("--eval-task-data", metavar="PATH",
+                     help="its file, as gpt2 eval --data takes it (default: the download, cached)")  # fmt: skip
     _add_no_progress_flag(run)
+    logs = train.add_argument_group("logging (each record of OUT/log.jsonl, also to)")
+    logs.add_argument("--wandb", metavar="PROJECT", help="Weights & Biases, in this project (WANDB_MODE=offline: offline); pip install 'gpt2[wandb]'")
+    logs.add_argument("--wandb-run-name", metavar="NAME", help="the run's name in W&B (default: one W&B makes up)")
+    logs.add_argument("--tensorboard", metavar="DIR", help="TensorBoard's event files, in DIR; pip install 'gpt2[tensorboard]'")
     procs = train.add_argument_group("several processes (start with torchrun --nproc_per_node N -m gpt2 train ...)")
     procs.add_argument("--fsdp", action="store_true", help="shard weights, gradients and optimizer state over the processes (FSDP2)")
     procs.add_argument("--timeout", type=float, metavar="SECONDS",
@@ -780,11 +825,22 @@ def _add_prepare_parser(commands) -> None:
         epilog=PREPARE_EXAMPLES,
         formatter_class=_HelpFormatter,
     )
-    prepare.add_argument("inputs", nargs="+", metavar="INPUT", help="text files, directories (every file beneath), or - for standard input")
+    prepare.add_argument("inputs", nargs="*", metavar="INPUT",
+                         help="text files, .jsonl and .parquet files (a document a record), directories (every file beneath), "
+                              "or - for standard input")  # fmt: skip
     prepare.add_argument("--out", required=True, metavar="DIR", help="where to write the prepared data")
     prepare.add_argument("--tokenizer", default="gpt2", metavar="SPEC",
                          help="gpt2 (OpenAI's), char (the corpus's characters) or bpe:N (trained on the corpus) (default: gpt2)")  # fmt: skip
     prepare.add_argument("--val-fraction", type=float, default=0.1, metavar="F", help="share of the tokens kept for validation (default: 0.1)")
+    prepare.add_argument("--text-field", default="text", metavar="NAME",
+                         help="the field of a .jsonl or .parquet record, or of a dataset's example, that holds its text (default: text)")  # fmt: skip
+    prepare.add_argument("--dataset", metavar="NAME", help="a Hugging Face dataset (a name on the hub, or a local directory of "
+                         "data files), streamed: nothing is downloaded whole")  # fmt: skip
+    prepare.add_argument("--dataset-config", metavar="C", help="the dataset's configuration (e.g. sample-10BT for HuggingFaceFW/fineweb)")
+    prepare.add_argument("--split", dest="dataset_split", default="train", metavar="S", help="the dataset's split (default: train)")
+    prepare.add_argument("--shard-tokens", type=_whole_number, metavar="N",
+                         help="write llm.c's shards of N tokens (DIRNAME_val_000000.bin, DIRNAME_train_000001.bin, ...; the "
+                              "first validates) instead of train.bin and val.bin")  # fmt: skip
     prepare.add_argument("--overwrite", action="store_true", help="replace data already in DIR")
     _add_no_progress_flag(prepare)
     prepare.set_defaults(func=_cmd_prepare)

@@ -7,6 +7,10 @@ implicit:
     meta.json            tokenizer, vocabulary size, dtype, token counts, sources, split
     encoder.json + vocab.bpe, or chars.json: the tokenizer's own files, to decode what a model writes
 
+or, with `shard_tokens`, llm.c's shards (NAME_val_000000.bin, NAME_train_000001.bin, ...; see
+gpt2/corpora.py) in place of train.bin and val.bin. Inputs are text files (each a document),
+JSON Lines and Parquet files (each record a document), and Hugging Face datasets, streamed.
+
 Corpora larger than memory stream through: files are read in chunks of a few MB, cut only
 where GPT-2's pre-tokenizer cuts anyway (so the ids equal those of the whole text), encoded by
 all cores, and appended to disk. Batches are random windows drawn from a generator seeded by
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import functools
 import itertools
 import json
 import os
@@ -26,7 +31,7 @@ import re
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -37,6 +42,7 @@ import torch
 
 from gpt2._checks import int_between, is_integer, positive_int, real_between
 from gpt2._files import atomic_path, atomic_write_text, read_json_object, writable_directory
+from gpt2.corpora import HEADER_BYTES, SHARD_NAME, Shards, ShardWriter, dataset_texts, is_record_file, read_header, record_texts
 from gpt2.errors import DataError, InputTypeError, InvalidArgumentError, TokenIdError
 from gpt2.tokenizer import CHARS_FILE, GPT2_VOCAB_DIR, CharTokenizer, Tokenizer, load_tokenizer, same_vocabulary
 
@@ -44,7 +50,6 @@ FORMAT = "gpt2-prepared"
 CHUNK_BYTES = 4 << 20  # read and encode a few MB at a time
 SPLIT_SEED = 1337  # which documents go to validation, when there are several
 SPECS = "gpt2, char, or bpe:N (a byte-level BPE of N >= 257 ids trained on the corpus)"
-LLMC_MAGIC, LLMC_VERSION, LLMC_HEADER_BYTES = 20240520, 1, 256 * 4
 GPT2_VOCAB = 50257
 LLMC_NAME = re.compile(r"(.+)_(train|val)\.bin")  # llm.c's names: tiny_shakespeare_val.bin
 
@@ -69,14 +74,19 @@ def ids_dtype(n_vocab: int) -> np.dtype:
 
 @dataclass
 class Document:
+    """A text file, or a source of records (a .jsonl or .parquet file, a dataset): each record a
+    document of its own, though the source splits (train | val) as one."""
+
     name: str  # as the user gave it, or the file found beneath a directory
-    path: Path
-    size: int  # bytes
+    path: Path | None  # None: a dataset
+    size: int  # bytes (0 for a dataset: unknown)
+    records: Callable[[Callable[[int], object]], Iterator[str]] | None = None  # (on_bytes) -> each record's text
 
 
-def find_documents(inputs: Sequence[str | os.PathLike], spool: Path) -> list[Document]:
+def find_documents(inputs: Sequence[str | os.PathLike], spool: Path, text_field: str = "text") -> list[Document]:
     """Every file an input names: itself, every file beneath a directory (sorted), or
-    standard input ("-"), which is copied to `spool` first so that it can be read twice."""
+    standard input ("-"), which is copied to `spool` first so that it can be read twice.
+    .jsonl and .parquet files are read as records, their `text_field` the text."""
     if isinstance(inputs, (str, os.PathLike)) or not inputs:
         raise InvalidArgumentError("inputs must be a list of text files, directories or '-' (standard input)")
     documents: list[Document] = []
@@ -104,8 +114,14 @@ def find_documents(inputs: Sequence[str | os.PathLike], spool: Path) -> list[Doc
         else:
             raise DataError(f"input {str(given)!r} does not exist: give text files, directories, or - for standard input")
         for file in files:
-            documents.append(_once(Document(str(file), file, file.stat().st_size), seen))
+            records = functools.partial(record_texts, file, text_field) if is_record_file(file) else None  # (on_bytes)
+            documents.append(_once(Document(str(file), file, file.stat().st_size, records), seen))
     return documents
+
+
+def dataset_document(name: str, config: str | None, split: str, text_field: str) -> Document:
+    """A Hugging Face dataset (see corpora.dataset_texts) as a source of records."""
+    return Document(f"dataset {name}", None, 0, lambda on_bytes: dataset_texts(name, config, split, text_field))
 
 
 def _once(document: Document, seen: dict[tuple[int, int], str]) -> Document:
@@ -146,6 +162,23 @@ def read_chunks(document: Document, on_bytes=lambda n: None, anywhere: bool = Fa
         yield pending
 
 
+def pieces(document: Document, on_bytes=lambda n: None, anywhere: bool = False) -> Iterator[str | None]:
+    """A document's text in pieces, None after each record (or after a text file): where
+    <|endoftext|> goes. A text file gives its chunks (at least one, "" when empty)."""
+    if document.records is not None:
+        for text in document.records(on_bytes):
+            yield text
+            yield None
+        return
+    empty = True
+    for chunk in read_chunks(document, on_bytes, anywhere):
+        empty = False
+        yield chunk
+    if empty:
+        yield ""
+    yield None
+
+
 def _last_safe_cut(text: str) -> int:
     """The last safe cut in the second half of text (0: none), so chunks stay about CHUNK_BYTES.
     With none (a line of CJK text as long as a chunk), the next block is read and tried too."""
@@ -172,55 +205,79 @@ def make_tokenizer(spec: str, documents: list[Document], progress: bool) -> Toke
     if spec == "char":
         chars: set[str] = set()
         for document in documents:
-            for chunk in read_chunks(document, anywhere=True):
-                chars.update(chunk)
+            for piece in pieces(document, anywhere=True):
+                chars.update(piece or "")
         if not chars:
             raise DataError("the corpus is empty: no characters in " + ", ".join(d.name for d in documents))
         return CharTokenizer(sorted(chars))
-    texts = (chunk for document in documents for chunk in read_chunks(document))
+    texts = (piece for document in documents for piece in pieces(document) if piece)
     try:
         return Tokenizer.train(texts, vocab_size, progress=progress)
     except InvalidArgumentError as e:
         raise DataError(f"cannot train a tokenizer: {e}") from None
 
 
+def encode_pieces(documents: list[Document], tokenizer, num_workers: int,
+                  on_bytes=lambda n: None) -> Iterator[tuple[int, list[int] | None]]:  # fmt: skip
+    """(document, ids) for each piece of every document in order (see `pieces`), and (document,
+    None) where a record or a text file ends.
+
+    Pieces are batched across documents, about CHUNK_BYTES per worker, and each batch encoded on
+    the workers, so that a corpus of many small records keeps every worker busy as one large
+    file does, and memory holds one batch whatever the corpus's size."""
+    batch: list[tuple[int, str | None]] = []
+    held = 0  # characters in the batch, and one for each piece (a million empty records are a batch too)
+    anywhere = isinstance(tokenizer, CharTokenizer)
+    for d, document in enumerate(documents):
+        for piece in pieces(document, on_bytes, anywhere):
+            batch.append((d, piece))
+            held += len(piece or "") + 1
+            if held >= num_workers * CHUNK_BYTES:
+                yield from _encode_batch(batch, tokenizer, num_workers)
+                batch, held = [], 0
+    yield from _encode_batch(batch, tokenizer, num_workers)
+
+
+def _encode_batch(batch: list[tuple[int, str | None]], tokenizer, num_workers: int) -> Iterator[tuple[int, list[int] | None]]:
+    encoded = iter(tokenizer.encode_batch([p for _, p in batch if p is not None], num_workers=num_workers))
+    for d, piece in batch:
+        yield d, None if piece is None else next(encoded)
+
+
 def encode_documents(documents: list[Document], tokenizer, out: BinaryIO, dtype: np.dtype, progress: bool,
                      num_workers: int) -> list[int]:  # fmt: skip
-    """Append every document's ids (each followed by <|endoftext|> where the tokenizer has one)
-    to `out`; returns the number of ids of each document.
-
-    Chunks are batched across documents, about CHUNK_BYTES per worker, so that a corpus of many
-    small files keeps every worker busy as one large file does."""
+    """Append every document's ids to `out`, each record or text file followed by <|endoftext|>
+    (where the tokenizer has one); returns the number of ids of each document."""
     from tqdm.auto import tqdm
 
     counts = [0] * len(documents)
-    batch: list[tuple[int, str | None]] = []  # (document, chunk), or (document, None) at its end
-    held = 0  # characters in the batch
-    anywhere = isinstance(tokenizer, CharTokenizer)
-    with tqdm(total=sum(d.size for d in documents), unit="B", unit_scale=True, desc="tokenizing",
-              disable=not progress) as bar:  # fmt: skip
-        for d, document in enumerate(documents):
-            for chunk in read_chunks(document, bar.update, anywhere):
-                batch.append((d, chunk))
-                held += len(chunk)
-                if held >= num_workers * CHUNK_BYTES:
-                    _encode_batch(batch, tokenizer, out, dtype, counts, num_workers)
-                    batch, held = [], 0
-            batch.append((d, None))
-        _encode_batch(batch, tokenizer, out, dtype, counts, num_workers)
+    eot = [] if tokenizer.eot_token is None else [tokenizer.eot_token]
+    total = sum(d.size for d in documents) if all(d.path is not None for d in documents) else None
+    with tqdm(total=total, unit="B", unit_scale=True, desc="tokenizing", disable=not progress) as bar:
+        for d, ids in encode_pieces(documents, tokenizer, num_workers, bar.update):
+            ids = eot if ids is None else ids
+            out.write(np.asarray(ids, dtype=dtype).tobytes())
+            counts[d] += len(ids)
     return counts
 
 
-def _encode_batch(batch: list[tuple[int, str | None]], tokenizer, out: BinaryIO, dtype: np.dtype, counts: list[int],
-                  num_workers: int) -> None:  # fmt: skip
-    """Encode a batch's chunks on the workers and append their ids in order, with <|endoftext|>
-    (where the tokenizer has one) where a document ends."""
-    encoded = iter(tokenizer.encode_batch([c for _, c in batch if c is not None], num_workers=num_workers))
-    eot = tokenizer.eot_token
-    for d, chunk in batch:
-        ids = next(encoded) if chunk is not None else [] if eot is None else [eot]
-        out.write(np.asarray(ids, dtype=dtype).tobytes())
-        counts[d] += len(ids)
+def encode_shards(documents: list[Document], tokenizer, writer: ShardWriter, progress: bool, num_workers: int) -> int:
+    """Write every document's ids into llm.c's shards, each record or text file *preceded* by
+    <|endoftext|> (llm.c's fineweb.py: "the special <|endoftext|> token delimits all documents");
+    returns the number of documents (records and text files)."""
+    from tqdm.auto import tqdm
+
+    eot, starts, n = tokenizer.eot_token, True, 0
+    with tqdm(unit="tok", unit_scale=True, desc="tokenizing", disable=not progress) as bar:
+        for _, ids in encode_pieces(documents, tokenizer, num_workers):
+            if ids is None:  # the next piece starts a document
+                starts = True
+                continue
+            if starts:
+                ids, n, starts = ([] if eot is None else [eot]) + ids, n + 1, False
+            writer.write(np.asarray(ids, dtype=writer.buffer.dtype))
+            bar.update(len(ids))
+    return n
 
 
 @dataclass
@@ -284,12 +341,25 @@ def prepare(
     overwrite: bool = False,
     progress: bool = True,
     num_workers: int | None = None,
+    text_field: str = "text",
+    dataset: str | None = None,
+    dataset_config: str | None = None,
+    dataset_split: str = "train",
+    shard_tokens: int | None = None,
 ) -> dict[str, Any]:
-    """Tokenize text files into `out` (train.bin, val.bin, meta.json and the tokenizer's files),
-    encoding on `num_workers` processes (default: one per core); returns the meta written.
-    See the module's docstring."""
+    """Tokenize text files, the `text_field` of JSON Lines and Parquet files' records, and a
+    Hugging Face `dataset` (streamed) into `out`: train.bin, val.bin (`val_fraction` of the ids),
+    or with `shard_tokens` llm.c's shards of that many ids (the first validates), plus meta.json
+    and the tokenizer's files. Encodes on `num_workers` processes (default: one per core);
+    returns the meta written. See the module's docstring."""
     val_fraction = real_between("val_fraction", val_fraction, 0, 1, open_low=True, open_high=True)
     num_workers = positive_int("num_workers", (os.cpu_count() or 1) if num_workers is None else num_workers)
+    if shard_tokens is not None:
+        shard_tokens = int_between("shard_tokens", shard_tokens, 1, 2**31 - 1, "a positive whole number")  # llm.c's int32 count
+    named = {"text_field": text_field, "dataset_split": dataset_split, "dataset": dataset, "dataset_config": dataset_config}
+    for name, value in named.items():
+        if (value is not None or name in ("text_field", "dataset_split")) and (not isinstance(value, str) or not value):
+            raise InvalidArgumentError(f"{name} must be a non-empty string, got {value!r}", name)
     parse_tokenizer_spec(tokenizer)
     out = Path(out)
     _check_out(out, overwrite)
@@ -297,8 +367,13 @@ def prepare(
     writable_directory(out)
     try:
         with tempfile.TemporaryDirectory(dir=out, prefix=".prepare-") as scratch:  # beside out: no copy across disks
-            encoder, documents, split, dtype = _write_splits(inputs, out, Path(scratch), tokenizer, val_fraction,
-                                                             progress, num_workers)  # fmt: skip
+            documents = find_documents(inputs, Path(scratch) / "stdin.txt", text_field) if inputs or dataset is None else []
+            if dataset is not None:
+                documents.append(dataset_document(dataset, dataset_config, dataset_split, text_field))
+            if shard_tokens is None:
+                encoder, meta = _write_splits(documents, out, Path(scratch), tokenizer, val_fraction, progress, num_workers)
+            else:
+                encoder, meta = _write_shards(documents, out, Path(scratch), tokenizer, shard_tokens, progress, num_workers)
     except BaseException:
         if created:  # an error leaves no empty directory behind
             with contextlib.suppress(OSError):
@@ -306,30 +381,21 @@ def prepare(
         raise
     if overwrite:
         _remove_other_tokenizers(out, tokenizer)
+        _remove_other_data(out, meta)
     _save_tokenizer(encoder, tokenizer, out)
-    train_tokens, val_tokens = (sum(e - s for s, e in ranges) for ranges in (split.train, split.val))
-    cut = None if split.cut is None else {"document": documents[split.cut[0]].name, "val_tokens": split.cut[1]}
-    meta = {
-        "format": FORMAT, "version": 1, "tokenizer": tokenizer, "vocab_size": encoder.n_vocab, "dtype": dtype.name,
-        "train_tokens": train_tokens, "val_tokens": val_tokens,
-        "sources": {"inputs": [str(i) for i in inputs], "documents": len(documents)},
-        "split": {"val_fraction": val_fraction, "method": split.method, "seed": SPLIT_SEED,
-                  "actual_val_fraction": val_tokens / (train_tokens + val_tokens), "val_documents": split.val_documents,
-                  "cut": cut},  # the document split within (one at most), and how many of its ids validate
-    }  # fmt: skip
+    meta = {"format": FORMAT, "version": 1, "tokenizer": tokenizer, "vocab_size": encoder.n_vocab, **meta,
+            "sources": {"inputs": [str(i) for i in inputs], "documents": len(documents),
+                        **({"text_field": text_field} if any(d.records for d in documents) else {}),
+                        **({} if dataset is None else {"dataset": dataset, "config": dataset_config, "split": dataset_split})}}  # fmt: skip
     atomic_write_text(out / "meta.json", json.dumps(meta, indent=2) + "\n")  # last: it vouches for the rest
     return meta
 
 
-def _write_splits(inputs: Sequence[str | os.PathLike], out: Path, scratch: Path, spec: str, val_fraction: float,
-                  progress: bool, num_workers: int) -> tuple[Tokenizer | CharTokenizer, list[Document], Split, np.dtype]:  # fmt: skip
+def _write_splits(documents: list[Document], out: Path, scratch: Path, spec: str, val_fraction: float, progress: bool,
+                  num_workers: int) -> tuple[Tokenizer | CharTokenizer, dict[str, Any]]:  # fmt: skip
     """Encode every document into scratch/all.bin, then write out/train.bin and out/val.bin from it.
-    Returns the tokenizer, the documents, the split, and the dtype."""
-    documents = find_documents(inputs, scratch / "stdin.txt")
-    if not any(d.size for d in documents):
-        raise DataError("the corpus is empty: no text in " + ", ".join(d.name for d in documents))
-    encoder = make_tokenizer(spec, documents, progress)
-    dtype = ids_dtype(encoder.n_vocab)
+    Returns the tokenizer and what meta.json says of the ids."""
+    encoder, dtype = _tokenizer_for(spec, documents, progress)
     with open(scratch / "all.bin", "wb") as f:
         counts = encode_documents(documents, encoder, f, dtype, progress, num_workers)
     split = split_documents(counts, val_fraction)
@@ -341,13 +407,64 @@ def _write_splits(inputs: Sequence[str | os.PathLike], out: Path, scratch: Path,
                 for start, end in ranges:
                     f.write(ids[start:end].tobytes())
     del ids
-    return encoder, documents, split, dtype
+    train_tokens, val_tokens = (sum(e - s for s, e in ranges) for ranges in (split.train, split.val))
+    cut = None if split.cut is None else {"document": documents[split.cut[0]].name, "val_tokens": split.cut[1]}
+    return encoder, {
+        "dtype": dtype.name, "train_tokens": train_tokens, "val_tokens": val_tokens,
+        "split": {"val_fraction": val_fraction, "method": split.method, "seed": SPLIT_SEED,
+                  "actual_val_fraction": val_tokens / (train_tokens + val_tokens), "val_documents": split.val_documents,
+                  "cut": cut},  # the document split within (one at most), and how many of its ids validate
+    }  # fmt: skip
+
+
+def _write_shards(documents: list[Document], out: Path, scratch: Path, spec: str, shard_tokens: int, progress: bool,
+                  num_workers: int) -> tuple[Tokenizer | CharTokenizer, dict[str, Any]]:  # fmt: skip
+    """Encode every document into llm.c's shards, written into `scratch` as each fills, then
+    renamed into `out` together at the end: an interrupted prepare leaves no part of a corpus that
+    would read as a whole one. Returns the tokenizer and what meta.json says of the ids."""
+    encoder, dtype = _tokenizer_for(spec, documents, progress)
+    name = out.resolve().name or "data"
+    writer = ShardWriter(scratch, name, shard_tokens, dtype)
+    n = encode_shards(documents, encoder, writer, progress, num_workers)
+    writer.close()
+    if writer.tokens["train"] == 0:
+        raise DataError(f"the corpus's {writer.tokens['val']:,} tokens fit in one shard of shard_tokens {shard_tokens:,}, "
+                        f"which validates (the first shard does): none is left to train on; use a smaller shard_tokens", "shard_tokens")  # fmt: skip
+    for file in writer.files:
+        os.replace(file, out / file.name)  # whole files, renamed within one disk
+    files = {split: [f.name for f in writer.files if SHARD_NAME.fullmatch(f.name).group(2) == split] for split in ("val", "train")}
+    return encoder, {"dtype": dtype.name, "train_tokens": writer.tokens["train"], "val_tokens": writer.tokens["val"],
+                     "shards": {"name": name, "shard_tokens": shard_tokens, "documents": n, **files}}  # fmt: skip
+
+
+def _tokenizer_for(spec: str, documents: list[Document], progress: bool) -> tuple[Tokenizer | CharTokenizer, np.dtype]:
+    if not any(d.size or d.path is None for d in documents):
+        raise DataError("the corpus is empty: no text in " + ", ".join(d.name for d in documents))
+    encoder = make_tokenizer(spec, documents, progress)
+    return encoder, ids_dtype(encoder.n_vocab)
+
+
+def _data_files(out: Path) -> list[str]:
+    """The names of prepared data's files in `out`: ours, and llm.c's shards."""
+    names = [name for name in ("train.bin", "val.bin", "meta.json") if (out / name).exists()]
+    return names + sorted(p.name for p in out.glob("*.bin") if SHARD_NAME.fullmatch(p.name)) if out.is_dir() else names
 
 
 def _check_out(out: Path, overwrite: bool) -> None:
-    existing = [name for name in ("train.bin", "val.bin", "meta.json") if (out / name).exists()]
+    existing = _data_files(out)
     if existing and not overwrite:
-        raise DataError(f"{out} already holds prepared data ({', '.join(existing)}): pass overwrite=True to replace it", "overwrite")
+        shown = ", ".join(existing[:4]) + (f" and {len(existing) - 4} more" if len(existing) > 4 else "")
+        raise DataError(f"{out} already holds prepared data ({shown}): pass overwrite=True to replace it", "overwrite")
+
+
+def _remove_other_data(out: Path, meta: dict[str, Any]) -> None:
+    """An overwrite leaves no stale data to be read by mistake: train.bin and val.bin beside new
+    shards, shards beside a new train.bin and val.bin, or more shards than the new data has."""
+    shards = meta.get("shards")
+    kept = {"meta.json"} | ({"train.bin", "val.bin"} if shards is None else set(shards["val"] + shards["train"]))
+    for name in set(_data_files(out)) - kept:
+        with contextlib.suppress(FileNotFoundError):
+            (out / name).unlink()
 
 
 def _save_tokenizer(tokenizer: Tokenizer | CharTokenizer, spec: str, out: Path) -> None:
@@ -373,16 +490,18 @@ def _remove_other_tokenizers(out: Path, spec: str) -> None:
 
 @dataclass
 class TokenData:
-    """The two splits of prepared data, as read-only arrays of ids on disk."""
+    """The two splits of prepared data, as read-only arrays of ids on disk (a split of several
+    shards: their ids as one stream, corpora.Shards)."""
 
     directory: Path
     format: str  # "gpt2", "nanogpt" or "llm.c"
-    train: np.ndarray
-    val: np.ndarray
+    train: np.ndarray | Shards
+    val: np.ndarray | Shards
     vocab_size: int
     tokenizer: Tokenizer | CharTokenizer | None
     meta: dict[str, Any] = field(default_factory=dict)
-    files: dict[str, Path] = field(default_factory=dict)  # split -> the file it came from
+    files: dict[str, Path] = field(default_factory=dict)  # split -> the file it came from (shards: DIR/NAME_train_*.bin)
+    shards: dict[str, list[Path]] = field(default_factory=dict)  # split -> its files, for data in several
 
     def check_vocabulary(self, tokenizer: Tokenizer | CharTokenizer | None, n_vocab: int, model: str) -> None:
         """Raise unless a model of n_vocab ids that reads `tokenizer` (None: unknown) can read these ids."""
@@ -408,13 +527,15 @@ def open_data(path: str | os.PathLike) -> TokenData:
     vocabulary once, here, so that training never meets one out of range."""
     path = Path(path)
     if path.is_file() and LLMC_NAME.fullmatch(path.name):
-        data = _open_llmc(path.parent, _llmc_pair(path))
+        data = _open_llmc(path.parent, {split: [file] for split, file in _llmc_pair(path).items()})
     elif (path / "meta.json").is_file():
         data = _open_ours(path)
     elif (path / "train.bin").is_file():
         data = _open_nanogpt(path)
+    elif path.is_dir() and any(SHARD_NAME.fullmatch(p.name) for p in path.glob("*.bin")):
+        data = _open_llmc(path, _llmc_shards(path))
     elif path.is_dir() and list(path.glob("*_train.bin")) and list(path.glob("*_val.bin")):
-        data = _open_llmc(path, {split: _only_llmc_file(path, split) for split in ("train", "val")})
+        data = _open_llmc(path, {split: [_only_llmc_file(path, split)] for split in ("train", "val")})
     elif not path.exists():
         raise DataError(f"data {str(path)!r} does not exist: give a directory gpt2 prepare wrote")
     elif path.is_file():
@@ -422,9 +543,10 @@ def open_data(path: str | os.PathLike) -> TokenData:
                         f"(run gpt2 prepare), or one of llm.c's NAME_train.bin / NAME_val.bin files")  # fmt: skip
     else:
         raise DataError(f"{path} holds no prepared data: expected train.bin and val.bin (run gpt2 prepare), "
-                        f"or llm.c's *_train.bin and *_val.bin")  # fmt: skip
+                        f"llm.c's *_train.bin and *_val.bin, or llm.c's shards (NAME_val_000000.bin, NAME_train_000001.bin, ...)")  # fmt: skip
     for split, ids in (("train", data.train), ("val", data.val)):
-        _check_ids(ids, data.vocab_size, data.files[split])
+        for part, file in zip(ids.parts, data.shards[split]) if isinstance(ids, Shards) else [(ids, data.files[split])]:
+            _check_ids(part, data.vocab_size, file)
     return data
 
 
@@ -456,11 +578,14 @@ def _open_ours(path: Path) -> TokenData:
     if meta.get("dtype") not in ("uint16", "uint32"):
         raise DataError(f"{path / 'meta.json'}: dtype is {meta.get('dtype')!r}, not uint16 or uint32")
     dtype = np.dtype("<u2" if meta["dtype"] == "uint16" else "<u4")
-    splits = {}
-    for split in ("train", "val"):
-        splits[split] = _memmap(path / f"{split}.bin", dtype)
-        if len(splits[split]) != meta.get(f"{split}_tokens"):
-            raise DataError(f"{path / f'{split}.bin'} holds {len(splits[split])} ids, but meta.json says "
+    shards = _our_shards(path, meta) if "shards" in meta else {s: [path / f"{s}.bin"] for s in ("train", "val")}
+    splits = _read_splits(path, shards) if "shards" in meta else {s: [_memmap(f[0], dtype)] for s, f in shards.items()}
+    for split, parts in splits.items():
+        where = _split_files(path, shards)[split]
+        if parts[0].dtype != dtype:
+            raise DataError(f"{where} holds {parts[0].dtype.name} ids, but meta.json says {meta['dtype']}: prepare the data again")
+        if sum(map(len, parts)) != meta.get(f"{split}_tokens"):
+            raise DataError(f"{where} hold{'s' * (len(parts) == 1)} {sum(map(len, parts))} ids, but meta.json says "
                             f"{split}_tokens = {meta.get(f'{split}_tokens')!r}: prepare the data again")  # fmt: skip
     vocab_size = meta.get("vocab_size")
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
@@ -468,8 +593,18 @@ def _open_ours(path: Path) -> TokenData:
     tokenizer = _our_tokenizer(path, meta.get("tokenizer"))
     if tokenizer is not None and tokenizer.n_vocab != vocab_size:
         raise DataError(f"{path}: meta.json says vocab_size {vocab_size}, but its tokenizer has {tokenizer.n_vocab} ids")
-    files = {s: path / f"{s}.bin" for s in splits}
-    return TokenData(path, "gpt2", splits["train"], splits["val"], vocab_size, tokenizer, meta, files)
+    ids = {split: parts[0] if len(parts) == 1 else Shards(parts) for split, parts in splits.items()}
+    return TokenData(path, "gpt2", ids["train"], ids["val"], vocab_size, tokenizer, meta, _split_files(path, shards), shards)
+
+
+def _our_shards(path: Path, meta: dict[str, Any]) -> dict[str, list[Path]]:
+    """The shards meta.json lists for each split."""
+    shards = meta["shards"]
+    names = {split: shards.get(split) if isinstance(shards, dict) else None for split in ("train", "val")}
+    for split, listed in names.items():
+        if not isinstance(listed, list) or not listed or not all(isinstance(n, str) and SHARD_NAME.fullmatch(n) for n in listed):
+            raise DataError(f"{path / 'meta.json'}: shards.{split} is {listed!r}, not a list of shard files: prepare the data again")
+    return {split: [path / name for name in listed] for split, listed in names.items()}
 
 
 def _our_tokenizer(path: Path, spec: object) -> Tokenizer | CharTokenizer | None:
@@ -514,20 +649,34 @@ def _open_nanogpt(path: Path) -> TokenData:
 
 
 def read_llmc(path: Path) -> np.ndarray:
-    """llm.c's token file: 256 little-endian int32 (magic 20240520, version 1, count), then uint16 ids."""
-    with open(path, "rb") as f:
-        head = f.read(LLMC_HEADER_BYTES)
-    if len(head) < LLMC_HEADER_BYTES:
-        raise DataError(f"{path} is not an llm.c token file: {len(head)} bytes, shorter than its {LLMC_HEADER_BYTES}-byte header")
-    header = np.frombuffer(head, dtype="<i4")
-    if header[0] != LLMC_MAGIC:
-        raise DataError(f"{path} is not an llm.c token file: its magic number is {header[0]}, not {LLMC_MAGIC}")
-    if header[1] != LLMC_VERSION:
-        raise DataError(f"{path}: llm.c token file version {header[1]}; only version {LLMC_VERSION} (uint16 ids) is read")
-    ids = _memmap(path, np.dtype("<u2"), offset=LLMC_HEADER_BYTES)
-    if len(ids) != header[2]:
-        raise DataError(f"{path}: its header counts {header[2]} ids, but the file holds {len(ids)}")
+    """llm.c's token file: 256 little-endian int32 (magic, version, count), then the ids: uint16
+    (version 1, GPT-2's) or uint32 (version 7, Llama 3's). See gpt2/corpora.py."""
+    if not path.is_file():
+        raise DataError(f"{path} is missing")
+    dtype, count = read_header(path)
+    ids = _memmap(path, dtype, offset=HEADER_BYTES)
+    if len(ids) != count:
+        raise DataError(f"{path}: its header counts {count} ids, but the file holds {len(ids)}")
     return ids
+
+
+def _read_splits(directory: Path, files: dict[str, list[Path]]) -> dict[str, list[np.ndarray]]:
+    """Each split's llm.c token files; all of one dtype (a run cannot read uint16 and uint32 ids as one)."""
+    splits = {split: [read_llmc(file) for file in files[split]] for split in ("train", "val")}
+    by_dtype: dict[str, list[str]] = {}
+    for split in ("val", "train"):
+        for file, ids in zip(files[split], splits[split]):
+            by_dtype.setdefault(ids.dtype.name, []).append(file.name)
+    if len(by_dtype) > 1:
+        said = " and ".join(f"{dtype} ids ({', '.join(names[:3])}{', ...' * (len(names) > 3)})" for dtype, names in by_dtype.items())
+        raise DataError(f"{directory} mixes llm.c token files of {said}: keep the files of one tokenizer in a directory")
+    return splits
+
+
+def _split_files(directory: Path, files: dict[str, list[Path]]) -> dict[str, Path]:
+    """The file of each split, as messages name it: DIR/NAME_train_*.bin for several shards."""
+    return {split: found[0] if len(found) == 1 else directory / f"{SHARD_NAME.fullmatch(found[0].name).group(1)}_{split}_*.bin"
+            for split, found in files.items()}  # fmt: skip
 
 
 def _llmc_pair(path: Path) -> dict[str, Path]:
@@ -548,9 +697,28 @@ def _only_llmc_file(directory: Path, split: str) -> Path:
     return found[0]
 
 
-def _open_llmc(directory: Path, files: dict[str, Path]) -> TokenData:
-    train, val = read_llmc(files["train"]), read_llmc(files["val"])
-    return TokenData(directory, "llm.c", train, val, GPT2_VOCAB, Tokenizer.gpt2(), {}, files)
+def _llmc_shards(directory: Path) -> dict[str, list[Path]]:
+    """The shards of each split in a directory of llm.c's shards (of one data set), in order."""
+    found = sorted(p for p in directory.glob("*.bin") if SHARD_NAME.fullmatch(p.name))
+    names = sorted({SHARD_NAME.fullmatch(p.name).group(1) for p in found})
+    if len(names) > 1:
+        raise DataError(f"{directory} holds the shards of several data sets ({', '.join(names)}): keep one in a directory")
+    files = {split: [p for p in found if SHARD_NAME.fullmatch(p.name).group(2) == split] for split in ("train", "val")}
+    for split, shards in files.items():
+        if not shards:
+            raise DataError(f"{directory} holds llm.c shards of {names[0]} but no {split} shard ({names[0]}_{split}_NNNNNN.bin)")
+    return files
+
+
+def _open_llmc(directory: Path, files: dict[str, list[Path]]) -> TokenData:
+    """llm.c's token files, without gpt2 prepare's meta.json: GPT-2's ids (uint16, version 1)."""
+    splits = _read_splits(directory, files)
+    if splits["train"][0].dtype.itemsize != 2:
+        raise DataError(f"{_split_files(directory, files)['train']} holds llm.c's uint32 ids (version 7, Llama 3's), of a "
+                        f"vocabulary gpt2 does not know: read are GPT-2's uint16 ids, or data gpt2 prepare wrote (with its meta.json)")  # fmt: skip
+    ids = {split: parts[0] if len(parts) == 1 else Shards(parts) for split, parts in splits.items()}
+    return TokenData(directory, "llm.c", ids["train"], ids["val"], GPT2_VOCAB, Tokenizer.gpt2(), {},
+                     _split_files(directory, files), files)  # fmt: skip
 
 
 # ------------------------------------------------------------------ batches

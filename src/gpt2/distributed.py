@@ -167,27 +167,29 @@ class Processes:
             self.sharded.reshard()
 
     def model_state(self, model: GPT2) -> dict[str, torch.Tensor]:
-        """The model's whole weights on the CPU, on rank 0 ({} elsewhere). Under FSDP every
-        process must call it: the shards are gathered."""
+        """The model's whole weights on the CPU, on rank 0 ({} elsewhere): copies, which training
+        does not change while they are written. Under FSDP every process must call it: the
+        shards are gathered."""
         if self.sharded is not None:
             self._resharded()
-            return get_model_state_dict(model, options=_FULL_ON_RANK0)
-        return {name: t.detach().cpu() for name, t in model.state_dict().items()} if self.is_main else {}
+            return _copied(get_model_state_dict(model, options=_FULL_ON_RANK0), self.device)
+        return {name: t.detach().to("cpu", copy=True) for name, t in model.state_dict().items()} if self.is_main else {}
 
-    def optimizer_state(self, model: GPT2, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-        """The optimizer's whole state, keyed by parameter names, on rank 0 ({} elsewhere): the
-        same file for one process, DDP and FSDP. Under FSDP every process must call it.
-        Before the first step it is {}: torch would make one (at lr 0, but counting) to fill it."""
-        if not optimizer.state or (self.sharded is None and not self.is_main):
+    def optimizer_state(self, model: GPT2, optimizers: list[torch.optim.Optimizer]) -> dict[str, Any]:
+        """The optimizers' whole state, keyed by parameter names (AdamW's and Muon's in one dict,
+        each parameter's under its name), on rank 0 ({} elsewhere): the same file for one process,
+        DDP and FSDP; copies, as `model_state`'s. Under FSDP every process must call it. Before the
+        first step it is {}: torch would make one (at lr 0, but counting) to fill it."""
+        if not any(optimizer.state for optimizer in optimizers) or (self.sharded is None and not self.is_main):
             return {}
         self._resharded()
-        return get_optimizer_state_dict(model, optimizer, options=_FULL_ON_RANK0)
+        return _copied(get_optimizer_state_dict(model, optimizers, options=_FULL_ON_RANK0), self.device)
 
-    def load_optimizer_state(self, model: GPT2, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    def load_optimizer_state(self, model: GPT2, optimizers: list[torch.optim.Optimizer], state: dict[str, Any]) -> None:
         """Load a state of `optimizer_state` (each process holds all of it; FSDP keeps its shard)."""
         if not state:
-            return  # saved before the first step: the new optimizer is that state
-        set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
+            return  # saved before the first step: the new optimizers are that state
+        set_optimizer_state_dict(model, optimizers, state, options=StateDictOptions(full_state_dict=True))
 
     # ------------------------------------------------------------ failures
 
@@ -229,6 +231,21 @@ class Processes:
             gc.collect()  # modules and their hooks hold each other
             dist.destroy_process_group()
         self.store = None
+
+
+def _copied(state: Any, device: torch.device) -> Any:
+    """A state dict of torch's (tensors in dicts and lists) whose tensors training does not change:
+    as it is from a GPU (cpu_offload made CPU copies), its tensors copied on the CPU (where they
+    are the model's and the optimizer's own)."""
+    if device.type != "cpu":
+        return state
+    if isinstance(state, torch.Tensor):
+        return state.detach().clone()
+    if isinstance(state, dict):
+        return {key: _copied(value, device) for key, value in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(_copied(value, device) for value in state)
+    return state
 
 
 def _is_collective_error(error: BaseException) -> bool:

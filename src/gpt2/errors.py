@@ -82,6 +82,18 @@ class DistributedError(GPT2Error, RuntimeError):
     """Training on several processes failed: a bad launch, or a process that died or stopped answering."""
 
 
+class RecipeError(GPT2Error, ValueError):
+    """A recipe file (a run's settings in TOML) is not TOML, or holds an unknown key or a value of the wrong type."""
+
+
+class RecipeNotFoundError(RecipeError, FileNotFoundError):
+    """A recipe is neither a file nor the name of a recipe shipped with gpt2."""
+
+
+class MissingPackageError(GPT2Error, ImportError):
+    """An optional feature's package is not installed (the message names the extra that installs it)."""
+
+
 class MemoryLimitError(GPT2Error, MemoryError):
     """A size that cannot fit the device's memory (a batch, a KV cache), refused before anything is allocated."""
 

@@ -32,6 +32,7 @@ from tqdm.auto import tqdm
 
 from gpt2._checks import check_batch_size, check_token_ids, int_between
 from gpt2._files import read_text
+from gpt2.corpora import Shards
 from gpt2.data import open_data
 from gpt2.engines import PrefixCache, TorchEngine, check_prefix_cache_mb
 from gpt2.errors import DataError, InvalidArgumentError
@@ -156,7 +157,7 @@ def check_window(model: GPT2, context: int | None, stride: int | None) -> tuple[
     return context, stride
 
 
-def perplexity(model: GPT2, ids: Sequence[int] | np.ndarray, *, context: int | None = None, stride: int | None = None,
+def perplexity(model: GPT2, ids: Sequence[int] | np.ndarray | Shards, *, context: int | None = None, stride: int | None = None,
                batch_size: int = DEFAULT_BATCH_SIZE, tokenizer: Tokenizer | CharTokenizer | None = None,
                progress: bool = False) -> Perplexity:  # fmt: skip
     """The loss of the model on `ids`, one stream, with sliding windows of `context` ids moved
@@ -164,7 +165,7 @@ def perplexity(model: GPT2, ids: Sequence[int] | np.ndarray, *, context: int | N
     `tokenizer` (the ids' own) gives bits per byte."""
     context, stride = check_window(model, context, stride)
     batch_size = check_batch_size(batch_size)
-    ids = np.asarray(ids)
+    ids = ids if isinstance(ids, Shards) else np.asarray(ids)  # shards are read a window at a time, never copied whole
     if ids.ndim != 1 or len(ids) < 2:
         raise InvalidArgumentError(f"perplexity needs a stream of at least 2 ids (one to predict from, one to score), "
                                    f"got {len(ids) if ids.ndim == 1 else list(ids.shape)}")  # fmt: skip
@@ -255,7 +256,7 @@ def agreement(reference: GPT2, model: GPT2, ids: Sequence[int] | np.ndarray, con
 
 
 def evaluate_data(model: GPT2, directory: str | os.PathLike, split: str = "val", **options: Any) -> Perplexity:
-    """Perplexity of a prepared directory's split (val.bin by default), its ids one stream."""
+    """Perplexity of a prepared directory's split (val.bin, or the val shards, by default), its ids one stream."""
     if split not in ("train", "val"):
         raise InvalidArgumentError(f"split must be 'train' or 'val', got {split!r}")
     data = open_data(directory)
@@ -403,21 +404,35 @@ def hellaswag(model: GPT2, examples: Sequence[Choice], tokenizer: Tokenizer | Ch
     """HellaSwag in llm.c's completion style: each ending, " " + ending, is scored after the
     context's ids; acc picks the ending of least total loss, acc_norm the least loss per id."""
     tokenizer = _model_tokenizer(model, tokenizer)
+    pairs, example_of = hellaswag_pairs(tokenizer, examples)
+    scores = score_continuations(model, pairs, batch_size=batch_size, progress=progress, desc="hellaswag", example_of=example_of)
+    right, right_norm = hellaswag_right(examples, [s.log_prob for s in scores], [s.n_ids for s in scores])
+    return {"task": "hellaswag", "examples": len(examples), "acc": right / len(examples), "acc_norm": right_norm / len(examples)}
+
+
+def hellaswag_pairs(tokenizer: Tokenizer | CharTokenizer, examples: Sequence[Choice]
+                    ) -> tuple[list[tuple[list[int], list[int]]], list[int]]:  # fmt: skip
+    """(context ids, ids of " " + ending) for each ending of each example, example by example,
+    and the example each pair is of."""
     pairs, example_of = [], []
     for number, example in enumerate(examples):
         context = tokenizer.encode(example.context)
         pairs += [(context, tokenizer.encode(" " + ending)) for ending in example.endings]
         example_of += [number] * len(example.endings)
-    scores = score_continuations(model, pairs, batch_size=batch_size, progress=progress, desc="hellaswag", example_of=example_of)
-    right = right_norm = 0
-    start = 0
+    return pairs, example_of
+
+
+def hellaswag_right(examples: Sequence[Choice], log_probs: Sequence[float], n_ids: Sequence[int]) -> tuple[int, int]:
+    """How many examples' right ending has the greatest log-probability (acc's count) and the
+    greatest per id (acc_norm's), given each pair's score (in `hellaswag_pairs`' order)."""
+    right = right_norm = start = 0
     for example in examples:
-        choices = scores[start : start + len(example.endings)]
+        k = range(start, start + len(example.endings))
         start += len(example.endings)
         # the first of equal scores wins, as torch's argmin in llm.c
-        right += max(range(len(choices)), key=lambda k: choices[k].log_prob) == example.label
-        right_norm += max(range(len(choices)), key=lambda k: choices[k].log_prob / choices[k].n_ids) == example.label
-    return {"task": "hellaswag", "examples": len(examples), "acc": right / len(examples), "acc_norm": right_norm / len(examples)}
+        right += max(k, key=lambda i: log_probs[i]) - k.start == example.label
+        right_norm += max(k, key=lambda i: log_probs[i] / n_ids[i]) - k.start == example.label
+    return right, right_norm
 
 
 def wikitext2(model: GPT2, text: str, tokenizer: Tokenizer | CharTokenizer | None = None, **options: Any) -> dict[str, Any]:

@@ -164,27 +164,29 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpt2"
 
 
-def task_file(task: str, data: str | os.PathLike | None = None, progress: bool = True) -> Path:
-    """The file of a task's set: `data` if given, else the cached download (made on first use)."""
+def task_file(task: str, data: str | os.PathLike | None = None, progress: bool = True, param: str = "data") -> Path:
+    """The file of a task's set: `data` if given, else the cached download (made on first use).
+    `param`: the argument that gives the file, which a failed download names."""
     check_task(task)
     if data is not None:
         return Path(data)
     if task == "wikitext2":
-        return _hub_file()
+        return _hub_file(param)
     url = LAMBADA_URL if task == "lambada" else HELLASWAG_URL
     path = cache_dir() / url.rsplit("/", 1)[1]
     if not path.is_file():
-        _download(url, path, task, progress)
+        _download(url, path, task, progress, param)
     return path
 
 
-OFFLINE_HINT = "without a network, download it elsewhere and pass its path as data"
+def _offline_hint(param: str) -> str:
+    return f"without a network, download it elsewhere and pass its path as {param}"
 
 
-def _download(url: str, path: Path, task: str, progress: bool) -> None:
+def _download(url: str, path: Path, task: str, progress: bool, param: str) -> None:
     """Fetch url into path, written under a temporary name and renamed once whole."""
     if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
-        raise DataError(f"{task} is not in the cache ({path}) and HF_HUB_OFFLINE is set; {OFFLINE_HINT}", "data")
+        raise DataError(f"{task} is not in the cache ({path}) and HF_HUB_OFFLINE is set; {_offline_hint(param)}", param)
     from tqdm.auto import tqdm
 
     writable_directory(path.parent)  # an unwritable cache is said as such, before anything is fetched
@@ -197,12 +199,12 @@ def _download(url: str, path: Path, task: str, progress: bool) -> None:
                     bar.update(len(chunk))
     except OSError as e:  # URLError, timeouts and a full disk are all OSErrors
         reason = getattr(e, "reason", None) or e.strerror or e
-        raise DataError(f"could not download {task} from {url}: {reason}; {OFFLINE_HINT}", "data") from None
+        raise DataError(f"could not download {task} from {url}: {reason}; {_offline_hint(param)}", param) from None
 
 
-def _hub_file() -> Path:
+def _hub_file(param: str) -> Path:
     try:
         return hub_file(WIKITEXT_REPO, WIKITEXT_FILE, repo_type="dataset")
     except OSError as e:  # offline, unreachable, not found: all end the same way
         raise DataError(f"{download_error('wikitext2', WIKITEXT_REPO, e)}; "
-                        f"{OFFLINE_HINT} (wiki.test.raw, or the hub's parquet file)", "data") from None  # fmt: skip
+                        f"{_offline_hint(param)} (wiki.test.raw, or the hub's parquet file)", param) from None  # fmt: skip

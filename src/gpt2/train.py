@@ -6,7 +6,7 @@
             x, y = get_batch(train, seed, it, micro) # (B, T) ids and their next ids
             loss = cross_entropy(model(x), y) / grad_accum
             loss.backward()
-        clip_grad_norm(grad_clip); adamw.step()
+        clip_grad_norm(grad_clip); adamw.step()      # --optimizer muon: muon.step() for the blocks' matrices too
 
 Evaluations (at iteration 0, every eval_interval and at the end) log the mean loss of both
 splits, keep the model of the best validation loss in OUT (Hugging Face's layout, with its
@@ -40,7 +40,7 @@ from typing import Any, NamedTuple
 import torch
 
 from gpt2 import distributed
-from gpt2._files import atomic_path, atomic_write_text, writable_directory
+from gpt2._files import BackgroundWriter, atomic_path, atomic_write_text, writable_directory
 from gpt2.checkpoint import (
     CHECKPOINT,
     checkpoint_config,
@@ -66,18 +66,23 @@ from gpt2.devices import (
     should_compile,
     training_precision,
 )
-from gpt2.errors import ContextLengthError, GPT2Warning, InvalidArgumentError
-from gpt2.evaluate import loss_sum
+from gpt2.errors import ContextLengthError, DataError, GPT2Warning, InvalidArgumentError
+from gpt2.evaluate import hellaswag_pairs, hellaswag_right, loss_sum, score_continuations
 from gpt2.generate import generate_text
+from gpt2.loggers import WANDB_ID, Loggers, check_loggers, open_loggers, read_log
 from gpt2.model import GPT2
-from gpt2.settings import TrainSettings, resumed_settings
+from gpt2.settings import MUON_LR, TrainSettings, resumed_settings
 from gpt2.stopping import StopRequested, StopSignals
+from gpt2.tasks import read_hellaswag, task_file
+from gpt2.tokenizer import CharTokenizer, Tokenizer
 from gpt2.weights import expected_shapes, read_config
 
 LOG = "log.jsonl"
 PLOT = "loss.png"
 EVAL_STREAM = 1 << 32  # evaluation batches use micro-steps from here on: never a training batch's seed
 WORKSPACE = 200_000_000  # bytes a run takes whatever its size (benchmarks/memory.py: 180 to 230 MB on a CPU)
+# HellaSwag's acc_norm of OpenAI's 124M on all 10,042 examples, completion style (llm.c; docs/eval.md)
+HELLASWAG_GPT2 = 0.2955
 
 
 class WarmupWarning(GPT2Warning):
@@ -85,14 +90,17 @@ class WarmupWarning(GPT2Warning):
     lr, and never decays."""
 
 
-def learning_rate(it: int, s: TrainSettings) -> float:
-    """nanoGPT's schedule: linear warm-up over warmup_iters, then cosine decay to min_lr at lr_decay_iters."""
+def learning_rate(it: int, s: TrainSettings, peak: float | None = None) -> float:
+    """nanoGPT's schedule: linear warm-up over warmup_iters, then cosine decay to min_lr at lr_decay_iters.
+    `peak`: the schedule of a learning rate that tops at `peak` instead of lr (Muon's, muon_lr), the
+    same curve scaled (down to min_lr * peak / lr)."""
+    lr, min_lr = (s.lr, s.min_lr) if peak is None else (peak, s.min_lr * (peak / s.lr))
     if it < s.warmup_iters:
-        return s.lr * (it + 1) / (s.warmup_iters + 1)
+        return lr * (it + 1) / (s.warmup_iters + 1)
     if it >= s.lr_decay_iters:
-        return s.min_lr
+        return min_lr
     decay_ratio = (it - s.warmup_iters) / (s.lr_decay_iters - s.warmup_iters)  # 0 .. 1
-    return s.min_lr + 0.5 * (1.0 + math.cos(math.pi * decay_ratio)) * (s.lr - s.min_lr)
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * decay_ratio)) * (lr - min_lr)
 
 
 def warn_about_warmup(s: TrainSettings) -> None:
@@ -116,17 +124,33 @@ def flops_per_token(model: GPT2) -> float:
     return 6 * weights + 12 * config.n_layer * config.n_embd * config.n_ctx
 
 
-def make_optimizer(model: GPT2, s: TrainSettings, device: torch.device) -> torch.optim.AdamW:
-    """AdamW with weight decay on the 2-D parameters only (matrices and embeddings, not biases
-    or LayerNorms): nanoGPT's configure_optimizers, with the fused update on CPUs too (one
-    pass over each tensor instead of several)."""
-    params = [p for p in model.parameters() if p.requires_grad]
+def make_optimizers(model: GPT2, s: TrainSettings, device: torch.device) -> list[torch.optim.Optimizer]:
+    """The run's optimizers, stepped together. adamw: AdamW alone, with weight decay on the 2-D
+    parameters only (matrices and embeddings, not biases or LayerNorms): nanoGPT's
+    configure_optimizers, with the fused update on CPUs too (one pass over each tensor instead of
+    several). muon: torch's Muon for the blocks' matrices (c_attn, c_proj, c_fc: the hidden layers
+    it is made for) and AdamW as above for the rest: embeddings, biases, LayerNorms. Muon's update
+    is scaled to the size of AdamW's (Moonshot's match_rms_adamw, the same whichever way round a
+    matrix is stored), at its own learning rate (muon_lr) on the same schedule (docs/train.md)."""
+    params = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    muon = [p for name, p in params if s.optimizer == "muon" and name.startswith("transformer.h.") and p.dim() == 2]
+    rest = [p for _, p in params if not any(p is q for q in muon)]
     groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": s.weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        {"params": [p for p in rest if p.dim() >= 2], "weight_decay": s.weight_decay},
+        {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0},
     ]
     fused = {"fused": True} if fused_adamw_available(device) else {}
-    return torch.optim.AdamW(groups, lr=s.lr, betas=(s.beta1, s.beta2), **fused)
+    optimizers: list[torch.optim.Optimizer] = [torch.optim.AdamW(groups, lr=s.lr, betas=(s.beta1, s.beta2), **fused)]
+    if muon:
+        optimizers.append(torch.optim.Muon(muon, lr=peak_lr(s, muon=True),
+                                           weight_decay=s.weight_decay, momentum=0.95, nesterov=True,
+                                           adjust_lr_fn="match_rms_adamw"))  # fmt: skip
+    return optimizers
+
+
+def peak_lr(s: TrainSettings, muon: bool) -> float:
+    """The top of the learning rate's schedule: lr, or muon_lr (default MUON_LR) for Muon's matrices."""
+    return (MUON_LR if s.muon_lr is None else s.muon_lr) if muon else s.lr
 
 
 # ------------------------------------------------------------------ the model
@@ -225,6 +249,7 @@ class Progress:
     def __init__(self, bar: Any = None):
         self.bar = bar  # tqdm's, while the loop runs
         self.stats = ""  # the last logged step's numbers, as tqdm's set_postfix writes them
+        self.score = ""  # the last evaluation's task score ("hellaswag=0.2950"), where a run scores one
         self.shown = 0.0  # when the bar was last drawn
 
     def show(self, description: str, detail: str = "", force: bool = False) -> None:
@@ -235,7 +260,7 @@ class Progress:
         if bar is None or bar.disable:
             return
         bar.set_description_str(description, refresh=False)
-        bar.set_postfix_str(", ".join(part for part in (self.stats, detail) if part), refresh=False)
+        bar.set_postfix_str(self._postfix(detail), refresh=False)
         now = time.monotonic()
         if force or now - self.shown >= bar.mininterval:
             bar.refresh()
@@ -245,14 +270,63 @@ class Progress:
         """An iteration done; `stats`: its numbers, where it was logged (on rank 0)."""
         if stats is not None:
             self.stats = stats
-            self.bar.set_postfix_str(stats, refresh=False)
-        elif not self.bar.disable:
-            self.bar.set_postfix_str(self.stats, refresh=False)  # the micro-batch count off
+        if stats is not None or not self.bar.disable:
+            self.bar.set_postfix_str(self._postfix(), refresh=False)  # (the micro-batch count off)
         self.bar.update()
+
+    def set_score(self, score: str) -> None:
+        """The last evaluation's task score ("hellaswag=0.2950"), shown from now on beside the steps' numbers."""
+        self.score = score
+        self.show("training", force=True)
+
+    def _postfix(self, detail: str = "") -> str:
+        return ", ".join(part for part in (self.stats, self.score, detail) if part)
 
     def write(self, text: str, **kwargs: Any) -> None:
         """A line above the bar (printed even where the bar is not drawn)."""
         self.bar.write(text, **kwargs)
+
+
+class TaskEvaluation:
+    """The benchmark a run scores at each evaluation (eval_task: HellaSwag, as llm.c and
+    build-nanogpt score it while GPT-2 trains), with `gpt2 eval --task`'s scoring. Its examples
+    are read and tokenized once, before the run starts: a file that is missing or not the
+    task's, or data whose tokenizer cannot read them, stops the run before its first iteration."""
+
+    def __init__(self, s: TrainSettings, data: TokenData, progress: bool):
+        self.name = s.eval_task
+        check_task_tokenizer(s.eval_task, data)
+        path = task_file(s.eval_task, s.eval_task_data, progress, param="eval_task_data")
+        try:
+            self.examples = read_hellaswag(path, s.eval_task_limit)
+        except DataError as e:  # the file is the eval_task_data setting's (or its download's)
+            raise DataError(str(e), "eval_task_data") from None
+        self.pairs, _ = hellaswag_pairs(data.tokenizer, self.examples)  # (context ids, ending ids), 4 an example
+
+    def batches(self, n_ctx: int, ids: int) -> list[list[int]]:
+        """The pairs' indices in batches of at most `ids` positions, padding included, longest
+        first (a training micro-batch's: scoring, without gradients, fits wherever training does)."""
+        length = [min(len(c) + len(x), n_ctx + 1) - 1 for c, x in self.pairs]  # positions in the forward pass
+        batches, batch = [], []
+        for i in sorted(range(len(self.pairs)), key=lambda i: -length[i]):
+            if batch and (len(batch) + 1) * length[batch[0]] > ids:
+                batches.append(batch)
+                batch = []
+            batch.append(i)
+        return batches + [batch]
+
+
+def check_task_tokenizer(task: str, data: TokenData) -> None:
+    """Refuse a task the data's tokenizer cannot write: HellaSwag's text is any English, which a
+    byte-level BPE tokenizer (GPT-2's, or a bpe:N one) encodes whole and a character vocabulary,
+    which knows only its corpus's characters, does not."""
+    if isinstance(data.tokenizer, Tokenizer):
+        return
+    has = (f"a character-level one ({data.tokenizer.n_vocab} characters), which knows only its corpus's characters"
+           if isinstance(data.tokenizer, CharTokenizer) else "none of its own")  # fmt: skip
+    raise InvalidArgumentError(f"eval_task {task} needs a BPE tokenizer that writes any text (GPT-2's, as llm.c scores it), but the "
+                               f"data in {data.directory} has {has}: train on data prepared with tokenizer gpt2, or drop eval_task",
+                               "eval_task")  # fmt: skip
 
 
 class Trainer:
@@ -266,7 +340,9 @@ class Trainer:
         if s.fsdp and not distributed.launched():
             raise InvalidArgumentError("fsdp shards the model over the processes of a distributed launch: "
                                        "start the run under torchrun, one process a GPU", "fsdp")  # fmt: skip
+        self.logger: Loggers | None = None  # rank 0's, from the loop's start: log.jsonl, W&B, TensorBoard
         self.data = open_data(s.data)
+        self.task = None if s.eval_task is None else TaskEvaluation(s, self.data, progress and os.environ.get("RANK", "0") == "0")
         self.procs = distributed.start(s.device, s.timeout)  # this process's rank of world; its device
         try:
             self._build(state)
@@ -291,8 +367,9 @@ class Trainer:
         model.checkpoint_activations = s.checkpoint_activations
         self.model = model.to(self.device).train()
         self.tokenizer = self.data.tokenizer
+        self.task_batches = [] if self.task is None else self.task.batches(model.config.n_ctx, s.batch_size * model.config.n_ctx)
         self.forward = self.procs.wrap(self.model, fsdp=s.fsdp, compiled=should_compile(s.compile, self.device))
-        self.optimizer = make_optimizer(self.model, s, self.device)  # after wrap: under FSDP it updates the shards
+        self.optimizers = make_optimizers(self.model, s, self.device)  # after wrap: under FSDP they update the shards
         self.scaler = self.precision.scaler()
         self.iteration, self.evaluated, self.best_val_loss = 0, -1, math.inf
         self.resumed = state is not None
@@ -306,6 +383,7 @@ class Trainer:
         self.last_eval: dict[str, Any] | None = None
         self.at_start = rng_state(self.device)  # the random state an abandoned iteration is saved with
         self.bar = Progress()
+        self.writer = BackgroundWriter()  # rank 0's files of an evaluation, written while training goes on
 
     @property
     def is_main(self) -> bool:
@@ -317,14 +395,18 @@ class Trainer:
     def close(self) -> None:
         """Leave the process group, once nothing holds it: DDP's wrapper, and under FSDP the
         model and the optimizer (their tensors are shards that name the group)."""
-        self.forward = self.model = self.optimizer = None
+        self.forward = self.model = self.optimizers = None
+        if self.logger is not None:
+            self.logger.close()
+            self.logger = None
         self.procs.close()
 
     def run(self) -> TrainResult:
         try:
             return self._run()
-        except Exception as e:
-            failure = self.procs.failure(e)  # another process died or hangs: say which
+        except BaseException as e:
+            self.writer.finish()  # whatever stopped the run, the files of the last evaluation are whole
+            failure = self.procs.failure(e) if isinstance(e, Exception) else None  # another process died or hangs: say which
             if failure is not None:
                 raise failure from None
             raise
@@ -357,14 +439,18 @@ class Trainer:
                     loss = float(self.procs.sum(loss)) / self.world  # the mean over all micro-batches of the step
                     stats = self._log_step(it, loss, time.perf_counter() - started)
                 self.bar.step_done(stats)
+        self.writer.wait()
         self.procs.barrier()  # every process ends when rank 0 has written everything
         return self._result(interrupted=False)
 
     def _begin(self) -> None:
         """On rank 0, before the loop: OUT still writable, its log cut back to the checkpoint's
-        iteration, and a word on the warm-up and on where a resumed run resumes."""
+        iteration, the loggers opened with the settings from here on, and a word on the warm-up and
+        on where a resumed run resumes."""
         writable_directory(self.out)
         _trim_log(self.out / LOG, self.iteration, self.evaluated)
+        self.logger = open_loggers(self.s, self.out / LOG, self.iteration, self.resumed)
+        self.logger.log({"iter": self.iteration, "settings": self.s.to_dict()})
         warn_about_warmup(self.s)
         if self.resumed:
             best = "no evaluation yet" if math.isinf(self.best_val_loss) else f"best val loss {self.best_val_loss:.4f}"
@@ -376,9 +462,11 @@ class Trainer:
         completed iteration, which a resume repeats from here. The optimizer and the gradient
         scaler are as they were: both change only after the last micro-batch. A stop in an
         evaluation leaves `evaluated` at the last one done, so the resume redoes this one."""
-        self.optimizer.zero_grad(set_to_none=True)
+        for optimizer in self.optimizers:
+            optimizer.zero_grad(set_to_none=True)
         self.model.train()
         set_rng_state(self.at_start, self.device)
+        self.writer.wait()  # the last evaluation's files first: this checkpoint is later
         self.save_checkpoint()
         self.procs.barrier()
         return self._result(interrupted=True)
@@ -391,8 +479,10 @@ class Trainer:
     def train_step(self, it: int) -> torch.Tensor:
         """One optimizer step over grad_accum micro-batches; returns their mean loss (a tensor, not synchronised)."""
         s = self.s
-        for group in self.optimizer.param_groups:
-            group["lr"] = learning_rate(it, s)
+        for optimizer in self.optimizers:
+            lr = learning_rate(it, s, peak_lr(s, muon=isinstance(optimizer, torch.optim.Muon)))
+            for group in optimizer.param_groups:
+                group["lr"] = lr
         total = torch.zeros((), device=self.device)
         share = range(self.rank, s.grad_accum, self.world)  # this process's micro-batches: 1 in `world`
         for i, micro in enumerate(share):
@@ -409,11 +499,14 @@ class Trainer:
             if len(share) > 1:
                 self.bar.show("training", f"micro-batch {i + 1}/{len(share)}")
         if s.grad_clip > 0:
-            self.scaler.unscale_(self.optimizer)
+            for optimizer in self.optimizers:
+                self.scaler.unscale_(optimizer)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.grad_clip)
-        self.scaler.step(self.optimizer)
+        for optimizer in self.optimizers:  # (one scaler for all: torch's recipe for several optimizers)
+            self.scaler.step(optimizer)
         self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
+        for optimizer in self.optimizers:
+            optimizer.zero_grad(set_to_none=True)
         return total
 
     def _log_step(self, it: int, loss: float, seconds: float) -> str | None:
@@ -426,7 +519,7 @@ class Trainer:
         if self.peak_flops:
             record["mfu"] = self.flops_per_iter / seconds / self.peak_flops
             postfix["mfu"] = f"{record['mfu']:.1%}"
-        _append_log(self.out / LOG, record)
+        self.logger.log(record)
         return ", ".join(f"{k}={v}" for k, v in postfix.items())  # as tqdm's set_postfix writes them
 
     # -------------------------------------------------------------- the evaluation
@@ -462,28 +555,66 @@ class Trainer:
         loss, count = self.procs.sum(total).tolist()
         return loss / count
 
+    @torch.no_grad()
+    def score_task(self) -> dict[str, float]:
+        """The eval_task's acc and acc_norm ({} without one), by `gpt2 eval`'s scoring under the
+        run's autocast: the batches shared out over the processes (under FSDP each runs as many),
+        each pair's score summed over all of them."""
+        task, batches = self.task, self.task_batches
+        if task is None:
+            return {}
+        scores = torch.zeros(len(task.pairs), 2, dtype=torch.float64, device=self.device)  # log-probability, ids scored
+        n = len(batches)
+        self.bar.show(f"evaluating {task.name} 0/{n}", force=True)
+        for k in range(self.rank, math.ceil(n / self.world) * self.world, self.world):
+            self.stop.check()  # before the break: every process checks as often
+            if k >= n and self.procs.sharded is None:
+                break
+            pairs = [task.pairs[i] for i in batches[k % n]]
+            with self.precision.autocast():
+                got = score_continuations(self.model, pairs, batch_size=len(pairs), prefix_cache_mb=0)  # one forward pass
+            if k < n:
+                scores[batches[k]] = torch.tensor([[g.log_prob, g.n_ids] for g in got], dtype=torch.float64, device=self.device)
+            self.bar.show(f"evaluating {task.name} {min(k + self.world, n)}/{n}")
+        log_probs, n_ids = self.procs.sum(scores).T.tolist()
+        right, right_norm = hellaswag_right(task.examples, log_probs, n_ids)
+        self.bar.show("training", force=True)
+        return {f"{task.name}_acc": right / len(task.examples), f"{task.name}_acc_norm": right_norm / len(task.examples)}
+
     def evaluate_and_save(self, it: int) -> None:
         """Evaluate, then log it, keep the model if it is the best so far, sample, save the checkpoint and plot."""
         losses = self.evaluate()
+        scores = self.score_task()
         self.evaluated = it
         improved = losses["val"] < self.best_val_loss
-        record = {"iter": it, "train_loss": losses["train"], "val_loss": losses["val"], "lr": learning_rate(it, self.s), "best": improved}
+        record = {"iter": it, "train_loss": losses["train"], "val_loss": losses["val"], **scores, "lr": learning_rate(it, self.s),
+                  "best": improved}  # fmt: skip
         weights = self.procs.model_state(self.model)  # gathered once (under FSDP, by every process) for both files
         if improved:
             self.best_val_loss = losses["val"]
-            self.save_model(weights)
         if self.s.sample_prompt is not None and (self.is_main or self.procs.sharded is not None):  # FSDP: all take part
             record["sample"] = self.sample(self.s.sample_prompt)
+        state = self.checkpoint_state(weights)  # under FSDP every process's part of gathering the optimizer's state
         if not self.is_main:
-            self.save_checkpoint(weights)  # under FSDP its part of gathering the optimizer's state
             return
         self.last_eval = record
-        _append_log(self.out / LOG, record)
-        self.bar.write(f"iter {it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
-                       + (" (best so far: saved)" if improved else ""))  # fmt: skip
+        self.logger.log(record)
+        line = f"iter {it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
+        if self.task is not None:  # acc_norm, the accuracy llm.c and build-nanogpt print
+            score = scores[f"{self.task.name}_acc_norm"]
+            line += f", {self.task.name} {score:.4f}"
+            self.bar.set_score(f"{self.task.name}={score:.4f}")
+        self.bar.write(line + (" (best so far: saved)" if improved else ""))
         if "sample" in record:
             self.bar.write(f"sample: {self.s.sample_prompt}{record['sample']}")
-        self.save_checkpoint(weights)
+        self.writer.write(lambda: self.write_files(weights if improved else None, state))  # copies: training goes on
+
+    def write_files(self, best: dict[str, torch.Tensor] | None, state: dict[str, Any]) -> None:
+        """Rank 0's files of an evaluation (in the writer's thread): the model, if `best`, the
+        checkpoint, then the plot."""
+        if best is not None:
+            self.save_model(best)
+        write_checkpoint(self.out, state)
         plot_losses(self.out / LOG, self.out / PLOT, note=self.bar.write)
 
     def sample(self, prompt: str, max_new_tokens: int = 100) -> str:
@@ -505,22 +636,28 @@ class Trainer:
             self.model.tokenizer = self.tokenizer
             self.model.save_pretrained(self.out, weights)
 
-    def save_checkpoint(self, weights: dict[str, torch.Tensor] | None = None) -> None:
-        """All a resume needs, in one file written by rank 0 (gpt2/checkpoint.py): whole weights,
-        the optimizer's state by parameter name, and each process's random state (dropout's).
-        `weights`: the model's, already gathered (`Processes.model_state`); else gathered here."""
+    def save_checkpoint(self) -> None:
+        """Write the checkpoint now (rank 0; every process takes part in gathering it)."""
+        state = self.checkpoint_state()
+        if self.is_main:
+            write_checkpoint(self.out, state)
+
+    def checkpoint_state(self, weights: dict[str, torch.Tensor] | None = None) -> dict[str, Any] | None:
+        """All a resume needs, for one file written by rank 0 (gpt2/checkpoint.py): whole weights,
+        the optimizers' state by parameter name, and each process's random state (dropout's), as
+        copies that later steps leave alone (None on the other ranks). `weights`: the model's,
+        already gathered (`Processes.model_state`); else gathered here."""
         model = self.procs.model_state(self.model) if weights is None else weights
-        optimizer = self.procs.optimizer_state(self.model, self.optimizer)
+        optimizer = self.procs.optimizer_state(self.model, self.optimizers)
         rng = self.procs.gather(rng_state(self.device))
         if not self.is_main:
-            return
-        state = checkpoint_state(settings=self.s.to_dict(), config=self.model.config, iteration=self.iteration,
-                                 evaluated=self.evaluated, best_val_loss=self.best_val_loss, model=model,
-                                 optimizer=optimizer, scaler=self.scaler.state_dict(), rng=rng)  # fmt: skip
-        write_checkpoint(self.out, state)
+            return None
+        return checkpoint_state(settings=self.s.to_dict(), config=self.model.config, iteration=self.iteration,
+                                evaluated=self.evaluated, best_val_loss=self.best_val_loss, model=model,
+                                optimizer=optimizer, scaler=self.scaler.state_dict(), rng=rng)  # fmt: skip
 
     def _restore(self, state: dict[str, Any]) -> None:
-        load_optimizer(state, self.procs, self.model, self.optimizer)
+        load_optimizer(state, self.procs, self.model, self.optimizers)
         self.scaler.load_state_dict(state["scaler"])
         self.iteration, self.evaluated, self.best_val_loss = state["iteration"], state["evaluated"], state["best_val_loss"]
         rng = process_rng(state, self.rank, self.device)
@@ -531,27 +668,11 @@ class Trainer:
 # ------------------------------------------------------------------ log and plot
 
 
-def _append_log(path: Path, record: dict[str, Any]) -> None:
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(record) + "\n")
-
-
-def read_log(path: Path) -> list[dict[str, Any]]:
-    """The records of a run's log.jsonl (a line cut short by a crash is skipped)."""
-    if not path.is_file():
-        return []
-    records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return records
-
-
 def _trim_log(path: Path, iteration: int, evaluated: int) -> None:
     """Keep the records of the iterations done before `iteration` (and its evaluation, if done):
     a run that resumes from a checkpoint logs the later ones again."""
+    if not path.is_file():  # a new run: its first record makes the file
+        return
     kept = [r for r in read_log(path) if r["iter"] < iteration or ("val_loss" in r and r["iter"] <= evaluated)]
     atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
 
@@ -568,12 +689,10 @@ def _how_often(iterations: list[int], param: str) -> str:
 
 def plot_losses(log: Path, png: Path, note=print) -> Any:
     """Training loss at each logged step (faint) and the evaluations' train and validation losses,
-    against iterations. Returns the matplotlib figure drawn (closed), or None without matplotlib."""
+    against iterations; beside them, as llm.c's plots, HellaSwag's accuracies where the run scored
+    it. Returns the matplotlib figure drawn, or None without matplotlib."""
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")  # files only: no window, no display needed
-        import matplotlib.pyplot as plt
+        from matplotlib.figure import Figure  # not pyplot: no global state (it draws in the writer's thread), no window
     except ImportError:
         if not getattr(plot_losses, "warned", False):
             note("gpt2: note: loss.png needs matplotlib: pip install 'gpt2[train]'")
@@ -582,7 +701,10 @@ def plot_losses(log: Path, png: Path, note=print) -> Any:
     records = read_log(log)
     steps = [r for r in records if "loss" in r]
     evals = [r for r in records if "val_loss" in r]
-    fig, ax = plt.subplots(figsize=(8, 5))
+    scored = [r for r in evals if "hellaswag_acc_norm" in r]
+    fig = Figure(figsize=(15 if scored else 8, 5))
+    axes = fig.subplots(1, 2 if scored else 1, squeeze=False)
+    ax = axes[0, 0]
     if steps:
         label = f"train loss of a step {_how_often([r['iter'] for r in steps], 'log_interval')}"
         ax.plot([r["iter"] for r in steps], [r["loss"] for r in steps], color="tab:blue", alpha=0.25, lw=0.8, label=label)
@@ -594,10 +716,24 @@ def plot_losses(log: Path, png: Path, note=print) -> Any:
     ax.set_ylabel("loss (nats per token)")
     ax.grid(alpha=0.3)
     ax.legend()
+    if scored:
+        _plot_hellaswag(axes[0, 1], scored, how_often)
     with atomic_path(png) as tmp:
-        fig.savefig(tmp, format="png", dpi=100, bbox_inches="tight")
-    plt.close(fig)
+        fig.savefig(tmp, format="png", dpi=100, bbox_inches="tight")  # drawn by Agg, matplotlib's canvas for files
     return fig
+
+
+def _plot_hellaswag(ax: Any, scored: list[dict[str, Any]], how_often: str) -> None:
+    """HellaSwag's acc_norm (and acc, faint) at each evaluation, with OpenAI's 124M for scale."""
+    iters = [r["iter"] for r in scored]
+    ax.plot(iters, [r["hellaswag_acc_norm"] for r in scored], "o-", color="tab:green",
+            label=f"acc_norm at each evaluation {how_often}")  # fmt: skip
+    ax.plot(iters, [r["hellaswag_acc"] for r in scored], "o-", color="tab:green", alpha=0.3, label="acc (least total loss, not per token)")
+    ax.axhline(HELLASWAG_GPT2, color="tab:red", ls="--", lw=1, label=f"OpenAI's GPT-2 124M: {HELLASWAG_GPT2} (all 10,042 examples)")
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("HellaSwag accuracy")
+    ax.grid(alpha=0.3)
+    ax.legend()
 
 
 # ------------------------------------------------------------------ the entry point
@@ -622,7 +758,7 @@ def make_out(out: Path, overwrite: bool) -> bool:
     made = not out.exists()
     writable_directory(out)
     if overwrite:
-        for name in (CHECKPOINT, LOG, PLOT):
+        for name in (CHECKPOINT, LOG, PLOT, WANDB_ID):
             (out / name).unlink(missing_ok=True)
     return made
 
@@ -651,6 +787,7 @@ def train(out: str | os.PathLike, *, resume: bool = False, overwrite: bool = Fal
         if settings.get("data") is None:
             raise InvalidArgumentError("no data: give data, the directory gpt2 prepare wrote", "data")
         s = TrainSettings(**settings)
+    check_loggers(s)
     made = make_out(out, overwrite)
     try:
         trainer = Trainer(s, out, progress=progress, state=state)
