@@ -32,6 +32,7 @@ import sys
 import time
 import warnings
 from collections import Counter
+from collections.abc import Iterator
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -536,15 +537,23 @@ class Trainer:
         self.bar.show("training", force=True)
         return losses
 
+    def _my_batches(self, n: int) -> Iterator[int]:
+        """This process's share of n evaluation batches: k = rank, rank + world, ... Under FSDP
+        every process runs as many forward passes (each takes part in all), so past n it goes on
+        with batches to throw away (k >= n: the caller drops their result). A stop is checked
+        before each, as often in every process."""
+        for k in range(self.rank, math.ceil(n / self.world) * self.world, self.world):
+            self.stop.check()
+            if k >= n and self.procs.sharded is None:
+                return
+            yield k
+
     def _split_loss(self, split: str, ids: Any) -> float:
         """The mean loss of one split's evaluation batches, over all processes."""
         s = self.s
         total = torch.zeros(2, dtype=torch.float64, device=self.device)  # summed loss, ids scored
         self.bar.show(f"evaluating {split} 0/{s.eval_iters}", force=True)
-        for k in range(self.rank, math.ceil(s.eval_iters / self.world) * self.world, self.world):
-            self.stop.check()  # before the break: every process checks as often
-            if k >= s.eval_iters and self.procs.sharded is None:
-                break
+        for k in self._my_batches(s.eval_iters):
             x, y = get_batch(ids, self.model.config.n_ctx, s.batch_size, seed=s.seed, iteration=0,
                              micro_step=EVAL_STREAM + k % s.eval_iters, device=self.device)  # fmt: skip
             with self.precision.autocast():
@@ -566,10 +575,7 @@ class Trainer:
         scores = torch.zeros(len(task.pairs), 2, dtype=torch.float64, device=self.device)  # log-probability, ids scored
         n = len(batches)
         self.bar.show(f"evaluating {task.name} 0/{n}", force=True)
-        for k in range(self.rank, math.ceil(n / self.world) * self.world, self.world):
-            self.stop.check()  # before the break: every process checks as often
-            if k >= n and self.procs.sharded is None:
-                break
+        for k in self._my_batches(n):
             pairs = [task.pairs[i] for i in batches[k % n]]
             with self.precision.autocast():
                 got = score_continuations(self.model, pairs, batch_size=len(pairs), prefix_cache_mb=0)  # one forward pass
