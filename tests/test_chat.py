@@ -139,3 +139,22 @@ def test_template_errors_give_the_line(tmp_path):
 def test_the_sandbox_refuses_python_internals():
     with pytest.raises(ChatTemplateError, match="failed to render"):
         ChatTemplate("{{ messages.__class__.__mro__ }}{{ ''.__class__.__subclasses__() }}").render(CONVERSATIONS[0])
+
+
+def test_read_conversations_gives_line_numbers_and_checked_messages(tmp_path):
+    from gpt2.chat import read_conversations
+    from gpt2.errors import DataError
+
+    lines = [json.dumps({"messages": CONVERSATIONS[0], "id": 7}), "", "  ",
+             json.dumps({"messages": [{"role": "user", "content": "Hi", "name": "ana"}, {"role": "assistant", "content": "Hello.", "weight": 1}]})]  # fmt: skip
+    (tmp_path / "chat.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    assert list(read_conversations(tmp_path / "chat.jsonl", "chat.jsonl")) == [
+        (1, CONVERSATIONS[0]),
+        (4, [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]),  # other keys left out
+    ]
+    (tmp_path / "bad.jsonl").write_text(lines[0] + '\n{"messages": [{"role": "user", "content": "Hi"}]}\n', encoding="utf-8")
+    with pytest.raises(DataError, match=r"^bad.jsonl, line 2: the conversation has no assistant message"):
+        list(read_conversations(tmp_path / "bad.jsonl", "bad.jsonl"))
+    (tmp_path / "empty.jsonl").write_text("\n", encoding="utf-8")
+    with pytest.raises(DataError, match=rf"^{tmp_path / 'empty.jsonl'} holds no conversations"):
+        list(read_conversations(tmp_path / "empty.jsonl"))

@@ -22,7 +22,7 @@ import bisect
 import contextvars
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ import jinja2.ext
 import jinja2.nodes
 import jinja2.sandbox
 
-from gpt2.errors import ChatTemplateError, InvalidArgumentError
+from gpt2.errors import ChatTemplateError, DataError, InvalidArgumentError
 from gpt2.tokenizer import EOT, CharTokenizer, Tokenizer
 
 ROLES = ("system", "user", "assistant")
@@ -200,6 +200,46 @@ def check_messages(messages: Any, *, training: bool = False) -> list[dict[str, s
     if training and not any(m["role"] == "assistant" for m in checked):
         raise InvalidArgumentError("the conversation has no assistant message: nothing in it to learn to reply", "messages")
     return checked
+
+
+def read_conversations(path: str | os.PathLike, name: str | None = None) -> Iterator[tuple[int, list[dict[str, str]]]]:
+    """(line number, messages) for each conversation of a JSON Lines file in OpenAI's fine-tuning
+    format, `{"messages": [{"role": ..., "content": ...}, ...]}` a line, each checked for training
+    (`check_messages`). Blank lines are skipped; other keys (a message's "name", a line's "tools")
+    are ignored, but a message's "weight" other than 1 is refused: every reply is learned here.
+    Raises DataError naming the file (`name`, default the path) and the line, or a file without one."""
+    name = str(path) if name is None else name
+    found = False
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{name}, line {number}"
+            try:
+                record = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise DataError(f"{where}: not a JSON object ({e})") from None
+            if not isinstance(record, dict) or "messages" not in record:
+                got = f"an object with the keys {', '.join(map(str, record)) or 'none'}" if isinstance(record, dict) else \
+                    f"a JSON {type(record).__name__}"  # fmt: skip
+                raise DataError(f'{where}: a conversation is an object {{"messages": [...]}}, got {got}')
+            try:
+                messages = check_messages(record["messages"], training=True)
+            except InvalidArgumentError as e:
+                raise DataError(f"{where}: {e}") from None
+            _check_weights(record["messages"], where)
+            found = True
+            yield number, messages
+    if not found:
+        raise DataError(f'{name} holds no conversations: give one a line, {{"messages": [{{"role": ..., "content": ...}}, ...]}}')
+
+
+def _check_weights(messages: list[Mapping[str, Any]], where: str) -> None:
+    """OpenAI's "weight": 0 leaves a reply out of training; gpt2 learns every reply, so only 1 is taken."""
+    for i, message in enumerate(messages):
+        if message.get("weight", 1) != 1:
+            raise DataError(f"{where}: messages[{i}].weight is {_shown(message['weight'])}: every reply is learned (weight 1); "
+                            f"leave out the key, or the conversation")  # fmt: skip
 
 
 def _shown(value: Any) -> str:

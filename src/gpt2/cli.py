@@ -296,10 +296,15 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def _cmd_prepare(args: argparse.Namespace) -> int:
     from gpt2.data import prepare
 
+    if args.chat:
+        return _prepare_chat(args)
+    if args.chat_template is not None:
+        raise _UsageError("--chat-template is the template of conversations: add --chat")
     if not args.inputs and args.dataset is None:
         raise _UsageError("give INPUT files or directories, - for standard input, or --dataset NAME")
+    text_field = "text" if args.text_field is None else args.text_field
     meta = prepare(args.inputs, args.out, args.tokenizer, args.val_fraction, overwrite=args.overwrite, progress=args.progress,
-                   text_field=args.text_field, dataset=args.dataset, dataset_config=args.dataset_config,
+                   text_field=text_field, dataset=args.dataset, dataset_config=args.dataset_config,
                    dataset_split=args.dataset_split, shard_tokens=args.shard_tokens)  # fmt: skip
     if "shards" in meta:
         shards = meta["shards"]
@@ -308,6 +313,29 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
     else:
         said = f"{meta['train_tokens']:,} training and {meta['val_tokens']:,} validation tokens ({_validation(meta['split'])})"
     print(f"gpt2: {said} of a {meta['vocab_size']:,}-token vocabulary ({meta['tokenizer']}) in {args.out}", file=sys.stderr)
+    return 0
+
+
+def _prepare_chat(args: argparse.Namespace) -> int:
+    from gpt2.data import prepare_chat
+
+    given = [flag for flag, value in (("--dataset", args.dataset), ("--dataset-config", args.dataset_config),
+             ("--text-field", args.text_field), ("--shard-tokens", args.shard_tokens)) if value is not None]  # fmt: skip
+    if args.dataset_split != "train":
+        given.append("--split")
+    if given:
+        raise _UsageError(f"--chat reads JSON Lines files of conversations into train.bin and val.bin: {', '.join(given)} "
+                          f"do{'es' * (len(given) == 1)} not apply")  # fmt: skip
+    if not args.inputs:
+        raise _UsageError('give JSON Lines files of conversations ({"messages": [...]} a line), or - for standard input')
+    meta = prepare_chat(args.inputs, args.out, args.tokenizer, args.val_fraction, chat_template=args.chat_template,
+                        overwrite=args.overwrite, progress=args.progress)  # fmt: skip
+    chat, split = meta["chat"], meta["split"]
+    print(f"gpt2: {chat['conversations']['train']:,} training and {chat['conversations']['val']:,} validation conversations "
+          f"({meta['train_tokens']:,} and {meta['val_tokens']:,} tokens, {chat['mask_tokens']['train']:,} and "
+          f"{chat['mask_tokens']['val']:,} of them in replies; {split['actual_val_fraction']:.2%} for validation; the longest "
+          f"{chat['longest']:,} tokens) of a {meta['vocab_size']:,}-token vocabulary ({meta['tokenizer']}) in {args.out}",
+          file=sys.stderr)  # fmt: skip
     return 0
 
 
@@ -477,14 +505,16 @@ examples:
   gpt2 prepare corpus/ --out data/corpus-bpe --tokenizer bpe:8192 --val-fraction 0.05
   cat *.txt | gpt2 prepare - --out data/stdin
   gpt2 prepare pages.jsonl --out data/pages --text-field body --shard-tokens 100000000
-  gpt2 prepare --dataset HuggingFaceFW/fineweb --dataset-config sample-10BT --out data/fineweb10B \
+  gpt2 prepare --dataset HuggingFaceFW/fineweb --dataset-config sample-10BT --out data/fineweb10B \\
       --shard-tokens 100000000
+  gpt2 prepare --chat conversations.jsonl --out data/chat            # {"messages": [...]} a line
 
 Each text file is one document, and each record of a .jsonl or .parquet file or a dataset; with
 gpt2 and bpe:N each ends with <|endoftext|> (in shards each starts with it, as llm.c's). One file
 splits at 1 - F of its tokens (as nanoGPT's shakespeare_char); several split by whole files,
 drawn with a fixed seed, the last of them cut so that validation holds F of the tokens. With
---shard-tokens the first shard validates, as llm.c's fineweb.py.
+--shard-tokens the first shard validates, as llm.c's fineweb.py. With --chat, whole
+conversations validate, F of them, drawn with a fixed seed.
 """
 
 
@@ -827,12 +857,19 @@ def _add_prepare_parser(commands) -> None:
     )
     prepare.add_argument("inputs", nargs="*", metavar="INPUT",
                          help="text files, .jsonl and .parquet files (a document a record), directories (every file beneath), "
-                              "or - for standard input")  # fmt: skip
+                              "or - for standard input; with --chat, JSON Lines files of conversations")  # fmt: skip
+    prepare.add_argument("--chat", action="store_true",
+                         help='the inputs are conversations, {"messages": [{"role": ..., "content": ...}, ...]} a line: '
+                              "rendered by a chat template, with train.mask.bin and val.mask.bin marking the replies' tokens")  # fmt: skip
+    prepare.add_argument("--chat-template", metavar="FILE",
+                         help="with --chat: a Jinja2 chat template (transformers' format) (default: gpt2's, User:/Assistant: "
+                              "turns, each reply ended by <|endoftext|>)")  # fmt: skip
     prepare.add_argument("--out", required=True, metavar="DIR", help="where to write the prepared data")
     prepare.add_argument("--tokenizer", default="gpt2", metavar="SPEC",
                          help="gpt2 (OpenAI's), char (the corpus's characters) or bpe:N (trained on the corpus) (default: gpt2)")  # fmt: skip
-    prepare.add_argument("--val-fraction", type=float, default=0.1, metavar="F", help="share of the tokens kept for validation (default: 0.1)")
-    prepare.add_argument("--text-field", default="text", metavar="NAME",
+    prepare.add_argument("--val-fraction", type=float, default=0.1, metavar="F",
+                         help="share of the tokens (with --chat: of the conversations) kept for validation (default: 0.1)")  # fmt: skip
+    prepare.add_argument("--text-field", metavar="NAME",
                          help="the field of a .jsonl or .parquet record, or of a dataset's example, that holds its text (default: text)")  # fmt: skip
     prepare.add_argument("--dataset", metavar="NAME", help="a Hugging Face dataset (a name on the hub, or a local directory of "
                          "data files), streamed: nothing is downloaded whole")  # fmt: skip
