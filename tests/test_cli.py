@@ -916,3 +916,71 @@ def test_train_bad_recipes_and_missing_loggers_are_one_line_and_exit_2(capsys, t
     code, out, err = run(capsys, "train", "--recipe", "tiny.toml", *flags)
     assert (code, out) == (2, "") and err.count("\n") == 1 and err.startswith("gpt2: error: ")
     assert message in err and not (tmp_path / "o").exists()
+
+
+# ------------------------------------------------------------------ gpt2 chat
+
+
+@pytest.fixture(scope="module")
+def chat_dir(tmp_path_factory):
+    """A tiny model saved with gpt2's default chat template, and transformers' model and tokenizer of it."""
+    from transformers import AutoTokenizer
+
+    from gpt2.chat import DEFAULT_TEMPLATE
+    from gpt2.tokenizer import Tokenizer
+
+    directory = tmp_path_factory.mktemp("chat")
+    hf = make_hf_model(seed=4, vocab_size=50257, n_positions=64, n_embd=48, n_layer=2, n_head=3)
+    hf.save_pretrained(directory)
+    Tokenizer.gpt2().with_chat_template(DEFAULT_TEMPLATE).save_pretrained(directory)
+    return str(directory), hf, AutoTokenizer.from_pretrained(directory)
+
+
+def transformers_chat_reply(chat_dir, messages, n):
+    """transformers' greedy reply of n tokens on apply_chat_template's ids, less the default template's space after "Assistant:"."""
+    import torch
+
+    _, hf, tokenizer = chat_dir
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, pad_token_id=50256, eos_token_id=None)
+    text = tokenizer.decode(out[0, len(ids) :])
+    return text[1:] if text.startswith(" ") else text
+
+
+def test_gpt2_chat_streams_replies_that_continue_the_history_and_resets(chat_dir, capsys, monkeypatch):
+    stdin = "Hi there\nAnd then?\n/reset\n\nHi there\n"
+    code, out, err = run(capsys, "chat", "--model", chat_dir[0], "--temperature", "0", "--max-new-tokens", "5", "--system", "Be brief.",
+                         "--device", "cpu", stdin=stdin.encode(), monkeypatch=monkeypatch)  # fmt: skip
+    assert code == 0, err
+    system = {"role": "system", "content": "Be brief."}
+    first = transformers_chat_reply(chat_dir, [system, {"role": "user", "content": "Hi there"}], 5)
+    second = transformers_chat_reply(chat_dir, [system, {"role": "user", "content": "Hi there"}, {"role": "assistant", "content": first},
+                                                {"role": "user", "content": "And then?"}], 5)  # fmt: skip
+    assert out == f"{first}\n{second}\n{first}\n"  # after /reset, the first turn again; the empty line is no message
+    assert err == "gpt2: the conversation starts over\n"
+
+
+def test_gpt2_chat_leaves_out_the_oldest_turns_and_refuses_a_message_too_long_in_one_line(chat_dir, capsys, monkeypatch):
+    stdin = "".join("word " * 11 + f"{turn}\n" for turn in range(4)) + "word " * 60 + "\nHi\n"
+    code, out, err = run(capsys, "chat", "--model", chat_dir[0], "--temperature", "0", "--max-new-tokens", "10", "--device", "cpu",
+                         stdin=stdin.encode(), monkeypatch=monkeypatch)  # fmt: skip
+    assert code == 0 and len(out.splitlines()) == 5  # four replies, then (the long message refused) the reply to Hi
+    lines = err.splitlines()
+    assert re.fullmatch(r"gpt2: the \d+ oldest messages are left out, to fit the model's context", lines[0]), err
+    assert re.fullmatch(r"gpt2: error: the message does not fit: the conversation is \d+ tokens with it alone, and a reply of up to 10 "
+                        r"tokens makes \d+ more than the model's context of 64: send a shorter message, or give a lower "
+                        r"max_new_tokens \(--max-new-tokens\)", lines[-1]), err  # fmt: skip
+
+
+def test_gpt2_chat_refusals_are_one_line(chat_dir, model_dir, capsys, monkeypatch, tmp_path):
+    (tmp_path / "bad.jinja").write_text("{% if %}", encoding="utf-8")
+    for argv, message in [
+        (["--model", model_dir], "the model's tokenizer has no chat template, so it cannot hold a conversation: give one with chat_template "
+                                 "(--chat-template) (a Jinja2 file"),
+        (["--model", str(tmp_path / "no-model"), "--chat-template", str(tmp_path / "bad.jinja")],
+         f"{tmp_path / 'bad.jinja'} is not a valid template: "),
+        (["--model", chat_dir[0], "--temperature", "-1"], "temperature (--temperature) must be a finite number >= 0"),
+    ]:  # fmt: skip
+        code, out, err = run(capsys, "chat", *argv, "--device", "cpu", stdin=b"Hi\n", monkeypatch=monkeypatch)
+        assert code == 2 and out == "" and err.startswith(f"gpt2: error: {message}") and err.count("\n") == 1, err

@@ -160,6 +160,45 @@ class ChatTemplate:
             mask[first : last + 1] = [1] * (last + 1 - first)
         return ids, mask
 
+    def reply_prefix(self, tokenizer: Tokenizer | CharTokenizer | None = None) -> str:
+        """What the template writes between its generation prompt and an assistant message's
+        content (the default's space after "Assistant:"). A model writes it as the start of its
+        reply; a message holds the reply without it, so that the reply, sent back in the history,
+        renders as the model wrote it. "" for a template that writes nothing there (or that cannot
+        render a one-question conversation)."""
+        probe = [{"role": "user", "content": "Hi"}]
+        variables = {} if tokenizer is None else special_token_names(tokenizer)
+        try:
+            prompt = self.render(probe, True, **variables)
+            whole = self.render([*probe, {"role": "assistant", "content": _PROBE}], **variables)
+        except ChatTemplateError:
+            return ""
+        end = whole.find(_PROBE, len(prompt))
+        return whole[len(prompt) : end] if whole.startswith(prompt) and end >= 0 else ""
+
+
+_PROBE = "gpt2-reply-probe"  # a reply's content, found again in the rendered text
+
+
+class ReplyText:
+    """A reply's text as a message holds it, given piece by piece as it is generated: less the
+    template's `prefix` at its start (`ChatTemplate.reply_prefix`), held back until it is known
+    whether the reply begins with it."""
+
+    def __init__(self, prefix: str):
+        self.prefix, self.head = prefix, ""  # head: the reply so far, while it may be the prefix's start
+        self.begun = not prefix
+
+    def add(self, piece: str, ended: bool = False) -> str:
+        """The text `piece` releases; `ended`: the reply ends with it (what was held back comes out)."""
+        if self.begun:
+            return piece
+        self.head += piece
+        if not ended and len(self.head) < len(self.prefix) and self.prefix.startswith(self.head):
+            return ""
+        self.begun = True
+        return self.head.removeprefix(self.prefix)
+
 
 def _token_starts(tokenizer: Tokenizer | CharTokenizer, text: str, ids: list[int]) -> list[int]:
     """The character of `text` where each token begins (a token that starts inside a character,
