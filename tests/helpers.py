@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import subprocess
 import sysconfig
@@ -206,3 +207,32 @@ class Running:
     def stop(self):
         self.runner.should_exit = True
         self.thread.join(timeout=30)
+
+
+QUESTIONS = {  # a question about digits, and its answer
+    "first": (lambda d: f"What is the first digit of {' '.join(d)}?", lambda d: d[0]),
+    "middle": (lambda d: f"What is the middle digit of {' '.join(d)}?", lambda d: d[1]),
+    "last": (lambda d: f"What is the last digit of {' '.join(d)}?", lambda d: d[-1]),
+    "larger": (lambda d: f"Which is larger, {d[0]} or {d[1]}?", lambda d: max(d[0], d[1])),
+}
+
+
+def digit_questions(n: int, seed: int, held_out: bool) -> list[tuple[str, str]]:
+    """n (question, answer) pairs about three random digits ("What is the last digit of 4 0 7?",
+    "7"). The held-out questions are about digits that sum to a multiple of 5, which no other
+    question uses: a model that answers them learned the task, not the questions."""
+    rng, pairs = random.Random(seed), []
+    while len(pairs) < n:
+        digits = [str(rng.randrange(10)) for _ in range(3)]
+        kind = rng.choice(sorted(QUESTIONS))
+        if (sum(map(int, digits)) % 5 == 0) != held_out or (kind == "larger" and digits[0] == digits[1]):
+            continue
+        question, answer = QUESTIONS[kind]
+        pairs.append((question(digits), answer(digits)))
+    return pairs
+
+
+def conversation(question: str, answer: str | None = None) -> list[dict]:
+    """The messages of one question (and its answer)."""
+    messages = [{"role": "user", "content": question}]
+    return messages + ([{"role": "assistant", "content": answer}] if answer is not None else [])
