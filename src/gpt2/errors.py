@@ -90,6 +90,10 @@ class RecipeNotFoundError(RecipeError, FileNotFoundError):
     """A recipe is neither a file nor the name of a recipe shipped with gpt2."""
 
 
+class ChatTemplateError(GPT2Error, ValueError):
+    """A chat template (Jinja2) that cannot be read, compiled or rendered; the message gives the line."""
+
+
 class MissingPackageError(GPT2Error, ImportError):
     """An optional feature's package is not installed (the message names the extra that installs it)."""
 

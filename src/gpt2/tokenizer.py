@@ -31,7 +31,7 @@ from concurrent.futures import ProcessPoolExecutor
 from functools import lru_cache
 from itertools import chain
 from pathlib import Path
-from typing import AbstractSet, Literal
+from typing import AbstractSet, Literal, TypeVar
 
 import regex
 
@@ -128,7 +128,32 @@ class _PieceCache(dict):
         return ids
 
 
-class Tokenizer:
+_T = TypeVar("_T", bound="CarriesChatTemplate")
+
+
+class CarriesChatTemplate:
+    """A tokenizer's chat template (`gpt2.chat`): the format of a conversation, kept with the
+    vocabulary as transformers keeps it (`tokenizer_config.json`'s `chat_template`)."""
+
+    _chat_template: str | None = None
+
+    @property
+    def chat_template(self) -> str | None:
+        """The Jinja2 source of the template, or None for a tokenizer without one."""
+        return self._chat_template
+
+    def with_chat_template(self: _T, source: str | None) -> _T:
+        """A copy that carries `source` as its chat template (None: none), sharing this one's
+        vocabulary. A copy, never a change: `Tokenizer.gpt2()` is one instance, shared."""
+        if source is not None and (not isinstance(source, str) or not source.strip()):
+            raise InvalidArgumentError(f"a chat template is Jinja2 text, got {source!r}", "chat_template")
+        copy = object.__new__(type(self))
+        copy.__dict__.update(self.__dict__)
+        copy._chat_template = source
+        return copy
+
+
+class Tokenizer(CarriesChatTemplate):
     """A byte-level BPE tokenizer: GPT-2's (`Tokenizer.gpt2()`) or one you trained or loaded.
 
     >>> enc = Tokenizer.gpt2()
@@ -184,6 +209,7 @@ class Tokenizer:
         self._special_patterns: dict[frozenset[str], re.Pattern] = {}
         self._pool: ProcessPoolExecutor | None = None
         self._pool_size = 0
+        self._chat_template: str | None = None
 
     # ----------------------------------------------------------------- loading
 
@@ -253,7 +279,8 @@ class Tokenizer:
         `load_tokenizer` reads too); `tokenizer.json` is the `tokenizers` library's whole pipeline
         (GPT-2's byte-level pre-tokenization and decoding, BPE with these merges, the special tokens);
         `tokenizer_config.json` names GPT2Tokenizer, <|endoftext|> as its bos, eos and unk token, no
-        clean-up of spaces when decoding, and `model_max_length` (the model's context) if given.
+        clean-up of spaces when decoding, `model_max_length` (the model's context) if given, and the
+        `chat_template` if the tokenizer carries one.
         As transformers does, text that spells a special token encodes as that token there.
         Tokenizer files of another kind in `directory`, which would be read instead, are removed.
         """
@@ -271,7 +298,8 @@ class Tokenizer:
                       "fuse_unk": False, "byte_fallback": False, "ignore_merges": False, "vocab": vocabulary, "merges": merges},
         }  # fmt: skip
         config = {"tokenizer_class": "GPT2Tokenizer", "bos_token": EOT, "eos_token": EOT, "unk_token": EOT,
-                  "add_prefix_space": False, "clean_up_tokenization_spaces": False, "errors": "replace"}  # fmt: skip
+                  "add_prefix_space": False, "clean_up_tokenization_spaces": False, "errors": "replace",
+                  **_chat_template_entry(self.chat_template)}  # fmt: skip
         files = {
             "vocab.json": json.dumps(vocabulary, ensure_ascii=False),
             "merges.txt": "#version: 0.2\n" + "".join(line + "\n" for line in merges),
@@ -328,10 +356,12 @@ class Tokenizer:
 
     def __getstate__(self) -> dict:
         # The cache and compiled patterns are rebuilt on unpickling rather than shipped.
-        return {"encoder": self._encoder, "merges": self._merges, "special_tokens": self._special_tokens}
+        state = {"encoder": self._encoder, "merges": self._merges, "special_tokens": self._special_tokens}
+        return state | _chat_template_entry(self._chat_template)
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["encoder"], state["merges"], state["special_tokens"])
+        self._chat_template = state.get("chat_template")
 
     # ---------------------------------------------------------------- encoding
 
@@ -630,7 +660,7 @@ def _split_by_length(texts: list[str], n: int) -> list[list[str]]:
     return shares
 
 
-class CharTokenizer:
+class CharTokenizer(CarriesChatTemplate):
     """A character-level vocabulary (nanoGPT's shakespeare_char): one id per character, in the
     order given (`from_text`: the sorted set of a corpus's characters). No <|endoftext|>."""
 
@@ -647,6 +677,7 @@ class CharTokenizer:
             raise VocabularyError("a character vocabulary needs at least one character")
         self._chars = chars
         self._ids = {c: i for i, c in enumerate(chars)}
+        self._chat_template: str | None = None
 
     @classmethod
     def from_text(cls, texts: str | Iterable[str]) -> CharTokenizer:
@@ -752,23 +783,46 @@ class CharTokenizer:
             CHARS_FILE: json.dumps({"chars": self._chars}, ensure_ascii=False) + "\n",
             "tokenizer.json": json.dumps(pipeline, ensure_ascii=False),
         }
-        config = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False}
+        config = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,
+                  **_chat_template_entry(self.chat_template)}  # fmt: skip
         _write_pretrained(directory, files, config, model_max_length)
 
     def __repr__(self) -> str:
         return f"CharTokenizer(n_vocab={self.n_vocab})"
 
     def __getstate__(self) -> dict:
-        return {"chars": self._chars}
+        return {"chars": self._chars} | _chat_template_entry(self._chat_template)
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["chars"])
+        self._chat_template = state.get("chat_template")
 
 
 CHARS_FILE = "chars.json"
 # The files a directory's tokenizer is read from: by `load_tokenizer`, and by transformers' AutoTokenizer.
 TOKENIZER_FILES = ("encoder.json", "vocab.bpe", "vocab.json", "merges.txt", CHARS_FILE, "tokenizer.json", "tokenizer_config.json",
-                   "special_tokens_map.json", "added_tokens.json")  # fmt: skip
+                   "special_tokens_map.json", "added_tokens.json", "chat_template.jinja")  # fmt: skip
+
+
+def _chat_template_entry(source: str | None) -> dict[str, str]:
+    """tokenizer_config.json's `chat_template`, where there is one."""
+    return {} if source is None else {"chat_template": source}
+
+
+def read_chat_template(directory: str | os.PathLike) -> str | None:
+    """The chat template saved in a directory: `chat_template.jinja` (as newer transformers save it)
+    or tokenizer_config.json's `chat_template`; None if neither holds one. A template that is not
+    text (transformers' named templates, a list) raises VocabularyError naming the file."""
+    directory = Path(directory)
+    if (directory / "chat_template.jinja").is_file():
+        return (directory / "chat_template.jinja").read_text(encoding="utf-8")
+    config = directory / "tokenizer_config.json"
+    if not config.is_file():
+        return None
+    source = read_json_object(config, VocabularyError).get("chat_template")
+    if source is not None and not isinstance(source, str):
+        raise VocabularyError(f"{config}: chat_template must be one template's text; named templates (a list) are not supported")
+    return source
 
 
 def _write_pretrained(directory: str | os.PathLike, files: dict[str, str], config: dict, model_max_length: int | None) -> None:
@@ -786,8 +840,11 @@ def _write_pretrained(directory: str | os.PathLike, files: dict[str, str], confi
 
 
 def same_vocabulary(a: object, b: object) -> bool:
-    """Whether two tokenizers map text to the same ids."""
-    return type(a) is type(b) and a.__getstate__() == b.__getstate__()
+    """Whether two tokenizers map text to the same ids (whatever their chat templates)."""
+    if type(a) is not type(b):
+        return False
+    vocabulary = lambda t: {key: value for key, value in t.__getstate__().items() if key != "chat_template"}  # noqa: E731
+    return vocabulary(a) == vocabulary(b)
 
 
 def assumed_tokenizer(n_vocab: int) -> Tokenizer | None:
@@ -801,10 +858,12 @@ def load_tokenizer(directory: str | os.PathLike, kind: Literal["bpe", "char"] | 
     `kind` looks for one kind's files only: "bpe" (the pairs) or "char" (chars.json).
     One file of a pair without the other raises VocabularyNotFoundError naming the missing one."""
     directory = Path(directory)
+    tokenizer: Tokenizer | CharTokenizer | None = None
     if kind != "char":
         for encoder, merges in (("encoder.json", "vocab.bpe"), ("vocab.json", "merges.txt")):
-            if (directory / encoder).is_file() or (directory / merges).is_file():
-                return Tokenizer.from_files(directory / encoder, directory / merges)
-    if kind != "bpe" and (directory / CHARS_FILE).is_file():
-        return CharTokenizer.from_file(directory / CHARS_FILE)
-    return None
+            if tokenizer is None and ((directory / encoder).is_file() or (directory / merges).is_file()):
+                tokenizer = Tokenizer.from_files(directory / encoder, directory / merges)
+    if tokenizer is None and kind != "bpe" and (directory / CHARS_FILE).is_file():
+        tokenizer = CharTokenizer.from_file(directory / CHARS_FILE)
+    template = None if tokenizer is None else read_chat_template(directory)
+    return tokenizer if template is None else tokenizer.with_chat_template(template)
