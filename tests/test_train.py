@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import os
@@ -1040,8 +1039,7 @@ def test_the_template_goes_to_the_data_then_to_the_model():
 
 
 def test_a_model_trained_on_conversations_carries_their_template(chat_gpt2, tmp_path):
-    """[Needs issue 26's tokenizer part, which writes Tokenizer.chat_template into tokenizer_config.json.]
-    transformers renders the conversation with the template of our output as jinja2 does."""
+    """transformers renders a conversation with the template of our output (tokenizer_config.json's) as jinja2 does."""
     import jinja2
     from transformers import AutoTokenizer
 
@@ -1057,11 +1055,10 @@ def test_a_model_trained_on_conversations_carries_their_template(chat_gpt2, tmp_
 
 
 def test_fine_tuning_keeps_the_models_template_unless_the_data_has_its_own(gpt2_data, chat_gpt2, tmp_path):
-    """[Needs issue 26's tokenizer part, as above.] Plain data keeps the init model's template;
-    conversations replace it with theirs, and say so; a resume keeps what the run chose."""
+    """Plain data keeps the init model's template; conversations replace it with theirs, and say
+    so; a resume keeps what the run chose."""
     model = GPT2.from_pretrained(save_hf(tmp_path), device="cpu")
-    model.tokenizer = copy.copy(Tokenizer.gpt2())
-    model.tokenizer.chat_template = "{{ messages[0].content }}"
+    model.tokenizer = Tokenizer.gpt2().with_chat_template("{{ messages[0].content }}")
     model.save_pretrained(tmp_path / "init")
     settings = {k: v for k, v in TINY.items() if k not in ("n_layer", "n_head", "n_embd")}
     train(tmp_path / "plain", data=gpt2_data, init=tmp_path / "init", max_iters=1, progress=False, **settings)

@@ -2,9 +2,10 @@
 
 Version 2, the same file for one process, DDP and FSDP: the settings, the model's config and
 whole weights, the optimizer's state by parameter name, the gradient scaler's, the iteration
-reached, the last evaluation done, the best validation loss, and each process's random state
-(dropout's), and the chat template the model carries (None: none). Version 1 (one process, before distributed training) kept the optimizer's state
-by parameter index and one random state; it still resumes.
+reached, the last evaluation done, the best validation loss, each process's random state
+(dropout's), and the chat template the model carries (None, or absent in older files: none).
+Version 1 (one process, before distributed training) kept the optimizer's state by parameter
+index and one random state; it still resumes.
 """
 
 from __future__ import annotations

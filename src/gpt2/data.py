@@ -591,7 +591,8 @@ def _check_mask(mask: np.ndarray, path: Path, split: str, expected: object, chun
     if marked == 0:
         raise DataError(f"{path} marks no target: the loss would count nothing; give conversations with assistant turns")
     if expected is not None and marked != expected:
-        raise DataError(f"{path} marks {marked} targets, but meta.json says chat.mask_tokens.{split} = {expected!r}: prepare the data again")
+        raise DataError(f"{path} marks {marked} targets, but meta.json says chat.mask_tokens.{split} = {expected!r}: "
+                        f"prepare the data again")  # fmt: skip
 
 
 def _open_ours(path: Path) -> TokenData:

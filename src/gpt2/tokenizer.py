@@ -163,8 +163,6 @@ class Tokenizer(CarriesChatTemplate):
     'Hello world'
     """
 
-    chat_template: str | None = None  # the Jinja2 template of a chat model's conversations (issue 26's contract)
-
     def __init__(
         self,
         encoder: Mapping[bytes, int],
@@ -663,8 +661,6 @@ def _split_by_length(texts: list[str], n: int) -> list[list[str]]:
 class CharTokenizer(CarriesChatTemplate):
     """A character-level vocabulary (nanoGPT's shakespeare_char): one id per character, in the
     order given (`from_text`: the sorted set of a corpus's characters). No <|endoftext|>."""
-
-    chat_template: str | None = None  # as Tokenizer's
 
     def __init__(self, chars: Sequence[str]):
         chars = list(chars)

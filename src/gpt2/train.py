@@ -29,7 +29,6 @@ evaluation batches are shared out too, and their losses summed over all processe
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import math
@@ -423,11 +422,7 @@ class Trainer:
                 warnings.simplefilter("ignore", ChatTemplateReplacedWarning)
                 template = chat_template_for(self.data, earlier, whose)
         tokenizer = self.data.tokenizer
-        if tokenizer is None or template == tokenizer.chat_template:
-            return tokenizer
-        tokenizer = copy.copy(tokenizer)  # not the data's own: Tokenizer.gpt2() is shared by the whole process
-        tokenizer.chat_template = template
-        return tokenizer
+        return tokenizer if tokenizer is None or template == tokenizer.chat_template else tokenizer.with_chat_template(template)
 
     @property
     def is_main(self) -> bool:
