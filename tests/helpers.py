@@ -96,6 +96,12 @@ def replies_are_even_ids(data: Path, out: Path, template: str) -> Path:
     return write_chat_data(out, ids, {split: v % 2 == 0 for split, v in ids.items()}, template, like=data)
 
 
+def write_conversations(path: Path, conversations: list[list[dict]]) -> Path:
+    """A JSON Lines file of conversations in OpenAI's fine-tuning format, {"messages": [...]} a line; its path."""
+    path.write_text("".join(json.dumps({"messages": messages}, ensure_ascii=False) + "\n" for messages in conversations), encoding="utf-8")
+    return path
+
+
 def tiktoken_from_files(encoder_json: Path, vocab_bpe: Path, eot: int = 50256):
     import tiktoken
     from tiktoken.load import data_gym_to_mergeable_bpe_ranks

@@ -139,3 +139,45 @@ def test_template_errors_give_the_line(tmp_path):
 def test_the_sandbox_refuses_python_internals():
     with pytest.raises(ChatTemplateError, match="failed to render"):
         ChatTemplate("{{ messages.__class__.__mro__ }}{{ ''.__class__.__subclasses__() }}").render(CONVERSATIONS[0])
+
+
+def test_read_conversations_gives_line_numbers_and_checked_messages(tmp_path):
+    from gpt2.chat import read_conversations
+    from gpt2.errors import DataError
+
+    lines = [json.dumps({"messages": CONVERSATIONS[0], "id": 7}), "", "  ",
+             json.dumps({"messages": [{"role": "user", "content": "Hi", "name": "ana"}, {"role": "assistant", "content": "Hello.", "weight": 1}]})]  # fmt: skip
+    (tmp_path / "chat.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    assert list(read_conversations(tmp_path / "chat.jsonl", "chat.jsonl")) == [
+        (1, CONVERSATIONS[0]),
+        (4, [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]),  # other keys left out
+    ]
+    (tmp_path / "bad.jsonl").write_text(lines[0] + '\n{"messages": [{"role": "user", "content": "Hi"}]}\n', encoding="utf-8")
+    with pytest.raises(DataError, match=r"^bad.jsonl, line 2: the conversation has no assistant message"):
+        list(read_conversations(tmp_path / "bad.jsonl", "bad.jsonl"))
+    (tmp_path / "empty.jsonl").write_text("\n", encoding="utf-8")
+    with pytest.raises(DataError, match=rf"^{tmp_path / 'empty.jsonl'} holds no conversations"):
+        list(read_conversations(tmp_path / "empty.jsonl"))
+
+
+@pytest.mark.parametrize("source, prefix", [(DEFAULT_TEMPLATE, " "), (CHATML, ""), ("{{ raise_exception('no') }}", "")],
+                         ids=["default", "chatml", "failing"])  # fmt: skip
+def test_the_reply_prefix_is_what_the_template_writes_between_the_generation_prompt_and_a_reply(source, prefix):
+    assert ChatTemplate(source).reply_prefix(Tokenizer.gpt2()) == prefix
+
+
+def test_a_reply_streamed_loses_the_prefix_once_it_is_known_to_be_there():
+    from gpt2.chat import ReplyText
+
+    def streamed(prefix, pieces):
+        reply = ReplyText(prefix)
+        out = [reply.add(piece) for piece in pieces]
+        return out + [reply.add("", ended=True)]
+
+    assert streamed(" ", [" Par", "is"]) == ["Par", "is", ""]
+    assert streamed(" ", ["", " ", "Paris"]) == ["", "", "Paris", ""]  # a half character, then the space alone: held back
+    assert streamed(" ", ["Paris", " is"]) == ["Paris", " is", ""]  # no prefix: the text as it is
+    assert streamed("\n\n", ["\n", "\nHi"]) == ["", "Hi", ""]
+    assert streamed(" ", [" "]) == ["", ""]  # a reply of the prefix alone is empty
+    assert streamed("\n\n", ["\n"]) == ["", "\n"]  # the prefix's start, and then the end: what was held back
+    assert streamed("", ["Hi"]) == ["Hi", ""]

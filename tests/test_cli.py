@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gpt2.cli import main
-from helpers import REPO, heed_ctrl_c, make_hf_model
+from helpers import REPO, heed_ctrl_c, make_hf_model, write_conversations
 
 HELLO = "Hello!! I'm Andrej Karpathy. It's 2022. w00t :D 🤗"
 HELLO_IDS = "15496 3228 314 1101 10948 73 509 5117 10036 13 632 338 33160 13 266 405 83 1058 35 12520 97 245"
@@ -560,6 +560,74 @@ def test_prepare_says_how_several_documents_split(tmp_path, capsys):
     assert abs(val - 0.2 * (train + val)) <= 0.5
 
 
+QA = [[{"role": "user", "content": f"What is {i} plus {i}?"}, {"role": "assistant", "content": f"{2 * i}."}] for i in range(10)]
+
+
+def test_prepare_chat_writes_conversations_and_says_what(tmp_path, capsys, monkeypatch):
+    import json
+
+    import numpy as np
+
+    write_conversations(tmp_path / "qa.jsonl", QA)
+    code, out, err = run(capsys, "prepare", "--chat", str(tmp_path / "qa.jsonl"), "--out", str(tmp_path / "d"), "--val-fraction", "0.2",
+                         "--no-progress")  # fmt: skip
+    meta = json.loads((tmp_path / "d" / "meta.json").read_text())
+    masks = [np.fromfile(tmp_path / "d" / f"{split}.mask.bin", dtype=np.uint8) for split in ("train", "val")]
+    train, val = meta["train_tokens"], meta["val_tokens"]
+    assert code == 0 and out == "" and meta["chat"]["conversations"] == {"train": 8, "val": 2}
+    assert err == (f"gpt2: 8 training and 2 validation conversations ({train:,} and {val:,} tokens, {int(masks[0].sum())} and "
+                   f"{int(masks[1].sum())} of them in replies; {val / (train + val):.2%} for validation; the longest "
+                   f"{meta['chat']['longest']} tokens) of a 50,257-token vocabulary (gpt2) in {tmp_path / 'd'}\n")  # fmt: skip
+    text = "".join(json.dumps({"messages": m}) + "\n" for m in QA)  # standard input, another template
+    (tmp_path / "t.jinja").write_text("{% for m in messages %}{% generation %}{{ m['content'] }}{% endgeneration %}{% endfor %}")
+    code, _, err = run(capsys, "prepare", "--chat", "-", "--out", str(tmp_path / "d"), "--chat-template", str(tmp_path / "t.jinja"),
+                       "--overwrite", "--no-progress", stdin=text.encode(), monkeypatch=monkeypatch)  # fmt: skip
+    assert code == 0 and "9 training and 1 validation conversations" in err
+    assert json.loads((tmp_path / "d" / "meta.json").read_text())["chat"]["template"] == (tmp_path / "t.jinja").read_text()
+
+
+@pytest.mark.parametrize("line, args, message", [
+    ("not json", [], "IN, line 2: not a JSON object (Expecting value: line 1 column 1 (char 0))"),
+    ('{"text": "hi"}', [], 'IN, line 2: a conversation is an object {"messages": [...]}, got an object with the keys text'),
+    ('{"messages": [{"role": "user", "content": "hi"}]}', [], "IN, line 2: the conversation has no assistant message"),
+    ('{"messages": [{"role": "robot", "content": "hi"}]}', [], "IN, line 2: messages[0].role must be one of system, user, assistant, got 'robot'"),
+    ('{"messages": [{"role": "user", "content": 7}]}', [], "IN, line 2: messages[0].content must be a string, got 7"),
+    ('{"messages": [{"role": "system", "content": "s"}, {"role": "assistant", "content": "a"}]}', ["--chat-template", "T"],
+     "IN, line 2: T failed to render (line 2): no system messages (--chat-template)"),
+    (None, ["--chat-template", "NOWHERE"], "cannot read the chat template NOWHERE: no such file (--chat-template)"),
+    ("", [], "IN holds no conversations"),  # blank lines only
+    (None, ["--val-fraction", "0.5"], "1 conversation cannot be split whole into training and validation"),
+    (None, ["--tokenizer", "char"], "the char tokenizer (--tokenizer) cannot hold a conversation"),
+    (None, ["--shard-tokens", "100"], "--chat reads JSON Lines files of conversations into train.bin and val.bin: --shard-tokens does not apply"),
+    (None, ["--text-field", "body", "--split", "test"], "--text-field, --split do not apply"),
+])  # fmt: skip
+def test_prepare_chat_errors_are_one_line(tmp_path, capsys, line, args, message):
+    write_conversations(tmp_path / "in.jsonl", QA[:1] if line != "" else [])
+    if line is not None:
+        with open(tmp_path / "in.jsonl", "a") as f:
+            f.write(line + "\n")
+    (tmp_path / "t.jinja").write_text("{% for m in messages %}\n{% if m['role'] == 'system' %}{{ raise_exception('no system messages') }}"
+                                      "{% endif %}{% generation %}{{ m['content'] }}{% endgeneration %}{% endfor %}")  # fmt: skip
+    names = {"IN": tmp_path / "in.jsonl", "T": tmp_path / "t.jinja", "NOWHERE": tmp_path / "nowhere.jinja"}
+    args = [str(names.get(a, a)) for a in args]
+    code, out, err = run(capsys, "prepare", "--chat", str(tmp_path / "in.jsonl"), *args, "--out", str(tmp_path / "d"), "--no-progress")
+    for name, path in names.items():
+        message = message.replace(name, str(path))
+    assert code == 2 and out == "" and err.startswith("gpt2: error: ") and err.count("\n") == 1 and message in err, err
+    assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["IN", "--chat-template", "t.jinja"], "--chat-template is the template of conversations: add --chat"),
+    (["--chat"], 'give JSON Lines files of conversations ({"messages": [...]} a line), or - for standard input'),
+])  # fmt: skip
+def test_prepare_chat_flags_that_do_not_go_together(tmp_path, capsys, args, message):
+    (tmp_path / "in.txt").write_text("some text here", encoding="utf-8")
+    args = [str(tmp_path / "in.txt") if a == "IN" else a for a in args]
+    code, _, err = run(capsys, "prepare", *args, "--out", str(tmp_path / "d"), "--no-progress")
+    assert code == 2 and err == f"gpt2: error: {message}\n" and not (tmp_path / "d").exists()
+
+
 def test_prepare_and_train_into_an_unwritable_out_say_so_in_one_line(tmp_path):
     """One case each (a process costs seconds): tests/test_files.py, test_data.py and test_train.py hold the others."""
     from gpt2.data import prepare
@@ -848,3 +916,71 @@ def test_train_bad_recipes_and_missing_loggers_are_one_line_and_exit_2(capsys, t
     code, out, err = run(capsys, "train", "--recipe", "tiny.toml", *flags)
     assert (code, out) == (2, "") and err.count("\n") == 1 and err.startswith("gpt2: error: ")
     assert message in err and not (tmp_path / "o").exists()
+
+
+# ------------------------------------------------------------------ gpt2 chat
+
+
+@pytest.fixture(scope="module")
+def chat_dir(tmp_path_factory):
+    """A tiny model saved with gpt2's default chat template, and transformers' model and tokenizer of it."""
+    from transformers import AutoTokenizer
+
+    from gpt2.chat import DEFAULT_TEMPLATE
+    from gpt2.tokenizer import Tokenizer
+
+    directory = tmp_path_factory.mktemp("chat")
+    hf = make_hf_model(seed=4, vocab_size=50257, n_positions=64, n_embd=48, n_layer=2, n_head=3)
+    hf.save_pretrained(directory)
+    Tokenizer.gpt2().with_chat_template(DEFAULT_TEMPLATE).save_pretrained(directory)
+    return str(directory), hf, AutoTokenizer.from_pretrained(directory)
+
+
+def transformers_chat_reply(chat_dir, messages, n):
+    """transformers' greedy reply of n tokens on apply_chat_template's ids, less the default template's space after "Assistant:"."""
+    import torch
+
+    _, hf, tokenizer = chat_dir
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, pad_token_id=50256, eos_token_id=None)
+    text = tokenizer.decode(out[0, len(ids) :])
+    return text[1:] if text.startswith(" ") else text
+
+
+def test_gpt2_chat_streams_replies_that_continue_the_history_and_resets(chat_dir, capsys, monkeypatch):
+    stdin = "Hi there\nAnd then?\n/reset\n\nHi there\n"
+    code, out, err = run(capsys, "chat", "--model", chat_dir[0], "--temperature", "0", "--max-new-tokens", "5", "--system", "Be brief.",
+                         "--device", "cpu", stdin=stdin.encode(), monkeypatch=monkeypatch)  # fmt: skip
+    assert code == 0, err
+    system = {"role": "system", "content": "Be brief."}
+    first = transformers_chat_reply(chat_dir, [system, {"role": "user", "content": "Hi there"}], 5)
+    second = transformers_chat_reply(chat_dir, [system, {"role": "user", "content": "Hi there"}, {"role": "assistant", "content": first},
+                                                {"role": "user", "content": "And then?"}], 5)  # fmt: skip
+    assert out == f"{first}\n{second}\n{first}\n"  # after /reset, the first turn again; the empty line is no message
+    assert err == "gpt2: the conversation starts over\n"
+
+
+def test_gpt2_chat_leaves_out_the_oldest_turns_and_refuses_a_message_too_long_in_one_line(chat_dir, capsys, monkeypatch):
+    stdin = "".join("word " * 11 + f"{turn}\n" for turn in range(4)) + "word " * 60 + "\nHi\n"
+    code, out, err = run(capsys, "chat", "--model", chat_dir[0], "--temperature", "0", "--max-new-tokens", "10", "--device", "cpu",
+                         stdin=stdin.encode(), monkeypatch=monkeypatch)  # fmt: skip
+    assert code == 0 and len(out.splitlines()) == 5  # four replies, then (the long message refused) the reply to Hi
+    lines = err.splitlines()
+    assert re.fullmatch(r"gpt2: the \d+ oldest messages are left out, to fit the model's context", lines[0]), err
+    assert re.fullmatch(r"gpt2: error: the message does not fit: the conversation is \d+ tokens with it alone, and a reply of up to 10 "
+                        r"tokens makes \d+ more than the model's context of 64: send a shorter message, or give a lower "
+                        r"max_new_tokens \(--max-new-tokens\)", lines[-1]), err  # fmt: skip
+
+
+def test_gpt2_chat_refusals_are_one_line(chat_dir, model_dir, capsys, monkeypatch, tmp_path):
+    (tmp_path / "bad.jinja").write_text("{% if %}", encoding="utf-8")
+    for argv, message in [
+        (["--model", model_dir], "the model's tokenizer has no chat template, so it cannot hold a conversation: give one with chat_template "
+                                 "(--chat-template) (a Jinja2 file"),
+        (["--model", str(tmp_path / "no-model"), "--chat-template", str(tmp_path / "bad.jinja")],
+         f"{tmp_path / 'bad.jinja'} is not a valid template: "),
+        (["--model", chat_dir[0], "--temperature", "-1"], "temperature (--temperature) must be a finite number >= 0"),
+    ]:  # fmt: skip
+        code, out, err = run(capsys, "chat", *argv, "--device", "cpu", stdin=b"Hi\n", monkeypatch=monkeypatch)
+        assert code == 2 and out == "" and err.startswith(f"gpt2: error: {message}") and err.count("\n") == 1, err

@@ -397,3 +397,103 @@ def test_a_draft_that_produces_nan_stops_generation_with_a_clear_error(small, br
     _, model = small
     with pytest.raises(NonFiniteError, match="the draft model produced NaN or infinite logits at new token 2"):
         generate_text(model, ENC, "The dog", max_new_tokens=5, temperature=0, draft=broken[0])
+
+
+# ------------------------------------------------------------------ conversations
+
+
+@pytest.fixture(scope="module")
+def chat_model(tmp_path_factory):
+    """A tiny model of 64 positions saved with gpt2's default chat template; transformers' model
+    and its tokenizer of the same directory (which reads the template from tokenizer_config.json)."""
+    from transformers import AutoTokenizer
+
+    from gpt2.chat import DEFAULT_TEMPLATE
+
+    directory = tmp_path_factory.mktemp("chat")
+    hf = make_hf_model(seed=3, vocab_size=50257, n_positions=64, n_embd=48, n_layer=2, n_head=3)
+    hf.save_pretrained(directory)
+    Tokenizer.gpt2().with_chat_template(DEFAULT_TEMPLATE).save_pretrained(directory)
+    return hf, GPT2.from_pretrained(directory, device="cpu"), AutoTokenizer.from_pretrained(directory)
+
+
+def hf_chat_reply(chat_model, messages, n):
+    """transformers' greedy reply of n tokens on its apply_chat_template ids, less the default template's space after "Assistant:"."""
+    hf, _, hf_tokenizer = chat_model
+    ids = hf_tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+    new = hf_greedy(hf, torch.tensor([ids]), n)[0, len(ids) :].tolist()
+    text = hf_tokenizer.decode(new)
+    return text[1:] if text.startswith(" ") else text
+
+
+def test_a_chat_replies_as_transformers_continues_the_rendered_history(chat_model):
+    from gpt2.generate import Chat
+
+    chat = Chat(chat_model[1], chat_model[1].tokenizer, system="Be brief.", max_new_tokens=6, temperature=0)
+    first = "".join(chat.reply("Hi there"))
+    history = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
+    assert first == hf_chat_reply(chat_model, history, 6) and chat.finish_reason == "length"
+    second = "".join(chat.reply("And then?"))  # its prompt holds the first reply, as the assistant's message
+    history += [{"role": "assistant", "content": first}, {"role": "user", "content": "And then?"}]
+    assert second == hf_chat_reply(chat_model, history, 6)
+    assert chat.messages == [*history, {"role": "assistant", "content": second}] and chat.dropped == 0
+    chat.reset()
+    assert chat.messages == history[:1] and "".join(chat.reply("Hi there")) == first
+
+
+def test_a_reply_stopped_early_is_not_kept(chat_model):
+    from gpt2.generate import Chat
+
+    chat = Chat(chat_model[1], chat_model[1].tokenizer, max_new_tokens=6, temperature=0)
+    pieces = chat.reply("Hello")
+    next(pieces)
+    pieces.close()  # as Ctrl-C leaves it
+    assert chat.messages == []
+    assert "".join(chat.reply("Hello")) == hf_chat_reply(chat_model, [{"role": "user", "content": "Hello"}], 6)
+
+
+def test_a_seeded_conversation_can_be_had_again(chat_model):
+    from gpt2.generate import Chat
+
+    def conversation():
+        chat = Chat(chat_model[1], chat_model[1].tokenizer, max_new_tokens=8, seed=5)
+        return ["".join(chat.reply(text)) for text in ("One", "Two")]
+
+    first = conversation()
+    assert first == conversation() and first[0] != first[1]
+
+
+def test_the_oldest_turns_are_left_out_to_fit_the_context(chat_model):
+    from gpt2.generate import Chat
+
+    hf_tokenizer = chat_model[2]
+    chat = Chat(chat_model[1], chat_model[1].tokenizer, system="S.", max_new_tokens=10, temperature=0)
+    fits = lambda messages: len(hf_tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)) + 10 <= 64  # noqa: E731
+    for turn in range(4):  # each message is 14 tokens rendered ("User: " + 12 words + "\n"), 64 positions in all
+        history = [*chat.messages, {"role": "user", "content": "word " * 11 + str(turn)}]
+        "".join(chat.reply(history[-1]["content"]))
+    assert chat.dropped > 0 and chat.dropped % 2 == 0  # whole turns: a message and its reply
+    kept = [history[0], *history[1 + chat.dropped :]]  # the system message stays
+    assert chat.messages[:-1] == kept and fits(kept)
+    assert not fits([history[0], *history[1 + chat.dropped - 2 :]])  # one more turn would not have fitted
+    before = list(chat.messages)
+    with pytest.raises(ContextLengthError, match=r"the message does not fit: the conversation is \d+ tokens with it alone, and a reply "
+                                                 r"of up to 10 tokens makes \d+ more than the model's context of 64: "):
+        chat.reply("word " * 60)
+    assert chat.messages == before
+
+
+def test_a_chat_needs_a_template_and_sound_options(chat_model):
+    from gpt2.chat import ChatTemplate
+    from gpt2.generate import Chat
+
+    model = chat_model[1]
+    with pytest.raises(InvalidArgumentError, match="the model's tokenizer has no chat template.*give one with chat_template") as caught:
+        Chat(model, Tokenizer.gpt2())
+    assert caught.value.param == "chat_template"
+    chat = Chat(model, Tokenizer.gpt2(), chat_template=ChatTemplate("{{ messages[-1]['content'] }}:"), max_new_tokens=3, temperature=0)
+    assert chat.prefix == "" and "".join(chat.reply("Hi")) == generate_text(model, Tokenizer.gpt2(), "Hi:", max_new_tokens=3, temperature=0)[0]
+    for options, param in [({"max_new_tokens": 0}, "max_new_tokens"), ({"temperature": -1}, "temperature"), ({"seed": -1}, "seed")]:
+        with pytest.raises(InvalidArgumentError) as caught:
+            Chat(model, model.tokenizer, **options)
+        assert caught.value.param == param

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
 import gpt2.train
-from helpers import REPO, Watched, corpus_hellaswag, heed_ctrl_c, make_hf_model, replies_are_even_ids, write_hellaswag
+from helpers import REPO, Watched, corpus_hellaswag, heed_ctrl_c, make_hf_model, replies_are_even_ids, write_conversations, write_hellaswag
 from gpt2 import CheckpointError, ContextLengthError, DataError, GPT2Error, InvalidArgumentError, Tokenizer, UnwritablePathError
 from gpt2.data import get_batch, open_data, prepare
 from gpt2.evaluate import hellaswag
@@ -1074,3 +1074,18 @@ def test_fine_tuning_keeps_the_models_template_unless_the_data_has_its_own(gpt2_
 def save_hf(tmp_path: Path) -> Path:
     make_hf_model(seed=1, vocab_size=50257, n_positions=16, n_embd=32, n_layer=1, n_head=2).save_pretrained(tmp_path / "hf")
     return tmp_path / "hf"
+
+
+def test_conversations_gpt2_prepare_wrote_train_on_their_replies(tmp_path):
+    """End to end: gpt2 prepare --chat's files (the default template) train, and the model saved carries the template."""
+    from gpt2.chat import DEFAULT_TEMPLATE
+    from gpt2.data import prepare_chat
+
+    qa = [[{"role": "user", "content": f"What is {a} plus {b}?"}, {"role": "assistant", "content": f"{a + b}."}]
+          for a in range(8) for b in range(5)]  # fmt: skip
+    prepare_chat([write_conversations(tmp_path / "qa.jsonl", qa)], tmp_path / "data", progress=False)
+    data = open_data(tmp_path / "data")
+    assert data.chat_template == DEFAULT_TEMPLATE and 0 < int(data.masks["train"].sum()) < len(data.train)
+    result = train(tmp_path / "out", data=tmp_path / "data", max_iters=2, progress=False, **dict(TINY, n_layer=1))
+    assert math.isfinite(result.best_val_loss) and all(math.isfinite(v) for v in losses(tmp_path / "out").values())
+    assert GPT2.from_pretrained(tmp_path / "out", device="cpu").tokenizer.chat_template == DEFAULT_TEMPLATE

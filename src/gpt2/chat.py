@@ -22,7 +22,7 @@ import bisect
 import contextvars
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ import jinja2.ext
 import jinja2.nodes
 import jinja2.sandbox
 
-from gpt2.errors import ChatTemplateError, InvalidArgumentError
+from gpt2.errors import ChatTemplateError, DataError, InvalidArgumentError
 from gpt2.tokenizer import EOT, CharTokenizer, Tokenizer
 
 ROLES = ("system", "user", "assistant")
@@ -160,6 +160,45 @@ class ChatTemplate:
             mask[first : last + 1] = [1] * (last + 1 - first)
         return ids, mask
 
+    def reply_prefix(self, tokenizer: Tokenizer | CharTokenizer | None = None) -> str:
+        """What the template writes between its generation prompt and an assistant message's
+        content (the default's space after "Assistant:"). A model writes it as the start of its
+        reply; a message holds the reply without it, so that the reply, sent back in the history,
+        renders as the model wrote it. "" for a template that writes nothing there (or that cannot
+        render a one-question conversation)."""
+        probe = [{"role": "user", "content": "Hi"}]
+        variables = {} if tokenizer is None else special_token_names(tokenizer)
+        try:
+            prompt = self.render(probe, True, **variables)
+            whole = self.render([*probe, {"role": "assistant", "content": _PROBE}], **variables)
+        except ChatTemplateError:
+            return ""
+        end = whole.find(_PROBE, len(prompt))
+        return whole[len(prompt) : end] if whole.startswith(prompt) and end >= 0 else ""
+
+
+_PROBE = "gpt2-reply-probe"  # a reply's content, found again in the rendered text
+
+
+class ReplyText:
+    """A reply's text as a message holds it, given piece by piece as it is generated: less the
+    template's `prefix` at its start (`ChatTemplate.reply_prefix`), held back until it is known
+    whether the reply begins with it."""
+
+    def __init__(self, prefix: str):
+        self.prefix, self.head = prefix, ""  # head: the reply so far, while it may be the prefix's start
+        self.begun = not prefix
+
+    def add(self, piece: str, ended: bool = False) -> str:
+        """The text `piece` releases; `ended`: the reply ends with it (what was held back comes out)."""
+        if self.begun:
+            return piece
+        self.head += piece
+        if not ended and len(self.head) < len(self.prefix) and self.prefix.startswith(self.head):
+            return ""
+        self.begun = True
+        return self.head.removeprefix(self.prefix)
+
 
 def _token_starts(tokenizer: Tokenizer | CharTokenizer, text: str, ids: list[int]) -> list[int]:
     """The character of `text` where each token begins (a token that starts inside a character,
@@ -200,6 +239,46 @@ def check_messages(messages: Any, *, training: bool = False) -> list[dict[str, s
     if training and not any(m["role"] == "assistant" for m in checked):
         raise InvalidArgumentError("the conversation has no assistant message: nothing in it to learn to reply", "messages")
     return checked
+
+
+def read_conversations(path: str | os.PathLike, name: str | None = None) -> Iterator[tuple[int, list[dict[str, str]]]]:
+    """(line number, messages) for each conversation of a JSON Lines file in OpenAI's fine-tuning
+    format, `{"messages": [{"role": ..., "content": ...}, ...]}` a line, each checked for training
+    (`check_messages`). Blank lines are skipped; other keys (a message's "name", a line's "tools")
+    are ignored, but a message's "weight" other than 1 is refused: every reply is learned here.
+    Raises DataError naming the file (`name`, default the path) and the line, or a file without one."""
+    name = str(path) if name is None else name
+    found = False
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{name}, line {number}"
+            try:
+                record = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise DataError(f"{where}: not a JSON object ({e})") from None
+            if not isinstance(record, dict) or "messages" not in record:
+                got = f"an object with the keys {', '.join(map(str, record)) or 'none'}" if isinstance(record, dict) else \
+                    f"a JSON {type(record).__name__}"  # fmt: skip
+                raise DataError(f'{where}: a conversation is an object {{"messages": [...]}}, got {got}')
+            try:
+                messages = check_messages(record["messages"], training=True)
+            except InvalidArgumentError as e:
+                raise DataError(f"{where}: {e}") from None
+            _check_weights(record["messages"], where)
+            found = True
+            yield number, messages
+    if not found:
+        raise DataError(f'{name} holds no conversations: give one a line, {{"messages": [{{"role": ..., "content": ...}}, ...]}}')
+
+
+def _check_weights(messages: list[Mapping[str, Any]], where: str) -> None:
+    """OpenAI's "weight": 0 leaves a reply out of training; gpt2 learns every reply, so only 1 is taken."""
+    for i, message in enumerate(messages):
+        if message.get("weight", 1) != 1:
+            raise DataError(f"{where}: messages[{i}].weight is {_shown(message['weight'])}: every reply is learned (weight 1); "
+                            f"leave out the key, or the conversation")  # fmt: skip
 
 
 def _shown(value: Any) -> str:

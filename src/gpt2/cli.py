@@ -7,6 +7,8 @@ Every expected failure (bad flag, bad value, missing file) prints one line on st
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import math
 import os
 import re
@@ -266,6 +268,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         raise _UsageError(f"gpt2 serve needs the serve extra ({e.name} is not installed): pip install 'gpt2[serve]'") from None
 
     _check_draft_tokens(args)
+    chat_template = _chat_template(args)  # a bad file fails now, before the model loads
     inspect_cells = {} if args.max_inspect_cells is None else {"max_inspect_cells": args.max_inspect_cells}
     limits = Limits(max_batch_size=args.max_batch_size, max_num_batched_tokens=args.max_num_batched_tokens,
                     prefix_cache_mb=args.prefix_cache_mb, max_queue=args.max_queue, max_n=args.max_n, api_key=args.api_key,
@@ -289,17 +292,84 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     load_draft = None if args.draft is None else lambda: _load_model(args, args.draft)
     serve(lambda: _load_model(args), args.model, args.host, args.port, limits, allowed_special=_allowed_special(args),
-          on_listen=listening, ui=not args.no_ui, load_draft=load_draft)  # fmt: skip
+          on_listen=listening, ui=not args.no_ui, load_draft=load_draft, chat_template=chat_template)  # fmt: skip
     return 0
+
+
+def _chat_template(args: argparse.Namespace):
+    """The template of --chat-template, read and compiled (None without one: the model's own)."""
+    if args.chat_template is None:
+        return None
+    from gpt2.chat import ChatTemplate
+
+    return ChatTemplate.from_file(args.chat_template)
+
+
+def _cmd_chat(args: argparse.Namespace) -> int:
+    from gpt2.generate import Chat
+    from gpt2.sampling import check_seed
+
+    chat_template = _chat_template(args)  # what can fail without the model, before it loads
+    _check_cuda_graphs(args)
+    if args.seed is not None:
+        check_seed(args.seed)
+    system = None if args.system is None else _command_line_text(args.system, "the system message given on the command line")
+    model, tokenizer = _load_model(args)
+    top_k = min(DEFAULT_TOP_K, model.config.n_vocab) if args.top_k is None else args.top_k
+    chat = Chat(model, tokenizer, chat_template=chat_template, system=system, max_new_tokens=args.max_new_tokens,
+                temperature=args.temperature, top_k=top_k, top_p=args.top_p, seed=args.seed)  # fmt: skip
+    interactive = sys.stdin.isatty()
+    if interactive:
+        with contextlib.suppress(ImportError):  # line editing and history for input(), where the platform has it
+            importlib.import_module("readline")
+        print(f"gpt2: chatting with {args.model}; /reset starts over, Ctrl-C stops a reply, Ctrl-D leaves", file=sys.stderr)
+    while True:
+        try:
+            line = input("> " if interactive else "")
+        except EOFError:  # Ctrl-D, or the end of piped input
+            if interactive:
+                print()
+            return 0
+        if line.strip() == "/reset":
+            chat.reset()
+            print("gpt2: the conversation starts over", file=sys.stderr)
+        elif line.strip():
+            _chat_turn(chat, line, args)
+
+
+def _chat_turn(chat, text: str, args: argparse.Namespace) -> None:
+    """One reply, streamed; a message that cannot be answered is one line on stderr, and the
+    conversation goes on. Ctrl-C stops the reply (which is not kept), as llama.cpp's REPL does."""
+    try:
+        pieces = chat.reply(text)
+    except GPT2Error as e:
+        print(f"gpt2: error: {with_flags(e, parser_flags(build_parser()))}", file=sys.stderr)
+        return
+    if chat.dropped:
+        print(f"gpt2: the {chat.dropped} oldest messages are left out, to fit the model's context", file=sys.stderr)
+    try:
+        for piece in pieces:
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+    except KeyboardInterrupt:
+        print("\ngpt2: reply stopped (not kept in the conversation)", file=sys.stderr)
+        return
+    sys.stdout.write("\n")
+    sys.stdout.flush()
 
 
 def _cmd_prepare(args: argparse.Namespace) -> int:
     from gpt2.data import prepare
 
+    if args.chat:
+        return _prepare_chat(args)
+    if args.chat_template is not None:
+        raise _UsageError("--chat-template is the template of conversations: add --chat")
     if not args.inputs and args.dataset is None:
         raise _UsageError("give INPUT files or directories, - for standard input, or --dataset NAME")
+    text_field = "text" if args.text_field is None else args.text_field
     meta = prepare(args.inputs, args.out, args.tokenizer, args.val_fraction, overwrite=args.overwrite, progress=args.progress,
-                   text_field=args.text_field, dataset=args.dataset, dataset_config=args.dataset_config,
+                   text_field=text_field, dataset=args.dataset, dataset_config=args.dataset_config,
                    dataset_split=args.dataset_split, shard_tokens=args.shard_tokens)  # fmt: skip
     if "shards" in meta:
         shards = meta["shards"]
@@ -308,6 +378,29 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
     else:
         said = f"{meta['train_tokens']:,} training and {meta['val_tokens']:,} validation tokens ({_validation(meta['split'])})"
     print(f"gpt2: {said} of a {meta['vocab_size']:,}-token vocabulary ({meta['tokenizer']}) in {args.out}", file=sys.stderr)
+    return 0
+
+
+def _prepare_chat(args: argparse.Namespace) -> int:
+    from gpt2.data import prepare_chat
+
+    given = [flag for flag, value in (("--dataset", args.dataset), ("--dataset-config", args.dataset_config),
+             ("--text-field", args.text_field), ("--shard-tokens", args.shard_tokens)) if value is not None]  # fmt: skip
+    if args.dataset_split != "train":
+        given.append("--split")
+    if given:
+        raise _UsageError(f"--chat reads JSON Lines files of conversations into train.bin and val.bin: {', '.join(given)} "
+                          f"do{'es' * (len(given) == 1)} not apply")  # fmt: skip
+    if not args.inputs:
+        raise _UsageError('give JSON Lines files of conversations ({"messages": [...]} a line), or - for standard input')
+    meta = prepare_chat(args.inputs, args.out, args.tokenizer, args.val_fraction, chat_template=args.chat_template,
+                        overwrite=args.overwrite, progress=args.progress)  # fmt: skip
+    chat, split = meta["chat"], meta["split"]
+    print(f"gpt2: {chat['conversations']['train']:,} training and {chat['conversations']['val']:,} validation conversations "
+          f"({meta['train_tokens']:,} and {meta['val_tokens']:,} tokens, {chat['mask_tokens']['train']:,} and "
+          f"{chat['mask_tokens']['val']:,} of them in replies; {split['actual_val_fraction']:.2%} for validation; the longest "
+          f"{chat['longest']:,} tokens) of a {meta['vocab_size']:,}-token vocabulary ({meta['tokenizer']}) in {args.out}",
+          file=sys.stderr)  # fmt: skip
     return 0
 
 
@@ -477,14 +570,16 @@ examples:
   gpt2 prepare corpus/ --out data/corpus-bpe --tokenizer bpe:8192 --val-fraction 0.05
   cat *.txt | gpt2 prepare - --out data/stdin
   gpt2 prepare pages.jsonl --out data/pages --text-field body --shard-tokens 100000000
-  gpt2 prepare --dataset HuggingFaceFW/fineweb --dataset-config sample-10BT --out data/fineweb10B \
+  gpt2 prepare --dataset HuggingFaceFW/fineweb --dataset-config sample-10BT --out data/fineweb10B \\
       --shard-tokens 100000000
+  gpt2 prepare --chat conversations.jsonl --out data/chat            # {"messages": [...]} a line
 
 Each text file is one document, and each record of a .jsonl or .parquet file or a dataset; with
 gpt2 and bpe:N each ends with <|endoftext|> (in shards each starts with it, as llm.c's). One file
 splits at 1 - F of its tokens (as nanoGPT's shakespeare_char); several split by whole files,
 drawn with a fixed seed, the last of them cut so that validation holds F of the tokens. With
---shard-tokens the first shard validates, as llm.c's fineweb.py.
+--shard-tokens the first shard validates, as llm.c's fineweb.py. With --chat, whole
+conversations validate, F of them, drawn with a fixed seed.
 """
 
 
@@ -573,7 +668,8 @@ examples:
   curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \\
       -d '{"model": "gpt2", "prompt": "Alan Turing theorized that", "max_tokens": 20, "temperature": 0}'
 
-OpenAI's completions API (/v1/completions, /v1/models), /v1/inspect (attention and the logit
+OpenAI's completions API (/v1/completions, /v1/models) and, for a model with a chat template (its
+own or --chat-template), its chat completions API (/v1/chat/completions), /v1/inspect (attention and the logit
 lens of a prompt), llama.cpp's /tokenize and /detokenize, /health and Prometheus' /metrics; and
 the playground, a page at / (open http://127.0.0.1:8000/ in a browser). Requests share one
 batch: each joins it at the next token and leaves it when it ends. Ctrl-C or SIGTERM stops the
@@ -585,7 +681,7 @@ def _add_serve_parser(commands) -> None:
     serve = commands.add_parser(
         "serve",
         help="an OpenAI-compatible HTTP server (needs the serve extra)",
-        description="Serve a model over HTTP with OpenAI's completions API, batching the requests in flight.",
+        description="Serve a model over HTTP with OpenAI's completions and chat completions APIs, batching the requests in flight.",
         epilog=SERVE_EXAMPLES,
         formatter_class=_HelpFormatter,
     )
@@ -613,9 +709,56 @@ def _add_serve_parser(commands) -> None:
                        help="the most attention probabilities (layers x heads x tokens x tokens) one /v1/inspect answer "
                        "holds; about 6.5 bytes each in JSON (default: 4194304, 170 tokens of the 124M model)")  # fmt: skip
     serve.add_argument("--no-ui", action="store_true", help="serve the API alone, without the playground page at /")
+    _add_chat_template_flag(serve, "/v1/chat/completions' conversations")
     serve.add_argument("--api-key", default=os.environ.get("GPT2_API_KEY"), metavar="KEY",
                        help="require the header Authorization: Bearer KEY (default: $GPT2_API_KEY, else none)")  # fmt: skip
     serve.set_defaults(func=_cmd_serve, engine="torch")
+
+
+def _add_chat_template_flag(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--chat-template", metavar="FILE",
+                        help=f"a Jinja2 chat template that renders {what}, in place of the model's own (its "
+                        "tokenizer_config.json's chat_template) (default: the model's)")  # fmt: skip
+
+
+CHAT_EXAMPLES = """\
+examples:
+  gpt2 chat --model out-chat                       # a model fine-tuned on conversations
+  gpt2 chat --model gpt2 --chat-template src/gpt2/chat_template.jinja --system "You are terse."
+  printf 'Hi\\nWhat is 2+2?\\n' | gpt2 chat --model out-chat --temperature 0
+
+Each line is a message; the reply streams as it is generated and joins the conversation.
+/reset starts over (the --system message stays). Ctrl-C stops a reply (it is not kept) and
+returns to the prompt; at the prompt, Ctrl-D (or the end of piped input) leaves. When the
+conversation and a reply of --max-new-tokens no longer fit the model's context, its oldest
+messages are left out, saying so on stderr.
+"""
+
+
+def _add_chat_parser(commands) -> None:
+    chat = commands.add_parser(
+        "chat",
+        help="a conversation with a model in the terminal, through its chat template",
+        description="Talk with a model: each message and the conversation before it are rendered by the chat "
+        "template, and the reply streams as it is generated.",
+        epilog=CHAT_EXAMPLES,
+        formatter_class=_HelpFormatter,
+    )
+    chat.add_argument("--model", default="gpt2", help="a released name or a local directory, as for generate (default: gpt2)")
+    _add_chat_template_flag(chat, "the conversation")
+    chat.add_argument("--system", metavar="TEXT", help="a system message that opens the conversation (default: none)")
+    chat.add_argument("--max-new-tokens", type=_whole_number, default=256, help="the longest reply, in tokens (default: 256)")
+    chat.add_argument("--temperature", type=float, default=0.8, help="0 is greedy; higher is more random (default: 0.8)")
+    chat.add_argument("--top-k", type=_whole_number, default=None,
+                      help=f"sample among the k most likely tokens (default: {DEFAULT_TOP_K}, or the vocabulary size if smaller)")  # fmt: skip
+    chat.add_argument("--top-p", type=float, default=None,
+                      help="sample among the most likely tokens that make up p of the probability (default: off)")  # fmt: skip
+    chat.add_argument("--seed", type=_whole_number, default=None,
+                      help="0 to 2**64-1: reply k samples from seed + k, so the same seed and messages give the same "
+                      "conversation (default: random)")  # fmt: skip
+    _add_inference_device_flags(chat)
+    _add_cuda_graphs_flag(chat)
+    chat.set_defaults(func=_cmd_chat, engine="torch")
 
 
 def _add_eval_parser(commands) -> None:
@@ -722,6 +865,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train_parser(commands)
     _add_eval_parser(commands)
     _add_serve_parser(commands)
+    _add_chat_parser(commands)
     _add_inspect_parser(commands)
     _add_references(parser, commands)
     return parser
@@ -827,12 +971,19 @@ def _add_prepare_parser(commands) -> None:
     )
     prepare.add_argument("inputs", nargs="*", metavar="INPUT",
                          help="text files, .jsonl and .parquet files (a document a record), directories (every file beneath), "
-                              "or - for standard input")  # fmt: skip
+                              "or - for standard input; with --chat, JSON Lines files of conversations")  # fmt: skip
+    prepare.add_argument("--chat", action="store_true",
+                         help='the inputs are conversations, {"messages": [{"role": ..., "content": ...}, ...]} a line: '
+                              "rendered by a chat template, with train.mask.bin and val.mask.bin marking the replies' tokens")  # fmt: skip
+    prepare.add_argument("--chat-template", metavar="FILE",
+                         help="with --chat: a Jinja2 chat template (transformers' format) (default: gpt2's, User:/Assistant: "
+                              "turns, each reply ended by <|endoftext|>)")  # fmt: skip
     prepare.add_argument("--out", required=True, metavar="DIR", help="where to write the prepared data")
     prepare.add_argument("--tokenizer", default="gpt2", metavar="SPEC",
                          help="gpt2 (OpenAI's), char (the corpus's characters) or bpe:N (trained on the corpus) (default: gpt2)")  # fmt: skip
-    prepare.add_argument("--val-fraction", type=float, default=0.1, metavar="F", help="share of the tokens kept for validation (default: 0.1)")
-    prepare.add_argument("--text-field", default="text", metavar="NAME",
+    prepare.add_argument("--val-fraction", type=float, default=0.1, metavar="F",
+                         help="share of the tokens (with --chat: of the conversations) kept for validation (default: 0.1)")  # fmt: skip
+    prepare.add_argument("--text-field", metavar="NAME",
                          help="the field of a .jsonl or .parquet record, or of a dataset's example, that holds its text (default: text)")  # fmt: skip
     prepare.add_argument("--dataset", metavar="NAME", help="a Hugging Face dataset (a name on the hub, or a local directory of "
                          "data files), streamed: nothing is downloaded whole")  # fmt: skip
@@ -847,7 +998,7 @@ def _add_prepare_parser(commands) -> None:
 
 
 # Each command's reference, a page in docs/ of gpt2's repository, named at the end of its --help.
-REFERENCES = {name: f"docs/{name}.md" for name in ("tokenize", "generate", "prepare", "train", "eval", "serve", "inspect")}
+REFERENCES = {name: f"docs/{name}.md" for name in ("tokenize", "generate", "prepare", "train", "eval", "serve", "chat", "inspect")}
 
 
 def _add_references(parser: argparse.ArgumentParser, commands) -> None:

@@ -46,9 +46,10 @@ import torch
 
 from gpt2._checks import int_between, is_integer, positive_int, real_between
 from gpt2._files import atomic_path, atomic_write_text, read_json_object, writable_directory
+from gpt2.chat import DEFAULT_TEMPLATE, ChatTemplate, read_conversations, special_token_names
 from gpt2.corpora import HEADER_BYTES, SHARD_NAME, Shards, ShardWriter, dataset_texts, is_record_file, read_header, record_texts
-from gpt2.errors import DataError, InputTypeError, InvalidArgumentError, TokenIdError
-from gpt2.tokenizer import CHARS_FILE, GPT2_VOCAB_DIR, CharTokenizer, Tokenizer, load_tokenizer, same_vocabulary
+from gpt2.errors import ChatTemplateError, DataError, InputTypeError, InvalidArgumentError, TokenIdError
+from gpt2.tokenizer import CHARS_FILE, EOT, GPT2_VOCAB_DIR, CharTokenizer, Tokenizer, load_tokenizer, same_vocabulary
 
 FORMAT = "gpt2-prepared"
 CHUNK_BYTES = 4 << 20  # read and encode a few MB at a time
@@ -58,6 +59,7 @@ GPT2_VOCAB = 50257
 LLMC_NAME = re.compile(r"(.+)_(train|val)\.bin")  # llm.c's names: tiny_shakespeare_val.bin
 IGNORE = -100  # a target that is not scored (PyTorch's and Hugging Face's ignore_index)
 MASK_DTYPE = np.dtype("u1")  # train.mask.bin, val.mask.bin: a byte per id, 1 where it is a target
+MASK_FILES = ("train.mask.bin", "val.mask.bin")  # conversations': 1 (uint8) where the id is the assistant's
 
 # Where GPT-2's pre-tokenizer (tokenizer.GPT2_PATTERN) cuts whatever the text around holds:
 # between a non-space X and a whitespace character w ("X|w"). No piece spans X and w (only the
@@ -292,8 +294,8 @@ class Split:
 
     train: list[tuple[int, int]]
     val: list[tuple[int, int]]
-    method: str  # "tail": one document, cut; "documents": whole documents, and the tail of at most one
-    val_documents: int = 0  # documents that validate whole
+    method: str  # "tail": one document, cut; "documents": whole documents, and the tail of at most one; "conversations": whole ones only
+    val_documents: int = 0  # documents (or conversations) that validate whole
     cut: tuple[int, int] | None = None  # (document, its ids that validate): the one split within, if any
 
 
@@ -368,32 +370,46 @@ def prepare(
             raise InvalidArgumentError(f"{name} must be a non-empty string, got {value!r}", name)
     parse_tokenizer_spec(tokenizer)
     out = Path(out)
+    with _scratch_in(out, overwrite) as scratch:
+        documents = find_documents(inputs, scratch / "stdin.txt", text_field) if inputs or dataset is None else []
+        if dataset is not None:
+            documents.append(dataset_document(dataset, dataset_config, dataset_split, text_field))
+        if shard_tokens is None:
+            encoder, meta = _write_splits(documents, out, scratch, tokenizer, val_fraction, progress, num_workers)
+        else:
+            encoder, meta = _write_shards(documents, out, scratch, tokenizer, shard_tokens, progress, num_workers)
+    sources = {"inputs": [str(i) for i in inputs], "documents": len(documents),
+               **({"text_field": text_field} if any(d.records for d in documents) else {}),
+               **({} if dataset is None else {"dataset": dataset, "config": dataset_config, "split": dataset_split})}  # fmt: skip
+    return _finish(out, encoder, tokenizer, {**meta, "sources": sources}, overwrite)
+
+
+@contextlib.contextmanager
+def _scratch_in(out: Path, overwrite: bool) -> Iterator[Path]:
+    """A scratch directory inside `out` (beside it: no copy across disks), `out` made if needed
+    and checked first; an error leaves no empty `out` behind that this made."""
     _check_out(out, overwrite)
     created = not out.exists()
     writable_directory(out)
     try:
-        with tempfile.TemporaryDirectory(dir=out, prefix=".prepare-") as scratch:  # beside out: no copy across disks
-            documents = find_documents(inputs, Path(scratch) / "stdin.txt", text_field) if inputs or dataset is None else []
-            if dataset is not None:
-                documents.append(dataset_document(dataset, dataset_config, dataset_split, text_field))
-            if shard_tokens is None:
-                encoder, meta = _write_splits(documents, out, Path(scratch), tokenizer, val_fraction, progress, num_workers)
-            else:
-                encoder, meta = _write_shards(documents, out, Path(scratch), tokenizer, shard_tokens, progress, num_workers)
+        with tempfile.TemporaryDirectory(dir=out, prefix=".prepare-") as scratch:
+            yield Path(scratch)
     except BaseException:
-        if created:  # an error leaves no empty directory behind
+        if created:
             with contextlib.suppress(OSError):
                 out.rmdir()
         raise
+
+
+def _finish(out: Path, encoder: Tokenizer | CharTokenizer, spec: str, meta: dict[str, Any], overwrite: bool) -> dict[str, Any]:
+    """Once the ids are in place: on an overwrite, remove what the new data does not have; then
+    the tokenizer's files, and meta.json last (it vouches for the rest). Returns the meta written."""
+    meta = {"format": FORMAT, "version": 1, "tokenizer": spec, "vocab_size": encoder.n_vocab, **meta}
     if overwrite:
-        _remove_other_tokenizers(out, tokenizer)
+        _remove_other_tokenizers(out, spec)
         _remove_other_data(out, meta)
-    _save_tokenizer(encoder, tokenizer, out)
-    meta = {"format": FORMAT, "version": 1, "tokenizer": tokenizer, "vocab_size": encoder.n_vocab, **meta,
-            "sources": {"inputs": [str(i) for i in inputs], "documents": len(documents),
-                        **({"text_field": text_field} if any(d.records for d in documents) else {}),
-                        **({} if dataset is None else {"dataset": dataset, "config": dataset_config, "split": dataset_split})}}  # fmt: skip
-    atomic_write_text(out / "meta.json", json.dumps(meta, indent=2) + "\n")  # last: it vouches for the rest
+    _save_tokenizer(encoder, spec, out)
+    atomic_write_text(out / "meta.json", json.dumps(meta, indent=2) + "\n")
     return meta
 
 
@@ -405,14 +421,7 @@ def _write_splits(documents: list[Document], out: Path, scratch: Path, spec: str
     with open(scratch / "all.bin", "wb") as f:
         counts = encode_documents(documents, encoder, f, dtype, progress, num_workers)
     split = split_documents(counts, val_fraction)
-    ids = np.memmap(scratch / "all.bin", dtype=dtype, mode="r")
-    # Both files are renamed into place together, at the end: never a new train.bin beside an old val.bin.
-    with atomic_path(out / "train.bin") as train_tmp, atomic_path(out / "val.bin") as val_tmp:
-        for tmp, ranges in ((train_tmp, split.train), (val_tmp, split.val)):
-            with open(tmp, "wb") as f:
-                for start, end in ranges:
-                    f.write(ids[start:end].tobytes())
-    del ids
+    _write_split_files(out, scratch, split, {"": dtype})
     train_tokens, val_tokens = (sum(e - s for s, e in ranges) for ranges in (split.train, split.val))
     cut = None if split.cut is None else {"document": documents[split.cut[0]].name, "val_tokens": split.cut[1]}
     return encoder, {
@@ -443,6 +452,20 @@ def _write_shards(documents: list[Document], out: Path, scratch: Path, spec: str
                      "shards": {"name": name, "shard_tokens": shard_tokens, "documents": n, **files}}  # fmt: skip
 
 
+def _write_split_files(out: Path, scratch: Path, split: Split, kinds: dict[str, np.dtype]) -> None:
+    """out/train{kind}.bin and out/val{kind}.bin for each kind ("": the ids, ".mask": their mask),
+    cut from scratch/all{kind}.bin by the ranges of `split`. All are renamed into place together,
+    at the end: never a new train.bin beside an old val.bin, or ids beside another's mask."""
+    with contextlib.ExitStack() as renames:
+        for kind, dtype in kinds.items():
+            source = np.memmap(scratch / f"all{kind}.bin", dtype=dtype, mode="r")
+            for name, ranges in (("train", split.train), ("val", split.val)):
+                with open(renames.enter_context(atomic_path(out / f"{name}{kind}.bin")), "wb") as f:
+                    for start, end in ranges:
+                        f.write(source[start:end].tobytes())
+            del source
+
+
 def _tokenizer_for(spec: str, documents: list[Document], progress: bool) -> tuple[Tokenizer | CharTokenizer, np.dtype]:
     if not any(d.size or d.path is None for d in documents):
         raise DataError("the corpus is empty: no text in " + ", ".join(d.name for d in documents))
@@ -452,7 +475,7 @@ def _tokenizer_for(spec: str, documents: list[Document], progress: bool) -> tupl
 
 def _data_files(out: Path) -> list[str]:
     """The names of prepared data's files in `out`: ours, and llm.c's shards."""
-    names = [name for name in ("train.bin", "val.bin", "meta.json") if (out / name).exists()]
+    names = [name for name in ("train.bin", "val.bin", *MASK_FILES, "meta.json") if (out / name).exists()]
     return names + sorted(p.name for p in out.glob("*.bin") if SHARD_NAME.fullmatch(p.name)) if out.is_dir() else names
 
 
@@ -465,9 +488,11 @@ def _check_out(out: Path, overwrite: bool) -> None:
 
 def _remove_other_data(out: Path, meta: dict[str, Any]) -> None:
     """An overwrite leaves no stale data to be read by mistake: train.bin and val.bin beside new
-    shards, shards beside a new train.bin and val.bin, or more shards than the new data has."""
+    shards, shards beside a new train.bin and val.bin, more shards than the new data has, or the
+    masks of conversations beside new text."""
     shards = meta.get("shards")
     kept = {"meta.json"} | ({"train.bin", "val.bin"} if shards is None else set(shards["val"] + shards["train"]))
+    kept |= set(MASK_FILES) if "chat" in meta else set()
     for name in set(_data_files(out)) - kept:
         with contextlib.suppress(FileNotFoundError):
             (out / name).unlink()
@@ -489,6 +514,139 @@ def _remove_other_tokenizers(out: Path, spec: str) -> None:
     for name in ("encoder.json", "vocab.bpe") if spec == "char" else (CHARS_FILE,):
         with contextlib.suppress(FileNotFoundError):
             (out / name).unlink()
+
+
+# ------------------------------------------------------------------ conversations
+
+
+def prepare_chat(
+    inputs: Sequence[str | os.PathLike],
+    out: str | os.PathLike,
+    tokenizer: str = "gpt2",
+    val_fraction: float = 0.1,
+    *,
+    chat_template: str | os.PathLike | ChatTemplate | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Render and encode the conversations of JSON Lines files (`{"messages": [...]}` a line; see
+    `gpt2.chat.read_conversations`; directories and "-" as `prepare` takes them) with
+    `chat_template` (a Jinja2 file, or gpt2's default) into `out`: train.bin and val.bin, the
+    conversations whole and in order (`val_fraction` of them validates), train.mask.bin and
+    val.mask.bin beside them (uint8, 1 on the ids of the assistant's replies), the tokenizer's
+    files, and meta.json, whose "chat" entry keeps the template. `tokenizer`: gpt2, or bpe:N
+    trained on the rendered conversations. Returns the meta written."""
+    val_fraction = real_between("val_fraction", val_fraction, 0, 1, open_low=True, open_high=True)
+    parse_tokenizer_spec(tokenizer)
+    if tokenizer == "char":
+        raise InvalidArgumentError("the char tokenizer cannot hold a conversation: a chat template ends each reply with "
+                                   "<|endoftext|>, a special token a vocabulary of characters does not have; use gpt2 or bpe:N",
+                                   "tokenizer")  # fmt: skip
+    template = _chat_template(chat_template)
+    out = Path(out)
+    with _scratch_in(out, overwrite) as scratch:
+        files = find_documents(inputs, scratch / "stdin.jsonl")
+        encoder, meta = _write_conversations(files, out, scratch, template, tokenizer, val_fraction, progress)
+    sources = {"inputs": [str(i) for i in inputs], "files": len(files)}
+    return _finish(out, encoder, tokenizer, {**meta, "sources": sources}, overwrite)
+
+
+def _chat_template(given: str | os.PathLike | ChatTemplate | None) -> ChatTemplate:
+    if given is None:
+        return ChatTemplate(DEFAULT_TEMPLATE, "gpt2's default chat template")
+    if isinstance(given, ChatTemplate):
+        return given
+    if isinstance(given, (str, os.PathLike)):
+        return ChatTemplate.from_file(given)
+    raise InputTypeError(f"chat_template is the path of a Jinja2 file or a ChatTemplate, got {given!r}", "chat_template")
+
+
+def split_conversations(counts: list[int], val_fraction: float) -> Split:
+    """Train and validation ids of conversations of `counts` ids each, split whole: round(F * n)
+    of them (at least 1, at most n - 1), drawn with a fixed seed, validate."""
+    n = len(counts)
+    if n < 2:
+        raise DataError(f"{n} conversation{'s' * (n != 1)} cannot be split whole into training and validation: each split "
+                        f"needs one (val_fraction {val_fraction} of them validates, at least 1); give 2 or more")  # fmt: skip
+    n_val = min(max(round(val_fraction * n), 1), n - 1)
+    validates = set(map(int, np.random.default_rng(SPLIT_SEED).permutation(n)[:n_val]))
+    starts = [0, *itertools.accumulate(counts)]  # conversation c holds ids starts[c] .. starts[c + 1]
+    train: list[tuple[int, int]] = []
+    val: list[tuple[int, int]] = []
+    for c in range(n):
+        ranges = val if c in validates else train
+        if ranges and ranges[-1][1] == starts[c]:  # runs of neighbours are one range
+            ranges[-1] = (ranges[-1][0], starts[c + 1])
+        else:
+            ranges.append((starts[c], starts[c + 1]))
+    return Split(train, val, "conversations", n_val)
+
+
+def _conversations(files: list[Document]) -> Iterator[tuple[str, list[dict[str, str]]]]:
+    """("FILE, line N", messages) for each conversation of the files, in order."""
+    for file in files:
+        for line, messages in read_conversations(file.path, file.name):
+            yield f"{file.name}, line {line}", messages
+
+
+def _at(where: str, render: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """A template's render or encoding of the conversation at `where`; its error names the line of the file too."""
+    try:
+        return render(*args, **kwargs)
+    except ChatTemplateError as e:
+        raise ChatTemplateError(f"{where}: {e}", "chat_template") from None
+
+
+def _chat_tokenizer(spec: str, template: ChatTemplate, files: list[Document], progress: bool) -> Tokenizer:
+    """GPT-2's, or bpe:N trained on the rendered conversations cut at <|endoftext|>: the trained
+    vocabulary's special token (as GPT-2's), never text to merge."""
+    vocab_size = parse_tokenizer_spec(spec)
+    if vocab_size is None:
+        return Tokenizer.gpt2()
+    names = special_token_names(Tokenizer.gpt2())  # a trained vocabulary's special tokens are GPT-2's: <|endoftext|> alone
+    texts = (piece for where, messages in _conversations(files)
+             for piece in _at(where, template.render, messages, **names).split(EOT) if piece)  # fmt: skip
+    try:
+        return Tokenizer.train(texts, vocab_size, progress=progress)
+    except InvalidArgumentError as e:
+        raise DataError(f"cannot train a tokenizer: {e}") from None
+
+
+def _write_conversations(files: list[Document], out: Path, scratch: Path, template: ChatTemplate, spec: str,
+                         val_fraction: float, progress: bool) -> tuple[Tokenizer, dict[str, Any]]:  # fmt: skip
+    """Encode every conversation into scratch/all.bin and its mask into scratch/all.mask.bin,
+    then cut both into out's splits. Returns the tokenizer and what meta.json says of the ids."""
+    from tqdm.auto import tqdm
+
+    encoder = _chat_tokenizer(spec, template, files, progress)
+    dtype = ids_dtype(encoder.n_vocab)
+    counts, replies, longest = [], 0, (0, "")
+    with open(scratch / "all.bin", "wb") as ids_file, open(scratch / "all.mask.bin", "wb") as mask_file, \
+            tqdm(unit="conv", desc="encoding", disable=not progress) as bar:  # fmt: skip
+        for where, messages in _conversations(files):
+            ids, mask = _at(where, template.encode_with_mask, encoder, messages)
+            ids_file.write(np.asarray(ids, dtype=dtype).tobytes())
+            mask_file.write(np.asarray(mask, dtype=np.uint8).tobytes())
+            counts.append(len(ids))
+            replies += sum(mask)
+            longest = (len(ids), where) if len(ids) > longest[0] else longest
+            bar.update()
+    if not replies:
+        raise DataError(f"{template.origin} marks no reply in {len(counts):,} conversations: the tokens to learn are those "
+                        f"inside {{% generation %}}...{{% endgeneration %}} blocks; put each assistant message in one", "chat_template")  # fmt: skip
+    split = split_conversations(counts, val_fraction)
+    _write_split_files(out, scratch, split, {"": dtype, ".mask": np.dtype(np.uint8)})
+    mask = np.memmap(scratch / "all.mask.bin", dtype=np.uint8, mode="r")
+    mask_tokens = {name: sum(int(mask[s:e].sum()) for s, e in ranges) for name, ranges in (("train", split.train), ("val", split.val))}
+    del mask
+    train_tokens, val_tokens = (sum(e - s for s, e in ranges) for ranges in (split.train, split.val))
+    return encoder, {
+        "dtype": dtype.name, "train_tokens": train_tokens, "val_tokens": val_tokens,
+        "split": {"val_fraction": val_fraction, "method": "conversations", "seed": SPLIT_SEED,
+                  "actual_val_fraction": val_tokens / (train_tokens + val_tokens), "val_conversations": split.val_documents},
+        "chat": {"template": template.source, "conversations": {"train": len(counts) - split.val_documents, "val": split.val_documents},
+                 "mask_tokens": mask_tokens, "longest": longest[0], "longest_at": longest[1]},
+    }  # fmt: skip
 
 
 # ------------------------------------------------------------------ reading prepared data

@@ -1,9 +1,10 @@
 """Text generation: prompts in, text out, streamed as tokens arrive.
 
-The text API (`generate_text`, `stream_text`, `TextGeneration`) and the `gpt2 generate`
-command encode the prompts, run the token loop of `gpt2.decoding` on an engine (the torch
-model with its KV cache, `gpt2.engines.TorchEngine`, or `gpt2.engines.NumpyEngine`),
-and decode the tokens as they come, holding back half characters and possible stop strings.
+The text API (`generate_text`, `stream_text`, `TextGeneration`; `Chat`, a conversation through
+a chat template) and the `gpt2 generate` and `gpt2 chat` commands encode the prompts, run the
+token loop of `gpt2.decoding` on an engine (the torch model with its KV cache,
+`gpt2.engines.TorchEngine`, or `gpt2.engines.NumpyEngine`), and decode the tokens as they
+come, holding back half characters and possible stop strings.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ from typing import AbstractSet, Literal
 import torch
 
 from gpt2._checks import positive_int
-from gpt2.decoding import STOP, Decoder, Request, check_draft_tokens, finish_reasons, start_of_text
+from gpt2.chat import HOW_TO_ADD, ChatTemplate, ReplyText, special_token_names
+from gpt2.decoding import STOP, Decoder, Request, check_draft_tokens, finish_reasons, row_seed, start_of_text
 from gpt2.engines import NumpyEngine, check_draft
-from gpt2.errors import GPT2Warning, InputTypeError, InvalidArgumentError
+from gpt2.errors import ContextLengthError, GPT2Warning, InputTypeError, InvalidArgumentError
 from gpt2.reference import ReferenceModel
-from gpt2.sampling import Sampling
+from gpt2.sampling import Sampling, check_seed
 from gpt2.settings import DRAFT_TOKENS
 from gpt2.tokenizer import IncrementalDecoder, Tokenizer
 
@@ -223,3 +225,91 @@ class TextRow:
         keep = max((k for s in self.stop for k in range(1, min(len(s), len(text) + 1)) if text.endswith(s[:k])), default=0)
         self.held = text[len(text) - keep :] if keep else ""
         return text[: len(text) - keep]
+
+
+# ------------------------------------------------------------------ conversations
+
+
+class Chat:
+    """A conversation with a model: its history (`messages`), each reply streamed as it is
+    generated (`reply`), then kept in the history as the assistant's message.
+
+    The prompt is the history rendered by the chat template (`chat_template`: a `ChatTemplate`
+    or its Jinja2 source; None, the tokenizer's own) with the generation prompt, as
+    /v1/chat/completions renders it. A reply ends at <|endoftext|> or after max_new_tokens;
+    its text is what follows the template's own prefix (`ChatTemplate.reply_prefix`). Where the
+    history and a reply of max_new_tokens no longer fit the context, the oldest turns are left
+    out (the system message kept; `dropped` says how many messages); a message that does not fit
+    alone is a ContextLengthError. Reply k (from 0) samples from seed + k, so a seeded
+    conversation can be had again.
+    """
+
+    def __init__(self, model, tokenizer: Tokenizer, *, chat_template: ChatTemplate | str | None = None, system: str | None = None,
+                 max_new_tokens: int = 256, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+                 seed: int | None = None):  # fmt: skip
+        source = tokenizer.chat_template if chat_template is None else chat_template
+        if source is None:
+            raise InvalidArgumentError(f"the model's tokenizer has no chat template, so it cannot hold a conversation: {HOW_TO_ADD}",
+                                       "chat_template")  # fmt: skip
+        self.template = source if isinstance(source, ChatTemplate) else ChatTemplate(source, "the model's chat template")
+        if system is not None and not isinstance(system, str):
+            raise InputTypeError(f"system must be a str or None, got {type(system).__name__}", "system")
+        Sampling(temperature, top_k, top_p).check(model.config.n_vocab)
+        self.options = {"max_new_tokens": positive_int("max_new_tokens", max_new_tokens), "temperature": temperature,
+                        "top_k": top_k, "top_p": top_p}  # fmt: skip
+        self.seed = None if seed is None else check_seed(seed)
+        self.model, self.tokenizer, self.system = model, tokenizer, system
+        self.prefix = self.template.reply_prefix(tokenizer)
+        self.replies = 0  # replies begun: the next samples from seed + replies
+        self.dropped = 0  # messages left out of the last reply's prompt, the oldest, to fit the context
+        self.finish_reason: str | None = None  # the last reply's: "stop" (<|endoftext|>) or "length"
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the conversation (the system message stays)."""
+        self.messages: list[dict[str, str]] = [] if self.system is None else [{"role": "system", "content": self.system}]
+
+    def reply(self, text: str) -> Iterator[str]:
+        """The reply to the user's `text`, piece by piece (the context is fitted now: errors come
+        before the first piece). Once the reply has ended, it and `text` join the history; a reply
+        stopped before (the iterator closed, Ctrl-C) leaves the history as it was."""
+        if not isinstance(text, str):
+            raise InputTypeError(f"a message must be a str, got {type(text).__name__}", "text")
+        messages = self._fit([*self.messages, {"role": "user", "content": text}])
+        seed = row_seed(self.seed, self.replies)
+        self.replies += 1
+        return self._stream(messages, seed)
+
+    def _prompt(self, messages: list[dict[str, str]]) -> str:
+        """The history as the model reads it; encoded with special tokens, these are ChatTemplate.encode's ids."""
+        return self.template.render(messages, add_generation_prompt=True, **special_token_names(self.tokenizer))
+
+    def _fit(self, messages: list[dict[str, str]]) -> list[dict[str, str]]:
+        """The history less its oldest turns, until it and a reply of max_new_tokens fit the context."""
+        first = int(messages[0]["role"] == "system")
+        n_ctx, room, kept = self.model.config.n_ctx, self.options["max_new_tokens"], list(messages)
+        while (length := len(self.tokenizer.encode(self._prompt(kept), allowed_special="all"))) + room > n_ctx:
+            if len(kept) - first == 1:
+                raise ContextLengthError(f"the message does not fit: the conversation is {length:,} tokens with it alone, and a reply "
+                                         f"of up to {room:,} tokens makes {length + room - n_ctx:,} more than the model's context of "
+                                         f"{n_ctx:,}: send a shorter message, or give a lower max_new_tokens", "max_new_tokens")  # fmt: skip
+            del kept[first]  # the oldest turn: a message, and the replies that answered it
+            while kept[first]["role"] == "assistant":
+                del kept[first]
+        self.dropped = len(messages) - len(kept)
+        return kept
+
+    def _stream(self, messages: list[dict[str, str]], seed: int | None) -> Iterator[str]:
+        generation = TextGeneration(self.model, self.tokenizer, self._prompt(messages), seed=seed, on_overflow="error", **self.options)
+        reply, said = ReplyText(self.prefix), ""
+        for _, piece in generation:
+            piece = reply.add(piece)
+            said += piece
+            if piece:
+                yield piece
+        rest = reply.add("", ended=True)
+        if rest:
+            said += rest
+            yield rest
+        self.finish_reason = generation.finish_reasons[0]
+        self.messages = [*messages, {"role": "assistant", "content": said}]

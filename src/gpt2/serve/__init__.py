@@ -6,8 +6,8 @@
 The routes parse and check requests, tokenize, and turn tokens into OpenAI's responses; one
 thread steps a `gpt2.decoding.Decoder` over all rows in flight, so a request joins the running
 batch at the next step and leaves it when it ends. Endpoints: /health, /v1/models,
-/v1/completions, /v1/inspect, /tokenize, /detokenize, /tokenizer_info, /metrics; and the
-playground, a page at / (its files in ui/) made from /v1/completions and /v1/inspect.
+/v1/completions, /v1/chat/completions (a conversation, through the chat template), /v1/inspect,
+/tokenize, /detokenize, /tokenizer_info, /metrics; and the playground, a page at / (its files in ui/) made from /v1/completions and /v1/inspect.
 
 `<|endoftext|>` written in a string prompt (and in /tokenize's text) is the special token, as
 OpenAI's API, vLLM and llama.cpp's server read it, unless the server was told otherwise
@@ -19,15 +19,17 @@ The rooms, as vLLM's `entrypoints/openai` keeps them:
     scheduler    the generation loop's thread over the decoder, and the metrics
     server       the state behind the routes: the model loading, readiness, API key, bodies
     completions  serving one completion: choices' text and logprobs, JSON or SSE
+    chat         /v1/chat/completions: a conversation through the chat template, answered as chat
     inspection   /v1/inspect: one prompt's attention, log-probabilities and logit lens
     app          create_app: routes, middleware, error handlers, the playground's files
     launch       serve: the app on uvicorn, the model loading in the main thread
 """
 
 from gpt2.serve.app import create_app
+from gpt2.serve.chat import ChatResponse, parse_chat
 from gpt2.serve.completions import ChoiceStream, CompletionResponse
 from gpt2.serve.launch import check_port, listen, serve
 from gpt2.serve.protocol import CompletionRequest, Limits, RequestError, parse_completion
 
-__all__ = ["ChoiceStream", "CompletionRequest", "CompletionResponse", "Limits", "RequestError", "check_port", "create_app",
-           "listen", "parse_completion", "serve"]  # fmt: skip
+__all__ = ["ChatResponse", "ChoiceStream", "CompletionRequest", "CompletionResponse", "Limits", "RequestError", "check_port", "create_app",
+           "listen", "parse_chat", "parse_completion", "serve"]  # fmt: skip

@@ -1,8 +1,8 @@
 """The server's ASGI app: its routes, the middleware counting responses, and the errors as
 OpenAI's error bodies.
 
-Endpoints: /health, /metrics, /v1/models, /v1/completions, /v1/inspect, /tokenize,
-/detokenize and /tokenizer_info; and the playground, a page at / with its files under /ui.
+Endpoints: /health, /metrics, /v1/models, /v1/completions, /v1/chat/completions, /v1/inspect,
+/tokenize, /detokenize and /tokenizer_info; and the playground, a page at / with its files under /ui.
 A route checks the request (`gpt2.serve.protocol`), and a completion is served by
 `gpt2.serve.completions` over the scheduler's loop.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from functools import partial
 from importlib.resources import files
 
 from fastapi import FastAPI, Request
@@ -21,8 +22,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
 from gpt2._checks import check_token_ids, is_integer
+from gpt2.chat import ChatTemplate
 from gpt2.errors import GPT2Error
 from gpt2.model import GPT2
+from gpt2.serve.chat import ChatResponse, parse_chat
 from gpt2.serve.completions import answer
 from gpt2.serve.inspection import inspection_json, parse_inspect
 from gpt2.serve.protocol import AllowedSpecial, Limits, RequestError, encode_text, parse_completion
@@ -33,7 +36,8 @@ from gpt2.tokenizer import Tokenizer
 
 def create_app(load: Callable[[], tuple[GPT2, Tokenizer]], model_id: str, limits: Limits = Limits(), *,
                allowed_special: AllowedSpecial = "all", load_in_background: bool = True, ui: bool = True,
-               load_draft: Callable[[], tuple[GPT2, Tokenizer]] | None = None) -> FastAPI:  # fmt: skip
+               load_draft: Callable[[], tuple[GPT2, Tokenizer]] | None = None,
+               chat_template: ChatTemplate | str | None = None) -> FastAPI:  # fmt: skip
     """The server's ASGI app; `load` returns the model and its tokenizer, in a thread of its own
     once the app starts (/health answers 503 until it has), or, with `load_in_background`
     False, when the caller runs `app.state.server.load_model()`: `serve` does, in the main
@@ -41,8 +45,12 @@ def create_app(load: Callable[[], tuple[GPT2, Tokenizer]], model_id: str, limits
     `allowed_special` (the tokenizer's meaning) says which special tokens written in a string
     prompt, or in /tokenize's text, are read as such: "all" (as OpenAI's API), or frozenset() for text.
     `ui` serves the playground at /. `load_draft`, loaded after the model, returns a draft model
-    and its tokenizer: decoding is then speculative (`gpt2.decoding.Decoder`), limits.draft_tokens a step."""
-    server = Server(load, model_id, limits, allowed_special, load_draft)
+    and its tokenizer: decoding is then speculative (`gpt2.decoding.Decoder`), limits.draft_tokens a step.
+    `chat_template` (a `ChatTemplate`, or its Jinja2 source) renders /v1/chat/completions'
+    conversations; None: the model's own (its tokenizer's `chat_template`), if it has one."""
+    if isinstance(chat_template, str):
+        chat_template = ChatTemplate(chat_template)  # a template that does not compile fails now
+    server = Server(load, model_id, limits, allowed_special, load_draft, chat_template)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -81,8 +89,8 @@ def _add_error_handlers(app: FastAPI) -> None:
         return RequestError(500, f"internal error: {type(e).__name__}: {e}", kind="server_error").response()
 
 
-ENDPOINTS = ("/health", "/metrics", "/v1/models", "/v1/completions", "/v1/inspect", "/tokenize", "/detokenize", "/tokenizer_info",
-             "/ui", "/")  # fmt: skip
+ENDPOINTS = ("/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions", "/v1/inspect", "/tokenize",
+             "/detokenize", "/tokenizer_info", "/ui", "/")  # fmt: skip
 
 
 class _CountRequests:
@@ -200,10 +208,14 @@ def _add_completion_routes(app: FastAPI, server: Server) -> None:
             content = await asyncio.to_thread(inspection_json, server.model, server.tokenizer, asked)
         return Response(content, media_type="application/json")
 
-    @app.post("/v1/chat/completions")  # a client that speaks chat learns what to send instead (a later issue adds chat)
-    async def chat() -> JSONResponse:
-        raise RequestError(404, "POST /v1/chat/completions: this server speaks OpenAI's completions API, not chat: "
-                           "send POST /v1/completions with a prompt to continue", code="unknown_url")  # fmt: skip
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        body = await server.body(request)
+        server.check_model(body.get("model") if isinstance(body, dict) else None)
+        template, config = server.template(), server.model.config
+        completion = parse_chat(body, template, server.tokenizer, config.n_vocab, config.n_ctx, server.limits)
+        prefix = template.reply_prefix(server.tokenizer)
+        return await answer(server, request, completion, partial(ChatResponse, reply_prefix=prefix))
 
 
 # The page may load only its own files and talk only to its own server: nothing from elsewhere.

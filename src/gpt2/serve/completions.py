@@ -12,7 +12,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from fastapi import Request
@@ -35,8 +35,7 @@ class ChoiceStream:
         self.echo = tokenizer.decode(row.prompt) if request.echo else None  # given out with the first piece
         self.text = ""  # given out so far
         self.offsets, self.offset = IncrementalDecoder(tokenizer), 0  # each token's place in the text, for text_offset
-        self.logprobs: dict | None = None if request.logprobs is None else {
-            "tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}  # fmt: skip
+        self.logprobs: list[TokenLogprob] | None = None if request.logprobs is None else []
         self.sent = 0  # logprob entries already streamed
         self.done = False
         self.finish_reason: str | None = None
@@ -60,7 +59,7 @@ class ChoiceStream:
             self.token_ids.append(token)
         piece += self.text_row.follow(token, reason is not None)
         if taken and token != self.tokenizer.eot_token and self.logprobs is not None:
-            k = len(self.logprobs["tokens"]) - (len(self.row.prompt) if self.row.echo_logprobs else 0)
+            k = len(self.logprobs) - (len(self.row.prompt) if self.row.echo_logprobs else 0)
             self._log(token, (self.row.token_logprobs[k], self.row.top_logprobs[k]))
         self.text += piece
         self.done = self.text_row.done
@@ -70,31 +69,22 @@ class ChoiceStream:
             self.row.end(STOP)  # it leaves the batch at the next step
         if self.text_row.stopped and self.logprobs is not None:  # the stop string's tokens are not the text's
             echoed = len(self.row.prompt) if self.row.echo_logprobs else 0
-            while len(self.logprobs["tokens"]) > echoed and self.logprobs["text_offset"][-1] >= len(self.text):
-                for values in self.logprobs.values():
-                    values.pop()
+            while len(self.logprobs) > echoed and self.logprobs[-1].offset >= len(self.text):
+                self.logprobs.pop()
         return piece
 
     def _log(self, token: int, entry: tuple[float, list[tuple[int, float]]] | None) -> None:
-        log = self.logprobs
-        log["tokens"].append(token_text(self.tokenizer, token))
-        log["text_offset"].append(self.offset)
+        """`entry` None: the first token of an echoed prompt, which has no log-probability."""
+        chosen, alternatives = (None, None) if entry is None else entry
+        self.logprobs.append(TokenLogprob(token, self.offset, chosen, alternatives))
         self.offset += len(self.offsets.add([token]))
-        if entry is None:  # the first token of an echoed prompt
-            log["token_logprobs"].append(None)
-            log["top_logprobs"].append(None)
-            return
-        chosen, alternatives = entry
-        log["token_logprobs"].append(chosen)
-        top = {token_text(self.tokenizer, t): lp for t, lp in alternatives}
-        top.setdefault(token_text(self.tokenizer, token), chosen)  # the chosen token always among them, as vLLM does
-        log["top_logprobs"].append(top)
 
-    def unsent_logprobs(self) -> dict | None:
+    def unsent_logprobs(self, upto: int | None = None) -> list[TokenLogprob] | None:
+        """The entries not yet streamed (up to entry `upto`), now counted as streamed."""
         if self.logprobs is None:
             return None
-        new = {key: values[self.sent :] for key, values in self.logprobs.items()}
-        self.sent = len(self.logprobs["tokens"])
+        new = self.logprobs[self.sent : upto]
+        self.sent += len(new)
         return new
 
     def with_token_ids(self, choice: dict, streamed: bool = False) -> dict:
@@ -110,42 +100,91 @@ class ChoiceStream:
         return choice
 
     def to_dict(self) -> dict:
-        choice = {"index": self.index, "text": self.text, "logprobs": self.logprobs, "finish_reason": self.finish_reason}
+        logprobs = None if self.logprobs is None else completion_logprobs(self.tokenizer, self.logprobs)
+        choice = {"index": self.index, "text": self.text, "logprobs": logprobs, "finish_reason": self.finish_reason}
         return self.with_token_ids(choice)
 
 
 @dataclass
+class TokenLogprob:
+    """One token of a choice with its log-probability, as each API's response shows it."""
+
+    token: int
+    offset: int  # where its text begins in the choice's text
+    logprob: float | None  # None: the first token of an echoed prompt
+    top: list[tuple[int, float]] | None  # the most likely tokens there, with theirs
+
+
+def completion_logprobs(tokenizer: Tokenizer, entries: list[TokenLogprob]) -> dict:
+    """Log-probabilities as OpenAI's completions API gives them: four lists, a token's alternatives
+    by their text (the chosen token always among them, as vLLM does)."""
+
+    def top(entry: TokenLogprob) -> dict[str, float] | None:
+        if entry.top is None:
+            return None
+        alternatives = {token_text(tokenizer, t): lp for t, lp in entry.top}
+        alternatives.setdefault(token_text(tokenizer, entry.token), entry.logprob)
+        return alternatives
+
+    return {"tokens": [token_text(tokenizer, e.token) for e in entries], "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [top(e) for e in entries], "text_offset": [e.offset for e in entries]}  # fmt: skip
+
+
+@dataclass
 class CompletionResponse:
-    """What a completion's response shares: its id, time, model and usage."""
+    """What a completion's response shares: its id, time, model and usage; and its format, the
+    completions API's (`gpt2.serve.chat.ChatResponse` gives the chat API's over the same choices)."""
 
     model_id: str
     request: CompletionRequest
     choices: list[ChoiceStream]
     id: str = field(default_factory=lambda: f"cmpl-{uuid.uuid4().hex}")
     created: int = field(default_factory=lambda: int(time.time()))
+    object = "text_completion"  # the whole answer's; its streamed chunks' are the same
 
     def usage(self) -> dict:
         prompt = sum(map(len, self.request.prompts))
         completion = sum(c.tokens for c in self.choices)
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
-    def body(self, choices: list[dict], usage: bool = True) -> dict:
-        body = {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model_id, "choices": choices}
+    def body(self, choices: list[dict], usage: bool = True, kind: str | None = None) -> dict:
+        body = {"id": self.id, "object": kind or self.object, "created": self.created, "model": self.model_id, "choices": choices}
         if usage:
             body["usage"] = self.usage()
         return body
+
+    def whole(self) -> dict:
+        """The answer once every choice has ended."""
+        return self.body([choice.to_dict() for choice in self.choices])
+
+    def chunks(self, choice: ChoiceStream, piece: str) -> list[dict]:
+        """The streamed chunks for a piece of a choice's text: one, if it holds text or ends the choice."""
+        if not (piece or choice.done):
+            return []
+        logprobs = choice.unsent_logprobs()
+        logprobs = None if logprobs is None else completion_logprobs(choice.tokenizer, logprobs)
+        chunk = {"index": choice.index, "text": piece, "logprobs": logprobs, "finish_reason": choice.finish_reason}
+        return [self.body([choice.with_token_ids(chunk, streamed=True)], usage=False)]
+
+    def usage_chunk(self) -> dict:
+        """stream_options' include_usage: the last chunk, of no choice, with the usage."""
+        return self.body([])
 
 
 # ------------------------------------------------------------------ serving it
 
 
-async def answer(server: Server, request: Request, completion: CompletionRequest) -> Response:
-    """Submit a completion's rows and answer with their text: whole, or streamed as it comes."""
+Respond = Callable[[str, CompletionRequest, list[ChoiceStream]], CompletionResponse]  # (model id, request, choices)
+
+
+async def answer(server: Server, request: Request, completion: CompletionRequest, respond: Respond = CompletionResponse) -> Response:
+    """Submit a completion's rows and answer with their text: whole, or streamed as it comes, in
+    the format of `respond`'s response."""
     started, loop, events = time.perf_counter(), asyncio.get_running_loop(), asyncio.Queue()
     server.scheduler.submit(completion.rows, lambda *event: loop.call_soon_threadsafe(events.put_nowait, event))
     server.metrics.prompt_tokens.inc(sum(map(len, completion.prompts)))
     choices = [ChoiceStream(i, row, server.tokenizer, completion) for i, row in enumerate(completion.rows)]
-    response = CompletionResponse(server.model_id, completion, choices)
+    response = respond(server.model_id, completion, choices)
     stream = pieces(server, request, response, events, started, poll=not completion.stream)
     if completion.stream:
         return StreamingResponse(sse(response, stream), media_type="text/event-stream")
@@ -154,7 +193,7 @@ async def answer(server: Server, request: Request, completion: CompletionRequest
             pass
     except RequestError as e:
         return e.response()
-    return JSONResponse(response.body([choice.to_dict() for choice in choices]))
+    return JSONResponse(response.whole())
 
 
 async def pieces(server: Server, request: Request, response: CompletionResponse, events: asyncio.Queue, started: float,
@@ -188,19 +227,14 @@ async def pieces(server: Server, request: Request, response: CompletionResponse,
 
 
 async def sse(response: CompletionResponse, stream: AsyncGenerator[tuple[ChoiceStream, str], None]) -> AsyncIterator[str]:
-    """Server-Sent Events: a chunk per piece of text, one with each choice's finish_reason, then [DONE]."""
-
-    def chunk(choice: ChoiceStream, text: str, finish: str | None) -> str:
-        piece = {"index": choice.index, "text": text, "logprobs": choice.unsent_logprobs(), "finish_reason": finish}
-        body = response.body([choice.with_token_ids(piece, streamed=True)], usage=False)
-        return f"data: {json.dumps(body)}\n\n"
-
+    """Server-Sent Events: the response's chunks as text comes, each choice's last with its
+    finish_reason; the usage, if asked; then [DONE]."""
     try:
         async for choice, piece in stream:
-            if piece or choice.done:
-                yield chunk(choice, piece, choice.finish_reason)
+            for chunk in response.chunks(choice, piece):
+                yield f"data: {json.dumps(chunk)}\n\n"
         if response.request.include_usage:
-            yield f"data: {json.dumps(response.body([]))}\n\n"
+            yield f"data: {json.dumps(response.usage_chunk())}\n\n"
     except RequestError as e:
         yield f"data: {json.dumps(e.body())}\n\n"
     finally:  # the client gone, or the stream done: free the slots now, not when the generators are collected

@@ -11,6 +11,7 @@ from collections.abc import Callable
 import uvicorn
 
 from gpt2._checks import int_between
+from gpt2.chat import ChatTemplate
 from gpt2.errors import InvalidArgumentError
 from gpt2.model import GPT2
 from gpt2.serve.app import create_app
@@ -53,7 +54,7 @@ def listen(host: str, port: int) -> socket.socket:
 def serve(load: Callable[[], tuple[GPT2, Tokenizer]], model_id: str, host: str = "127.0.0.1", port: int = 8000,
           limits: Limits = Limits(), log_level: str = "info", *, allowed_special: AllowedSpecial = "all",
           on_listen: Callable[[str], None] | None = None, ui: bool = True,
-          load_draft: Callable[[], tuple[GPT2, Tokenizer]] | None = None) -> None:  # fmt: skip
+          load_draft: Callable[[], tuple[GPT2, Tokenizer]] | None = None, chat_template: ChatTemplate | str | None = None) -> None:  # fmt: skip
     """Serve until Ctrl-C or SIGTERM: the app of `create_app` on uvicorn, one log line per request.
 
     Once the port listens, `on_listen` gets the API's URL (http://host:port/v1) and the model
@@ -64,9 +65,10 @@ def serve(load: Callable[[], tuple[GPT2, Tokenizer]], model_id: str, host: str =
     process ("terminate called without an active exception"). Once the model has loaded, both
     end the requests in flight and stop uvicorn, then take their usual course, as they do in
     uvicorn's own `run`. A load that fails stops the server and raises its error. `ui` serves
-    the playground at /; `load_draft`, a draft model for speculative decoding (see `create_app`)."""
+    the playground at /; `load_draft`, a draft model for speculative decoding; `chat_template`,
+    the template of /v1/chat/completions in place of the model's own (see `create_app`)."""
     app = create_app(load, model_id, limits, allowed_special=allowed_special, load_in_background=False, ui=ui,
-                     load_draft=load_draft)  # checks the limits  # fmt: skip
+                     load_draft=load_draft, chat_template=chat_template)  # checks the limits  # fmt: skip
     sock = listen(host, port)
     if on_listen is not None:
         on_listen(f"http://{f'[{host}]' if ':' in host else host}:{sock.getsockname()[1]}/v1")

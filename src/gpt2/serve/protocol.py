@@ -117,18 +117,12 @@ def parse_completion(body: object, tokenizer: Tokenizer, n_vocab: int, n_ctx: in
     """Check a /v1/completions body field by field, as OpenAI's API does, and make its rows. A
     refusal is a RequestError, or a GPT2Error whose `param` names the field (`RequestError.invalid`)."""
     body = check_fields(body)
-    get = lambda key, default: default if body.get(key) is None else body[key]  # noqa: E731  (null is the default)
-    max_tokens = int_between("max_tokens", get("max_tokens", 16), 0, n_ctx)
-    n = int_between("n", get("n", 1), 1, limits.max_n)
+    max_tokens = int_between("max_tokens", 16 if body.get("max_tokens") is None else body["max_tokens"], 0, n_ctx)
+    n, stop, sampling = parse_sampling(body, limits)
     if body.get("best_of") is not None and body["best_of"] != n:
         raise RequestError(400, "best_of is not supported by this server (other than equal to n)", "best_of")
     logprobs = None if body.get("logprobs") is None else int_between("logprobs", body["logprobs"], 0, 5)
     stream, echo, include_usage, return_token_ids = parse_streaming(body)
-    stop = check_stop(body.get("stop"))
-    if len(stop) > 4:
-        raise RequestError(400, f"stop: up to 4 stop strings, got {len(stop)}", "stop")
-    top_p = get("top_p", 1.0)
-    sampling = Sampling(get("temperature", 1.0), get("top_k", None), None if is_real(top_p) and top_p == 1 else top_p)  # 1 keeps all
     prompts = parse_prompts(body.get("prompt"), tokenizer, n_vocab, allowed_special)
     try:
         request = Request.build(prompts, max_tokens, n_vocab=n_vocab, n_ctx=n_ctx, sampling=sampling, seed=body.get("seed"), n=n,
@@ -137,6 +131,18 @@ def parse_completion(body: object, tokenizer: Tokenizer, n_vocab: int, n_ctx: in
     except ContextLengthError:
         raise context_exceeded(prompts, max_tokens, n_ctx) from None
     return CompletionRequest(request.prompts, request.rows(), stop, stream, echo, logprobs, include_usage, return_token_ids)
+
+
+def parse_sampling(body: dict, limits: Limits) -> tuple[int, list[str], Sampling]:
+    """A completion's (or a chat completion's) n, stop strings and sampling; null is the default."""
+    get = lambda key, default: default if body.get(key) is None else body[key]  # noqa: E731
+    n = int_between("n", get("n", 1), 1, limits.max_n)
+    stop = check_stop(body.get("stop"))
+    if len(stop) > 4:
+        raise RequestError(400, f"stop: up to 4 stop strings, got {len(stop)}", "stop")
+    top_p = get("top_p", 1.0)
+    sampling = Sampling(get("temperature", 1.0), get("top_k", None), None if is_real(top_p) and top_p == 1 else top_p)  # 1 keeps all
+    return n, stop, sampling
 
 
 def check_fields(body: object, known: AbstractSet[str] = COMPLETION_FIELDS) -> dict:
@@ -164,12 +170,15 @@ def parse_streaming(body: dict) -> tuple[bool, bool, bool, bool]:
     return flags["stream"], flags["echo"], bool(options.get("include_usage")), flags["return_token_ids"]
 
 
-def context_exceeded(prompts: list[list[int]], max_tokens: int, n_ctx: int) -> RequestError:
-    """The library's refusal of a request past the context, in OpenAI's words (which clients look for)."""
+def context_exceeded(prompts: list[list[int]], max_tokens: int, n_ctx: int, param: str = "prompt") -> RequestError:
+    """The library's refusal of a request past the context, in OpenAI's words (which clients look
+    for), saying by how much; `param` "messages": a chat's conversation."""
     longest = max(map(len, prompts))
-    return RequestError(400, f"This model's maximum context length is {n_ctx} tokens, however you requested {longest + max_tokens} "
-                        f"tokens ({longest} in your prompt; {max_tokens} for the completion). Please reduce your prompt or "
-                        f"completion length.", "prompt", "context_length_exceeded")  # fmt: skip
+    asked = longest + max_tokens
+    where, what = ("the messages", "messages") if param == "messages" else ("your prompt", "prompt")
+    return RequestError(400, f"This model's maximum context length is {n_ctx:,} tokens, however you requested {asked:,} tokens "
+                        f"({longest:,} in {where}; {max_tokens:,} for the completion), {asked - n_ctx:,} more than it holds. "
+                        f"Please reduce your {what} or completion length.", param, "context_length_exceeded")  # fmt: skip
 
 
 def parse_prompts(prompt: object, tokenizer: Tokenizer, n_vocab: int, allowed_special: AllowedSpecial = "all") -> list[list[int]]:

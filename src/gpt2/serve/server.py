@@ -16,7 +16,9 @@ from collections.abc import Callable
 
 from fastapi import Request
 
+from gpt2.chat import HOW_TO_ADD, ChatTemplate
 from gpt2.engines import check_draft
+from gpt2.errors import ChatTemplateError
 from gpt2.model import GPT2
 from gpt2.serve.protocol import AllowedSpecial, Limits, RequestError
 from gpt2.serve.scheduler import Metrics, Scheduler
@@ -27,8 +29,12 @@ class Server:
     """The state behind the routes: the model (loading while the routes answer), its scheduler, metrics."""
 
     def __init__(self, load: Callable[[], tuple[GPT2, Tokenizer]], model_id: str, limits: Limits,
-                 allowed_special: AllowedSpecial = "all", load_draft: Callable[[], tuple[GPT2, Tokenizer]] | None = None):  # fmt: skip
+                 allowed_special: AllowedSpecial = "all", load_draft: Callable[[], tuple[GPT2, Tokenizer]] | None = None,
+                 chat_template: ChatTemplate | None = None):  # fmt: skip
         limits.check()
+        # the server's template: the one given, else the model's own once it has loaded (None: none)
+        self.chat_template, self.template_given = chat_template, chat_template is not None
+        self.template_error: ChatTemplateError | None = None  # the model's own, where it does not compile
         # a directory's id is its path as given, less the trailing slash that tab completion adds
         self.model_id = model_id.rstrip("/" + os.sep) or model_id
         self.load, self.limits, self.allowed_special, self.load_draft = load, limits, allowed_special, load_draft
@@ -53,6 +59,7 @@ class Server:
         try:
             self.model, self.tokenizer = self.load()
             self.tokenizer.encode("", self.allowed_special)  # a bad allowed_special fails now, not every request
+            self._take_models_template()
             draft = None
             if self.load_draft is not None:
                 draft, draft_tokenizer = self.load_draft()
@@ -62,6 +69,26 @@ class Server:
             self.load_error = e
             raise
         self.ready.set()
+
+    def _take_models_template(self) -> None:
+        """The model's own chat template, where none was given; one that does not compile fails
+        the chat requests (saying why), not the server."""
+        source = self.tokenizer.chat_template
+        if self.template_given or source is None:
+            return
+        try:
+            self.chat_template = ChatTemplate(source, f"the chat template of {self.model_id}")
+        except ChatTemplateError as e:
+            self.template_error = e
+
+    def template(self) -> ChatTemplate:
+        """The template of the chat requests, or a 400 saying there is none and how to add one."""
+        if self.template_error is not None:
+            raise RequestError(400, str(self.template_error), "messages")
+        if self.chat_template is None:
+            raise RequestError(400, f"the model {self.model_id} has no chat template, so it cannot answer a conversation "
+                               f"(/v1/completions continues a text): {HOW_TO_ADD}", "messages")  # fmt: skip
+        return self.chat_template
 
     def stop(self) -> None:
         if self.scheduler is not None:
