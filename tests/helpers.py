@@ -10,6 +10,7 @@ import json
 import os
 import random
 import re
+import shutil
 import subprocess
 import sysconfig
 import threading
@@ -17,6 +18,7 @@ import time
 from pathlib import Path
 
 import httpx
+import numpy as np
 import openai
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,6 +65,36 @@ def write_hellaswag(path: Path, examples: list[dict]) -> Path:
     """A hellaswag_val.jsonl of these examples; its path."""
     path.write_text("".join(json.dumps(e) + "\n" for e in examples), encoding="utf-8")
     return path
+
+
+def write_chat_data(directory: Path, ids: dict[str, np.ndarray], masks: dict[str, np.ndarray], template: str,
+                    like: Path | None = None) -> Path:  # fmt: skip
+    """Prepared conversations as issue 26's contract lays them out, written by hand (not by the
+    code under test): train.bin and val.bin of `ids` by split, train.mask.bin and val.mask.bin of
+    `masks` (a byte per id, 1 on the replies), meta.json with "chat", and the tokenizer's files:
+    GPT-2's, as gpt2 prepare copies them, or those of the prepared directory `like`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for split in ("train", "val"):
+        np.asarray(ids[split], dtype="<u2").tofile(directory / f"{split}.bin")
+        np.asarray(masks[split], dtype=np.uint8).tofile(directory / f"{split}.mask.bin")
+    source = VOCAB if like is None else like
+    for name in ("encoder.json", "vocab.bpe", "chars.json"):
+        if (source / name).is_file():
+            shutil.copyfile(source / name, directory / name)
+    known = {"tokenizer": "gpt2", "vocab_size": 50257} if like is None else json.loads((like / "meta.json").read_text())
+    marked = {split: int(np.count_nonzero(masks[split])) for split in ("train", "val")}
+    meta = {"format": "gpt2-prepared", "version": 1, "tokenizer": known["tokenizer"], "vocab_size": known["vocab_size"],
+            "dtype": "uint16", "train_tokens": len(ids["train"]), "val_tokens": len(ids["val"]),
+            "chat": {"template": template, "conversations": {"train": 1, "val": 1}, "mask_tokens": marked}}  # fmt: skip
+    (directory / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    return directory
+
+
+def replies_are_even_ids(data: Path, out: Path, template: str) -> Path:
+    """The ids of a prepared directory as conversations whose replies are its even ids: a mask
+    a test reads off the targets themselves (y % 2 == 0), with no window's offset to find."""
+    ids = {split: np.fromfile(data / f"{split}.bin", dtype="<u2") for split in ("train", "val")}
+    return write_chat_data(out, ids, {split: v % 2 == 0 for split, v in ids.items()}, template, like=data)
 
 
 def write_conversations(path: Path, conversations: list[list[dict]]) -> Path:

@@ -15,7 +15,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import VOCAB, corpus, tiktoken_from_files, write_conversations
+from helpers import VOCAB, corpus, tiktoken_from_files, write_chat_data, write_conversations
 from gpt2 import DataError, InvalidArgumentError, TokenIdError, Tokenizer, UnwritablePathError
 from gpt2 import data as data_module
 from gpt2.data import Split, get_batch, ids_dtype, open_data, prepare, prepare_chat, split_documents
@@ -492,6 +492,7 @@ def test_batch_offsets_are_the_seeded_draw():
     (dict(seed=-1), InvalidArgumentError, "seed must be a whole number from 0 to"),
     (dict(micro_step=True), InvalidArgumentError, "micro_step must be a whole number from 0 to .*got True"),
     (dict(block_size=10), DataError, "10 ids are too short for block_size 10: a window needs 11"),
+    (dict(mask=np.ones(9, dtype=np.uint8)), InvalidArgumentError, "mask holds 9 bytes for 10 ids: it needs one for each id"),
 ])  # fmt: skip
 def test_bad_batch_arguments(args, error, message):
     with pytest.raises(error, match=message):
@@ -654,6 +655,75 @@ def test_many_documents_through_the_worker_pool(tmp_path, monkeypatch, tiktoken_
     in_val = _documents_in_val(train, val, expected, cut and (int(cut["document"][-6:-4]), cut["val_tokens"]))
     assert 0 < len(in_val) < 30 and len(val) == round(0.2 * (len(train) + len(val))) and meta["split"]["val_documents"] == len(in_val)
     assert (meta["train_tokens"], meta["val_tokens"]) == (len(train), len(val))
+
+
+# ------------------------------------------------------------------ conversations: masks
+
+
+TEMPLATE = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+
+
+def chat_splits(n_train: int = 600, n_val: int = 200, seed: int = 0) -> tuple[dict, dict]:
+    """GPT-2 ids (0 .. n - 1, each its own position) and a mask of random spans by split."""
+    rng = np.random.default_rng(seed)
+    ids = {"train": np.arange(n_train), "val": np.arange(n_val)}
+    masks = {split: np.repeat(rng.integers(0, 2, size=len(v) // 10 + 1), 10)[: len(v)] for split, v in ids.items()}
+    return ids, masks
+
+
+def test_chat_data_reads_its_masks_and_template(tmp_path):
+    ids, masks = chat_splits()
+    data = open_data(write_chat_data(tmp_path / "chat", ids, masks, TEMPLATE))
+    assert data.chat_template == TEMPLATE and sorted(data.masks) == ["train", "val"]
+    for split in ("train", "val"):
+        assert data.masks[split].dtype == np.uint8 and data.masks[split].tolist() == masks[split].tolist()
+        with pytest.raises(ValueError, match="read-only"):
+            data.masks[split][0] = 1
+    assert data.train.tolist() == ids["train"].tolist()
+    (tmp_path / "doc.txt").write_text("plain text, no conversations")
+    prepare([tmp_path / "doc.txt"], tmp_path / "plain", "char", progress=False)
+    plain = open_data(tmp_path / "plain")
+    assert plain.masks == {} and plain.chat_template is None
+
+
+def test_batches_with_a_mask_ignore_the_targets_it_does_not_mark():
+    ids, masks = chat_splits(5000)
+    ids, mask = ids["train"].astype(np.uint16), masks["train"].astype(np.uint8)
+    for seed, iteration, micro_step in [(0, 0, 0), (1337, 12, 3)]:
+        x, y = get_batch(ids, 32, 6, seed=seed, iteration=iteration, micro_step=micro_step)
+        mx, my = get_batch(ids, 32, 6, seed=seed, iteration=iteration, micro_step=micro_step, mask=mask)
+        assert torch.equal(mx, x)  # the same windows
+        marked = torch.from_numpy(mask[y.numpy()] == 1)  # an id here is its own position: y's own byte of the mask
+        assert torch.equal(my[marked], y[marked]) and (my[~marked] == -100).all()
+        assert 0 < int(marked.sum()) < marked.numel()
+
+
+def test_chat_data_that_does_not_hold_together(tmp_path):
+    ids, masks = chat_splits()
+    out = write_chat_data(tmp_path / "chat", ids, masks, TEMPLATE)
+    (out / "val.mask.bin").unlink()
+    with pytest.raises(DataError, match=re.escape(f"{out / 'val.mask.bin'} is missing: meta.json says the data holds conversations")):
+        open_data(out)
+    np.asarray(masks["val"][:150], dtype=np.uint8).tofile(out / "val.mask.bin")
+    with pytest.raises(DataError, match=re.escape(f"{out / 'val.mask.bin'} holds 150 mask bytes, but {out / 'val.bin'} holds 200 ids")):
+        open_data(out)
+    two = masks["val"].astype(np.uint8) * 2
+    write_chat_data(out, ids, {**masks, "val": two}, TEMPLATE)
+    with pytest.raises(DataError, match="val.mask.bin holds the byte 2: a mask holds 1 \\(a target\\) or 0"):
+        open_data(out)
+    write_chat_data(out, ids, {**masks, "train": np.zeros(600)}, TEMPLATE)
+    with pytest.raises(DataError, match="train.mask.bin marks no target: the loss would count nothing"):
+        open_data(out)
+    write_chat_data(out, ids, masks, TEMPLATE)
+    meta = json.loads((out / "meta.json").read_text())
+    (out / "meta.json").write_text(json.dumps({**meta, "chat": {**meta["chat"], "mask_tokens": {"train": 1, "val": 200}}}))
+    with pytest.raises(DataError, match=f"train.mask.bin marks {int(masks['train'].sum())} targets, but meta.json says "
+                                        f"chat.mask_tokens.train = 1"):  # fmt: skip
+        open_data(out)
+    for chat in ("a template", {"template": 3}, {"template": TEMPLATE, "mask_tokens": [1, 2]}):
+        (out / "meta.json").write_text(json.dumps({**meta, "chat": chat}))
+        with pytest.raises(DataError, match="meta.json: chat is not an object with the template's text"):
+            open_data(out)
 
 
 # ------------------------------------------------------------------ conversations (prepare_chat)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import REPO, Watched, corpus_hellaswag, heed_ctrl_c, write_hellaswag
+from helpers import REPO, Watched, corpus_hellaswag, heed_ctrl_c, replies_are_even_ids, write_hellaswag
 from gpt2 import DistributedError, InvalidArgumentError
 from gpt2.checkpoint import load_checkpoint
 from gpt2.cli import main
@@ -91,6 +91,15 @@ def test_two_processes_follow_the_loss_curve_of_one(mode, char_data, one_process
     assert samples == [r["sample"] for r in read_log(one_process / "log.jsonl") if "val_loss" in r]
     assert len(samples) == 3 and all(samples)
     assert (tmp_path / "out" / "loss.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_two_processes_on_conversations_follow_the_loss_curve_of_one(char_data, tmp_path):
+    """The mask travels with each micro-batch and evaluation batch, whichever process draws it."""
+    chat = replies_are_even_ids(char_data, tmp_path / "chat", "{{ messages[0].content }}")
+    train(tmp_path / "one", data=chat, max_iters=20, progress=False, **SETTINGS)
+    torchrun("--data", str(chat), "--out", str(tmp_path / "two"), *flags(max_iters=20, **SETTINGS))
+    assert_same_curve(tmp_path / "two", tmp_path / "one")
+    assert load_checkpoint(tmp_path / "two")["chat_template"] == "{{ messages[0].content }}"
 
 
 # HellaSwag at each evaluation, on a model of GPT-2's vocabulary

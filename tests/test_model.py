@@ -126,6 +126,17 @@ def test_loss_ignores_ignore_index(tmp_path):
     assert abs(float(loss_1) - float(expected)) < 1e-6
 
 
+def test_a_batch_whose_targets_are_all_ignored_has_loss_zero_and_no_gradient(tmp_path):
+    """A batch of conversations with no reply in it adds nothing to a step: 0, where F.cross_entropy's mean is NaN."""
+    ours = ours_from_hf(make_hf_model(**CONFIGS[0]), tmp_path)
+    idx = torch.randint(0, 101, (2, 10))
+    targets = torch.full((2, 10), -100)
+    assert F.cross_entropy(ours(idx).flatten(0, 1), targets.flatten()).isnan()  # why it needs saying
+    _, loss = ours(idx, targets)
+    loss.backward()
+    assert float(loss.detach()) == 0.0 and all(float(p.grad.abs().max()) == 0.0 for p in ours.parameters())
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_softmax_equals_float64_on_extreme_logits(dtype):
     """Probabilities in float32 whatever the logits' dtype, as SciPy's float64 softmax gives them,

@@ -6,12 +6,14 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -20,15 +22,27 @@ import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
 import gpt2.train
-from helpers import REPO, Watched, corpus_hellaswag, heed_ctrl_c, make_hf_model, write_hellaswag
-from gpt2 import CheckpointError, ContextLengthError, DataError, GPT2Error, InvalidArgumentError, UnwritablePathError
+from helpers import REPO, Watched, corpus_hellaswag, heed_ctrl_c, make_hf_model, replies_are_even_ids, write_conversations, write_hellaswag
+from gpt2 import CheckpointError, ContextLengthError, DataError, GPT2Error, InvalidArgumentError, Tokenizer, UnwritablePathError
 from gpt2.data import get_batch, open_data, prepare
 from gpt2.evaluate import hellaswag
 from gpt2.model import GPT2
 from gpt2.config import GPT2Config
 from gpt2.settings import TrainSettings
 from gpt2.tasks import read_hellaswag
-from gpt2.train import EVAL_STREAM, TaskEvaluation, Trainer, WarmupWarning, learning_rate, make_optimizers, plot_losses, read_log, train
+from gpt2.train import (
+    EVAL_STREAM,
+    ChatTemplateReplacedWarning,
+    TaskEvaluation,
+    Trainer,
+    WarmupWarning,
+    chat_template_for,
+    learning_rate,
+    make_optimizers,
+    plot_losses,
+    read_log,
+    train,
+)
 
 # Runs of a few iterations are shorter than TINY's warm-up on purpose: its warning is tested once, below.
 pytestmark = pytest.mark.filterwarnings("ignore::gpt2.train.WarmupWarning")
@@ -915,3 +929,163 @@ def test_a_bad_eval_task_is_refused_before_anything_is_made(gpt2_data, char_data
         else:  # the library's message, with the setting's flag
             assert f"({flag})" in err and err.replace(f" ({flag})", "").startswith(f"gpt2: error: {message}"), err
         assert not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------------ fine-tuning on conversations
+
+# A template of GPT-2's own tokens, rendered the same by jinja2 alone and by transformers (no
+# whitespace for trim_blocks or lstrip_blocks to take).
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m.role }}: {{ m.content }}{% if m.role == 'assistant' %}<|endoftext|>{% endif %}"
+                 "{{ '\\n' }}{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}")  # fmt: skip
+MESSAGES = [{"role": "user", "content": "Who wrote Hamlet?"}, {"role": "assistant", "content": "Shakespeare."},
+            {"role": "user", "content": "When?"}]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def chat_char(char_data, tmp_path_factory) -> Path:
+    """char_data's ids as conversations whose replies are the even ids."""
+    return replies_are_even_ids(char_data, tmp_path_factory.mktemp("chat") / "char", CHAT_TEMPLATE)
+
+
+@pytest.fixture(scope="module")
+def chat_gpt2(gpt2_data, tmp_path_factory) -> Path:
+    """gpt2_data's ids as conversations whose replies are the even ids."""
+    return replies_are_even_ids(gpt2_data, tmp_path_factory.mktemp("chat") / "gpt2", CHAT_TEMPLATE)
+
+
+def plain_batch(data: Path, split: str, seed: int, micro_step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x, y of a batch without the mask, and which targets the mask marks (the even ids)."""
+    x, y = get_batch(np.fromfile(data / f"{split}.bin", dtype=np.uint16), 16, 4, seed=seed, iteration=0, micro_step=micro_step)
+    return x, y, y % 2 == 0
+
+
+def test_on_conversations_no_gradient_reaches_the_positions_outside_the_mask(chat_char, tmp_path):
+    s = TrainSettings(data=chat_char, max_iters=1, compile="off", seed=3, **{**TINY, "grad_accum": 1})
+    trainer = Trainer(s, tmp_path / "out", progress=False)
+    hidden = []  # the final hidden states of the step's forward pass: the logits of each position are theirs alone
+
+    def keep(module, args, output):
+        output.retain_grad()
+        hidden.append(output)
+
+    trainer.model.transformer.ln_f.register_forward_hook(keep)
+    try:
+        trainer.train_step(0)
+    finally:
+        trainer.close()
+    _, _, marked = plain_batch(chat_char, "train", 3, 0)
+    grad = hidden[0].grad.abs().amax(dim=-1)  # (B, T)
+    assert 0 < int(marked.sum()) < marked.numel()
+    assert (grad[~marked] == 0).all() and (grad[marked] > 0).all()
+
+
+def test_the_loss_on_conversations_is_the_cross_entropy_of_the_replies(chat_gpt2, tmp_path):
+    """Each micro-batch's loss is the mean over its marked targets, the step's their mean; an
+    evaluation's, all the marked targets of its batches together: against transformers' logits."""
+    hf = make_hf_model(seed=3, vocab_size=50257, n_positions=16, n_embd=32, n_layer=2, n_head=2)
+    hf.save_pretrained(tmp_path / "init")
+    settings = {k: v for k, v in TINY.items() if k not in ("n_layer", "n_head", "n_embd")}
+    train(tmp_path / "out", data=chat_gpt2, init=tmp_path / "init", max_iters=1, seed=7, progress=False, **settings)
+    with torch.no_grad():
+        step = []
+        for micro in range(2):
+            x, y, marked = plain_batch(chat_gpt2, "train", 7, micro)
+            step.append(float(F.cross_entropy(hf(x).logits[marked], y[marked])))
+        first_eval = next(r for r in read_log(tmp_path / "out" / "log.jsonl") if "val_loss" in r)
+        for split in ("train", "val"):
+            summed, count = 0.0, 0
+            for k in range(TINY["eval_iters"]):
+                x, y, marked = plain_batch(chat_gpt2, split, 7, EVAL_STREAM + k)
+                summed += float(F.cross_entropy(hf(x).logits[marked].double(), y[marked], reduction="sum"))
+                count += int(marked.sum())
+            assert abs(first_eval[f"{split}_loss"] - summed / count) < 1e-5
+    assert abs(losses(tmp_path / "out")[0] - np.mean(step)) < 1e-5
+
+
+def test_a_run_on_conversations_resumes_bit_for_bit(chat_char, char_data, tmp_path, capsys):
+    train(tmp_path / "whole", data=chat_char, max_iters=12, progress=False, **RESUMABLE)
+    assert "the loss counts the replies only, the " in capsys.readouterr().err
+    train(tmp_path / "parts", data=chat_char, max_iters=7, lr_decay_iters=12, progress=False, **RESUMABLE)
+    train(tmp_path / "parts", resume=True, max_iters=12, progress=False)
+    whole, parts = losses(tmp_path / "whole"), losses(tmp_path / "parts")
+    assert sorted(parts) == list(range(12)) and parts == whole  # bit for bit, dropout on
+    plain = losses(train(tmp_path / "plain", data=char_data, max_iters=1, progress=False, **RESUMABLE).out)
+    assert plain[0] != whole[0]  # the mask changed the loss
+
+
+def test_chat_data_without_its_mask_is_one_line_at_the_command_line(chat_char, tmp_path, capsys):
+    from gpt2.cli import main
+
+    broken = tmp_path / "chat"
+    shutil.copytree(chat_char, broken)
+    (broken / "train.mask.bin").unlink()
+    assert main(["train", "--data", str(broken), "--out", str(tmp_path / "out"), "--no-progress", *flags(max_iters=1, **TINY)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"gpt2: error: {broken / 'train.mask.bin'} is missing: meta.json says the data holds conversations (chat), "
+                   f"whose loss counts the targets the mask marks; prepare the data again\n")  # fmt: skip
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_template_goes_to_the_data_then_to_the_model():
+    data = SimpleNamespace(chat_template=CHAT_TEMPLATE, directory=Path("chat"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert chat_template_for(data, None, "'m'") == CHAT_TEMPLATE
+        assert chat_template_for(data, CHAT_TEMPLATE, "'m'") == CHAT_TEMPLATE
+        assert chat_template_for(SimpleNamespace(chat_template=None), "{{ mine }}", "'m'") == "{{ mine }}"
+    with pytest.warns(ChatTemplateReplacedWarning, match="^the chat template of the model 'm' is replaced by the one the data in chat "
+                                                         "was rendered with: the model saved carries the data's$"):  # fmt: skip
+        assert chat_template_for(data, "{{ mine }}", "'m'") == CHAT_TEMPLATE
+
+
+def test_a_model_trained_on_conversations_carries_their_template(chat_gpt2, tmp_path):
+    """transformers renders a conversation with the template of our output (tokenizer_config.json's) as jinja2 does."""
+    import jinja2
+    from transformers import AutoTokenizer
+
+    settings = dict(TINY, n_layer=1, eval_interval=1)
+    train(tmp_path / "out", data=chat_gpt2, max_iters=1, progress=False, **settings)
+    assert Tokenizer.gpt2().chat_template is None  # the shared tokenizer is left alone
+    assert torch.load(tmp_path / "out" / "checkpoint.pt", weights_only=True)["chat_template"] == CHAT_TEMPLATE
+    expected = jinja2.Environment().from_string(CHAT_TEMPLATE).render(messages=MESSAGES, add_generation_prompt=True)
+    assert expected == "user: Who wrote Hamlet?\nassistant: Shakespeare.<|endoftext|>\nuser: When?\nassistant:"
+    assert GPT2.from_pretrained(tmp_path / "out", device="cpu").tokenizer.chat_template == CHAT_TEMPLATE
+    theirs = AutoTokenizer.from_pretrained(tmp_path / "out")
+    assert theirs.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True) == expected
+
+
+def test_fine_tuning_keeps_the_models_template_unless_the_data_has_its_own(gpt2_data, chat_gpt2, tmp_path):
+    """Plain data keeps the init model's template; conversations replace it with theirs, and say
+    so; a resume keeps what the run chose."""
+    model = GPT2.from_pretrained(save_hf(tmp_path), device="cpu")
+    model.tokenizer = Tokenizer.gpt2().with_chat_template("{{ messages[0].content }}")
+    model.save_pretrained(tmp_path / "init")
+    settings = {k: v for k, v in TINY.items() if k not in ("n_layer", "n_head", "n_embd")}
+    train(tmp_path / "plain", data=gpt2_data, init=tmp_path / "init", max_iters=1, progress=False, **settings)
+    assert GPT2.from_pretrained(tmp_path / "plain", device="cpu").tokenizer.chat_template == "{{ messages[0].content }}"
+    with pytest.warns(ChatTemplateReplacedWarning, match="the chat template of the model '.*init' is replaced"):
+        train(tmp_path / "chat", data=chat_gpt2, init=tmp_path / "init", max_iters=1, progress=False, **settings)
+    assert GPT2.from_pretrained(tmp_path / "chat", device="cpu").tokenizer.chat_template == CHAT_TEMPLATE
+    shutil.rmtree(tmp_path / "init")  # a resume needs the init model no more
+    train(tmp_path / "plain", resume=True, max_iters=2, eval_interval=1, progress=False)
+    assert GPT2.from_pretrained(tmp_path / "plain", device="cpu").tokenizer.chat_template == "{{ messages[0].content }}"
+
+
+def save_hf(tmp_path: Path) -> Path:
+    make_hf_model(seed=1, vocab_size=50257, n_positions=16, n_embd=32, n_layer=1, n_head=2).save_pretrained(tmp_path / "hf")
+    return tmp_path / "hf"
+
+
+def test_conversations_gpt2_prepare_wrote_train_on_their_replies(tmp_path):
+    """End to end: gpt2 prepare --chat's files (the default template) train, and the model saved carries the template."""
+    from gpt2.chat import DEFAULT_TEMPLATE
+    from gpt2.data import prepare_chat
+
+    qa = [[{"role": "user", "content": f"What is {a} plus {b}?"}, {"role": "assistant", "content": f"{a + b}."}]
+          for a in range(8) for b in range(5)]  # fmt: skip
+    prepare_chat([write_conversations(tmp_path / "qa.jsonl", qa)], tmp_path / "data", progress=False)
+    data = open_data(tmp_path / "data")
+    assert data.chat_template == DEFAULT_TEMPLATE and 0 < int(data.masks["train"].sum()) < len(data.train)
+    result = train(tmp_path / "out", data=tmp_path / "data", max_iters=2, progress=False, **dict(TINY, n_layer=1))
+    assert math.isfinite(result.best_val_loss) and all(math.isfinite(v) for v in losses(tmp_path / "out").values())
+    assert GPT2.from_pretrained(tmp_path / "out", device="cpu").tokenizer.chat_template == DEFAULT_TEMPLATE

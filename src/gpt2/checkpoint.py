@@ -2,9 +2,10 @@
 
 Version 2, the same file for one process, DDP and FSDP: the settings, the model's config and
 whole weights, the optimizer's state by parameter name, the gradient scaler's, the iteration
-reached, the last evaluation done, the best validation loss, and each process's random state
-(dropout's). Version 1 (one process, before distributed training) kept the optimizer's state
-by parameter index and one random state; it still resumes.
+reached, the last evaluation done, the best validation loss, each process's random state
+(dropout's), and the chat template the model carries (None, or absent in older files: none).
+Version 1 (one process, before distributed training) kept the optimizer's state by parameter
+index and one random state; it still resumes.
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ RngState = dict[str, torch.Tensor | None]  # {"cpu": torch's CPU generator, "cud
 
 def checkpoint_state(*, settings: dict[str, Any], config: GPT2Config, iteration: int, evaluated: int, best_val_loss: float,
                      model: dict[str, torch.Tensor], optimizer: dict[str, Any], scaler: dict[str, Any],
-                     rng: list[RngState]) -> dict[str, Any]:  # fmt: skip
+                     rng: list[RngState], chat_template: str | None = None) -> dict[str, Any]:  # fmt: skip
     """The checkpoint of a run: `model` and `optimizer` whole (gathered from every process), `rng`
-    each process's random state, by rank."""
+    each process's random state, by rank, `chat_template` the template the model carries (the
+    data's or the init model's: a resume keeps it, whether or not the init model is still there)."""
     return {
         "format": FORMAT,
         "version": VERSION,
@@ -44,6 +46,7 @@ def checkpoint_state(*, settings: dict[str, Any], config: GPT2Config, iteration:
         "optimizer": optimizer,
         "scaler": scaler,
         "rng": rng,
+        "chat_template": chat_template,
     }
 
 

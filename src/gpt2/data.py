@@ -7,6 +7,10 @@ implicit:
     meta.json            tokenizer, vocabulary size, dtype, token counts, sources, split
     encoder.json + vocab.bpe, or chars.json: the tokenizer's own files, to decode what a model writes
 
+and for conversations (`gpt2 prepare --chat`), train.mask.bin and val.mask.bin: a byte per id,
+1 where the id is a target the loss counts (the assistant's replies), else 0; meta.json's "chat"
+holds the template the conversations were rendered with.
+
 or, with `shard_tokens`, llm.c's shards (NAME_val_000000.bin, NAME_train_000001.bin, ...; see
 gpt2/corpora.py) in place of train.bin and val.bin. Inputs are text files (each a document),
 JSON Lines and Parquet files (each record a document), and Hugging Face datasets, streamed.
@@ -53,6 +57,8 @@ SPLIT_SEED = 1337  # which documents go to validation, when there are several
 SPECS = "gpt2, char, or bpe:N (a byte-level BPE of N >= 257 ids trained on the corpus)"
 GPT2_VOCAB = 50257
 LLMC_NAME = re.compile(r"(.+)_(train|val)\.bin")  # llm.c's names: tiny_shakespeare_val.bin
+IGNORE = -100  # a target that is not scored (PyTorch's and Hugging Face's ignore_index)
+MASK_DTYPE = np.dtype("u1")  # train.mask.bin, val.mask.bin: a byte per id, 1 where it is a target
 MASK_FILES = ("train.mask.bin", "val.mask.bin")  # conversations': 1 (uint8) where the id is the assistant's
 
 # Where GPT-2's pre-tokenizer (tokenizer.GPT2_PATTERN) cuts whatever the text around holds:
@@ -660,6 +666,8 @@ class TokenData:
     meta: dict[str, Any] = field(default_factory=dict)
     files: dict[str, Path] = field(default_factory=dict)  # split -> the file it came from (shards: DIR/NAME_train_*.bin)
     shards: dict[str, list[Path]] = field(default_factory=dict)  # split -> its files, for data in several
+    masks: dict[str, np.ndarray] = field(default_factory=dict)  # split -> uint8, 1 where an id is a target (chat data)
+    chat_template: str | None = None  # the template chat data was rendered with (meta.json's chat.template)
 
     def check_vocabulary(self, tokenizer: Tokenizer | CharTokenizer | None, n_vocab: int, model: str) -> None:
         """Raise unless a model of n_vocab ids that reads `tokenizer` (None: unknown) can read these ids."""
@@ -705,6 +713,8 @@ def open_data(path: str | os.PathLike) -> TokenData:
     for split, ids in (("train", data.train), ("val", data.val)):
         for part, file in zip(ids.parts, data.shards[split]) if isinstance(ids, Shards) else [(ids, data.files[split])]:
             _check_ids(part, data.vocab_size, file)
+    for split, mask in data.masks.items():
+        _check_mask(mask, data.directory / f"{split}.mask.bin", split, data.meta["chat"].get("mask_tokens", {}).get(split))
     return data
 
 
@@ -726,6 +736,21 @@ def _check_ids(ids: np.ndarray, vocab_size: int, path: Path, chunk: int = 1 << 2
         high = int(ids[start : start + chunk].max())
         if high >= vocab_size:
             raise TokenIdError(f"{path} holds token id {high}, beyond its vocabulary of {vocab_size} ids (0..{vocab_size - 1})")
+
+
+def _check_mask(mask: np.ndarray, path: Path, split: str, expected: object, chunk: int = 1 << 26) -> None:
+    """Raise unless the mask holds only 0 and 1, marks some target, and as many as meta.json says (where it says)."""
+    marked = 0
+    for start in range(0, len(mask), chunk):
+        part = mask[start : start + chunk]
+        if int(part.max()) > 1:
+            raise DataError(f"{path} holds the byte {int(part.max())}: a mask holds 1 (a target) or 0; prepare the data again")
+        marked += int(np.count_nonzero(part))
+    if marked == 0:
+        raise DataError(f"{path} marks no target: the loss would count nothing; give conversations with assistant turns")
+    if expected is not None and marked != expected:
+        raise DataError(f"{path} marks {marked} targets, but meta.json says chat.mask_tokens.{split} = {expected!r}: "
+                        f"prepare the data again")  # fmt: skip
 
 
 def _open_ours(path: Path) -> TokenData:
@@ -752,7 +777,32 @@ def _open_ours(path: Path) -> TokenData:
     if tokenizer is not None and tokenizer.n_vocab != vocab_size:
         raise DataError(f"{path}: meta.json says vocab_size {vocab_size}, but its tokenizer has {tokenizer.n_vocab} ids")
     ids = {split: parts[0] if len(parts) == 1 else Shards(parts) for split, parts in splits.items()}
-    return TokenData(path, "gpt2", ids["train"], ids["val"], vocab_size, tokenizer, meta, _split_files(path, shards), shards)
+    files = _split_files(path, shards)
+    masks, template = _our_chat(path, meta, ids, files)
+    return TokenData(path, "gpt2", ids["train"], ids["val"], vocab_size, tokenizer, meta, files, shards, masks, template)
+
+
+def _our_chat(path: Path, meta: dict[str, Any], ids: dict[str, np.ndarray | Shards],
+              files: dict[str, Path]) -> tuple[dict[str, np.ndarray], str | None]:  # fmt: skip
+    """The masks of conversations (train.mask.bin, val.mask.bin, each as long as its ids) and
+    their template, where meta.json has "chat"; ({}, None) for other data."""
+    if "chat" not in meta:
+        return {}, None
+    chat = meta["chat"]
+    if not isinstance(chat, dict) or not isinstance(chat.get("template"), str) or not isinstance(chat.get("mask_tokens", {}), dict):
+        raise DataError(f"{path / 'meta.json'}: chat is not an object with the template's text (chat.template) and "
+                        f"mask_tokens by split: prepare the data again")  # fmt: skip
+    masks = {}
+    for split in ("train", "val"):
+        file = path / f"{split}.mask.bin"
+        if not file.is_file():
+            raise DataError(f"{file} is missing: meta.json says the data holds conversations (chat), whose loss counts the "
+                            f"targets the mask marks; prepare the data again")  # fmt: skip
+        masks[split] = _memmap(file, MASK_DTYPE)
+        if len(masks[split]) != len(ids[split]):
+            raise DataError(f"{file} holds {len(masks[split])} mask bytes, but {files[split]} holds {len(ids[split])} ids: "
+                            f"a mask has a byte for each id; prepare the data again")  # fmt: skip
+    return masks, chat["template"]
 
 
 def _our_shards(path: Path, meta: dict[str, Any]) -> dict[str, list[Path]]:
@@ -884,22 +934,28 @@ def _open_llmc(directory: Path, files: dict[str, list[Path]]) -> TokenData:
 
 def get_batch(
     ids: np.ndarray, block_size: int, batch_size: int, *, seed: int, iteration: int, micro_step: int,
-    device: str | torch.device = "cpu",
+    device: str | torch.device = "cpu", mask: np.ndarray | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """x, y: (batch_size, block_size) int64 windows of ids at random offsets, y = x shifted by one.
+    """x, y: (batch_size, block_size) int64 windows of ids at random offsets, y = x shifted by one;
+    with a `mask` (a byte per id, TokenData.masks), y is IGNORE where the mask of y's id is 0.
 
     The offsets come from a generator seeded by (seed, iteration, micro_step), so a batch
-    depends on nothing else: not on resumption, not on which process draws it.
+    depends on nothing else: not on resumption, not on which process draws it, not on the mask.
     """
     block_size, batch_size = positive_int("block_size", block_size), positive_int("batch_size", batch_size)
     for name, value in (("seed", seed), ("iteration", iteration), ("micro_step", micro_step)):
         int_between(name, value, 0, 2**63 - 1, "a whole number")
     if len(ids) < block_size + 1:
         raise DataError(f"{len(ids)} ids are too short for block_size {block_size}: a window needs {block_size + 1}")
+    if mask is not None and len(mask) != len(ids):
+        raise InvalidArgumentError(f"mask holds {len(mask)} bytes for {len(ids)} ids: it needs one for each id", "mask")
     rng = np.random.default_rng([seed, iteration, micro_step])
     offsets = rng.integers(0, len(ids) - block_size, size=batch_size)
     windows = torch.from_numpy(np.stack([ids[i : i + block_size + 1] for i in offsets]).astype(np.int64))  # (B, T + 1)
     x, y = windows[:, :-1], windows[:, 1:]
+    if mask is not None:
+        scored = torch.from_numpy(np.stack([mask[i + 1 : i + block_size + 1] for i in offsets]) != 0)  # (B, T): y's
+        y = y.masked_fill(~scored, IGNORE)
     if torch.device(device).type == "cuda":  # pinned, so the copy overlaps the work already queued
         return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
     return x.contiguous().to(device), y.contiguous().to(device)

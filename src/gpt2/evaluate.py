@@ -33,14 +33,13 @@ from tqdm.auto import tqdm
 from gpt2._checks import check_batch_size, check_token_ids, int_between
 from gpt2._files import read_text
 from gpt2.corpora import Shards
-from gpt2.data import open_data
+from gpt2.data import IGNORE, open_data
 from gpt2.engines import PrefixCache, TorchEngine, check_prefix_cache_mb
 from gpt2.errors import DataError, InvalidArgumentError
 from gpt2.model import GPT2
 from gpt2.tasks import Choice, Completion, check_limit, check_task, read_hellaswag, read_lambada, read_wikitext, task_file
 from gpt2.tokenizer import CharTokenizer, Tokenizer
 
-IGNORE = -100  # a target that is not scored (PyTorch's and Hugging Face's ignore_index)
 # float32 logits are made a chunk of rows at a time, under 32 MB: glibc's malloc serves blocks
 # below that from memory it reuses, where a larger block is mapped afresh, and its pages
 # faulted in, for every chunk (166 rows at GPT-2's vocabulary; measured in benchmarks/RESULTS.md)

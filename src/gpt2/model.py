@@ -238,7 +238,9 @@ class GPT2(nn.Module):
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """idx: (B, T) token ids. targets: (B, T) ids of the next tokens, `ignore_index` where none.
 
-        Returns logits (B, T, n_vocab) or, with targets, (logits, mean cross-entropy).
+        Returns logits (B, T, n_vocab) or, with targets, (logits, the mean cross-entropy of the
+        targets that are not `ignore_index`: 0, not NaN, where all are, so that a batch of
+        conversations that holds no reply adds nothing to a step).
         The ids are checked against the vocabulary unless `check_ids` is False: the trainer's
         batches were checked where they were made, and reading idx.min() inside a compiled
         step would break its graph (so a compiled call never reads them either).
@@ -250,10 +252,9 @@ class GPT2(nn.Module):
         if not isinstance(targets, torch.Tensor) or targets.shape != idx.shape:
             shape = list(targets.shape) if isinstance(targets, torch.Tensor) else type(targets).__name__
             raise InvalidArgumentError(f"targets must be a tensor shaped like idx {list(idx.shape)}, got {shape}")
-        loss = F.cross_entropy(
-            logits.float().view(-1, logits.size(-1)), targets.reshape(-1).to(logits.device), ignore_index=ignore_index
-        )
-        return logits, loss
+        targets = targets.reshape(-1).to(logits.device)
+        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets, ignore_index=ignore_index, reduction="sum")
+        return logits, loss / (targets != ignore_index).sum().clamp(min=1)
 
     def trunk(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         """The forward pass up to the unembedding: idx (B, T) -> final hidden states (B, T, C).

@@ -8,6 +8,11 @@
             loss.backward()
         clip_grad_norm(grad_clip); adamw.step()      # --optimizer muon: muon.step() for the blocks' matrices too
 
+On conversations (data with masks, `gpt2 prepare --chat`) the loss counts the replies only: each
+micro-batch's is the mean over its targets the mask marks (0 where it marks none), the
+evaluations' the mean over all the marked targets of their batches; the model saved carries the
+data's chat template.
+
 Evaluations (at iteration 0, every eval_interval and at the end) log the mean loss of both
 splits, keep the model of the best validation loss in OUT (Hugging Face's layout, with its
 tokenizer), redraw OUT/loss.png and write OUT/checkpoint.pt, all a resume needs. Batches
@@ -84,6 +89,11 @@ EVAL_STREAM = 1 << 32  # evaluation batches use micro-steps from here on: never 
 WORKSPACE = 200_000_000  # bytes a run takes whatever its size (benchmarks/memory.py: 180 to 230 MB on a CPU)
 # HellaSwag's acc_norm of OpenAI's 124M on all 10,042 examples, completion style (llm.c; docs/eval.md)
 HELLASWAG_GPT2 = 0.2955
+
+
+class ChatTemplateReplacedWarning(GPT2Warning):
+    """The model fine-tuned on conversations had a chat template of its own, not the one the data
+    was rendered with: the model saved carries the data's, whose turns it learns."""
 
 
 class WarmupWarning(GPT2Warning):
@@ -169,6 +179,18 @@ def build_model(s: TrainSettings, data: TokenData) -> GPT2:
             raise ContextLengthError(f"block_size {s.block_size} is over the context of the model {s.init!r} (n_ctx={model.config.n_ctx})")
         model.crop_context(s.block_size)
     return model
+
+
+def chat_template_for(data: TokenData, earlier: str | None, model: str) -> str | None:
+    """The chat template the trained model carries: the data's, whose turns it learns (with a
+    ChatTemplateReplacedWarning where `earlier`, the model's own, differs), else the model's own."""
+    if data.chat_template is None:
+        return earlier
+    if earlier is not None and earlier != data.chat_template:
+        warnings.warn(ChatTemplateReplacedWarning(f"the chat template of the model {model} is replaced by the one the data in "
+                                                  f"{data.directory} was rendered with: the model saved carries the data's", "init"),
+                      stacklevel=2)  # fmt: skip
+    return data.chat_template
 
 
 def planned_config(s: TrainSettings, data: TokenData, state: dict[str, Any] | None) -> GPT2Config:
@@ -367,7 +389,7 @@ class Trainer:
         self.data.check_block_size(model.config.n_ctx)
         model.checkpoint_activations = s.checkpoint_activations
         self.model = model.to(self.device).train()
-        self.tokenizer = self.data.tokenizer
+        self.tokenizer = self._tokenizer(model, state)
         self.task_batches = [] if self.task is None else self.task.batches(model.config.n_ctx, s.batch_size * model.config.n_ctx)
         self.forward = self.procs.wrap(self.model, fsdp=s.fsdp, compiled=should_compile(s.compile, self.device))
         self.optimizers = make_optimizers(self.model, s, self.device)  # after wrap: under FSDP they update the shards
@@ -385,6 +407,22 @@ class Trainer:
         self.at_start = rng_state(self.device)  # the random state an abandoned iteration is saved with
         self.bar = Progress()
         self.writer = BackgroundWriter()  # rank 0's files of an evaluation, written while training goes on
+
+    def _tokenizer(self, model: GPT2, state: dict[str, Any] | None) -> Tokenizer | CharTokenizer | None:
+        """The data's tokenizer, which the model saved carries, with the chat template it carries too
+        (`chat_template_for`: the data's, else the init model's, on resume the checkpoint's)."""
+        if state is not None:
+            earlier, whose = state.get("chat_template"), f"trained in {self.out}"
+        else:
+            earlier, whose = None if model.tokenizer is None else model.tokenizer.chat_template, repr(self.s.init)
+        if self.is_main:
+            template = chat_template_for(self.data, earlier, whose)
+        else:  # the same choice, said once (by rank 0)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ChatTemplateReplacedWarning)
+                template = chat_template_for(self.data, earlier, whose)
+        tokenizer = self.data.tokenizer
+        return tokenizer if tokenizer is None or template == tokenizer.chat_template else tokenizer.with_chat_template(template)
 
     @property
     def is_main(self) -> bool:
@@ -453,6 +491,10 @@ class Trainer:
         self.logger = open_loggers(self.s, self.out / LOG, self.iteration, self.resumed)
         self.logger.log({"iter": self.iteration, "settings": self.s.to_dict()})
         warn_about_warmup(self.s)
+        if self.data.masks:
+            marked, n = int(self.data.masks["train"].sum(dtype="int64")), len(self.data.train)
+            print(f"gpt2: training on conversations: the loss counts the replies only, the {marked:,} of {n:,} training "
+                  f"tokens their mask marks", file=sys.stderr)  # fmt: skip
         if self.resumed:
             best = "no evaluation yet" if math.isinf(self.best_val_loss) else f"best val loss {self.best_val_loss:.4f}"
             print(f"gpt2: resuming from iteration {self.iteration} ({best})", file=sys.stderr)
@@ -489,11 +531,12 @@ class Trainer:
         for i, micro in enumerate(share):
             self.stop.check()
             x, y = get_batch(self.data.train, self.model.config.n_ctx, s.batch_size, seed=s.seed, iteration=it,
-                             micro_step=micro, device=self.device)  # fmt: skip
+                             micro_step=micro, device=self.device, mask=self.data.masks.get("train"))  # fmt: skip
             with self.procs.gradient_sync(micro == share[-1]):  # averaged over the processes after the last
                 with self.precision.autocast():
                     _, loss = self.forward(x, y, check_ids=False)  # ids were checked when the data was opened
                 # the mean over this process's share; averaging over the processes makes it the step's mean
+                # (on conversations, each micro-batch's loss is the mean over the targets its mask marks)
                 loss = loss / len(share)
                 self.scaler.scale(loss).backward()
             total += loss.detach()
@@ -549,20 +592,21 @@ class Trainer:
             yield k
 
     def _split_loss(self, split: str, ids: Any) -> float:
-        """The mean loss of one split's evaluation batches, over all processes."""
+        """The mean loss of one split's evaluation batches, over all processes: the summed loss of
+        their targets (on conversations, those the mask marks) over their number (NaN: none)."""
         s = self.s
         total = torch.zeros(2, dtype=torch.float64, device=self.device)  # summed loss, ids scored
         self.bar.show(f"evaluating {split} 0/{s.eval_iters}", force=True)
         for k in self._my_batches(s.eval_iters):
             x, y = get_batch(ids, self.model.config.n_ctx, s.batch_size, seed=s.seed, iteration=0,
-                             micro_step=EVAL_STREAM + k % s.eval_iters, device=self.device)  # fmt: skip
+                             micro_step=EVAL_STREAM + k % s.eval_iters, device=self.device, mask=self.data.masks.get(split))  # fmt: skip
             with self.precision.autocast():
                 loss, n = loss_sum(self.model, x, y)  # gpt2 eval's computation
             if k < s.eval_iters:
                 total += torch.stack([loss, torch.tensor(float(n), dtype=torch.float64, device=self.device)])
             self.bar.show(f"evaluating {split} {min(k + self.world, s.eval_iters)}/{s.eval_iters}")
         loss, count = self.procs.sum(total).tolist()
-        return loss / count
+        return loss / count if count else math.nan
 
     @torch.no_grad()
     def score_task(self) -> dict[str, float]:
@@ -660,7 +704,8 @@ class Trainer:
             return None
         return checkpoint_state(settings=self.s.to_dict(), config=self.model.config, iteration=self.iteration,
                                 evaluated=self.evaluated, best_val_loss=self.best_val_loss, model=model,
-                                optimizer=optimizer, scaler=self.scaler.state_dict(), rng=rng)  # fmt: skip
+                                optimizer=optimizer, scaler=self.scaler.state_dict(), rng=rng,
+                                chat_template=None if self.tokenizer is None else self.tokenizer.chat_template)  # fmt: skip
 
     def _restore(self, state: dict[str, Any]) -> None:
         load_optimizer(state, self.procs, self.model, self.optimizers)
