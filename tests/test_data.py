@@ -698,23 +698,6 @@ def test_batches_with_a_mask_ignore_the_targets_it_does_not_mark():
         assert 0 < int(marked.sum()) < marked.numel()
 
 
-def test_windows_begin_where_conversations_do(tmp_path):
-    """prepare_chat marks each conversation's first id; batches drawn with the starts open_data
-    reads begin there, each a conversation's ids from its beginning."""
-    conversations = [[{"role": "user", "content": f"Say {w}."}, {"role": "assistant", "content": w}]
-                     for w in ("yes", "no", "maybe", "never", "always", "sometimes") * 20]  # fmt: skip
-    prepare_chat([write_conversations(tmp_path / "chat.jsonl", conversations)], tmp_path / "out", progress=False)
-    data, gpt2 = open_data(tmp_path / "out"), Tokenizer.gpt2()
-    assert len(data.starts["train"]) == data.meta["chat"]["conversations"]["train"] and data.starts["train"][0] == 0
-    assert data.starts["train"][-1] > len(data.train) - 25  # the last conversations leave no whole window: never drawn
-    for iteration in range(50):
-        x, y = get_batch(data.train, 24, 8, seed=0, iteration=iteration, micro_step=0, mask=data.masks["train"],
-                         starts=data.starts["train"])  # fmt: skip
-        assert all(gpt2.decode(row).startswith("User: Say ") for row in x.tolist())
-        replies = [gpt2.decode([t for t in row if t >= 0]) for row in y.tolist()]  # the targets the loss counts
-        assert all(r.startswith((" yes<|endoftext|>", " no<|endoftext|>", " maybe<", " never<", " always<", " sometimes<")) for r in replies)
-
-
 def test_chat_data_that_does_not_hold_together(tmp_path):
     ids, masks = chat_splits()
     out = write_chat_data(tmp_path / "chat", ids, masks, TEMPLATE)
@@ -724,9 +707,9 @@ def test_chat_data_that_does_not_hold_together(tmp_path):
     np.asarray(masks["val"][:150], dtype=np.uint8).tofile(out / "val.mask.bin")
     with pytest.raises(DataError, match=re.escape(f"{out / 'val.mask.bin'} holds 150 mask bytes, but {out / 'val.bin'} holds 200 ids")):
         open_data(out)
-    four = masks["val"].astype(np.uint8) * 4
-    write_chat_data(out, ids, {**masks, "val": four}, TEMPLATE)
-    with pytest.raises(DataError, match=r"val.mask.bin holds the byte 4: a mask holds bits 1 \(a target\) and 2 \(a conversation begins\)"):
+    two = masks["val"].astype(np.uint8) * 2
+    write_chat_data(out, ids, {**masks, "val": two}, TEMPLATE)
+    with pytest.raises(DataError, match="val.mask.bin holds the byte 2: a mask holds 1 \\(a target\\) or 0"):
         open_data(out)
     write_chat_data(out, ids, {**masks, "train": np.zeros(600)}, TEMPLATE)
     with pytest.raises(DataError, match="train.mask.bin marks no target: the loss would count nothing"):
@@ -800,9 +783,7 @@ def cut_at_conversations(out, expected: list[tuple[list[int], list[int]]]) -> li
         found = [split for split in ("train", "val") if ids[split][at[split] : at[split] + len(expected_ids)] == expected_ids]
         assert found, f"conversation {len(went)} is neither next in train.bin nor in val.bin"
         split = found[0]
-        flags = masks[split][at[split] : at[split] + len(expected_ids)]
-        assert [flag & 1 for flag in flags] == expected_mask  # bit 1: the replies, as transformers marks them
-        assert [flag >> 1 for flag in flags] == [1] + [0] * (len(flags) - 1)  # bit 2: where the conversation begins
+        assert masks[split][at[split] : at[split] + len(expected_ids)] == expected_mask
         at[split] += len(expected_ids)
         went.append(split)
     assert at == {split: len(ids[split]) for split in at} == {split: len(masks[split]) for split in at}

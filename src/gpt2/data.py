@@ -8,9 +8,8 @@ implicit:
     encoder.json + vocab.bpe, or chars.json: the tokenizer's own files, to decode what a model writes
 
 and for conversations (`gpt2 prepare --chat`), train.mask.bin and val.mask.bin: a byte per id,
-bit 1 where the id is a target the loss counts (the assistant's replies), bit 2 where it begins a
-conversation (so that a window can begin where a conversation does); meta.json's "chat" holds the
-template the conversations were rendered with.
+1 where the id is a target the loss counts (the assistant's replies), else 0; meta.json's "chat"
+holds the template the conversations were rendered with.
 
 or, with `shard_tokens`, llm.c's shards (NAME_val_000000.bin, NAME_train_000001.bin, ...; see
 gpt2/corpora.py) in place of train.bin and val.bin. Inputs are text files (each a document),
@@ -59,10 +58,8 @@ SPECS = "gpt2, char, or bpe:N (a byte-level BPE of N >= 257 ids trained on the c
 GPT2_VOCAB = 50257
 LLMC_NAME = re.compile(r"(.+)_(train|val)\.bin")  # llm.c's names: tiny_shakespeare_val.bin
 IGNORE = -100  # a target that is not scored (PyTorch's and Hugging Face's ignore_index)
-MASK_DTYPE = np.dtype("u1")  # train.mask.bin, val.mask.bin: a byte per id, of these bits:
-MASK_REPLY = 1  # the id is the assistant's: a target the loss counts
-MASK_START = 2  # the id begins a conversation
-MASK_FILES = ("train.mask.bin", "val.mask.bin")
+MASK_DTYPE = np.dtype("u1")  # train.mask.bin, val.mask.bin: a byte per id, 1 where it is a target
+MASK_FILES = ("train.mask.bin", "val.mask.bin")  # conversations': 1 (uint8) where the id is the assistant's
 
 # Where GPT-2's pre-tokenizer (tokenizer.GPT2_PATTERN) cuts whatever the text around holds:
 # between a non-space X and a whitespace character w ("X|w"). No piece spans X and w (only the
@@ -629,9 +626,7 @@ def _write_conversations(files: list[Document], out: Path, scratch: Path, templa
         for where, messages in _conversations(files):
             ids, mask = _at(where, template.encode_with_mask, encoder, messages)
             ids_file.write(np.asarray(ids, dtype=dtype).tobytes())
-            flags = np.asarray(mask, dtype=MASK_DTYPE) * MASK_REPLY
-            flags[0] |= MASK_START
-            mask_file.write(flags.tobytes())
+            mask_file.write(np.asarray(mask, dtype=np.uint8).tobytes())
             counts.append(len(ids))
             replies += sum(mask)
             longest = (len(ids), where) if len(ids) > longest[0] else longest
@@ -642,7 +637,7 @@ def _write_conversations(files: list[Document], out: Path, scratch: Path, templa
     split = split_conversations(counts, val_fraction)
     _write_split_files(out, scratch, split, {"": dtype, ".mask": np.dtype(np.uint8)})
     mask = np.memmap(scratch / "all.mask.bin", dtype=np.uint8, mode="r")
-    mask_tokens = {name: sum(count_replies(mask[s:e]) for s, e in ranges) for name, ranges in (("train", split.train), ("val", split.val))}
+    mask_tokens = {name: sum(int(mask[s:e].sum()) for s, e in ranges) for name, ranges in (("train", split.train), ("val", split.val))}
     del mask
     train_tokens, val_tokens = (sum(e - s for s, e in ranges) for ranges in (split.train, split.val))
     return encoder, {
@@ -671,8 +666,7 @@ class TokenData:
     meta: dict[str, Any] = field(default_factory=dict)
     files: dict[str, Path] = field(default_factory=dict)  # split -> the file it came from (shards: DIR/NAME_train_*.bin)
     shards: dict[str, list[Path]] = field(default_factory=dict)  # split -> its files, for data in several
-    masks: dict[str, np.ndarray] = field(default_factory=dict)  # split -> uint8, MASK_REPLY where an id is a target (chat data)
-    starts: dict[str, np.ndarray] = field(default_factory=dict)  # split -> the offsets of its conversations (where marked)
+    masks: dict[str, np.ndarray] = field(default_factory=dict)  # split -> uint8, 1 where an id is a target (chat data)
     chat_template: str | None = None  # the template chat data was rendered with (meta.json's chat.template)
 
     def check_vocabulary(self, tokenizer: Tokenizer | CharTokenizer | None, n_vocab: int, model: str) -> None:
@@ -744,19 +738,14 @@ def _check_ids(ids: np.ndarray, vocab_size: int, path: Path, chunk: int = 1 << 2
             raise TokenIdError(f"{path} holds token id {high}, beyond its vocabulary of {vocab_size} ids (0..{vocab_size - 1})")
 
 
-def count_replies(mask: np.ndarray, chunk: int = 1 << 26) -> int:
-    """The targets a mask marks (MASK_REPLY), counted a chunk at a time."""
-    return sum(int(np.count_nonzero(mask[i : i + chunk] & MASK_REPLY)) for i in range(0, len(mask), chunk))
-
-
 def _check_mask(mask: np.ndarray, path: Path, split: str, expected: object, chunk: int = 1 << 26) -> None:
-    """Raise unless the mask holds only its bits, marks some target, and as many as meta.json says (where it says)."""
+    """Raise unless the mask holds only 0 and 1, marks some target, and as many as meta.json says (where it says)."""
+    marked = 0
     for start in range(0, len(mask), chunk):
         part = mask[start : start + chunk]
-        if int(part.max()) > MASK_REPLY | MASK_START:
-            raise DataError(f"{path} holds the byte {int(part.max())}: a mask holds bits {MASK_REPLY} (a target) and "
-                            f"{MASK_START} (a conversation begins); prepare the data again")  # fmt: skip
-    marked = count_replies(mask, chunk)
+        if int(part.max()) > 1:
+            raise DataError(f"{path} holds the byte {int(part.max())}: a mask holds 1 (a target) or 0; prepare the data again")
+        marked += int(np.count_nonzero(part))
     if marked == 0:
         raise DataError(f"{path} marks no target: the loss would count nothing; give conversations with assistant turns")
     if expected is not None and marked != expected:
@@ -790,14 +779,7 @@ def _open_ours(path: Path) -> TokenData:
     ids = {split: parts[0] if len(parts) == 1 else Shards(parts) for split, parts in splits.items()}
     files = _split_files(path, shards)
     masks, template = _our_chat(path, meta, ids, files)
-    starts = {split: found for split, mask in masks.items() if len(found := conversation_starts(mask))}
-    return TokenData(path, "gpt2", ids["train"], ids["val"], vocab_size, tokenizer, meta, files, shards, masks, starts, template)
-
-
-def conversation_starts(mask: np.ndarray, chunk: int = 1 << 26) -> np.ndarray:
-    """The offsets of the ids a mask marks as beginning a conversation (MASK_START), int64."""
-    parts = [np.flatnonzero(mask[i : i + chunk] & MASK_START) + i for i in range(0, len(mask), chunk)]
-    return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
+    return TokenData(path, "gpt2", ids["train"], ids["val"], vocab_size, tokenizer, meta, files, shards, masks, template)
 
 
 def _our_chat(path: Path, meta: dict[str, Any], ids: dict[str, np.ndarray | Shards],
@@ -952,13 +934,10 @@ def _open_llmc(directory: Path, files: dict[str, list[Path]]) -> TokenData:
 
 def get_batch(
     ids: np.ndarray, block_size: int, batch_size: int, *, seed: int, iteration: int, micro_step: int,
-    device: str | torch.device = "cpu", mask: np.ndarray | None = None, starts: np.ndarray | None = None,
+    device: str | torch.device = "cpu", mask: np.ndarray | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """x, y: (batch_size, block_size) int64 windows of ids at random offsets, y = x shifted by one;
-    with a `mask` (a byte per id, TokenData.masks), y is IGNORE where y's id is not a target. With
-    `starts` (TokenData.starts), each window begins where a conversation does, as a fine-tune's
-    examples do: the model learns a reply after its whole question, at the positions it will be
-    asked at (windows drawn anywhere teach the same in several times the steps).
+    with a `mask` (a byte per id, TokenData.masks), y is IGNORE where the mask of y's id is 0.
 
     The offsets come from a generator seeded by (seed, iteration, micro_step), so a batch
     depends on nothing else: not on resumption, not on which process draws it, not on the mask.
@@ -971,14 +950,11 @@ def get_batch(
     if mask is not None and len(mask) != len(ids):
         raise InvalidArgumentError(f"mask holds {len(mask)} bytes for {len(ids)} ids: it needs one for each id", "mask")
     rng = np.random.default_rng([seed, iteration, micro_step])
-    if starts is None:
-        offsets = rng.integers(0, len(ids) - block_size, size=batch_size)
-    else:  # starts ascend; those a whole window follows (the first, 0, always: len(ids) > block_size)
-        offsets = starts[rng.integers(0, max(1, int(np.searchsorted(starts, len(ids) - block_size))), size=batch_size)]
+    offsets = rng.integers(0, len(ids) - block_size, size=batch_size)
     windows = torch.from_numpy(np.stack([ids[i : i + block_size + 1] for i in offsets]).astype(np.int64))  # (B, T + 1)
     x, y = windows[:, :-1], windows[:, 1:]
     if mask is not None:
-        scored = torch.from_numpy(np.stack([mask[i + 1 : i + block_size + 1] for i in offsets]) & MASK_REPLY != 0)  # (B, T): y's
+        scored = torch.from_numpy(np.stack([mask[i + 1 : i + block_size + 1] for i in offsets]) != 0)  # (B, T): y's
         y = y.masked_fill(~scored, IGNORE)
     if torch.device(device).type == "cuda":  # pinned, so the copy overlaps the work already queued
         return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)

@@ -60,7 +60,7 @@ from gpt2.checkpoint import (
     write_checkpoint,
 )
 from gpt2.config import GPT2Config
-from gpt2.data import TokenData, count_replies, get_batch, open_data
+from gpt2.data import TokenData, get_batch, open_data
 from gpt2.decoding import ContextOverflowWarning
 from gpt2.devices import (
     Precision,
@@ -492,7 +492,7 @@ class Trainer:
         self.logger.log({"iter": self.iteration, "settings": self.s.to_dict()})
         warn_about_warmup(self.s)
         if self.data.masks:
-            marked, n = count_replies(self.data.masks["train"]), len(self.data.train)
+            marked, n = int(self.data.masks["train"].sum(dtype="int64")), len(self.data.train)
             print(f"gpt2: training on conversations: the loss counts the replies only, the {marked:,} of {n:,} training "
                   f"tokens their mask marks", file=sys.stderr)  # fmt: skip
         if self.resumed:
@@ -531,8 +531,7 @@ class Trainer:
         for i, micro in enumerate(share):
             self.stop.check()
             x, y = get_batch(self.data.train, self.model.config.n_ctx, s.batch_size, seed=s.seed, iteration=it,
-                             micro_step=micro, device=self.device, mask=self.data.masks.get("train"),
-                             starts=self.data.starts.get("train"))  # fmt: skip
+                             micro_step=micro, device=self.device, mask=self.data.masks.get("train"))  # fmt: skip
             with self.procs.gradient_sync(micro == share[-1]):  # averaged over the processes after the last
                 with self.precision.autocast():
                     _, loss = self.forward(x, y, check_ids=False)  # ids were checked when the data was opened
@@ -600,8 +599,7 @@ class Trainer:
         self.bar.show(f"evaluating {split} 0/{s.eval_iters}", force=True)
         for k in self._my_batches(s.eval_iters):
             x, y = get_batch(ids, self.model.config.n_ctx, s.batch_size, seed=s.seed, iteration=0,
-                             micro_step=EVAL_STREAM + k % s.eval_iters, device=self.device, mask=self.data.masks.get(split),
-                             starts=self.data.starts.get(split))  # fmt: skip
+                             micro_step=EVAL_STREAM + k % s.eval_iters, device=self.device, mask=self.data.masks.get(split))  # fmt: skip
             with self.precision.autocast():
                 loss, n = loss_sum(self.model, x, y)  # gpt2 eval's computation
             if k < s.eval_iters:
