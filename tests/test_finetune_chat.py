@@ -10,6 +10,7 @@ The base model is a small one with random weights: it cannot answer in the templ
 from __future__ import annotations
 
 import pytest
+import torch
 
 from gpt2.chat import DEFAULT_TEMPLATE
 from gpt2.config import GPT2Config
@@ -29,6 +30,7 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("chat")
     conversations = [conversation(q, a) for q, a in digit_questions(2000, seed=0, held_out=False)]
     prepare_chat([write_conversations(root / "qa.jsonl", conversations)], root / "data", tokenizer="bpe:310", progress=False)
+    torch.manual_seed(0)  # the base model's weights: the same whatever ran before in the session
     base = GPT2(GPT2Config(n_layer=2, n_head=4, n_embd=128, n_ctx=N_CTX, n_vocab=load_tokenizer(root / "data").n_vocab))
     base.tokenizer = load_tokenizer(root / "data")
     base.save_pretrained(root / "base")
@@ -65,5 +67,7 @@ def test_fine_tuning_teaches_held_out_questions_in_the_templates_format(runs):
     after, answers = accuracy(runs / "tuned")
     print(f"held-out accuracy: {before:.0%} before fine-tuning, {after:.0%} after")
     assert before <= 0.1
-    assert after >= 0.4  # 52-77% measured with 1 and 2 threads, 600-1200 iterations: a model trained on another machine rounds differently
+    # 60% here; 38-60% with the base model's weights drawn from seeds 0-3 (another machine rounds
+    # differently, as another seed would); a model that learned the format alone scores about 20%
+    assert after >= 0.35
     assert all(a.choices[0].finish_reason == "stop" for a in answers if a.choices[0].message.content.isdigit())
