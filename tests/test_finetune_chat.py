@@ -44,26 +44,26 @@ def ask(client, question: str, **options):
     return client.chat.completions.create(model="tiny", messages=conversation(question), temperature=0, max_tokens=8, **options)
 
 
-def accuracy(directory, chat_template: str | None = None) -> tuple[float, list]:
-    """The share of held-out questions answered right, served with the model's own template or `chat_template`."""
+def accuracy(directory, chat_template: str | None = None, questions: int = len(HELD_OUT)) -> tuple[float, list]:
+    """The share of the first `questions` held-out ones answered right, served with the model's own template or `chat_template`."""
     model = GPT2.from_pretrained(directory, device="cpu")
     server = Running(lambda: (model, model.tokenizer), chat_template=chat_template)
     try:
         client = server.client()
-        answers = [ask(client, q) for q, _ in HELD_OUT]
+        answers = [ask(client, q) for q, _ in HELD_OUT[:questions]]
         streamed = ["".join(chunk.choices[0].delta.content or "" for chunk in ask(client, q, stream=True) if chunk.choices)
-                    for q, _ in HELD_OUT[:8]]  # fmt: skip
+                    for q, _ in HELD_OUT[:4]]  # fmt: skip
     finally:
         server.stop()
-    assert streamed == [a.choices[0].message.content for a in answers[:8]]  # streamed and plain answers are the same
+    assert streamed == [a.choices[0].message.content for a in answers[:4]]  # streamed and plain answers are the same
     right = sum(a.choices[0].message.content == expected for a, (_, expected) in zip(answers, HELD_OUT))
-    return right / len(HELD_OUT), answers
+    return right / len(answers), answers
 
 
 def test_fine_tuning_teaches_held_out_questions_in_the_templates_format(runs):
     assert GPT2.from_pretrained(runs / "base").tokenizer.chat_template is None
     assert GPT2.from_pretrained(runs / "tuned").tokenizer.chat_template == DEFAULT_TEMPLATE  # kept from the data
-    before, _ = accuracy(runs / "base", chat_template=DEFAULT_TEMPLATE)
+    before, _ = accuracy(runs / "base", chat_template=DEFAULT_TEMPLATE, questions=20)
     after, answers = accuracy(runs / "tuned")
     print(f"held-out accuracy: {before:.0%} before fine-tuning, {after:.0%} after")
     assert before <= 0.1
