@@ -214,8 +214,7 @@ def _add_completion_routes(app: FastAPI, server: Server) -> None:
         server.check_model(body.get("model") if isinstance(body, dict) else None)
         template, config = server.template(), server.model.config
         completion = parse_chat(body, template, server.tokenizer, config.n_vocab, config.n_ctx, server.limits)
-        prefix = template.reply_prefix(server.tokenizer)
-        return await answer(server, request, completion, partial(ChatResponse, reply_prefix=prefix))
+        return await answer(server, request, completion, partial(ChatResponse, reply_prefix=server.reply_prefix))
 
 
 # The page may load only its own files and talk only to its own server: nothing from elsewhere.

@@ -35,6 +35,7 @@ class Server:
         # the server's template: the one given, else the model's own once it has loaded (None: none)
         self.chat_template, self.template_given = chat_template, chat_template is not None
         self.template_error: ChatTemplateError | None = None  # the model's own, where it does not compile
+        self.reply_prefix = ""  # what the template writes before a reply's content (ChatTemplate.reply_prefix)
         # a directory's id is its path as given, less the trailing slash that tab completion adds
         self.model_id = model_id.rstrip("/" + os.sep) or model_id
         self.load, self.limits, self.allowed_special, self.load_draft = load, limits, allowed_special, load_draft
@@ -71,15 +72,16 @@ class Server:
         self.ready.set()
 
     def _take_models_template(self) -> None:
-        """The model's own chat template, where none was given; one that does not compile fails
-        the chat requests (saying why), not the server."""
+        """The model's own chat template, where none was given (one that does not compile fails
+        the chat requests, saying why, not the server); then what the template writes before a
+        reply's content, found once here rather than by two renders at each request."""
         source = self.tokenizer.chat_template
-        if self.template_given or source is None:
-            return
-        try:
-            self.chat_template = ChatTemplate(source, f"the chat template of {self.model_id}")
-        except ChatTemplateError as e:
-            self.template_error = e
+        if not self.template_given and source is not None:
+            try:
+                self.chat_template = ChatTemplate(source, f"the chat template of {self.model_id}")
+            except ChatTemplateError as e:
+                self.template_error = e
+        self.reply_prefix = "" if self.chat_template is None else self.chat_template.reply_prefix(self.tokenizer)
 
     def template(self) -> ChatTemplate:
         """The template of the chat requests, or a 400 saying there is none and how to add one."""
