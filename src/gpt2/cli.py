@@ -181,7 +181,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     prompt = _check_generate_args(args)
     model, tokenizer = _load_model(args)
     draft = _load_draft(args, model, tokenizer)
-    top_k = min(DEFAULT_TOP_K, model.config.n_vocab) if args.top_k is None else args.top_k
+    top_k = _top_k(args, model)
     started = time.perf_counter()
     generation = TextGeneration(model, tokenizer, prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                 top_k=top_k, top_p=args.top_p, seed=args.seed, num_samples=args.num_samples,
@@ -315,7 +315,7 @@ def _cmd_chat(args: argparse.Namespace) -> int:
         check_seed(args.seed)
     system = None if args.system is None else _command_line_text(args.system, "the system message given on the command line")
     model, tokenizer = _load_model(args)
-    top_k = min(DEFAULT_TOP_K, model.config.n_vocab) if args.top_k is None else args.top_k
+    top_k = _top_k(args, model)
     chat = Chat(model, tokenizer, chat_template=chat_template, system=system, max_new_tokens=args.max_new_tokens,
                 temperature=args.temperature, top_k=top_k, top_p=args.top_p, seed=args.seed)  # fmt: skip
     interactive = sys.stdin.isatty()
@@ -735,6 +735,20 @@ messages are left out, saying so on stderr.
 """
 
 
+def _add_sampling_flags(parser: argparse.ArgumentParser) -> None:
+    """--temperature, --top-k and --top-p, as generate and chat sample (`_top_k` gives --top-k's default)."""
+    parser.add_argument("--temperature", type=float, default=0.8, help="0 is greedy; higher is more random (default: 0.8)")
+    parser.add_argument("--top-k", type=_whole_number, default=None,
+                        help=f"sample among the k most likely tokens (default: {DEFAULT_TOP_K}, or the vocabulary size if smaller)")  # fmt: skip
+    parser.add_argument("--top-p", type=float, default=None,
+                        help="sample among the most likely tokens that make up p of the probability (default: off)")  # fmt: skip
+
+
+def _top_k(args: argparse.Namespace, model) -> int:
+    """--top-k, or DEFAULT_TOP_K clamped to the model's vocabulary."""
+    return min(DEFAULT_TOP_K, model.config.n_vocab) if args.top_k is None else args.top_k
+
+
 def _add_chat_parser(commands) -> None:
     chat = commands.add_parser(
         "chat",
@@ -748,11 +762,7 @@ def _add_chat_parser(commands) -> None:
     _add_chat_template_flag(chat, "the conversation")
     chat.add_argument("--system", metavar="TEXT", help="a system message that opens the conversation (default: none)")
     chat.add_argument("--max-new-tokens", type=_whole_number, default=256, help="the longest reply, in tokens (default: 256)")
-    chat.add_argument("--temperature", type=float, default=0.8, help="0 is greedy; higher is more random (default: 0.8)")
-    chat.add_argument("--top-k", type=_whole_number, default=None,
-                      help=f"sample among the k most likely tokens (default: {DEFAULT_TOP_K}, or the vocabulary size if smaller)")  # fmt: skip
-    chat.add_argument("--top-p", type=float, default=None,
-                      help="sample among the most likely tokens that make up p of the probability (default: off)")  # fmt: skip
+    _add_sampling_flags(chat)
     chat.add_argument("--seed", type=_whole_number, default=None,
                       help="0 to 2**64-1: reply k samples from seed + k, so the same seed and messages give the same "
                       "conversation (default: random)")  # fmt: skip
@@ -898,11 +908,7 @@ def _add_generate_parser(commands) -> None:
     generate.add_argument("--model", default="gpt2", help="gpt2, gpt2-medium, gpt2-large, gpt2-xl (downloaded once), "
                           "or a local directory (Hugging Face's or OpenAI's release) (default: gpt2)")  # fmt: skip
     generate.add_argument("--max-new-tokens", type=_whole_number, default=50, help="tokens to generate (default: 50)")
-    generate.add_argument("--temperature", type=float, default=0.8, help="0 is greedy; higher is more random (default: 0.8)")
-    generate.add_argument("--top-k", type=_whole_number, default=None,
-                          help=f"sample among the k most likely tokens (default: {DEFAULT_TOP_K}, or the vocabulary size if smaller)")  # fmt: skip
-    generate.add_argument("--top-p", type=float, default=None,
-                          help="sample among the most likely tokens that make up p of the probability (default: off)")  # fmt: skip
+    _add_sampling_flags(generate)
     generate.add_argument("--seed", type=_whole_number, default=None,
                           help="0 to 2**64-1: the same seed gives the same text; sample i uses seed + i, "
                           "as in the Python API and the server (default: random)")  # fmt: skip
