@@ -626,7 +626,7 @@ def _write_conversations(files: list[Document], out: Path, scratch: Path, templa
         for where, messages in _conversations(files):
             ids, mask = _at(where, template.encode_with_mask, encoder, messages)
             ids_file.write(np.asarray(ids, dtype=dtype).tobytes())
-            mask_file.write(np.asarray(mask, dtype=np.uint8).tobytes())
+            mask_file.write(np.asarray(mask, dtype=MASK_DTYPE).tobytes())
             counts.append(len(ids))
             replies += sum(mask)
             longest = (len(ids), where) if len(ids) > longest[0] else longest
@@ -635,8 +635,8 @@ def _write_conversations(files: list[Document], out: Path, scratch: Path, templa
         raise DataError(f"{template.origin} marks no reply in {len(counts):,} conversations: the tokens to learn are those "
                         f"inside {{% generation %}}...{{% endgeneration %}} blocks; put each assistant message in one", "chat_template")  # fmt: skip
     split = split_conversations(counts, val_fraction)
-    _write_split_files(out, scratch, split, {"": dtype, ".mask": np.dtype(np.uint8)})
-    mask = np.memmap(scratch / "all.mask.bin", dtype=np.uint8, mode="r")
+    _write_split_files(out, scratch, split, {"": dtype, ".mask": MASK_DTYPE})
+    mask = np.memmap(scratch / "all.mask.bin", dtype=MASK_DTYPE, mode="r")
     mask_tokens = {name: sum(int(mask[s:e].sum()) for s, e in ranges) for name, ranges in (("train", split.train), ("val", split.val))}
     del mask
     train_tokens, val_tokens = (sum(e - s for s, e in ranges) for ranges in (split.train, split.val))
