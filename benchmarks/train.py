@@ -55,13 +55,13 @@ import torch
 from _common import print_table
 from gpt2.config import GPT2Config
 from gpt2.devices import peak_flops
+from gpt2.examples import corpus_text
 from gpt2.model import GPT2
 from gpt2.settings import MUON_LR
 from gpt2.train import flops_per_token, read_log
 
 REPO = Path(__file__).resolve().parents[1]
 ANCHOR = REPO.parent / "shared" / "anchors" / "nanoGPT"
-SHAKESPEARE = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
 
 RECIPE = dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12, max_iters=2000, lr_decay_iters=2000,
               min_lr=1e-4, warmup_iters=100, beta2=0.99, dropout=0.0, eval_interval=250, eval_iters=20, log_interval=1)  # fmt: skip
@@ -94,7 +94,7 @@ def shakespeare(root: Path, iters: int) -> list[list[str]]:
     data = work / "data" / "shakespeare_char"
     data.mkdir()
     (data / "prepare.py").symlink_to(ANCHOR / "data" / "shakespeare_char" / "prepare.py")
-    (data / "input.txt").write_bytes(SHAKESPEARE.read_bytes())
+    (data / "input.txt").write_text(corpus_text("shakespeare"), encoding="utf-8")  # the corpus gpt2 ships
     run_timed([sys.executable, str(data / "prepare.py")], cwd=work)
     flags = [f"--{NANOGPT_NAMES.get(k, k)}={v}" for k, v in recipe.items()]
     theirs_s, theirs_log = run_timed([sys.executable, "train.py", "config/train_shakespeare_char.py", "--device=cpu",
@@ -103,7 +103,7 @@ def shakespeare(root: Path, iters: int) -> list[list[str]]:
     theirs_ms = statistics.median(float(ms) for ms in re.findall(r"iter \d+: loss [\d.]+, time ([\d.]+)ms", theirs_log)[1:])
     # gpt2: the command line, as its users run it
     gpt2 = [sys.executable, "-m", "gpt2"]
-    run_timed([*gpt2, "prepare", str(SHAKESPEARE), "--out", str(root / "ours-data"), "--tokenizer", "char", "--no-progress"], cwd=root)
+    run_timed([*gpt2, "prepare", "shakespeare", "--out", str(root / "ours-data"), "--tokenizer", "char", "--no-progress"], cwd=root)
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in recipe.items()]
     ours_s, _ = run_timed([*gpt2, "train", "--data", str(root / "ours-data"), "--out", str(root / "ours-out"), "--device=cpu",
                            "--compile=off", "--lr=1e-3", "--grad-accum=1", "--no-progress", *flags], cwd=root)  # fmt: skip
@@ -218,7 +218,7 @@ def gpu(root: Path, iters: int) -> list[list[str]]:
 def ddp(root: Path, iters: int) -> list[list[str]]:
     """`gpt2 train` in one process against torchrun's two, the same global batch: median ms per iteration."""
     gpt2 = [sys.executable, "-m", "gpt2"]
-    run_timed([*gpt2, "prepare", str(SHAKESPEARE), "--out", str(root / "char"), "--tokenizer", "char", "--no-progress"], cwd=root)
+    run_timed([*gpt2, "prepare", "shakespeare", "--out", str(root / "char"), "--tokenizer", "char", "--no-progress"], cwd=root)
     random_ids(root / "random")
     shapes = [  # the 124M shape takes about 15 s an iteration here: 6 of them
         ("shakespeare_char shape, batch 12 x 64", root / "char", dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12), iters),
@@ -260,7 +260,7 @@ def reached(records: list[dict], target: float) -> tuple[int, float] | None:
 def muon(root: Path, iters: int, iters_124m: int, target: float | None) -> list[list[str]]:
     """AdamW and Muon on the shakespeare_char recipe (and their 124M step time)."""
     root.mkdir(parents=True)
-    run_timed([sys.executable, "-m", "gpt2", "prepare", str(SHAKESPEARE), "--out", str(root / "char"), "--tokenizer", "char",
+    run_timed([sys.executable, "-m", "gpt2", "prepare", "shakespeare", "--out", str(root / "char"), "--tokenizer", "char",
                "--no-progress"], cwd=root)  # fmt: skip
     recipe = dict(RECIPE, max_iters=iters, lr_decay_iters=iters, eval_interval=max(iters // 40, 10), log_interval=1)
     runs = {"adamw": gpt2_run(root, "adamw", root / "char", recipe),
@@ -306,8 +306,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.iters, args.iters_124m, args.iters_gpu, args.iters_ddp = 40, 3, 5, 4
-    if not ANCHOR.is_dir() or not SHAKESPEARE.is_file():
-        sys.exit(f"this benchmark needs nanoGPT in {ANCHOR} and {SHAKESPEARE} (../shared beside the clone)")
+    if not ANCHOR.is_dir():
+        sys.exit(f"this benchmark needs nanoGPT in {ANCHOR} (../shared beside the clone)")
     sections = {"shakespeare", "124m", "ddp", "gpu", "muon"}
     if args.only is not None and not args.only <= sections:
         sys.exit(f"--only takes sections of {', '.join(sorted(sections))}, not {', '.join(sorted(args.only - sections))}")

@@ -16,7 +16,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 @pytest.fixture(scope="session")
 def corpus_text() -> str:
-    """About 1 MB of text: tinyshakespeare if ../shared has it, else stdlib sources."""
+    """tinyshakespeare, 1.1 MB, as gpt2 ships it."""
     return corpus()[1]
 
 

@@ -1,11 +1,12 @@
 """Helpers the tests (and the benchmarks) share: paths, corpora, and independent references.
 
-`../shared` (beside the repository) is used when present; a fresh clone without it builds
-its corpus from the Python standard library's own sources instead.
+The corpus is tinyshakespeare as gpt2 ships it (`gpt2.examples`), so that every clone, with
+`../shared` beside it or not, tests on the same text.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -21,10 +22,10 @@ import httpx
 import numpy as np
 import openai
 
+from gpt2.examples import corpus_text
+
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
 VOCAB = REPO / "src" / "gpt2" / "vocab"
-SHAKESPEARE = SHARED / "data" / "tinyshakespeare.txt"
 
 
 def stdlib_sources(limit: int | None = None) -> list[Path]:
@@ -33,17 +34,10 @@ def stdlib_sources(limit: int | None = None) -> list[Path]:
     return files[:limit] if limit else files
 
 
+@functools.cache
 def corpus() -> tuple[str, str]:
-    """(name, text): about 1 MB, tinyshakespeare if ../shared has it, else stdlib sources."""
-    if SHAKESPEARE.is_file():
-        return SHAKESPEARE.name, SHAKESPEARE.read_text(encoding="utf-8")
-    text, size = [], 0
-    for path in stdlib_sources():
-        text.append(path.read_text(encoding="utf-8", errors="replace"))
-        size += len(text[-1])
-        if size > 1_000_000:
-            break
-    return "the standard library's sources", "".join(text)
+    """(name, text): tinyshakespeare, 1.1 MB, as gpt2 ships it."""
+    return "tinyshakespeare (shipped in gpt2)", corpus_text("shakespeare")
 
 
 def corpus_hellaswag(n: int = 24) -> list[dict]:

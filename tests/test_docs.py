@@ -240,12 +240,17 @@ def hf_home(tmp_path_factory) -> Path:
     return home
 
 
-def sandbox(root: Path, hf_home: Path) -> tuple[Path, dict[str, str]]:
+# Pages run as a user's fresh clone runs them: offline, in an empty directory, no released model
+# in the Hugging Face cache, no ../shared: what they use, they make or take from what gpt2 ships.
+AS_A_USER = [REPO / "README.md"]
+
+
+def sandbox(root: Path, hf_home: Path, page: Path) -> tuple[Path, dict[str, str]]:
     """A page's working directory, with the files its examples read, and the environment to run them in."""
     text = corpus()[1]
     work = root / "work"
+    work.mkdir()
     files = {
-        "../shared/data/tinyshakespeare.txt": text[:200_000],  # where this project keeps it
         "input.txt": text[:200_000],
         "notes.txt": text[:3_000],
         "my_text.txt": text[:40_000],
@@ -258,12 +263,15 @@ def sandbox(root: Path, hf_home: Path) -> tuple[Path, dict[str, str]]:
         "lambada_test.jsonl": "".join(f'{{"text": "{" ".join(line.split())}"}}\n' for line in
                                       [text[i : i + 200].replace('"', "'").replace("\\", "/") for i in range(0, 4000, 200)]),
     }  # fmt: skip
+    if page in AS_A_USER:
+        files, hf_home = {}, root / "empty-hf-home"
     for name, content in files.items():
         (work / name).parent.mkdir(parents=True, exist_ok=True)
         (work / name).write_text(content, encoding="utf-8")
-    snapshot = hf_home / "hub" / "models--openai-community--gpt2" / "snapshots" / ("0" * 40)
-    shutil.copytree(snapshot, work / "path" / "to" / "dir")  # the docs' placeholder for a model directory
-    shutil.copytree(REPO / "tests" / "fixtures" / "tf_gpt2_tiny", work / "models" / "124M")  # OpenAI's layout, tiny
+    if page not in AS_A_USER:
+        snapshot = hf_home / "hub" / "models--openai-community--gpt2" / "snapshots" / ("0" * 40)
+        shutil.copytree(snapshot, work / "path" / "to" / "dir")  # the docs' placeholder for a model directory
+        shutil.copytree(REPO / "tests" / "fixtures" / "tf_gpt2_tiny", work / "models" / "124M")  # OpenAI's layout, tiny
     bin_dir = root / "bin"
     bin_dir.mkdir()
     (bin_dir / "gpt2").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m gpt2 "$@"\n')
@@ -354,7 +362,7 @@ for path in sys.argv[1:]:
 def run_page(page: Path, hf_home: Path, root: Path) -> None:
     """The page's shell blocks in order, then its Python blocks, in its own directory; a server it
     starts in the background serves on a free port instead of 8000."""
-    work, env = sandbox(root, hf_home)
+    work, env = sandbox(root, hf_home, page)
     port = free_port()
     local = lambda text: shorter(text).replace("127.0.0.1:8000", f"127.0.0.1:{port}")  # noqa: E731
     background, python = [], []

@@ -565,7 +565,7 @@ its last line.
 
 PREPARE_EXAMPLES = """\
 examples:
-  gpt2 prepare input.txt --out data/shakespeare_char --tokenizer char
+  gpt2 prepare shakespeare --out data/shakespeare_char --tokenizer char   # tinyshakespeare, shipped in gpt2
   gpt2 prepare books/ notes.txt --out data/mytext                     # GPT-2's tokenizer
   gpt2 prepare corpus/ --out data/corpus-bpe --tokenizer bpe:8192 --val-fraction 0.05
   cat *.txt | gpt2 prepare - --out data/stdin
@@ -585,7 +585,7 @@ conversations validate, F of them, drawn with a fixed seed.
 
 TRAIN_EXAMPLES = """\
 examples:
-  gpt2 prepare input.txt --out data/shakespeare_char --tokenizer char
+  gpt2 prepare shakespeare --out data/shakespeare_char --tokenizer char
   gpt2 train --data data/shakespeare_char --out out-char --n-layer 4 --n-head 4 --n-embd 128 \\
       --block-size 64 --batch-size 12 --grad-accum 1 --max-iters 2000 --lr 1e-3 --min-lr 1e-4 \\
       --warmup-iters 100 --beta2 0.99 --eval-interval 250 --eval-iters 20 --log-interval 10
@@ -906,6 +906,7 @@ def _add_generate_parser(commands) -> None:
     )
     generate.add_argument("prompt", nargs="?", help="the prompt, or - to read it from standard input")
     generate.add_argument("--model", default="gpt2", help="gpt2, gpt2-medium, gpt2-large, gpt2-xl (downloaded once), "
+                          "shakespeare_char (shipped: a small model of Shakespeare's characters, offline), "
                           "or a local directory (Hugging Face's or OpenAI's release) (default: gpt2)")  # fmt: skip
     generate.add_argument("--max-new-tokens", type=_whole_number, default=50, help="tokens to generate (default: 50)")
     _add_sampling_flags(generate)
@@ -977,7 +978,8 @@ def _add_prepare_parser(commands) -> None:
     )
     prepare.add_argument("inputs", nargs="*", metavar="INPUT",
                          help="text files, .jsonl and .parquet files (a document a record), directories (every file beneath), "
-                              "or - for standard input; with --chat, JSON Lines files of conversations")  # fmt: skip
+                              "or - for standard input, or shakespeare (tinyshakespeare, shipped in gpt2); with --chat, JSON Lines "
+                              "files of conversations")  # fmt: skip
     prepare.add_argument("--chat", action="store_true",
                          help='the inputs are conversations, {"messages": [{"role": ..., "content": ...}, ...]} a line: '
                               "rendered by a chat template, with train.mask.bin and val.mask.bin marking the replies' tokens")  # fmt: skip

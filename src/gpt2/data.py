@@ -48,6 +48,7 @@ from gpt2._checks import int_between, is_integer, positive_int, real_between
 from gpt2._files import atomic_path, atomic_write_text, read_json_object, writable_directory
 from gpt2.chat import DEFAULT_TEMPLATE, ChatTemplate, read_conversations, special_token_names
 from gpt2.corpora import HEADER_BYTES, SHARD_NAME, Shards, ShardWriter, dataset_texts, is_record_file, read_header, record_texts
+from gpt2.examples import CORPORA, corpus_text
 from gpt2.errors import ChatTemplateError, DataError, InputTypeError, InvalidArgumentError, TokenIdError
 from gpt2.tokenizer import CHARS_FILE, EOT, GPT2_VOCAB_DIR, CharTokenizer, Tokenizer, load_tokenizer, same_vocabulary
 
@@ -119,8 +120,14 @@ def find_documents(inputs: Sequence[str | os.PathLike], spool: Path, text_field:
             files = [path]
         elif path.exists():  # a pipe, a device: its size is unknown, and it cannot be read twice
             raise DataError(f"input {str(given)!r} is not a file or a directory: pipe it in as - (standard input)")
+        elif str(given) in CORPORA:  # a corpus gpt2 ships, written out beside the spool to be read as a file
+            text = spool.with_name(f"{given}.txt")
+            atomic_write_text(text, corpus_text(str(given)))
+            documents.append(Document(str(given), text, text.stat().st_size))
+            continue
         else:
-            raise DataError(f"input {str(given)!r} does not exist: give text files, directories, or - for standard input")
+            raise DataError(f"input {str(given)!r} does not exist: give text files, directories, - for standard input, "
+                            f"or a corpus gpt2 ships ({', '.join(CORPORA)})")  # fmt: skip
         for file in files:
             records = functools.partial(record_texts, file, text_field) if is_record_file(file) else None  # (on_bytes)
             documents.append(_once(Document(str(file), file, file.stat().st_size, records), seen))

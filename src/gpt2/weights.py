@@ -9,7 +9,8 @@ Formats:
 - a Hugging Face directory: `config.json` + `model.safetensors` (or `pytorch_model.bin`);
 - OpenAI's TensorFlow release: `hparams.json` + `model.ckpt.index` + `model.ckpt.data-*`;
 - a released name (gpt2, gpt2-medium, gpt2-large, gpt2-xl): downloaded from the Hugging Face
-  hub once, into its standard cache, then read as the first format.
+  hub once, into its standard cache, then read as the first format;
+- a model gpt2 ships (shakespeare_char, see `gpt2.examples`): the first format, in the package.
 
 This module does not import torch unless it must read a `pytorch_model.bin`.
 """
@@ -29,6 +30,7 @@ import numpy as np
 from gpt2._files import read_json_object
 from gpt2._hub import download_error, hub_file
 from gpt2.config import PRESETS, GPT2Config
+from gpt2.examples import MODELS, model_directory
 from gpt2.errors import CheckpointError, CheckpointNotFoundError, ConfigError, InputTypeError, UnknownModelError
 from gpt2.tf_checkpoint import bfloat16_to_float32, iter_tf_checkpoint
 from gpt2.tokenizer import CharTokenizer, Tokenizer, assumed_tokenizer, load_tokenizer
@@ -122,10 +124,11 @@ def sinusoidal_positions(n_ctx: int, n_embd: int) -> np.ndarray:
 
 
 def locate(name_or_path: str | os.PathLike) -> Checkpoint:
-    """Find a checkpoint: a local directory, or a released name (downloaded once)."""
+    """Find a checkpoint: a local directory, a released name (downloaded once), or a model gpt2 ships."""
     if not isinstance(name_or_path, (str, os.PathLike)):
         raise InputTypeError(
-            f"a model is a released name ({', '.join(HUB_REPOS)}) or a directory path, got {type(name_or_path).__name__}"
+            f"a model is a released name ({', '.join(HUB_REPOS)}), one gpt2 ships ({', '.join(MODELS)}) or a directory path, "
+            f"got {type(name_or_path).__name__}"
         )
     if str(name_or_path) == "":
         raise UnknownModelError(f"the model name is empty: give a released name ({', '.join(HUB_REPOS)}) or a directory")
@@ -137,9 +140,11 @@ def locate(name_or_path: str | os.PathLike) -> Checkpoint:
     name = str(name_or_path)
     if name in HUB_REPOS:
         return open_checkpoint(download(name))
+    if name in MODELS:
+        return open_checkpoint(model_directory(name))
     raise UnknownModelError(
-        f"unknown model {name!r}: not a directory, and not a released GPT-2 "
-        f"({', '.join(HUB_REPOS)})"
+        f"unknown model {name!r}: not a directory, not a released GPT-2 ({', '.join(HUB_REPOS)}), "
+        f"and not one gpt2 ships ({', '.join(MODELS)})"
     )
 
 
