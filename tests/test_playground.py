@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -32,6 +33,12 @@ pytestmark = pytest.mark.browser
 ARTIFACTS = Path(os.environ.get("GPT2_TEST_ARTIFACTS", REPO / "test-artifacts"))
 PROMPT = "ROMEO:\nBut soft, what light through yonder window"
 MAX_TOKENS = 24
+
+
+def screenshot(shot, name: str) -> None:
+    """A page's or an element's picture in ARTIFACTS, to look at as a person would."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shot.screenshot(path=str(ARTIFACTS / name), **({"full_page": True} if isinstance(shot, playwright.Page) else {}))
 
 
 def system_chromium() -> str | None:
@@ -93,11 +100,13 @@ class Watched:
     def wait_for_model(self) -> None:
         self.wait_until("document.getElementById('model-info').textContent.includes('context')")
 
-    def generate(self, prompt: str, max_tokens: int | str, temperature: float | str, **fields: str) -> None:
+    def generate(self, prompt: str, max_tokens: int | str, temperature: float | str | None, **fields: str) -> None:
+        """Fill the form and click Generate; temperature None leaves the page's default."""
         page = self.page
         page.get_by_label("Prompt").fill(prompt)
         page.get_by_label("Max tokens").fill(str(max_tokens))
-        page.get_by_label("Temperature").fill(str(temperature))
+        if temperature is not None:
+            page.get_by_label("Temperature").fill(str(temperature))
         for label, value in fields.items():
             page.get_by_label({"top_k": "Top-k", "top_p": "Top-p", "seed": "Seed"}[label]).fill(value)
         page.get_by_role("button", name="Generate").click()
@@ -139,8 +148,7 @@ def test_a_greedy_generation_on_the_page_equals_the_api_token_for_token(generate
         assert abs(token["logprob"] - logprob) < 1e-4
     assert "".join(t["text"] for t in shown) == expected["text"]
     assert generated.page.get_by_label("Completion").inner_text().startswith(PROMPT)
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    generated.page.screenshot(path=str(ARTIFACTS / "playground.png"), full_page=True)
+    screenshot(generated.page, "playground.png")  # README's picture, on a trained model: docs/serve.md says how
 
 
 def test_the_served_model_is_named_with_its_context_and_parameters(generated, served):
@@ -238,6 +246,44 @@ def test_the_page_asks_nothing_of_another_origin_and_logs_no_error(generated, se
     assert generated.errors == []
 
 
+def finished(watched: Watched) -> tuple[str, str]:
+    """Once the views are drawn (a click on Generate clears them at once): the completion's text and the status line."""
+    watched.page.wait_for_selector("#lens td")
+    return "".join(t["text"] for t in watched.tokens()), watched.page.text_content("#status")
+
+
+def click_and_read(watched: Watched) -> tuple[str, str]:
+    watched.page.get_by_role("button", name="Generate").click()
+    return finished(watched)
+
+
+def test_the_defaults_are_greedy_and_a_sampled_run_shows_the_seed_that_repeats_it(browser, served):
+    watched = Watched(browser, served.url)
+    page = watched.page
+    try:
+        watched.wait_for_model()
+        watched.generate("Hello there", 12, None)  # the temperature left as the page has it
+        assert page.get_by_label("Temperature").input_value() == "0"
+        first, status = finished(watched)
+        assert click_and_read(watched)[0] == first and "seed" not in status  # twice the same text
+        page.get_by_label("Temperature").fill("1")
+        sampled, status = click_and_read(watched)
+        seed = int(re.search(r"; seed (\d+) \(type it in Seed to repeat this run\)$", status).group(1))
+        assert page.get_by_label("Seed").input_value() == ""
+        again, status = click_and_read(watched)  # a fresh seed for each run while the field is empty
+        assert int(re.search(r"; seed (\d+) ", status).group(1)) != seed
+        screenshot(page.locator(".controls"), "playground-seed.png")
+        page.get_by_label("Seed").fill(str(seed))
+        repeated, status = click_and_read(watched)
+        assert repeated == sampled and f"; seed {seed} " in status
+        client = served.client()  # the seed shown is the one the request carried: the API gives the same text
+        done = client.completions.create(model=client.models.list().data[0].id, prompt="Hello there", max_tokens=12,
+                                         temperature=1, seed=seed)  # fmt: skip
+        assert done.choices[0].text == sampled
+    finally:
+        watched.close()
+
+
 def test_stop_stops_the_generation_and_frees_its_row(browser, served):
     scheduler = served.app.state.server.scheduler
     step = scheduler.decoder.step
@@ -314,7 +360,6 @@ def test_the_page_reads_on_a_phone_sized_screen(browser, served):
         for name in ("Prompt", "Completion", "Attention", "Logit lens"):
             box = watched.page.get_by_label(name).bounding_box()
             assert box is not None and box["x"] >= 0 and box["width"] > 0
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        watched.page.screenshot(path=str(ARTIFACTS / "playground-phone.png"), full_page=True)
+        screenshot(watched.page, "playground-phone.png")
     finally:
         watched.close()

@@ -9,6 +9,7 @@ const state = {
   tokens: [],        // the completion: {id, text, logprob, top} each
   promptIds: null,   // the prompt's token ids, as the server read them
   controller: null,  // aborts the generation in flight (Stop)
+  seed: null,        // the seed of the last sampled generation (null for greedy)
   inspection: null,  // /v1/inspect's answer for the prompt and the completion
   query: 0,          // the attention view's chosen row (a position)
 };
@@ -107,7 +108,9 @@ function count(n) {
 
 // ------------------------------------------------------------------ generating
 
-// The request's settings; a field left empty is the server's default (Top-k: all, Seed: random).
+// The request's settings; a field left empty is the server's default (Top-k: all). A sampled
+// run (temperature above 0; the server's default is 1) with no Seed gets one drawn here, which
+// the status line shows, so that the run can be repeated.
 function settings() {
   const body = { prompt: $("prompt").value, stream: true, logprobs: 5, return_token_ids: true };
   if (state.model) body.model = state.model.id;
@@ -117,6 +120,7 @@ function settings() {
     if (input.validity.badInput) throw new ServerError(`${input.labels[0].firstChild.textContent.trim()} must be a number`);
     if (input.value.trim() !== "") body[key] = Number(input.value);
   }
+  if (body.temperature !== 0 && body.seed === undefined) body.seed = crypto.getRandomValues(new Uint32Array(1))[0];
   return body;
 }
 
@@ -136,6 +140,7 @@ async function generate(event) {
   out.replaceChildren(Object.assign(document.createElement("span"), { className: "prompt", textContent: body.prompt }));
   state.tokens = [];
   state.promptIds = null;
+  state.seed = body.temperature === 0 ? null : body.seed;
   state.controller = new AbortController();
   busy(true);
   say("generating…");
@@ -151,13 +156,13 @@ async function generate(event) {
       addTokens(choice);
       finish = choice.finish_reason || finish;
     }
-    say(`${state.tokens.length} tokens; ${finish === "stop" ? "the model ended the text" : "Max tokens reached"}`);
+    say(`${state.tokens.length} tokens; ${finish === "stop" ? "the model ended the text" : "Max tokens reached"}${seedNote()}`);
   } catch (e) {
     if (e.name !== "AbortError") {
       showError(e.message);
       say("");
     } else {
-      say(`stopped after ${state.tokens.length} tokens`);
+      say(`stopped after ${state.tokens.length} tokens${seedNote()}`);
     }
   } finally {
     state.controller = null;
@@ -165,6 +170,8 @@ async function generate(event) {
   }
   if (state.promptIds) await inspect([...state.promptIds, ...state.tokens.map((t) => t.id)]);
 }
+
+const seedNote = () => (state.seed === null ? "" : `; seed ${state.seed} (type it in Seed to repeat this run)`);
 
 function busy(on) {
   $("generate").disabled = on;
