@@ -229,6 +229,61 @@ def test_the_attention_view_shows_the_pattern_of_the_chosen_layer_and_head(gener
     assert page.get_by_label("Head").input_value() == "1" and box["width"] > 0
 
 
+def thumbnail_pixels(page, n_head: int) -> list[list[list[float]]]:
+    """The "all heads" canvas read back: per head, each cell's colour from its centre's red, as 0..1."""
+    return page.evaluate("""(n_head) => {
+        const canvas = document.getElementById('attention');
+        const d = canvas.dataset, T = Number(d.tokens), panel = Number(d.panel), gap = Number(d.gap);
+        const title = Number(d.title), columns = Number(d.columns), scale = Number(d.scale), cell = panel / T;
+        const ctx = canvas.getContext('2d');
+        const out = [];
+        for (let h = 0; h < n_head; h++) {
+            const x = (h % columns) * (panel + gap), y = Math.floor(h / columns) * (panel + title + gap) + title;
+            const rows = [];
+            for (let q = 0; q < T; q++) {
+                const row = [];
+                for (let k = 0; k < T; k++) {
+                    const px = Math.floor((x + (k + 0.5) * cell) * scale), py = Math.floor((y + (q + 0.5) * cell) * scale);
+                    row.push((255 - ctx.getImageData(px, py, 1, 1).data[0]) / 247);
+                }
+                rows.push(row);
+            }
+            out.push(rows);
+        }
+        return out;
+    }""", n_head)
+
+
+def swatch_reds(legend) -> list[int]:
+    """The red of each colour in the legend's key (255 - 247 x the colour's 0..1)."""
+    colours = legend.locator(".swatch").evaluate_all("els => els.map(e => getComputedStyle(e).backgroundColor)")
+    return [int(re.match(r"rgb\((\d+),", colour).group(1)) for colour in colours]
+
+
+def test_every_heads_thumbnail_is_drawn_on_a_square_root_scale_that_the_legend_states(generated, served):
+    answer = inspection(served, generated)
+    page = generated.page
+    layer = len(answer["attention"]) - 1
+    page.get_by_label("Layer").select_option(str(layer))
+    page.get_by_label("Head").select_option("all")
+    heads = answer["attention"][layer]
+    shown = thumbnail_pixels(page, len(heads))
+    for h, (pixels, pattern) in enumerate(zip(shown, heads, strict=True)):
+        assert max(map(max, pixels)) > 1 - 1.5 / 247, h  # each head's brightest cell at full colour
+        for q, (row, expected) in enumerate(zip(pixels, pattern, strict=True)):
+            for k, (ink, p) in enumerate(zip(row, expected, strict=True)):
+                assert abs(ink - math.sqrt(p)) < 3 / 247, (h, q, k, p)  # a weight of 0.04 is a fifth of the colour, not 4%
+    legend = page.locator("#attention-legend")
+    keys = [0, 0.01, 0.04, 0.25, 1]
+    assert legend.inner_text().split("(")[0].split() == ["Colour:", *map(str, keys)]
+    assert "square-root scale" in legend.inner_text() and "√weight" in legend.inner_text()
+    assert all(abs(red - (255 - 247 * math.sqrt(p))) <= 1 for red, p in zip(swatch_reds(legend), keys, strict=True))
+    screenshot(page.locator("section", has=page.get_by_label("Attention")), "playground-attention-all-heads.png")
+    page.get_by_label("Head").select_option("0")  # one head: the weights as they are, and the legend says so
+    assert "linear" in legend.inner_text()
+    assert all(abs(red - (255 - 247 * p)) <= 1 for red, p in zip(swatch_reds(legend), keys, strict=True))
+
+
 def test_the_logit_lens_shows_the_top_token_of_every_layer_at_every_position(generated, served):
     answer = inspection(served, generated)
     cells = generated.page.eval_on_selector_all(

@@ -276,6 +276,7 @@ function clearViews() {
   canvas.width = canvas.height = 0;
   canvas.style.width = canvas.style.height = "0px";
   $("attention-readout").textContent = "";
+  $("attention-legend").hidden = true;
   $("lens").replaceChildren();
 }
 
@@ -296,6 +297,26 @@ const label = (i) => { const t = shown(state.inspection.tokens[i]); return t.len
 // White for 0 to dark blue for 1: a probability p is the pixel's red 255 - 247 p.
 const INK = [8, 48, 107];
 const colour = (p) => `rgb(${INK.map((c) => Math.round(255 - (255 - c) * p)).join(",")})`;
+
+// One head is drawn as it is. The thumbnails of "all heads" are small, and most weights are small
+// too (a token looking evenly at 40 others gives each 2.5%, which is 2.5% colour): there a weight
+// p is drawn as sqrt(p), so that 1 is full colour, 0.25 half, 0.04 a fifth, 0.01 still a tenth.
+const SCALES = {
+  head: { ink: (p) => p, words: "linear: the colour is the weight" },
+  all: { ink: Math.sqrt, words: "square-root scale, so that small weights show: the colour is √weight" },
+};
+
+function legend(view) {
+  const out = $("attention-legend");
+  const { ink, words } = SCALES[view];
+  const swatches = [0, 0.01, 0.04, 0.25, 1].flatMap((p) => {
+    const swatch = Object.assign(document.createElement("span"), { className: "swatch" });
+    swatch.style.backgroundColor = colour(ink(p));
+    return [swatch, ` ${p} `];
+  });
+  out.replaceChildren("Colour: ", ...swatches, `(${words})`);
+  out.hidden = false;
+}
 
 // A canvas of css pixels width x height, sharp on a high-density screen.
 function sized(canvas, width, height) {
@@ -321,6 +342,7 @@ function drawAttention() {
   const room = Math.max(260, canvas.parentElement.clientWidth - 4);
   if (head === "all") drawHeads(canvas, state.inspection.attention[layer], room);
   else drawHead(canvas, state.inspection.attention[layer][Number(head)], room);
+  legend(canvas.dataset.view);
   readout();
 }
 
@@ -337,7 +359,7 @@ function drawHead(canvas, pattern, room) {
   const ctx = sized(canvas, left + T * cell, top + T * cell);
   Object.assign(canvas.dataset, { view: "head", cell, left, top, tokens: T });
   pattern.forEach((row, q) => row.forEach((p, k) => {
-    ctx.fillStyle = colour(p);
+    ctx.fillStyle = colour(SCALES.head.ink(p));
     ctx.fillRect(left + k * cell, top + q * cell, cell, cell);
   }));
   if (labelled) {
@@ -375,7 +397,7 @@ function drawHeads(canvas, heads, room) {
     ctx.fillStyle = "#1b1f24";
     ctx.fillText(`head ${h}`, x, y + 12);
     pattern.forEach((row, q) => row.forEach((p, k) => {
-      ctx.fillStyle = colour(p);
+      ctx.fillStyle = colour(SCALES.all.ink(p));
       ctx.fillRect(x + k * cell, y + title + q * cell, Math.ceil(cell), Math.ceil(cell));
     }));
     ctx.strokeStyle = "#d0d7de";
