@@ -4,9 +4,10 @@ against the API it is made from: /v1/completions (through the `openai` client) a
 
 The browser is the system's Chromium (Debian's `chromium`; `make test` installs it where it can)
 or Playwright's own (`python -m playwright install chromium`). Without either the tests fail,
-saying so: they are never skipped. A screenshot of the page after a generation is saved in
-test-artifacts/ ($GPT2_TEST_ARTIFACTS); $GPT2_PLAYGROUND_MODEL serves a model directory of your
-own instead of the tests' random one (the README's picture is the tests' on a trained model).
+saying so: they are never skipped. Screenshots of the page and of its views are saved in
+test-artifacts/ ($GPT2_TEST_ARTIFACTS), to be looked at; $GPT2_PLAYGROUND_MODEL serves a model
+directory of your own instead of the tests' random one (README's picture is playground.png).
+One browser and one server serve the module, and most tests look at one generated page, for speed.
 """
 
 from __future__ import annotations
@@ -294,6 +295,59 @@ def test_the_logit_lens_shows_the_top_token_of_every_layer_at_every_position(gen
         expected = lens[layer][position]
         assert token_id == expected["id"] and abs(float(text.rsplit("\n", 1)[1].rstrip("%")) - 100 * expected["prob"]) < 0.051
     assert generated.page.get_by_label("Logit lens").is_visible()
+
+
+def test_the_logit_lens_says_that_each_column_predicts_the_token_after_its_header(generated, served):
+    answer = inspection(served, generated)
+    page = generated.page
+    axis, header = page.locator("#lens thead tr").all()
+    assert axis.inner_text().strip() == "predicting the token after ↓"
+    names = header.locator("th").all_inner_texts()
+    assert names[0] == "layer" and len(names) == 1 + len(answer["tokens"])
+    for name, token in zip(names[1:], answer["tokens"]):
+        full = json.dumps(token, ensure_ascii=False)
+        assert name == (full if len(full) <= 14 else full[:13] + "…")
+    cells = page.locator("#lens tbody tr").first.locator("td")  # the output row, the model's own prediction
+    for position in (0, len(answer["ids"]) - 2):
+        assert cells.nth(position).get_attribute("title").startswith(
+            f'output, predicting the token after {json.dumps(answer["tokens"][position], ensure_ascii=False)}: ')
+    # and so it is: greedy, the generated text is the output row's top token one column to the left
+    first = len(served.app.state.server.tokenizer.encode(PROMPT)) - 1
+    ids = [int(i) for i in cells.evaluate_all("els => els.map(e => e.dataset.tokenId)")]
+    assert ids[first:-1] == answer["ids"][first + 1:]
+
+
+def lens_box(page) -> dict:
+    return page.evaluate("""() => {
+        const box = document.getElementById('lens-scroll'), frame = document.getElementById('lens-frame');
+        return {scrollWidth: box.scrollWidth, clientWidth: box.clientWidth, left: box.getBoundingClientRect().left,
+                fade: getComputedStyle(frame, '::after').opacity};
+    }""")
+
+
+def test_the_logit_lens_shows_that_it_scrolls_sideways_while_it_is_wider_than_its_box(generated):
+    page = generated.page
+    cue, scroller = page.locator("#lens-cue"), page.locator("#lens-scroll")
+    box = lens_box(page)
+    assert box["scrollWidth"] > box["clientWidth"]  # 37 columns at 1280 pixels
+    assert cue.is_visible() and cue.inner_text().endswith("scroll sideways →") and box["fade"] == "1"
+    screenshot(page.locator("section", has=page.get_by_label("Logit lens")), "playground-logit-lens.png")
+    row_name = page.locator("#lens tbody th").first
+    try:
+        scroller.evaluate("e => { e.scrollLeft = e.scrollWidth; }")  # at the right end: no fade there
+        generated.wait_until("getComputedStyle(document.getElementById('lens-frame'), '::after').opacity === '0'")
+        assert row_name.is_visible() and abs(row_name.bounding_box()["x"] - box["left"]) < 1  # the row names stay in sight
+        assert page.locator("#lens tbody td").last.is_visible()
+        screenshot(page.locator("section", has=page.get_by_label("Logit lens")), "playground-logit-lens-scrolled.png")
+        scroller.evaluate("e => { e.scrollLeft = 0; }")
+        page.set_viewport_size({"width": 4000, "height": 900})  # wide enough for every column: no cue
+        generated.wait_until("document.getElementById('lens-cue').hidden")
+        box = lens_box(page)
+        assert box["scrollWidth"] <= box["clientWidth"] and box["fade"] == "0" and not cue.is_visible()
+    finally:
+        page.set_viewport_size({"width": 1280, "height": 900})
+        scroller.evaluate("e => { e.scrollLeft = 0; }")
+    generated.wait_until("!document.getElementById('lens-cue').hidden")
 
 
 def test_the_page_asks_nothing_of_another_origin_and_logs_no_error(generated, served):

@@ -278,6 +278,7 @@ function clearViews() {
   $("attention-readout").textContent = "";
   $("attention-legend").hidden = true;
   $("lens").replaceChildren();
+  scrollCue();
 }
 
 function fillSelects() {
@@ -453,14 +454,22 @@ function keyOnAttention(event) {
   drawAttention();
 }
 
-// The logit lens: a row per layer (the output on top), a column per position.
+const th = (text, fields = {}) => Object.assign(document.createElement("th"), { textContent: text, ...fields });
+
+// The logit lens: a row per layer (the output on top), a column per position. A column's header is
+// the token there, and its cells predict the token after it, as the line above the headers says.
 function drawLens() {
   const { logit_lens: lens, tokens } = state.inspection;
   const table = $("lens");
   table.replaceChildren();
-  const head = table.createTHead().insertRow();
-  head.append(Object.assign(document.createElement("th"), { textContent: "layer \\ token" }));
-  tokens.forEach((_, i) => head.append(Object.assign(document.createElement("th"), { scope: "col", textContent: label(i) })));
+  const thead = table.createTHead();
+  const axis = th("", { colSpan: tokens.length, className: "axis" });
+  axis.append(Object.assign(document.createElement("span"), { textContent: "predicting the token after ↓" }));
+  const corner = th("", { className: "corner" });
+  thead.insertRow().append(corner, axis);
+  const head = thead.insertRow();
+  head.append(th("layer", { scope: "col", className: "corner" }));
+  tokens.forEach((_, i) => head.append(th(label(i), { scope: "col", title: `position ${i}: ${shown(tokens[i])}` })));
   const body = table.createTBody();
   for (let layer = lens.length - 1; layer >= 0; layer--) {
     const row = body.insertRow();
@@ -469,12 +478,26 @@ function drawLens() {
     lens[layer].forEach((top, position) => {
       const cell = row.insertCell();
       cell.textContent = `${shown(top.token).slice(0, 10)}\n${percent(top.prob)}`;
-      cell.title = `${name}, after ${shown(tokens[position])}: ${shown(top.token)} ${percent(top.prob)}`;
+      cell.title = `${name}, predicting the token after ${shown(tokens[position])}: ${shown(top.token)} ${percent(top.prob)}`;
       Object.assign(cell.dataset, { layer, position, tokenId: top.id, prob: top.prob });
       cell.style.backgroundColor = colour(top.prob);
       cell.style.color = top.prob > 0.5 ? "#fff" : "#1b1f24";
     });
   }
+  axis.firstChild.style.left = `${corner.offsetWidth}px`;
+  $("lens-scroll").scrollLeft = 0;
+  scrollCue();
+}
+
+// The lens is often wider than its box: then a line above it says so, and the right edge fades
+// while there is more to that side (the row names stay put, sticky, as the columns scroll).
+function scrollCue() {
+  const box = $("lens-scroll");
+  const hidden = box.scrollWidth - box.clientWidth;
+  const cue = $("lens-cue");
+  cue.hidden = hidden <= 1 || !state.inspection;
+  if (!cue.hidden) cue.textContent = `${state.inspection.tokens.length} columns, wider than this box: scroll sideways →`;
+  $("lens-frame").classList.toggle("more-right", box.scrollLeft < hidden - 1);
 }
 
 // ------------------------------------------------------------------ wiring
@@ -492,6 +515,8 @@ function start() {
   $("attention").addEventListener("mousemove", pointAtAttention);
   $("attention").addEventListener("click", pointAtAttention);
   $("attention").addEventListener("keydown", keyOnAttention);
+  $("lens-scroll").addEventListener("scroll", scrollCue, { passive: true });
+  new ResizeObserver(scrollCue).observe($("lens-scroll"));
   let width = innerWidth;
   addEventListener("resize", () => { if (innerWidth !== width) { width = innerWidth; drawAttention(); } });
   loadModel();
