@@ -4,9 +4,10 @@ against the API it is made from: /v1/completions (through the `openai` client) a
 
 The browser is the system's Chromium (Debian's `chromium`; `make test` installs it where it can)
 or Playwright's own (`python -m playwright install chromium`). Without either the tests fail,
-saying so: they are never skipped. A screenshot of the page after a generation is saved in
-test-artifacts/ ($GPT2_TEST_ARTIFACTS); $GPT2_PLAYGROUND_MODEL serves a model directory of your
-own instead of the tests' random one (the README's picture is the tests' on a trained model).
+saying so: they are never skipped. Screenshots of the page and of its views are saved in
+test-artifacts/ ($GPT2_TEST_ARTIFACTS), to be looked at; $GPT2_PLAYGROUND_MODEL serves a model
+directory of your own instead of the tests' random one (README's picture is playground.png).
+One browser and one server serve the module, and most tests look at one generated page, for speed.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -32,6 +34,12 @@ pytestmark = pytest.mark.browser
 ARTIFACTS = Path(os.environ.get("GPT2_TEST_ARTIFACTS", REPO / "test-artifacts"))
 PROMPT = "ROMEO:\nBut soft, what light through yonder window"
 MAX_TOKENS = 24
+
+
+def screenshot(shot, name: str) -> None:
+    """A page's or an element's picture in ARTIFACTS, to look at as a person would."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shot.screenshot(path=str(ARTIFACTS / name), **({"full_page": True} if isinstance(shot, playwright.Page) else {}))
 
 
 def system_chromium() -> str | None:
@@ -93,11 +101,13 @@ class Watched:
     def wait_for_model(self) -> None:
         self.wait_until("document.getElementById('model-info').textContent.includes('context')")
 
-    def generate(self, prompt: str, max_tokens: int | str, temperature: float | str, **fields: str) -> None:
+    def generate(self, prompt: str, max_tokens: int | str, temperature: float | str | None, **fields: str) -> None:
+        """Fill the form and click Generate; temperature None leaves the page's default."""
         page = self.page
         page.get_by_label("Prompt").fill(prompt)
         page.get_by_label("Max tokens").fill(str(max_tokens))
-        page.get_by_label("Temperature").fill(str(temperature))
+        if temperature is not None:
+            page.get_by_label("Temperature").fill(str(temperature))
         for label, value in fields.items():
             page.get_by_label({"top_k": "Top-k", "top_p": "Top-p", "seed": "Seed"}[label]).fill(value)
         page.get_by_role("button", name="Generate").click()
@@ -139,8 +149,7 @@ def test_a_greedy_generation_on_the_page_equals_the_api_token_for_token(generate
         assert abs(token["logprob"] - logprob) < 1e-4
     assert "".join(t["text"] for t in shown) == expected["text"]
     assert generated.page.get_by_label("Completion").inner_text().startswith(PROMPT)
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    generated.page.screenshot(path=str(ARTIFACTS / "playground.png"), full_page=True)
+    screenshot(generated.page, "playground.png")  # README's picture, on a trained model: docs/serve.md says how
 
 
 def test_the_served_model_is_named_with_its_context_and_parameters(generated, served):
@@ -221,6 +230,61 @@ def test_the_attention_view_shows_the_pattern_of_the_chosen_layer_and_head(gener
     assert page.get_by_label("Head").input_value() == "1" and box["width"] > 0
 
 
+def thumbnail_pixels(page, n_head: int) -> list[list[list[float]]]:
+    """The "all heads" canvas read back: per head, each cell's colour from its centre's red, as 0..1."""
+    return page.evaluate("""(n_head) => {
+        const canvas = document.getElementById('attention');
+        const d = canvas.dataset, T = Number(d.tokens), panel = Number(d.panel), gap = Number(d.gap);
+        const title = Number(d.title), columns = Number(d.columns), scale = Number(d.scale), cell = panel / T;
+        const ctx = canvas.getContext('2d');
+        const out = [];
+        for (let h = 0; h < n_head; h++) {
+            const x = (h % columns) * (panel + gap), y = Math.floor(h / columns) * (panel + title + gap) + title;
+            const rows = [];
+            for (let q = 0; q < T; q++) {
+                const row = [];
+                for (let k = 0; k < T; k++) {
+                    const px = Math.floor((x + (k + 0.5) * cell) * scale), py = Math.floor((y + (q + 0.5) * cell) * scale);
+                    row.push((255 - ctx.getImageData(px, py, 1, 1).data[0]) / 247);
+                }
+                rows.push(row);
+            }
+            out.push(rows);
+        }
+        return out;
+    }""", n_head)
+
+
+def swatch_reds(legend) -> list[int]:
+    """The red of each colour in the legend's key (255 - 247 x the colour's 0..1)."""
+    colours = legend.locator(".swatch").evaluate_all("els => els.map(e => getComputedStyle(e).backgroundColor)")
+    return [int(re.match(r"rgb\((\d+),", colour).group(1)) for colour in colours]
+
+
+def test_every_heads_thumbnail_is_drawn_on_a_square_root_scale_that_the_legend_states(generated, served):
+    answer = inspection(served, generated)
+    page = generated.page
+    layer = len(answer["attention"]) - 1
+    page.get_by_label("Layer").select_option(str(layer))
+    page.get_by_label("Head").select_option("all")
+    heads = answer["attention"][layer]
+    shown = thumbnail_pixels(page, len(heads))
+    for h, (pixels, pattern) in enumerate(zip(shown, heads, strict=True)):
+        assert max(map(max, pixels)) > 1 - 1.5 / 247, h  # each head's brightest cell at full colour
+        for q, (row, expected) in enumerate(zip(pixels, pattern, strict=True)):
+            for k, (ink, p) in enumerate(zip(row, expected, strict=True)):
+                assert abs(ink - math.sqrt(p)) < 3 / 247, (h, q, k, p)  # a weight of 0.04 is a fifth of the colour, not 4%
+    legend = page.locator("#attention-legend")
+    keys = [0, 0.01, 0.04, 0.25, 1]
+    assert legend.inner_text().split("(")[0].split() == ["Colour:", *map(str, keys)]
+    assert "square-root scale" in legend.inner_text() and "√weight" in legend.inner_text()
+    assert all(abs(red - (255 - 247 * math.sqrt(p))) <= 1 for red, p in zip(swatch_reds(legend), keys, strict=True))
+    screenshot(page.locator("section", has=page.get_by_label("Attention")), "playground-attention-all-heads.png")
+    page.get_by_label("Head").select_option("0")  # one head: the weights as they are, and the legend says so
+    assert "linear" in legend.inner_text()
+    assert all(abs(red - (255 - 247 * p)) <= 1 for red, p in zip(swatch_reds(legend), keys, strict=True))
+
+
 def test_the_logit_lens_shows_the_top_token_of_every_layer_at_every_position(generated, served):
     answer = inspection(served, generated)
     cells = generated.page.eval_on_selector_all(
@@ -233,9 +297,100 @@ def test_the_logit_lens_shows_the_top_token_of_every_layer_at_every_position(gen
     assert generated.page.get_by_label("Logit lens").is_visible()
 
 
+def test_the_logit_lens_says_that_each_column_predicts_the_token_after_its_header(generated, served):
+    answer = inspection(served, generated)
+    page = generated.page
+    axis, header = page.locator("#lens thead tr").all()
+    assert axis.inner_text().strip() == "predicting the token after ↓"
+    names = header.locator("th").all_inner_texts()
+    assert names[0] == "layer" and len(names) == 1 + len(answer["tokens"])
+    for name, token in zip(names[1:], answer["tokens"]):
+        full = json.dumps(token, ensure_ascii=False)
+        assert name == (full if len(full) <= 14 else full[:13] + "…")
+    cells = page.locator("#lens tbody tr").first.locator("td")  # the output row, the model's own prediction
+    for position in (0, len(answer["ids"]) - 2):
+        assert cells.nth(position).get_attribute("title").startswith(
+            f'output, predicting the token after {json.dumps(answer["tokens"][position], ensure_ascii=False)}: ')
+    # and so it is: greedy, the generated text is the output row's top token one column to the left
+    first = len(served.app.state.server.tokenizer.encode(PROMPT)) - 1
+    ids = [int(i) for i in cells.evaluate_all("els => els.map(e => e.dataset.tokenId)")]
+    assert ids[first:-1] == answer["ids"][first + 1:]
+
+
+def lens_box(page) -> dict:
+    return page.evaluate("""() => {
+        const box = document.getElementById('lens-scroll'), frame = document.getElementById('lens-frame');
+        return {scrollWidth: box.scrollWidth, clientWidth: box.clientWidth, left: box.getBoundingClientRect().left,
+                fade: getComputedStyle(frame, '::after').opacity};
+    }""")
+
+
+def test_the_logit_lens_shows_that_it_scrolls_sideways_while_it_is_wider_than_its_box(generated):
+    page = generated.page
+    cue, scroller = page.locator("#lens-cue"), page.locator("#lens-scroll")
+    box = lens_box(page)
+    assert box["scrollWidth"] > box["clientWidth"]  # 37 columns at 1280 pixels
+    assert cue.is_visible() and cue.inner_text().endswith("scroll sideways →") and box["fade"] == "1"
+    screenshot(page.locator("section", has=page.get_by_label("Logit lens")), "playground-logit-lens.png")
+    row_name = page.locator("#lens tbody th").first
+    try:
+        scroller.evaluate("e => { e.scrollLeft = e.scrollWidth; }")  # at the right end: no fade there
+        generated.wait_until("getComputedStyle(document.getElementById('lens-frame'), '::after').opacity === '0'")
+        assert row_name.is_visible() and abs(row_name.bounding_box()["x"] - box["left"]) < 1  # the row names stay in sight
+        assert page.locator("#lens tbody td").last.is_visible()
+        screenshot(page.locator("section", has=page.get_by_label("Logit lens")), "playground-logit-lens-scrolled.png")
+        scroller.evaluate("e => { e.scrollLeft = 0; }")
+        page.set_viewport_size({"width": 4000, "height": 900})  # wide enough for every column: no cue
+        generated.wait_until("document.getElementById('lens-cue').hidden")
+        box = lens_box(page)
+        assert box["scrollWidth"] <= box["clientWidth"] and box["fade"] == "0" and not cue.is_visible()
+    finally:
+        page.set_viewport_size({"width": 1280, "height": 900})
+        scroller.evaluate("e => { e.scrollLeft = 0; }")
+    generated.wait_until("!document.getElementById('lens-cue').hidden")
+
+
 def test_the_page_asks_nothing_of_another_origin_and_logs_no_error(generated, served):
     assert generated.requests and all(url.startswith(served.url + "/") for url in generated.requests)
     assert generated.errors == []
+
+
+def finished(watched: Watched) -> tuple[str, str]:
+    """Once the views are drawn (a click on Generate clears them at once): the completion's text and the status line."""
+    watched.page.wait_for_selector("#lens td")
+    return "".join(t["text"] for t in watched.tokens()), watched.page.text_content("#status")
+
+
+def click_and_read(watched: Watched) -> tuple[str, str]:
+    watched.page.get_by_role("button", name="Generate").click()
+    return finished(watched)
+
+
+def test_the_defaults_are_greedy_and_a_sampled_run_shows_the_seed_that_repeats_it(browser, served):
+    watched = Watched(browser, served.url)
+    page = watched.page
+    try:
+        watched.wait_for_model()
+        watched.generate("Hello there", 12, None)  # the temperature left as the page has it
+        assert page.get_by_label("Temperature").input_value() == "0"
+        first, status = finished(watched)
+        assert click_and_read(watched)[0] == first and "seed" not in status  # twice the same text
+        page.get_by_label("Temperature").fill("1")
+        sampled, status = click_and_read(watched)
+        seed = int(re.search(r"; seed (\d+) \(type it in Seed to repeat this run\)$", status).group(1))
+        assert page.get_by_label("Seed").input_value() == ""
+        again, status = click_and_read(watched)  # a fresh seed for each run while the field is empty
+        assert int(re.search(r"; seed (\d+) ", status).group(1)) != seed
+        screenshot(page.locator(".controls"), "playground-seed.png")
+        page.get_by_label("Seed").fill(str(seed))
+        repeated, status = click_and_read(watched)
+        assert repeated == sampled and f"; seed {seed} " in status
+        client = served.client()  # the seed shown is the one the request carried: the API gives the same text
+        done = client.completions.create(model=client.models.list().data[0].id, prompt="Hello there", max_tokens=12,
+                                         temperature=1, seed=seed)  # fmt: skip
+        assert done.choices[0].text == sampled
+    finally:
+        watched.close()
 
 
 def test_stop_stops_the_generation_and_frees_its_row(browser, served):
@@ -314,7 +469,6 @@ def test_the_page_reads_on_a_phone_sized_screen(browser, served):
         for name in ("Prompt", "Completion", "Attention", "Logit lens"):
             box = watched.page.get_by_label(name).bounding_box()
             assert box is not None and box["x"] >= 0 and box["width"] > 0
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        watched.page.screenshot(path=str(ARTIFACTS / "playground-phone.png"), full_page=True)
+        screenshot(watched.page, "playground-phone.png")
     finally:
         watched.close()

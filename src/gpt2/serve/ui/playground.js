@@ -9,6 +9,7 @@ const state = {
   tokens: [],        // the completion: {id, text, logprob, top} each
   promptIds: null,   // the prompt's token ids, as the server read them
   controller: null,  // aborts the generation in flight (Stop)
+  seed: null,        // the seed of the last sampled generation (null for greedy)
   inspection: null,  // /v1/inspect's answer for the prompt and the completion
   query: 0,          // the attention view's chosen row (a position)
 };
@@ -107,7 +108,9 @@ function count(n) {
 
 // ------------------------------------------------------------------ generating
 
-// The request's settings; a field left empty is the server's default (Top-k: all, Seed: random).
+// The request's settings; a field left empty is the server's default (Top-k: all). A sampled
+// run (temperature above 0; the server's default is 1) with no Seed gets one drawn here, which
+// the status line shows, so that the run can be repeated.
 function settings() {
   const body = { prompt: $("prompt").value, stream: true, logprobs: 5, return_token_ids: true };
   if (state.model) body.model = state.model.id;
@@ -117,6 +120,7 @@ function settings() {
     if (input.validity.badInput) throw new ServerError(`${input.labels[0].firstChild.textContent.trim()} must be a number`);
     if (input.value.trim() !== "") body[key] = Number(input.value);
   }
+  if (body.temperature !== 0 && body.seed === undefined) body.seed = crypto.getRandomValues(new Uint32Array(1))[0];
   return body;
 }
 
@@ -136,6 +140,7 @@ async function generate(event) {
   out.replaceChildren(Object.assign(document.createElement("span"), { className: "prompt", textContent: body.prompt }));
   state.tokens = [];
   state.promptIds = null;
+  state.seed = body.temperature === 0 ? null : body.seed;
   state.controller = new AbortController();
   busy(true);
   say("generating…");
@@ -151,13 +156,13 @@ async function generate(event) {
       addTokens(choice);
       finish = choice.finish_reason || finish;
     }
-    say(`${state.tokens.length} tokens; ${finish === "stop" ? "the model ended the text" : "Max tokens reached"}`);
+    say(`${state.tokens.length} tokens; ${finish === "stop" ? "the model ended the text" : "Max tokens reached"}${seedNote()}`);
   } catch (e) {
     if (e.name !== "AbortError") {
       showError(e.message);
       say("");
     } else {
-      say(`stopped after ${state.tokens.length} tokens`);
+      say(`stopped after ${state.tokens.length} tokens${seedNote()}`);
     }
   } finally {
     state.controller = null;
@@ -165,6 +170,8 @@ async function generate(event) {
   }
   if (state.promptIds) await inspect([...state.promptIds, ...state.tokens.map((t) => t.id)]);
 }
+
+const seedNote = () => (state.seed === null ? "" : `; seed ${state.seed} (type it in Seed to repeat this run)`);
 
 function busy(on) {
   $("generate").disabled = on;
@@ -269,7 +276,9 @@ function clearViews() {
   canvas.width = canvas.height = 0;
   canvas.style.width = canvas.style.height = "0px";
   $("attention-readout").textContent = "";
+  $("attention-legend").hidden = true;
   $("lens").replaceChildren();
+  scrollCue();
 }
 
 function fillSelects() {
@@ -289,6 +298,26 @@ const label = (i) => { const t = shown(state.inspection.tokens[i]); return t.len
 // White for 0 to dark blue for 1: a probability p is the pixel's red 255 - 247 p.
 const INK = [8, 48, 107];
 const colour = (p) => `rgb(${INK.map((c) => Math.round(255 - (255 - c) * p)).join(",")})`;
+
+// One head is drawn as it is. The thumbnails of "all heads" are small, and most weights are small
+// too (a token looking evenly at 40 others gives each 2.5%, which is 2.5% colour): there a weight
+// p is drawn as sqrt(p), so that 1 is full colour, 0.25 half, 0.04 a fifth, 0.01 still a tenth.
+const SCALES = {
+  head: { ink: (p) => p, words: "linear: the colour is the weight" },
+  all: { ink: Math.sqrt, words: "square-root scale, so that small weights show: the colour is √weight" },
+};
+
+function legend(view) {
+  const out = $("attention-legend");
+  const { ink, words } = SCALES[view];
+  const swatches = [0, 0.01, 0.04, 0.25, 1].flatMap((p) => {
+    const swatch = Object.assign(document.createElement("span"), { className: "swatch" });
+    swatch.style.backgroundColor = colour(ink(p));
+    return [swatch, ` ${p} `];
+  });
+  out.replaceChildren("Colour: ", ...swatches, `(${words})`);
+  out.hidden = false;
+}
 
 // A canvas of css pixels width x height, sharp on a high-density screen.
 function sized(canvas, width, height) {
@@ -314,6 +343,7 @@ function drawAttention() {
   const room = Math.max(260, canvas.parentElement.clientWidth - 4);
   if (head === "all") drawHeads(canvas, state.inspection.attention[layer], room);
   else drawHead(canvas, state.inspection.attention[layer][Number(head)], room);
+  legend(canvas.dataset.view);
   readout();
 }
 
@@ -330,7 +360,7 @@ function drawHead(canvas, pattern, room) {
   const ctx = sized(canvas, left + T * cell, top + T * cell);
   Object.assign(canvas.dataset, { view: "head", cell, left, top, tokens: T });
   pattern.forEach((row, q) => row.forEach((p, k) => {
-    ctx.fillStyle = colour(p);
+    ctx.fillStyle = colour(SCALES.head.ink(p));
     ctx.fillRect(left + k * cell, top + q * cell, cell, cell);
   }));
   if (labelled) {
@@ -368,7 +398,7 @@ function drawHeads(canvas, heads, room) {
     ctx.fillStyle = "#1b1f24";
     ctx.fillText(`head ${h}`, x, y + 12);
     pattern.forEach((row, q) => row.forEach((p, k) => {
-      ctx.fillStyle = colour(p);
+      ctx.fillStyle = colour(SCALES.all.ink(p));
       ctx.fillRect(x + k * cell, y + title + q * cell, Math.ceil(cell), Math.ceil(cell));
     }));
     ctx.strokeStyle = "#d0d7de";
@@ -424,14 +454,22 @@ function keyOnAttention(event) {
   drawAttention();
 }
 
-// The logit lens: a row per layer (the output on top), a column per position.
+const th = (text, fields = {}) => Object.assign(document.createElement("th"), { textContent: text, ...fields });
+
+// The logit lens: a row per layer (the output on top), a column per position. A column's header is
+// the token there, and its cells predict the token after it, as the line above the headers says.
 function drawLens() {
   const { logit_lens: lens, tokens } = state.inspection;
   const table = $("lens");
   table.replaceChildren();
-  const head = table.createTHead().insertRow();
-  head.append(Object.assign(document.createElement("th"), { textContent: "layer \\ token" }));
-  tokens.forEach((_, i) => head.append(Object.assign(document.createElement("th"), { scope: "col", textContent: label(i) })));
+  const thead = table.createTHead();
+  const axis = th("", { colSpan: tokens.length, className: "axis" });
+  axis.append(Object.assign(document.createElement("span"), { textContent: "predicting the token after ↓" }));
+  const corner = th("", { className: "corner" });
+  thead.insertRow().append(corner, axis);
+  const head = thead.insertRow();
+  head.append(th("layer", { scope: "col", className: "corner" }));
+  tokens.forEach((_, i) => head.append(th(label(i), { scope: "col", title: `position ${i}: ${shown(tokens[i])}` })));
   const body = table.createTBody();
   for (let layer = lens.length - 1; layer >= 0; layer--) {
     const row = body.insertRow();
@@ -440,12 +478,26 @@ function drawLens() {
     lens[layer].forEach((top, position) => {
       const cell = row.insertCell();
       cell.textContent = `${shown(top.token).slice(0, 10)}\n${percent(top.prob)}`;
-      cell.title = `${name}, after ${shown(tokens[position])}: ${shown(top.token)} ${percent(top.prob)}`;
+      cell.title = `${name}, predicting the token after ${shown(tokens[position])}: ${shown(top.token)} ${percent(top.prob)}`;
       Object.assign(cell.dataset, { layer, position, tokenId: top.id, prob: top.prob });
       cell.style.backgroundColor = colour(top.prob);
       cell.style.color = top.prob > 0.5 ? "#fff" : "#1b1f24";
     });
   }
+  axis.firstChild.style.left = `${corner.offsetWidth}px`;
+  $("lens-scroll").scrollLeft = 0;
+  scrollCue();
+}
+
+// The lens is often wider than its box: then a line above it says so, and the right edge fades
+// while there is more to that side (the row names stay put, sticky, as the columns scroll).
+function scrollCue() {
+  const box = $("lens-scroll");
+  const hidden = box.scrollWidth - box.clientWidth;
+  const cue = $("lens-cue");
+  cue.hidden = hidden <= 1 || !state.inspection;
+  if (!cue.hidden) cue.textContent = `${state.inspection.tokens.length} columns, wider than this box: scroll sideways →`;
+  $("lens-frame").classList.toggle("more-right", box.scrollLeft < hidden - 1);
 }
 
 // ------------------------------------------------------------------ wiring
@@ -463,6 +515,8 @@ function start() {
   $("attention").addEventListener("mousemove", pointAtAttention);
   $("attention").addEventListener("click", pointAtAttention);
   $("attention").addEventListener("keydown", keyOnAttention);
+  $("lens-scroll").addEventListener("scroll", scrollCue, { passive: true });
+  new ResizeObserver(scrollCue).observe($("lens-scroll"));
   let width = innerWidth;
   addEventListener("resize", () => { if (innerWidth !== width) { width = innerWidth; drawAttention(); } });
   loadModel();
