@@ -32,7 +32,7 @@ from gpt2.serve import Limits
 pytestmark = pytest.mark.browser
 
 ARTIFACTS = Path(os.environ.get("GPT2_TEST_ARTIFACTS", REPO / "test-artifacts"))
-PROMPT = "ROMEO:\nBut soft, what light through yonder window"
+PROMPT = "ROMEO:\nBut soft, what light"
 MAX_TOKENS = 24
 
 
