@@ -32,8 +32,8 @@ def main() -> int:
         except CheckpointNotFoundError:
             print(f"gpt2 demo: {args.model!r} cannot be downloaded here (offline?), so {SHIPPED}, the small model of "
                   f"Shakespeare's characters that gpt2 ships, continues the prompt instead", file=sys.stderr)  # fmt: skip
-            # 200 characters, sampled with a seed (greedy, a model this small repeats "the the the"): the same each run
-            return gpt2_main(["generate", args.prompt, "--model", SHIPPED, "--max-new-tokens", "200", "--seed", "0"])
+            # 120 characters, sampled with a seed (greedy, a model this small repeats "the the the"): the same each run
+            return gpt2_main(["generate", args.prompt, "--model", SHIPPED, "--max-new-tokens", "120", "--seed", "0"])
     return gpt2_main(["generate", args.prompt, "--model", args.model, "--max-new-tokens", "40", "--temperature", "0"])
 
 
