@@ -165,8 +165,9 @@ def download(name: str) -> Path:
         return hub_file(repo, "model.safetensors").parent  # the two files of one snapshot directory
     except OSError as e:  # offline, unreachable, not found: all end the same way
         raise CheckpointNotFoundError(
-            f"{download_error(repr(name), repo, e)}. Without a network, pass a local directory instead: "
-            f"a Hugging Face one (config.json + model.safetensors) or OpenAI's release (hparams.json + model.ckpt.*)"
+            f"{download_error(repr(name), repo, e)}. Without a network, pass a local directory instead "
+            f"(a Hugging Face one, config.json + model.safetensors, or OpenAI's release, hparams.json + model.ckpt.*), "
+            f"or {', '.join(MODELS)}, the small model gpt2 ships"
         ) from None
 
 
