@@ -1074,8 +1074,9 @@ def test_logprobs_and_top_logprobs_equal_transformers_log_softmax(chat_models, c
         expected = torch.log_softmax(chat_models[0](torch.tensor([prompt + new])).logits[0].double(), dim=-1)
     response = chat_client.chat.completions.create(model="tiny", messages=QUESTION, temperature=0, logprobs=True, top_logprobs=3)
     content = response.choices[0].logprobs.content
-    assert len(content) == len(new) - 1  # every token of the reply, less its <|endoftext|>
-    for k, (entry, token) in enumerate(zip(content, new)):
+    assert len(content) == len(new) == response.usage.completion_tokens  # every token of the reply, its <|endoftext|> too
+    assert new[-1] == EOT and content[-1].token == "<|endoftext|>"  # by its name, as the tokens' alternatives have it
+    for k, (entry, token) in enumerate(zip(content, new, strict=True)):
         at = expected[len(prompt) + k - 1]
         assert entry.token == ENC.decode([token]) and entry.bytes == list(ENC.token_bytes(token))
         assert abs(entry.logprob - float(at[token])) < 1e-4

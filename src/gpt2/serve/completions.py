@@ -58,7 +58,9 @@ class ChoiceStream:
         if taken and self.token_ids is not None:
             self.token_ids.append(token)
         piece += self.text_row.follow(token, reason is not None)
-        if taken and token != self.tokenizer.eot_token and self.logprobs is not None:
+        if taken and self.logprobs is not None:  # every token taken, <|endoftext|> too: lm-eval takes the last entry for the one generated
+            if token == self.tokenizer.eot_token:  # it writes no text: its entry stands at the text's end
+                self.offset = len(self.text) + len(piece)
             k = len(self.logprobs) - (len(self.row.prompt) if self.row.echo_logprobs else 0)
             self._log(token, (self.row.token_logprobs[k], self.row.top_logprobs[k]))
         self.text += piece
