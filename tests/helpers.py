@@ -133,6 +133,27 @@ def make_hf_model(seed: int = 0, **config):
     return model
 
 
+def make_ending_model(directory: Path, n_ctx: int = 64):
+    """A tiny transformers model whose texts end: "."'s embedding and <|endoftext|>'s share a
+    direction u, <|endoftext|>'s the larger part, so that after a "." (whose residual stream holds
+    u) <|endoftext|> is the greedy next token (the tied unembedding reads u back), as a trained
+    model ends a sentence that ends its text. Saved in `directory` with GPT-2's tokenizer files
+    (for lm-eval's hf model); transformers' model."""
+    import torch
+
+    from gpt2 import Tokenizer
+
+    enc = Tokenizer.gpt2()
+    hf = make_hf_model(seed=3, vocab_size=50257, n_positions=n_ctx, n_embd=32, n_layer=2, n_head=2)
+    with torch.no_grad():
+        u = torch.nn.functional.normalize(torch.randn(32, generator=torch.Generator().manual_seed(0)), dim=0)
+        hf.transformer.wte.weight[enc.token_id(".")] += 2 * u
+        hf.transformer.wte.weight[enc.eot_token] = 3 * u
+    hf.save_pretrained(directory)
+    enc.save_pretrained(directory)
+    return hf
+
+
 def perturbed(model, scale: float = 0.5, seed: int = 0):
     """A copy of a transformers model with noise added to its blocks' weights (`scale` times each
     tensor's spread; the embeddings kept): a draft model that often agrees with the model, not

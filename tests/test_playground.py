@@ -24,7 +24,7 @@ import httpx
 import pytest
 from playwright import sync_api as playwright
 
-from helpers import REPO, Running, make_hf_model
+from helpers import REPO, Running, make_ending_model, make_hf_model
 from gpt2 import Tokenizer
 from gpt2.model import GPT2
 from gpt2.serve import Limits
@@ -416,6 +416,38 @@ def test_stop_stops_the_generation_and_frees_its_row(browser, served):
     finally:
         scheduler.decoder.step = step
         watched.close()
+
+
+def test_the_end_of_the_text_is_drawn_as_a_mark_the_api_lists(browser, tmp_path_factory):
+    """On a model that ends its texts after a "." (helpers.make_ending_model), the page draws the
+    <|endoftext|> that the API lists as a token as an "end of text" mark, not as an empty span."""
+    directory = tmp_path_factory.mktemp("ending")
+    make_ending_model(directory)
+    model = GPT2.from_pretrained(directory, device="cpu")
+    running = Running(lambda: (model, Tokenizer.gpt2()), "ending")
+    watched = Watched(browser, running.url)
+    try:
+        watched.wait_for_model()
+        watched.generate("It rained.", 8, 0)
+        watched.wait_until("document.getElementById('status').textContent.includes('token')")
+        api = running.client().completions.create(model="ending", prompt="It rained.", max_tokens=8, temperature=0,
+                                                  logprobs=1, extra_body={"return_token_ids": True})  # fmt: skip
+        assert api.choices[0].finish_reason == "stop" and api.choices[0].logprobs.tokens[-1] == "<|endoftext|>"
+        tokens = watched.tokens()
+        assert [t["id"] for t in tokens] == api.choices[0].token_ids
+        assert tokens[-1]["text"] == "" and tokens[-1]["logprob"] == pytest.approx(api.choices[0].logprobs.token_logprobs[-1])
+        mark = watched.page.locator("#completion .token.end")
+        assert mark.count() == 1 and mark.get_attribute("title") == "the model ended the text here (<|endoftext|>)"
+        assert watched.page.evaluate("getComputedStyle(document.querySelector('#completion .token.end'), '::after').content") == '"end of text"'
+        assert mark.bounding_box()["width"] > 20  # to be seen, and pointed at
+        mark.focus()
+        assert watched.page.locator("#tip tr.chosen").inner_text().startswith('"<|endoftext|>"')
+        assert watched.page.locator("#tip").inner_text().startswith('"<|endoftext|>" (id 50256)')
+        assert watched.page.text_content("#status").startswith("1 token; the model ended the text")
+        watched.page.screenshot(path=str(ARTIFACTS / "playground-end-of-text.png"))
+    finally:
+        watched.close()
+        running.stop()
 
 
 def test_a_server_error_appears_on_the_page(browser, served):

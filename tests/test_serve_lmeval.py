@@ -17,31 +17,21 @@ import torch
 from lm_eval.models.openai_completions import LocalCompletionsAPI
 from lm_eval.tasks import TaskManager
 
-from helpers import Running, make_hf_model
+from helpers import Running, make_ending_model
 from gpt2 import Tokenizer
 from gpt2.model import GPT2
 
 ENC = Tokenizer.gpt2()
-EOT, DOT = ENC.eot_token, ENC.token_id(".")
+EOT = ENC.eot_token
 N_CTX = 64
 TASKS = Path(__file__).parent / "fixtures" / "lmeval"  # gpt2_endings: contexts scored with three endings each
 
 
 @pytest.fixture(scope="module")
 def ending_model(tmp_path_factory):
-    """A tiny transformers model whose texts end: "."'s embedding and <|endoftext|>'s share a
-    direction u, <|endoftext|>'s the larger part, so that after a "." (whose residual stream holds
-    u) <|endoftext|> is the greedy next token (the tied unembedding reads u back), as a trained
-    model ends a sentence that ends its text. Saved with the tokenizer's files, for lm-eval's hf
-    model; (transformers' model, ours loaded from its directory, the directory)."""
+    """helpers.make_ending_model: (transformers' model, ours loaded from its directory, the directory)."""
     directory = tmp_path_factory.mktemp("ending")
-    hf = make_hf_model(seed=3, vocab_size=50257, n_positions=N_CTX, n_embd=32, n_layer=2, n_head=2)
-    with torch.no_grad():
-        u = torch.nn.functional.normalize(torch.randn(32, generator=torch.Generator().manual_seed(0)), dim=0)
-        hf.transformer.wte.weight[DOT] += 2 * u
-        hf.transformer.wte.weight[EOT] = 3 * u
-    hf.save_pretrained(directory)
-    ENC.save_pretrained(directory)
+    hf = make_ending_model(directory, N_CTX)
     return hf, GPT2.from_pretrained(directory, device="cpu"), str(directory)
 
 

@@ -156,7 +156,7 @@ async function generate(event) {
       addTokens(choice);
       finish = choice.finish_reason || finish;
     }
-    say(`${state.tokens.length} tokens; ${finish === "stop" ? "the model ended the text" : "Max tokens reached"}${seedNote()}`);
+    say(`${state.tokens.length} token${state.tokens.length === 1 ? "" : "s"}; ${finish === "stop" ? "the model ended the text" : "Max tokens reached"}${seedNote()}`);
   } catch (e) {
     if (e.name !== "AbortError") {
       showError(e.message);
@@ -184,13 +184,19 @@ function stop() {
 
 // One chunk's tokens: usually one; more where a token ended half a character, which the
 // server holds back until the character is whole (its text then comes with the next token).
+// The end of the text (<|endoftext|>) is listed among the tokens but is not in the text: it is
+// drawn as a mark of its own.
+const END = "<|endoftext|>";
+
 function addTokens(choice) {
   const lp = choice.logprobs;
   if (!lp) return;
-  const whole = lp.tokens.every((t) => !t.startsWith("bytes:")) && lp.tokens.join("") === choice.text;
+  const texts = lp.tokens.filter((t) => t !== END);
+  const whole = texts.every((t) => !t.startsWith("bytes:")) && texts.join("") === choice.text;
   lp.tokens.forEach((text, i) => {
-    const token = { id: choice.token_ids[i], text: whole ? text : i === 0 ? choice.text : "", logprob: lp.token_logprobs[i],
-                    top: lp.top_logprobs[i] };
+    const end = text === END;
+    const token = { id: choice.token_ids[i], text: end ? "" : whole ? text : i === 0 ? choice.text : "", end,
+                    logprob: lp.token_logprobs[i], top: lp.top_logprobs[i] };
     state.tokens.push(token);
     $("completion").append(tokenElement(token, state.tokens.length === 1));
   });
@@ -198,7 +204,8 @@ function addTokens(choice) {
 
 function tokenElement(token, first) {
   const span = document.createElement("span");
-  span.className = token.text.includes("\n") ? "token newline" : "token";  // a newline gets a mark to point at
+  span.className = token.end ? "token end" : token.text.includes("\n") ? "token newline" : "token";  // marks to point at
+  if (token.end) span.title = "the model ended the text here (<|endoftext|>)";
   span.textContent = token.text;
   span.tabIndex = first ? 0 : -1;  // one tab stop for the completion: the arrow keys move within it
   span.dataset.tokenId = token.id;
@@ -232,12 +239,12 @@ function showTip(span, token) {
   const table = document.createElement("table");
   for (const [text, logprob] of rows) {
     const row = table.insertRow();
-    if (text === token.text || (token.text === "" && text.startsWith("bytes:"))) row.className = "chosen";
+    if (token.end ? text === END : text === token.text || (token.text === "" && text.startsWith("bytes:"))) row.className = "chosen";
     row.insertCell().textContent = shown(text);
     Object.assign(row.insertCell(), { className: "p", textContent: percent(Math.exp(logprob)) });
   }
   const head = document.createElement("div");
-  head.textContent = `${shown(token.text)} (id ${token.id}): ${percent(Math.exp(token.logprob))}; the model's top choices:`;
+  head.textContent = `${shown(token.end ? END : token.text)} (id ${token.id}): ${percent(Math.exp(token.logprob))}; the model's top choices:`;
   tip.replaceChildren(head, table);
   tip.hidden = false;
   const box = span.getBoundingClientRect();
