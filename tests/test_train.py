@@ -23,7 +23,8 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimi
 
 import gpt2.train
 from helpers import REPO, Watched, corpus_hellaswag, heed_ctrl_c, make_hf_model, replies_are_even_ids, write_conversations, write_hellaswag
-from gpt2 import CheckpointError, ContextLengthError, DataError, GPT2Error, InvalidArgumentError, Tokenizer, UnwritablePathError
+from gpt2 import (CheckpointError, ContextLengthError, DataError, GPT2Error, InvalidArgumentError, NonFiniteError, Tokenizer,
+                  UnwritablePathError)
 from gpt2.data import get_batch, open_data, prepare
 from gpt2.evaluate import hellaswag
 from gpt2.model import GPT2
@@ -575,6 +576,38 @@ def test_a_warm_up_as_long_as_the_run_is_warned_about(char_data, tmp_path):
         warnings.simplefilter("error", WarmupWarning)
         train(tmp_path / "out", resume=True, max_iters=52, progress=False)  # now it decays: no warning
         train(tmp_path / "fine", data=char_data, max_iters=6, progress=False, **TINY)  # warmup_iters 5 < 6
+
+
+def finite_files(out: Path) -> int:
+    """The iteration of OUT's checkpoint, once its weights and the model's are checked to be numbers
+    (the model's read by safetensors, the checkpoint's by torch)."""
+    from safetensors.torch import load_file
+
+    state = checkpoint(out)
+    assert all(torch.isfinite(t).all() for t in state["model"].values())
+    assert all(torch.isfinite(t).all() for t in load_file(out / "model.safetensors").values())
+    return state["iteration"]
+
+
+@pytest.mark.parametrize("where, changes, said", [
+    ("a logged step", {}, "iter 1: the training loss is nan"),
+    ("an evaluation", {"log_interval": 100, "eval_interval": 4}, "iter 4: the train loss of its evaluation is nan"),
+    ("a stop", {"log_interval": 100}, "iter 3: the weights are not finite"),
+])  # fmt: skip
+def test_a_loss_that_is_not_a_number_stops_the_run_and_keeps_its_files(where, changes, said, char_data, tmp_path, monkeypatch):
+    """lr 1e30: the first step makes every weight NaN. Found at the next logged step, the next
+    evaluation, or a Ctrl-C's checkpoint (where no logged step came between), it stops the run
+    naming the iteration and the learning rate; the files stay those of iteration 0's evaluation."""
+    settings = {**TINY, "lr": 1e30, "min_lr": 0.0, **changes}
+    with monkeypatch.context() as m:
+        if where == "a stop":
+            signal_during(m, signal.SIGINT, lambda draws: draws[-1] == (3, 0))
+        with pytest.raises(NonFiniteError, match=re.escape(said)) as e:
+            train(tmp_path / "out", data=char_data, max_iters=8, progress=False, **settings)
+    assert "the learning rate is too high (lr 1e+30, warmup_iters 5); the files in " in str(e.value)
+    assert (e.value.param, e.value.also) == ("lr", ("warmup_iters", "overwrite"))
+    assert finite_files(tmp_path / "out") == 0
+    assert [r["iter"] for r in read_log(tmp_path / "out" / "log.jsonl") if "val_loss" in r] == [0]
 
 
 def test_a_resume_says_where_it_resumes_from_the_command_line(char_data, tmp_path, capsys):

@@ -19,7 +19,9 @@ tokenizer), redraw OUT/loss.png and write OUT/checkpoint.pt, all a resume needs.
 come from generators seeded by (seed, iteration, micro-step) and dropout's random state is
 saved, so a resumed run repeats the losses of a run never stopped. Ctrl-C or SIGTERM stops at
 the next micro-batch or evaluation batch: the iteration (or evaluation) under way is abandoned
-and the checkpoint is the last completed iteration's, from which a resume redoes it.
+and the checkpoint is the last completed iteration's, from which a resume redoes it. A loss that
+is not a number (a logged step's, an evaluation's) stops the run with a NonFiniteError before
+anything more is written: the files are the last evaluation's.
 
 On several processes (torchrun, gpt2/distributed.py) each takes an equal share of a step's
 micro-batches, the same batches one process would draw, and the gradients are averaged over
@@ -72,7 +74,7 @@ from gpt2.devices import (
     should_compile,
     training_precision,
 )
-from gpt2.errors import ContextLengthError, DataError, GPT2Warning, InvalidArgumentError
+from gpt2.errors import ContextLengthError, DataError, GPT2Warning, InvalidArgumentError, NonFiniteError
 from gpt2.evaluate import hellaswag_pairs, hellaswag_right, loss_sum, score_continuations
 from gpt2.generate import generate_text
 from gpt2.loggers import WANDB_ID, Loggers, check_loggers, open_loggers, read_log
@@ -445,6 +447,8 @@ class Trainer:
             return self._run()
         except BaseException as e:
             self.writer.finish()  # whatever stopped the run, the files of the last evaluation are whole
+            if isinstance(e, NonFiniteError):  # raised in every process at once (_diverged): none leaves before
+                self.procs.barrier()  # rank 0's files are whole (torchrun ends the others when one process exits)
             failure = self.procs.failure(e) if isinstance(e, Exception) else None  # another process died or hangs: say which
             if failure is not None:
                 raise failure from None
@@ -476,6 +480,8 @@ class Trainer:
                 stats = None
                 if it % s.log_interval == 0 or it + 1 == s.max_iters:
                     loss = float(self.procs.sum(loss)) / self.world  # the mean over all micro-batches of the step
+                    if not math.isfinite(loss):  # the same sum in every process: all stop here
+                        raise self._diverged(f"the training loss is {loss}")
                     stats = self._log_step(it, loss, time.perf_counter() - started)
                 self.bar.step_done(stats)
         self.writer.wait()
@@ -510,12 +516,26 @@ class Trainer:
         self.model.train()
         set_rng_state(self.at_start, self.device)
         self.writer.wait()  # the last evaluation's files first: this checkpoint is later
+        if not self.procs.all_finite(self.model):  # diverged since the last logged step: keep the checkpoint there is
+            raise self._diverged("the weights are not finite")
         self.save_checkpoint()
         self.procs.barrier()
         return self._result(interrupted=True)
 
     def _result(self, interrupted: bool) -> TrainResult:
         return TrainResult(self.out, self.iteration, self.best_val_loss, self.last_eval, interrupted, self.rank)
+
+    def _diverged(self, what: str) -> NonFiniteError:
+        """The error that stops a run whose loss is not a number (`what`: which, and its value);
+        every process raises it at once (the losses checked are sums over all of them)."""
+        s = self.s
+        rates = f"lr {s.lr:g}" + (f", muon_lr {peak_lr(s, muon=True):g}" if s.optimizer == "muon" else "")
+        kept = (f"the files in {self.out} are those of the evaluation at iteration {self.evaluated}, not overwritten"
+                if self.evaluated >= 0 else f"nothing was saved in {self.out}")  # fmt: skip
+        also = ("muon_lr",) * (s.optimizer == "muon") + ("warmup_iters", "overwrite")
+        return NonFiniteError(f"iter {self.iteration}: {what}: training diverged, most likely because the learning rate is too "
+                              f"high ({rates}, warmup_iters {s.warmup_iters}); {kept}; to start again with a lower lr, pass "
+                              f"overwrite=True", "lr", also)  # fmt: skip
 
     # -------------------------------------------------------------- the step
 
@@ -606,6 +626,8 @@ class Trainer:
                 total += torch.stack([loss, torch.tensor(float(n), dtype=torch.float64, device=self.device)])
             self.bar.show(f"evaluating {split} {min(k + self.world, s.eval_iters)}/{s.eval_iters}")
         loss, count = self.procs.sum(total).tolist()
+        if count and not math.isfinite(loss):  # the same sum in every process: all stop here, before any file is written
+            raise self._diverged(f"the {split} loss of its evaluation is {loss}")
         return loss / count if count else math.nan
 
     @torch.no_grad()
