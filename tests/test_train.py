@@ -610,6 +610,55 @@ def test_a_loss_that_is_not_a_number_stops_the_run_and_keeps_its_files(where, ch
     assert [r["iter"] for r in read_log(tmp_path / "out" / "log.jsonl") if "val_loss" in r] == [0]
 
 
+def test_a_diverged_run_is_one_line_at_the_command_line_and_its_model_says_it_is_untrained(char_data, tmp_path, capsys):
+    """Exit 2 and one line naming --lr; the model left, iteration 0's, warns when generate loads it."""
+    from gpt2.cli import main
+
+    out = tmp_path / "out"
+    command = ["train", "--data", str(char_data), "--out", str(out), "--no-progress", "--max-iters=8", *flags(**TINY)]
+    assert main([*command, "--lr=1e30"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpt2: error: iter 1: the training loss is nan: training diverged, most likely because the learning "
+                          "rate is too high (lr (--lr) 1e+30, warmup_iters (--warmup-iters) 5")  # fmt: skip
+    assert err.endswith("pass overwrite=True (--overwrite)\n") and err.count("\n") == 1
+    assert finite_files(out) == 0
+    assert main(["generate", "--model", str(out), "ROMEO:", "--max-new-tokens", "3", "--no-stream"]) == 0
+    warned = [line for line in capsys.readouterr().err.splitlines() if "initialisation" in line]
+    assert warned == [f"gpt2: warning: this model is its initialisation: {out} holds the random weights its gpt2 train run started "
+                      f"from (saved at iteration 0, before any step), which write noise; train until an evaluation saves a better "
+                      f"one: pass resume=True (--resume) to continue its run, with a larger max_iters (--max-iters) or a "
+                      f"smaller eval_interval (--eval-interval), or, if its loss diverged, start again with a lower lr (--lr)"]  # fmt: skip
+
+
+def test_the_model_of_a_run_stopped_before_its_second_evaluation_says_it_is_its_initialisation(char_data, tmp_path, monkeypatch):
+    """Ctrl-C before the evaluation at 10: OUT's model is iteration 0's random weights, as its
+    safetensors header says. Loading it warns, until the resume the warning suggests (a smaller
+    eval_interval) saves a trained one; a fine-tuning run's iteration 0 (its --init's) is no noise."""
+    from safetensors import safe_open
+
+    from gpt2.weights import InitialisationWarning
+
+    out, settings = tmp_path / "out", dict(TINY, lr_decay_iters=20)
+    with monkeypatch.context() as m:
+        signal_during(m, signal.SIGINT, lambda draws: draws[-1] == (3, 0))
+        assert train(out, data=char_data, max_iters=20, progress=False, **settings).interrupted
+    with safe_open(out / "model.safetensors", "pt") as f:
+        assert f.metadata() == {"format": "pt", "gpt2_train_iteration": "0", "gpt2_train_from": "scratch"}
+    with pytest.warns(InitialisationWarning, match=rf"^this model is its initialisation: {re.escape(str(out))} holds the random"):
+        GPT2.from_pretrained(out, device="cpu")
+    train(out, resume=True, eval_interval=5, max_iters=5, progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", InitialisationWarning)
+        GPT2.from_pretrained(out, device="cpu")  # iteration 5's, trained
+        with monkeypatch.context() as m:
+            signal_during(m, signal.SIGINT, lambda draws: draws[-1] == (1, 0))
+            tuned = {k: v for k, v in settings.items() if k not in ("n_layer", "n_head", "n_embd")}  # the init's
+            assert train(tmp_path / "tuned", data=char_data, init=out, max_iters=20, progress=False, **tuned).interrupted
+        with safe_open(tmp_path / "tuned" / "model.safetensors", "pt") as f:
+            assert (f.metadata()["gpt2_train_iteration"], f.metadata()["gpt2_train_from"]) == ("0", "init")
+        GPT2.from_pretrained(tmp_path / "tuned", device="cpu")
+
+
 def test_a_resume_says_where_it_resumes_from_the_command_line(char_data, tmp_path, capsys):
     from gpt2.cli import main
 

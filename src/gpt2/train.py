@@ -83,7 +83,7 @@ from gpt2.settings import MUON_LR, TrainSettings, resumed_settings
 from gpt2.stopping import StopRequested, StopSignals
 from gpt2.tasks import read_hellaswag, task_file
 from gpt2.tokenizer import CharTokenizer, Tokenizer
-from gpt2.weights import expected_shapes, read_config
+from gpt2.weights import TRAINED_FROM, TRAINED_ITERATIONS, expected_shapes, read_config
 
 LOG = "log.jsonl"
 PLOT = "loss.png"
@@ -679,13 +679,13 @@ class Trainer:
         self.bar.write(line + (" (best so far: saved)" if improved else ""))
         if "sample" in record:
             self.bar.write(f"sample: {self.s.sample_prompt}{record['sample']}")
-        self.writer.write(lambda: self.write_files(weights if improved else None, state))  # copies: training goes on
+        self.writer.write(lambda: self.write_files(weights if improved else None, state, it))  # copies: training goes on
 
-    def write_files(self, best: dict[str, torch.Tensor] | None, state: dict[str, Any]) -> None:
-        """Rank 0's files of an evaluation (in the writer's thread): the model, if `best`, the
-        checkpoint, then the plot."""
+    def write_files(self, best: dict[str, torch.Tensor] | None, state: dict[str, Any], it: int) -> None:
+        """Rank 0's files of an evaluation at iteration `it` (in the writer's thread): the model, if
+        `best`, the checkpoint, then the plot."""
         if best is not None:
-            self.save_model(best)
+            self.save_model(best, it)
         write_checkpoint(self.out, state)
         plot_losses(self.out / LOG, self.out / PLOT, note=self.bar.write)
 
@@ -701,12 +701,15 @@ class Trainer:
         return text
     # -------------------------------------------------------------- files
 
-    def save_model(self, weights: dict[str, torch.Tensor]) -> None:
+    def save_model(self, weights: dict[str, torch.Tensor], it: int) -> None:
         """The model of the best validation loss, as a model directory: `weights` (those of
-        `Processes.model_state`, on rank 0, which writes), config, tokenizer."""
+        `Processes.model_state`, on rank 0, which writes), config, tokenizer; its weights file
+        records the iteration they are of, and whether the run started from random weights (a
+        model of iteration 0 of those is warned about when loaded: gpt2/weights.py)."""
         if self.is_main:
             self.model.tokenizer = self.tokenizer
-            self.model.save_pretrained(self.out, weights)
+            trained = {TRAINED_ITERATIONS: str(it), TRAINED_FROM: "scratch" if self.s.init is None else "init"}
+            self.model.save_pretrained(self.out, weights, metadata=trained)
 
     def save_checkpoint(self) -> None:
         """Write the checkpoint now (rank 0; every process takes part in gathering it)."""
