@@ -501,7 +501,9 @@ def test_the_progress_bar_shows_micro_batches_and_evaluations(char_data, tmp_pat
     monkeypatch.setattr(tqdm.auto, "tqdm", functools.partial(tqdm.auto.tqdm, mininterval=0))  # every frame drawn
     settings = {**TINY, "grad_accum": 4, "warmup_iters": 0, "log_interval": 2}
     train(tmp_path / "out", data=char_data, max_iters=3, progress=True, **settings)
-    err = capsys.readouterr().err
+    captured = capsys.readouterr()
+    err = captured.err
+    assert not re.search(r"^iter \d+: loss", captured.out, re.M)  # the steps' numbers are on the bar, not lines of their own
     frames = [frame.strip() for frame in err.replace("\n", "\r").split("\r") if frame.strip()]
     evaluating = [f.split(":")[0] for f in frames if f.startswith("evaluating")]
     assert evaluating[:6] == [f"evaluating {split} {k}/2" for split in ("train", "val") for k in range(3)]
@@ -657,6 +659,22 @@ def test_the_model_of_a_run_stopped_before_its_second_evaluation_says_it_is_its_
         with safe_open(tmp_path / "tuned" / "model.safetensors", "pt") as f:
             assert (f.metadata()["gpt2_train_iteration"], f.metadata()["gpt2_train_from"]) == ("0", "init")
         GPT2.from_pretrained(tmp_path / "tuned", device="cpu")
+
+
+def test_without_a_bar_each_logged_step_is_a_line_as_nanogpt_prints_it(char_data, tmp_path, capsys):
+    """--no-progress: "iter 3: loss 4.1234, time 5.6ms, tok/s 12,345", the log's numbers, every
+    --log-interval iterations and at the last; with the bar, they are on the bar only."""
+    from gpt2.cli import main
+
+    out = tmp_path / "out"
+    assert main(["train", "--data", str(char_data), "--out", str(out), "--no-progress", "--max-iters=8",
+                 *flags(**{**TINY, "log_interval": 3})]) == 0  # fmt: skip
+    lines = [line for line in capsys.readouterr().out.splitlines() if re.match(r"iter \d+: loss", line)]
+    logged = [r for r in read_log(out / "log.jsonl") if "loss" in r]
+    assert [r["iter"] for r in logged] == [0, 3, 6, 7] and len(lines) == len(logged)
+    for line, r in zip(lines, logged, strict=True):
+        mfu = "" if "mfu" not in r else f", mfu {r['mfu']:.1%}"
+        assert line == f"iter {r['iter']}: loss {r['loss']:.4f}, time {r['ms']:.1f}ms, tok/s {r['tokens_per_s']:,.0f}{mfu}"
 
 
 def test_a_resume_says_where_it_resumes_from_the_command_line(char_data, tmp_path, capsys):

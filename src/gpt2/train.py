@@ -291,10 +291,13 @@ class Progress:
             bar.refresh()
             self.shown = now
 
-    def step_done(self, stats: str | None) -> None:
-        """An iteration done; `stats`: its numbers, where it was logged (on rank 0)."""
+    def step_done(self, it: int, stats: dict[str, str] | None) -> None:
+        """Iteration `it` done; `stats`: its numbers by name, where it was logged (on rank 0). Without
+        a bar (--no-progress) they are a line of their own, as nanoGPT prints them."""
         if stats is not None:
-            self.stats = stats
+            self.stats = ", ".join(f"{k}={v}" for k, v in stats.items())  # as tqdm's set_postfix writes them
+            if self.bar.disable:
+                self.write(f"iter {it}: " + ", ".join(f"{k} {v}" for k, v in stats.items()))
         if stats is not None or not self.bar.disable:
             self.bar.set_postfix_str(self._postfix(), refresh=False)  # (the micro-batch count off)
         self.bar.update()
@@ -483,7 +486,7 @@ class Trainer:
                     if not math.isfinite(loss):  # the same sum in every process: all stop here
                         raise self._diverged(f"the training loss is {loss}")
                     stats = self._log_step(it, loss, time.perf_counter() - started)
-                self.bar.step_done(stats)
+                self.bar.step_done(it, stats)
         self.writer.wait()
         self.procs.barrier()  # every process ends when rank 0 has written everything
         return self._result(interrupted=False)
@@ -573,18 +576,18 @@ class Trainer:
             optimizer.zero_grad(set_to_none=True)
         return total
 
-    def _log_step(self, it: int, loss: float, seconds: float) -> str | None:
-        """Log a step (on rank 0); returns its numbers for the progress bar."""
+    def _log_step(self, it: int, loss: float, seconds: float) -> dict[str, str] | None:
+        """Log a step (on rank 0); returns its numbers as shown, by name, for the progress bar or its line."""
         if not self.is_main:
             return None
         tokens_per_s = self.tokens_per_iter / seconds
         record = {"iter": it, "loss": loss, "lr": learning_rate(it, self.s), "ms": seconds * 1000, "tokens_per_s": tokens_per_s}
-        postfix = {"loss": f"{loss:.4f}", "tok/s": f"{tokens_per_s:,.0f}"}
+        shown = {"loss": f"{loss:.4f}", "time": f"{seconds * 1000:.1f}ms", "tok/s": f"{tokens_per_s:,.0f}"}
         if self.peak_flops:
             record["mfu"] = self.flops_per_iter / seconds / self.peak_flops
-            postfix["mfu"] = f"{record['mfu']:.1%}"
+            shown["mfu"] = f"{record['mfu']:.1%}"
         self.logger.log(record)
-        return ", ".join(f"{k}={v}" for k, v in postfix.items())  # as tqdm's set_postfix writes them
+        return shown
 
     # -------------------------------------------------------------- the evaluation
 
