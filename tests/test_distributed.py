@@ -216,6 +216,17 @@ def test_ctrl_c_in_an_evaluation_stops_every_process_at_the_same_batch(char_data
 # ------------------------------------------------------------------ bad launches, lost processes
 
 
+def test_a_diverged_run_stops_every_process_at_once(char_data, tmp_path):
+    """lr 1e30: the loss checked is the one summed over the processes, so all stop at the same
+    logged step, none waiting on the others; rank 0 says so in one line and the files stay those
+    of iteration 0's evaluation."""
+    out = tmp_path / "out"
+    result = torchrun("--data", str(char_data), "--out", str(out), *flags(max_iters=20, **{**SETTINGS, "lr": 1e30}), check=False)
+    assert result.returncode != 0
+    assert result.stderr.count("gpt2: error: iter 1: the training loss is nan: training diverged") == 1, result.stderr[-3000:]
+    assert load_checkpoint(out)["iteration"] == 0 and all(torch.isfinite(t).all() for t in load_checkpoint(out)["model"].values())
+
+
 def test_grad_accum_must_divide_among_the_processes(char_data, tmp_path):
     result = torchrun("--data", str(char_data), "--out", str(tmp_path / "out"), *flags(**dict(SETTINGS, grad_accum=3)), check=False)
     assert result.returncode != 0

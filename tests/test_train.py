@@ -23,7 +23,8 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimi
 
 import gpt2.train
 from helpers import REPO, Watched, corpus_hellaswag, heed_ctrl_c, make_hf_model, replies_are_even_ids, write_conversations, write_hellaswag
-from gpt2 import CheckpointError, ContextLengthError, DataError, GPT2Error, InvalidArgumentError, Tokenizer, UnwritablePathError
+from gpt2 import (CheckpointError, ContextLengthError, DataError, GPT2Error, InvalidArgumentError, NonFiniteError, Tokenizer,
+                  UnwritablePathError)
 from gpt2.data import get_batch, open_data, prepare
 from gpt2.evaluate import hellaswag
 from gpt2.model import GPT2
@@ -500,7 +501,9 @@ def test_the_progress_bar_shows_micro_batches_and_evaluations(char_data, tmp_pat
     monkeypatch.setattr(tqdm.auto, "tqdm", functools.partial(tqdm.auto.tqdm, mininterval=0))  # every frame drawn
     settings = {**TINY, "grad_accum": 4, "warmup_iters": 0, "log_interval": 2}
     train(tmp_path / "out", data=char_data, max_iters=3, progress=True, **settings)
-    err = capsys.readouterr().err
+    captured = capsys.readouterr()
+    err = captured.err
+    assert not re.search(r"^iter \d+: loss", captured.out, re.M)  # the steps' numbers are on the bar, not lines of their own
     frames = [frame.strip() for frame in err.replace("\n", "\r").split("\r") if frame.strip()]
     evaluating = [f.split(":")[0] for f in frames if f.startswith("evaluating")]
     assert evaluating[:6] == [f"evaluating {split} {k}/2" for split in ("train", "val") for k in range(3)]
@@ -575,6 +578,103 @@ def test_a_warm_up_as_long_as_the_run_is_warned_about(char_data, tmp_path):
         warnings.simplefilter("error", WarmupWarning)
         train(tmp_path / "out", resume=True, max_iters=52, progress=False)  # now it decays: no warning
         train(tmp_path / "fine", data=char_data, max_iters=6, progress=False, **TINY)  # warmup_iters 5 < 6
+
+
+def finite_files(out: Path) -> int:
+    """The iteration of OUT's checkpoint, once its weights and the model's are checked to be numbers
+    (the model's read by safetensors, the checkpoint's by torch)."""
+    from safetensors.torch import load_file
+
+    state = checkpoint(out)
+    assert all(torch.isfinite(t).all() for t in state["model"].values())
+    assert all(torch.isfinite(t).all() for t in load_file(out / "model.safetensors").values())
+    return state["iteration"]
+
+
+@pytest.mark.parametrize("where, changes, said", [
+    ("a logged step", {}, "iter 1: the training loss is nan"),
+    ("an evaluation", {"log_interval": 100, "eval_interval": 4}, "iter 4: the train loss of its evaluation is nan"),
+    ("a stop", {"log_interval": 100}, "iter 3: the weights are not finite"),
+])  # fmt: skip
+def test_a_loss_that_is_not_a_number_stops_the_run_and_keeps_its_files(where, changes, said, char_data, tmp_path, monkeypatch):
+    """lr 1e30: the first step makes every weight NaN. Found at the next logged step, the next
+    evaluation, or a Ctrl-C's checkpoint (where no logged step came between), it stops the run
+    naming the iteration and the learning rate; the files stay those of iteration 0's evaluation."""
+    settings = {**TINY, "lr": 1e30, "min_lr": 0.0, **changes}
+    with monkeypatch.context() as m:
+        if where == "a stop":
+            signal_during(m, signal.SIGINT, lambda draws: draws[-1] == (3, 0))
+        with pytest.raises(NonFiniteError, match=re.escape(said)) as e:
+            train(tmp_path / "out", data=char_data, max_iters=8, progress=False, **settings)
+    assert "the learning rate is too high (lr 1e+30, warmup_iters 5); the files in " in str(e.value)
+    assert (e.value.param, e.value.also) == ("lr", ("warmup_iters", "overwrite"))
+    assert finite_files(tmp_path / "out") == 0
+    assert [r["iter"] for r in read_log(tmp_path / "out" / "log.jsonl") if "val_loss" in r] == [0]
+
+
+def test_a_diverged_run_is_one_line_at_the_command_line_and_its_model_says_it_is_untrained(char_data, tmp_path, capsys):
+    """Exit 2 and one line naming --lr; the model left, iteration 0's, warns when generate loads it."""
+    from gpt2.cli import main
+
+    out = tmp_path / "out"
+    command = ["train", "--data", str(char_data), "--out", str(out), "--no-progress", "--max-iters=8", *flags(**TINY)]
+    assert main([*command, "--lr=1e30"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpt2: error: iter 1: the training loss is nan: training diverged, most likely because the learning "
+                          "rate is too high (lr (--lr) 1e+30, warmup_iters (--warmup-iters) 5")  # fmt: skip
+    assert err.endswith("pass overwrite=True (--overwrite)\n") and err.count("\n") == 1
+    assert finite_files(out) == 0
+    assert main(["generate", "--model", str(out), "ROMEO:", "--max-new-tokens", "3", "--no-stream"]) == 0
+    warned = [line for line in capsys.readouterr().err.splitlines() if "initialisation" in line]
+    assert warned == [f"gpt2: warning: this model is its initialisation: {out} holds the random weights its gpt2 train run started "
+                      f"from (saved at iteration 0, before any step), which write noise; train until an evaluation saves a better "
+                      f"one: pass resume=True (--resume) to continue its run, with a larger max_iters (--max-iters) or a "
+                      f"smaller eval_interval (--eval-interval), or, if its loss diverged, start again with a lower lr (--lr)"]  # fmt: skip
+
+
+def test_the_model_of_a_run_stopped_before_its_second_evaluation_says_it_is_its_initialisation(char_data, tmp_path, monkeypatch):
+    """Ctrl-C before the evaluation at 10: OUT's model is iteration 0's random weights, as its
+    safetensors header says. Loading it warns, until the resume the warning suggests (a smaller
+    eval_interval) saves a trained one; a fine-tuning run's iteration 0 (its --init's) is no noise."""
+    from safetensors import safe_open
+
+    from gpt2.weights import InitialisationWarning
+
+    out, settings = tmp_path / "out", dict(TINY, lr_decay_iters=20)
+    with monkeypatch.context() as m:
+        signal_during(m, signal.SIGINT, lambda draws: draws[-1] == (3, 0))
+        assert train(out, data=char_data, max_iters=20, progress=False, **settings).interrupted
+    with safe_open(out / "model.safetensors", "pt") as f:
+        assert f.metadata() == {"format": "pt", "gpt2_train_iteration": "0", "gpt2_train_from": "scratch"}
+    with pytest.warns(InitialisationWarning, match=rf"^this model is its initialisation: {re.escape(str(out))} holds the random"):
+        GPT2.from_pretrained(out, device="cpu")
+    train(out, resume=True, eval_interval=5, max_iters=5, progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", InitialisationWarning)
+        GPT2.from_pretrained(out, device="cpu")  # iteration 5's, trained
+        with monkeypatch.context() as m:
+            signal_during(m, signal.SIGINT, lambda draws: draws[-1] == (1, 0))
+            tuned = {k: v for k, v in settings.items() if k not in ("n_layer", "n_head", "n_embd")}  # the init's
+            assert train(tmp_path / "tuned", data=char_data, init=out, max_iters=20, progress=False, **tuned).interrupted
+        with safe_open(tmp_path / "tuned" / "model.safetensors", "pt") as f:
+            assert (f.metadata()["gpt2_train_iteration"], f.metadata()["gpt2_train_from"]) == ("0", "init")
+        GPT2.from_pretrained(tmp_path / "tuned", device="cpu")
+
+
+def test_without_a_bar_each_logged_step_is_a_line_as_nanogpt_prints_it(char_data, tmp_path, capsys):
+    """--no-progress: "iter 3: loss 4.1234, time 5.6ms, tok/s 12,345", the log's numbers, every
+    --log-interval iterations and at the last; with the bar, they are on the bar only."""
+    from gpt2.cli import main
+
+    out = tmp_path / "out"
+    assert main(["train", "--data", str(char_data), "--out", str(out), "--no-progress", "--max-iters=8",
+                 *flags(**{**TINY, "log_interval": 3})]) == 0  # fmt: skip
+    lines = [line for line in capsys.readouterr().out.splitlines() if re.match(r"iter \d+: loss", line)]
+    logged = [r for r in read_log(out / "log.jsonl") if "loss" in r]
+    assert [r["iter"] for r in logged] == [0, 3, 6, 7] and len(lines) == len(logged)
+    for line, r in zip(lines, logged, strict=True):
+        mfu = "" if "mfu" not in r else f", mfu {r['mfu']:.1%}"
+        assert line == f"iter {r['iter']}: loss {r['loss']:.4f}, time {r['ms']:.1f}ms, tok/s {r['tokens_per_s']:,.0f}{mfu}"
 
 
 def test_a_resume_says_where_it_resumes_from_the_command_line(char_data, tmp_path, capsys):

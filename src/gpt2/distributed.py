@@ -37,6 +37,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 from torch.distributed.fsdp import FSDPModule, fully_shard, register_fsdp_forward_method
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from gpt2.devices import process_device, resolve_device
@@ -143,6 +144,13 @@ class Processes:
         flags = torch.tensor([int(flag)])
         dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.control)
         return bool(flags.item())
+
+    def all_finite(self, model: nn.Module) -> bool:
+        """Whether every weight of `model` is a number, in every process (each checks what it holds:
+        under FSDP its shards). Every process must ask."""
+        held = [p.to_local() if isinstance(p, DTensor) else p for p in model.parameters()]
+        finite = bool(torch.stack([torch.isfinite(p).all() for p in held]).all()) if held else True
+        return not self.any(not finite)
 
     def barrier(self) -> None:
         """Wait until every process gets here (the end of a run: none leaves while rank 0 writes)."""

@@ -447,7 +447,8 @@ class GPT2(nn.Module):
         """The weights under Hugging Face's names, which are ours, and in its layout, which is ours."""
         return {name: p.detach() for name, p in self.named_parameters()}
 
-    def save_pretrained(self, directory: str | os.PathLike, tensors: dict[str, torch.Tensor] | None = None) -> None:
+    def save_pretrained(self, directory: str | os.PathLike, tensors: dict[str, torch.Tensor] | None = None,
+                        metadata: dict[str, str] | None = None) -> None:  # fmt: skip
         """Write `config.json` + `model.safetensors` in Hugging Face's GPT-2 layout, and the tokenizer.
 
         transformers loads the result: `AutoModelForCausalLM.from_pretrained(directory)` with nothing
@@ -457,7 +458,8 @@ class GPT2(nn.Module):
         `GPT2.from_pretrained`. Each file is written to a temporary name and renamed into place.
         The tokenizer is `model.tokenizer`, or GPT-2's for a model of GPT-2's vocabulary that has
         none; its <|endoftext|> is config.json's eos id (none for a character vocabulary). `tensors`
-        replaces the model's own weights: those of a model sharded over processes, gathered on one.
+        replaces the model's own weights: those of a model sharded over processes, gathered on one;
+        `metadata` goes into the safetensors header beside its "format" (gpt2 train's: the iteration).
         """
         if self.dtype == torch.int8:
             raise InvalidArgumentError("an int8 model is not saved: its weights were quantised when it was loaded; load the "
@@ -471,7 +473,7 @@ class GPT2(nn.Module):
         tokenizer = self.tokenizer if self.tokenizer is not None else assumed_tokenizer(self.config.n_vocab)
         eot_token = None if tokenizer is None else tokenizer.eot_token
         with atomic_path(directory / "model.safetensors") as tmp:
-            save_file(tensors, str(tmp), metadata={"format": "pt"})
+            save_file(tensors, str(tmp), metadata={**(metadata or {}), "format": "pt"})
         atomic_write_text(directory / "config.json", json.dumps(self.config.to_hf_dict(eot_token), indent=2) + "\n")
         if tokenizer is not None:
             tokenizer.save_pretrained(directory, model_max_length=self.config.n_ctx)

@@ -19,7 +19,9 @@ tokenizer), redraw OUT/loss.png and write OUT/checkpoint.pt, all a resume needs.
 come from generators seeded by (seed, iteration, micro-step) and dropout's random state is
 saved, so a resumed run repeats the losses of a run never stopped. Ctrl-C or SIGTERM stops at
 the next micro-batch or evaluation batch: the iteration (or evaluation) under way is abandoned
-and the checkpoint is the last completed iteration's, from which a resume redoes it.
+and the checkpoint is the last completed iteration's, from which a resume redoes it. A loss that
+is not a number (a logged step's, an evaluation's) stops the run with a NonFiniteError before
+anything more is written: the files are the last evaluation's.
 
 On several processes (torchrun, gpt2/distributed.py) each takes an equal share of a step's
 micro-batches, the same batches one process would draw, and the gradients are averaged over
@@ -72,7 +74,7 @@ from gpt2.devices import (
     should_compile,
     training_precision,
 )
-from gpt2.errors import ContextLengthError, DataError, GPT2Warning, InvalidArgumentError
+from gpt2.errors import ContextLengthError, DataError, GPT2Warning, InvalidArgumentError, NonFiniteError
 from gpt2.evaluate import hellaswag_pairs, hellaswag_right, loss_sum, score_continuations
 from gpt2.generate import generate_text
 from gpt2.loggers import WANDB_ID, Loggers, check_loggers, open_loggers, read_log
@@ -81,7 +83,7 @@ from gpt2.settings import MUON_LR, TrainSettings, resumed_settings
 from gpt2.stopping import StopRequested, StopSignals
 from gpt2.tasks import read_hellaswag, task_file
 from gpt2.tokenizer import CharTokenizer, Tokenizer
-from gpt2.weights import expected_shapes, read_config
+from gpt2.weights import TRAINED_FROM, TRAINED_ITERATIONS, expected_shapes, read_config
 
 LOG = "log.jsonl"
 PLOT = "loss.png"
@@ -289,10 +291,13 @@ class Progress:
             bar.refresh()
             self.shown = now
 
-    def step_done(self, stats: str | None) -> None:
-        """An iteration done; `stats`: its numbers, where it was logged (on rank 0)."""
+    def step_done(self, it: int, stats: dict[str, str] | None) -> None:
+        """Iteration `it` done; `stats`: its numbers by name, where it was logged (on rank 0). Without
+        a bar (--no-progress) they are a line of their own, as nanoGPT prints them."""
         if stats is not None:
-            self.stats = stats
+            self.stats = ", ".join(f"{k}={v}" for k, v in stats.items())  # as tqdm's set_postfix writes them
+            if self.bar.disable:
+                self.write(f"iter {it}: " + ", ".join(f"{k} {v}" for k, v in stats.items()))
         if stats is not None or not self.bar.disable:
             self.bar.set_postfix_str(self._postfix(), refresh=False)  # (the micro-batch count off)
         self.bar.update()
@@ -445,6 +450,8 @@ class Trainer:
             return self._run()
         except BaseException as e:
             self.writer.finish()  # whatever stopped the run, the files of the last evaluation are whole
+            if isinstance(e, NonFiniteError):  # raised in every process at once (_diverged): none leaves before
+                self.procs.barrier()  # rank 0's files are whole (torchrun ends the others when one process exits)
             failure = self.procs.failure(e) if isinstance(e, Exception) else None  # another process died or hangs: say which
             if failure is not None:
                 raise failure from None
@@ -476,8 +483,10 @@ class Trainer:
                 stats = None
                 if it % s.log_interval == 0 or it + 1 == s.max_iters:
                     loss = float(self.procs.sum(loss)) / self.world  # the mean over all micro-batches of the step
+                    if not math.isfinite(loss):  # the same sum in every process: all stop here
+                        raise self._diverged(f"the training loss is {loss}")
                     stats = self._log_step(it, loss, time.perf_counter() - started)
-                self.bar.step_done(stats)
+                self.bar.step_done(it, stats)
         self.writer.wait()
         self.procs.barrier()  # every process ends when rank 0 has written everything
         return self._result(interrupted=False)
@@ -510,12 +519,26 @@ class Trainer:
         self.model.train()
         set_rng_state(self.at_start, self.device)
         self.writer.wait()  # the last evaluation's files first: this checkpoint is later
+        if not self.procs.all_finite(self.model):  # diverged since the last logged step: keep the checkpoint there is
+            raise self._diverged("the weights are not finite")
         self.save_checkpoint()
         self.procs.barrier()
         return self._result(interrupted=True)
 
     def _result(self, interrupted: bool) -> TrainResult:
         return TrainResult(self.out, self.iteration, self.best_val_loss, self.last_eval, interrupted, self.rank)
+
+    def _diverged(self, what: str) -> NonFiniteError:
+        """The error that stops a run whose loss is not a number (`what`: which, and its value);
+        every process raises it at once (the losses checked are sums over all of them)."""
+        s = self.s
+        rates = f"lr {s.lr:g}" + (f", muon_lr {peak_lr(s, muon=True):g}" if s.optimizer == "muon" else "")
+        kept = (f"the files in {self.out} are those of the evaluation at iteration {self.evaluated}, not overwritten"
+                if self.evaluated >= 0 else f"nothing was saved in {self.out}")  # fmt: skip
+        also = ("muon_lr",) * (s.optimizer == "muon") + ("warmup_iters", "overwrite")
+        return NonFiniteError(f"iter {self.iteration}: {what}: training diverged, most likely because the learning rate is too "
+                              f"high ({rates}, warmup_iters {s.warmup_iters}); {kept}; to start again with a lower lr, pass "
+                              f"overwrite=True", "lr", also)  # fmt: skip
 
     # -------------------------------------------------------------- the step
 
@@ -553,18 +576,18 @@ class Trainer:
             optimizer.zero_grad(set_to_none=True)
         return total
 
-    def _log_step(self, it: int, loss: float, seconds: float) -> str | None:
-        """Log a step (on rank 0); returns its numbers for the progress bar."""
+    def _log_step(self, it: int, loss: float, seconds: float) -> dict[str, str] | None:
+        """Log a step (on rank 0); returns its numbers as shown, by name, for the progress bar or its line."""
         if not self.is_main:
             return None
         tokens_per_s = self.tokens_per_iter / seconds
         record = {"iter": it, "loss": loss, "lr": learning_rate(it, self.s), "ms": seconds * 1000, "tokens_per_s": tokens_per_s}
-        postfix = {"loss": f"{loss:.4f}", "tok/s": f"{tokens_per_s:,.0f}"}
+        shown = {"loss": f"{loss:.4f}", "time": f"{seconds * 1000:.1f}ms", "tok/s": f"{tokens_per_s:,.0f}"}
         if self.peak_flops:
             record["mfu"] = self.flops_per_iter / seconds / self.peak_flops
-            postfix["mfu"] = f"{record['mfu']:.1%}"
+            shown["mfu"] = f"{record['mfu']:.1%}"
         self.logger.log(record)
-        return ", ".join(f"{k}={v}" for k, v in postfix.items())  # as tqdm's set_postfix writes them
+        return shown
 
     # -------------------------------------------------------------- the evaluation
 
@@ -606,6 +629,8 @@ class Trainer:
                 total += torch.stack([loss, torch.tensor(float(n), dtype=torch.float64, device=self.device)])
             self.bar.show(f"evaluating {split} {min(k + self.world, s.eval_iters)}/{s.eval_iters}")
         loss, count = self.procs.sum(total).tolist()
+        if count and not math.isfinite(loss):  # the same sum in every process: all stop here, before any file is written
+            raise self._diverged(f"the {split} loss of its evaluation is {loss}")
         return loss / count if count else math.nan
 
     @torch.no_grad()
@@ -657,13 +682,13 @@ class Trainer:
         self.bar.write(line + (" (best so far: saved)" if improved else ""))
         if "sample" in record:
             self.bar.write(f"sample: {self.s.sample_prompt}{record['sample']}")
-        self.writer.write(lambda: self.write_files(weights if improved else None, state))  # copies: training goes on
+        self.writer.write(lambda: self.write_files(weights if improved else None, state, it))  # copies: training goes on
 
-    def write_files(self, best: dict[str, torch.Tensor] | None, state: dict[str, Any]) -> None:
-        """Rank 0's files of an evaluation (in the writer's thread): the model, if `best`, the
-        checkpoint, then the plot."""
+    def write_files(self, best: dict[str, torch.Tensor] | None, state: dict[str, Any], it: int) -> None:
+        """Rank 0's files of an evaluation at iteration `it` (in the writer's thread): the model, if
+        `best`, the checkpoint, then the plot."""
         if best is not None:
-            self.save_model(best)
+            self.save_model(best, it)
         write_checkpoint(self.out, state)
         plot_losses(self.out / LOG, self.out / PLOT, note=self.bar.write)
 
@@ -679,12 +704,15 @@ class Trainer:
         return text
     # -------------------------------------------------------------- files
 
-    def save_model(self, weights: dict[str, torch.Tensor]) -> None:
+    def save_model(self, weights: dict[str, torch.Tensor], it: int) -> None:
         """The model of the best validation loss, as a model directory: `weights` (those of
-        `Processes.model_state`, on rank 0, which writes), config, tokenizer."""
+        `Processes.model_state`, on rank 0, which writes), config, tokenizer; its weights file
+        records the iteration they are of, and whether the run started from random weights (a
+        model of iteration 0 of those is warned about when loaded: gpt2/weights.py)."""
         if self.is_main:
             self.model.tokenizer = self.tokenizer
-            self.model.save_pretrained(self.out, weights)
+            trained = {TRAINED_ITERATIONS: str(it), TRAINED_FROM: "scratch" if self.s.init is None else "init"}
+            self.model.save_pretrained(self.out, weights, metadata=trained)
 
     def save_checkpoint(self) -> None:
         """Write the checkpoint now (rank 0; every process takes part in gathering it)."""

@@ -20,10 +20,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, BinaryIO, Literal
 
 import numpy as np
 
@@ -31,7 +32,7 @@ from gpt2._files import read_json_object
 from gpt2._hub import download_error, hub_file
 from gpt2.config import PRESETS, GPT2Config
 from gpt2.examples import MODELS, model_directory
-from gpt2.errors import CheckpointError, CheckpointNotFoundError, ConfigError, InputTypeError, UnknownModelError
+from gpt2.errors import CheckpointError, CheckpointNotFoundError, ConfigError, GPT2Warning, InputTypeError, UnknownModelError
 from gpt2.tf_checkpoint import bfloat16_to_float32, iter_tf_checkpoint
 from gpt2.tokenizer import CharTokenizer, Tokenizer, assumed_tokenizer, load_tokenizer
 
@@ -42,6 +43,17 @@ HUB_REPOS = {name: f"openai-community/{name}" for name in PRESETS}
 _NOT_WEIGHTS = re.compile(r"(.*\.attn\.(bias|masked_bias)|lm_head\.weight)$")
 
 Format = Literal["safetensors", "pytorch", "tensorflow"]
+
+# What `gpt2 train` records in the header of the model.safetensors it saves (safetensors' metadata,
+# strings): the iteration its weights are of, and whether its run started from random weights
+# ("scratch") or from a model (--init: "init").
+TRAINED_ITERATIONS = "gpt2_train_iteration"
+TRAINED_FROM = "gpt2_train_from"
+
+
+class InitialisationWarning(GPT2Warning):
+    """The model loaded is the random weights a `gpt2 train` run started from (the model its
+    evaluation of iteration 0 saved, before any step): it writes noise."""
 
 
 @dataclass
@@ -177,6 +189,8 @@ def open_checkpoint(directory: Path) -> Checkpoint:
         for filename, fmt in (("model.safetensors", "safetensors"), ("pytorch_model.bin", "pytorch")):
             if (directory / filename).is_file():
                 config = GPT2Config.from_hf_dict(_read_json(directory / "config.json"), str(directory / "config.json"))
+                if fmt == "safetensors":
+                    warn_if_initialisation(directory)
                 return Checkpoint(directory, fmt, config)
         raise CheckpointNotFoundError(f"{directory} has config.json but neither model.safetensors nor pytorch_model.bin")
     if (directory / "hparams.json").is_file():
@@ -192,6 +206,19 @@ def open_checkpoint(directory: Path) -> Checkpoint:
 
 def _read_json(path: Path) -> dict[str, Any]:
     return read_json_object(path, ConfigError)
+
+
+def warn_if_initialisation(directory: Path) -> None:
+    """An InitialisationWarning where the directory's model.safetensors says `gpt2 train` saved it at
+    iteration 0 of a run from random weights: a run stopped (or diverged) before any later
+    evaluation saved a better model. Every command's model is located here, so each says it."""
+    metadata = safetensors_metadata(directory / "model.safetensors")
+    if metadata.get(TRAINED_ITERATIONS) == "0" and metadata.get(TRAINED_FROM) == "scratch":
+        warnings.warn(InitialisationWarning(f"this model is its initialisation: {directory} holds the random weights its gpt2 train "
+                                            f"run started from (saved at iteration 0, before any step), which write noise; train "
+                                            f"until an evaluation saves a better one: pass resume=True to continue its run, with a "
+                                            f"larger max_iters or a smaller eval_interval, or, if its loss diverged, start again "
+                                            f"with a lower lr", "eval_interval", ("resume", "max_iters", "lr")), stacklevel=3)  # fmt: skip
 
 
 # --------------------------------------------------------------------- reading
@@ -316,6 +343,39 @@ _SAFETENSORS_DTYPES = {
 }  # fmt: skip
 
 
+def _corrupt(path: Path, why: str) -> CheckpointError:
+    return CheckpointError(f"{path} is truncated or corrupt ({why}); download or save it again")
+
+
+def _safetensors_header(f: BinaryIO, path: Path) -> dict[str, Any]:
+    """The JSON header of the .safetensors file `f`, read from its start (the file is left at its first tensor)."""
+    file_size = os.fstat(f.fileno()).st_size
+    prefix = f.read(8)
+    if len(prefix) < 8:
+        raise _corrupt(path, "shorter than its 8-byte header length")
+    header_size = int.from_bytes(prefix, "little")
+    if header_size > file_size - 8:
+        raise _corrupt(path, f"header of {header_size} bytes in a file of {file_size}")
+    try:
+        header = json.loads(f.read(header_size))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise _corrupt(path, f"header is not JSON: {e}") from None
+    if not isinstance(header, dict):
+        raise _corrupt(path, "header is not a JSON object")
+    return header
+
+
+def safetensors_metadata(path: Path) -> dict[str, str]:
+    """The metadata in a .safetensors file's header ({} where it has none, or the file cannot be
+    read: reading its tensors says what is wrong)."""
+    try:
+        with open(path, "rb") as f:
+            metadata = _safetensors_header(f, path).get("__metadata__")
+    except (OSError, CheckpointError):
+        return {}
+    return metadata if isinstance(metadata, dict) else {}
+
+
 def read_safetensors(path: Path, framework: Literal["np", "pt"] = "np") -> Iterator[tuple[str, Any]]:
     """Yield (name, tensor) from a .safetensors file, reading one tensor at a time.
 
@@ -326,37 +386,23 @@ def read_safetensors(path: Path, framework: Literal["np", "pt"] = "np") -> Itera
     second copy, and no mapping of the whole file whose pages would stay resident.
     """
 
-    def corrupt(why: str) -> CheckpointError:
-        return CheckpointError(f"{path} is truncated or corrupt ({why}); download or save it again")
-
     with open(path, "rb") as f:
         file_size = os.fstat(f.fileno()).st_size
-        prefix = f.read(8)
-        if len(prefix) < 8:
-            raise corrupt("shorter than its 8-byte header length")
-        header_size = int.from_bytes(prefix, "little")
-        if header_size > file_size - 8:
-            raise corrupt(f"header of {header_size} bytes in a file of {file_size}")
-        try:
-            header = json.loads(f.read(header_size))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise corrupt(f"header is not JSON: {e}") from None
-        if not isinstance(header, dict):
-            raise corrupt("header is not a JSON object")
+        header = _safetensors_header(f, path)
         header.pop("__metadata__", None)
-        data_start = 8 + header_size
+        data_start = f.tell()
         for name, info in sorted(header.items(), key=lambda item: item[1].get("data_offsets", [0])[0]):
             try:
                 np_dtype, torch_dtype = _SAFETENSORS_DTYPES[info["dtype"]]
                 shape = [int(n) for n in info["shape"]]
                 begin, end = (int(n) for n in info["data_offsets"])
             except (KeyError, TypeError, ValueError):
-                raise corrupt(f"bad header entry for {name!r}: {info!r}") from None
+                raise _corrupt(path, f"bad header entry for {name!r}: {info!r}") from None
             if data_start + end > file_size:
-                raise corrupt(f"tensor {name!r} ends at byte {data_start + end}, past the end of the file ({file_size})")
+                raise _corrupt(path, f"tensor {name!r} ends at byte {data_start + end}, past the end of the file ({file_size})")
             itemsize = 2 if np_dtype is None else np.dtype(np_dtype).itemsize
             if end - begin != int(np.prod(shape)) * itemsize:
-                raise corrupt(f"tensor {name!r} has {end - begin} bytes, which does not fit shape {shape} of {info['dtype']}")
+                raise _corrupt(path, f"tensor {name!r} has {end - begin} bytes, which does not fit shape {shape} of {info['dtype']}")
             f.seek(data_start + begin)
             if framework == "pt":
                 import torch
