@@ -283,11 +283,11 @@ def test_a_dataset_by_name_offline_fails_at_once_in_one_line(tmp_path, monkeypat
 
 @pytest.mark.parametrize("args, message", [
     (["JSONL", "--text-field", "body"], "a.jsonl (line 1) has no field 'body': its fields are id, text; give the one that holds "
-                                        "the text as text_field (--text-field)"),
+                                        "the text as --text-field"),
     (["FINEWEB"], "fineweb_train_000001.bin is not an llm.c token file: its magic number is 7"),
     (["MIXED"], "mixes llm.c token files of uint16 ids (mixed_val_000000.bin) and uint32 ids (mixed_train_000001.bin)"),
-    (["JSONL", "--shard-tokens", "0"], "shard_tokens (--shard-tokens) must be a positive whole number"),
-    (["JSONL", "--text-field", ""], "text_field (--text-field) must be a non-empty string, got ''"),
+    (["JSONL", "--shard-tokens", "0"], "--shard-tokens must be a positive whole number"),
+    (["JSONL", "--text-field", ""], "--text-field must be a non-empty string, got ''"),
     ([], "give INPUT files or directories, - for standard input, or --dataset NAME"),
 ])  # fmt: skip
 def test_bad_corpora_and_shards_are_one_line(tmp_path, capsys, args, message):

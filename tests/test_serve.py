@@ -760,10 +760,10 @@ def test_gpt2_serve_with_a_draft_model_and_its_refusals_in_one_line(models, draf
     CharTokenizer([chr(c) for c in range(32, 97)]).save(tmp_path)
     capsys.readouterr()
     for flags, message in [
-        (["--draft-model", str(tmp_path)], "draft (--draft-model) has a vocabulary of 65 tokens, the model 50,257: "
+        (["--draft-model", str(tmp_path)], "--draft-model has a vocabulary of 65 tokens, the model 50,257: "
                                            "a draft model must share the model's tokenizer"),
         (["--draft-tokens", "3"], "--draft-tokens is the number of tokens a draft model proposes: give --draft-model too"),
-        (["--draft-model", draft_dir, "--draft-tokens", "0"], "draft_tokens (--draft-tokens) must be a positive integer, got 0"),
+        (["--draft-model", draft_dir, "--draft-tokens", "0"], "--draft-tokens must be a positive integer, got 0"),
     ]:  # fmt: skip  (refused before the port is taken: no "serving ... on" first)
         assert main(["serve", "--model", models[2], "--port", str(free_port()), *flags]) == 2
         assert capsys.readouterr().err == f"gpt2: error: {message}\n"
@@ -906,14 +906,14 @@ def test_gpt2_serve_refuses_a_busy_port_and_a_missing_model_in_one_line(models, 
     err = capsys.readouterr().err  # found before the port is taken: no "serving ... on" either
     assert err.startswith(f"gpt2: error: unknown model '{tmp_path / 'nowhere'}'") and err.count("\n") == 1
     assert main(["serve", "--max-batch-size", "0"]) == 2
-    assert capsys.readouterr().err == "gpt2: error: max_batch_size (--max-batch-size) must be a positive integer, got 0\n"
+    assert capsys.readouterr().err == "gpt2: error: --max-batch-size must be a positive integer, got 0\n"
     assert main(["serve", "--max-num-batched-tokens", "4"]) == 2
-    assert capsys.readouterr().err == ("gpt2: error: max_num_batched_tokens (--max-num-batched-tokens) must be at least "
-                                       "max_batch_size (8), as each step decodes a token of every row; got 4\n")  # fmt: skip
+    assert capsys.readouterr().err == ("gpt2: error: --max-num-batched-tokens must be at least "
+                                       "--max-batch-size (8), as each step decodes a token of every row; got 4\n")  # fmt: skip
     assert main(["serve", "--prefix-cache-mb", "-1"]) == 2
-    assert capsys.readouterr().err == "gpt2: error: prefix_cache_mb (--prefix-cache-mb) must be a whole number of MB, 0 for none, got -1\n"
+    assert capsys.readouterr().err == "gpt2: error: --prefix-cache-mb must be a whole number of MB, 0 for none, got -1\n"
     assert main(["serve", "--port", "99999"]) == 2  # refused before the server says it serves
-    assert capsys.readouterr().err == "gpt2: error: port (--port) must be an integer from 0 to 65535, got 99999\n"
+    assert capsys.readouterr().err == "gpt2: error: --port must be an integer from 0 to 65535, got 99999\n"
     assert main(["serve", "--cuda-graphs", "--device", "cpu"]) == 2
     assert capsys.readouterr().err == "gpt2: error: --cuda-graphs replays decoding on a CUDA GPU; --device cpu is cpu\n"
 
@@ -937,7 +937,7 @@ def test_a_batch_whose_kv_cache_cannot_fit_is_refused_before_the_port_is_taken(m
     result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert result.stderr == (f"gpt2: error: a KV cache of 64 rows of {N_CTX} positions needs about {needed / 1e6:.1f} MB of "
-                             f"memory, but the CPU has 10.0 MB available: a smaller max_batch_size (--max-batch-size)\n")  # fmt: skip
+                             f"memory, but the CPU has 10.0 MB available: a smaller --max-batch-size\n")  # fmt: skip
 
 
 def test_an_app_whose_batch_cannot_fit_fails_to_load_and_says_why(models, monkeypatch):
