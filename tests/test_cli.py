@@ -1063,6 +1063,25 @@ def test_gpt2_chat_leaves_out_the_oldest_turns_and_refuses_a_message_too_long_in
                         r"--max-new-tokens", lines[-1]), err  # fmt: skip
 
 
+def test_gpt2_chat_fits_its_default_reply_to_a_small_context(chat_dir, capsys, monkeypatch):
+    """A context of 64 tokens: the default reply is half of it, 32 tokens, not 256 (which no message would fit)."""
+    code, out, err = run(capsys, "chat", "--model", chat_dir[0], "--temperature", "0", "--device", "cpu", stdin=b"Hi there\n",
+                         monkeypatch=monkeypatch)  # fmt: skip
+    assert (code, err) == (0, "") and out == transformers_chat_reply(chat_dir, [{"role": "user", "content": "Hi there"}], 32) + "\n"
+
+
+def test_gpt2_chat_refuses_at_once_a_system_message_or_a_reply_that_leaves_no_room(chat_dir, capsys, monkeypatch):
+    for flags, message in [
+        (["--system", "word " * 40], r"--system does not fit: with it and an empty message the conversation is \d+ tokens, and a reply "
+                                     r"of up to 32 tokens makes \d+ more than the model's context of 64: give a shorter system "
+                                     r"message, or a lower --max-new-tokens"),
+        (["--max-new-tokens", "64"], r"--max-new-tokens must be a number of tokens below the model's context \(64\), i.e. from 1 to 63, "
+                                     r"got 64"),
+    ]:  # fmt: skip  (before: exit 0, and every message refused)
+        code, out, err = run(capsys, "chat", "--model", chat_dir[0], *flags, "--device", "cpu", stdin=b"Hi\n", monkeypatch=monkeypatch)
+        assert (code, out) == (2, "") and re.fullmatch(f"gpt2: error: {message}\n", err), err
+
+
 def test_gpt2_chat_refusals_are_one_line(chat_dir, model_dir, capsys, monkeypatch, tmp_path):
     (tmp_path / "bad.jinja").write_text("{% if %}", encoding="utf-8")
     for argv, message in [

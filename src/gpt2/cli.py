@@ -21,6 +21,7 @@ from gpt2 import __version__
 from gpt2.config import ACTIVATIONS, POSITIONS, PRESETS
 from gpt2.errors import DistributedError, GPT2Error, RecipeError
 from gpt2.settings import (
+    CHAT_MAX_NEW_TOKENS,
     COMPILE_MODES,
     DRAFT_TOKENS,
     EVAL_TASKS,
@@ -814,7 +815,8 @@ def _add_chat_parser(commands) -> None:
     chat.add_argument("--model", default="gpt2", help="a released name or a local directory, as for generate (default: gpt2)")
     _add_chat_template_flag(chat, "the conversation")
     chat.add_argument("--system", metavar="TEXT", help="a system message that opens the conversation (default: none)")
-    chat.add_argument("--max-new-tokens", type=_whole_number, default=256, help="the longest reply, in tokens (default: 256)")
+    chat.add_argument("--max-new-tokens", type=_whole_number, default=None,
+                      help=f"the longest reply, in tokens (default: {CHAT_MAX_NEW_TOKENS}, or half the model's context if less)")  # fmt: skip
     _add_sampling_flags(chat)
     chat.add_argument("--seed", type=_whole_number, default=None,
                       help="0 to 2**64-1: reply k samples from seed + k, so the same seed and messages give the same "

@@ -31,6 +31,8 @@ WEIGHT_DTYPES = ("float32", "bfloat16", "float16")
 INFERENCE_DTYPES = (*WEIGHT_DTYPES, "int8")
 # The tokens a draft model proposes per step, by default, in speculative decoding (decoding.Decoder).
 DRAFT_TOKENS = 4
+# A chat reply's longest length, by default, where the model's context has room for it (generate.Chat).
+CHAT_MAX_NEW_TOKENS = 256
 # A training run's compute dtype; auto: devices.training_precision picks one for the device.
 TRAINING_DTYPES = ("auto", *WEIGHT_DTYPES)
 # torch.compile of a training step: auto compiles on CUDA only (devices.should_compile).
