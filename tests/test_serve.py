@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import openai
@@ -476,7 +477,9 @@ def test_a_chat_request_to_a_model_without_a_template_is_a_400_saying_how_to_add
         client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}])
     error = caught.value.body
     assert caught.value.status_code == 400 and error["type"] == "invalid_request_error" and error["param"] == "messages"
-    assert "give one with chat_template" in error["message"] and "/v1/completions continues a text" in error["message"]
+    # the server's flag, for whoever started it (no command line stands between the server and its client to name it)
+    assert "start the server with gpt2 serve --chat-template FILE (a Jinja2 file" in error["message"]
+    assert "/v1/completions continues a text" in error["message"]
 
 
 @pytest.fixture(scope="module")
@@ -1023,6 +1026,28 @@ def test_a_greedy_reply_is_transformers_greedy_generation_on_the_templates_ids(c
     assert choice.logprobs is None and choice.index == 0
     raw = post(chat_server, {"messages": QUESTION, "temperature": 0}, "/v1/chat/completions").json()
     assert ChatCompletion.model_validate(raw).choices[0].message.content == text[1:]  # every field as the client's types have it
+
+
+def test_a_template_in_tokenizer_config_json_without_tokenizer_files_is_the_models_own(chat_models, tmp_path):
+    """GPT-2's tokenizer is assumed for a model of its vocabulary saved without one; the directory's
+    template goes with it, as transformers reads that directory once GPT-2's files are added
+    (chat_models' own directory, whose tokenizer transformers_reply uses)."""
+    import shutil
+
+    from gpt2.chat import DEFAULT_TEMPLATE
+
+    for name in ("config.json", "model.safetensors"):
+        shutil.copyfile(Path(chat_models[3]) / name, tmp_path / name)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": DEFAULT_TEMPLATE}), encoding="utf-8")
+    model = GPT2.from_pretrained(tmp_path, device="cpu")
+    running = Running(lambda: (model, model.tokenizer))
+    try:
+        response = running.client().chat.completions.create(model="tiny", messages=QUESTION, temperature=0)
+    finally:
+        running.stop()
+    new, text, prompt = transformers_reply(chat_models, QUESTION)
+    assert response.choices[0].message.content == text[1:]  # less the template's space after "Assistant:"
+    assert (response.usage.prompt_tokens, response.usage.completion_tokens) == (len(prompt), len(new))
 
 
 def test_a_streamed_reply_joins_to_the_whole_one_in_openais_chunks(chat_server, chat_client):
