@@ -4,6 +4,9 @@ back against llm.c's own format (its write_datafile, written out here), memory t
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 import tracemalloc
 
@@ -12,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from helpers import corpus
+from helpers import REPO, corpus
 from gpt2 import DataError, Tokenizer
 from gpt2 import data as data_module
 from gpt2.cli import main
@@ -278,6 +281,23 @@ def test_a_dataset_by_name_offline_fails_at_once_in_one_line(tmp_path, monkeypat
     assert code == 2 and out == "" and err.count("\n") == 1 and err.startswith(
         "gpt2: error: cannot read the dataset (--dataset) 'HuggingFaceFW/fineweb' (config 'sample-10BT', split 'train'): ")
     assert time.monotonic() - started < 10  # no retries, no waiting on a network (the import of datasets included)
+    assert not (tmp_path / "fw").exists()
+
+
+def test_a_dataset_by_name_with_the_hub_unreachable_fails_at_once_in_one_line(tmp_path):
+    """Online, but the hub not answering (HF_ENDPOINT on a closed port of this machine): one quick
+    request says so, not the datasets library's 25 s of retries and their lines. A process of its
+    own: the hub's settings are read from the environment when its libraries are imported."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "0", "HF_ENDPOINT": "http://127.0.0.1:1", "PYTHONPATH": str(REPO / "src")}
+    env.pop("HF_DATASETS_OFFLINE", None)
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "gpt2", "prepare", "--dataset", "HuggingFaceFW/fineweb", "--out", str(tmp_path / "fw"),
+                             "--no-progress"], env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    took = time.monotonic() - started
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.startswith("gpt2: error: cannot read the dataset (--dataset) 'HuggingFaceFW/fineweb' (split 'train'): "
+                                    "cannot reach http://127.0.0.1:1 (") and result.stderr.count("\n") == 1, result.stderr  # fmt: skip
+    assert took < 20  # the retries alone took 23 s; this is the start-up of a process (imports) on a busy machine
     assert not (tmp_path / "fw").exists()
 
 
