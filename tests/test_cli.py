@@ -181,10 +181,10 @@ def test_generate_refuses_a_draft_of_another_vocabulary_and_bad_draft_tokens_in_
     CharTokenizer([chr(c) for c in range(32, 97)]).save(tmp_path)
     capsys.readouterr()  # transformers' progress bar
     for flags, message in [
-        (["--draft-model", str(tmp_path)], "draft (--draft-model) has a vocabulary of 65 tokens, the model 50,257: "
+        (["--draft-model", str(tmp_path)], "--draft-model has a vocabulary of 65 tokens, the model 50,257: "
                                            "a draft model must share the model's tokenizer"),
         (["--draft-tokens", "3"], "--draft-tokens is the number of tokens a draft model proposes: give --draft-model too"),
-        (["--draft-model", draft_dir, "--draft-tokens", "0"], "draft_tokens (--draft-tokens) must be a positive integer, got 0"),
+        (["--draft-model", draft_dir, "--draft-tokens", "0"], "--draft-tokens must be a positive integer, got 0"),
     ]:  # fmt: skip
         code, out, err = run(capsys, "generate", "Hi", "--model", model_dir, *flags)
         assert (code, out, err) == (2, "", f"gpt2: error: {message}\n")
@@ -213,17 +213,17 @@ def test_generate_from_stdin_with_stop_and_samples(capsys, monkeypatch, model_di
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--temperature", "-1"], "temperature (--temperature) must be a finite number >= 0"),
-    (["--temperature", "inf"], "temperature (--temperature) must be a finite number >= 0 (0 is greedy), got inf"),
-    (["--temperature", "nan"], "temperature (--temperature) must be a finite number >= 0 (0 is greedy), got nan"),
-    (["--top-p", "inf"], "top_p (--top-p) must be in (0, 1], got inf"),
+    (["--temperature", "-1"], "--temperature must be a finite number >= 0"),
+    (["--temperature", "inf"], "--temperature must be a finite number >= 0 (0 is greedy), got inf"),
+    (["--temperature", "nan"], "--temperature must be a finite number >= 0 (0 is greedy), got nan"),
+    (["--top-p", "inf"], "--top-p must be in (0, 1], got inf"),
     (["--top-k", "inf"], "argument --top-k: expected a whole number, got 'inf'"),
-    (["--top-k", "0"], "top_k (--top-k) must be an integer from 1 to 50257, got 0"),
-    (["--top-k", "50258"], "top_k (--top-k) must be an integer from 1 to 50257, got 50258"),
-    (["--num-samples", "0"], "num_samples (--num-samples) must be a positive integer, got 0"),
-    (["--num-samples", "-3"], "num_samples (--num-samples) must be a positive integer, got -3"),
-    (["--seed", "-1"], "seed (--seed) must be a whole number from 0 to 18446744073709551615, got -1"),
-    (["--seed", str(2**64)], "seed (--seed) must be a whole number from 0 to 18446744073709551615, got 18446744073709551616"),
+    (["--top-k", "0"], "--top-k must be an integer from 1 up, got 0"),
+    (["--top-k", "50258"], "--top-k must be an integer from 1 to 50257, got 50258"),
+    (["--num-samples", "0"], "--num-samples must be a positive integer, got 0"),
+    (["--num-samples", "-3"], "--num-samples must be a positive integer, got -3"),
+    (["--seed", "-1"], "--seed must be a whole number from 0 to 18446744073709551615, got -1"),
+    (["--seed", str(2**64)], "--seed must be a whole number from 0 to 18446744073709551615, got 18446744073709551616"),
     (["--engine", "numpy", "--device", "cuda"], "--engine numpy runs on the CPU only, not on --device cuda: use --engine torch"),
     (["--engine", "numpy", "--dtype", "bfloat16"], "--engine numpy computes in float32 only, not --dtype bfloat16"),
     (["--engine", "numpy", "--dtype", "int8"], "--engine numpy computes in float32 only, not --dtype int8"),
@@ -231,11 +231,11 @@ def test_generate_from_stdin_with_stop_and_samples(capsys, monkeypatch, model_di
     (["--cuda-graphs", "--engine", "numpy"], "--cuda-graphs is for --engine torch on a CUDA GPU, not --engine numpy"),
     (["--model", ""], "the model name is empty: give a released name (gpt2, gpt2-medium, gpt2-large, gpt2-xl) or a directory"),
     (["--frobnicate"], "unrecognized arguments: --frobnicate (see 'gpt2 generate --help')"),
-    (["--top-p", "1.5"], "top_p (--top-p) must be in (0, 1], got 1.5"),
-    (["--max-new-tokens", "0"], "max_new_tokens (--max-new-tokens) must be a positive integer, got 0"),
+    (["--top-p", "1.5"], "--top-p must be in (0, 1], got 1.5"),
+    (["--max-new-tokens", "0"], "--max-new-tokens must be a positive integer, got 0"),
     (["--max-new-tokens", "many"], "argument --max-new-tokens: expected a whole number, got 'many'"),
-    (["--stop", ""], "stop (--stop) strings must be non-empty text"),
-    (["--device", "tpu"], "unknown device 'tpu'"),
+    (["--stop", ""], "--stop strings must be non-empty text"),
+    (["--device", "tpu"], "unknown device (--device) 'tpu'"),
     (["--dtype", "int4"], "argument --dtype: invalid choice: 'int4'"),
     (["--max-new-tokens", "80", "--on-overflow", "error"], "exceed the context of n_ctx=64"),
 ])  # fmt: skip
@@ -355,7 +355,7 @@ def test_a_character_sized_vocabulary_generates_with_no_flags(capsys, tmp_path):
     assert len(out) == len("A") + 10 + 1  # ten characters, one a token, and the newline
     assert code == 0 and out.startswith("A") and len(out) > 2 and err.startswith("[gpt2: 10 tokens in ")
     code, out, err = run(capsys, "generate", "A", "--model", str(tmp_path), "--top-k", "66")
-    assert (code, out) == (2, "") and err == "gpt2: error: top_k (--top-k) must be an integer from 1 to 65, got 66\n"
+    assert (code, out) == (2, "") and err == "gpt2: error: --top-k must be an integer from 1 to 65, got 66\n"
 
 
 def test_a_model_that_produces_nan_stops_with_one_line(capsys, tmp_path):
@@ -488,10 +488,10 @@ def test_inspect_png_draws_every_picture(capsys, model_dir, tmp_path):
     (["inspect", "", "--json"], "gpt2: error: the text is empty: give at least one token's worth"),
     (["inspect", "a", "--json", "--walk"], "gpt2: error: give --json or --walk, not both"),
     (["inspect", "--json"], "gpt2: error: no text: give one"),
-    (["inspect", "a", "--top-k", "0"], "gpt2: error: top_k (--top-k) must be"),
+    (["inspect", "a", "--top-k", "0"], "gpt2: error: --top-k must be"),
     (["inspect", " ".join(["a"] * 70)], "gpt2: error: sequence of 70 tokens is longer than the model's context of n_ctx=64"),
-    (["inspect", "a b c", "--png", "PNG", "--position", "3"], "gpt2: error: position (--position) must be a whole number in 0..2"),
-    (["inspect", "a", "--png", "PNG", "--temperature", "-1"], "gpt2: error: temperature (--temperature) must be a finite number >= 0"),
+    (["inspect", "a b c", "--png", "PNG", "--position", "3"], "gpt2: error: --position must be a whole number in 0..2"),
+    (["inspect", "a", "--png", "PNG", "--temperature", "-1"], "gpt2: error: --temperature must be a finite number >= 0"),
     (["inspect", "a", "--png", "FILE"], "gpt2: error: "),
 ])  # fmt: skip
 def test_inspect_bad_input_is_one_line(capsys, model_dir, tmp_path, argv, message):
@@ -515,8 +515,8 @@ def test_prepare_writes_data_and_says_what(tmp_path, capsys):
 
 @pytest.mark.parametrize("args, message", [
     (["nowhere.txt"], "input 'nowhere.txt' does not exist"),
-    (["IN", "--tokenizer", "bpe:12"], "unknown tokenizer 'bpe:12'"),
-    (["IN", "--val-fraction", "2"], r"val_fraction (--val-fraction) must be a number in (0, 1), got 2.0"),
+    (["IN", "--tokenizer", "bpe:12"], "unknown tokenizer (--tokenizer) 'bpe:12'"),
+    (["IN", "--val-fraction", "2"], r"--val-fraction must be a number in (0, 1), got 2.0"),
     (["IN", "--val-fraction", "x"], "argument --val-fraction: invalid float value: 'x'"),
 ])  # fmt: skip
 def test_prepare_errors_are_one_line(tmp_path, capsys, args, message):
@@ -538,7 +538,7 @@ def test_prepare_from_stdin_refuses_to_overwrite_and_shows_examples(tmp_path, ca
     assert err == (f"gpt2: {train:,} training and {len(ids) - train:,} validation tokens ({(len(ids) - train) / len(ids):.2%} for "
                    f"validation) of a 50,257-token vocabulary (gpt2) in {tmp_path / 'd'}\n")  # fmt: skip
     code, _, err = run(capsys, "prepare", "-", "--out", str(tmp_path / "d"), stdin=b"more", monkeypatch=monkeypatch)
-    assert code == 2 and err.count("\n") == 1 and "already holds prepared data" in err and "pass overwrite=True (--overwrite)" in err
+    assert code == 2 and err.count("\n") == 1 and "already holds prepared data" in err and "pass --overwrite to replace it" in err
     with pytest.raises(SystemExit):
         main(["prepare", "--help"])
     assert "\nexamples:\n  gpt2 prepare input.txt --out data/shakespeare_char --tokenizer char\n" in capsys.readouterr().out
@@ -721,21 +721,21 @@ def test_eval_prepared_data_and_tasks(capsys, model_dir, tmp_path, text_file):
     (["LATIN1"], "latin1.txt is not UTF-8 text: byte 0xe9 at offset 3"),
     (["ONE"], "one.txt is 1 id long: perplexity needs at least 2"),
     (["nowhere.txt"], "nowhere.txt does not exist"),
-    (["TEXT", "--context", "65"], "context (--context) must be a number of ids up to the model's n_ctx=64, i.e. from 2 to 64, got 65"),
-    (["TEXT", "--context", "1"], "context (--context) must be a number of ids up to the model's n_ctx=64, i.e. from 2 to 64, got 1"),
-    (["TEXT", "--stride", "0"], "stride (--stride) must be a number of ids up to the context (64), i.e. from 1 to 64, got 0"),
-    (["TEXT", "--context", "16", "--stride", "17"], "stride (--stride) must be a number of ids up to the context (16), i.e. from 1 to 16, got 17"),
-    (["TEXT", "--batch-size", "0"], "batch_size (--batch-size) must be a positive integer, got 0"),
+    (["TEXT", "--context", "65"], "--context must be a number of ids up to the model's n_ctx=64, i.e. from 2 to 64, got 65"),
+    (["TEXT", "--context", "1"], "--context must be a number of ids from 2 up, got 1"),
+    (["TEXT", "--stride", "0"], "--stride must be a number of ids from 1 up, got 0"),
+    (["TEXT", "--context", "16", "--stride", "17"], "--stride must be a number of ids up to the context (16), i.e. from 1 to 16, got 17"),
+    (["TEXT", "--batch-size", "0"], "--batch-size must be a positive integer, got 0"),
     (["--task", "mmlu"], "argument --task: invalid choice: 'mmlu' (choose from "),
     (["--task", "lambada", "--data", "BADLINE"], "bad.jsonl, line 2: not JSON"),
     (["--task", "hellaswag", "--data", "BADLINE"], "bad.jsonl, line 1: expected {\"ctx\": text"),
-    (["--task", "lambada", "--limit", "0"], "limit (--limit) must be a positive integer, got 0"),
+    (["--task", "lambada", "--limit", "0"], "--limit must be a positive integer, got 0"),
     (["--task", "lambada"], "lambada is not in the cache"),
     ([], "give one thing to evaluate: a text FILE, --data DIR (a prepared directory's val.bin), or --task NAME"),
     (["TEXT", "--data", "somewhere"], "give one thing to evaluate"),
     (["TEXT", "--task", "lambada"], "give a FILE or --task, not both"),
     (["TEXT", "--limit", "3"], "--limit counts the examples of a --task"),
-    (["--data", "nowhere"], "data 'nowhere' does not exist"),
+    (["--data", "nowhere"], "--data 'nowhere' does not exist"),
 ])  # fmt: skip
 def test_eval_bad_input_is_one_line_and_exit_2(capsys, model_dir, tmp_path, text_file, args, message):
     (tmp_path / "empty.txt").write_bytes(b"")
@@ -763,7 +763,7 @@ def test_threads_sets_torchs_thread_count(command, capsys, tmp_path, monkeypatch
     assert chosen == [1]
     assert code == (2 if command[0] == "train" else 0)  # train: no --data, but the threads were set first
     assert main([*argv, "--threads", "0"]) == 2
-    assert "gpt2: error: threads (--threads) must be a positive integer, got 0" in capsys.readouterr().err
+    assert "gpt2: error: --threads must be a positive integer, got 0" in capsys.readouterr().err
 
 
 def kv_cache_bytes(rows: int, positions: int, n_layer: int = 2, n_embd: int = 48, n_vocab: int = 50257) -> int:
@@ -780,7 +780,7 @@ def test_generate_refuses_samples_whose_kv_cache_cannot_fit(capsys, model_dir, m
     code, out, err = run(capsys, "generate", "Hi", "--model", model_dir, "--num-samples", "200")
     assert (code, out) == (2, "")
     assert err == (f"gpt2: error: a KV cache of 200 rows of 51 positions needs about {needed / 1e6:.1f} MB of memory, but the "
-                   f"CPU has 10.0 MB available: generate fewer samples at once: a smaller num_samples (--num-samples)\n")  # fmt: skip
+                   f"CPU has 10.0 MB available: generate fewer samples at once: a smaller --num-samples\n")  # fmt: skip
     started = time.monotonic()  # refused before a row of the ten million is made (that took 32 s)
     code, out, err = run(capsys, "generate", "Hi", "--model", model_dir, "--num-samples", "10000000")
     assert code == 2 and err.startswith("gpt2: error: a KV cache of 10,000,000 rows") and time.monotonic() - started < 10
@@ -795,7 +795,7 @@ def test_generate_warns_of_samples_that_may_not_fit_and_goes_on(capsys, model_di
     assert code == 0 and out.count("sample 200 of 200") == 1
     assert err.startswith(f"gpt2: warning: a KV cache of 200 rows of 3 positions needs about {needed / 1e6:.1f} MB of memory, "
                           f"but the CPU has {int(needed / 1.1) / 1e6:.1f} MB available, so it may not fit: generate fewer "
-                          f"samples at once: a smaller num_samples (--num-samples)\n")  # fmt: skip
+                          f"samples at once: a smaller --num-samples\n")  # fmt: skip
 
 
 def test_train_refuses_a_batch_no_machine_holds_in_one_line(capsys, tmp_path):
@@ -809,7 +809,7 @@ def test_train_refuses_a_batch_no_machine_holds_in_one_line(capsys, tmp_path):
                          "--n-layer", "2", "--n-head", "2", "--n-embd", "32", "--block-size", "16")  # fmt: skip
     assert (code, out) == (2, "") and err.count("\n") == 1
     assert err.startswith("gpt2: error: training needs about ") and " TB of memory, but the CPU has " in err
-    assert "lower batch_size (--batch-size) (or block_size (--block-size)): a micro-batch of 100,000,000 windows of 16 tokens " in err
+    assert "lower --batch-size (or --block-size): a micro-batch of 100,000,000 windows of 16 tokens " in err
     assert time.monotonic() - started < 10 and not (tmp_path / "out").exists()
 
 
@@ -824,23 +824,113 @@ def test_the_cli_adds_the_flags_of_the_parameters_a_message_names(capsys, tmp_pa
     prepare([tmp_path / "in.txt"], tmp_path / "data", "char", progress=False)
     out = str(tmp_path / "out")
     code, _, err = run(capsys, "train", "--out", out, "--resume", "--overwrite")
-    assert (code, err) == (2, "gpt2: error: resume (--resume) and overwrite (--overwrite) contradict each other: pick one\n")
+    assert (code, err) == (2, "gpt2: error: --resume and --overwrite contradict each other: pick one\n")
     code, _, err = run(capsys, "train", "--out", out, "--resume")
-    assert code == 2 and err.endswith("(start a run without resume=True (--resume))\n")
+    assert code == 2 and err.endswith("(start a run without --resume)\n")
     tiny = ["--n-layer", "1", "--n-head", "1", "--n-embd", "8", "--block-size", "8", "--device", "cpu", "--no-progress"]
     code, _, err = run(capsys, "train", "--data", str(tmp_path / "data"), "--out", out, "--max-iters", "1", *tiny)
     assert code == 0  # the warning of a warm-up as long as the run: a GPT2Warning with its parameters
-    assert err.startswith("gpt2: warning: warmup_iters (--warmup-iters) 2000 is not below max_iters (--max-iters) 1: ")
-    assert " of lr (--lr) 0.0006), and never decays; pass a smaller warmup_iters\n" in err
+    assert err.startswith("gpt2: warning: --warmup-iters 2000 is not below --max-iters 1: ")
+    assert " of lr (--lr) 0.0006), and never decays; pass a smaller --warmup-iters\n" in err
     code, _, err = run(capsys, "train", "--data", str(tmp_path / "data"), "--out", out, "--max-iters", "1", *tiny)
-    assert code == 2 and err.endswith(": pass resume=True (--resume) to continue it, or overwrite=True (--overwrite) to start over\n")
+    assert code == 2 and err.endswith(": pass --resume to continue it, or --overwrite to start over\n")
     code, _, err = run(capsys, "train", "--out", out, "--resume", "--block-size", "16")
-    assert code == 2 and err.startswith("gpt2: error: block_size (--block-size) is 16, but the run was started with 8: ")
-    assert err.endswith("; start a new run with overwrite=True (--overwrite) instead\n")
+    assert code == 2 and err.startswith("gpt2: error: --block-size is 16, but the run was started with 8: ")
+    assert err.endswith("; start a new run with --overwrite instead\n")
+
+
+# (argv, the flag its one line names): a wrong value of each command's flags, refused before any model loads
+WRONG_FLAGS = [
+    (["generate", "Hi", "--temperature", "-1"], "--temperature"),
+    (["generate", "Hi", "--top-k", "0"], "--top-k"),
+    (["generate", "Hi", "--top-p", "0"], "--top-p"),
+    (["generate", "Hi", "--max-new-tokens", "0"], "--max-new-tokens"),
+    (["generate", "Hi", "--num-samples", "0"], "--num-samples"),
+    (["generate", "Hi", "--seed", "-1"], "--seed"),
+    (["generate", "Hi", "--stop", ""], "--stop"),
+    (["generate", "Hi", "--device", "tpu"], "--device"),
+    (["generate", "Hi", "--draft-model", "MODEL", "--draft-tokens", "0"], "--draft-tokens"),
+    (["generate", "Hi", "--draft-model", "CHARS"], "--draft-model"),  # another vocabulary: its config.json says so
+    (["chat", "--temperature", "-1"], "--temperature"),
+    (["chat", "--top-k", "0"], "--top-k"),
+    (["chat", "--top-p", "2"], "--top-p"),
+    (["chat", "--max-new-tokens", "0"], "--max-new-tokens"),
+    (["chat", "--seed", "-1"], "--seed"),
+    (["chat", "--device", "tpu"], "--device"),
+    (["inspect", "a", "--temperature", "-1"], "--temperature"),  # drawn with --png only, and checked always
+    (["inspect", "a", "--top-p", "2"], "--top-p"),
+    (["inspect", "a", "--top-k", "0"], "--top-k"),
+    (["inspect", "a", "--device", "tpu"], "--device"),
+    (["eval", "TEXT", "--context", "1"], "--context"),
+    (["eval", "TEXT", "--stride", "0"], "--stride"),
+    (["eval", "TEXT", "--context", "16", "--stride", "17"], "--stride"),
+    (["eval", "TEXT", "--batch-size", "0"], "--batch-size"),
+    (["eval", "--task", "lambada", "--limit", "0"], "--limit"),
+    (["eval", "--data", "NOWHERE"], "--data"),
+    (["eval", "TEXT", "--device", "tpu"], "--device"),
+    (["serve", "--max-batch-size", "0"], "--max-batch-size"),
+    (["serve", "--max-num-batched-tokens", "4"], "--max-batch-size"),
+    (["serve", "--max-n", "0"], "--max-n"),
+    (["serve", "--max-queue", "0"], "--max-queue"),
+    (["serve", "--max-inspect-cells", "0"], "--max-inspect-cells"),
+    (["serve", "--prefix-cache-mb", "-1"], "--prefix-cache-mb"),
+    (["serve", "--port", "99999"], "--port"),
+    (["serve", "--device", "tpu"], "--device"),
+    (["serve", "--draft-model", "CHARS"], "--draft-model"),
+    (["prepare", "TEXT", "--out", "OUT", "--val-fraction", "2"], "--val-fraction"),
+    (["prepare", "TEXT", "--out", "OUT", "--tokenizer", "bpe:12"], "--tokenizer"),
+    (["prepare", "TEXT", "--out", "OUT", "--shard-tokens", "0"], "--shard-tokens"),
+    (["train", "--out", "OUT", "--data", "NOWHERE", "--lr", "-1"], "--lr"),
+    (["train", "--out", "OUT", "--data", "NOWHERE", "--batch-size", "0"], "--batch-size"),
+    (["train", "--out", "OUT", "--data", "NOWHERE", "--resume", "--overwrite"], "--overwrite"),
+    (["train", "--out", "OUT", "--data", "NOWHERE", "--init", "gpt2", "--n-layer", "2"], "--n-layer"),
+    (["train", "--out", "OUT", "--data", "NOWHERE", "--muon-lr", "0.02"], "--optimizer muon"),  # was "pass optimizer='muon'"
+    (["train", "--out", "OUT", "--data", "NOWHERE", "--warmup-iters", "-1"], "--warmup-iters"),
+]
+
+
+@pytest.fixture(scope="module")
+def chars_dir(tmp_path_factory):
+    """A character model (65 ids), as a draft of another vocabulary than GPT-2's."""
+    from gpt2.tokenizer import CharTokenizer
+
+    directory = tmp_path_factory.mktemp("chars")
+    make_hf_model(vocab_size=65, n_positions=32, n_embd=32, n_layer=1, n_head=2).save_pretrained(directory)
+    CharTokenizer([chr(c) for c in range(32, 97)]).save(directory)
+    return str(directory)
+
+
+@pytest.mark.parametrize("argv, flag", WRONG_FLAGS, ids=[" ".join(a[:1] + a[-2:]) for a, _ in WRONG_FLAGS])
+def test_a_wrong_flag_is_refused_before_the_model_loads_in_one_line_that_names_it(argv, flag, capsys, monkeypatch, model_dir,
+                                                                                  chars_dir, tmp_path, text_file):  # fmt: skip
+    """No model loads (a load fails the test), so a wrong value is said at once, not after a minute of
+    loading; the line names the flag, never the library's parameter (top_k, resume=True)."""
+    from gpt2.model import GPT2
+    from gpt2.reference import ReferenceModel
+
+    def loaded(*args, **kwargs):
+        pytest.fail("the model loaded before the flags were checked")
+
+    monkeypatch.setattr(GPT2, "from_pretrained", loaded)
+    monkeypatch.setattr(ReferenceModel, "load", loaded)
+    paths = {"MODEL": model_dir, "CHARS": chars_dir, "TEXT": str(text_file), "OUT": str(tmp_path / "out"), "NOWHERE": str(tmp_path / "no")}
+    argv = [paths.get(a, a) for a in argv]
+    model = ["--model", model_dir] if argv[0] in ("generate", "chat", "inspect", "eval", "serve") else []
+    code, out, err = run(capsys, *argv, *model, stdin=b"", monkeypatch=monkeypatch)
+    line = err.replace(str(tmp_path), "DIR").replace(model_dir, "MODEL").replace(chars_dir, "CHARS")
+    assert (code, out) == (2, "") and line.startswith("gpt2: error: ") and line.count("\n") == 1, err
+    assert flag in line and "=True" not in line and not re.search(r"\b[a-z]+(?:_[a-z0-9]+)+\b", line), line  # no snake_case name
+
+
+def test_a_bound_that_needs_the_model_names_the_flag_once_it_has_loaded(capsys, model_dir):
+    """--top-k's bound is the vocabulary; inspect's library check calls it k, the command --top-k."""
+    for argv in (["inspect", "a"], ["generate", "Hi"]):
+        code, out, err = run(capsys, *argv, "--top-k", "50258", "--model", model_dir)
+        assert (code, out, err) == (2, "", "gpt2: error: --top-k must be an integer from 1 to 50257, got 50258\n")
 
 
 def test_no_library_message_names_a_flag_of_the_cli():
-    """Only cli.py speaks of gpt2's flags: the library names its parameters, and the CLI adds the flags."""
+    """Only cli.py speaks of gpt2's flags: the library names its parameters, and the CLI names their flags."""
     import argparse
     import ast
 
@@ -850,7 +940,8 @@ def test_no_library_message_names_a_flag_of_the_cli():
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices.values()
     flags = {flag for p in (parser, *commands) for action in p._actions for flag in action.option_strings if flag.startswith("--")}
     assert {"--max-iters", "--overwrite", "--max-batch-size", "--version"} <= flags
-    not_messages = {("_gemv.py", "--version")}  # the C compiler's flag, asked of the compiler
+    # the C compiler's flag, asked of the compiler; the server's flag, in the 400 of chat without a template (no CLI between)
+    not_messages = {("_gemv.py", "--version"), ("server.py", "--chat-template")}
     found = []
     for path in sorted((REPO / "src" / "gpt2").rglob("*.py")):
         if path.name == "cli.py":
@@ -862,7 +953,7 @@ def test_no_library_message_names_a_flag_of_the_cli():
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
                 named = set(re.findall(r"--[a-z][a-z0-9-]*", node.value)) & flags
                 found += [f"{path.name}:{node.lineno}: {flag}" for flag in named if (path.name, flag) not in not_messages]
-    assert not found, f"library strings name gpt2's flags (name the parameter; the CLI adds its flag): {found}"
+    assert not found, f"library strings name gpt2's flags (name the parameter; the CLI names its flag): {found}"
 
 
 # ------------------------------------------------------------------ train: recipes and loggers
@@ -894,7 +985,7 @@ def test_train_takes_a_recipe_and_the_flags_given_override_it(capsys, recipe_dir
     assert code == 0 and "gpt2: resuming from iteration 2" in err
     (recipe_dir / "tiny.toml").write_text((recipe_dir / "tiny.toml").read_text().replace("n_embd = 8", "n_embd = 16"))
     code, _, err = run(capsys, "train", "--recipe", "tiny.toml", "--resume", "--max-iters", "4")
-    assert code == 2 and err.startswith("gpt2: error: n_embd (--n-embd) is 16, but the run was started with 8: ")
+    assert code == 2 and err.startswith("gpt2: error: --n-embd is 16, but the run was started with 8: ")
 
 
 @pytest.mark.parametrize("recipe, flags, message", [
@@ -903,9 +994,9 @@ def test_train_takes_a_recipe_and_the_flags_given_override_it(capsys, recipe_dir
     ('max_iters = "5"\n', [], "sets max_iters (--max-iters) to '5', a str: max_iters must be an integer\n"),
     (None, [], "no recipe (--recipe) 'tiny.toml': give a TOML file, or one of gpt2's recipes: finetune_shakespeare, "),
     ('data = "data"\n', [], "the following arguments are required: --out (or out in the recipe)\n"),
-    ('data = "data"\nout = "o"\n', ["--tensorboard", "tb"], "tensorboard (--tensorboard) needs the tensorboard "
+    ('data = "data"\nout = "o"\n', ["--tensorboard", "tb"], "--tensorboard needs the tensorboard "
                                                                           "package: pip install 'gpt2[tensorboard]'\n"),
-    ('data = "data"\nout = "o"\n', ["--wandb", "p"], "wandb (--wandb) needs the wandb package: pip install 'gpt2[wandb]'\n"),
+    ('data = "data"\nout = "o"\n', ["--wandb", "p"], "--wandb needs the wandb package: pip install 'gpt2[wandb]'\n"),
 ])  # fmt: skip
 def test_train_bad_recipes_and_missing_loggers_are_one_line_and_exit_2(capsys, tmp_path, monkeypatch, recipe, flags, message):
     monkeypatch.chdir(tmp_path)
@@ -970,17 +1061,36 @@ def test_gpt2_chat_leaves_out_the_oldest_turns_and_refuses_a_message_too_long_in
     assert re.fullmatch(r"gpt2: the \d+ oldest messages are left out, to fit the model's context", lines[0]), err
     assert re.fullmatch(r"gpt2: error: the message does not fit: the conversation is \d+ tokens with it alone, and a reply of up to 10 "
                         r"tokens makes \d+ more than the model's context of 64: send a shorter message, or give a lower "
-                        r"max_new_tokens \(--max-new-tokens\)", lines[-1]), err  # fmt: skip
+                        r"--max-new-tokens", lines[-1]), err  # fmt: skip
+
+
+def test_gpt2_chat_fits_its_default_reply_to_a_small_context(chat_dir, capsys, monkeypatch):
+    """A context of 64 tokens: the default reply is half of it, 32 tokens, not 256 (which no message would fit)."""
+    code, out, err = run(capsys, "chat", "--model", chat_dir[0], "--temperature", "0", "--device", "cpu", stdin=b"Hi there\n",
+                         monkeypatch=monkeypatch)  # fmt: skip
+    assert (code, err) == (0, "") and out == transformers_chat_reply(chat_dir, [{"role": "user", "content": "Hi there"}], 32) + "\n"
+
+
+def test_gpt2_chat_refuses_at_once_a_system_message_or_a_reply_that_leaves_no_room(chat_dir, capsys, monkeypatch):
+    for flags, message in [
+        (["--system", "word " * 40], r"--system does not fit: with it and an empty message the conversation is \d+ tokens, and a reply "
+                                     r"of up to 32 tokens makes \d+ more than the model's context of 64: give a shorter system "
+                                     r"message, or a lower --max-new-tokens"),
+        (["--max-new-tokens", "64"], r"--max-new-tokens must be a number of tokens below the model's context \(64\), i.e. from 1 to 63, "
+                                     r"got 64"),
+    ]:  # fmt: skip  (before: exit 0, and every message refused)
+        code, out, err = run(capsys, "chat", "--model", chat_dir[0], *flags, "--device", "cpu", stdin=b"Hi\n", monkeypatch=monkeypatch)
+        assert (code, out) == (2, "") and re.fullmatch(f"gpt2: error: {message}\n", err), err
 
 
 def test_gpt2_chat_refusals_are_one_line(chat_dir, model_dir, capsys, monkeypatch, tmp_path):
     (tmp_path / "bad.jinja").write_text("{% if %}", encoding="utf-8")
     for argv, message in [
-        (["--model", model_dir], "the model's tokenizer has no chat template, so it cannot hold a conversation: give one with chat_template "
-                                 "(--chat-template) (a Jinja2 file"),
+        (["--model", model_dir], "the model's tokenizer has no chat template, so it cannot hold a conversation: give one with --chat-template "
+                                 "(a Jinja2 file"),
         (["--model", str(tmp_path / "no-model"), "--chat-template", str(tmp_path / "bad.jinja")],
          f"{tmp_path / 'bad.jinja'} is not a valid template: "),
-        (["--model", chat_dir[0], "--temperature", "-1"], "temperature (--temperature) must be a finite number >= 0"),
+        (["--model", chat_dir[0], "--temperature", "-1"], "--temperature must be a finite number >= 0"),
     ]:  # fmt: skip
         code, out, err = run(capsys, "chat", *argv, "--device", "cpu", stdin=b"Hi\n", monkeypatch=monkeypatch)
         assert code == 2 and out == "" and err.startswith(f"gpt2: error: {message}") and err.count("\n") == 1, err

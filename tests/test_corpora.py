@@ -4,6 +4,9 @@ back against llm.c's own format (its write_datafile, written out here), memory t
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 import tracemalloc
 
@@ -12,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from helpers import corpus
+from helpers import REPO, corpus
 from gpt2 import DataError, Tokenizer
 from gpt2 import data as data_module
 from gpt2.cli import main
@@ -281,13 +284,30 @@ def test_a_dataset_by_name_offline_fails_at_once_in_one_line(tmp_path, monkeypat
     assert not (tmp_path / "fw").exists()
 
 
+def test_a_dataset_by_name_with_the_hub_unreachable_fails_at_once_in_one_line(tmp_path):
+    """Online, but the hub not answering (HF_ENDPOINT on a closed port of this machine): one quick
+    request says so, not the datasets library's 25 s of retries and their lines. A process of its
+    own: the hub's settings are read from the environment when its libraries are imported."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "0", "HF_ENDPOINT": "http://127.0.0.1:1", "PYTHONPATH": str(REPO / "src")}
+    env.pop("HF_DATASETS_OFFLINE", None)
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "gpt2", "prepare", "--dataset", "HuggingFaceFW/fineweb", "--out", str(tmp_path / "fw"),
+                             "--no-progress"], env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    took = time.monotonic() - started
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.startswith("gpt2: error: cannot read the dataset (--dataset) 'HuggingFaceFW/fineweb' (split 'train'): "
+                                    "cannot reach http://127.0.0.1:1 (") and result.stderr.count("\n") == 1, result.stderr  # fmt: skip
+    assert took < 20  # the retries alone took 23 s; this is the start-up of a process (imports) on a busy machine
+    assert not (tmp_path / "fw").exists()
+
+
 @pytest.mark.parametrize("args, message", [
     (["JSONL", "--text-field", "body"], "a.jsonl (line 1) has no field 'body': its fields are id, text; give the one that holds "
-                                        "the text as text_field (--text-field)"),
+                                        "the text as --text-field"),
     (["FINEWEB"], "fineweb_train_000001.bin is not an llm.c token file: its magic number is 7"),
     (["MIXED"], "mixes llm.c token files of uint16 ids (mixed_val_000000.bin) and uint32 ids (mixed_train_000001.bin)"),
-    (["JSONL", "--shard-tokens", "0"], "shard_tokens (--shard-tokens) must be a positive whole number"),
-    (["JSONL", "--text-field", ""], "text_field (--text-field) must be a non-empty string, got ''"),
+    (["JSONL", "--shard-tokens", "0"], "--shard-tokens must be a positive whole number"),
+    (["JSONL", "--text-field", ""], "--text-field must be a non-empty string, got ''"),
     ([], "give INPUT files or directories, - for standard input, or --dataset NAME"),
 ])  # fmt: skip
 def test_bad_corpora_and_shards_are_one_line(tmp_path, capsys, args, message):

@@ -230,7 +230,7 @@ def test_a_diverged_run_stops_every_process_at_once(char_data, tmp_path):
 def test_grad_accum_must_divide_among_the_processes(char_data, tmp_path):
     result = torchrun("--data", str(char_data), "--out", str(tmp_path / "out"), *flags(**dict(SETTINGS, grad_accum=3)), check=False)
     assert result.returncode != 0
-    message = "gpt2: error: grad_accum (--grad-accum) 3 must be a multiple of the 2 processes"
+    message = "gpt2: error: --grad-accum 3 must be a multiple of the 2 processes"
     assert result.stderr.count(message) == 1  # every process finds it; rank 0 says it
     assert "src/gpt2/" not in result.stderr  # no traceback of ours (what follows is torchrun's report of the exit)
 
@@ -242,7 +242,7 @@ def test_fsdp_needs_a_distributed_launch(char_data, tmp_path, capsys, monkeypatc
     assert e.value.param == "fsdp"
     assert main(["train", "--data", str(char_data), "--out", str(tmp_path / "out"), "--fsdp", "--device", "cpu"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("gpt2: error: fsdp (--fsdp) shards the model") and "torchrun" in err
+    assert err.count("\n") == 1 and err.startswith("gpt2: error: --fsdp shards the model") and "torchrun" in err
 
 
 @pytest.mark.parametrize(

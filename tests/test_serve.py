@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import openai
@@ -476,7 +477,9 @@ def test_a_chat_request_to_a_model_without_a_template_is_a_400_saying_how_to_add
         client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}])
     error = caught.value.body
     assert caught.value.status_code == 400 and error["type"] == "invalid_request_error" and error["param"] == "messages"
-    assert "give one with chat_template" in error["message"] and "/v1/completions continues a text" in error["message"]
+    # the server's flag, for whoever started it (no command line stands between the server and its client to name it)
+    assert "start the server with gpt2 serve --chat-template FILE (a Jinja2 file" in error["message"]
+    assert "/v1/completions continues a text" in error["message"]
 
 
 @pytest.fixture(scope="module")
@@ -760,10 +763,10 @@ def test_gpt2_serve_with_a_draft_model_and_its_refusals_in_one_line(models, draf
     CharTokenizer([chr(c) for c in range(32, 97)]).save(tmp_path)
     capsys.readouterr()
     for flags, message in [
-        (["--draft-model", str(tmp_path)], "draft (--draft-model) has a vocabulary of 65 tokens, the model 50,257: "
+        (["--draft-model", str(tmp_path)], "--draft-model has a vocabulary of 65 tokens, the model 50,257: "
                                            "a draft model must share the model's tokenizer"),
         (["--draft-tokens", "3"], "--draft-tokens is the number of tokens a draft model proposes: give --draft-model too"),
-        (["--draft-model", draft_dir, "--draft-tokens", "0"], "draft_tokens (--draft-tokens) must be a positive integer, got 0"),
+        (["--draft-model", draft_dir, "--draft-tokens", "0"], "--draft-tokens must be a positive integer, got 0"),
     ]:  # fmt: skip  (refused before the port is taken: no "serving ... on" first)
         assert main(["serve", "--model", models[2], "--port", str(free_port()), *flags]) == 2
         assert capsys.readouterr().err == f"gpt2: error: {message}\n"
@@ -906,14 +909,14 @@ def test_gpt2_serve_refuses_a_busy_port_and_a_missing_model_in_one_line(models, 
     err = capsys.readouterr().err  # found before the port is taken: no "serving ... on" either
     assert err.startswith(f"gpt2: error: unknown model '{tmp_path / 'nowhere'}'") and err.count("\n") == 1
     assert main(["serve", "--max-batch-size", "0"]) == 2
-    assert capsys.readouterr().err == "gpt2: error: max_batch_size (--max-batch-size) must be a positive integer, got 0\n"
+    assert capsys.readouterr().err == "gpt2: error: --max-batch-size must be a positive integer, got 0\n"
     assert main(["serve", "--max-num-batched-tokens", "4"]) == 2
-    assert capsys.readouterr().err == ("gpt2: error: max_num_batched_tokens (--max-num-batched-tokens) must be at least "
-                                       "max_batch_size (8), as each step decodes a token of every row; got 4\n")  # fmt: skip
+    assert capsys.readouterr().err == ("gpt2: error: --max-num-batched-tokens must be at least "
+                                       "--max-batch-size (8), as each step decodes a token of every row; got 4\n")  # fmt: skip
     assert main(["serve", "--prefix-cache-mb", "-1"]) == 2
-    assert capsys.readouterr().err == "gpt2: error: prefix_cache_mb (--prefix-cache-mb) must be a whole number of MB, 0 for none, got -1\n"
+    assert capsys.readouterr().err == "gpt2: error: --prefix-cache-mb must be a whole number of MB, 0 for none, got -1\n"
     assert main(["serve", "--port", "99999"]) == 2  # refused before the server says it serves
-    assert capsys.readouterr().err == "gpt2: error: port (--port) must be an integer from 0 to 65535, got 99999\n"
+    assert capsys.readouterr().err == "gpt2: error: --port must be an integer from 0 to 65535, got 99999\n"
     assert main(["serve", "--cuda-graphs", "--device", "cpu"]) == 2
     assert capsys.readouterr().err == "gpt2: error: --cuda-graphs replays decoding on a CUDA GPU; --device cpu is cpu\n"
 
@@ -937,7 +940,7 @@ def test_a_batch_whose_kv_cache_cannot_fit_is_refused_before_the_port_is_taken(m
     result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert result.stderr == (f"gpt2: error: a KV cache of 64 rows of {N_CTX} positions needs about {needed / 1e6:.1f} MB of "
-                             f"memory, but the CPU has 10.0 MB available: a smaller max_batch_size (--max-batch-size)\n")  # fmt: skip
+                             f"memory, but the CPU has 10.0 MB available: a smaller --max-batch-size\n")  # fmt: skip
 
 
 def test_an_app_whose_batch_cannot_fit_fails_to_load_and_says_why(models, monkeypatch):
@@ -1023,6 +1026,28 @@ def test_a_greedy_reply_is_transformers_greedy_generation_on_the_templates_ids(c
     assert choice.logprobs is None and choice.index == 0
     raw = post(chat_server, {"messages": QUESTION, "temperature": 0}, "/v1/chat/completions").json()
     assert ChatCompletion.model_validate(raw).choices[0].message.content == text[1:]  # every field as the client's types have it
+
+
+def test_a_template_in_tokenizer_config_json_without_tokenizer_files_is_the_models_own(chat_models, tmp_path):
+    """GPT-2's tokenizer is assumed for a model of its vocabulary saved without one; the directory's
+    template goes with it, as transformers reads that directory once GPT-2's files are added
+    (chat_models' own directory, whose tokenizer transformers_reply uses)."""
+    import shutil
+
+    from gpt2.chat import DEFAULT_TEMPLATE
+
+    for name in ("config.json", "model.safetensors"):
+        shutil.copyfile(Path(chat_models[3]) / name, tmp_path / name)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": DEFAULT_TEMPLATE}), encoding="utf-8")
+    model = GPT2.from_pretrained(tmp_path, device="cpu")
+    running = Running(lambda: (model, model.tokenizer))
+    try:
+        response = running.client().chat.completions.create(model="tiny", messages=QUESTION, temperature=0)
+    finally:
+        running.stop()
+    new, text, prompt = transformers_reply(chat_models, QUESTION)
+    assert response.choices[0].message.content == text[1:]  # less the template's space after "Assistant:"
+    assert (response.usage.prompt_tokens, response.usage.completion_tokens) == (len(prompt), len(new))
 
 
 def test_a_streamed_reply_joins_to_the_whole_one_in_openais_chunks(chat_server, chat_client):

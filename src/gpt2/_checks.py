@@ -41,10 +41,12 @@ def check_batch_size(batch_size: object) -> int:
     return positive_int("batch_size", batch_size)
 
 
-def int_between(name: str, value: object, low: int, high: int, what: str = "an integer") -> int:
-    """An integer in low..high, both included; `what` reads before the range ("an integer from")."""
-    if not is_integer(value) or not low <= value <= high:
-        raise InvalidArgumentError(f"{name} must be {what} from {low} to {high}, got {value!r}", param=name)
+def int_between(name: str, value: object, low: int, high: int | None, what: str = "an integer") -> int:
+    """An integer in low..high, both included (high None: no bound above, as a bound not yet known,
+    a model's before it loads); `what` reads before the range ("an integer from")."""
+    if not is_integer(value) or value < low or (high is not None and value > high):
+        bounds = f"from {low} up" if high is None else f"from {low} to {high}"
+        raise InvalidArgumentError(f"{name} must be {what} {bounds}, got {value!r}", param=name)
     return int(value)
 
 

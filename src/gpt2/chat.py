@@ -37,8 +37,15 @@ from gpt2.tokenizer import EOT, CharTokenizer, Tokenizer
 ROLES = ("system", "user", "assistant")
 DEFAULT_TEMPLATE_PATH = Path(__file__).with_name("chat_template.jinja")
 DEFAULT_TEMPLATE = DEFAULT_TEMPLATE_PATH.read_text(encoding="utf-8")
-HOW_TO_ADD = ("give one with chat_template (a Jinja2 file; gpt2's default is " + str(DEFAULT_TEMPLATE_PATH) + "), "
-              "or fine-tune the model on conversations prepared with one, which keeps it in tokenizer_config.json")  # fmt: skip
+
+
+def how_to_add(give: str) -> str:
+    """What to do about a model without a chat template; `give` says how to give one where it is read."""
+    return (f"{give} (a Jinja2 file; gpt2's default is {DEFAULT_TEMPLATE_PATH}), or fine-tune the model on conversations "
+            "prepared with one, which keeps it in tokenizer_config.json")  # fmt: skip
+
+
+HOW_TO_ADD = how_to_add("give one with chat_template")  # the command line names its flag
 
 # The (start, end) character spans of the {% generation %} blocks of the render under way.
 _replies: contextvars.ContextVar[tuple[list[str], list[tuple[int, int]]] | None] = contextvars.ContextVar("_replies", default=None)

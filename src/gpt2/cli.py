@@ -19,8 +19,9 @@ from collections.abc import Sequence
 
 from gpt2 import __version__
 from gpt2.config import ACTIVATIONS, POSITIONS, PRESETS
-from gpt2.errors import DistributedError, GPT2Error
+from gpt2.errors import DistributedError, GPT2Error, RecipeError
 from gpt2.settings import (
+    CHAT_MAX_NEW_TOKENS,
     COMPILE_MODES,
     DRAFT_TOKENS,
     EVAL_TASKS,
@@ -99,24 +100,59 @@ def _cmd_tokenize(args: argparse.Namespace) -> int:
 
 
 def _check_generate_args(args: argparse.Namespace) -> str:
-    """What can be checked before a model is loaded; returns the prompt."""
+    """What can be checked before a model is loaded (every flag but --top-k's bound, the
+    vocabulary; the draft model's configuration, not its weights); returns the prompt."""
     from gpt2._checks import positive_int
-    from gpt2.sampling import check_seed
+    from gpt2.decoding import check_max_new_tokens
+    from gpt2.generate import check_stop
 
     if args.prompt is None:
         raise _UsageError('no prompt: give one (e.g. gpt2 generate "Once upon a time"), or - to read standard input')
+    _check_sampling(args)
+    check_max_new_tokens(args.max_new_tokens)
     positive_int("num_samples", args.num_samples)
-    if args.seed is not None:
-        check_seed(args.seed)
-    if args.engine == "numpy":
-        from gpt2.engines import check_numpy_engine
-
-        check_numpy_engine(args.device, args.dtype, _flag)
+    check_stop(args.stop)
+    _check_device(args)
     _check_cuda_graphs(args)
     _check_draft_tokens(args)
+    if args.draft is not None:
+        _model_configs(args)
     if args.prompt == "-":
         return _without_final_newline(_read_stdin())
     return _command_line_text(args.prompt, "the prompt given on the command line")
+
+
+def _check_sampling(args: argparse.Namespace) -> None:
+    """--temperature, --top-k, --top-p and --seed, before the model loads: all but --top-k's bound,
+    the model's vocabulary, which the library checks once it is there."""
+    from gpt2.sampling import Sampling, check_seed
+
+    Sampling(args.temperature, args.top_k, args.top_p).check(None)
+    if getattr(args, "seed", None) is not None:
+        check_seed(args.seed)
+
+
+def _check_device(args: argparse.Namespace) -> None:
+    """--device and --dtype (and --engine's rule), before the model loads."""
+    from gpt2.devices import resolve_device, weight_format
+    from gpt2.engines import check_numpy_engine
+
+    if args.engine == "numpy":
+        check_numpy_engine(args.device, args.dtype, _flag)
+    else:
+        weight_format(args.dtype, resolve_device(args.device))
+
+
+def _model_configs(args: argparse.Namespace) -> list:
+    """The configurations of --model and --draft-model, read without their weights: a model that is
+    not there, or a draft of another vocabulary, fails before anything loads."""
+    from gpt2.engines import check_draft_config
+    from gpt2.weights import read_config
+
+    configs = [read_config(name) for name in [args.model] + ([] if args.draft is None else [args.draft])]
+    if args.draft is not None:
+        check_draft_config(*configs)  # its tokenizer once it has loaded
+    return configs
 
 
 def _check_cuda_graphs(args: argparse.Namespace) -> None:
@@ -258,7 +294,6 @@ def _summary(generated: int, started: float) -> None:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from gpt2.devices import resolve_device, weight_format
-    from gpt2.weights import read_config
 
     try:
         from gpt2.serve import Limits, check_port, serve
@@ -278,13 +313,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     form = weight_format(args.dtype, device)  # bad flags fail now, not once the server listens
     _check_cuda_graphs(args)
     check_port(args.port)
-    configs = [read_config(name) for name in [args.model] + ([] if args.draft is None else [args.draft])]
-    for config in configs:
-        limits.check_memory(config, device, form.compute)  # and a model that is not there
-    if args.draft is not None:
-        from gpt2.engines import check_draft_config
-
-        check_draft_config(*configs)  # its tokenizer once it has loaded
+    for config in _model_configs(args):
+        limits.check_memory(config, device, form.compute)
 
     def listening(url: str) -> None:
         page = "" if args.no_ui else f"; the playground on {url.removesuffix('/v1')}/"
@@ -306,13 +336,15 @@ def _chat_template(args: argparse.Namespace):
 
 
 def _cmd_chat(args: argparse.Namespace) -> int:
+    from gpt2.decoding import check_max_new_tokens
     from gpt2.generate import Chat
-    from gpt2.sampling import check_seed
 
     chat_template = _chat_template(args)  # what can fail without the model, before it loads
+    _check_sampling(args)
+    if args.max_new_tokens is not None:
+        check_max_new_tokens(args.max_new_tokens)
+    _check_device(args)
     _check_cuda_graphs(args)
-    if args.seed is not None:
-        check_seed(args.seed)
     system = None if args.system is None else _command_line_text(args.system, "the system message given on the command line")
     model, tokenizer = _load_model(args)
     top_k = _top_k(args, model)
@@ -343,7 +375,7 @@ def _chat_turn(chat, text: str, args: argparse.Namespace) -> None:
     try:
         pieces = chat.reply(text)
     except GPT2Error as e:
-        print(f"gpt2: error: {with_flags(e, parser_flags(build_parser()))}", file=sys.stderr)
+        print(f"gpt2: error: {with_flags(e, parser_flags(build_parser(), 'chat'))}", file=sys.stderr)
         return
     if chat.dropped:
         print(f"gpt2: the {chat.dropped} oldest messages are left out, to fit the model's context", file=sys.stderr)
@@ -448,8 +480,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         raise _UsageError(f"give a FILE or --task, not both (a file of {args.task}'s own goes in --data)")
     if args.task is None and args.limit is not None:
         raise _UsageError("--limit counts the examples of a --task; a text is scored whole")
-    check_limit(args.limit)
     file = None if args.file is None else _command_line_text(args.file, "FILE")
+    _check_eval_args(args, file)
     model, tokenizer = _load_model(args)
     options = dict(context=args.context, stride=args.stride, batch_size=args.batch_size, progress=args.progress)
     if args.task is not None:
@@ -466,11 +498,32 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_eval_args(args: argparse.Namespace, file: str | None) -> None:
+    """What can be checked before the model loads: all but --context's bound, the model's context."""
+    from pathlib import Path
+
+    from gpt2._checks import check_batch_size
+    from gpt2._files import check_file
+    from gpt2.data import open_data
+    from gpt2.errors import DataError
+    from gpt2.evaluate import check_window
+    from gpt2.tasks import check_limit
+
+    check_limit(args.limit)
+    check_batch_size(args.batch_size)
+    check_window(None, args.context, args.stride)
+    if file is not None:
+        check_file(Path(file), DataError)
+    elif args.task is None:
+        open_data(args.data)  # a prepared directory that is not one fails now
+    _check_device(args)
+
+
 def _cmd_inspect(args: argparse.Namespace) -> int:
     import json
 
     from gpt2 import inspect
-    from gpt2._checks import positive_int
+    from gpt2._checks import int_between
     from gpt2._files import writable_directory
     from gpt2.sampling import Sampling
 
@@ -478,17 +531,18 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         raise _UsageError('no text: give one (e.g. gpt2 inspect "The dog chased the"), or - to read standard input')
     if args.json and args.walk:
         raise _UsageError("give --json or --walk, not both")
+    _check_sampling(args)
+    _check_device(args)
+    png = None if args.png is None else writable_directory(args.png)
     text = _without_final_newline(_read_stdin()) if args.text == "-" else _command_line_text(args.text, "the text")
     if not text:
         raise _UsageError("the text is empty: give at least one token's worth")
-    positive_int("top_k", args.top_k)
-    png = None if args.png is None else writable_directory(args.png)
-    sampling = Sampling(args.temperature, args.top_k, args.top_p)
     model, _ = _load_model(args)
+    int_between("top_k", args.top_k, 1, model.config.n_vocab)  # here, not in next_token_report, whose k is no flag
     names = inspect.activation_names(model.config.n_layer, on_request=args.walk)
     trace = inspect.trace(model, text, names=names)
     if png is not None:
-        _draw(trace, png, args.position, sampling)
+        _draw(trace, png, args.position, Sampling(args.temperature, args.top_k, args.top_p))
     if args.walk:
         print("\n".join(inspect.walkthrough(trace, args.top_k)))
         return 0
@@ -761,7 +815,8 @@ def _add_chat_parser(commands) -> None:
     chat.add_argument("--model", default="gpt2", help="a released name or a local directory, as for generate (default: gpt2)")
     _add_chat_template_flag(chat, "the conversation")
     chat.add_argument("--system", metavar="TEXT", help="a system message that opens the conversation (default: none)")
-    chat.add_argument("--max-new-tokens", type=_whole_number, default=256, help="the longest reply, in tokens (default: 256)")
+    chat.add_argument("--max-new-tokens", type=_whole_number, default=None,
+                      help=f"the longest reply, in tokens (default: {CHAT_MAX_NEW_TOKENS}, or half the model's context if less)")  # fmt: skip
     _add_sampling_flags(chat)
     chat.add_argument("--seed", type=_whole_number, default=None,
                       help="0 to 2**64-1: reply k samples from seed + k, so the same seed and messages give the same "
@@ -1020,9 +1075,9 @@ class _WarningLines:
     once: without Python's source path and line, which mean nothing to a user of the command.
     Under torchrun every process meets the same ones: rank 0 says them."""
 
-    def __init__(self, flags: dict[str, str]) -> None:
+    def __init__(self) -> None:
         self.shown: set[str] = set()
-        self.flags = flags
+        self.flags: dict[str, str] = {}  # the command's, once it is known
 
     def __call__(self, message, category, filename, lineno, file=None, line=None) -> None:
         text = " ".join(with_flags(message, self.flags).split())
@@ -1031,39 +1086,51 @@ class _WarningLines:
             print(f"gpt2: warning: {text}", file=sys.stderr)
 
 
-def parser_flags(parser: argparse.ArgumentParser) -> dict[str, str]:
-    """The flag that sets each of the library's parameters in gpt2's commands: "max_iters" ->
-    "--max-iters" (an option's dest is the parameter's name; a `--no-x` switch sets none)."""
-    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices.values()
-    return {action.dest: action.option_strings[0] for command in commands for action in command._actions
+def parser_flags(parser: argparse.ArgumentParser, command: str) -> dict[str, str]:
+    """The flag that sets each of the library's parameters in one of gpt2's commands: "max_iters" ->
+    "--max-iters" (an option's dest is the parameter's name; a `--no-x` switch sets none). Another
+    command's flags are none of its business: a model's config.json is no --n-head of generate."""
+    chosen = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    return {action.dest: action.option_strings[0] for action in chosen._actions
             if action.option_strings and not action.option_strings[0].startswith("--no-") and action.dest != "help"}  # fmt: skip
 
 
 def with_flags(said: Exception | Warning, flags: dict[str, str]) -> str:
-    """An error's or warning's message with the flag of each parameter it names (its `param`, then its
-    `also`) after the first mention: "max_iters (--max-iters) must be ...", "pass overwrite=True (--overwrite)"."""
+    """An error's or warning's message as the command line says it: each parameter it concerns (its
+    `param`, then its `also`) named by its flag. A name written as code (`max_iters`, `resume=True`,
+    `optimizer='muon'`), or a plain word where a name stands (opening the message, or after a flag and
+    "and", "or" or a comma) becomes the flag: "--max-iters must be ...", "pass --resume", "--resume and
+    --overwrite contradict"; a plain word within a sentence keeps its sense, the flag after it ("no data (--data)");
+    a message that names neither ends with the flag. A recipe's errors keep the names, its keys."""
     message = str(said)
-    for param in (getattr(said, "param", None), *getattr(said, "also", ())):
-        flag = flags.get(param)
-        if flag is None or flag in message:
-            continue
-        # the name as a word (not a piece of a path); its `name=True` first, where a switch is meant
-        word = rf"(?<![\w/.-]){re.escape(param)}"
-        named = re.search(rf"{word}=True\b", message) or re.search(rf"{word}(?![\w/-])", message)
-        message = f"{message[: named.end()]} ({flag}){message[named.end() :]}" if named else f"{message} ({flag})"
+    names = [n for n in dict.fromkeys((getattr(said, "param", None), *getattr(said, "also", ()))) if n in flags]
+    word = {n: rf"(?<![\w/.-]){re.escape(n)}(?![\w/-])" for n in names}  # the name as a word, not a piece of a path
+    if not isinstance(said, RecipeError):
+        mentioned = {n: m.start() if (m := re.search(word[n], message)) else len(message) for n in names}
+        for n in sorted(names, key=mentioned.get):  # in the order the message names them: "--context and --stride"
+            message = re.sub(rf"{word[n]}=(?:True\b|'([^']*)')", lambda m: flags[n] + (f" {m[1]}" if m[1] else ""), message)
+            if "_" in n:  # never an English word: every mention
+                message = re.sub(word[n], flags[n], message)
+            else:
+                message = re.sub(rf"(^|--[a-z0-9-]+(?:,| and| or) ){word[n]}", lambda m: m.group(1) + flags[n], message, count=1)
+    for n in names:
+        if flags[n] not in message:
+            named = re.search(word[n], message)
+            message = f"{message[: named.end()]} ({flags[n]}){message[named.end() :]}" if named else f"{message} ({flags[n]})"
     return message
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     with warnings.catch_warnings():
-        warnings.showwarning = _WarningLines(parser_flags(parser))
-        return _main(parser, argv)
+        warnings.showwarning = lines = _WarningLines()
+        return _main(parser, argv, lines)
 
 
-def _main(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
+def _main(parser: argparse.ArgumentParser, argv: Sequence[str] | None, lines: _WarningLines) -> int:
     try:
         args, unknown = parser.parse_known_args(argv)
+        lines.flags = parser_flags(parser, args.command)
         if unknown:  # argparse would point to `gpt2 --help`; the flags are the sub-command's
             raise _UsageError(f"unrecognized arguments: {' '.join(unknown)} (see 'gpt2 {args.command} --help')")
         if getattr(args, "threads", None) is not None:
@@ -1074,7 +1141,7 @@ def _main(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
     except (_UsageError, GPT2Error) as e:
         # under torchrun every process meets the same bad input: rank 0 says it; each says what it alone saw
         if os.environ.get("RANK", "0") == "0" or isinstance(e, DistributedError):
-            print(f"gpt2: error: {with_flags(e, parser_flags(parser))}", file=sys.stderr)
+            print(f"gpt2: error: {with_flags(e, lines.flags)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:  # Ctrl-C: what was printed stays printed
         sys.stdout.flush()

@@ -52,7 +52,8 @@ class GPT2Config:
             setattr(self, name, positive_int(name, getattr(self, name), ConfigError))  # a NumPy int becomes an int
         if self.n_embd % self.n_head:
             raise ConfigError(
-                f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}): each head gets n_embd / n_head dimensions"
+                f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}): each head gets n_embd / n_head dimensions",
+                "n_head", ("n_embd",),
             )
         if not isinstance(self.dropout, (int, float)) or not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"dropout must be in [0, 1), got {self.dropout!r}")

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gpt2._hub import check_reachable
 from gpt2.errors import DataError
 
 HEADER_INTS = 256
@@ -100,6 +101,11 @@ def _text(value: object, where: str, text_field: str) -> str:
 def dataset_texts(name: str, config: str | None, split: str, text_field: str) -> Iterator[str]:
     """The `text_field` of each example of a Hugging Face dataset (a name on the hub, or a local
     directory of data files), streamed: nothing is downloaded whole or held in memory."""
+    if not Path(name).exists():
+        try:  # a name on the hub: one quick request first, not the datasets library's 25 s of retries
+            check_reachable()
+        except OSError as e:
+            raise _unreadable(name, config, split, str(e)) from None
     try:
         import datasets
     except ImportError:
@@ -113,9 +119,13 @@ def dataset_texts(name: str, config: str | None, split: str, text_field: str) ->
             yield _text(example[text_field], f"the dataset {name!r}, example {number}", text_field)
     except DataError:
         raise
-    except Exception as e:  # the hub unreachable (or offline), an unknown name, config or split
-        which = f"config {config!r}, split {split!r}" if config is not None else f"split {split!r}"
-        raise DataError(f"cannot read the dataset {name!r} ({which}): {_first_line(e)}", "dataset") from None
+    except Exception as e:  # offline, an unknown name, config or split
+        raise _unreadable(name, config, split, _first_line(e)) from None
+
+
+def _unreadable(name: str, config: str | None, split: str, reason: str) -> DataError:
+    which = f"config {config!r}, split {split!r}" if config is not None else f"split {split!r}"
+    return DataError(f"cannot read the dataset {name!r} ({which}): {reason}", "dataset")
 
 
 def _first_line(error: Exception) -> str:

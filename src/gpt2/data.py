@@ -208,7 +208,7 @@ def parse_tokenizer_spec(spec: str) -> int | None:
     """Check a tokenizer spec before any file is touched; returns N of bpe:N (else None)."""
     match = re.fullmatch(r"bpe:([0-9]+)", spec) if isinstance(spec, str) else None
     if spec not in ("gpt2", "char") and (match is None or int(match.group(1)) < 257):
-        raise InvalidArgumentError(f"unknown tokenizer {spec!r}: use {SPECS}")
+        raise InvalidArgumentError(f"unknown tokenizer {spec!r}: use {SPECS}", "tokenizer")
     return int(match.group(1)) if match else None
 
 
@@ -323,7 +323,7 @@ def split_documents(counts: list[int], val_fraction: float) -> Split:
     for name, ranges in (("training", split.train), ("validation", split.val)):
         if sum(e - s for s, e in ranges) == 0:
             raise DataError(f"a corpus of {n} tokens in {len(counts)} document(s) is too small to split with "
-                            f"val_fraction {val_fraction}: the {name} split would be empty")  # fmt: skip
+                            f"val_fraction {val_fraction}: the {name} split would be empty", "val_fraction")  # fmt: skip
     return split
 
 
@@ -574,7 +574,8 @@ def split_conversations(counts: list[int], val_fraction: float) -> Split:
     n = len(counts)
     if n < 2:
         raise DataError(f"{n} conversation{'s' * (n != 1)} cannot be split whole into training and validation: each split "
-                        f"needs one (val_fraction {val_fraction} of them validates, at least 1); give 2 or more")  # fmt: skip
+                        f"needs one (val_fraction {val_fraction} of them validates, at least 1); give 2 or more",
+                        "val_fraction")  # fmt: skip
     n_val = min(max(round(val_fraction * n), 1), n - 1)
     validates = set(map(int, np.random.default_rng(SPLIT_SEED).permutation(n)[:n_val]))
     starts = [0, *itertools.accumulate(counts)]  # conversation c holds ids starts[c] .. starts[c + 1]
@@ -710,7 +711,7 @@ def open_data(path: str | os.PathLike) -> TokenData:
     elif path.is_dir() and list(path.glob("*_train.bin")) and list(path.glob("*_val.bin")):
         data = _open_llmc(path, {split: [_only_llmc_file(path, split)] for split in ("train", "val")})
     elif not path.exists():
-        raise DataError(f"data {str(path)!r} does not exist: give a directory gpt2 prepare wrote")
+        raise DataError(f"data {str(path)!r} does not exist: give a directory gpt2 prepare wrote", "data")
     elif path.is_file():
         raise DataError(f"{path} is a file, not prepared data: give the directory that holds train.bin and val.bin "
                         f"(run gpt2 prepare), or one of llm.c's NAME_train.bin / NAME_val.bin files")  # fmt: skip
@@ -953,7 +954,7 @@ def get_batch(
     for name, value in (("seed", seed), ("iteration", iteration), ("micro_step", micro_step)):
         int_between(name, value, 0, 2**63 - 1, "a whole number")
     if len(ids) < block_size + 1:
-        raise DataError(f"{len(ids)} ids are too short for block_size {block_size}: a window needs {block_size + 1}")
+        raise DataError(f"{len(ids)} ids are too short for block_size {block_size}: a window needs {block_size + 1}", "block_size")
     if mask is not None and len(mask) != len(ids):
         raise InvalidArgumentError(f"mask holds {len(mask)} bytes for {len(ids)} ids: it needs one for each id", "mask")
     rng = np.random.default_rng([seed, iteration, micro_step])

@@ -41,23 +41,26 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     if isinstance(device, torch.device):
         device = str(device)
     if not isinstance(device, str):
-        raise InvalidArgumentError(f"device must be {DEVICES}, got {device!r}")
+        raise InvalidArgumentError(f"device must be {DEVICES}, got {device!r}", "device")
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "mps" if mps_available() else "cpu")
     try:
         resolved = torch.device(device)
     except RuntimeError:
-        raise InvalidArgumentError(f"unknown device {device!r}: use {DEVICES}") from None
+        raise InvalidArgumentError(f"unknown device {device!r}: use {DEVICES}", "device") from None
     if resolved.type == "cuda":
         if not torch.cuda.is_available():
-            raise InvalidArgumentError(f"device {device!r} asked for, but CUDA is not available on this machine; use 'cpu' or 'auto'")
+            raise InvalidArgumentError(f"device {device!r} asked for, but CUDA is not available on this machine; use 'cpu' or 'auto'",
+                                       "device")  # fmt: skip
         if resolved.index is not None and resolved.index >= torch.cuda.device_count():
-            raise InvalidArgumentError(f"device {device!r} asked for, but this machine has {torch.cuda.device_count()} CUDA device(s)")
+            raise InvalidArgumentError(f"device {device!r} asked for, but this machine has {torch.cuda.device_count()} CUDA device(s)",
+                                       "device")  # fmt: skip
     elif resolved.type == "mps":
         if not mps_available():
-            raise InvalidArgumentError(f"device {device!r} asked for, but Apple's MPS is not available on this machine; use 'cpu' or 'auto'")
+            raise InvalidArgumentError(f"device {device!r} asked for, but Apple's MPS is not available on this machine; "
+                                       "use 'cpu' or 'auto'", "device")  # fmt: skip
     elif resolved.type != "cpu":
-        raise InvalidArgumentError(f"unsupported device {device!r}: use {DEVICES}")
+        raise InvalidArgumentError(f"unsupported device {device!r}: use {DEVICES}", "device")
     return resolved
 
 
@@ -97,12 +100,13 @@ def weight_format(dtype: str | torch.dtype, device: torch.device) -> WeightForma
     """The weight format of `dtype` (float32, bfloat16, float16 or int8) on `device`."""
     if dtype in ("int8", torch.int8):
         if device.type != "cpu":
-            raise InvalidArgumentError(f"int8 weights are for decoding on the CPU, not on {device}: use bfloat16 or float16 there")
+            raise InvalidArgumentError(f"int8 weights are for decoding on the CPU, not on {device}: use bfloat16 or float16 there",
+                                       "dtype")  # fmt: skip
         return WeightFormat(torch.int8, torch.float32)
     try:
         storage = resolve_dtype(dtype)
     except InvalidArgumentError:
-        raise InvalidArgumentError(f"unsupported dtype {dtype!r}: use one of {', '.join(INFERENCE_DTYPES)}") from None
+        raise InvalidArgumentError(f"unsupported dtype {dtype!r}: use one of {', '.join(INFERENCE_DTYPES)}", "dtype") from None
     return WeightFormat(storage, torch.float32 if device.type == "cpu" else storage)
 
 
@@ -146,12 +150,13 @@ def training_precision(device: torch.device, dtype: str = "auto") -> Precision:
             return Precision(device, torch.float32)
         return Precision(device, torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16)
     if dtype not in DTYPES:
-        raise InvalidArgumentError(f"unsupported dtype {dtype!r} for training: use {', '.join(TRAINING_DTYPES)}")
+        raise InvalidArgumentError(f"unsupported dtype {dtype!r} for training: use {', '.join(TRAINING_DTYPES)}", "dtype")
     compute = DTYPES[dtype]
     if compute == torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise InvalidArgumentError("dtype 'bfloat16' asked for, but this GPU has no bfloat16: use float16 or auto")
+        raise InvalidArgumentError("dtype 'bfloat16' asked for, but this GPU has no bfloat16: use float16 or auto", "dtype")
     if compute == torch.float16 and device.type == "cpu":
-        raise InvalidArgumentError("dtype 'float16' trains on GPUs only (CPU autocast computes in bfloat16): use float32 or bfloat16")
+        raise InvalidArgumentError("dtype 'float16' trains on GPUs only (CPU autocast computes in bfloat16): use float32 or bfloat16",
+                                   "dtype")  # fmt: skip
     return Precision(device, compute)
 
 

@@ -13,8 +13,10 @@ from __future__ import annotations
 class Concerning:
     """What an error or a warning of `gpt2` is about: `param` names the argument it concerns,
     as the library calls it ("max_new_tokens"), where there is one; `also`, any other arguments
-    its message names. The server answers `param` as OpenAI's `param` field; the command line
-    adds the flag that sets each ("max_iters (--max-iters)"), since messages name no flags."""
+    its message names (every one it names as an argument: the command line can then say each as
+    its flag). The server answers `param` as OpenAI's `param` field; the command line names the
+    flag that sets each in its place ("--max-iters must be ...", "pass --resume"), since messages
+    name no flags (`gpt2.cli.with_flags`)."""
 
     def __init__(self, message: str = "", param: str | None = None, also: tuple[str, ...] = ()):
         super().__init__(message)

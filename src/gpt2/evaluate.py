@@ -146,13 +146,19 @@ def token_byte_lengths(tokenizer: Tokenizer | CharTokenizer) -> np.ndarray:
     return np.array([0 if i in special else len(tokenizer.decode_bytes([i])) for i in range(tokenizer.n_vocab)], dtype=np.int64)
 
 
-def check_window(model: GPT2, context: int | None, stride: int | None) -> tuple[int, int]:
-    """The context (default: the model's) and stride (default: half the context) of the windows."""
-    n_ctx = model.config.n_ctx
-    context = n_ctx if context is None else int_between("context", context, 2, n_ctx,
-                                                        f"a number of ids up to the model's n_ctx={n_ctx}, i.e.")  # fmt: skip
-    stride = max(1, context // 2) if stride is None else int_between("stride", stride, 1, context,
-                                                                     f"a number of ids up to the context ({context}), i.e.")  # fmt: skip
+def check_window(model: GPT2 | None, context: int | None, stride: int | None) -> tuple[int, int]:
+    """The context (default: the model's) and stride (default: half the context) of the windows.
+    With no model (a front door's flags, checked before one loads), what does not need its n_ctx."""
+    n_ctx = None if model is None else model.config.n_ctx
+    if context is not None:
+        bound = "" if n_ctx is None else f" up to the model's n_ctx={n_ctx}, i.e."
+        context = int_between("context", context, 2, n_ctx, f"a number of ids{bound}")
+    context = n_ctx if context is None else context
+    if stride is not None:
+        bound = "" if context is None else f" up to the context ({context}), i.e."
+        stride = int_between("stride", stride, 1, context, f"a number of ids{bound}")
+    elif context is not None:
+        stride = max(1, context // 2)
     return context, stride
 
 

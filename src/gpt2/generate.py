@@ -15,14 +15,14 @@ from typing import AbstractSet, Literal
 
 import torch
 
-from gpt2._checks import positive_int
+from gpt2._checks import int_between, positive_int
 from gpt2.chat import HOW_TO_ADD, ChatTemplate, ReplyText, special_token_names
 from gpt2.decoding import STOP, Decoder, Request, check_draft_tokens, finish_reasons, row_seed, start_of_text
 from gpt2.engines import NumpyEngine, check_draft
 from gpt2.errors import ContextLengthError, GPT2Warning, InputTypeError, InvalidArgumentError
 from gpt2.reference import ReferenceModel
 from gpt2.sampling import Sampling, check_seed
-from gpt2.settings import DRAFT_TOKENS
+from gpt2.settings import CHAT_MAX_NEW_TOKENS, DRAFT_TOKENS
 from gpt2.tokenizer import IncrementalDecoder, Tokenizer
 
 
@@ -230,6 +230,15 @@ class TextRow:
 # ------------------------------------------------------------------ conversations
 
 
+def chat_max_new_tokens(max_new_tokens: int | None, n_ctx: int) -> int:
+    """A chat reply's longest length: as given, below the context (the conversation needs a token at
+    least); None: CHAT_MAX_NEW_TOKENS, or half the context where that is less."""
+    if max_new_tokens is None:
+        return max(1, min(CHAT_MAX_NEW_TOKENS, n_ctx // 2))
+    positive_int("max_new_tokens", max_new_tokens)
+    return int_between("max_new_tokens", max_new_tokens, 1, n_ctx - 1, f"a number of tokens below the model's context ({n_ctx}), i.e.")
+
+
 class Chat:
     """A conversation with a model: its history (`messages`), each reply streamed as it is
     generated (`reply`), then kept in the history as the assistant's message.
@@ -240,13 +249,15 @@ class Chat:
     its text is what follows the template's own prefix (`ChatTemplate.reply_prefix`). Where the
     history and a reply of max_new_tokens no longer fit the context, the oldest turns are left
     out (the system message kept; `dropped` says how many messages); a message that does not fit
-    alone is a ContextLengthError. Reply k (from 0) samples from seed + k, so a seeded
-    conversation can be had again.
+    alone is a ContextLengthError. max_new_tokens defaults to CHAT_MAX_NEW_TOKENS, or half the
+    model's context where that is less (the other half holds the conversation); one that leaves
+    no room for a conversation, or a system message that does not fit with a reply, is refused
+    here. Reply k (from 0) samples from seed + k, so a seeded conversation can be had again.
     """
 
     def __init__(self, model, tokenizer: Tokenizer, *, chat_template: ChatTemplate | str | None = None, system: str | None = None,
-                 max_new_tokens: int = 256, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-                 seed: int | None = None):  # fmt: skip
+                 max_new_tokens: int | None = None, temperature: float = 1.0, top_k: int | None = None,
+                 top_p: float | None = None, seed: int | None = None):  # fmt: skip
         source = tokenizer.chat_template if chat_template is None else chat_template
         if source is None:
             raise InvalidArgumentError(f"the model's tokenizer has no chat template, so it cannot hold a conversation: {HOW_TO_ADD}",
@@ -255,15 +266,29 @@ class Chat:
         if system is not None and not isinstance(system, str):
             raise InputTypeError(f"system must be a str or None, got {type(system).__name__}", "system")
         Sampling(temperature, top_k, top_p).check(model.config.n_vocab)
-        self.options = {"max_new_tokens": positive_int("max_new_tokens", max_new_tokens), "temperature": temperature,
+        self.options = {"max_new_tokens": chat_max_new_tokens(max_new_tokens, model.config.n_ctx), "temperature": temperature,
                         "top_k": top_k, "top_p": top_p}  # fmt: skip
         self.seed = None if seed is None else check_seed(seed)
         self.model, self.tokenizer, self.system = model, tokenizer, system
+        self._check_system()
         self.prefix = self.template.reply_prefix(tokenizer)
         self.replies = 0  # replies begun: the next samples from seed + replies
         self.dropped = 0  # messages left out of the last reply's prompt, the oldest, to fit the context
         self.finish_reason: str | None = None  # the last reply's: "stop" (<|endoftext|>) or "length"
         self.reset()
+
+    def _check_system(self) -> None:
+        """The system message, with an empty message and a reply, must fit the context: else no message would."""
+        if self.system is None:
+            return
+        n_ctx, room = self.model.config.n_ctx, self.options["max_new_tokens"]
+        messages = [{"role": "system", "content": self.system}, {"role": "user", "content": ""}]
+        length = len(self.tokenizer.encode(self._prompt(messages), allowed_special="all"))
+        if length + room > n_ctx:
+            raise ContextLengthError(f"system does not fit: with it and an empty message the conversation is {length:,} tokens, "
+                                     f"and a reply of up to {room:,} tokens makes {length + room - n_ctx:,} more than the model's "
+                                     f"context of {n_ctx:,}: give a shorter system message, or a lower max_new_tokens",
+                                     "system", ("max_new_tokens",))  # fmt: skip
 
     def reset(self) -> None:
         """Forget the conversation (the system message stays)."""

@@ -29,7 +29,9 @@ class Sampling:
     top_k: int | None = None
     top_p: float | None = None
 
-    def check(self, n_vocab: int) -> None:
+    def check(self, n_vocab: int | None) -> None:
+        """Raise unless each setting is one a model of `n_vocab` tokens can sample with (None: before
+        a model is there, every check but top_k's bound, the vocabulary)."""
         if not is_real(self.temperature) or self.temperature < 0:
             raise InvalidArgumentError(f"temperature must be a finite number >= 0 (0 is greedy), got {self.temperature!r}",
                                        "temperature")  # fmt: skip

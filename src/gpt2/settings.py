@@ -31,6 +31,8 @@ WEIGHT_DTYPES = ("float32", "bfloat16", "float16")
 INFERENCE_DTYPES = (*WEIGHT_DTYPES, "int8")
 # The tokens a draft model proposes per step, by default, in speculative decoding (decoding.Decoder).
 DRAFT_TOKENS = 4
+# A chat reply's longest length, by default, where the model's context has room for it (generate.Chat).
+CHAT_MAX_NEW_TOKENS = 256
 # A training run's compute dtype; auto: devices.training_precision picks one for the device.
 TRAINING_DTYPES = ("auto", *WEIGHT_DTYPES)
 # torch.compile of a training step: auto compiles on CUDA only (devices.should_compile).
@@ -157,7 +159,8 @@ class TrainSettings:
         given = ["config"] * (self.config is not None) + list(shape) + ["positions"] * (self.positions != "learned")
         given += [name for name in ("bias", "activation") if getattr(self, name) is not None]
         if self.init is not None and given:
-            raise InvalidArgumentError(f"init: the architecture comes from the model being fine-tuned; drop {', '.join(given)}")
+            raise InvalidArgumentError(f"init: the architecture comes from the model being fine-tuned; drop {', '.join(given)}",
+                                       "init", tuple(given))  # fmt: skip
         if self.config is not None and self.config not in PRESETS:
             raise InvalidArgumentError(f"config must be one of {', '.join(PRESETS)}, got {self.config!r}")
         for name, value in shape.items():
@@ -183,7 +186,7 @@ class TrainSettings:
         given = [name for name in ("eval_task_limit", "eval_task_data") if getattr(self, name) is not None]
         if self.eval_task is None and given:
             raise InvalidArgumentError(f"{given[0]} is a setting of eval_task, which is not set: give eval_task too (or drop "
-                                       f"{' and '.join(given)})", given[0], ("eval_task",))  # fmt: skip
+                                       f"{' and '.join(given)})", given[0], ("eval_task", *given[1:]))  # fmt: skip
 
     def model_config(self, n_vocab: int) -> GPT2Config:
         """The architecture of a model trained from scratch on a vocabulary of n_vocab ids."""
@@ -197,7 +200,7 @@ class TrainSettings:
                 n_embd=self.n_embd or n_embd, dropout=self.dropout, bias=bias, positions=self.positions, activation=activation,
             )  # fmt: skip
         except ConfigError as e:
-            raise InvalidArgumentError(str(e)) from None
+            raise InvalidArgumentError(str(e), e.param, e.also) from None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -34,7 +34,7 @@ from gpt2.config import PRESETS, GPT2Config
 from gpt2.examples import MODELS, model_directory
 from gpt2.errors import CheckpointError, CheckpointNotFoundError, ConfigError, GPT2Warning, InputTypeError, UnknownModelError
 from gpt2.tf_checkpoint import bfloat16_to_float32, iter_tf_checkpoint
-from gpt2.tokenizer import CharTokenizer, Tokenizer, assumed_tokenizer, load_tokenizer
+from gpt2.tokenizer import CharTokenizer, Tokenizer, assumed_tokenizer, load_tokenizer, read_chat_template
 
 HUB_REPOS = {name: f"openai-community/{name}" for name in PRESETS}
 
@@ -66,10 +66,13 @@ class Checkpoint:
 
     def load_tokenizer(self) -> Tokenizer | CharTokenizer | None:
         """The tokenizer saved beside the weights (as `gpt2 train` saves it, or a Hugging Face
-        directory's); GPT-2's for a model of GPT-2's vocabulary that has none; else None."""
+        directory's); GPT-2's for a model of GPT-2's vocabulary that has none, with the chat
+        template the directory holds (as transformers reads it once GPT-2's files are added); else None."""
         tokenizer = load_tokenizer(self.directory)
         if tokenizer is None:
-            return assumed_tokenizer(self.config.n_vocab)
+            assumed = assumed_tokenizer(self.config.n_vocab)
+            template = None if assumed is None else read_chat_template(self.directory)
+            return assumed if template is None else assumed.with_chat_template(template)
         if tokenizer.n_vocab > self.config.n_vocab:
             raise CheckpointError(f"{self.directory}: the tokenizer has {tokenizer.n_vocab} ids, more than the model's "
                                   f"vocabulary of {self.config.n_vocab}")  # fmt: skip

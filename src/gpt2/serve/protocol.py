@@ -51,7 +51,8 @@ class Limits:
         check_draft_tokens(self.draft_tokens)
         if self.max_num_batched_tokens < self.max_batch_size:
             raise InvalidArgumentError(f"max_num_batched_tokens must be at least max_batch_size ({self.max_batch_size}), as each "
-                                       f"step decodes a token of every row; got {self.max_num_batched_tokens}", "max_num_batched_tokens")  # fmt: skip
+                                       f"step decodes a token of every row; got {self.max_num_batched_tokens}", "max_num_batched_tokens",
+                                       ("max_batch_size",))  # fmt: skip
         if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key.strip()):
             raise InvalidArgumentError("api_key must be non-empty text", "api_key")
 

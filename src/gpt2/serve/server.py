@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from fastapi import Request
 
-from gpt2.chat import HOW_TO_ADD, ChatTemplate
+from gpt2.chat import ChatTemplate, how_to_add
 from gpt2.engines import check_draft
 from gpt2.errors import ChatTemplateError
 from gpt2.model import GPT2
@@ -88,8 +88,10 @@ class Server:
         if self.template_error is not None:
             raise RequestError(400, str(self.template_error), "messages")
         if self.chat_template is None:
+            # for whoever started the server, by its flag (create_app's chat_template, in Python)
+            give = "start the server with gpt2 serve --chat-template FILE"
             raise RequestError(400, f"the model {self.model_id} has no chat template, so it cannot answer a conversation "
-                               f"(/v1/completions continues a text): {HOW_TO_ADD}", "messages")  # fmt: skip
+                               f"(/v1/completions continues a text): {how_to_add(give)}", "messages")  # fmt: skip
         return self.chat_template
 
     def stop(self) -> None:
