@@ -606,7 +606,7 @@ def test_a_loss_that_is_not_a_number_stops_the_run_and_keeps_its_files(where, ch
             signal_during(m, signal.SIGINT, lambda draws: draws[-1] == (3, 0))
         with pytest.raises(NonFiniteError, match=re.escape(said)) as e:
             train(tmp_path / "out", data=char_data, max_iters=8, progress=False, **settings)
-    assert "the learning rate is too high (lr 1e+30, warmup_iters 5); the files in " in str(e.value)
+    assert "the learning rate is too high (lr=1e+30, warmup_iters=5); the files in " in str(e.value)
     assert (e.value.param, e.value.also) == ("lr", ("warmup_iters", "overwrite"))
     assert finite_files(tmp_path / "out") == 0
     assert [r["iter"] for r in read_log(tmp_path / "out" / "log.jsonl") if "val_loss" in r] == [0]
@@ -621,15 +621,15 @@ def test_a_diverged_run_is_one_line_at_the_command_line_and_its_model_says_it_is
     assert main([*command, "--lr=1e30"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("gpt2: error: iter 1: the training loss is nan: training diverged, most likely because the learning "
-                          "rate is too high (lr (--lr) 1e+30, warmup_iters (--warmup-iters) 5")  # fmt: skip
-    assert err.endswith("pass overwrite=True (--overwrite)\n") and err.count("\n") == 1
+                          "rate is too high (--lr 1e+30, --warmup-iters 5)")  # fmt: skip
+    assert err.endswith("pass --overwrite\n") and err.count("\n") == 1
     assert finite_files(out) == 0
     assert main(["generate", "--model", str(out), "ROMEO:", "--max-new-tokens", "3", "--no-stream"]) == 0
     warned = [line for line in capsys.readouterr().err.splitlines() if "initialisation" in line]
-    assert warned == [f"gpt2: warning: this model is its initialisation: {out} holds the random weights its gpt2 train run started "
+    assert warned == [f"gpt2: warning: this model is its initialisation: {out} holds the random weights its training run started "
                       f"from (saved at iteration 0, before any step), which write noise; train until an evaluation saves a better "
-                      f"one: pass resume=True (--resume) to continue its run, with a larger max_iters (--max-iters) or a "
-                      f"smaller eval_interval (--eval-interval), or, if its loss diverged, start again with a lower lr (--lr)"]  # fmt: skip
+                      f"one: resume its run with more iterations or more frequent evaluations, or, if its loss diverged, start "
+                      f"again with a lower learning rate"]  # fmt: skip
 
 
 def test_the_model_of_a_run_stopped_before_its_second_evaluation_says_it_is_its_initialisation(char_data, tmp_path, monkeypatch):

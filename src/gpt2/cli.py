@@ -1098,7 +1098,7 @@ def parser_flags(parser: argparse.ArgumentParser, command: str) -> dict[str, str
 def with_flags(said: Exception | Warning, flags: dict[str, str]) -> str:
     """An error's or warning's message as the command line says it: each parameter it concerns (its
     `param`, then its `also`) named by its flag. A name written as code (`max_iters`, `resume=True`,
-    `optimizer='muon'`), or a plain word where a name stands (opening the message, or after a flag and
+    `optimizer='muon'`, `lr=0.1`: "--lr 0.1"), or a plain word where a name stands (opening the message, or after a flag and
     "and", "or" or a comma) becomes the flag: "--max-iters must be ...", "pass --resume", "--resume and
     --overwrite contradict"; a plain word within a sentence keeps its sense, the flag after it ("no data (--data)");
     a message that names neither ends with the flag. A recipe's errors keep the names, its keys."""
@@ -1108,7 +1108,8 @@ def with_flags(said: Exception | Warning, flags: dict[str, str]) -> str:
     if not isinstance(said, RecipeError):
         mentioned = {n: m.start() if (m := re.search(word[n], message)) else len(message) for n in names}
         for n in sorted(names, key=mentioned.get):  # in the order the message names them: "--context and --stride"
-            message = re.sub(rf"{word[n]}=(?:True\b|'([^']*)')", lambda m: flags[n] + (f" {m[1]}" if m[1] else ""), message)
+            message = re.sub(rf"{word[n]}=(?:True\b|'([^']*)'|([-+.\w]+))", lambda m: " ".join(filter(None, (flags[n], m[1], m[2]))),
+                             message)  # fmt: skip
             if "_" in n:  # never an English word: every mention
                 message = re.sub(word[n], flags[n], message)
             else:

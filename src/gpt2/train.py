@@ -532,12 +532,12 @@ class Trainer:
         """The error that stops a run whose loss is not a number (`what`: which, and its value);
         every process raises it at once (the losses checked are sums over all of them)."""
         s = self.s
-        rates = f"lr {s.lr:g}" + (f", muon_lr {peak_lr(s, muon=True):g}" if s.optimizer == "muon" else "")
+        rates = f"lr={s.lr:g}" + (f", muon_lr={peak_lr(s, muon=True):g}" if s.optimizer == "muon" else "")
         kept = (f"the files in {self.out} are those of the evaluation at iteration {self.evaluated}, not overwritten"
                 if self.evaluated >= 0 else f"nothing was saved in {self.out}")  # fmt: skip
         also = ("muon_lr",) * (s.optimizer == "muon") + ("warmup_iters", "overwrite")
         return NonFiniteError(f"iter {self.iteration}: {what}: training diverged, most likely because the learning rate is too "
-                              f"high ({rates}, warmup_iters {s.warmup_iters}); {kept}; to start again with a lower lr, pass "
+                              f"high ({rates}, warmup_iters={s.warmup_iters}); {kept}; to start again with a lower lr, pass "
                               f"overwrite=True", "lr", also)  # fmt: skip
 
     # -------------------------------------------------------------- the step

@@ -217,11 +217,12 @@ def warn_if_initialisation(directory: Path) -> None:
     evaluation saved a better model. Every command's model is located here, so each says it."""
     metadata = safetensors_metadata(directory / "model.safetensors")
     if metadata.get(TRAINED_ITERATIONS) == "0" and metadata.get(TRAINED_FROM) == "scratch":
-        warnings.warn(InitialisationWarning(f"this model is its initialisation: {directory} holds the random weights its gpt2 train "
+        # plain words, not train's parameters: every command and from_pretrained loads it, and none of them trains
+        warnings.warn(InitialisationWarning(f"this model is its initialisation: {directory} holds the random weights its training "
                                             f"run started from (saved at iteration 0, before any step), which write noise; train "
-                                            f"until an evaluation saves a better one: pass resume=True to continue its run, with a "
-                                            f"larger max_iters or a smaller eval_interval, or, if its loss diverged, start again "
-                                            f"with a lower lr", "eval_interval", ("resume", "max_iters", "lr")), stacklevel=3)  # fmt: skip
+                                            f"until an evaluation saves a better one: resume its run with more iterations or more "
+                                            f"frequent evaluations, or, if its loss diverged, start again with a lower learning "
+                                            f"rate"), stacklevel=3)  # fmt: skip
 
 
 # --------------------------------------------------------------------- reading
