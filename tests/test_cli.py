@@ -541,7 +541,7 @@ def test_prepare_from_stdin_refuses_to_overwrite_and_shows_examples(tmp_path, ca
     assert code == 2 and err.count("\n") == 1 and "already holds prepared data" in err and "pass --overwrite to replace it" in err
     with pytest.raises(SystemExit):
         main(["prepare", "--help"])
-    assert "\nexamples:\n  gpt2 prepare input.txt --out data/shakespeare_char --tokenizer char\n" in capsys.readouterr().out
+    assert "\nexamples:\n  gpt2 prepare shakespeare --out data/shakespeare_char --tokenizer char   # tinyshakespeare, shipped in gpt2\n" in capsys.readouterr().out
 
 
 def test_prepare_says_how_several_documents_split(tmp_path, capsys):
