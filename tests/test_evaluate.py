@@ -133,7 +133,7 @@ def test_defaults_are_the_models_context_and_half_of_it(hf_and_ours):
 
 def test_text_bits_per_byte_counts_the_bytes_of_the_scored_ids(hf_and_ours, tiktoken_gpt2):
     hf, ours = hf_and_ours
-    text = "Perplexity, in bits per byte: naïve café 東京 🙂 — the same for any tokenizer.\n" * 3
+    text = "Perplexity, in bits per byte: naïve café 東京 🙂 — the same for any tokenizer.<|endoftext|>\n" * 3  # characters
     ids = tiktoken_gpt2.encode_ordinary(text)
     expected, count = guide_perplexity(hf, ids, 64, 32)
     scored_bytes = len(text.encode("utf-8")) - len(tiktoken_gpt2.decode_single_token_bytes(ids[0]))

@@ -152,7 +152,7 @@ def test_end_of_text_written_in_a_prompt_is_the_special_token_unless_read_as_tex
     hf, model = small
     prompt = "The end.<|endoftext|>A new story"
     special = ENC.encode("The end.") + [50256] + ENC.encode("A new story")
-    as_text = ENC.encode(prompt)
+    as_text = ENC.encode_ordinary(prompt)
     assert 50256 not in as_text
 
     def transformers_greedy(ids):

@@ -221,9 +221,9 @@ def test_names_records_only_what_was_asked(tmp_path):
 
 def test_text_goes_through_the_models_tokenizer(tmp_path, tiktoken_gpt2):
     _, model = pair(tmp_path, 1, 2, 16, vocab=50257)
-    text = "Hello, world. It's 2026"
+    text = "Hello, world.<|endoftext|> It's 2026"  # its <|endoftext|> is characters, as ever
     t = trace(model, text)
-    assert t.ids == tiktoken_gpt2.encode(text)
+    assert t.ids == tiktoken_gpt2.encode(text, disallowed_special=())
     assert t.tokens == [tiktoken_gpt2.decode([i]) for i in t.ids]
 
 

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 import gpt2.tokenizer as tokenizer_module
 from helpers import VOCAB, stdlib_sources, tiktoken_from_files
 from gpt2 import (
+    DisallowedSpecialTokenError,
     GPT2Error,
     IncrementalDecoder,
     InputTypeError,
@@ -125,7 +126,7 @@ ADVERSARIAL = [
 
 @pytest.mark.parametrize("text", ADVERSARIAL, ids=range(len(ADVERSARIAL)))
 def test_adversarial_matches_tiktoken(enc, tiktoken_gpt2, text):
-    ids = enc.encode(text)
+    ids = enc.encode_ordinary(text)
     assert ids == tiktoken_gpt2.encode_ordinary(text)
     assert enc.decode(ids) == text
 
@@ -204,22 +205,76 @@ def test_ascii_pattern_splits_like_gpt2_pattern(text):
 # ------------------------------------------------------------------ special tokens
 
 
-def test_special_token_text_is_ordinary_unless_allowed(enc, tiktoken_gpt2):
+SPECIAL_TEXTS = ["Hello world", "a<|endoftext|>b <|endoftext|>", "<|endoftext|>", "<|endoftext|><|endoftext|>x", "<|endoftext"]
+ALLOWED = [set(), frozenset(), {"<|endoftext|>"}, "all"]
+DISALLOWED = ["all", (), set(), {"<|endoftext|>"}, ["<|endoftext|>"]]
+
+
+def _outcome(encode, *args, **kwargs):
+    """The ids, or the message of the ValueError raised instead."""
+    try:
+        return encode(*args, **kwargs)
+    except ValueError as e:
+        return ("raised", str(e))
+
+
+@pytest.mark.parametrize("allowed", ALLOWED, ids=repr)
+@pytest.mark.parametrize("disallowed", DISALLOWED, ids=repr)
+def test_special_token_text_follows_tiktoken(enc, tiktoken_gpt2, allowed, disallowed):
+    """Every pair of allowed_special / disallowed_special: tiktoken's ids, or tiktoken's ValueError
+    with its message word for word (ours a GPT2Error too); encode_batch raises for the first text that does."""
+    kwargs = {"allowed_special": allowed, "disallowed_special": disallowed}
+    for text in SPECIAL_TEXTS:
+        ours = _outcome(enc.encode, text, **kwargs)
+        assert ours == _outcome(tiktoken_gpt2.encode, text, **kwargs), text
+        if isinstance(ours, tuple):
+            with pytest.raises(GPT2Error, match="^Encountered text corresponding to disallowed special token '<|endoftext|>'"):
+                enc.encode(text, **kwargs)
+    ours = _outcome(enc.encode_batch, SPECIAL_TEXTS, **kwargs)
+    assert ours == _outcome(tiktoken_gpt2.encode_batch, SPECIAL_TEXTS, **kwargs)
+
+
+def test_defaults_are_tiktokens(enc, tiktoken_gpt2):
+    """Nothing said: special-token text raises (tiktoken's default); "all" reads it as the token;
+    encode_ordinary and disallowed_special=() as characters."""
     text = "a<|endoftext|>b <|endoftext|>"
-    assert enc.encode(text) == tiktoken_gpt2.encode_ordinary(text)
-    assert 50256 not in enc.encode(text)
-    allowed = enc.encode(text, allowed_special={"<|endoftext|>"})
-    assert allowed == tiktoken_gpt2.encode(text, allowed_special={"<|endoftext|>"})
-    assert allowed.count(50256) == 2
-    assert enc.encode(text, allowed_special="all") == allowed
+    with pytest.raises(ValueError) as theirs:
+        tiktoken_gpt2.encode(text)
+    with pytest.raises(DisallowedSpecialTokenError) as ours:
+        enc.encode(text)
+    assert str(ours.value) == str(theirs.value) and isinstance(ours.value, ValueError)
+    assert enc.encode("Hello world") == tiktoken_gpt2.encode("Hello world")
+    assert enc.encode_ordinary(text) == tiktoken_gpt2.encode_ordinary(text) == enc.encode(text, disallowed_special=())
+    assert 50256 not in enc.encode_ordinary(text)
+    assert enc.encode_ordinary_batch([text, "x"]) == tiktoken_gpt2.encode_ordinary_batch([text, "x"])
+    allowed = enc.encode(text, allowed_special="all")
+    assert allowed == tiktoken_gpt2.encode(text, allowed_special="all") and allowed.count(50256) == 2
     assert enc.decode(allowed) == text
+    with pytest.raises(TypeError):  # keyword-only, as tiktoken's
+        enc.encode(text, "all")
 
 
 def test_bad_allowed_special(enc):
     with pytest.raises(InvalidArgumentError, match="<|startoftext|>"):
         enc.encode("x", allowed_special={"<|startoftext|>"})
-    with pytest.raises(InvalidArgumentError, match="a set of special tokens"):
+    with pytest.raises(InvalidArgumentError, match="allowed_special must be a set of special tokens or 'all'"):
         enc.encode("x", allowed_special="<|endoftext|>")
+    with pytest.raises(InvalidArgumentError, match=re.escape("disallowed_special: unknown special token(s) ['<|fim|>']")):
+        enc.encode("x", disallowed_special={"<|fim|>"})
+    with pytest.raises(InvalidArgumentError, match="disallowed_special must be a set of special tokens or 'all'"):
+        enc.encode_batch(["x"], disallowed_special="<|endoftext|>")
+
+
+def test_char_tokenizer_takes_the_same_arguments():
+    """No special tokens: "all" is none, so "<|endoftext|>" is its characters whatever the arguments."""
+    char = tokenizer_module.CharTokenizer(sorted(set("a<|endoftext|>")))
+    ids = [char.chars.index(c) for c in "a<|endoftext|>"]
+    for kwargs in [{}, {"allowed_special": "all"}, {"disallowed_special": ()}, {"allowed_special": set(), "disallowed_special": "all"}]:
+        assert char.encode("a<|endoftext|>", **kwargs) == ids
+        assert char.encode_batch(["a<|endoftext|>"], **kwargs) == [ids]
+    assert char.encode_ordinary("a<|endoftext|>") == ids and char.encode_ordinary_batch(["a<|endoftext|>"]) == [ids]
+    with pytest.raises(InvalidArgumentError, match="unknown special token"):
+        char.encode("a", allowed_special={"<|endoftext|>"})
 
 
 # ------------------------------------------------------------------ decoding
@@ -298,7 +353,7 @@ def test_incremental_decoder_equals_decode_for_any_ids(ids):
 
 def test_encode_batch_matches_encode(enc):
     texts = ["Hello world", "", "🤗 emoji", "a<|endoftext|>b"] * 3
-    assert enc.encode_batch(texts) == [enc.encode(t) for t in texts]
+    assert enc.encode_batch(texts, disallowed_special=()) == [enc.encode_ordinary(t) for t in texts]
     assert enc.encode_batch(texts, allowed_special="all")[3] == enc.encode(texts[3], allowed_special="all")
 
 
@@ -312,6 +367,9 @@ def test_encode_batch_in_worker_processes(enc, tiktoken_gpt2, corpus_text, monke
             assert fresh.encode_batch(texts, num_workers=workers) == expected
         special = ["a<|endoftext|>b"] * 4
         assert fresh.encode_batch(special, allowed_special="all", num_workers=2)[3] == [64, 50256, 65]
+        assert fresh.encode_ordinary_batch(special, num_workers=2) == tiktoken_gpt2.encode_ordinary_batch(special)
+        with pytest.raises(DisallowedSpecialTokenError):
+            fresh.encode_batch(texts + special, num_workers=2)
     finally:
         fresh.close()
     assert fresh._pool is None
@@ -505,7 +563,7 @@ def test_load_tokenizer_reads_openai_and_hugging_face_names(tmp_path, tiktoken_g
         shutil.copy(VOCAB / "encoder.json", tmp_path / encoder / encoder)
         shutil.copy(VOCAB / "vocab.bpe", tmp_path / encoder / merges)
         loaded = tokenizer_module.load_tokenizer(tmp_path / encoder)
-        assert isinstance(loaded, Tokenizer) and loaded.encode(text) == tiktoken_gpt2.encode_ordinary(text)
+        assert isinstance(loaded, Tokenizer) and loaded.encode_ordinary(text) == tiktoken_gpt2.encode_ordinary(text)
     (tmp_path / "nothing").mkdir()
     assert tokenizer_module.load_tokenizer(tmp_path / "nothing") is None
     assert tokenizer_module.load_tokenizer(tmp_path / "nowhere") is None

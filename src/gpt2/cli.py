@@ -94,7 +94,8 @@ def _cmd_tokenize(args: argparse.Namespace) -> int:
         else:
             sys.stdout.write(tokenizer.decode(ids) + "\n")
         return 0
-    ids = tokenizer.encode(" ".join(words), allowed_special="all" if args.allow_special else frozenset())
+    text = " ".join(words)  # its <|endoftext|> is the special token with --allow-special, else characters (tokenize.md)
+    ids = tokenizer.encode(text, allowed_special="all") if args.allow_special else tokenizer.encode_ordinary(text)
     print(len(ids) if args.count else " ".join(map(str, ids)))
     return 0
 

@@ -254,7 +254,8 @@ def encode_pieces(documents: list[Document], tokenizer, num_workers: int,
 
 
 def _encode_batch(batch: list[tuple[int, str | None]], tokenizer, num_workers: int) -> Iterator[tuple[int, list[int] | None]]:
-    encoded = iter(tokenizer.encode_batch([p for _, p in batch if p is not None], num_workers=num_workers))
+    # a corpus's "<|endoftext|>" is its characters, as llm.c's encode_ordinary: documents end with the token
+    encoded = iter(tokenizer.encode_ordinary_batch([p for _, p in batch if p is not None], num_workers=num_workers))
     for d, piece in batch:
         yield d, None if piece is None else next(encoded)
 

@@ -48,6 +48,11 @@ class InvalidArgumentError(GPT2Error, ValueError):
     """An argument has the right type but a value that cannot be used."""
 
 
+class DisallowedSpecialTokenError(GPT2Error, ValueError):
+    """Text that spells a special token (e.g. "<|endoftext|>") given to `Tokenizer.encode` without
+    saying how to read it: tiktoken's ValueError, with tiktoken's message."""
+
+
 class ConfigError(GPT2Error, ValueError):
     """A model configuration is invalid (e.g. n_embd not divisible by n_head)."""
 

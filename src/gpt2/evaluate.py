@@ -226,7 +226,7 @@ def evaluate_file(model: GPT2, path: str | os.PathLike, tokenizer: Tokenizer | C
 def _text_perplexity(model: GPT2, text: str, tokenizer: Tokenizer | CharTokenizer | None, what: str,
                      options: dict[str, Any]) -> Perplexity:  # fmt: skip
     tokenizer = _model_tokenizer(model, tokenizer)
-    ids = tokenizer.encode(text)
+    ids = tokenizer.encode_ordinary(text)  # <|endoftext|> in the text is its characters
     if len(ids) < 2:
         raise DataError(f"{what} is {len(ids)} id{'s' if len(ids) != 1 else ''} long: perplexity needs at least 2")
     return perplexity(model, ids, tokenizer=tokenizer, **options)
@@ -387,7 +387,7 @@ def encode_pair(tokenizer: Tokenizer | CharTokenizer, context: str, continuation
     spaces = len(context) - len(context.rstrip())
     if spaces:
         context, continuation = context[:-spaces], context[-spaces:] + continuation
-    whole, head = tokenizer.encode(context + continuation), tokenizer.encode(context)
+    whole, head = tokenizer.encode_ordinary(context + continuation), tokenizer.encode_ordinary(context)
     return head, whole[len(head) :]
 
 
@@ -421,8 +421,8 @@ def hellaswag_pairs(tokenizer: Tokenizer | CharTokenizer, examples: Sequence[Cho
     and the example each pair is of."""
     pairs, example_of = [], []
     for number, example in enumerate(examples):
-        context = tokenizer.encode(example.context)
-        pairs += [(context, tokenizer.encode(" " + ending)) for ending in example.endings]
+        context = tokenizer.encode_ordinary(example.context)
+        pairs += [(context, tokenizer.encode_ordinary(" " + ending)) for ending in example.endings]
         example_of += [number] * len(example.endings)
     return pairs, example_of
 

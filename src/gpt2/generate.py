@@ -60,7 +60,8 @@ class TextGeneration:
     it proposes `draft_tokens` tokens a step, which `model` verifies in one pass.
     `allowed_special` is the tokenizer's: "all" (the default) reads <|endoftext|> written in a
     prompt as the special token, as OpenAI's API, `gpt2 generate` and `gpt2 serve` do;
-    frozenset() reads it as its characters.
+    frozenset() reads it as its characters (any token not allowed is text here, never the
+    error `Tokenizer.encode` raises by default).
     """
 
     def __init__(
@@ -114,7 +115,7 @@ class TextGeneration:
         """A prompt's ids; an empty one is <|endoftext|>, where the vocabulary has it."""
         if not isinstance(prompt, str):
             raise InputTypeError(f"prompts must be str, got {type(prompt).__name__}", "prompt")
-        ids = tokenizer.encode(prompt, allowed_special)
+        ids = tokenizer.encode(prompt, allowed_special=allowed_special, disallowed_special=())  # the rest is text
         if not ids and tokenizer.eot_token is not None:
             warnings.warn("empty prompt: generating from <|endoftext|>, as GPT-2's unconditional samples do",
                           EmptyPromptWarning, stacklevel=3)  # fmt: skip

@@ -137,7 +137,7 @@ def _token_ids(model: GPT2, ids: str | Sequence[int] | torch.Tensor) -> tuple[li
     if isinstance(ids, str):
         if tokenizer is None:
             raise InvalidArgumentError("this model has no tokenizer to encode text with: give token ids", "ids")
-        ids = tokenizer.encode(ids)
+        ids = tokenizer.encode_ordinary(ids)  # <|endoftext|> in the text is its characters
     elif isinstance(ids, torch.Tensor):
         if ids.dim() != 1 or ids.dtype.is_floating_point or ids.dtype == torch.bool:
             raise InvalidArgumentError(f"ids must be 1-D token ids, got a {ids.dtype} tensor of shape {list(ids.shape)}", "ids")

@@ -26,7 +26,7 @@ import os
 import re
 import warnings
 from array import array
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from functools import lru_cache
 from itertools import chain
@@ -39,6 +39,7 @@ from gpt2._checks import check_token_ids, positive_int
 from gpt2._files import atomic_write_text, read_json_object, writable_directory
 from gpt2.bpe_trainer import count_pieces, learn_merges
 from gpt2.errors import (
+    DisallowedSpecialTokenError,
     GPT2Warning,
     InputTypeError,
     InvalidArgumentError,
@@ -363,60 +364,73 @@ class Tokenizer(CarriesChatTemplate):
 
     # ---------------------------------------------------------------- encoding
 
-    def encode(self, text: str, allowed_special: AbstractSet[str] | Literal["all"] = frozenset()) -> list[int]:
-        """Token ids of `text`.
-
-        Text that looks like a special token (e.g. "<|endoftext|>") is encoded as the
-        ordinary characters it is made of, unless `allowed_special` names it (or is "all"):
-        then it becomes the special token's id.
+    def encode(self, text: str, *, allowed_special: AbstractSet[str] | Literal["all"] = frozenset(),
+               disallowed_special: Collection[str] | Literal["all"] = "all") -> list[int]:  # fmt: skip
+        """Token ids of `text`, with tiktoken's rule for text that spells a special token
+        (e.g. "<|endoftext|>"): a token `allowed_special` names ("all": every one) becomes its
+        id; one `disallowed_special` names ("all", the default: every one not allowed) raises
+        DisallowedSpecialTokenError (tiktoken's ValueError); any other stays its characters, as
+        with `disallowed_special=()` or `encode_ordinary`.
         """
-        if not isinstance(text, str):
-            hint = " (decode bytes first, e.g. data.decode('utf-8'))" if isinstance(text, (bytes, bytearray)) else ""
-            raise InputTypeError(f"encode() takes a str, got {type(text).__name__}{hint}")
-        allowed = self._allowed_special(allowed_special)
-        if not allowed:
-            return self._encode_ordinary(text)
-        pattern = self._special_patterns.get(allowed)
-        if pattern is None:
-            pattern = re.compile("|".join(re.escape(s) for s in sorted(allowed, key=len, reverse=True)))
-            self._special_patterns[allowed] = pattern
-        ids: list[int] = []
-        start = 0
-        for match in pattern.finditer(text):
-            ids += self._encode_ordinary(text[start : match.start()])
-            ids.append(self._special_tokens[match.group()])
-            start = match.end()
-        ids += self._encode_ordinary(text[start:])
-        return ids
+        _check_text("encode", text)
+        allowed, disallowed = special_sets(self._special_tokens, allowed_special, disallowed_special)
+        self._check_disallowed(text, disallowed)
+        return self._encode_allowed(text, allowed)
 
-    def encode_batch(
-        self,
-        texts: Iterable[str],
-        allowed_special: AbstractSet[str] | Literal["all"] = frozenset(),
-        num_workers: int | None = None,
-    ) -> list[list[int]]:
+    def encode_ordinary(self, text: str) -> list[int]:
+        """Token ids of `text`, special-token text read as its characters (tiktoken's `encode_ordinary`)."""
+        _check_text("encode_ordinary", text)
+        return self._encode_ordinary(text)
+
+    def encode_batch(self, texts: Iterable[str], *, num_workers: int | None = None,
+                     allowed_special: AbstractSet[str] | Literal["all"] = frozenset(),
+                     disallowed_special: Collection[str] | Literal["all"] = "all") -> list[list[int]]:  # fmt: skip
         """`encode` each text, in `num_workers` processes (default: one per core)."""
-        if isinstance(texts, (str, bytes, bytearray)):
-            raise InputTypeError(f"encode_batch() takes a list of texts, got one {type(texts).__name__}: "
-                                 f"for one text, use encode(text) or encode_batch([text])")  # fmt: skip
-        texts = list(texts)
-        for i, text in enumerate(texts):
-            if not isinstance(text, str):
-                raise InputTypeError(f"encode_batch() takes str texts, got {type(text).__name__} at index {i}")
-        allowed = self._allowed_special(allowed_special)
+        texts = _check_texts(texts)
+        allowed, disallowed = special_sets(self._special_tokens, allowed_special, disallowed_special)
+        for text in texts:  # the first text to raise raises, as in tiktoken, before any work
+            self._check_disallowed(text, disallowed)
         if num_workers is None:
             num_workers = os.cpu_count() or 1
         positive_int("num_workers", num_workers)
         num_workers = min(num_workers, len(texts))
         if num_workers <= 1 or sum(map(len, texts)) < _PARALLEL_MIN_CHARS:
-            return [self.encode(text, allowed) for text in texts]
+            return [self._encode_allowed(text, allowed) for text in texts]
         shares = _split_by_length(texts, num_workers)
         pool = self._worker_pool(num_workers - 1)
         futures = [pool.submit(_encode_share, share, allowed) for share in shares[1:]]
-        results = [self.encode(text, allowed) for text in shares[0]]  # this process works too
+        results = [self._encode_allowed(text, allowed) for text in shares[0]]  # this process works too
         for future in futures:
             results += _unpack_ids(*future.result())
         return results
+
+    def encode_ordinary_batch(self, texts: Iterable[str], *, num_workers: int | None = None) -> list[list[int]]:
+        """`encode_ordinary` each text, in `num_workers` processes (default: one per core)."""
+        return self.encode_batch(texts, num_workers=num_workers, disallowed_special=())
+
+    def _special_pattern(self, tokens: frozenset[str]) -> re.Pattern:
+        pattern = self._special_patterns.get(tokens)
+        if pattern is None:  # longest first, so that a token never matches inside a longer one
+            pattern = re.compile("|".join(re.escape(s) for s in sorted(tokens, key=len, reverse=True)))
+            self._special_patterns[tokens] = pattern
+        return pattern
+
+    def _check_disallowed(self, text: str, disallowed: frozenset[str]) -> None:
+        if disallowed and (match := self._special_pattern(disallowed).search(text)):
+            raise DisallowedSpecialTokenError(disallowed_special_message(match.group()))
+
+    def _encode_allowed(self, text: str, allowed: frozenset[str]) -> list[int]:
+        """Ids of `text` with the special tokens in `allowed` read as such, the rest as characters."""
+        if not allowed:
+            return self._encode_ordinary(text)
+        ids: list[int] = []
+        start = 0
+        for match in self._special_pattern(allowed).finditer(text):
+            ids += self._encode_ordinary(text[start : match.start()])
+            ids.append(self._special_tokens[match.group()])
+            start = match.end()
+        ids += self._encode_ordinary(text[start:])
+        return ids
 
     def _worker_pool(self, size: int) -> ProcessPoolExecutor:
         """Worker processes kept for later batches, so their piece caches stay warm."""
@@ -434,20 +448,6 @@ class Tokenizer(CarriesChatTemplate):
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
-
-    def _allowed_special(self, allowed_special: AbstractSet[str] | Literal["all"]) -> frozenset[str]:
-        if allowed_special == "all":
-            return frozenset(self._special_tokens)
-        if isinstance(allowed_special, str) or not isinstance(allowed_special, (AbstractSet, list, tuple)):
-            raise InvalidArgumentError(
-                f"allowed_special must be a set of special tokens or 'all', got {allowed_special!r}"
-            )
-        unknown = set(allowed_special) - set(self._special_tokens)
-        if unknown:
-            raise InvalidArgumentError(
-                f"unknown special token(s) {sorted(unknown)}; this vocabulary has {sorted(self._special_tokens)}"
-            )
-        return frozenset(allowed_special)
 
     def _encode_ordinary(self, text: str) -> list[int]:
         return list(chain.from_iterable(map(self._cache.__getitem__, _pretokenize(text))))
@@ -607,6 +607,57 @@ class IncrementalDecoder:
         return self._utf8.decode(b"", final=True)
 
 
+def _check_text(function: str, text: object) -> None:
+    if not isinstance(text, str):
+        hint = " (decode bytes first, e.g. data.decode('utf-8'))" if isinstance(text, (bytes, bytearray)) else ""
+        raise InputTypeError(f"{function}() takes a str, got {type(text).__name__}{hint}")
+
+
+def _check_texts(texts: Iterable[str]) -> list[str]:
+    if isinstance(texts, (str, bytes, bytearray)):
+        raise InputTypeError(f"encode_batch() takes a list of texts, got one {type(texts).__name__}: "
+                             f"for one text, use encode(text) or encode_batch([text])")  # fmt: skip
+    texts = list(texts)
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise InputTypeError(f"encode_batch() takes str texts, got {type(text).__name__} at index {i}")
+    return texts
+
+
+def special_sets(special_tokens: Iterable[str], allowed_special: AbstractSet[str] | Literal["all"],
+                 disallowed_special: Collection[str] | Literal["all"]) -> tuple[frozenset[str], frozenset[str]]:  # fmt: skip
+    """(allowed, disallowed) special tokens, as tiktoken's `encode` reads its two arguments:
+    "all" allowed is every special token; "all" disallowed, every one not allowed. A name the
+    vocabulary lacks is refused (tiktoken ignores it)."""
+    special = frozenset(special_tokens)
+    allowed = special if allowed_special == "all" else _token_names("allowed_special", allowed_special, special)
+    if disallowed_special == "all":
+        return allowed, special - allowed
+    return allowed, _token_names("disallowed_special", disallowed_special, special)
+
+
+def _token_names(param: str, names: object, special: frozenset[str]) -> frozenset[str]:
+    if isinstance(names, (str, bytes)) or not isinstance(names, (AbstractSet, list, tuple)):
+        raise InvalidArgumentError(f"{param} must be a set of special tokens or 'all', got {names!r}", param)
+    unknown = set(names) - special
+    if unknown:
+        raise InvalidArgumentError(f"{param}: unknown special token(s) {sorted(unknown)}; "
+                                   f"this vocabulary has {sorted(special)}", param)  # fmt: skip
+    return frozenset(names)
+
+
+def disallowed_special_message(token: str) -> str:
+    """tiktoken's message (core.py's `raise_disallowed_special_token`), word for word."""
+    return (
+        f"Encountered text corresponding to disallowed special token {token!r}.\n"
+        "If you want this text to be encoded as a special token, "
+        f"pass it to `allowed_special`, e.g. `allowed_special={{{token!r}, ...}}`.\n"
+        f"If you want this text to be encoded as normal text, disable the check for this token "
+        f"by passing `disallowed_special=(enc.special_tokens_set - {{{token!r}}})`.\n"
+        "To disable this check for all special tokens, pass `disallowed_special=()`.\n"
+    )
+
+
 GPT2_VOCAB_DIR = Path(__file__).parent / "vocab"  # OpenAI's encoder.json and vocab.bpe, as released
 
 
@@ -627,7 +678,7 @@ def _init_worker(tokenizer: Tokenizer) -> None:
 def _encode_share(texts: list[str], allowed: frozenset[str]) -> tuple[array, array]:
     """Encode texts in a worker; ids travel back packed, as pickling lists of ints is slow."""
     assert _worker_tokenizer is not None
-    encoded = [_worker_tokenizer.encode(text, allowed) for text in texts]
+    encoded = [_worker_tokenizer._encode_allowed(text, allowed) for text in texts]
     return array("q", map(len, encoded)), array("I", chain.from_iterable(encoded))
 
 
@@ -716,9 +767,16 @@ class CharTokenizer(CarriesChatTemplate):
     def special_tokens(self) -> dict[str, int]:
         return {}
 
-    def encode(self, text: str, allowed_special: AbstractSet[str] | Literal["all"] = frozenset()) -> list[int]:
-        if not isinstance(text, str):
-            raise InputTypeError(f"encode() takes a str, got {type(text).__name__}")
+    def encode(self, text: str, *, allowed_special: AbstractSet[str] | Literal["all"] = frozenset(),
+               disallowed_special: Collection[str] | Literal["all"] = "all") -> list[int]:  # fmt: skip
+        """One id per character. `Tokenizer.encode`'s arguments, for code that takes either: with no
+        special tokens, "all" is none, and "<|endoftext|>" is its characters (if the vocabulary has them)."""
+        _check_text("encode", text)
+        special_sets((), allowed_special, disallowed_special)  # a special token's name is refused
+        return self.encode_ordinary(text)
+
+    def encode_ordinary(self, text: str) -> list[int]:
+        _check_text("encode_ordinary", text)
         try:
             return [self._ids[c] for c in text]
         except KeyError:
@@ -726,16 +784,16 @@ class CharTokenizer(CarriesChatTemplate):
             raise TokenIdError(f"character {text[position]!r} at position {position} is not in this "
                                f"{self.n_vocab}-character vocabulary") from None  # fmt: skip
 
-    def encode_batch(self, texts: Iterable[str], allowed_special: AbstractSet[str] | Literal["all"] = frozenset(),
-                     num_workers: int | None = None) -> list[list[int]]:  # fmt: skip
+    def encode_batch(self, texts: Iterable[str], *, num_workers: int | None = None,
+                     allowed_special: AbstractSet[str] | Literal["all"] = frozenset(),
+                     disallowed_special: Collection[str] | Literal["all"] = "all") -> list[list[int]]:  # fmt: skip
         """`encode` each text, in this process: a lookup per character gains nothing from workers."""
-        if isinstance(texts, (str, bytes, bytearray)):
-            raise InputTypeError(f"encode_batch() takes a list of texts, got one {type(texts).__name__}: use encode(text)")
-        texts = list(texts)
-        for i, text in enumerate(texts):
-            if not isinstance(text, str):
-                raise InputTypeError(f"encode_batch() takes str texts, got {type(text).__name__} at index {i}")
-        return [self.encode(text) for text in texts]
+        texts = _check_texts(texts)
+        special_sets((), allowed_special, disallowed_special)
+        return [self.encode_ordinary(text) for text in texts]
+
+    def encode_ordinary_batch(self, texts: Iterable[str], *, num_workers: int | None = None) -> list[list[int]]:
+        return self.encode_batch(texts, num_workers=num_workers)
 
     def decode(self, ids: Iterable[int]) -> str:
         ids = _id_list(ids)

@@ -11,7 +11,7 @@ batch at the next step and leaves it when it ends. Endpoints: /health, /v1/model
 
 `<|endoftext|>` written in a string prompt (and in /tokenize's text) is the special token, as
 OpenAI's API, vLLM and llama.cpp's server read it, unless the server was told otherwise
-(`allowed_special`, the tokenizer's meaning: frozenset() reads it as text).
+(`allowed_special`: the special tokens read as such; every other is text, never an error).
 
 The rooms, as vLLM's `entrypoints/openai` keeps them:
 

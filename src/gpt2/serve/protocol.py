@@ -207,6 +207,6 @@ def parse_prompts(prompt: object, tokenizer: Tokenizer, n_vocab: int, allowed_sp
 def encode_text(tokenizer: Tokenizer, text: str, allowed_special: AllowedSpecial, param: str, where: str = "") -> list[int]:
     """The ids of a request's text; a character the vocabulary lacks (a character model's) is a 400 naming it."""
     try:
-        return tokenizer.encode(text, allowed_special)
+        return tokenizer.encode(text, allowed_special=allowed_special, disallowed_special=())  # the rest is text
     except GPT2Error as e:
         raise RequestError(400, f"{where}{e}", param) from None

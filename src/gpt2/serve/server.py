@@ -59,7 +59,7 @@ class Server:
         to it get 503 (and after a failure, which is also raised, naming the error)."""
         try:
             self.model, self.tokenizer = self.load()
-            self.tokenizer.encode("", self.allowed_special)  # a bad allowed_special fails now, not every request
+            self.tokenizer.encode("", allowed_special=self.allowed_special)  # a bad allowed_special fails now, not every request
             self._take_models_template()
             draft = None
             if self.load_draft is not None:
