@@ -20,10 +20,9 @@ import openai
 import pytest
 import torch
 
-from helpers import REPO, Running, heed_ctrl_c, make_hf_model, perturbed
+from helpers import REPO, Running, heed_ctrl_c, make_hf_model, perturbed, transformers_sampled
 from gpt2 import Tokenizer
 from gpt2.cli import main
-from gpt2.decoding import row_seed
 from gpt2.errors import GPT2Error
 from gpt2.generate import generate_text
 from gpt2.model import GPT2
@@ -90,13 +89,14 @@ def test_streamed_pieces_join_to_the_whole_text(client):
 
 
 def test_n_choices_and_lists_of_prompts_follow_the_one_seed_rule(models, client):
-    """Choice i (prompt-major) samples from seed + i, as row i of the Python API does."""
+    """Choice i (prompt-major) samples from seed + i (wrapping past 2**64 - 1), as transformers
+    samples with its generator seeded so."""
     prompts = ["Hello", "The weather today"]
     response = complete(client, prompt=prompts, n=3, max_tokens=12, seed=2**64 - 2, top_p=0.9)
     assert [c.index for c in response.choices] == list(range(6))
     for c in response.choices:
         prompt = prompts[c.index // 3]
-        assert c.text == ours(models, prompt, max_new_tokens=12, seed=row_seed(2**64 - 2, c.index), top_p=0.9)[0]
+        assert c.text == ENC.decode(transformers_sampled(models[0], ENC.encode(prompt), 12, (2**64 - 2 + c.index) % 2**64, top_p=0.9))
     assert len({c.text for c in response.choices}) == 6
     assert response.choices[2].text == complete(client, prompt=prompts, n=3, max_tokens=12, seed=2**64 - 2, top_p=0.9).choices[2].text
 
@@ -1071,12 +1071,13 @@ def test_a_streamed_reply_joins_to_the_whole_one_in_openais_chunks(chat_server, 
 
 
 def test_n_replies_follow_the_one_seed_rule(chat_models, chat_client):
-    prompt = chat_models[2].apply_chat_template(QUESTION, add_generation_prompt=True, tokenize=False)
+    hf, _, hf_tokenizer, _ = chat_models
+    ids = list(hf_tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True, return_dict=False))
     response = chat_client.chat.completions.create(model="tiny", messages=QUESTION, n=3, seed=8, max_completion_tokens=12, top_p=0.9)
     assert [c.index for c in response.choices] == [0, 1, 2]
-    for c in response.choices:
-        ours = generate_text(chat_models[1], ENC, prompt, max_new_tokens=12, seed=row_seed(8, c.index), top_p=0.9)[0]
-        assert c.message.content == ours.removeprefix(" ")
+    for c in response.choices:  # reply k: transformers' sampling from seed 8 + k
+        theirs = hf_tokenizer.decode(transformers_sampled(hf, ids, 12, 8 + c.index, top_p=0.9), skip_special_tokens=True)
+        assert c.message.content == theirs.removeprefix(" ")
     assert len({c.message.content for c in response.choices}) == 3 and response.usage.completion_tokens == 36
 
 
