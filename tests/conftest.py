@@ -10,6 +10,9 @@ import pytest
 from helpers import VOCAB, corpus, tiktoken_from_files
 from gpt2.data import prepare
 
+# The served models and servers of tests/test_serve_*.py, each started once per test run.
+pytest_plugins = ["serve_fixtures"]
+
 # Tests never wait on the Hugging Face hub's retries.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

@@ -12,6 +12,7 @@ import os
 import random
 import re
 import shutil
+import struct
 import subprocess
 import sysconfig
 import threading
@@ -283,3 +284,26 @@ def conversation(question: str, answer: str | None = None) -> list[dict]:
     """The messages of one question (and its answer)."""
     messages = [{"role": "user", "content": question}]
     return messages + ([{"role": "assistant", "content": answer}] if answer is not None else [])
+
+
+def transformers_sampled(hf, ids: list[int], max_new_tokens: int, seed: int, **sampling) -> list[int]:
+    """transformers' sampled continuation of `ids` (its generate(do_sample=True), top_k off unless
+    given), its draws from torch's global generator seeded as gpt2 documents a seed s: below 2**32
+    torch.manual_seed(s); from 2**32 up, the Mersenne Twister state NumPy's legacy MT19937 sets
+    from s's two 32-bit halves (init_by_array). The reference for the seed rule (row i from seed + i)."""
+    import torch
+
+    sampling.setdefault("top_k", 0)
+    idx = torch.tensor([ids])
+    with torch.random.fork_rng(devices=[]), torch.no_grad():  # the global generator as it was, after
+        if seed < 2**32:
+            torch.manual_seed(seed)
+        else:  # torch's CPU state: seed (u64), left (i32), seeded (i32), next (u64), 624 words as u64
+            key = np.random.RandomState(np.array([seed & 0xFFFFFFFF, seed >> 32], dtype=np.uint32)).get_state()[1]
+            state = bytearray(torch.get_rng_state().numpy().tobytes())
+            state[:24] = struct.pack("<QiiQ", seed, 1, 1, 0)  # left 1: the first draw twists, as after seeding
+            state[24 : 24 + 624 * 8] = key.astype("<u8").tobytes()
+            torch.set_rng_state(torch.frombuffer(state, dtype=torch.uint8))
+        out = hf.generate(idx, max_new_tokens=max_new_tokens, do_sample=True, attention_mask=torch.ones_like(idx),
+                          eos_token_id=hf.config.eos_token_id, pad_token_id=hf.config.eos_token_id, **sampling)  # fmt: skip
+    return out[0, len(ids) :].tolist()

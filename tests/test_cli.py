@@ -139,7 +139,7 @@ def test_generate_streams_prompt_and_continuation(capsys, model_dir):
 
 
 def test_generate_reads_end_of_text_in_a_prompt_as_the_special_token_unless_told(capsys, model_dir):
-    """As OpenAI's API and gpt2 serve read it (tests/test_serve.py checks that the two agree)."""
+    """As OpenAI's API and gpt2 serve read it (tests/test_serve_protocol.py checks that the two agree)."""
     prompt = "The end.<|endoftext|>A new story"
     argv = ["generate", prompt, "--model", model_dir, "--max-new-tokens", "10", "--temperature", "0", "--no-stream"]
     special = expected_text(model_dir, prompt, max_new_tokens=10, temperature=0, allowed_special={"<|endoftext|>"})

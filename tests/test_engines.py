@@ -25,11 +25,18 @@ SLIDING = dict(vocab_size=64, n_positions=40, n_embd=56, n_layer=5, n_head=7)  #
 
 
 @pytest.fixture(scope="module")
-def small(tmp_path_factory) -> GPT2:
-    """A small model with GPT-2's vocabulary, so text round-trips through the tokenizer."""
+def small_pair(tmp_path_factory):
+    """A small model with GPT-2's vocabulary, so text round-trips through the tokenizer:
+    transformers' (the reference) and ours, loaded from it."""
     directory = tmp_path_factory.mktemp("small")
-    make_hf_model(vocab_size=50257, n_positions=64, n_embd=48, n_layer=2, n_head=3).save_pretrained(directory)
-    return GPT2.from_pretrained(directory, device="cpu")
+    hf = make_hf_model(vocab_size=50257, n_positions=64, n_embd=48, n_layer=2, n_head=3)
+    hf.save_pretrained(directory)
+    return hf, GPT2.from_pretrained(directory, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def small(small_pair) -> GPT2:
+    return small_pair[1]
 
 
 # ------------------------------------------------------------------ the KV cache
@@ -152,12 +159,15 @@ def test_cuda_graphs_decode_as_eager_and_transformers(slots, tmp_path):
 # ------------------------------------------------------------------ the NumPy engine
 
 
-def test_numpy_engine_generates_the_same_greedy_text(small, tmp_path_factory):
-    ours = small
+def test_numpy_engine_generates_the_same_greedy_text(small_pair, tmp_path_factory):
+    hf, ours = small_pair
     directory = tmp_path_factory.mktemp("np")
     ours.save_pretrained(directory)
     prompt = "The meaning of life is"
-    expected = generate_text(ours, ENC, prompt, max_new_tokens=10, temperature=0)
+    idx = torch.tensor([ENC.encode(prompt)])
+    with torch.no_grad():  # transformers' greedy text on the same weights
+        out = hf.generate(idx, max_new_tokens=10, do_sample=False, attention_mask=torch.ones_like(idx), pad_token_id=50256)
+    expected = [ENC.decode(out[0, idx.size(1) :].tolist())]
     assert generate_text(ReferenceModel.load(directory), ENC, prompt, max_new_tokens=10, temperature=0) == expected
 
 
@@ -255,19 +265,19 @@ def test_the_prefix_cache_finds_blocks_by_every_token_before_them_and_evicts_the
     assert tiny.bytes == tiny.reserved_bytes == 0  # not even one block fits: none kept
 
 
-def test_a_prompt_that_reuses_kept_blocks_gets_the_logits_of_one_computed_whole(small):
+def test_a_prompt_that_reuses_kept_blocks_gets_the_logits_of_one_computed_whole(small_pair):
     """Two prompts share 24 tokens (a block of 16 is kept); the second's logits at every position,
-    the kept ones from their hidden states, equal those of an engine without the cache within 1e-5."""
-    model = small
+    the kept ones from their hidden states, equal transformers' on the whole prompt within 1e-5."""
+    hf, model = small_pair
     shared = torch.randint(0, 50257, (24,), generator=torch.Generator().manual_seed(7)).tolist()
     first, second = shared + [11, 12, 13], shared + [21, 22]
     cache = PrefixCache(model.config, 1 << 20, block_size=16)
-    engine, plain = TorchEngine(model, 2, prefix_cache=cache), TorchEngine(model, 1)
+    engine = TorchEngine(model, 2, prefix_cache=cache)
     with torch.inference_mode():
         engine.prefill(1, first)
         engine.remember(1, first)
         filled = engine.reuse(0, second)
         logits = torch.cat([engine.cached_logits(0, filled), engine.extend([0], [filled], [second[filled:]], [True])[0]])
-        expected = plain.prefill(0, second, every_position=True)
+        expected = hf(torch.tensor([second])).logits[0]  # (T, V)
     assert filled == 16 and (cache.queries, cache.hits) == (26, 16)
     assert (logits - expected).abs().max() < 1e-5

@@ -1,0 +1,130 @@
+"""What the tests of `gpt2 serve` share (tests/test_serve_*.py): a tiny model with GPT-2's
+vocabulary, servers of it started once per test run, and the ways the tests talk to them."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from helpers import REPO, Running, heed_ctrl_c, make_hf_model, perturbed
+from gpt2 import Tokenizer
+from gpt2.cli import main
+from gpt2.generate import generate_text
+from gpt2.model import GPT2
+from gpt2.tokenizer import CharTokenizer
+
+ENC = Tokenizer.gpt2()
+N_CTX = 128
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("served")
+    hf = make_hf_model(seed=5, vocab_size=50257, n_positions=N_CTX, n_embd=48, n_layer=2, n_head=3)
+    hf.save_pretrained(directory)
+    return hf, GPT2.from_pretrained(directory, device="cpu"), str(directory)
+
+
+@pytest.fixture(scope="session")
+def server(models):
+    running = Running(lambda: (models[1], ENC))
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="session")
+def client(server):
+    return server.client()
+
+
+def ours(models, prompt, **options):
+    return generate_text(models[1], ENC, prompt, **options)
+
+
+def complete(client, **request):
+    if "top_k" in request:  # our field, not OpenAI's: the client sends it as extra_body
+        request["extra_body"] = {"top_k": request.pop("top_k")}
+    return client.completions.create(model="tiny", **request)
+
+
+SPECIAL_PROMPT = "The end.<|endoftext|>A new story"
+
+
+def gpt2_generate(capsys, models, prompt, *flags):
+    capsys.readouterr()
+    argv = ["generate", prompt, "--model", models[2], "--max-new-tokens", "12", "--temperature", "0", "--no-stream"]
+    assert main([*argv, *flags]) == 0
+    return capsys.readouterr().out.removesuffix("\n")
+
+
+def metric(url: str, name: str) -> float:
+    """One value of the server's /metrics."""
+    line = next(line for line in httpx.get(url + "/metrics").text.splitlines() if line.startswith(name + " "))
+    return float(line.split()[1])
+
+
+def post(server, body, path="/v1/completions", **options):
+    content = body if isinstance(body, (str, bytes)) else json.dumps(body)
+    return httpx.post(server.url + path, content=content, headers={"content-type": "application/json"}, **options)
+
+
+@pytest.fixture(scope="session")
+def char_server(tmp_path_factory):
+    """A character model ("out-char/", as tab completion writes its directory) whose vocabulary is " " to "`"."""
+    directory = tmp_path_factory.mktemp("out-char")
+    make_hf_model(vocab_size=65, n_positions=32, n_embd=32, n_layer=1, n_head=2).save_pretrained(directory)
+    CharTokenizer([chr(c) for c in range(32, 97)]).save(directory)
+    model = GPT2.from_pretrained(directory, device="cpu")
+    running = Running(lambda: (model, model.tokenizer), model_id="out-char/")
+    yield running
+    running.stop()
+
+
+def api_token(i: int) -> str:
+    """A token as OpenAI's API writes it in logprobs: its text, or "bytes:\\xNN" for part of a character."""
+    raw = ENC.decode_bytes([i])
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+
+
+@pytest.fixture(scope="session")
+def draft_dir(models, tmp_path_factory):
+    """A draft of the served model's vocabulary, which agrees with it often, not always."""
+    directory = tmp_path_factory.mktemp("draft")
+    perturbed(models[0], 0.5).save_pretrained(directory)
+    return str(directory)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def gpt2_serve(*flags: str) -> tuple[subprocess.Popen, str]:
+    """`gpt2 serve` in a process of its own, once its model has loaded; and its URL."""
+    port = free_port()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO / "src")}
+    argv = [sys.executable, "-m", "gpt2", "serve", "--port", str(port), "--device", "cpu", *flags]
+    process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=heed_ctrl_c)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(url + "/health").status_code == 200:
+                return process, url
+        except httpx.ConnectError:
+            pass
+        if time.monotonic() > deadline or process.poll() is not None:
+            process.kill()
+            raise AssertionError(f"gpt2 serve did not start: {process.communicate()}")
+        time.sleep(0.1)
