@@ -702,12 +702,20 @@ def test_eval_prints_a_line_per_measure(capsys, model_dir, text_file):
     assert [line.split()[0] for line in out.splitlines()] == ["tokens", "loss", "perplexity", "bits_per_byte"]
 
 
-def test_eval_prepared_data_and_tasks(capsys, model_dir, tmp_path, text_file):
+def test_eval_prepared_data_and_tasks(capsys, model_dir, tmp_path, text_file, monkeypatch):
     import json
 
+    import gpt2.data
+    import gpt2.evaluate
+
     assert main(["prepare", str(text_file), "--out", str(tmp_path / "d"), "--no-progress"]) == 0
+    opened = []  # open_data reads every id to check it: the directory is opened once, before the model loads
+    counted = lambda path: opened.append(path) or open_data(path)  # noqa: E731
+    open_data = gpt2.data.open_data
+    monkeypatch.setattr(gpt2.data, "open_data", counted)
+    monkeypatch.setattr(gpt2.evaluate, "open_data", counted)
     code, out, _ = run(capsys, "eval", "--data", str(tmp_path / "d"), "--model", model_dir, "--json")
-    assert code == 0 and json.loads(out)["tokens"] > 0
+    assert code == 0 and json.loads(out)["tokens"] > 0 and opened == [str(tmp_path / "d")]
     lambada = tmp_path / "lambada_test.jsonl"
     lambada.write_text("".join(json.dumps({"text": f"example number {i} ends here"}) + "\n" for i in range(5)), encoding="utf-8")
     code, out, _ = run(capsys, "eval", "--task", "lambada", "--data", str(lambada), "--limit", "3", "--model", model_dir, "--json")

@@ -482,7 +482,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     if args.task is None and args.limit is not None:
         raise _UsageError("--limit counts the examples of a --task; a text is scored whole")
     file = None if args.file is None else _command_line_text(args.file, "FILE")
-    _check_eval_args(args, file)
+    data = _check_eval_args(args, file)
     model, tokenizer = _load_model(args)
     options = dict(context=args.context, stride=args.stride, batch_size=args.batch_size, progress=args.progress)
     if args.task is not None:
@@ -490,7 +490,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     elif file is not None:
         result = evaluate.evaluate_file(model, file, tokenizer, **options).to_dict()
     else:
-        result = evaluate.evaluate_data(model, args.data, **options).to_dict()
+        result = evaluate.evaluate_data(model, data, **options).to_dict()
     if args.json:
         print(json.dumps(result))
     else:
@@ -499,8 +499,9 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_eval_args(args: argparse.Namespace, file: str | None) -> None:
-    """What can be checked before the model loads: all but --context's bound, the model's context."""
+def _check_eval_args(args: argparse.Namespace, file: str | None):
+    """What can be checked before the model loads: all but --context's bound, the model's context.
+    Returns the --data directory opened (every id checked, once), where that is what is scored."""
     from pathlib import Path
 
     from gpt2._checks import check_batch_size
@@ -513,11 +514,13 @@ def _check_eval_args(args: argparse.Namespace, file: str | None) -> None:
     check_limit(args.limit)
     check_batch_size(args.batch_size)
     check_window(None, args.context, args.stride)
+    data = None
     if file is not None:
         check_file(Path(file), DataError)
     elif args.task is None:
-        open_data(args.data)  # a prepared directory that is not one fails now
+        data = open_data(args.data)  # a prepared directory that is not one fails now, before the model loads
     _check_device(args)
+    return data
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:

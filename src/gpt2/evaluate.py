@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 from gpt2._checks import check_batch_size, check_token_ids, int_between
 from gpt2._files import read_text
 from gpt2.corpora import Shards
-from gpt2.data import IGNORE, open_data
+from gpt2.data import IGNORE, TokenData, open_data
 from gpt2.engines import PrefixCache, TorchEngine, check_prefix_cache_mb
 from gpt2.errors import DataError, InvalidArgumentError
 from gpt2.model import GPT2
@@ -260,11 +260,12 @@ def agreement(reference: GPT2, model: GPT2, ids: Sequence[int] | np.ndarray, con
     return Agreement(kl / count, same / count, count)
 
 
-def evaluate_data(model: GPT2, directory: str | os.PathLike, split: str = "val", **options: Any) -> Perplexity:
-    """Perplexity of a prepared directory's split (val.bin, or the val shards, by default), its ids one stream."""
+def evaluate_data(model: GPT2, directory: str | os.PathLike | TokenData, split: str = "val", **options: Any) -> Perplexity:
+    """Perplexity of a prepared directory's split (val.bin, or the val shards, by default), its ids one
+    stream; `directory` may be the directory already opened (`open_data`, whose check reads every id)."""
     if split not in ("train", "val"):
         raise InvalidArgumentError(f"split must be 'train' or 'val', got {split!r}")
-    data = open_data(directory)
+    data = directory if isinstance(directory, TokenData) else open_data(directory)
     data.check_vocabulary(model.tokenizer, model.config.n_vocab, "evaluated")
     ids = getattr(data, split)
     if len(ids) < 2:
