@@ -134,6 +134,21 @@ def make_hf_model(seed: int = 0, **config):
     return model
 
 
+def nanogpt_model(seed: int = 0):
+    """A model without biases, with sinusoidal positions: what transformers' GPT-2 has neither of."""
+    import torch
+
+    from gpt2.config import GPT2Config
+    from gpt2.model import GPT2
+
+    torch.manual_seed(seed)
+    model = GPT2(GPT2Config(n_vocab=101, n_ctx=24, n_embd=48, n_head=3, n_layer=2, bias=False, positions="sinusoidal")).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    return model
+
+
 def make_ending_model(directory: Path, n_ctx: int = 64):
     """A tiny transformers model whose texts end: "."'s embedding and <|endoftext|>'s share a
     direction u, <|endoftext|>'s the larger part, so that after a "." (whose residual stream holds

@@ -3,6 +3,8 @@ CUDA graphs, the NumPy engine, and the rules of which engine runs where."""
 
 from __future__ import annotations
 
+import gc
+import weakref
 from collections.abc import Callable
 
 import numpy as np
@@ -13,7 +15,7 @@ from helpers import make_hf_model
 from gpt2 import InvalidArgumentError, MemoryLimitError, Tokenizer, devices
 from gpt2.config import GPT2Config
 from gpt2.decoding import Row, run
-from gpt2.engines import Block, PrefixCache, TorchEngine, check_cuda_graphs, check_numpy_engine
+from gpt2.engines import Block, PrefixCache, TorchEngine, check_cuda_graphs, check_numpy_engine, cuda_graphs, kept_engine, set_cuda_graphs
 from gpt2.generate import generate_text
 from gpt2.model import GPT2
 from gpt2.reference import ReferenceModel
@@ -114,11 +116,11 @@ def test_with_graphs_generate_keeps_one_engine_over_the_whole_context(tmp_path):
     model = GPT2.from_pretrained(tmp_path, device="cpu")
     idx = torch.randint(0, 64, (3, 5))
     expected = [model.generate(idx[:b], 8, seed=1) for b in (2, 1, 3)]
-    model.cuda_graphs = True
+    set_cuda_graphs(model)
     got, engines = [], []
     for b in (2, 1, 3):
         got.append(model.generate(idx[:b], 8, seed=1))
-        engines.append(model.graphed_engine)
+        engines.append(kept_engine(model))
     assert all(torch.equal(a, b) for a, b in zip(got, expected))
     assert engines[0] is engines[1] and engines[0].slots == 2 and engines[2].slots == 3  # grown once, for 3 rows
     assert set(engines[0].graphs.steps) == {1, 2} and set(engines[2].graphs.steps) == {3} and engines[2].max_len == 40
@@ -127,10 +129,22 @@ def test_with_graphs_generate_keeps_one_engine_over_the_whole_context(tmp_path):
 def test_cuda_graphs_are_off_by_default_and_refused_off_the_gpu(tmp_path):
     make_hf_model(**TINY).save_pretrained(tmp_path)
     model = GPT2.from_pretrained(tmp_path, device="cpu")
-    assert model.cuda_graphs is False
+    assert cuda_graphs(model) is False
     with pytest.raises(InvalidArgumentError, match="cuda_graphs replays decoding on a CUDA GPU; device is cpu"):
         model.use_cuda_graphs()
-    assert model.use_cuda_graphs(False).cuda_graphs is False
+    assert cuda_graphs(model.use_cuda_graphs(False)) is False
+
+
+def test_a_model_that_decoded_with_graphs_is_freed_with_its_kept_engine():
+    """The engine kept for a model's calls is held beside the model, not on it: a model no one
+    holds any more is freed, with the engine (its cache and graphs), as an attribute's would be."""
+    model = GPT2(GPT2Config(n_vocab=64, n_ctx=16, n_embd=16, n_head=2, n_layer=1)).eval()
+    set_cuda_graphs(model)  # as use_cuda_graphs sets it on a GPU; here the fixed steps run uncaptured
+    model.generate(torch.zeros(2, 3, dtype=torch.long), 4)
+    freed_model, freed_engine = weakref.ref(model), weakref.ref(kept_engine(model))
+    del model
+    gc.collect()
+    assert freed_model() is None and freed_engine() is None
 
 
 @pytest.mark.cuda

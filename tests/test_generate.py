@@ -13,6 +13,7 @@ from gpt2.generate import EmptyPromptWarning, TextGeneration, TextRow, generate_
 from gpt2.decoding import ContextOverflowWarning, Decoder, Row
 from gpt2.engines import TorchEngine
 from gpt2.model import GPT2
+from gpt2.pretrained import hf_state_dict
 from gpt2.sampling import Sampling
 from gpt2.reference import ReferenceModel
 
@@ -317,7 +318,7 @@ def test_nan_or_inf_logits_stop_generation_with_a_clear_error(broken, options):
         with pytest.raises(NonFiniteError):
             model.generate(torch.tensor([[464, 3290]]), 5, **options)
         with pytest.raises(NonFiniteError):
-            generate_text(ReferenceModel(model.config, {k: v.numpy() for k, v in model.hf_state_dict().items()}), ENC,
+            generate_text(ReferenceModel(model.config, {k: v.numpy() for k, v in hf_state_dict(model).items()}), ENC,
                           "The dog", max_new_tokens=2, **options)  # fmt: skip
 
 
@@ -353,7 +354,7 @@ def test_greedy_text_with_a_draft_is_the_text_without_it_with_its_stop_strings_a
 
 def test_the_numpy_engine_drafts_as_the_torch_engine_does(small, draft):
     _, model = small
-    numpy_model, numpy_draft = (ReferenceModel(m.config, {k: v.numpy() for k, v in m.hf_state_dict().items()}) for m in (model, draft))
+    numpy_model, numpy_draft = (ReferenceModel(m.config, {k: v.numpy() for k, v in hf_state_dict(m).items()}) for m in (model, draft))
     expected = generate_text(model, ENC, "Hello", max_new_tokens=8, temperature=0)
     assert generate_text(numpy_model, ENC, "Hello", max_new_tokens=8, temperature=0, draft=numpy_draft) == expected
 

@@ -16,6 +16,7 @@ from gpt2.config import GPT2Config
 from gpt2.errors import ContextLengthError, TokenIdError
 from gpt2.inspect import activation_names, logit_lens_top, next_token_report, trace
 from gpt2.model import GPT2
+from gpt2.pretrained import hf_state_dict
 from gpt2.reference import ReferenceModel
 
 SHAPES = [  # (n_layer, n_head, n_embd, T)
@@ -186,7 +187,7 @@ def test_numpy_engine_gives_the_same_trace(variant):
     model = GPT2(GPT2Config(n_vocab=61, n_ctx=16, n_embd=24, n_head=3, n_layer=2, **variant)).eval()
     ids = random_ids(11, vocab=61)
     ours = trace(model, ids, names=activation_names(2))
-    reference = ReferenceModel(model.config, {k: v.numpy() for k, v in model.hf_state_dict().items()})
+    reference = ReferenceModel(model.config, {k: v.numpy() for k, v in hf_state_dict(model).items()})
     logits, theirs = reference.trace(ids)
     assert set(theirs) == set(ours.activations)
     for name, value in theirs.items():

@@ -173,77 +173,6 @@ def test_other_options_equal_the_numpy_engine(options, tmp_path):
         assert not any(name.endswith("bias") for name, _ in model.named_parameters())
 
 
-@pytest.mark.parametrize(
-    "options", [dict(bias=False), dict(positions="sinusoidal"), dict(bias=False, positions="sinusoidal", activation="gelu")],
-    ids=["nobias", "sinusoidal", "all"],
-)
-def test_transformers_loads_every_option_with_nothing_newly_initialised(options, tmp_path):
-    """transformers' GPT-2 has biases and a learned wpe only: we save zeros and the fixed table there."""
-    from transformers import GPT2LMHeadModel
-
-    torch.manual_seed(0)
-    model = GPT2(GPT2Config(n_vocab=90, n_ctx=20, n_embd=24, n_head=3, n_layer=2, **options)).eval()
-    with torch.no_grad():  # off their initial values (LayerNorms at 1), so that a weight left behind shows
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.1)
-    model.save_pretrained(tmp_path)
-    theirs, info = GPT2LMHeadModel.from_pretrained(tmp_path, output_loading_info=True)
-    assert not any(info.values()), info  # nothing missing (newly initialised), unexpected or mismatched
-    idx = torch.randint(0, 90, (2, 20))
-    with torch.no_grad():
-        assert max_diff(theirs.eval()(idx).logits, model(idx)) < TOLERANCE
-
-
-@pytest.mark.parametrize("vocabulary, n_vocab, files, eos", [
-    ("gpt2", 50257, ["merges.txt", "tokenizer.json", "tokenizer_config.json", "vocab.json"], 50256),  # GPT-2's, assumed
-    ("padded", 50304, ["merges.txt", "tokenizer.json", "tokenizer_config.json", "vocab.json"], 50256),  # nanoGPT's 50304
-    ("char", 3, ["chars.json", "tokenizer.json", "tokenizer_config.json"], None),
-    ("unknown", 101, [], None),
-])  # fmt: skip
-def test_save_pretrained_writes_the_tokenizer_and_its_end_of_text_id(vocabulary, n_vocab, files, eos, tmp_path):
-    from transformers import GPT2LMHeadModel
-
-    from gpt2 import Tokenizer
-    from gpt2.tokenizer import CharTokenizer
-
-    model = GPT2(GPT2Config(n_vocab=n_vocab, n_ctx=8, n_embd=8, n_head=2, n_layer=1))
-    model.tokenizer = {"padded": Tokenizer.gpt2(), "char": CharTokenizer(list("abc"))}.get(vocabulary)
-    model.save_pretrained(tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["config.json", "model.safetensors", *files])
-    # transformers' generate stops at eos: <|endoftext|>, never the last id (an ordinary character, or padding)
-    theirs = GPT2LMHeadModel.from_pretrained(tmp_path)
-    assert theirs.config.eos_token_id == theirs.config.bos_token_id == theirs.generation_config.eos_token_id == eos
-
-
-@pytest.mark.parametrize("vocabulary", ["gpt2", "char"])
-def test_transformers_pipeline_generates_what_we_generate(vocabulary, tmp_path):
-    """A saved model and its tokenizer, in transformers: AutoModelForCausalLM + AutoTokenizer + the
-    text-generation pipeline, greedy, give our greedy text (nanoGPT's choices: no biases; sinusoidal too)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
-
-    from gpt2 import Tokenizer
-    from gpt2.generate import generate_text
-    from gpt2.tokenizer import CharTokenizer
-
-    tokenizer = Tokenizer.gpt2() if vocabulary == "gpt2" else CharTokenizer.from_text("abcdefghijklmnopqrstuvwxyz ,.!?'\n")
-    positions = "sinusoidal" if vocabulary == "gpt2" else "learned"
-    torch.manual_seed(0)
-    model = GPT2(GPT2Config(n_vocab=tokenizer.n_vocab, n_ctx=48, n_embd=32, n_head=2, n_layer=2, bias=False, positions=positions))
-    with torch.no_grad():  # away from the initial weights, whose greedy text is one token over and over
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.5)
-    model.tokenizer = tokenizer
-    model.save_pretrained(tmp_path)
-    generator = pipeline("text-generation", model=AutoModelForCausalLM.from_pretrained(tmp_path),
-                         tokenizer=AutoTokenizer.from_pretrained(tmp_path))  # fmt: skip
-    prompt = "hello, world. it's a"
-    theirs = generator(prompt, max_new_tokens=24, do_sample=False)[0]["generated_text"]
-    loaded = GPT2.from_pretrained(tmp_path, device="cpu")
-    ours = generate_text(loaded, loaded.tokenizer, prompt, max_new_tokens=24, temperature=0)[0]
-    assert theirs == prompt + ours
-    assert len(set(loaded.tokenizer.encode(ours))) > 3  # not one token over and over
-
-
 def test_dropout_only_in_training():
     model = GPT2(GPT2Config(n_vocab=50, n_ctx=16, n_embd=16, n_head=2, n_layer=2, dropout=0.5))
     idx = torch.randint(0, 50, (2, 16))
@@ -300,26 +229,6 @@ def test_narrow_weights_on_the_cpu_compute_what_their_widened_values_give(dtype,
         idx = torch.randint(0, 50257, (2, 20))
         assert max_diff(narrow(idx), widened(idx)) < 1e-4
         assert torch.equal(narrow.generate(idx, 15, temperature=0), widened.generate(idx, 15, temperature=0))
-
-
-def test_a_bfloat16_cpu_model_saves_in_the_checkpoint_layout(tmp_path):
-    from safetensors.torch import load_file
-
-    hf = make_hf_model(**CONFIGS[0])
-    hf.save_pretrained(tmp_path)
-    GPT2.from_pretrained(tmp_path, device="cpu", dtype="bfloat16").save_pretrained(tmp_path / "out")
-    saved, original = load_file(tmp_path / "out" / "model.safetensors"), hf.state_dict()
-    name = "transformer.h.0.attn.c_attn.weight"  # (in, out) as Conv1D holds it, though the model stores it (out, in)
-    assert saved[name].dtype == torch.bfloat16 and torch.equal(saved[name], original[name].to(torch.bfloat16))
-    assert torch.equal(saved["transformer.h.0.ln_1.weight"], original["transformer.h.0.ln_1.weight"])
-
-
-def test_an_int8_model_is_not_saved(tmp_path):
-    make_hf_model(**CONFIGS[0]).save_pretrained(tmp_path)
-    model = GPT2.from_pretrained(tmp_path, device="cpu", dtype="int8")
-    with pytest.raises(InvalidArgumentError, match="an int8 model is not saved: its weights were quantised"):
-        model.save_pretrained(tmp_path / "out")
-    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.cuda

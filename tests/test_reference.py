@@ -8,7 +8,8 @@ import torch
 
 from gpt2 import ContextLengthError, InvalidArgumentError, TokenIdError
 from gpt2.config import GPT2Config
-from gpt2.model import GPT2, sinusoidal_positions
+from gpt2.model import GPT2
+from gpt2.pretrained import hf_state_dict, sinusoidal_positions
 from gpt2.reference import ReferenceModel
 from gpt2.reference import sinusoidal_positions as np_sinusoidal_positions
 
@@ -27,7 +28,7 @@ def test_sinusoidal_table_matches_the_numpy_engine():
 
 
 def test_numpy_engine_rejects_the_same_bad_input(tiny):
-    reference = ReferenceModel(tiny.config, {k: v.numpy() for k, v in tiny.hf_state_dict().items()})
+    reference = ReferenceModel(tiny.config, {k: v.numpy() for k, v in hf_state_dict(tiny).items()})
     with pytest.raises(TokenIdError, match="token id -2 is out of range: this model's ids are 0..49"):
         reference([1, -2])
     with pytest.raises(ContextLengthError, match="sequence of 9 tokens is longer than the model's context of n_ctx=8"):

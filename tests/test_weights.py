@@ -1,4 +1,4 @@
-"""Loading and saving weights in every format, and every way a checkpoint can be wrong."""
+"""Reading weights in every format, and every way a checkpoint can be wrong (saving: test_pretrained.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from helpers import REPO, make_hf_model
+from helpers import REPO, make_hf_model, nanogpt_model
 from gpt2 import CheckpointError, CheckpointNotFoundError, ConfigError, InputTypeError, Tokenizer, UnknownModelError
 from gpt2.config import GPT2Config
 from gpt2.model import GPT2
@@ -78,18 +78,6 @@ def test_safetensors_without_transformer_prefix(hf_small, tmp_path):
     hf_small.config.save_pretrained(tmp_path)
     ours = GPT2.from_pretrained(tmp_path, device="cpu")
     assert (logits_of(ours, IDX) - logits_of(hf_small, IDX)).abs().max() < 1e-4
-
-
-def test_we_save_what_transformers_loads_and_back(hf_dir, hf_small, tmp_path):
-    from transformers import GPT2LMHeadModel
-
-    ours = GPT2.from_pretrained(hf_dir, device="cpu")
-    ours.save_pretrained(tmp_path / "ours")
-    assert sorted(p.name for p in (tmp_path / "ours").iterdir()) == ["config.json", "model.safetensors"]
-    theirs = GPT2LMHeadModel.from_pretrained(tmp_path / "ours").eval()
-    assert (logits_of(theirs, IDX) - logits_of(hf_small, IDX)).abs().max() == 0
-    again = GPT2.from_pretrained(tmp_path / "ours", device="cpu")
-    assert (logits_of(again, IDX) - logits_of(ours, IDX)).abs().max() == 0
 
 
 def test_tensorflow_release_route():
@@ -233,67 +221,7 @@ def test_unsupported_hf_options(hf_dir):
         GPT2.from_pretrained(hf_dir)
 
 
-# ------------------------------------------------------------------ atomic saving
-
-
-def test_failed_save_leaves_the_old_checkpoint_intact(hf_dir, tmp_path, monkeypatch):
-    model = GPT2.from_pretrained(hf_dir, device="cpu")
-    model.save_pretrained(tmp_path / "ckpt")
-    before = (tmp_path / "ckpt" / "model.safetensors").read_bytes()
-
-    def crash(tensors, path, metadata=None):
-        Path(path).write_bytes(b"half a file")
-        raise KeyboardInterrupt  # e.g. Ctrl-C in the middle of writing
-
-    monkeypatch.setattr("gpt2.model.save_file", crash)
-    with torch.no_grad():
-        model.transformer.wte.weight.add_(1.0)
-    with pytest.raises(KeyboardInterrupt):
-        model.save_pretrained(tmp_path / "ckpt")
-    assert (tmp_path / "ckpt" / "model.safetensors").read_bytes() == before
-    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["config.json", "model.safetensors"]
-
-
-def test_save_overwrites_and_keeps_dtype(hf_dir, tmp_path):
-    model = GPT2.from_pretrained(hf_dir, device="cpu", dtype="bfloat16")
-    model.save_pretrained(tmp_path / "ckpt")
-    model.save_pretrained(tmp_path / "ckpt")
-    assert load_file(tmp_path / "ckpt" / "model.safetensors")["transformer.wte.weight"].dtype == torch.bfloat16
-    assert GPT2.from_pretrained(tmp_path / "ckpt", device="cpu", dtype="bfloat16").dtype == torch.bfloat16
-
-
-def nanogpt_model(seed: int = 0) -> GPT2:
-    """A model without biases, with sinusoidal positions: what transformers' GPT-2 has neither of."""
-    torch.manual_seed(seed)
-    model = GPT2(GPT2Config(n_vocab=101, n_ctx=24, n_embd=48, n_head=3, n_layer=2, bias=False, positions="sinusoidal")).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.1)
-    return model
-
-
-def test_the_zero_biases_and_position_table_saved_for_transformers_read_back(tmp_path):
-    from transformers import GPT2LMHeadModel
-
-    model = nanogpt_model()
-    model.save_pretrained(tmp_path / "ours")
-    assert "transformer.h.0.mlp.c_fc.bias" in load_file(tmp_path / "ours" / "model.safetensors")
-    config, tensors = read_tensors(tmp_path / "ours")
-    assert set(tensors) == set(model.hf_state_dict())  # what the model has, no more
-    # transformers' own copy (it saves every bias and wpe), and bfloat16 ones, read back too: a CPU model's
-    # (narrow matrices only) and one all in bfloat16, the table included, as a GPU model's
-    GPT2LMHeadModel.from_pretrained(tmp_path / "ours").save_pretrained(tmp_path / "theirs")
-    GPT2.from_pretrained(tmp_path / "ours", device="cpu", dtype="bfloat16").save_pretrained(tmp_path / "bf16")
-    (tmp_path / "all-bf16").mkdir()
-    (tmp_path / "all-bf16" / "config.json").write_bytes((tmp_path / "ours" / "config.json").read_bytes())
-    narrow = {k: v.to(torch.bfloat16) for k, v in load_file(tmp_path / "ours" / "model.safetensors").items()}
-    save_file(narrow, tmp_path / "all-bf16" / "model.safetensors")
-    expected = logits_of(model, IDX)
-    for name, tolerance in (("ours", 0), ("theirs", 0), ("bf16", 0.1), ("all-bf16", 0.1)):
-        loaded = GPT2.from_pretrained(tmp_path / name, device="cpu")
-        assert loaded.config == model.config and set(loaded.hf_state_dict()) == set(tensors)
-        assert (logits_of(loaded, IDX) - expected).abs().max() <= tolerance, name
-        assert np.abs(ReferenceModel.load(tmp_path / name)(IDX[0].numpy()) - expected[0].numpy()).max() < max(tolerance, 1e-4)
+# ------------------------------------------------------------------ what the config says, and the tokenizer
 
 
 def test_a_trained_bias_or_position_table_the_config_lacks_is_an_error_naming_it(tmp_path):
@@ -311,17 +239,6 @@ def test_a_trained_bias_or_position_table_the_config_lacks_is_an_error_naming_it
     for load in (lambda: GPT2.from_pretrained(tmp_path, device="cpu"), lambda: ReferenceModel.load(tmp_path)):
         with pytest.raises(CheckpointError, match=re.escape(message)):
             load()
-
-
-def test_every_parameter_comes_from_the_file(hf_dir):
-    model = GPT2.from_pretrained(hf_dir, device="cpu")
-    assert not any(p.device.type == "meta" for p in model.parameters())
-    assert not any(b.device.type == "meta" for b in model.buffers())
-    saved = load_file(hf_dir / "model.safetensors")
-    ours = model.hf_state_dict()
-    assert set(ours) == {k for k in saved if k != "lm_head.weight"}
-    for name, tensor in ours.items():
-        assert torch.equal(tensor, saved[name]), name
 
 
 def test_a_checkpoint_comes_with_its_tokenizer(tmp_path):

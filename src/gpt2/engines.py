@@ -10,15 +10,18 @@ steps replayed as CUDA graphs); `NumpyEngine` runs the NumPy reference engine, r
 every context (slow; it checks the other). An engine drives a model through its methods
 (`trunk`, `unembed`, `config`, `device`, `compute_dtype`: the `Model` protocol below) and
 never imports it, as transformers' cache and generation modules do not import its modeling;
-the model's own doors (`GPT2.engine`, `GPT2.use_cuda_graphs`) call in here. The rules of
-which engine runs where (`check_cuda_graphs`, `check_numpy_engine`, and `check_draft` for a
-draft model's engine beside the model's) live here too, for the library and the command line alike.
+the model's own doors (`GPT2.engine`, `GPT2.use_cuda_graphs`, `GPT2.generate`) call in here
+(`model_engine`, `set_cuda_graphs`, `generate_ids`). Which models decode with CUDA graphs, and
+the engine each keeps across calls, is held here, not on the model. The rules of which engine
+runs where (`check_cuda_graphs`, `check_numpy_engine`, and `check_draft` for a draft model's
+engine beside the model's) live here too, for the library and the command line alike.
 """
 
 from __future__ import annotations
 
 import itertools
 import warnings
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -29,9 +32,11 @@ import torch
 
 from gpt2._checks import is_integer
 from gpt2.config import GPT2Config
+from gpt2.decoding import Request, check_draft_tokens, run
 from gpt2.devices import check_fits, resolve_device
 from gpt2.errors import ContextLengthError, GPT2Warning, InvalidArgumentError
 from gpt2.reference import ReferenceModel
+from gpt2.sampling import Sampling
 from gpt2.tokenizer import same_vocabulary
 
 
@@ -39,8 +44,6 @@ class Model(Protocol):
     """What an engine asks of a torch model (`gpt2.model.GPT2` is one)."""
 
     config: GPT2Config
-    cuda_graphs: bool  # decode by replaying CUDA graphs
-    graphed_engine: TorchEngine | None  # with CUDA graphs: the engine kept across calls
 
     @property
     def device(self) -> torch.device: ...
@@ -359,8 +362,8 @@ class TorchEngine:
         self.max_len = self.cache.max_len
         self.use_cache = use_cache
         self.history: list[list[int]] = [[] for _ in range(slots)]  # each slot's tokens: to slide, or recompute
-        # fixed-shape steps, replayed as CUDA graphs on a GPU (graphs=None: as model.use_cuda_graphs set)
-        graphs = model.cuda_graphs if graphs is None else graphs
+        # fixed-shape steps, replayed as CUDA graphs on a GPU (graphs=None: as set_cuda_graphs set)
+        graphs = cuda_graphs(model) if graphs is None else graphs
         self.graphs = DecodeGraphs(model, self.cache) if graphs and use_cache else None
         self.prefix_cache = prefix_cache if use_cache else None
         self.states = None  # (slots, max_len, C): each slot's final hidden states, where prompts' blocks are kept
@@ -496,26 +499,79 @@ def padded_groups(counts: Sequence[int]) -> list[list[int]]:
     return groups
 
 
+# ------------------------------------------------------------------ a model's engine
+
+# The models that decode by replaying CUDA graphs (`set_cuda_graphs`), each with the engine kept
+# across its calls (None before the first): held here, not on the model. Keyed weakly, and a kept
+# engine reaches its model through a weak proxy, so that a model dropped is freed with its
+# engine's cache and graphs (a strong reference from the value would keep its key alive forever).
+_GRAPHED: weakref.WeakKeyDictionary[Model, TorchEngine | None] = weakref.WeakKeyDictionary()
+
+
+def set_cuda_graphs(model: Model, enabled: bool = True) -> None:
+    """Decode `model` by replaying CUDA graphs from now on, or no longer (`GPT2.use_cuda_graphs`);
+    the engine kept for it, with its cache and graphs, is dropped either way. The device rule is
+    the caller's to check first (`check_cuda_graphs`): off the GPU the fixed steps run uncaptured."""
+    _GRAPHED.pop(model, None)
+    if enabled:
+        _GRAPHED[model] = None
+
+
+def cuda_graphs(model: Model) -> bool:
+    """Whether `model` decodes by replaying CUDA graphs (`set_cuda_graphs`; off by default)."""
+    return model in _GRAPHED
+
+
+def kept_engine(model: Model) -> TorchEngine | None:
+    """The engine kept across `model`'s calls while it decodes with CUDA graphs (`model_engine`)."""
+    return _GRAPHED.get(model)
+
+
 def model_engine(model: Model, slots: int, max_len: int, use_cache: bool = True, hint: str = "fewer rows at once",
                  param: str | None = None, prefix_cache: PrefixCache | None = None) -> TorchEngine:  # fmt: skip
     """An engine to decode up to `slots` rows of up to max_len positions with `model` (`GPT2.engine`).
 
-    With CUDA graphs, one engine over the whole context is kept in `model.graphed_engine` and
+    With CUDA graphs, one engine over the whole context is kept for the model (`kept_engine`) and
     reused (replaced by a larger one when more slots are asked for), so each batch-size bucket
     is captured once, not at every call. A KV cache the device cannot hold is refused first,
     `hint` saying what to lower (the parameter `param`)."""
-    graphed = model.cuda_graphs and use_cache
-    kept = model.graphed_engine
+    graphed = cuda_graphs(model) and use_cache
+    kept = kept_engine(model)
     if graphed and kept is not None and kept.slots >= slots and kept.prefix_cache is prefix_cache:
         return kept  # its cache is held already: nothing new to fit
     if graphed:
-        model.graphed_engine = None  # its cache and graphs freed before the new ones are made
+        _GRAPHED[model] = None  # its cache and graphs freed before the new ones are made
     n_ctx = model.config.n_ctx
     KVCache.check_fits(model.config, slots, n_ctx if graphed else min(max_len, n_ctx), model.device, model.compute_dtype, hint, param)
     if not graphed:
         return TorchEngine(model, slots, max_len, use_cache, prefix_cache=prefix_cache)
-    model.graphed_engine = TorchEngine(model, slots, prefix_cache=prefix_cache)
-    return model.graphed_engine
+    engine = _GRAPHED[model] = TorchEngine(weakref.proxy(model), slots, graphs=True, prefix_cache=prefix_cache)
+    return engine
+
+
+def generate_ids(model: Model, idx: torch.Tensor, max_new_tokens: int, temperature: float, top_k: int | None,
+                 top_p: float | None, seed: int | None, *, eos_token_id: int | None, use_cache: bool, on_overflow: str,
+                 draft: Model | None, draft_tokens: int) -> torch.Tensor:  # fmt: skip
+    """`GPT2.generate`, whose arguments these are: each row of idx (B, T), an integer tensor of
+    token ids (the model checks it), continued by max_new_tokens tokens in the model's engine,
+    speculatively with a `draft` model's beside it. Returns (B, T + new): a row that ended
+    early is filled with eos_token_id from then on."""
+    request = Request.build(idx.tolist(), max_new_tokens, n_vocab=model.config.n_vocab, n_ctx=model.config.n_ctx,
+                            sampling=Sampling(temperature, top_k, top_p), seed=seed, eos_token_id=eos_token_id,
+                            on_overflow=on_overflow)  # fmt: skip
+    if draft is not None:
+        check_draft(model, draft)
+    check_draft_tokens(draft_tokens)
+    B, T = idx.shape
+    rows = request.rows()
+
+    def engine(m: Model) -> TorchEngine:
+        return model_engine(m, B, T + max_new_tokens, use_cache, hint="fewer rows in idx at once", param="idx")
+
+    run(engine(model), rows, None if draft is None else engine(draft), draft_tokens)
+    steps = max(len(row.tokens) for row in rows)  # all rows stop once every one has ended
+    new = [row.tokens + [eos_token_id] * (steps - len(row.tokens)) for row in rows]  # an ended row: eos from then on
+    return torch.cat([idx, torch.tensor(new, dtype=idx.dtype).view(B, steps).to(idx.device)], dim=1)
 
 
 # ------------------------------------------------------------------ CUDA graphs

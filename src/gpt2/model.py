@@ -8,43 +8,46 @@
 
 B is the batch size, T the sequence length, C = n_embd, V = n_vocab, H = n_head.
 Parameter names match OpenAI's and Hugging Face's, so checkpoints map name for name.
-The KV cache and the engines that decode with it are in `gpt2.engines`; `linear` in `gpt2._gemv`.
+
+The kernels: every matmul is `gpt2._gemv.linear` (our decode kernel for a few rows on the CPU,
+narrow and int8 weights read as stored; torch's matmul otherwise): in `Dense`, in `MLP` (c_fc
+and GELU in one pass) and in the unembedding. Attention is `CausalSelfAttention.attend`: our
+one-query kernel while decoding on the CPU, PyTorch's fused attention, or the softmax written
+out. The rest lives beside the model: its files in `gpt2.pretrained`; the KV cache, the engines
+and generation in `gpt2.engines`.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
+from typing import Protocol
 
 import torch
 import torch.nn as nn
-from safetensors.torch import save_file
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
 from gpt2._checks import check_token_ids
-from gpt2._files import atomic_path, atomic_write_text, writable_directory
-from gpt2._gemv import attend, linear, stored_matrix, widen
+from gpt2._gemv import attend, linear, widen
 from gpt2.config import GPT2Config
-from gpt2.decoding import Request, check_draft_tokens, run
-from gpt2.devices import resolve_device, weight_format
-from gpt2.engines import KVCache, PrefixCache, TorchEngine, check_cuda_graphs, check_draft, model_engine
+from gpt2.engines import PrefixCache, TorchEngine, check_cuda_graphs, generate_ids, model_engine, set_cuda_graphs
 from gpt2.errors import ContextLengthError, InputTypeError, InvalidArgumentError
-from gpt2.sampling import Sampling
+from gpt2.pretrained import hf_state_dict, open_pretrained, save_pretrained, sinusoidal_positions
 from gpt2.settings import DRAFT_TOKENS
-from gpt2.tokenizer import assumed_tokenizer
-from gpt2.weights import iter_tensors, locate, transformers_only_shapes
 
 
-def sinusoidal_positions(n_ctx: int, n_embd: int) -> torch.Tensor:
-    """(n_ctx, n_embd): PE[t, 2i] = sin(t / 10000^(2i/C)), PE[t, 2i+1] = cos(t / 10000^(2i/C))."""
-    position = torch.arange(n_ctx, dtype=torch.float64)[:, None]  # (n_ctx, 1)
-    frequency = torch.exp(-math.log(10000.0) * torch.arange(0, n_embd, 2, dtype=torch.float64) / n_embd)
-    table = torch.zeros(n_ctx, n_embd, dtype=torch.float64)
-    table[:, 0::2] = torch.sin(position * frequency)
-    table[:, 1::2] = torch.cos(position * frequency[: n_embd // 2])
-    return table.float()
+class Cache(Protocol):
+    """What the forward pass asks of a KV cache (`gpt2.engines.KVCache` is one), for the step
+    it has begun: the new positions, which keys each query sees, and a place for the new keys."""
+
+    positions: torch.Tensor  # (T,) or (B, 1): the new positions' ids
+    mask: torch.Tensor | None  # True where a query sees a key, broadcastable to (B, H, T, S); None: causal
+    key_counts: torch.Tensor | None  # (B,): the keys each row sees, where the mask is by length
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keep the new positions' keys and values (B, H, T, C/H); return those to attend to (B, H, S, C/H)."""
+        ...
 
 
 class SinusoidalPositions(nn.Module):
@@ -90,15 +93,21 @@ class CausalSelfAttention(nn.Module):
         # PyTorch's fused kernel where it exists; the explicit masked softmax otherwise.
         self.use_sdpa = hasattr(F, "scaled_dot_product_attention")
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
-        B, T, C = x.shape
+    def forward(self, x: torch.Tensor, cache: Cache | None = None, layer: int = 0) -> torch.Tensor:
         q, k, v = self.heads(self.c_attn(x))  # 3 x (B, H, T, C/H)
         mask = counts = None  # None: plain causal attention over exactly these T positions
         if cache is not None:
             k, v = cache.update(layer, k, v)  # (B, H, S, C/H): the past and these T positions
             mask, counts = cache.mask, cache.key_counts  # counts: the keys each row sees, where lengths differ
+        y = self.attend(q, k, v, mask, counts)  # (B, H, T, C/H)
+        return self.resid_dropout(self.c_proj(merge_heads(y)))
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+               counts: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+        """softmax(q k^T / sqrt(d) + mask) v, by the kernel that serves here: q (B, H, T, d), k and v (B, H, S, d)."""
+        T = q.size(2)
         y = None
-        one_query = T == 1 and (mask is None or counts is not None) and x.device.type == "cpu"
+        one_query = T == 1 and (mask is None or counts is not None) and q.device.type == "cpu"
         if self.use_sdpa and one_query and not (self.training and self.dropout):
             y = attend(q, k, v, counts)  # decoding: our kernel, ~2x torch's attention here (None where it can't serve)
         if y is None and self.use_sdpa:
@@ -106,7 +115,7 @@ class CausalSelfAttention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=mask is None and T > 1)
         elif y is None:
             y = attention(q, k, v, mask, self.attn_dropout)
-        return self.resid_dropout(self.c_proj(merge_heads(y)))
+        return y
 
     def heads(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """c_attn's output (B, T, 3C) -> q, k, v, each (B, H, T, C/H): each head attends over its
@@ -179,7 +188,7 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: Cache | None = None, layer: int = 0) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x), cache, layer)
         x = x + self.mlp(self.ln_2(x))
         return x
@@ -204,8 +213,6 @@ class GPT2(nn.Module):
         super().__init__()
         self.config = config
         self.checkpoint_activations = False  # trade compute for memory in training (see trunk)
-        self.cuda_graphs = False  # decode by replaying CUDA graphs (see use_cuda_graphs)
-        self.graphed_engine: TorchEngine | None = None  # kept across calls, with its graphs (see engine)
         self.tokenizer = None  # from_pretrained sets the tokenizer saved with the weights
         learned = config.positions == "learned"
         self.transformer = nn.ModuleDict(dict(
@@ -256,7 +263,7 @@ class GPT2(nn.Module):
         loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets, ignore_index=ignore_index, reduction="sum")
         return logits, loss / (targets != ignore_index).sum().clamp(min=1)
 
-    def trunk(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+    def trunk(self, idx: torch.Tensor, cache: Cache | None = None) -> torch.Tensor:
         """The forward pass up to the unembedding: idx (B, T) -> final hidden states (B, T, C).
 
         Training, evaluation and generation all run this one pass. With a cache, the step it
@@ -318,22 +325,8 @@ class GPT2(nn.Module):
         follow this model's distribution, as without it, though not the same random draws.
         """
         check_idx(idx)
-        request = Request.build(idx.tolist(), max_new_tokens, n_vocab=self.config.n_vocab, n_ctx=self.config.n_ctx,
-                                sampling=Sampling(temperature, top_k, top_p), seed=seed, eos_token_id=eos_token_id,
-                                on_overflow=on_overflow)  # fmt: skip
-        if draft is not None:
-            check_draft(self, draft)
-        check_draft_tokens(draft_tokens)
-        B, T = idx.shape
-        rows = request.rows()
-
-        def engine(model: GPT2) -> TorchEngine:
-            return model.engine(B, T + max_new_tokens, use_cache, hint="fewer rows in idx at once", param="idx")
-
-        run(engine(self), rows, None if draft is None else engine(draft), draft_tokens)
-        steps = max(len(row.tokens) for row in rows)  # all rows stop once every one has ended
-        new = [row.tokens + [eos_token_id] * (steps - len(row.tokens)) for row in rows]  # an ended row: eos from then on
-        return torch.cat([idx, torch.tensor(new, dtype=idx.dtype).view(B, steps).to(idx.device)], dim=1)
+        return generate_ids(self, idx, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id=eos_token_id,
+                            use_cache=use_cache, on_overflow=on_overflow, draft=draft, draft_tokens=draft_tokens)  # fmt: skip
 
     def _check_input(self, idx: torch.Tensor, check_ids: bool = True) -> None:
         check_idx(idx)
@@ -363,7 +356,7 @@ class GPT2(nn.Module):
         has not yet been measured on a GPU; on a CUDA device only."""
         if enabled:
             check_cuda_graphs(self.device)
-        self.cuda_graphs, self.graphed_engine = bool(enabled), None
+        set_cuda_graphs(self, bool(enabled))
         return self
 
     def engine(self, slots: int, max_len: int, use_cache: bool = True, hint: str = "fewer rows at once",
@@ -409,24 +402,19 @@ class GPT2(nn.Module):
         the matrices (each layer's and wte) are stored narrow (`gpt2._gemv.stored_matrix`), and
         everything else, activations included, stays float32 (`gpt2.devices.weight_format`).
         """
-        device = resolve_device(device)
-        form = weight_format(dtype, device)
-        checkpoint = locate(name_or_path)
-        config = checkpoint.config if dropout is None else checkpoint.config.replace(dropout=dropout)
+        pretrained = open_pretrained(name_or_path, device=device, dtype=dtype, dropout=dropout)
         with torch.device("meta"):
-            model = cls(config)
-        for name, tensor in iter_tensors(checkpoint, framework="pt"):
+            model = cls(pretrained.config)
+        for name, tensor, scale in pretrained.tensors():  # each tensor becomes its parameter, one at a time
             module_name, _, attr = name.rpartition(".")
             module = model.get_submodule(module_name)
-            dense = isinstance(module, Dense)
-            if attr == "weight" and (dense or module is model.transformer.wte):  # a matrix: maybe narrow
-                tensor, module.scale = stored_matrix(tensor, form.storage, device, dense, form.weight_only)
-            else:  # copies only when the device or dtype must change
-                tensor = tensor.to(device=device, dtype=form.compute).contiguous()
             setattr(module, attr, nn.Parameter(tensor, requires_grad=tensor.is_floating_point()))
+            if scale is not None:  # int8: a float32 scale per output
+                module.scale = scale
         if isinstance(model.transformer.wpe, SinusoidalPositions):  # a buffer no checkpoint holds
-            model.transformer.wpe.weight = sinusoidal_positions(config.n_ctx, config.n_embd).to(device=device, dtype=form.compute)
-        model.tokenizer = checkpoint.load_tokenizer()
+            table = sinusoidal_positions(model.config.n_ctx, model.config.n_embd)
+            model.transformer.wpe.weight = table.to(device=pretrained.device, dtype=pretrained.dtype)
+        model.tokenizer = pretrained.tokenizer()
         return model.eval()
 
     def crop_context(self, n_ctx: int) -> GPT2:
@@ -443,10 +431,6 @@ class GPT2(nn.Module):
         self.config = self.config.replace(n_ctx=n_ctx)
         return self
 
-    def hf_state_dict(self) -> dict[str, torch.Tensor]:
-        """The weights under Hugging Face's names, which are ours, and in its layout, which is ours."""
-        return {name: p.detach() for name, p in self.named_parameters()}
-
     def save_pretrained(self, directory: str | os.PathLike, tensors: dict[str, torch.Tensor] | None = None,
                         metadata: dict[str, str] | None = None) -> None:  # fmt: skip
         """Write `config.json` + `model.safetensors` in Hugging Face's GPT-2 layout, and the tokenizer.
@@ -461,19 +445,4 @@ class GPT2(nn.Module):
         replaces the model's own weights: those of a model sharded over processes, gathered on one;
         `metadata` goes into the safetensors header beside its "format" (gpt2 train's: the iteration).
         """
-        if self.dtype == torch.int8:
-            raise InvalidArgumentError("an int8 model is not saved: its weights were quantised when it was loaded; load the "
-                                       "checkpoint with dtype float32 (or bfloat16) to save it")  # fmt: skip
-        directory = writable_directory(directory)
-        tensors = {name: t.contiguous().cpu() for name, t in (tensors or self.hf_state_dict()).items()}
-        dtype = tensors["transformer.ln_f.weight"].dtype  # of the vectors (a narrow CPU model keeps them in float32)
-        for name, shape in transformers_only_shapes(self.config).items():
-            positions = name == "transformer.wpe.weight"
-            tensors[name] = sinusoidal_positions(*shape).to(dtype) if positions else torch.zeros(shape, dtype=dtype)
-        tokenizer = self.tokenizer if self.tokenizer is not None else assumed_tokenizer(self.config.n_vocab)
-        eot_token = None if tokenizer is None else tokenizer.eot_token
-        with atomic_path(directory / "model.safetensors") as tmp:
-            save_file(tensors, str(tmp), metadata={**(metadata or {}), "format": "pt"})
-        atomic_write_text(directory / "config.json", json.dumps(self.config.to_hf_dict(eot_token), indent=2) + "\n")
-        if tokenizer is not None:
-            tokenizer.save_pretrained(directory, model_max_length=self.config.n_ctx)
+        save_pretrained(directory, self.config, tensors or hf_state_dict(self), self.tokenizer, metadata)
