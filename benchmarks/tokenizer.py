@@ -23,12 +23,12 @@ import tiktoken
 from tiktoken.load import data_gym_to_mergeable_bpe_ranks
 from tiktoken_ext.openai_public import r50k_pat_str
 
-import gpt2.tokenizer as tokenizer_module
+import gpt2.tokenizer.core as tokenizer_core
 from _common import corpus, print_table, timed
 from gpt2 import Tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
-VOCAB = REPO / "src" / "gpt2" / "vocab"
+VOCAB = REPO / "src" / "gpt2" / "tokenizer" / "vocab"
 
 
 def main() -> None:
@@ -102,7 +102,7 @@ def main() -> None:
     tracemalloc.stop()
     rows.append((
         "piece cache after 150,000 distinct words",
-        f"{len(fresh._cache):,} entries (cap {tokenizer_module._CACHE_MAX_ENTRIES:,}), {current / 2**20:.1f} MiB held",
+        f"{len(fresh._cache):,} entries (cap {tokenizer_core._CACHE_MAX_ENTRIES:,}), {current / 2**20:.1f} MiB held",
         "",
         "",
     ))

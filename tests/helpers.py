@@ -26,7 +26,7 @@ import openai
 from gpt2.examples import corpus_text
 
 REPO = Path(__file__).resolve().parents[1]
-VOCAB = REPO / "src" / "gpt2" / "vocab"
+VOCAB = REPO / "src" / "gpt2" / "tokenizer" / "vocab"
 
 
 def stdlib_sources(limit: int | None = None) -> list[Path]:

@@ -1027,8 +1027,8 @@ def chat_dir(tmp_path_factory):
     """A tiny model saved with gpt2's default chat template, and transformers' model and tokenizer of it."""
     from transformers import AutoTokenizer
 
-    from gpt2.chat import DEFAULT_TEMPLATE
     from gpt2.tokenizer import Tokenizer
+    from gpt2.tokenizer.chat import DEFAULT_TEMPLATE
 
     directory = tmp_path_factory.mktemp("chat")
     hf = make_hf_model(seed=4, vocab_size=50257, n_positions=64, n_embd=48, n_layer=2, n_head=3)

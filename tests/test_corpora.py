@@ -117,10 +117,10 @@ def test_records_into_train_bin_and_val_bin_each_end_with_eot(tmp_path, tiktoken
 
 
 def test_memory_does_not_grow_with_the_corpus(tmp_path, monkeypatch):
-    import gpt2.tokenizer as tokenizer_module
+    import gpt2.tokenizer.core as tokenizer_core
 
     monkeypatch.setattr(data_module, "CHUNK_BYTES", 20_000)  # batches of ~20 kB of text
-    monkeypatch.setattr(tokenizer_module, "_CACHE_MAX_ENTRIES", 500)  # the tokenizer's cache of pieces: full at once
+    monkeypatch.setattr(tokenizer_core, "_CACHE_MAX_ENTRIES", 500)  # the tokenizer's cache of pieces: full at once
     peaks = []
     for n in (1, 4):
         write_jsonl(tmp_path / f"{n}.jsonl", documents(400 * n, seed=n))

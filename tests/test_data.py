@@ -639,7 +639,7 @@ def _documents_in_val(train: list[int], val: list[int], expected: list[list[int]
 
 
 def test_many_documents_through_the_worker_pool(tmp_path, monkeypatch, tiktoken_gpt2):
-    import gpt2.tokenizer as tokenizer_module
+    import gpt2.tokenizer.pool as tokenizer_pool
 
     text = corpus()[1]
     docs = [f"document {i}:\n" + text[i * 7919 : i * 7919 + 300 * (i % 7)] + " \n\n " * (i % 3) for i in range(30)]
@@ -647,7 +647,7 @@ def test_many_documents_through_the_worker_pool(tmp_path, monkeypatch, tiktoken_
         (tmp_path / "in" / f"{i:02d}.txt").parent.mkdir(exist_ok=True)
         (tmp_path / "in" / f"{i:02d}.txt").write_text(doc, encoding="utf-8", newline="")
     monkeypatch.setattr(data_module, "CHUNK_BYTES", 700)  # batches of several documents, documents over several batches
-    monkeypatch.setattr(tokenizer_module, "_PARALLEL_MIN_CHARS", 0)  # and every batch through the worker processes
+    monkeypatch.setattr(tokenizer_pool, "_PARALLEL_MIN_CHARS", 0)  # and every batch through the worker processes
     meta = prepare([tmp_path / "in"], tmp_path / "out", val_fraction=0.2, progress=False, num_workers=2)
     expected = [tiktoken_gpt2.encode_ordinary(doc) + [EOT] for doc in docs]
     train, val = read_ids(tmp_path / "out" / "train.bin"), read_ids(tmp_path / "out" / "val.bin")
@@ -792,7 +792,7 @@ def cut_at_conversations(out, expected: list[tuple[list[int], list[int]]]) -> li
 
 @pytest.mark.parametrize("template_file", [None, "chatml.jinja"], ids=["default", "file"])
 def test_chat_data_equals_transformers_apply_chat_template(tmp_path, template_file):
-    from gpt2.chat import DEFAULT_TEMPLATE
+    from gpt2.tokenizer.chat import DEFAULT_TEMPLATE
 
     write_conversations(tmp_path / "chat.jsonl", QA)
     source = DEFAULT_TEMPLATE
@@ -819,7 +819,7 @@ def test_chat_data_equals_transformers_apply_chat_template(tmp_path, template_fi
 
 
 def test_chat_data_of_several_files_and_standard_input(tmp_path, monkeypatch):
-    from gpt2.chat import DEFAULT_TEMPLATE
+    from gpt2.tokenizer.chat import DEFAULT_TEMPLATE
 
     write_conversations(tmp_path / "a.jsonl", QA[:5])
     text = "\n".join(json.dumps({"messages": m}) for m in QA[5:]) + "\n\n"  # a blank line: skipped
@@ -831,8 +831,8 @@ def test_chat_data_of_several_files_and_standard_input(tmp_path, monkeypatch):
 
 def test_chat_bpe_keeps_endoftext_a_special_token(tmp_path):
     """A vocabulary trained on conversations learns no merge of <|endoftext|>'s text: it is the vocabulary's special token."""
-    from gpt2.chat import DEFAULT_TEMPLATE
     from gpt2.tokenizer import load_tokenizer
+    from gpt2.tokenizer.chat import DEFAULT_TEMPLATE
 
     write_conversations(tmp_path / "chat.jsonl", QA)
     meta = prepare_chat([tmp_path / "chat.jsonl"], tmp_path / "out", "bpe:300", progress=False)

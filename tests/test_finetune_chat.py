@@ -12,11 +12,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpt2.chat import DEFAULT_TEMPLATE
 from gpt2.config import GPT2Config
 from gpt2.data import prepare_chat
 from gpt2.model import GPT2
 from gpt2.tokenizer import load_tokenizer
+from gpt2.tokenizer.chat import DEFAULT_TEMPLATE
 from gpt2.train import train
 from helpers import Running, conversation, digit_questions, write_conversations
 

@@ -409,7 +409,7 @@ def chat_model(tmp_path_factory):
     and its tokenizer of the same directory (which reads the template from tokenizer_config.json)."""
     from transformers import AutoTokenizer
 
-    from gpt2.chat import DEFAULT_TEMPLATE
+    from gpt2.tokenizer.chat import DEFAULT_TEMPLATE
 
     directory = tmp_path_factory.mktemp("chat")
     hf = make_hf_model(seed=3, vocab_size=50257, n_positions=64, n_embd=48, n_layer=2, n_head=3)
@@ -485,7 +485,7 @@ def test_the_oldest_turns_are_left_out_to_fit_the_context(chat_model):
 
 
 def test_a_chat_needs_a_template_and_sound_options(chat_model):
-    from gpt2.chat import ChatTemplate
+    from gpt2.tokenizer.chat import ChatTemplate
     from gpt2.generate import Chat
 
     model = chat_model[1]

@@ -48,7 +48,7 @@ def chat_models(tmp_path_factory):
     of the same directory, which reads the template from tokenizer_config.json."""
     from transformers import AutoTokenizer
 
-    from gpt2.chat import DEFAULT_TEMPLATE
+    from gpt2.tokenizer.chat import DEFAULT_TEMPLATE
 
     directory = tmp_path_factory.mktemp("chat")
     hf = make_hf_model(seed=2, vocab_size=50257, n_positions=N_CTX, n_embd=48, n_layer=2, n_head=3)
@@ -108,7 +108,7 @@ def test_a_template_in_tokenizer_config_json_without_tokenizer_files_is_the_mode
     (chat_models' own directory, whose tokenizer transformers_reply uses)."""
     import shutil
 
-    from gpt2.chat import DEFAULT_TEMPLATE
+    from gpt2.tokenizer.chat import DEFAULT_TEMPLATE
 
     for name in ("config.json", "model.safetensors"):
         shutil.copyfile(Path(chat_models[3]) / name, tmp_path / name)

@@ -1180,7 +1180,7 @@ def save_hf(tmp_path: Path) -> Path:
 
 def test_conversations_gpt2_prepare_wrote_train_on_their_replies(tmp_path):
     """End to end: gpt2 prepare --chat's files (the default template) train, and the model saved carries the template."""
-    from gpt2.chat import DEFAULT_TEMPLATE
+    from gpt2.tokenizer.chat import DEFAULT_TEMPLATE
     from gpt2.data import prepare_chat
 
     qa = [[{"role": "user", "content": f"What is {a} plus {b}?"}, {"role": "assistant", "content": f"{a + b}."}]

@@ -331,7 +331,7 @@ def _chat_template(args: argparse.Namespace):
     """The template of --chat-template, read and compiled (None without one: the model's own)."""
     if args.chat_template is None:
         return None
-    from gpt2.chat import ChatTemplate
+    from gpt2.tokenizer.chat import ChatTemplate
 
     return ChatTemplate.from_file(args.chat_template)
 
@@ -782,7 +782,7 @@ def _add_chat_template_flag(parser: argparse.ArgumentParser, what: str) -> None:
 CHAT_EXAMPLES = """\
 examples:
   gpt2 chat --model out-chat                       # a model fine-tuned on conversations
-  gpt2 chat --model gpt2 --chat-template src/gpt2/chat_template.jinja --system "You are terse."
+  gpt2 chat --model gpt2 --chat-template src/gpt2/tokenizer/chat_template.jinja --system "You are terse."
   printf 'Hi\\nWhat is 2+2?\\n' | gpt2 chat --model out-chat --temperature 0
 
 Each line is a message; the reply streams as it is generated and joins the conversation.

@@ -46,16 +46,16 @@ import torch
 
 from gpt2._checks import int_between, is_integer, positive_int, real_between
 from gpt2._files import atomic_path, atomic_write_text, read_json_object, writable_directory
-from gpt2.chat import DEFAULT_TEMPLATE, ChatTemplate, read_conversations, special_token_names
 from gpt2.corpora import HEADER_BYTES, SHARD_NAME, Shards, ShardWriter, dataset_texts, is_record_file, read_header, record_texts
 from gpt2.examples import CORPORA, corpus_text
 from gpt2.errors import ChatTemplateError, DataError, InputTypeError, InvalidArgumentError, TokenIdError
 from gpt2.tokenizer import CHARS_FILE, EOT, GPT2_VOCAB_DIR, CharTokenizer, Tokenizer, load_tokenizer, same_vocabulary
+from gpt2.tokenizer.chat import DEFAULT_TEMPLATE, ChatTemplate, read_conversations, special_token_names
+from gpt2.tokenizer.registry import parse_tokenizer_spec
 
 FORMAT = "gpt2-prepared"
 CHUNK_BYTES = 4 << 20  # read and encode a few MB at a time
 SPLIT_SEED = 1337  # which documents go to validation, when there are several
-SPECS = "gpt2, char, or bpe:N (a byte-level BPE of N >= 257 ids trained on the corpus)"
 GPT2_VOCAB = 50257
 LLMC_NAME = re.compile(r"(.+)_(train|val)\.bin")  # llm.c's names: tiny_shakespeare_val.bin
 IGNORE = -100  # a target that is not scored (PyTorch's and Hugging Face's ignore_index)
@@ -202,14 +202,6 @@ def _last_safe_cut(text: str) -> int:
 
 
 # ------------------------------------------------------------------ prepare
-
-
-def parse_tokenizer_spec(spec: str) -> int | None:
-    """Check a tokenizer spec before any file is touched; returns N of bpe:N (else None)."""
-    match = re.fullmatch(r"bpe:([0-9]+)", spec) if isinstance(spec, str) else None
-    if spec not in ("gpt2", "char") and (match is None or int(match.group(1)) < 257):
-        raise InvalidArgumentError(f"unknown tokenizer {spec!r}: use {SPECS}", "tokenizer")
-    return int(match.group(1)) if match else None
 
 
 def make_tokenizer(spec: str, documents: list[Document], progress: bool) -> Tokenizer | CharTokenizer:
@@ -538,7 +530,7 @@ def prepare_chat(
     progress: bool = True,
 ) -> dict[str, Any]:
     """Render and encode the conversations of JSON Lines files (`{"messages": [...]}` a line; see
-    `gpt2.chat.read_conversations`; directories and "-" as `prepare` takes them) with
+    `gpt2.tokenizer.chat.read_conversations`; directories and "-" as `prepare` takes them) with
     `chat_template` (a Jinja2 file, or gpt2's default) into `out`: train.bin and val.bin, the
     conversations whole and in order (`val_fraction` of them validates), train.mask.bin and
     val.mask.bin beside them (uint8, 1 on the ids of the assistant's replies), the tokenizer's

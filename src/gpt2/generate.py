@@ -16,7 +16,6 @@ from typing import AbstractSet, Literal
 import torch
 
 from gpt2._checks import int_between, positive_int
-from gpt2.chat import HOW_TO_ADD, ChatTemplate, ReplyText, special_token_names
 from gpt2.decoding import STOP, Decoder, Request, check_draft_tokens, finish_reasons, row_seed, start_of_text
 from gpt2.engines import NumpyEngine, check_draft
 from gpt2.errors import ContextLengthError, GPT2Warning, InputTypeError, InvalidArgumentError
@@ -24,6 +23,7 @@ from gpt2.reference import ReferenceModel
 from gpt2.sampling import Sampling, check_seed
 from gpt2.settings import CHAT_MAX_NEW_TOKENS, DRAFT_TOKENS
 from gpt2.tokenizer import IncrementalDecoder, Tokenizer
+from gpt2.tokenizer.chat import HOW_TO_ADD, ChatTemplate, ReplyText, special_token_names
 
 
 class EmptyPromptWarning(GPT2Warning):

@@ -22,7 +22,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
 from gpt2._checks import check_token_ids, is_integer
-from gpt2.chat import ChatTemplate
 from gpt2.errors import GPT2Error
 from gpt2.model import GPT2
 from gpt2.serve.chat import ChatResponse, parse_chat
@@ -32,6 +31,7 @@ from gpt2.serve.protocol import AllowedSpecial, Limits, RequestError, encode_tex
 from gpt2.serve.scheduler import Metrics
 from gpt2.serve.server import Server
 from gpt2.tokenizer import Tokenizer
+from gpt2.tokenizer.chat import ChatTemplate
 
 
 def create_app(load: Callable[[], tuple[GPT2, Tokenizer]], model_id: str, limits: Limits = Limits(), *,

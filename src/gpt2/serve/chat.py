@@ -17,12 +17,12 @@ import uuid
 from dataclasses import dataclass, field
 
 from gpt2._checks import int_between
-from gpt2.chat import ChatTemplate, ReplyText, check_messages
 from gpt2.decoding import Request, start_of_text
 from gpt2.errors import ChatTemplateError, ContextLengthError
 from gpt2.serve.completions import ChoiceStream, CompletionResponse, TokenLogprob
 from gpt2.serve.protocol import CompletionRequest, Limits, RequestError, check_fields, context_exceeded, parse_sampling, parse_streaming
 from gpt2.tokenizer import Tokenizer, token_text
+from gpt2.tokenizer.chat import ChatTemplate, ReplyText, check_messages
 
 CHAT_FIELDS = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "n", "stream",
                "stream_options", "stop", "seed", "logprobs", "top_logprobs", "user", "presence_penalty", "frequency_penalty",

@@ -11,13 +11,13 @@ from collections.abc import Callable
 import uvicorn
 
 from gpt2._checks import int_between
-from gpt2.chat import ChatTemplate
 from gpt2.errors import InvalidArgumentError
 from gpt2.model import GPT2
 from gpt2.serve.app import create_app
 from gpt2.serve.protocol import AllowedSpecial, Limits
 from gpt2.serve.server import Server
 from gpt2.tokenizer import Tokenizer
+from gpt2.tokenizer.chat import ChatTemplate
 
 
 class _Uvicorn(uvicorn.Server):

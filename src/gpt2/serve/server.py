@@ -16,13 +16,13 @@ from collections.abc import Callable
 
 from fastapi import Request
 
-from gpt2.chat import ChatTemplate, how_to_add
 from gpt2.engines import check_draft
 from gpt2.errors import ChatTemplateError
 from gpt2.model import GPT2
 from gpt2.serve.protocol import AllowedSpecial, Limits, RequestError
 from gpt2.serve.scheduler import Metrics, Scheduler
 from gpt2.tokenizer import Tokenizer
+from gpt2.tokenizer.chat import ChatTemplate, how_to_add
 
 
 class Server:

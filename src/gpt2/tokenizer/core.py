@@ -10,34 +10,28 @@ Encoding a text takes three steps:
    Ranks come from `vocab.bpe` (line k holds merge k).
 3. Each final symbol (a byte string) is looked up in `encoder.json` for its id.
 
-The two files store bytes as printable characters (GPT-2's `bytes_to_unicode` table,
-e.g. the space byte 0x20 is written "Ġ"), so that they are valid text. Decoding is
-the inverse of step 3 followed by UTF-8 decoding.
+Decoding is the inverse of step 3 followed by UTF-8 decoding. This module is the encoding
+itself (tiktoken's core.py); the files are read and written by `load` (the methods here that
+take a path are its doors), batches go to worker processes through `pool`, and `train`
+learns merges with `trainer`.
 """
 
 from __future__ import annotations
 
 import codecs
-import gc
 import heapq
-import json
-import multiprocessing
 import os
 import re
 import warnings
-from array import array
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from functools import lru_cache
 from itertools import chain
 from pathlib import Path
-from typing import AbstractSet, Literal, TypeVar
+from typing import AbstractSet, Literal, Protocol, TypeVar
 
 import regex
 
 from gpt2._checks import check_token_ids, positive_int
-from gpt2._files import atomic_write_text, read_json_object, writable_directory
-from gpt2.bpe_trainer import count_pieces, learn_merges
 from gpt2.errors import (
     DisallowedSpecialTokenError,
     GPT2Warning,
@@ -45,10 +39,18 @@ from gpt2.errors import (
     InvalidArgumentError,
     TokenIdError,
     VocabularyError,
-    VocabularyNotFoundError,
 )
-
-EOT = "<|endoftext|>"
+from gpt2.tokenizer.load import (
+    EOT,
+    GPT2_VOCAB_DIR,
+    chat_template_entry,
+    read_openai_files,
+    save_openai_files,
+    save_pretrained_bpe,
+    to_file_form,
+)
+from gpt2.tokenizer.pool import WorkerPool, worth_workers
+from gpt2.tokenizer.trainer import count_pieces, learn_merges
 
 # GPT-2's pre-tokenization pattern, as in OpenAI's encoder.py.
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -66,38 +68,10 @@ _UNICODE_PATTERN = regex.compile(GPT2_PATTERN)
 _CACHE_MAX_PIECE_CHARS = 100
 # Entries kept in the piece cache before it is emptied: about 20 MB at most.
 _CACHE_MAX_ENTRIES = 100_000
-# Below this many characters in total, encode_batch does not start worker processes.
-_PARALLEL_MIN_CHARS = 1_000_000
 
 
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's table from each byte value to a printable character, used in the vocab files.
-
-    Printable Latin-1 bytes stand for themselves; the 68 others (control codes, space,
-    and a few more) are shifted to code points 256 and up, in order.
-    """
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    table = {b: chr(b) for b in printable}
-    shifted = 0
-    for b in range(256):
-        if b not in table:
-            table[b] = chr(256 + shifted)
-            shifted += 1
-    return table
-
-
-_BYTE_TO_CHAR = bytes_to_unicode()
-_CHAR_TO_BYTE = {c: b for b, c in _BYTE_TO_CHAR.items()}
-# GPT-2 gives the 256 single-byte tokens ids 0..255 in this table's order (printable first).
-_BYTE_TOKEN_ORDER = sorted(range(256), key=lambda b: ord(_BYTE_TO_CHAR[b]))
-
-
-def _to_file_form(token: bytes) -> str:
-    return "".join(_BYTE_TO_CHAR[b] for b in token)
-
-
-def _from_file_form(text: str) -> bytes:
-    return bytes(_CHAR_TO_BYTE[c] for c in text)
+# GPT-2 gives the 256 single-byte tokens ids 0..255 in its files' table's order (printable first).
+_BYTE_TOKEN_ORDER = sorted(range(256), key=lambda b: ord(to_file_form(bytes([b]))))
 
 
 def _utf8(piece: str) -> bytes:
@@ -133,7 +107,7 @@ _T = TypeVar("_T", bound="CarriesChatTemplate")
 
 
 class CarriesChatTemplate:
-    """A tokenizer's chat template (`gpt2.chat`): the format of a conversation, kept with the
+    """A tokenizer's chat template (`gpt2.tokenizer.chat`): the format of a conversation, kept with the
     vocabulary as transformers keeps it (`tokenizer_config.json`'s `chat_template`)."""
 
     _chat_template: str | None = None
@@ -193,24 +167,23 @@ class Tokenizer(CarriesChatTemplate):
             self._decoder[i] = name.encode("utf-8")
         for b in range(256):
             if bytes([b]) not in self._encoder:
-                raise VocabularyError(f"byte 0x{b:02x} ({_BYTE_TO_CHAR[b]!r}) is not a token; every byte must be")
+                raise VocabularyError(f"byte 0x{b:02x} ({to_file_form(bytes([b]))!r}) is not a token; every byte must be")
         self._merge_ranks: dict[tuple[bytes, bytes], int] = {}
         for rank, (left, right) in enumerate(merges):
             for token in (left, right, left + right):
                 if token not in self._encoder:
                     raise VocabularyError(
-                        f"merge {rank} ({_to_file_form(left)} {_to_file_form(right)}) "
-                        f"names {_to_file_form(token)!r}, which is not a token in the vocabulary"
+                        f"merge {rank} ({to_file_form(left)} {to_file_form(right)}) "
+                        f"names {to_file_form(token)!r}, which is not a token in the vocabulary"
                     )
             self._merge_ranks.setdefault((left, right), rank)
         self._merges = list(merges)
         self._cache = _PieceCache(self._bpe)
         self._special_patterns: dict[frozenset[str], re.Pattern] = {}
-        self._pool: ProcessPoolExecutor | None = None
-        self._pool_size = 0
+        self._pool: WorkerPool | None = None  # encode_batch's worker processes, started when a batch is worth them
         self._chat_template: str | None = None
 
-    # ----------------------------------------------------------------- loading
+    # ----------------------------------------------------------------- files
 
     @classmethod
     def gpt2(cls) -> Tokenizer:
@@ -223,52 +196,15 @@ class Tokenizer(CarriesChatTemplate):
     @classmethod
     def from_files(cls, encoder_json: str | os.PathLike, vocab_bpe: str | os.PathLike) -> Tokenizer:
         """Load a vocabulary in OpenAI's two-file format (`encoder.json`, `vocab.bpe`)."""
-        encoder_json, vocab_bpe = Path(encoder_json), Path(vocab_bpe)
-        for path in (encoder_json, vocab_bpe):
-            if not path.is_file():
-                raise VocabularyNotFoundError(f"vocabulary file not found: {path}")
-        raw_encoder = read_json_object(encoder_json, VocabularyError, "a JSON object of token -> id")
-        encoder: dict[bytes, int] = {}
-        special: dict[str, int] = {}
-        for text, i in raw_encoder.items():
-            if isinstance(i, bool) or not isinstance(i, int):
-                raise VocabularyError(f"{encoder_json}: token {text!r} has id {i!r}, which is not an integer")
-            if text == EOT:
-                special[text] = i
-                continue
-            try:
-                encoder[_from_file_form(text)] = i
-            except KeyError:
-                raise VocabularyError(
-                    f"{encoder_json}: token {text!r} has characters outside GPT-2's byte alphabet"
-                ) from None
-        try:
-            lines = vocab_bpe.read_text(encoding="utf-8").splitlines()
-        except UnicodeDecodeError as e:
-            raise VocabularyError(f"{vocab_bpe} is not UTF-8 text: {e}") from None
-        merges = []
-        for number, line in enumerate(lines, start=1):
-            if not line or line.startswith("#version"):
-                continue
-            halves = line.split(" ")
-            if len(halves) != 2 or not all(halves):
-                raise VocabularyError(f"{vocab_bpe}, line {number}: expected two tokens separated by a space, got {line!r}")
-            try:
-                merges.append((_from_file_form(halves[0]), _from_file_form(halves[1])))
-            except KeyError:
-                raise VocabularyError(
-                    f"{vocab_bpe}, line {number}: {line!r} has characters outside GPT-2's byte alphabet"
-                ) from None
+        encoder, merges, special = read_openai_files(encoder_json, vocab_bpe)
         try:
             return cls(encoder, merges, special)
         except VocabularyError as e:
-            raise VocabularyError(f"{encoder_json.parent}: {e}") from None
+            raise VocabularyError(f"{Path(encoder_json).parent}: {e}") from None
 
     def save(self, directory: str | os.PathLike) -> None:
         """Write `encoder.json` and `vocab.bpe` into `directory` (created if needed), atomically."""
-        directory = writable_directory(directory)
-        atomic_write_text(directory / "encoder.json", json.dumps(self._file_vocabulary()))
-        atomic_write_text(directory / "vocab.bpe", "#version: 0.2\n" + "".join(line + "\n" for line in self._merge_lines()))
+        save_openai_files(directory, self._encoder, self._merges, self._special_tokens)
 
     def save_pretrained(self, directory: str | os.PathLike, model_max_length: int | None = None) -> None:
         """Write the vocabulary as Hugging Face's GPT-2 directories hold it, so that transformers'
@@ -283,38 +219,7 @@ class Tokenizer(CarriesChatTemplate):
         As transformers does, text that spells a special token encodes as that token there.
         Tokenizer files of another kind in `directory`, which would be read instead, are removed.
         """
-        vocabulary, merges = self._file_vocabulary(), self._merge_lines()
-        special = sorted(self._special_tokens.items(), key=lambda item: item[1])
-        pipeline = {
-            "version": "1.0", "truncation": None, "padding": None,
-            "added_tokens": [{"id": i, "content": name, "single_word": False, "lstrip": False, "rstrip": False,
-                              "normalized": False, "special": True} for name, i in special],
-            "normalizer": None,
-            "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
-            "post_processor": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": True},
-            "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
-            "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "", "end_of_word_suffix": "",
-                      "fuse_unk": False, "byte_fallback": False, "ignore_merges": False, "vocab": vocabulary, "merges": merges},
-        }  # fmt: skip
-        config = {"tokenizer_class": "GPT2Tokenizer", "bos_token": EOT, "eos_token": EOT, "unk_token": EOT,
-                  "add_prefix_space": False, "clean_up_tokenization_spaces": False, "errors": "replace",
-                  **_chat_template_entry(self.chat_template)}  # fmt: skip
-        files = {
-            "vocab.json": json.dumps(vocabulary, ensure_ascii=False),
-            "merges.txt": "#version: 0.2\n" + "".join(line + "\n" for line in merges),
-            "tokenizer.json": json.dumps(pipeline, ensure_ascii=False),
-        }
-        _write_pretrained(directory, files, config, model_max_length)
-
-    def _file_vocabulary(self) -> dict[str, int]:
-        """Token (in the files' printable form, or a special token's name) -> id, in id order."""
-        vocabulary = {_to_file_form(token): i for token, i in self._encoder.items()}
-        vocabulary.update(self._special_tokens)
-        return dict(sorted(vocabulary.items(), key=lambda item: item[1]))
-
-    def _merge_lines(self) -> list[str]:
-        """The merges in rank order, each as the two tokens' printable forms joined by a space."""
-        return [f"{_to_file_form(a)} {_to_file_form(b)}" for a, b in self._merges]
+        save_pretrained_bpe(directory, self._encoder, self._merges, self._special_tokens, self.chat_template, model_max_length)
 
     # ------------------------------------------------------------- properties
 
@@ -356,7 +261,7 @@ class Tokenizer(CarriesChatTemplate):
     def __getstate__(self) -> dict:
         # The cache and compiled patterns are rebuilt on unpickling rather than shipped.
         state = {"encoder": self._encoder, "merges": self._merges, "special_tokens": self._special_tokens}
-        return state | _chat_template_entry(self._chat_template)
+        return state | chat_template_entry(self._chat_template)
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["encoder"], state["merges"], state["special_tokens"])
@@ -372,37 +277,32 @@ class Tokenizer(CarriesChatTemplate):
         DisallowedSpecialTokenError (tiktoken's ValueError); any other stays its characters, as
         with `disallowed_special=()` or `encode_ordinary`.
         """
-        _check_text("encode", text)
+        check_text("encode", text)
         allowed, disallowed = special_sets(self._special_tokens, allowed_special, disallowed_special)
         self._check_disallowed(text, disallowed)
         return self._encode_allowed(text, allowed)
 
     def encode_ordinary(self, text: str) -> list[int]:
         """Token ids of `text`, special-token text read as its characters (tiktoken's `encode_ordinary`)."""
-        _check_text("encode_ordinary", text)
+        check_text("encode_ordinary", text)
         return self._encode_ordinary(text)
 
     def encode_batch(self, texts: Iterable[str], *, num_workers: int | None = None,
                      allowed_special: AbstractSet[str] | Literal["all"] = frozenset(),
                      disallowed_special: Collection[str] | Literal["all"] = "all") -> list[list[int]]:  # fmt: skip
         """`encode` each text, in `num_workers` processes (default: one per core)."""
-        texts = _check_texts(texts)
+        texts = check_texts(texts)
         allowed, disallowed = special_sets(self._special_tokens, allowed_special, disallowed_special)
         for text in texts:  # the first text to raise raises, as in tiktoken, before any work
             self._check_disallowed(text, disallowed)
         if num_workers is None:
             num_workers = os.cpu_count() or 1
         positive_int("num_workers", num_workers)
-        num_workers = min(num_workers, len(texts))
-        if num_workers <= 1 or sum(map(len, texts)) < _PARALLEL_MIN_CHARS:
+        if not worth_workers(texts, num_workers):
             return [self._encode_allowed(text, allowed) for text in texts]
-        shares = _split_by_length(texts, num_workers)
-        pool = self._worker_pool(num_workers - 1)
-        futures = [pool.submit(_encode_share, share, allowed) for share in shares[1:]]
-        results = [self._encode_allowed(text, allowed) for text in shares[0]]  # this process works too
-        for future in futures:
-            results += _unpack_ids(*future.result())
-        return results
+        if self._pool is None:
+            self._pool = WorkerPool(self._encode_allowed)
+        return self._pool.encode_batch(texts, allowed, num_workers)
 
     def encode_ordinary_batch(self, texts: Iterable[str], *, num_workers: int | None = None) -> list[list[int]]:
         """`encode_ordinary` each text, in `num_workers` processes (default: one per core)."""
@@ -432,21 +332,10 @@ class Tokenizer(CarriesChatTemplate):
         ids += self._encode_ordinary(text[start:])
         return ids
 
-    def _worker_pool(self, size: int) -> ProcessPoolExecutor:
-        """Worker processes kept for later batches, so their piece caches stay warm."""
-        if self._pool is None or self._pool_size != size:
-            self.close()
-            # fork hands the workers this tokenizer (and its warm cache) without pickling it.
-            method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-            context = multiprocessing.get_context(method)
-            self._pool = ProcessPoolExecutor(size, context, initializer=_init_worker, initargs=(self,))
-            self._pool_size = size
-        return self._pool
-
     def close(self) -> None:
         """Stop the worker processes of `encode_batch`, if any (they also stop at exit)."""
         if self._pool is not None:
-            self._pool.shutdown()
+            self._pool.close()
             self._pool = None
 
     def _encode_ordinary(self, text: str) -> list[int]:
@@ -490,7 +379,7 @@ class Tokenizer(CarriesChatTemplate):
 
     def decode_bytes(self, ids: Iterable[int]) -> bytes:
         """The bytes that `ids` stand for, concatenated (ids: as `decode` takes them)."""
-        ids = _id_list(ids)
+        ids = id_list(ids)
         try:
             if ids and min(ids) < 0:
                 raise IndexError
@@ -529,7 +418,7 @@ class Tokenizer(CarriesChatTemplate):
         The ids are laid out as GPT-2's: 256 byte tokens, then one token per merge in the
         order learned, then `<|endoftext|>` last, so `vocab_size` counts all three.
         Each step merges the most frequent adjacent pair (ties: the smaller bytes first);
-        pair counts are updated only in the words that contain the merged pair (`gpt2.bpe_trainer`).
+        pair counts are updated only in the words that contain the merged pair (`gpt2.tokenizer.trainer`).
         If the corpus runs out of pairs first, the vocabulary is smaller (with a warning).
         """
         if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
@@ -553,7 +442,7 @@ class Tokenizer(CarriesChatTemplate):
         return cls(encoder, merges, {EOT: len(encoder)})
 
 
-def _id_list(ids: Iterable[int]) -> list[int] | tuple[int, ...]:
+def id_list(ids: Iterable[int]) -> list[int] | tuple[int, ...]:
     """Token ids as a list (or tuple), from whatever `decode` takes; a clear error for the rest."""
     if isinstance(ids, (list, tuple)):
         return ids
@@ -576,7 +465,13 @@ def _id_list(ids: Iterable[int]) -> list[int] | tuple[int, ...]:
         ) from None
 
 
-def token_text(tokenizer: Tokenizer | CharTokenizer, token: int) -> str:
+class DecodesBytes(Protocol):
+    """What streaming and log-probabilities need of a tokenizer (`Tokenizer` or `CharTokenizer`)."""
+
+    def decode_bytes(self, ids: Iterable[int]) -> bytes: ...
+
+
+def token_text(tokenizer: DecodesBytes, token: int) -> str:
     """One token as OpenAI's API shows it in log-probabilities: its text, or "bytes:\\xNN" where
     it is part of a character."""
     raw = tokenizer.decode_bytes([token])
@@ -594,7 +489,7 @@ class IncrementalDecoder:
     pieces and `flush()` equals `tokenizer.decode(all_ids)`.
     """
 
-    def __init__(self, tokenizer: Tokenizer):
+    def __init__(self, tokenizer: DecodesBytes):
         self._tokenizer = tokenizer
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
@@ -607,13 +502,13 @@ class IncrementalDecoder:
         return self._utf8.decode(b"", final=True)
 
 
-def _check_text(function: str, text: object) -> None:
+def check_text(function: str, text: object) -> None:
     if not isinstance(text, str):
         hint = " (decode bytes first, e.g. data.decode('utf-8'))" if isinstance(text, (bytes, bytearray)) else ""
         raise InputTypeError(f"{function}() takes a str, got {type(text).__name__}{hint}")
 
 
-def _check_texts(texts: Iterable[str]) -> list[str]:
+def check_texts(texts: Iterable[str]) -> list[str]:
     if isinstance(texts, (str, bytes, bytearray)):
         raise InputTypeError(f"encode_batch() takes a list of texts, got one {type(texts).__name__}: "
                              f"for one text, use encode(text) or encode_batch([text])")  # fmt: skip
@@ -658,266 +553,6 @@ def disallowed_special_message(token: str) -> str:
     )
 
 
-GPT2_VOCAB_DIR = Path(__file__).parent / "vocab"  # OpenAI's encoder.json and vocab.bpe, as released
-
-
 @lru_cache(maxsize=1)
 def _gpt2_tokenizer() -> Tokenizer:
     return Tokenizer.from_files(GPT2_VOCAB_DIR / "encoder.json", GPT2_VOCAB_DIR / "vocab.bpe")
-
-
-_worker_tokenizer: Tokenizer | None = None
-
-
-def _init_worker(tokenizer: Tokenizer) -> None:
-    global _worker_tokenizer
-    _worker_tokenizer = tokenizer
-    tokenizer._pool = None  # a worker's copy owns no pool of its own
-
-
-def _encode_share(texts: list[str], allowed: frozenset[str]) -> tuple[array, array]:
-    """Encode texts in a worker; ids travel back packed, as pickling lists of ints is slow."""
-    assert _worker_tokenizer is not None
-    encoded = [_worker_tokenizer._encode_allowed(text, allowed) for text in texts]
-    return array("q", map(len, encoded)), array("I", chain.from_iterable(encoded))
-
-
-def _unpack_ids(lengths: array, flat: array) -> list[list[int]]:
-    # Making thousands of lists would trigger full garbage collections over the whole heap
-    # (the piece cache included), which cost more than the unpacking; none is needed here.
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        ids, out, start = flat.tolist(), [], 0
-        for n in lengths:
-            out.append(ids[start : start + n])
-            start += n
-        return out
-    finally:
-        if gc_was_enabled:
-            gc.enable()
-
-
-def _split_by_length(texts: list[str], n: int) -> list[list[str]]:
-    """`n` contiguous runs of `texts` holding about equal numbers of characters."""
-    total = sum(map(len, texts))
-    shares: list[list[str]] = [[] for _ in range(n)]
-    seen = 0
-    for text in texts:
-        shares[min(n - 1, seen * n // max(total, 1))].append(text)
-        seen += len(text)
-    return shares
-
-
-class CharTokenizer(CarriesChatTemplate):
-    """A character-level vocabulary (nanoGPT's shakespeare_char): one id per character, in the
-    order given (`from_text`: the sorted set of a corpus's characters). No <|endoftext|>."""
-
-    def __init__(self, chars: Sequence[str]):
-        chars = list(chars)
-        for i, c in enumerate(chars):
-            if not isinstance(c, str) or len(c) != 1:
-                raise VocabularyError(f"a character vocabulary holds single characters; entry {i} is {c!r}")
-        if len(set(chars)) != len(chars):
-            raise VocabularyError("a character vocabulary lists each character once; some are repeated")
-        if not chars:
-            raise VocabularyError("a character vocabulary needs at least one character")
-        self._chars = chars
-        self._ids = {c: i for i, c in enumerate(chars)}
-        self._chat_template: str | None = None
-
-    @classmethod
-    def from_text(cls, texts: str | Iterable[str]) -> CharTokenizer:
-        """The sorted set of the characters of a text, or of several."""
-        seen: set[str] = set()
-        for i, text in enumerate([texts] if isinstance(texts, str) else texts):
-            if not isinstance(text, str):
-                raise InputTypeError(f"from_text() takes a str or str texts, got {type(text).__name__} at index {i}")
-            seen.update(text)
-        return cls(sorted(seen))
-
-    @classmethod
-    def from_file(cls, path: str | os.PathLike) -> CharTokenizer:
-        """Load the `chars.json` that `save` writes ({"chars": [...]}, ids in list order)."""
-        path = Path(path)
-        if not path.is_file():
-            raise VocabularyNotFoundError(f"vocabulary file not found: {path}")
-        data = read_json_object(path, VocabularyError, 'a JSON object {"chars": [...]}')
-        if not isinstance(data.get("chars"), list):
-            raise VocabularyError(f"{path} must hold a list of characters under \"chars\"")
-        try:
-            return cls(data["chars"])
-        except VocabularyError as e:
-            raise VocabularyError(f"{path}: {e}") from None
-
-    @property
-    def chars(self) -> list[str]:
-        return list(self._chars)
-
-    @property
-    def n_vocab(self) -> int:
-        return len(self._chars)
-
-    @property
-    def eot_token(self) -> None:
-        """None: a character vocabulary has no end-of-text token."""
-        return None
-
-    @property
-    def special_tokens(self) -> dict[str, int]:
-        return {}
-
-    def encode(self, text: str, *, allowed_special: AbstractSet[str] | Literal["all"] = frozenset(),
-               disallowed_special: Collection[str] | Literal["all"] = "all") -> list[int]:  # fmt: skip
-        """One id per character. `Tokenizer.encode`'s arguments, for code that takes either: with no
-        special tokens, "all" is none, and "<|endoftext|>" is its characters (if the vocabulary has them)."""
-        _check_text("encode", text)
-        special_sets((), allowed_special, disallowed_special)  # a special token's name is refused
-        return self.encode_ordinary(text)
-
-    def encode_ordinary(self, text: str) -> list[int]:
-        _check_text("encode_ordinary", text)
-        try:
-            return [self._ids[c] for c in text]
-        except KeyError:
-            position = next(i for i, c in enumerate(text) if c not in self._ids)
-            raise TokenIdError(f"character {text[position]!r} at position {position} is not in this "
-                               f"{self.n_vocab}-character vocabulary") from None  # fmt: skip
-
-    def encode_batch(self, texts: Iterable[str], *, num_workers: int | None = None,
-                     allowed_special: AbstractSet[str] | Literal["all"] = frozenset(),
-                     disallowed_special: Collection[str] | Literal["all"] = "all") -> list[list[int]]:  # fmt: skip
-        """`encode` each text, in this process: a lookup per character gains nothing from workers."""
-        texts = _check_texts(texts)
-        special_sets((), allowed_special, disallowed_special)
-        return [self.encode_ordinary(text) for text in texts]
-
-    def encode_ordinary_batch(self, texts: Iterable[str], *, num_workers: int | None = None) -> list[list[int]]:
-        return self.encode_batch(texts, num_workers=num_workers)
-
-    def decode(self, ids: Iterable[int]) -> str:
-        ids = _id_list(ids)
-        self._check_ids(ids)
-        return "".join(self._chars[i] for i in ids)
-
-    def decode_bytes(self, ids: Iterable[int]) -> bytes:
-        return self.decode(ids).encode("utf-8")
-
-    def _check_ids(self, ids: Sequence[int]) -> None:
-        for position, token_id in enumerate(ids):
-            if isinstance(token_id, bool) or not hasattr(token_id, "__index__"):
-                raise TokenIdError(f"token ids must be integers; got {token_id!r} at position {position}")
-            check_token_ids(token_id, token_id, self.n_vocab, f" at position {position}")
-
-    def save(self, directory: str | os.PathLike) -> None:
-        """Write `chars.json` into `directory` (created if needed), atomically."""
-        directory = writable_directory(directory)
-        atomic_write_text(directory / CHARS_FILE, json.dumps({"chars": self._chars}, ensure_ascii=False) + "\n")
-
-    def save_pretrained(self, directory: str | os.PathLike, model_max_length: int | None = None) -> None:
-        """Write `chars.json`, and the vocabulary as a `tokenizer.json` of the `tokenizers` library, so
-        that transformers' `AutoTokenizer.from_pretrained(directory)` encodes and decodes as this does.
-
-        The pipeline: no normalizer; a pre-tokenizer that isolates each character (a code point, as
-        Python's str counts them); a WordLevel model over the characters; a decoder that joins the
-        tokens as they are. Its unknown token is in no vocabulary (a character vocabulary holds single
-        characters), so a character outside the vocabulary raises an error there, as it does here,
-        rather than encoding as some id. `tokenizer_config.json` names no special tokens (there are
-        none), asks for no clean-up of spaces when decoding, and gives `model_max_length` if given.
-        Tokenizer files of another kind in `directory`, which would be read instead, are removed.
-        """
-        pipeline = {
-            "version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
-            "pre_tokenizer": {"type": "Split", "pattern": {"Regex": r"[\s\S]"}, "behavior": "Isolated", "invert": False},
-            "post_processor": None,
-            "decoder": {"type": "Fuse"},
-            "model": {"type": "WordLevel", "vocab": self._ids, "unk_token": "<unknown character>"},
-        }  # fmt: skip
-        files = {
-            CHARS_FILE: json.dumps({"chars": self._chars}, ensure_ascii=False) + "\n",
-            "tokenizer.json": json.dumps(pipeline, ensure_ascii=False),
-        }
-        config = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,
-                  **_chat_template_entry(self.chat_template)}  # fmt: skip
-        _write_pretrained(directory, files, config, model_max_length)
-
-    def __repr__(self) -> str:
-        return f"CharTokenizer(n_vocab={self.n_vocab})"
-
-    def __getstate__(self) -> dict:
-        return {"chars": self._chars} | _chat_template_entry(self._chat_template)
-
-    def __setstate__(self, state: dict) -> None:
-        self.__init__(state["chars"])
-        self._chat_template = state.get("chat_template")
-
-
-CHARS_FILE = "chars.json"
-# The files a directory's tokenizer is read from: by `load_tokenizer`, and by transformers' AutoTokenizer.
-TOKENIZER_FILES = ("encoder.json", "vocab.bpe", "vocab.json", "merges.txt", CHARS_FILE, "tokenizer.json", "tokenizer_config.json",
-                   "special_tokens_map.json", "added_tokens.json", "chat_template.jinja")  # fmt: skip
-
-
-def _chat_template_entry(source: str | None) -> dict[str, str]:
-    """tokenizer_config.json's `chat_template`, where there is one."""
-    return {} if source is None else {"chat_template": source}
-
-
-def read_chat_template(directory: str | os.PathLike) -> str | None:
-    """The chat template saved in a directory: `chat_template.jinja` (as newer transformers save it)
-    or tokenizer_config.json's `chat_template`; None if neither holds one. A template that is not
-    text (transformers' named templates, a list) raises VocabularyError naming the file."""
-    directory = Path(directory)
-    if (directory / "chat_template.jinja").is_file():
-        return (directory / "chat_template.jinja").read_text(encoding="utf-8")
-    config = directory / "tokenizer_config.json"
-    if not config.is_file():
-        return None
-    source = read_json_object(config, VocabularyError).get("chat_template")
-    if source is not None and not isinstance(source, str):
-        raise VocabularyError(f"{config}: chat_template must be one template's text; named templates (a list) are not supported")
-    return source
-
-
-def _write_pretrained(directory: str | os.PathLike, files: dict[str, str], config: dict, model_max_length: int | None) -> None:
-    """Write a tokenizer's files and its `tokenizer_config.json` into `directory` (created if needed),
-    each atomically, and remove the other tokenizer files there, so that no reader finds a stale one."""
-    directory = writable_directory(directory)
-    if model_max_length is not None:
-        config = {**config, "model_max_length": positive_int("model_max_length", model_max_length)}
-    files = {**files, "tokenizer_config.json": json.dumps(config, indent=2, ensure_ascii=False) + "\n"}
-    for name, text in files.items():
-        atomic_write_text(directory / name, text)
-    for name in TOKENIZER_FILES:
-        if name not in files:
-            (directory / name).unlink(missing_ok=True)
-
-
-def same_vocabulary(a: object, b: object) -> bool:
-    """Whether two tokenizers map text to the same ids (whatever their chat templates)."""
-    if type(a) is not type(b):
-        return False
-    vocabulary = lambda t: {key: value for key, value in t.__getstate__().items() if key != "chat_template"}  # noqa: E731
-    return vocabulary(a) == vocabulary(b)
-
-
-def assumed_tokenizer(n_vocab: int) -> Tokenizer | None:
-    """The tokenizer of a model of n_vocab ids saved without one: GPT-2's for GPT-2's vocabulary, else none known."""
-    return Tokenizer.gpt2() if n_vocab == Tokenizer.gpt2().n_vocab else None
-
-
-def load_tokenizer(directory: str | os.PathLike, kind: Literal["bpe", "char"] | None = None) -> Tokenizer | CharTokenizer | None:
-    """The tokenizer saved in a directory: encoder.json + vocab.bpe (OpenAI's names), vocab.json +
-    merges.txt (Hugging Face's names for the same files), or chars.json; None if none is there.
-    `kind` looks for one kind's files only: "bpe" (the pairs) or "char" (chars.json).
-    One file of a pair without the other raises VocabularyNotFoundError naming the missing one."""
-    directory = Path(directory)
-    tokenizer: Tokenizer | CharTokenizer | None = None
-    if kind != "char":
-        for encoder, merges in (("encoder.json", "vocab.bpe"), ("vocab.json", "merges.txt")):
-            if tokenizer is None and ((directory / encoder).is_file() or (directory / merges).is_file()):
-                tokenizer = Tokenizer.from_files(directory / encoder, directory / merges)
-    if tokenizer is None and kind != "bpe" and (directory / CHARS_FILE).is_file():
-        tokenizer = CharTokenizer.from_file(directory / CHARS_FILE)
-    template = None if tokenizer is None else read_chat_template(directory)
-    return tokenizer if template is None else tokenizer.with_chat_template(template)

@@ -32,7 +32,9 @@ import jinja2.nodes
 import jinja2.sandbox
 
 from gpt2.errors import ChatTemplateError, DataError, InvalidArgumentError
-from gpt2.tokenizer import EOT, CharTokenizer, Tokenizer
+from gpt2.tokenizer.char import CharTokenizer
+from gpt2.tokenizer.core import Tokenizer
+from gpt2.tokenizer.load import EOT
 
 ROLES = ("system", "user", "assistant")
 DEFAULT_TEMPLATE_PATH = Path(__file__).with_name("chat_template.jinja")

@@ -1,4 +1,4 @@
-"""gpt2.chat against transformers' apply_chat_template (which renders with jinja2 too): the same
+"""gpt2.tokenizer.chat against transformers' apply_chat_template (which renders with jinja2 too): the same
 text, the same ids and the same assistant mask, for gpt2's default template and others."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from gpt2.chat import DEFAULT_TEMPLATE, ChatTemplate, check_messages
 from gpt2.errors import ChatTemplateError, InvalidArgumentError
 from gpt2.tokenizer import Tokenizer, load_tokenizer
+from gpt2.tokenizer.chat import DEFAULT_TEMPLATE, ChatTemplate, check_messages
 
 transformers = pytest.importorskip("transformers")
 
@@ -142,8 +142,8 @@ def test_the_sandbox_refuses_python_internals():
 
 
 def test_read_conversations_gives_line_numbers_and_checked_messages(tmp_path):
-    from gpt2.chat import read_conversations
     from gpt2.errors import DataError
+    from gpt2.tokenizer.chat import read_conversations
 
     lines = [json.dumps({"messages": CONVERSATIONS[0], "id": 7}), "", "  ",
              json.dumps({"messages": [{"role": "user", "content": "Hi", "name": "ana"}, {"role": "assistant", "content": "Hello.", "weight": 1}]})]  # fmt: skip
@@ -167,7 +167,7 @@ def test_the_reply_prefix_is_what_the_template_writes_between_the_generation_pro
 
 
 def test_a_reply_streamed_loses_the_prefix_once_it_is_known_to_be_there():
-    from gpt2.chat import ReplyText
+    from gpt2.tokenizer.chat import ReplyText
 
     def streamed(prefix, pieces):
         reply = ReplyText(prefix)

@@ -1,4 +1,4 @@
-"""BPE training (gpt2.bpe_trainer, through Tokenizer.train) against textbook BPE and tiktoken."""
+"""BPE training (gpt2.tokenizer.trainer, through Tokenizer.train) against textbook BPE and tiktoken."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ from collections import Counter
 
 import pytest
 
-import gpt2.tokenizer as tokenizer_module
+import gpt2.tokenizer.core as tokenizer_core
 from helpers import tiktoken_from_files
 from gpt2 import GPT2Warning, InputTypeError, InvalidArgumentError, Tokenizer
 
 
 def naive_train(text: str, n_merges: int) -> list[tuple[bytes, bytes]]:
     """Textbook BPE training: recount every pair from scratch before each merge."""
-    words = Counter(tokenizer_module._UNICODE_PATTERN.findall(text))
+    words = Counter(tokenizer_core._UNICODE_PATTERN.findall(text))
     symbols = {w: [bytes([b]) for b in w.encode("utf-8")] for w in words}
     merges = []
     for _ in range(n_merges):
