@@ -110,3 +110,51 @@ def test_a_character_a_character_model_lacks_is_a_400_naming_it(char_server):
 def test_a_step_budget_below_the_batch_is_refused_naming_both():
     with pytest.raises(GPT2Error, match=r"max_num_batched_tokens must be at least max_batch_size \(8\), .*; got 4"):
         Limits(max_num_batched_tokens=4).check()
+
+
+def test_limits_are_checked_when_made():
+    with pytest.raises(GPT2Error, match="max_n must be a positive integer, got 0"):
+        Limits(max_n=0)
+
+
+SAMPLED = {"model": {}, "n": {"default": 1, "minimum": 1, "x-maximum": "max_n"}, "stop": {"minLength": 1, "maxItems": 4},
+           "temperature": {"default": 1, "minimum": 0}, "top_p": {"default": 1, "exclusiveMinimum": 0, "maximum": 1},
+           "top_k": {"minimum": 1, "x-maximum": "n_vocab"}, "seed": {"minimum": 0, "maximum": 2**64 - 1}, "stream": {"default": False},
+           "stream_options": {}, "user": {}, "presence_penalty": {"default": 0, "minimum": 0, "maximum": 0},
+           "frequency_penalty": {"default": 0, "minimum": 0, "maximum": 0}, "logit_bias": {"maxProperties": 0}}  # fmt: skip
+ACCEPTED = {  # each route's fields: default and bounds ("x-maximum": the server's number that bounds it)
+    "/v1/completions": {**SAMPLED, "prompt": {"minItems": 1, "minimum": 0}, "max_tokens": {"default": 16, "minimum": 0, "x-maximum": "n_ctx"},
+                        "logprobs": {"minimum": 0, "maximum": 5}, "echo": {"default": False}, "return_token_ids": {"default": False},
+                        "best_of": {"minimum": 1}, "suffix": {"maxLength": 0}},
+    "/v1/chat/completions": {**SAMPLED, "messages": {"minItems": 1}, "max_completion_tokens": {"minimum": 1, "x-maximum": "n_ctx"},
+                             "max_tokens": {"minimum": 1, "x-maximum": "n_ctx"}, "logprobs": {"default": False},
+                             "top_logprobs": {"minimum": 0, "maximum": 20}},
+    "/v1/inspect": {"model": {}, "prompt": {"minItems": 1, "minimum": 0}, "top_k": {"default": 5, "minimum": 1, "maximum": 20}},
+    "/tokenize": {"content": {}, "prompt": {}},
+    "/detokenize": {"tokens": {"minimum": 0}},
+}  # fmt: skip
+REQUIRED = {"/v1/completions": ["prompt"], "/v1/chat/completions": ["messages"], "/v1/inspect": ["prompt"], "/detokenize": ["tokens"]}
+BOUNDS = ("default", "minimum", "maximum", "exclusiveMinimum", "minLength", "maxLength", "minItems", "maxItems", "maxProperties", "x-maximum")
+
+
+def test_openapi_json_describes_every_field_each_route_accepts_with_its_bounds(server):
+    spec = httpx.get(server.url + "/openapi.json").json()
+    resolve = lambda schema: spec["components"]["schemas"][schema["$ref"].split("/")[-1]] if "$ref" in schema else schema  # noqa: E731
+
+    def bounds(schema: dict) -> dict:  # the field's, and those of the types it may be (anyOf, a list's items)
+        found = {key: float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+                 for key, value in schema.items() if key in BOUNDS}  # fmt: skip
+        for part in [*schema.get("anyOf", []), *([schema["items"]] if "items" in schema else [])]:
+            found.update(bounds(resolve(part)))
+        return found
+
+    for path, fields in ACCEPTED.items():
+        body = resolve(spec["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"])
+        assert set(body["properties"]) == set(fields), path
+        expected = {name: {k: float(v) if isinstance(v, int) and not isinstance(v, bool) else v for k, v in field.items()}
+                    for name, field in fields.items()}  # fmt: skip
+        assert {name: bounds(schema) for name, schema in body["properties"].items()} == expected, path
+        assert body.get("required", []) == REQUIRED.get(path, [])
+        assert body.get("additionalProperties", True) is (path not in ("/v1/completions", "/v1/chat/completions", "/v1/inspect"))
+    docs = httpx.get(server.url + "/docs")
+    assert docs.status_code == 200 and "/openapi.json" in docs.text  # Swagger UI's page, reading the same description

@@ -167,9 +167,13 @@ def _check_draft_tokens(args: argparse.Namespace) -> None:
     if args.draft_tokens is not None:
         from gpt2.decoding import check_draft_tokens
 
-        if args.draft is None:
-            raise _UsageError("--draft-tokens is the number of tokens a draft model proposes: give --draft-model too")
+        _draft_tokens_need_a_draft(args)
         check_draft_tokens(args.draft_tokens)
+
+
+def _draft_tokens_need_a_draft(args: argparse.Namespace) -> None:
+    if args.draft_tokens is not None and args.draft is None:
+        raise _UsageError("--draft-tokens is the number of tokens a draft model proposes: give --draft-model too")
 
 
 def _draft_tokens(args: argparse.Namespace) -> dict[str, int]:
@@ -297,23 +301,21 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from gpt2.devices import resolve_device, weight_format
 
     try:
-        from gpt2.serve import Limits, check_port, serve
+        from gpt2.serve import Limits, serve
     except ModuleNotFoundError as e:
-        if e.name not in ("fastapi", "starlette", "uvicorn", "prometheus_client"):
+        if e.name not in ("fastapi", "pydantic", "starlette", "uvicorn", "prometheus_client"):
             raise
         raise _UsageError(f"gpt2 serve needs the serve extra ({e.name} is not installed): pip install 'gpt2[serve]'") from None
 
-    _check_draft_tokens(args)
+    _draft_tokens_need_a_draft(args)
     chat_template = _chat_template(args)  # a bad file fails now, before the model loads
     inspect_cells = {} if args.max_inspect_cells is None else {"max_inspect_cells": args.max_inspect_cells}
     limits = Limits(max_batch_size=args.max_batch_size, max_num_batched_tokens=args.max_num_batched_tokens,
                     prefix_cache_mb=args.prefix_cache_mb, max_queue=args.max_queue, max_n=args.max_n, api_key=args.api_key,
-                    **inspect_cells, **_draft_tokens(args))  # fmt: skip
-    limits.check()
+                    **inspect_cells, **_draft_tokens(args))  # checked as made, --draft-tokens with them  # fmt: skip
     device = resolve_device(args.device)
-    form = weight_format(args.dtype, device)  # bad flags fail now, not once the server listens
+    form = weight_format(args.dtype, device)  # bad flags fail now, not once the server listens (--port: when it would)
     _check_cuda_graphs(args)
-    check_port(args.port)
     for config in _model_configs(args):
         limits.check_memory(config, device, form.compute)
 

@@ -15,9 +15,10 @@ rows decoding are not stalled for all of its length. A row's tokens depend on no
 it: its prompt attends only to itself, and it samples from its own random stream (row i of a
 call seeded s draws from seed s + i), so a request gets the same tokens served among others
 as served alone. The tensor API (`GPT2.generate`), the text API (`gpt2.generate`), `gpt2
-generate` and `gpt2 serve` all run this one loop, and each makes its rows with
-`Request.build`, which checks the request first: its prompts, its max_new_tokens, its
-sampling and seed, and the context it needs. An engine computes logits
+generate` and `gpt2 serve` all run this one loop, and each makes its rows with a
+`Request`: `Request.build` checks the request first (its prompts, its max_new_tokens, its
+sampling and seed, and the context it needs); the server, whose request bodies are checked
+as they arrive (`gpt2.serve.protocol`), holds its checked values in one directly. An engine computes logits
 (`gpt2.engines.TorchEngine`, with the KV cache, or `gpt2.engines.NumpyEngine`); this module
 knows nothing of models.
 
@@ -157,8 +158,8 @@ def row_seed(seed: int | None, row: int) -> int | None:
 class Request:
     """A checked generation request: prompts, how to continue them, and n rows for each.
 
-    `GPT2.generate`, `gpt2.generate.TextGeneration` and `gpt2 serve` each build one with
-    `Request.build`, make an engine of `slots` rows (whose memory is checked then), and
+    `GPT2.generate` and `gpt2.generate.TextGeneration` each build one with `Request.build`
+    (`gpt2 serve` makes one of a body it has checked), make an engine of `slots` rows (whose memory is checked then), and
     then the rows, prompt-major: row i samples from seed + i.
     """
 

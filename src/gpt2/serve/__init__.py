@@ -3,7 +3,8 @@
     client requests ──> routes (the event loop) ──rows──> Scheduler (one thread) ──> Decoder
                     <── text, SSE chunks        <──(row, token)──┘
 
-The routes parse and check requests, tokenize, and turn tokens into OpenAI's responses; one
+The routes' bodies are pydantic models, checked by FastAPI and described by /openapi.json and
+/docs; the routes tokenize and turn tokens into OpenAI's responses; one
 thread steps a `gpt2.decoding.Decoder` over all rows in flight, so a request joins the running
 batch at the next step and leaves it when it ends. Endpoints: /health, /v1/models,
 /v1/completions, /v1/chat/completions (a conversation, through the chat template), /v1/inspect,
@@ -15,13 +16,13 @@ OpenAI's API, vLLM and llama.cpp's server read it, unless the server was told ot
 
 The rooms, as vLLM's `entrypoints/openai` keeps them:
 
-    protocol     what a client may ask (Limits), request parsing, RequestError
+    protocol     what a client may ask: each route's body declared once (pydantic), Limits, RequestError
     scheduler    the generation loop's thread over the decoder, and the metrics
-    server       the state behind the routes: the model loading, readiness, API key, bodies
-    completions  serving one completion: choices' text and logprobs, JSON or SSE
+    server       the state behind the routes: the model loading, readiness, API key, bodies (ModelRoute)
+    completions  /v1/completions, and serving any completion: choices' text and logprobs, JSON or SSE
     chat         /v1/chat/completions: a conversation through the chat template, answered as chat
     inspection   /v1/inspect: one prompt's attention, log-probabilities and logit lens
-    app          create_app: routes, middleware, error handlers, the playground's files
+    app          create_app: the routers, middleware, error handlers, /tokenize, the playground's files
     launch       serve: the app on uvicorn, the model loading in the main thread
 """
 

@@ -2,34 +2,33 @@
 OpenAI's error bodies.
 
 Endpoints: /health, /metrics, /v1/models, /v1/completions, /v1/chat/completions, /v1/inspect,
-/tokenize, /detokenize and /tokenizer_info; and the playground, a page at / with its files under /ui.
-A route checks the request (`gpt2.serve.protocol`), and a completion is served by
+/tokenize, /detokenize and /tokenizer_info; and the playground, a page at / with its files under /ui;
+/openapi.json and /docs describe them. A route's body is declared by its model in
+`gpt2.serve.protocol` and checked by FastAPI; /v1/completions, /v1/chat/completions and
+/v1/inspect have their modules' routers, and a completion is served by
 `gpt2.serve.completions` over the scheduler's loop.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from functools import partial
 from importlib.resources import files
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
-from gpt2._checks import check_token_ids, is_integer
+from gpt2._checks import check_token_ids
 from gpt2.errors import GPT2Error
 from gpt2.model import GPT2
-from gpt2.serve.chat import ChatResponse, parse_chat
-from gpt2.serve.completions import answer
-from gpt2.serve.inspection import inspection_json, parse_inspect
-from gpt2.serve.protocol import AllowedSpecial, Limits, RequestError, encode_text, parse_completion
+from gpt2.serve import chat, completions, inspection
+from gpt2.serve.protocol import AllowedSpecial, DetokenizeBody, Limits, RequestError, TokenizeBody, encode_text
 from gpt2.serve.scheduler import Metrics
-from gpt2.serve.server import Server
+from gpt2.serve.server import ModelRoute, Server
 from gpt2.tokenizer import Tokenizer
 from gpt2.tokenizer.chat import ChatTemplate
 
@@ -59,11 +58,13 @@ def create_app(load: Callable[[], tuple[GPT2, Tokenizer]], model_id: str, limits
         yield
         server.stop()
 
-    app = FastAPI(title="gpt2", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="gpt2", lifespan=lifespan, redoc_url=None)  # /openapi.json and /docs describe the API
     app.state.server = server
     app.add_middleware(_CountRequests, metrics=server.metrics)
     _add_error_handlers(app)
-    _add_routes(app, server)
+    _add_model_routes(app, server)
+    for router in (tokenizer_router, completions.router, chat.router, inspection.router):
+        app.include_router(router)
     if ui:
         _add_playground(app)
     return app
@@ -75,6 +76,11 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestError)
     async def refused(request: Request, e: RequestError) -> JSONResponse:
         return e.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def refused_body(request: Request, e: RequestValidationError) -> JSONResponse:  # a body its route's model refuses
+        body_model = request.scope["route"].body_model  # the route's (a ModelRoute's)
+        return body_model.refusal(e.errors(), e.body, request.app.state.server.bounds()).response()
 
     @app.exception_handler(GPT2Error)
     async def invalid(request: Request, e: GPT2Error) -> JSONResponse:
@@ -119,14 +125,8 @@ class _CountRequests:
             self.metrics.requests.labels(endpoint, str(status)).inc()
 
 
-def _add_routes(app: FastAPI, server: Server) -> None:
-    _add_model_routes(app, server)
-    _add_tokenizer_routes(app, server)
-    _add_completion_routes(app, server)
-
-
 def _add_model_routes(app: FastAPI, server: Server) -> None:
-    """/health, /metrics and /v1/models: the server and what it serves."""
+    """/health, /metrics, /v1/models and /tokenizer_info: the server and what it serves."""
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -154,11 +154,6 @@ def _add_model_routes(app: FastAPI, server: Server) -> None:
         server.check_model(model)
         return JSONResponse(model_card())
 
-
-def _add_tokenizer_routes(app: FastAPI, server: Server) -> None:
-    """/tokenize and /detokenize speak both llama.cpp's fields ("content") and vLLM's ("prompt"),
-    which lm-evaluation-harness's remote tokenizer uses, with /tokenizer_info."""
-
     @app.get("/tokenizer_info")
     async def tokenizer_info(request: Request) -> JSONResponse:
         server.check_key(request)
@@ -168,53 +163,30 @@ def _add_tokenizer_routes(app: FastAPI, server: Server) -> None:
         return JSONResponse({"tokenizer_class": type(server.tokenizer).__name__, "eos_token": special, "bos_token": special,
                              "pad_token": None, "model_max_length": server.model.config.n_ctx})  # fmt: skip
 
-    @app.post("/tokenize")
-    async def tokenize(request: Request) -> JSONResponse:
-        body = await server.body(request)
-        text = body.get("content", body.get("prompt")) if isinstance(body, dict) else None
-        if not isinstance(text, str):
-            raise RequestError(400, 'give the text as {"content": "..."} (or {"prompt": "..."})', "content")
-        param = "content" if "content" in body else "prompt"
-        tokens = encode_text(server.tokenizer, text, server.allowed_special, param)  # as a completion's prompt reads it
-        return JSONResponse({"tokens": tokens, "count": len(tokens), "max_model_len": server.model.config.n_ctx})
 
-    @app.post("/detokenize")
-    async def detokenize(request: Request) -> JSONResponse:
-        body = await server.body(request)
-        tokens = body.get("tokens") if isinstance(body, dict) else None
-        if not isinstance(tokens, list) or not all(is_integer(t) for t in tokens):
-            raise RequestError(400, 'give the ids as {"tokens": [15496, 995]}', "tokens")
-        if tokens:
-            check_token_ids(min(tokens), max(tokens), server.model.config.n_vocab, param="tokens")
-        text = server.tokenizer.decode(tokens)
-        return JSONResponse({"content": text, "prompt": text})
+# /tokenize and /detokenize speak both llama.cpp's fields ("content") and vLLM's ("prompt"),
+# which lm-evaluation-harness's remote tokenizer uses, with /tokenizer_info
+tokenizer_router = APIRouter(route_class=ModelRoute)
 
 
-def _add_completion_routes(app: FastAPI, server: Server) -> None:
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        body = await server.body(request)
-        server.check_model(body.get("model") if isinstance(body, dict) else None)
-        config = server.model.config
-        completion = parse_completion(body, server.tokenizer, config.n_vocab, config.n_ctx, server.limits, server.allowed_special)
-        return await answer(server, request, completion)
+@tokenizer_router.post("/tokenize")
+async def tokenize(body: TokenizeBody, request: Request) -> JSONResponse:
+    server: Server = request.app.state.server
+    param = "content" if "content" in body.model_fields_set else "prompt"
+    text = body.content if param == "content" else body.prompt
+    if text is None:
+        raise TokenizeBody.refuse(param, text, server.bounds())
+    tokens = encode_text(server.tokenizer, text, server.allowed_special, param)  # as a completion's prompt reads it
+    return JSONResponse({"tokens": tokens, "count": len(tokens), "max_model_len": server.model.config.n_ctx})
 
-    @app.post("/v1/inspect")
-    async def inspect(request: Request) -> Response:
-        body = await server.body(request)
-        server.check_model(body.get("model") if isinstance(body, dict) else None)
-        asked = parse_inspect(body, server.tokenizer, server.model, server.limits, server.allowed_special)
-        async with server.inspecting:  # one at a time, beside the decoding thread: each holds T x T per head
-            content = await asyncio.to_thread(inspection_json, server.model, server.tokenizer, asked)
-        return Response(content, media_type="application/json")
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        body = await server.body(request)
-        server.check_model(body.get("model") if isinstance(body, dict) else None)
-        template, config = server.template(), server.model.config
-        completion = parse_chat(body, template, server.tokenizer, config.n_vocab, config.n_ctx, server.limits)
-        return await answer(server, request, completion, partial(ChatResponse, reply_prefix=server.reply_prefix))
+@tokenizer_router.post("/detokenize")
+async def detokenize(body: DetokenizeBody, request: Request) -> JSONResponse:
+    server: Server = request.app.state.server
+    if body.tokens:
+        check_token_ids(min(body.tokens), max(body.tokens), server.model.config.n_vocab, param="tokens")
+    text = server.tokenizer.decode(body.tokens)
+    return JSONResponse({"content": text, "prompt": text})
 
 
 # The page may load only its own files and talk only to its own server: nothing from elsewhere.

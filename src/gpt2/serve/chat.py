@@ -15,74 +15,56 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
+from functools import partial
+from typing import Annotated
 
-from gpt2._checks import int_between
-from gpt2.decoding import Request, start_of_text
-from gpt2.errors import ChatTemplateError, ContextLengthError
-from gpt2.serve.completions import ChoiceStream, CompletionResponse, TokenLogprob
-from gpt2.serve.protocol import CompletionRequest, Limits, RequestError, check_fields, context_exceeded, parse_sampling, parse_streaming
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
+
+from gpt2 import decoding
+from gpt2.tokenizer.chat import ChatTemplate, ReplyText
+from gpt2.errors import ChatTemplateError
+from gpt2.serve.completions import ChoiceStream, CompletionResponse, TokenLogprob, answer
+from gpt2.serve.protocol import Bounds, ChatBody, CompletionRequest, RequestError, within_context
+from gpt2.serve.server import ModelRoute, Server
 from gpt2.tokenizer import Tokenizer, token_text
 from gpt2.tokenizer.chat import ChatTemplate, ReplyText, check_messages
 
-CHAT_FIELDS = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "n", "stream",
-               "stream_options", "stop", "seed", "logprobs", "top_logprobs", "user", "presence_penalty", "frequency_penalty",
-               "logit_bias"}  # fmt: skip
+router = APIRouter(route_class=ModelRoute)
 
 
-def parse_chat(body: object, template: ChatTemplate, tokenizer: Tokenizer, n_vocab: int, n_ctx: int, limits: Limits) -> CompletionRequest:
-    """Check a /v1/chat/completions body, as OpenAI's API does, and make the rows of its
-    conversation's prompt; without max_tokens (or max_completion_tokens) a reply may fill the context."""
-    body = check_fields(body, CHAT_FIELDS)
-    messages = check_messages(text_contents(body.get("messages")))
-    n, stop, sampling = parse_sampling(body, limits)
-    logprobs = parse_logprobs(body)
-    stream, _, include_usage, _ = parse_streaming(body)
+def server_template(request: Request) -> ChatTemplate:
+    """The server's chat template, or a 400 saying there is none, before the body is read (a dependency)."""
+    return request.app.state.server.template()
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(body: ChatBody, request: Request, template: Annotated[ChatTemplate, Depends(server_template)]) -> Response:
+    server: Server = request.app.state.server
+    completion = parse_chat(body, template, server.tokenizer, server.bounds())
+    return await answer(server, request, completion, partial(ChatResponse, reply_prefix=server.reply_prefix))
+
+
+def parse_chat(body: ChatBody, template: ChatTemplate, tokenizer: Tokenizer, bounds: Bounds) -> CompletionRequest:
+    """The rows of a /v1/chat/completions body that FastAPI has checked against `ChatBody`: its
+    conversation's prompt through the template; without max_tokens (or max_completion_tokens)
+    a reply may fill the context."""
+    body = body.within(bounds)
+    if body.top_logprobs is not None and not body.logprobs:
+        raise RequestError(400, "top_logprobs needs logprobs set to true", "top_logprobs")
+    logprobs = (body.top_logprobs or 0) if body.logprobs else None  # the alternatives per token (None: no logprobs)
     try:
-        prompt = start_of_text(template.encode(tokenizer, messages, add_generation_prompt=True), tokenizer.eot_token)
+        messages = [message.as_dict() for message in body.messages]
+        prompt = decoding.start_of_text(template.encode(tokenizer, messages, add_generation_prompt=True), tokenizer.eot_token)
     except ChatTemplateError as e:
         raise RequestError(400, str(e), "messages") from None
-    key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    if body.get(key) is None:  # up to the context, and at least one token, so that a full context is refused
-        max_tokens = max(n_ctx - len(prompt), 1)
-    else:
-        max_tokens = int_between(key, body[key], 1, n_ctx)
-    try:
-        request = Request.build([prompt], max_tokens, n_vocab=n_vocab, n_ctx=n_ctx, sampling=sampling, seed=body.get("seed"), n=n,
-                                eos_token_id=tokenizer.eot_token, logprobs=logprobs, on_overflow="error")  # fmt: skip
-    except ContextLengthError:
-        raise context_exceeded([prompt], max_tokens, n_ctx, "messages") from None
-    return CompletionRequest(request.prompts, request.rows(), stop, stream, False, logprobs, include_usage)
-
-
-def text_contents(messages: object) -> object:
-    """OpenAI's content given as a list of parts, [{"type": "text", "text": ...}, ...], as the
-    text of its parts joined (no other part can be read by a model of text)."""
-    if not isinstance(messages, list):
-        return messages
-    joined = []
-    for i, message in enumerate(messages):
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, list):
-            for part in content:
-                if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
-                    raise RequestError(400, f"messages[{i}].content: this model reads text only, as a string or "
-                                       f'[{{"type": "text", "text": "..."}}] parts; got the part {part!r:.60}', "messages")  # fmt: skip
-            message = {**message, "content": "".join(part["text"] for part in content)}
-        joined.append(message)
-    return joined
-
-
-def parse_logprobs(body: dict) -> int | None:
-    """logprobs (true or false) and top_logprobs (0 to 20, with logprobs) as the alternatives per token (None: no logprobs)."""
-    wanted = False if body.get("logprobs") is None else body["logprobs"]
-    if not isinstance(wanted, bool):
-        raise RequestError(400, f"logprobs must be true or false, got {wanted!r}", "logprobs")
-    if body.get("top_logprobs") is None:
-        return 0 if wanted else None
-    top = int_between("top_logprobs", body["top_logprobs"], 0, 20)
-    if not wanted:
-        raise RequestError(400, "top_logprobs needs logprobs set to true", "top_logprobs")
-    return top
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    if max_tokens is None:  # up to the context, and at least one token, so that a full context is refused
+        max_tokens = max(bounds.n_ctx - len(prompt), 1)
+    within_context([prompt], max_tokens, bounds.n_ctx, "messages")
+    # every part is checked above: Request.build would check them again
+    request = decoding.Request([prompt], max_tokens, body.sampling(), body.seed, body.n, tokenizer.eot_token, logprobs)
+    return CompletionRequest(request.prompts, request.rows(), body.stops(), body.stream, False, logprobs, body.include_usage)
 
 
 def chat_logprobs(tokenizer: Tokenizer, entries: list[TokenLogprob]) -> dict:

@@ -1,5 +1,5 @@
-"""Serving one completion: its rows go to the scheduler, and their tokens come back as OpenAI's
-response, whole or as Server-Sent Events.
+"""POST /v1/completions, and serving any completion: its rows go to the scheduler, and their
+tokens come back as OpenAI's response, whole or as Server-Sent Events.
 
 Each choice's text is released as its row's tokens arrive (`ChoiceStream`: half characters
 and possible stop strings held back, log-probabilities as OpenAI's API reports them); the
@@ -15,14 +15,14 @@ import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-from fastapi import Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from gpt2.decoding import STOP, Row
 from gpt2.generate import TextRow
-from gpt2.serve.protocol import CompletionRequest, RequestError
+from gpt2.serve.protocol import CompletionBody, CompletionRequest, RequestError, parse_completion
 from gpt2.serve.scheduler import CANCELLED
-from gpt2.serve.server import Server
+from gpt2.serve.server import ModelRoute, Server
 from gpt2.tokenizer import IncrementalDecoder, Tokenizer, token_text
 
 
@@ -174,6 +174,15 @@ class CompletionResponse:
 
 
 # ------------------------------------------------------------------ serving it
+
+
+router = APIRouter(route_class=ModelRoute)
+
+
+@router.post("/v1/completions")
+async def completions(body: CompletionBody, request: Request) -> Response:
+    server: Server = request.app.state.server
+    return await answer(server, request, parse_completion(body, server.tokenizer, server.bounds(), server.allowed_special))
 
 
 Respond = Callable[[str, CompletionRequest, list[ChoiceStream]], CompletionResponse]  # (model id, request, choices)

@@ -13,20 +13,21 @@ tensors are `gpt2.inspect.trace`'s); log-probabilities are given as computed.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from dataclasses import dataclass
 
 import torch
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
 
-from gpt2._checks import int_between
 from gpt2.inspect import logit_lens_top, next_token_report, trace
 from gpt2.model import GPT2
-from gpt2.serve.protocol import AllowedSpecial, Limits, RequestError, check_fields, parse_prompts
+from gpt2.serve.protocol import AllowedSpecial, InspectBody, Limits, RequestError, parse_prompts
+from gpt2.serve.server import ModelRoute, Server
 from gpt2.tokenizer import Tokenizer, token_text
 
-INSPECT_FIELDS = {"model", "prompt", "top_k"}
-MAX_TOP_K = 20
 DECIMALS = 4  # of the attention probabilities
 
 
@@ -36,12 +37,23 @@ class InspectRequest:
     top_k: int = 5
 
 
-def parse_inspect(body: object, tokenizer: Tokenizer, model: GPT2, limits: Limits,
+router = APIRouter(route_class=ModelRoute)
+
+
+@router.post("/v1/inspect")
+async def inspect(body: InspectBody, request: Request) -> Response:
+    server: Server = request.app.state.server
+    asked = parse_inspect(body, server.tokenizer, server.model, server.limits, server.allowed_special)
+    async with server.inspecting:  # one at a time, beside the decoding thread: each holds T x T per head
+        content = await asyncio.to_thread(inspection_json, server.model, server.tokenizer, asked)
+    return Response(content, media_type="application/json")
+
+
+def parse_inspect(body: InspectBody, tokenizer: Tokenizer, model: GPT2, limits: Limits,
                   allowed_special: AllowedSpecial = "all") -> InspectRequest:  # fmt: skip
-    """Check a /v1/inspect body: one prompt (text or ids) within the context, and an answer within the limit."""
-    body = check_fields(body, INSPECT_FIELDS)
-    top_k = int_between("top_k", 5 if body.get("top_k") is None else body["top_k"], 1, MAX_TOP_K)
-    prompts = parse_prompts(body.get("prompt"), tokenizer, model.config.n_vocab, allowed_special)
+    """The request of a /v1/inspect body that FastAPI has checked against `InspectBody`: one
+    prompt (text or ids) within the context, and an answer within the limit."""
+    prompts = parse_prompts(body.prompt, tokenizer, model.config.n_vocab, allowed_special)
     if len(prompts) > 1:
         raise RequestError(400, f"/v1/inspect looks at one prompt at a time, got {len(prompts)}", "prompt")
     ids, config = prompts[0], model.config
@@ -56,7 +68,7 @@ def parse_inspect(body: object, tokenizer: Tokenizer, model: GPT2, limits: Limit
                            f"{len(ids)} x {len(ids)} = {cells:,} attention probabilities, over this server's limit of "
                            f"{limit:,} (max_inspect_cells): at most {most} tokens for this model", "prompt",
                            "inspection_too_large")  # fmt: skip
-    return InspectRequest(ids, top_k)
+    return InspectRequest(ids, body.top_k)
 
 
 def inspection(model: GPT2, tokenizer: Tokenizer, request: InspectRequest) -> dict:

@@ -68,7 +68,7 @@ def serve(load: Callable[[], tuple[GPT2, Tokenizer]], model_id: str, host: str =
     the playground at /; `load_draft`, a draft model for speculative decoding; `chat_template`,
     the template of /v1/chat/completions in place of the model's own (see `create_app`)."""
     app = create_app(load, model_id, limits, allowed_special=allowed_special, load_in_background=False, ui=ui,
-                     load_draft=load_draft, chat_template=chat_template)  # checks the limits  # fmt: skip
+                     load_draft=load_draft, chat_template=chat_template)  # fmt: skip
     sock = listen(host, port)
     if on_listen is not None:
         on_listen(f"http://{f'[{host}]' if ':' in host else host}:{sock.getsockname()[1]}/v1")

@@ -1,33 +1,42 @@
-"""The server's side of OpenAI's completions API: what a client may ask, and its errors.
+"""The server's side of OpenAI's API: what a client may ask, declared once, and its errors.
 
-A /v1/completions body is checked field by field, as OpenAI's API does, and becomes a
-`CompletionRequest`: the rows of `gpt2.decoding.Request` (the one builder every front door
-uses, with its checks) and how to answer. A refusal is a `RequestError`, an HTTP status with
-OpenAI's error body; a library error (`GPT2Error`) names its field through its `param`.
+Each route's JSON body is a pydantic model, as vLLM's protocol.py declares them: `CompletionBody`
+(/v1/completions), `ChatBody` (/v1/chat/completions), `InspectBody` (/v1/inspect),
+`TokenizeBody` and `DetokenizeBody`. Each field's type, default and bounds are written once, in
+its declaration: FastAPI checks a body against them, and /openapi.json (and /docs) describe
+them. A bound that is the server's, not the API's (the model's context, its vocabulary,
+--max-n), is named by `UpTo` and checked by `Body.within` once the model is there. A refusal is
+a `RequestError`, an HTTP status with OpenAI's error body naming the field, in the words each
+field's `Says` gives; the parse functions turn a checked body into a `CompletionRequest`, the
+rows of `gpt2.decoding.Request` and how to answer.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import AbstractSet, Literal
+from typing import AbstractSet, Annotated, ClassVar, Literal
 
+import annotated_types
 import torch
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from gpt2._checks import check_token_ids, int_between, is_integer, is_real, positive_int
+from gpt2._checks import check_token_ids, is_integer, positive_int
+from gpt2.tokenizer.chat import ROLES, check_messages
 from gpt2.config import GPT2Config
 from gpt2.decoding import Request, Row, check_draft_tokens, start_of_text
-from gpt2.errors import ContextLengthError, GPT2Error, InvalidArgumentError
-from gpt2.generate import check_stop
 from gpt2.engines import KVCache, check_prefix_cache_mb
-from gpt2.sampling import Sampling
+from gpt2.errors import GPT2Error, InvalidArgumentError
+from gpt2.generate import check_stop
+from gpt2.sampling import SEED_MAX, Sampling
 from gpt2.settings import DRAFT_TOKENS
 from gpt2.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)
 class Limits:
-    """What one client may ask of a server, so that none can take it down."""
+    """What one client may ask of a server, so that none can take it down (checked when made)."""
 
     max_batch_size: int = 8  # rows decoded together
     # tokens computed in one step, the rows decoding included (vLLM's max_num_batched_tokens):
@@ -43,6 +52,9 @@ class Limits:
     max_inspect_cells: int = 1 << 22
     api_key: str | None = None
     draft_tokens: int = DRAFT_TOKENS  # tokens a draft model proposes per step, where the server has one
+
+    def __post_init__(self) -> None:
+        self.check()
 
     def check(self) -> None:
         for name in ("max_batch_size", "max_num_batched_tokens", "max_queue", "max_n", "max_body_bytes", "max_inspect_cells"):
@@ -76,7 +88,7 @@ class RequestError(Exception):
     @classmethod
     def invalid(cls, error: GPT2Error, where: str = "") -> RequestError:
         """A library error about a request as a 400 naming its field (`where` goes before the message)."""
-        return cls(400, f"{where}{error}", FIELDS.get(error.param, error.param))
+        return cls(400, f"{where}{error}", error.param)
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
@@ -85,10 +97,255 @@ class RequestError(Exception):
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
-FIELDS = {"max_new_tokens": "max_tokens"}  # the library's names that OpenAI's API spells otherwise
+# ------------------------------------------------------------------ fields: their bounds and their words
 
 
-# ------------------------------------------------------------------ requests
+@dataclass(frozen=True)
+class Bounds:
+    """The server's numbers that bound some fields (`UpTo`), known once the model has loaded."""
+
+    n_ctx: int  # the model's context
+    n_vocab: int  # its vocabulary
+    max_n: int  # the server's --max-n
+
+
+@dataclass(frozen=True)
+class UpTo:
+    """A field's upper bound that is the server's, not the API's: one of `Bounds` (which
+    /openapi.json names as the field's "x-maximum")."""
+
+    name: str
+
+    def __get_pydantic_json_schema__(self, core_schema, handler) -> dict:
+        schema = handler(core_schema)
+        schema["x-maximum"] = self.name
+        return schema
+
+
+@dataclass(frozen=True)
+class Says:
+    """How a field's refusal reads: a message formatted with the field's name, the value given and
+    its bounds (low, high), or a function of (value, bounds) that gives one, or raises a GPT2Error
+    that does; `param`: the field the error names, where another."""
+
+    message: str | Callable[[object, Bounds], str]
+    param: str | None = None
+
+    def say(self, name: str, value: object, bounds: Bounds, low: int | None = None, high: int | None = None) -> str:
+        try:
+            if callable(self.message):
+                return self.message(value, bounds)
+            return self.message.format(name=name, value=value, low=low, high=high)
+        except GPT2Error as e:
+            return str(e)
+
+
+INTEGER = Says("{name} must be an integer from {low} to {high}, got {value!r}")
+FLAG = Says("{name} must be true or false, got {value!r}")
+UNSUPPORTED = Says("{name} is not supported by this server")
+
+
+def _metadata(field, kind: type) -> object | None:
+    return next((m for m in field.metadata if isinstance(m, kind)), None)
+
+
+class Body(BaseModel):
+    """A route's JSON body: these fields and no other (an unknown one is refused, as OpenAI's API
+    refuses it); bool is never a number, nor a number a bool (strict); null is the default."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    not_an_object: ClassVar[Says] = Says("the request body must be a JSON object")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _null_is_the_default(cls, value: object, info: ValidationInfo) -> object:
+        field = cls.model_fields[info.field_name]
+        return field.get_default() if value is None and not field.is_required() else value
+
+    @classmethod
+    def refusal(cls, errors: list[dict], body: object, bounds: Bounds) -> RequestError:
+        """The first of pydantic's errors about a body (FastAPI's, locations from "body"), in the server's words."""
+        if not isinstance(body, dict):
+            return RequestError(400, cls.not_an_object.say("body", body, bounds), cls.not_an_object.param)
+        unknown = [e["loc"][1] for e in errors if e["type"] == "extra_forbidden" and len(e["loc"]) == 2]
+        if unknown:
+            return RequestError(400, f"Unrecognized request argument supplied: {unknown[0]}", unknown[0])
+        name = errors[0]["loc"][1]  # pydantic reports the fields in their order
+        return cls.refuse(name, body.get(name), bounds)
+
+    @classmethod
+    def refuse(cls, name: str, value: object, bounds: Bounds) -> RequestError:
+        """A 400 for the field `name`, given `value`, in its words (its `Says`)."""
+        field = cls.model_fields[name]
+        says, low, high, up_to = _metadata(field, Says), _metadata(field, annotated_types.Ge), _metadata(field, annotated_types.Le), \
+            _metadata(field, UpTo)  # fmt: skip
+        low = None if low is None else low.ge
+        high = getattr(bounds, up_to.name) if up_to is not None else None if high is None else high.le
+        return RequestError(400, says.say(name, value, bounds, low, high), says.param or name)
+
+    def within(self, bounds: Bounds) -> Body:
+        """This body, once each field the server bounds (`UpTo`) is within its bound."""
+        for name, field in type(self).model_fields.items():
+            up_to, value = _metadata(field, UpTo), getattr(self, name)
+            if up_to is not None and value is not None and value > getattr(bounds, up_to.name):
+                raise type(self).refuse(name, value, bounds)
+        return self
+
+
+TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]  # each below the model's n_vocab
+Prompt = str | TokenIds | Annotated[list[str | TokenIds], Field(min_length=1)]  # OpenAI's: text or ids, one or several
+StopString = Annotated[str, Field(min_length=1)]
+
+
+def _prompt_refused(prompt: object, bounds: Bounds) -> str:
+    """Why a prompt is refused, in the words the server has always used."""
+    if prompt is None:
+        return "you must provide a prompt"
+    if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and all(is_integer(t) for t in prompt)):
+        prompt = [prompt]
+    if isinstance(prompt, list) and prompt:
+        for item in prompt:
+            if isinstance(item, list) and item and all(is_integer(t) for t in item):
+                check_token_ids(min(item), max(item), bounds.n_vocab, " in prompt", param="prompt")  # raises for a negative id
+            elif not isinstance(item, str):
+                return f"each prompt must be a string or a non-empty list of token ids, got {item!r:.40}"
+    return "prompt must be a string, a list of strings, a list of token ids or a list of lists of ids"
+
+
+def _stop_refused(stop: object, bounds: Bounds) -> str:
+    return f"stop: up to 4 stop strings, got {len(check_stop(stop))}"  # check_stop raises for a string that is not one
+
+
+def _messages_refused(messages: object, bounds: Bounds) -> str:
+    """Why a conversation is refused: a part of a content that is not text, or `check_messages`' words."""
+    for i, message in enumerate(messages if isinstance(messages, list) else []):
+        content = message.get("content") if isinstance(message, dict) else None
+        for part in content if isinstance(content, list) else []:
+            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                return (f"messages[{i}].content: this model reads text only, as a string or "
+                        f'[{{"type": "text", "text": "..."}}] parts; got the part {part!r:.60}')  # fmt: skip
+    if isinstance(messages, list):  # content given as parts is text once joined
+        messages = [{**m, "content": ""} if isinstance(m, dict) and isinstance(m.get("content"), list) else m for m in messages]
+    check_messages(messages)  # raises
+    return "messages must be a non-empty list of messages"
+
+
+class StreamOptions(Body):
+    include_usage: Annotated[bool | None, FLAG] = False
+
+
+class TextPart(BaseModel):
+    """OpenAI's content part of text, {"type": "text", "text": ...} (other keys ignored)."""
+
+    model_config = ConfigDict(strict=True)
+    type: Literal["text"]
+    text: str
+
+
+class Message(BaseModel):
+    """One message of a conversation; its content a string, or parts of text to join (other keys, a name, ignored)."""
+
+    model_config = ConfigDict(strict=True)
+    role: Literal[ROLES]
+    content: str | list[TextPart]
+
+    def as_dict(self) -> dict[str, str]:
+        content = self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
+        return {"role": self.role, "content": content}
+
+
+class Sampled(Body):
+    """What a completion and a chat completion share: the model, how to choose tokens, how many
+    choices, where to stop, how to answer; and OpenAI's fields this server does not support."""
+
+    model: str | None = None
+    n: Annotated[int | None, UpTo("max_n"), INTEGER] = Field(1, ge=1)
+    stop: Annotated[StopString | Annotated[list[StopString], Field(max_length=4)] | None, Says(_stop_refused)] = None
+    temperature: Annotated[float | None, Says("temperature must be a finite number >= 0 (0 is greedy), got {value!r}")] = \
+        Field(1.0, ge=0, allow_inf_nan=False)  # fmt: skip
+    top_p: Annotated[float | None, Says("top_p must be in (0, 1], got {value!r}")] = Field(1.0, gt=0, le=1, allow_inf_nan=False)
+    top_k: Annotated[int | None, UpTo("n_vocab"), INTEGER] = Field(None, ge=1)  # ours, not OpenAI's
+    seed: Annotated[int | None, Says("{name} must be a whole number from {low} to {high}, got {value!r}")] = \
+        Field(None, ge=0, le=SEED_MAX)  # choice i samples from seed + i  # fmt: skip
+    stream: Annotated[bool | None, FLAG] = False
+    stream_options: Annotated[StreamOptions | None, Says('stream_options must be an object like {{"include_usage": true}}')] = None
+    user: Annotated[str | None, Says("{name} must be a string, got {value!r}")] = None
+    presence_penalty: Annotated[float | None, UNSUPPORTED] = Field(0.0, ge=0, le=0)
+    frequency_penalty: Annotated[float | None, UNSUPPORTED] = Field(0.0, ge=0, le=0)
+    logit_bias: Annotated[dict[str, float] | None, UNSUPPORTED] = Field(None, max_length=0)
+
+    def sampling(self) -> Sampling:
+        return Sampling(self.temperature, self.top_k, None if self.top_p == 1 else self.top_p)  # top_p 1 keeps all
+
+    def stops(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class CompletionBody(Sampled):
+    """POST /v1/completions: OpenAI's completions request, and vLLM's return_token_ids."""
+
+    prompt: Annotated[Prompt, Says(_prompt_refused)]
+    max_tokens: Annotated[int | None, UpTo("n_ctx"), INTEGER] = Field(16, ge=0)  # 0: the prompt only scored (echo)
+    logprobs: Annotated[int | None, INTEGER] = Field(None, ge=0, le=5)
+    echo: Annotated[bool | None, FLAG] = False
+    return_token_ids: Annotated[bool | None, FLAG] = False  # vLLM's: each choice's token_ids and prompt_token_ids
+    best_of: Annotated[int | None, Says("best_of is not supported by this server (other than equal to n)")] = Field(None, ge=1)
+    suffix: Annotated[str | None, UNSUPPORTED] = Field(None, max_length=0)
+
+
+class ChatBody(Sampled):
+    """POST /v1/chat/completions: OpenAI's chat completions request; without max_completion_tokens
+    (or max_tokens) a reply may fill the context."""
+
+    messages: Annotated[list[Message], Field(min_length=1), Says(_messages_refused)]
+    max_completion_tokens: Annotated[int | None, UpTo("n_ctx"), INTEGER] = Field(None, ge=1)
+    max_tokens: Annotated[int | None, UpTo("n_ctx"), INTEGER] = Field(None, ge=1)  # OpenAI's older name of the one above
+    logprobs: Annotated[bool | None, FLAG] = False
+    top_logprobs: Annotated[int | None, INTEGER] = Field(None, ge=0, le=20)  # alternatives per token, with logprobs
+
+
+class InspectBody(Body):
+    """POST /v1/inspect: one prompt, and how many next tokens to give at each position."""
+
+    model: str | None = None
+    prompt: Annotated[Prompt, Says(_prompt_refused)]
+    top_k: Annotated[int | None, INTEGER] = Field(5, ge=1, le=20)
+
+
+GIVE_TEXT = Says('give the text as {{"content": "..."}} (or {{"prompt": "..."}})', "content")
+
+
+class TokenizeBody(Body):
+    """POST /tokenize: llama.cpp's {"content": text} or vLLM's {"prompt": text} (other fields ignored)."""
+
+    model_config = ConfigDict(extra="ignore")
+    not_an_object: ClassVar[Says] = GIVE_TEXT
+    content: Annotated[str | None, GIVE_TEXT] = None
+    prompt: Annotated[str | None, GIVE_TEXT] = None
+
+
+GIVE_IDS = Says('give the ids as {{"tokens": [15496, 995]}}', "tokens")
+
+
+def _ids_refused(tokens: object, bounds: Bounds) -> str:
+    if isinstance(tokens, list) and tokens and all(is_integer(t) for t in tokens):
+        check_token_ids(min(tokens), max(tokens), bounds.n_vocab, param="tokens")  # raises for a negative id
+    return GIVE_IDS.say("tokens", tokens, bounds)
+
+
+class DetokenizeBody(Body):
+    """POST /detokenize: {"tokens": ids} (other fields ignored)."""
+
+    model_config = ConfigDict(extra="ignore")
+    not_an_object: ClassVar[Says] = GIVE_IDS
+    tokens: Annotated[list[Annotated[int, Field(ge=0)]], Says(_ids_refused)]
+
+
+# ------------------------------------------------------------------ requests: a checked body's rows
 
 
 @dataclass
@@ -105,101 +362,52 @@ class CompletionRequest:
     return_token_ids: bool = False  # vLLM's: each choice's token_ids and prompt_token_ids
 
 
-COMPLETION_FIELDS = {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "n", "stream", "stream_options", "stop",
-                     "seed", "logprobs", "echo", "user", "presence_penalty", "frequency_penalty", "logit_bias", "best_of",
-                     "suffix", "return_token_ids"}  # fmt: skip
-UNSUPPORTED = {"presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "logit_bias": ({},), "suffix": ("",)}
-
 AllowedSpecial = AbstractSet[str] | Literal["all"]  # Tokenizer.encode's: special tokens read as such in text
 
 
-def parse_completion(body: object, tokenizer: Tokenizer, n_vocab: int, n_ctx: int, limits: Limits,
+def parse_completion(body: CompletionBody, tokenizer: Tokenizer, bounds: Bounds,
                      allowed_special: AllowedSpecial = "all") -> CompletionRequest:  # fmt: skip
-    """Check a /v1/completions body field by field, as OpenAI's API does, and make its rows. A
-    refusal is a RequestError, or a GPT2Error whose `param` names the field (`RequestError.invalid`)."""
-    body = check_fields(body)
-    max_tokens = int_between("max_tokens", 16 if body.get("max_tokens") is None else body["max_tokens"], 0, n_ctx)
-    n, stop, sampling = parse_sampling(body, limits)
-    if body.get("best_of") is not None and body["best_of"] != n:
+    """The rows of a /v1/completions body that FastAPI has checked against `CompletionBody`, once
+    its prompts are read and within the model's bounds. A refusal is a RequestError, or a
+    GPT2Error whose `param` names the field (`RequestError.invalid`)."""
+    body = body.within(bounds)
+    if body.best_of is not None and body.best_of != body.n:
         raise RequestError(400, "best_of is not supported by this server (other than equal to n)", "best_of")
-    logprobs = None if body.get("logprobs") is None else int_between("logprobs", body["logprobs"], 0, 5)
-    stream, echo, include_usage, return_token_ids = parse_streaming(body)
-    prompts = parse_prompts(body.get("prompt"), tokenizer, n_vocab, allowed_special)
-    try:
-        request = Request.build(prompts, max_tokens, n_vocab=n_vocab, n_ctx=n_ctx, sampling=sampling, seed=body.get("seed"), n=n,
-                                eos_token_id=tokenizer.eot_token, logprobs=logprobs, echo_logprobs=echo and logprobs is not None,
-                                on_overflow="error", allow_zero=True)  # fmt: skip
-    except ContextLengthError:
-        raise context_exceeded(prompts, max_tokens, n_ctx) from None
-    return CompletionRequest(request.prompts, request.rows(), stop, stream, echo, logprobs, include_usage, return_token_ids)
+    prompts = parse_prompts(body.prompt, tokenizer, bounds.n_vocab, allowed_special)
+    within_context(prompts, body.max_tokens, bounds.n_ctx)
+    # every part is checked above: Request.build would check them again
+    request = Request(prompts, body.max_tokens, body.sampling(), body.seed, body.n, tokenizer.eot_token, body.logprobs,
+                      body.echo and body.logprobs is not None)  # fmt: skip
+    return CompletionRequest(request.prompts, request.rows(), body.stops(), body.stream, body.echo, body.logprobs, body.include_usage,
+                             body.return_token_ids)  # fmt: skip
 
 
-def parse_sampling(body: dict, limits: Limits) -> tuple[int, list[str], Sampling]:
-    """A completion's (or a chat completion's) n, stop strings and sampling; null is the default."""
-    get = lambda key, default: default if body.get(key) is None else body[key]  # noqa: E731
-    n = int_between("n", get("n", 1), 1, limits.max_n)
-    stop = check_stop(body.get("stop"))
-    if len(stop) > 4:
-        raise RequestError(400, f"stop: up to 4 stop strings, got {len(stop)}", "stop")
-    top_p = get("top_p", 1.0)
-    sampling = Sampling(get("temperature", 1.0), get("top_k", None), None if is_real(top_p) and top_p == 1 else top_p)  # 1 keeps all
-    return n, stop, sampling
-
-
-def check_fields(body: object, known: AbstractSet[str] = COMPLETION_FIELDS) -> dict:
-    """The body: a JSON object of fields this endpoint knows, and supports as given."""
-    if not isinstance(body, dict):
-        raise RequestError(400, "the request body must be a JSON object")
-    for key in body:
-        if key not in known:
-            raise RequestError(400, f"Unrecognized request argument supplied: {key}", key)
-    for key, allowed in UNSUPPORTED.items():
-        if body.get(key) is not None and body[key] not in allowed:
-            raise RequestError(400, f"{key} is not supported by this server", key)
-    return body
-
-
-def parse_streaming(body: dict) -> tuple[bool, bool, bool, bool]:
-    """stream, echo, stream_options' include_usage and return_token_ids (null, or absent, is false)."""
-    flags = {key: False if body.get(key) is None else body[key] for key in ("stream", "echo", "return_token_ids")}
-    for key, value in flags.items():
-        if not isinstance(value, bool):
-            raise RequestError(400, f"{key} must be true or false, got {value!r}", key)
-    options = {} if body.get("stream_options") is None else body["stream_options"]
-    if not isinstance(options, dict) or set(options) - {"include_usage"}:
-        raise RequestError(400, 'stream_options must be an object like {"include_usage": true}', "stream_options")
-    return flags["stream"], flags["echo"], bool(options.get("include_usage")), flags["return_token_ids"]
-
-
-def context_exceeded(prompts: list[list[int]], max_tokens: int, n_ctx: int, param: str = "prompt") -> RequestError:
-    """The library's refusal of a request past the context, in OpenAI's words (which clients look
-    for), saying by how much; `param` "messages": a chat's conversation."""
+def within_context(prompts: list[list[int]], max_tokens: int, n_ctx: int, param: str = "prompt") -> None:
+    """Refuse a request past the context in OpenAI's words (which clients look for), saying by how
+    much; `param` "messages": a chat's conversation."""
     longest = max(map(len, prompts))
     asked = longest + max_tokens
+    if asked <= n_ctx:
+        return
     where, what = ("the messages", "messages") if param == "messages" else ("your prompt", "prompt")
-    return RequestError(400, f"This model's maximum context length is {n_ctx:,} tokens, however you requested {asked:,} tokens "
-                        f"({longest:,} in {where}; {max_tokens:,} for the completion), {asked - n_ctx:,} more than it holds. "
-                        f"Please reduce your {what} or completion length.", param, "context_length_exceeded")  # fmt: skip
+    raise RequestError(400, f"This model's maximum context length is {n_ctx:,} tokens, however you requested {asked:,} tokens "
+                       f"({longest:,} in {where}; {max_tokens:,} for the completion), {asked - n_ctx:,} more than it holds. "
+                       f"Please reduce your {what} or completion length.", param, "context_length_exceeded")  # fmt: skip
 
 
-def parse_prompts(prompt: object, tokenizer: Tokenizer, n_vocab: int, allowed_special: AllowedSpecial = "all") -> list[list[int]]:
-    """OpenAI's prompt: a string, a list of strings, a list of ids, or a list of lists of ids."""
-    if prompt is None:
-        raise RequestError(400, "you must provide a prompt", "prompt")
-    if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and all(is_integer(t) for t in prompt)):
+def parse_prompts(prompt: str | list, tokenizer: Tokenizer, n_vocab: int, allowed_special: AllowedSpecial = "all") -> list[list[int]]:
+    """The ids of a checked prompt (`Prompt`: a string, a list of strings, a list of ids, or a
+    list of lists of ids), each id within the vocabulary."""
+    if isinstance(prompt, str) or all(is_integer(t) for t in prompt):
         prompt = [prompt]
-    if not isinstance(prompt, list) or not prompt:
-        raise RequestError(400, "prompt must be a string, a list of strings, a list of token ids or a list of lists of ids", "prompt")
     prompts = []
     for i, item in enumerate(prompt):
         if isinstance(item, str):
             where = f"prompt {i}: " if len(prompt) > 1 else ""
             ids = encode_text(tokenizer, item, allowed_special, "prompt", where)
-        elif isinstance(item, list) and item and all(is_integer(t) for t in item):
-            ids = [int(t) for t in item]
-            check_token_ids(min(ids), max(ids), n_vocab, " in prompt", param="prompt")
         else:
-            raise RequestError(400, f"each prompt must be a string or a non-empty list of token ids, got {item!r:.40}", "prompt")
+            ids = item
+            check_token_ids(min(ids), max(ids), n_vocab, " in prompt", param="prompt")
         prompts.append(start_of_text(ids, tokenizer.eot_token))
     return prompts
 

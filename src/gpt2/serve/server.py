@@ -1,6 +1,6 @@
 """The state behind the server's routes: the model, loading while the routes answer (503
-until it has), its scheduler and metrics, and the checks every request to it passes first:
-the API key, the model's readiness, the body's size and JSON.
+until it has), its scheduler and metrics, and the checks every request to it passes first
+(`ModelRoute`): the API key, the model's readiness, the body's size and JSON, the model it names.
 """
 
 from __future__ import annotations
@@ -8,18 +8,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import inspect
 import json
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
-from fastapi import Request
+from fastapi import Request, Response
+from fastapi.routing import APIRoute
 
 from gpt2.engines import check_draft
 from gpt2.errors import ChatTemplateError
 from gpt2.model import GPT2
-from gpt2.serve.protocol import AllowedSpecial, Limits, RequestError
+from gpt2.serve.protocol import AllowedSpecial, Body, Bounds, Limits, RequestError
 from gpt2.serve.scheduler import Metrics, Scheduler
 from gpt2.tokenizer import Tokenizer
 from gpt2.tokenizer.chat import ChatTemplate, how_to_add
@@ -31,7 +34,6 @@ class Server:
     def __init__(self, load: Callable[[], tuple[GPT2, Tokenizer]], model_id: str, limits: Limits,
                  allowed_special: AllowedSpecial = "all", load_draft: Callable[[], tuple[GPT2, Tokenizer]] | None = None,
                  chat_template: ChatTemplate | None = None):  # fmt: skip
-        limits.check()
         # the server's template: the one given, else the model's own once it has loaded (None: none)
         self.chat_template, self.template_given = chat_template, chat_template is not None
         self.template_error: ChatTemplateError | None = None  # the model's own, where it does not compile
@@ -104,11 +106,9 @@ class Server:
         if not self.ready.is_set():
             raise RequestError(503, "the model is still loading", kind="server_error", headers={"Retry-After": "1"})
 
-    async def body(self, request: Request) -> object:
-        """The JSON body of a request to the model: after the API key and the model's readiness are checked."""
-        self.check_key(request)
-        self.check_ready()
-        return await self.read_json(request)
+    def bounds(self) -> Bounds:
+        """The numbers that bound some fields of a request (`gpt2.serve.protocol.UpTo`), once the model has loaded."""
+        return Bounds(self.model.config.n_ctx, self.model.config.n_vocab, self.limits.max_n)
 
     def check_model(self, name: object) -> None:
         if name is not None and name != self.model_id:
@@ -121,8 +121,8 @@ class Server:
             raise RequestError(401, "Incorrect or missing API key: send the header Authorization: Bearer KEY",
                                code="invalid_api_key")  # fmt: skip
 
-    async def read_json(self, request: Request) -> object:
-        """The request body as JSON, read up to the size limit."""
+    async def read_json(self, request: Request) -> tuple[bytes, object]:
+        """The request body, read up to the size limit, and its JSON."""
         limit = self.limits.max_body_bytes
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
@@ -133,6 +133,49 @@ class Server:
             if len(body) > limit:
                 raise RequestError(413, f"the request body is over the limit of {limit} bytes")
         try:
-            return json.loads(body)
+            return bytes(body), json.loads(body)
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise RequestError(400, f"the request body is not valid JSON: {e}") from None
+
+
+class ModelRoute(APIRoute):
+    """A route to the model, whose endpoint takes its JSON body as a `Body` (`body_model`). Before
+    FastAPI reads the body into it, the API key, the model's readiness, the body's size and JSON
+    (whatever its content-type says) and the model it names are checked; FastAPI's refusal of
+    the body is then answered in the server's words (`Body.refusal`, by create_app's handler)."""
+
+    def __init__(self, path: str, endpoint: Callable[..., Any], **options: Any):
+        hints = [p.annotation for p in inspect.signature(endpoint, eval_str=True).parameters.values()]
+        self.body_model: type[Body] = next(h for h in hints if isinstance(h, type) and issubclass(h, Body))
+        super().__init__(path, endpoint, **options)
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handle = super().get_route_handler()
+
+        async def checked_first(request: Request) -> Response:
+            server: Server = request.app.state.server
+            server.check_key(request)
+            server.check_ready()
+            raw, body = await server.read_json(request)
+            if "model" in self.body_model.model_fields:
+                server.check_model(body.get("model") if isinstance(body, dict) else None)
+            return await handle(_as_json(request, raw))
+
+        return checked_first
+
+
+def _as_json(request: Request, raw: bytes) -> Request:
+    """The request again, its body (read already) given once more and labelled JSON, which
+    FastAPI then reads into the route's model; the rest of the connection (a client that
+    leaves) as it was."""
+    headers = [(k, v) for k, v in request.scope["headers"] if k != b"content-type"] + [(b"content-type", b"application/json")]
+    given = False
+
+    async def receive() -> dict:
+        nonlocal given
+        if given:
+            return await request.receive()
+        given = True
+        return {"type": "http.request", "body": raw, "more_body": False}
+
+    return Request({**request.scope, "headers": headers}, receive)
