@@ -576,12 +576,20 @@ class Trainer:
             optimizer.zero_grad(set_to_none=True)
         return total
 
+    def rates(self, it: int) -> dict[str, float]:
+        """The learning rates of iteration `it`, as logged: lr, AdamW's (every weight, or with Muon
+        the embeddings, biases and LayerNorms), and muon_lr, Muon's (the blocks' matrices), where it runs."""
+        lrs = {"lr": learning_rate(it, self.s)}
+        if any(isinstance(optimizer, torch.optim.Muon) for optimizer in self.optimizers):
+            lrs["muon_lr"] = learning_rate(it, self.s, peak_lr(self.s, muon=True))
+        return lrs
+
     def _log_step(self, it: int, loss: float, seconds: float) -> dict[str, str] | None:
         """Log a step (on rank 0); returns its numbers as shown, by name, for the progress bar or its line."""
         if not self.is_main:
             return None
         tokens_per_s = self.tokens_per_iter / seconds
-        record = {"iter": it, "loss": loss, "lr": learning_rate(it, self.s), "ms": seconds * 1000, "tokens_per_s": tokens_per_s}
+        record = {"iter": it, "loss": loss, **self.rates(it), "ms": seconds * 1000, "tokens_per_s": tokens_per_s}
         shown = {"loss": f"{loss:.4f}", "time": f"{seconds * 1000:.1f}ms", "tok/s": f"{tokens_per_s:,.0f}"}
         if self.peak_flops:
             record["mfu"] = self.flops_per_iter / seconds / self.peak_flops
@@ -662,7 +670,7 @@ class Trainer:
         scores = self.score_task()
         self.evaluated = it
         improved = losses["val"] < self.best_val_loss
-        record = {"iter": it, "train_loss": losses["train"], "val_loss": losses["val"], **scores, "lr": learning_rate(it, self.s),
+        record = {"iter": it, "train_loss": losses["train"], "val_loss": losses["val"], **scores, **self.rates(it),
                   "best": improved}  # fmt: skip
         weights = self.procs.model_state(self.model)  # gathered once (under FSDP, by every process) for both files
         if improved:
