@@ -22,7 +22,7 @@ from gpt2.engines import NumpyEngine, check_draft
 from gpt2.errors import ContextLengthError, GPT2Warning, InputTypeError, InvalidArgumentError
 from gpt2.reference import ReferenceModel
 from gpt2.sampling import Sampling, check_seed
-from gpt2.settings import CHAT_MAX_NEW_TOKENS, DRAFT_TOKENS
+from gpt2.settings import CHAT_MAX_NEW_TOKENS, DRAFT_TOKENS, MAX_NEW_TOKENS
 from gpt2.tokenizer import IncrementalDecoder, Tokenizer
 
 
@@ -70,7 +70,7 @@ class TextGeneration:
         tokenizer: Tokenizer,
         prompts: str | Sequence[str],
         *,
-        max_new_tokens: int = 50,
+        max_new_tokens: int = MAX_NEW_TOKENS,
         temperature: float = 1.0,
         top_k: int | None = None,
         top_p: float | None = None,

@@ -1,7 +1,7 @@
 """The settings a user gives by name, torch-free, so that the command line can offer them
 without starting torch: the precisions of weights and of training (`devices` maps the names
-to torch's dtypes), speculative decoding's default draft tokens, and `TrainSettings`,
-everything a training run is started with.
+to torch's dtypes), the default lengths of continuations and chat replies, speculative
+decoding's default draft tokens, and `TrainSettings`, everything a training run is started with.
 """
 
 from __future__ import annotations
@@ -31,6 +31,12 @@ WEIGHT_DTYPES = ("float32", "bfloat16", "float16")
 INFERENCE_DTYPES = (*WEIGHT_DTYPES, "int8")
 # The tokens a draft model proposes per step, by default, in speculative decoding (decoding.Decoder).
 DRAFT_TOKENS = 4
+# How gpt2 generate, gpt2 chat (and inspect's picture) and a training run's samples sample, by default: the
+# temperature, and the k most likely tokens, clamped to the model's vocabulary (a character model has fewer tokens).
+TEMPERATURE = 0.8
+TOP_K = 200
+# The new tokens of a continuation, by default (generate.TextGeneration, gpt2 generate).
+MAX_NEW_TOKENS = 50
 # A chat reply's longest length, by default, where the model's context has room for it (generate.Chat).
 CHAT_MAX_NEW_TOKENS = 256
 # A training run's compute dtype; auto: devices.training_precision picks one for the device.

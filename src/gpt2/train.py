@@ -79,7 +79,7 @@ from gpt2.evaluate import hellaswag_pairs, hellaswag_right, loss_sum, score_cont
 from gpt2.generate import generate_text
 from gpt2.loggers import WANDB_ID, Loggers, check_loggers, open_loggers, read_log
 from gpt2.model import GPT2
-from gpt2.settings import MUON_LR, TrainSettings, resumed_settings
+from gpt2.settings import MUON_LR, TEMPERATURE, TOP_K, TrainSettings, resumed_settings
 from gpt2.stopping import StopRequested, StopSignals
 from gpt2.tasks import read_hellaswag, task_file
 from gpt2.tokenizer import CharTokenizer, Tokenizer
@@ -703,10 +703,10 @@ class Trainer:
     def sample(self, prompt: str, max_new_tokens: int = 100) -> str:
         """A continuation of the prompt by the model as it is now (seeded: the same at every resume)."""
         self.model.eval()
-        top_k = min(200, self.model.config.n_vocab)
+        top_k = min(TOP_K, self.model.config.n_vocab)
         with warnings.catch_warnings():  # past the block size the context slides, as expected here
             warnings.simplefilter("ignore", ContextOverflowWarning)
-            text = generate_text(self.model, self.tokenizer, prompt, max_new_tokens=max_new_tokens, temperature=0.8,
+            text = generate_text(self.model, self.tokenizer, prompt, max_new_tokens=max_new_tokens, temperature=TEMPERATURE,
                                  top_k=top_k, seed=self.s.seed)[0]  # fmt: skip
         self.model.train()
         return text
