@@ -82,7 +82,6 @@ class TextGeneration:
         draft=None,
         draft_tokens: int = DRAFT_TOKENS,
     ):
-        positive_int("num_samples", num_samples)
         self.stop = check_stop(stop)
         if draft is not None:
             check_draft(model, draft, tokenizer)
@@ -93,7 +92,8 @@ class TextGeneration:
         self.sampling = Sampling(temperature, top_k, top_p)
         request = Request.build([self._encode(tokenizer, prompt, allowed_special) for prompt in prompt_list], max_new_tokens,
                                 n_vocab=model.config.n_vocab, n_ctx=model.config.n_ctx, sampling=self.sampling, seed=seed,
-                                n=num_samples, eos_token_id=tokenizer.eot_token, on_overflow=on_overflow)  # fmt: skip
+                                n=num_samples, n_param="num_samples", eos_token_id=tokenizer.eot_token,
+                                on_overflow=on_overflow)  # fmt: skip
         # the engines (and the memory they need) before the rows, so that errors come before any row is made
         self.engine = self._engine(model, request)
         self.draft = None if draft is None else self._engine(draft, request)
