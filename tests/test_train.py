@@ -404,6 +404,8 @@ def test_a_resumed_run_keeps_its_model(char_data, tmp_path):
     with pytest.raises(InvalidArgumentError, match=r"lr is 1.0, but") as e:
         train(tmp_path / "out", resume=True, max_iters=4, lr=1.0, progress=False)
     assert e.value.param == "lr"
+    with pytest.raises(InvalidArgumentError, match=re.escape("unknown training setting(s): learning_rate")):
+        train(tmp_path / "out", resume=True, learning_rate=1.0, progress=False)  # checked once, in train, as resumed_settings takes them
 
 
 # ------------------------------------------------------------------ stopping

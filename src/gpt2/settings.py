@@ -12,6 +12,7 @@ import math
 import os
 import sys
 import typing
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -218,13 +219,20 @@ RESUME_OVERRIDES = ("max_iters", "eval_interval", "eval_iters", "log_interval", 
                     "wandb_run_name", "tensorboard")  # fmt: skip
 
 
+def check_setting_names(names: Iterable[str]) -> None:
+    """Raise unless each name is a setting's (a field of TrainSettings): the names a run is given,
+    checked once as they come in (`gpt2.train.train`)."""
+    unknown = sorted(set(names) - {f.name for f in dataclasses.fields(TrainSettings)})
+    if unknown:
+        raise InvalidArgumentError(f"unknown training setting(s): {', '.join(unknown)}")
+
+
 def resumed_settings(stored: dict[str, Any], changes: dict[str, Any]) -> TrainSettings:
-    """The stored settings of a run, with the changes a resume may make; any other change is an error."""
+    """The stored settings of a run, with the changes a resume may make (by settings' names, checked:
+    `check_setting_names`); any other change is an error."""
     defaults = {f.name: f.default for f in dataclasses.fields(TrainSettings)}
     stored = {**defaults, **stored}  # a setting added since the run started has its default
     for name, value in changes.items():
-        if name not in defaults:
-            raise InvalidArgumentError(f"unknown setting {name!r}")
         if value != stored[name] and name not in RESUME_OVERRIDES:
             raise InvalidArgumentError(
                 f"{name} is {value!r}, but the run was started with {stored[name]!r}: a resumed run keeps its settings "

@@ -31,7 +31,6 @@ evaluation batches are shared out too, and their losses summed over all processe
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -79,7 +78,7 @@ from gpt2.evaluate import hellaswag_pairs, hellaswag_right, loss_sum, score_cont
 from gpt2.generate import generate_text
 from gpt2.loggers import WANDB_ID, Loggers, check_loggers, open_loggers, read_log
 from gpt2.model import GPT2
-from gpt2.settings import MUON_LR, TEMPERATURE, TOP_K, TrainSettings, resumed_settings
+from gpt2.settings import MUON_LR, TEMPERATURE, TOP_K, TrainSettings, check_setting_names, resumed_settings
 from gpt2.stopping import StopRequested, StopSignals
 from gpt2.tasks import read_hellaswag, task_file
 from gpt2.tokenizer import CharTokenizer, Tokenizer
@@ -859,9 +858,7 @@ def train(out: str | os.PathLike, *, resume: bool = False, overwrite: bool = Fal
     """
     out = Path(out)
     check_out(out, resume, overwrite)
-    unknown = sorted(set(settings) - {f.name for f in dataclasses.fields(TrainSettings)})
-    if unknown:
-        raise InvalidArgumentError(f"unknown training setting(s): {', '.join(unknown)}")
+    check_setting_names(settings)
     state = None
     if resume:
         state = load_checkpoint(out)
