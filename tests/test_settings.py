@@ -13,7 +13,8 @@ import pytest
 from helpers import REPO
 from gpt2 import InvalidArgumentError, RecipeError, RecipeNotFoundError
 from gpt2.config import GPT2Config
-from gpt2.settings import RESUME_OVERRIDES, TrainSettings, read_recipe, recipe_keys, recipe_names, resumed_settings
+from gpt2.settings import (RESUME_OVERRIDES, TrainSettings, check_setting_names, read_recipe, recipe_keys, recipe_names,
+                           resumed_settings)  # fmt: skip
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -69,9 +70,14 @@ def test_a_resume_changes_only_what_leaves_the_losses_alone():
     with pytest.raises(InvalidArgumentError, match=r"lr is 0.01, but the run was started with 0.001: a resumed run keeps") as e:
         resumed_settings(stored, {"lr": 1e-2})
     assert (e.value.param, e.value.also) == ("lr", ("overwrite",))
-    with pytest.raises(InvalidArgumentError, match="unknown setting 'learning_rate'"):
-        resumed_settings(stored, {"learning_rate": 1e-2})
     assert set(RESUME_OVERRIDES) <= set(stored) | {"timeout"}
+
+
+def test_unknown_setting_names_are_named():
+    """The names a run is given (gpt2.train.train checks them, once, as they come in)."""
+    with pytest.raises(InvalidArgumentError, match=re.escape("unknown training setting(s): learning_rate, n_layers")):
+        check_setting_names(["n_layer", "n_layers", "learning_rate"])
+    check_setting_names(f.name for f in dataclasses.fields(TrainSettings))
 
 
 def test_a_resume_may_start_stop_or_change_the_eval_task():

@@ -200,6 +200,19 @@ def test_muon_lr_scales_the_schedule():
     assert learning_rate(150, s, s.lr) == learning_rate(150, s) == 1e-4  # the peak lr itself: the same numbers, bit for bit
 
 
+def test_a_muon_run_logs_muon_lr_beside_adamws_lr(char_data, tmp_path):
+    """Each step's and each evaluation's record: lr, AdamW's schedule (the embeddings, biases and
+    LayerNorms), and muon_lr, Muon's (the blocks' matrices): nanoGPT's curve topped at muon_lr,
+    decaying to min_lr x muon_lr / lr."""
+    settings = dict(TINY, grad_accum=1, warmup_iters=1, eval_interval=2, eval_iters=1)
+    train(tmp_path / "out", data=char_data, max_iters=4, progress=False, optimizer="muon", muon_lr=6e-3, **settings)
+    records = [r for r in read_log(tmp_path / "out" / "log.jsonl") if "lr" in r]
+    assert [r["iter"] for r in records if "loss" in r] == [0, 1, 2, 3] and [r["iter"] for r in records if "val_loss" in r] == [0, 2, 4]
+    for r in records:
+        assert r["lr"] == pytest.approx(nanogpt_lr(r["iter"], 3e-3, 1, 4, 3e-4), rel=1e-12)
+        assert r["muon_lr"] == pytest.approx(nanogpt_lr(r["iter"], 6e-3, 1, 4, 3e-4 * 6e-3 / 3e-3), rel=1e-12)
+
+
 def test_one_muon_step_equals_muon_written_out(gpt2_data, tmp_path):
     """The weights after one step: Muon's update (written out above) for the blocks' matrices,
     with decoupled weight decay at Muon's lr, and AdamW's for the rest."""
@@ -391,6 +404,8 @@ def test_a_resumed_run_keeps_its_model(char_data, tmp_path):
     with pytest.raises(InvalidArgumentError, match=r"lr is 1.0, but") as e:
         train(tmp_path / "out", resume=True, max_iters=4, lr=1.0, progress=False)
     assert e.value.param == "lr"
+    with pytest.raises(InvalidArgumentError, match=re.escape("unknown training setting(s): learning_rate")):
+        train(tmp_path / "out", resume=True, learning_rate=1.0, progress=False)  # checked once, in train, as resumed_settings takes them
 
 
 # ------------------------------------------------------------------ stopping

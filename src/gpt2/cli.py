@@ -26,15 +26,17 @@ from gpt2.settings import (
     DRAFT_TOKENS,
     EVAL_TASKS,
     INFERENCE_DTYPES,
+    MAX_NEW_TOKENS,
     MUON_LR,
     OPTIMIZERS,
+    TEMPERATURE,
+    TOP_K,
     TRAINING_DTYPES,
     TrainSettings,
     read_recipe,
 )
 
 EXIT_USAGE = 2
-DEFAULT_TOP_K = 200  # clamped to the model's vocabulary: a character model has fewer tokens
 
 
 class _UsageError(Exception):
@@ -797,16 +799,17 @@ messages are left out, saying so on stderr.
 
 def _add_sampling_flags(parser: argparse.ArgumentParser) -> None:
     """--temperature, --top-k and --top-p, as generate and chat sample (`_top_k` gives --top-k's default)."""
-    parser.add_argument("--temperature", type=float, default=0.8, help="0 is greedy; higher is more random (default: 0.8)")
+    parser.add_argument("--temperature", type=float, default=TEMPERATURE,
+                        help=f"0 is greedy; higher is more random (default: {TEMPERATURE})")  # fmt: skip
     parser.add_argument("--top-k", type=_whole_number, default=None,
-                        help=f"sample among the k most likely tokens (default: {DEFAULT_TOP_K}, or the vocabulary size if smaller)")  # fmt: skip
+                        help=f"sample among the k most likely tokens (default: {TOP_K}, or the vocabulary size if smaller)")  # fmt: skip
     parser.add_argument("--top-p", type=float, default=None,
                         help="sample among the most likely tokens that make up p of the probability (default: off)")  # fmt: skip
 
 
 def _top_k(args: argparse.Namespace, model) -> int:
-    """--top-k, or DEFAULT_TOP_K clamped to the model's vocabulary."""
-    return min(DEFAULT_TOP_K, model.config.n_vocab) if args.top_k is None else args.top_k
+    """--top-k, or TOP_K clamped to the model's vocabulary."""
+    return min(TOP_K, model.config.n_vocab) if args.top_k is None else args.top_k
 
 
 def _add_chat_parser(commands) -> None:
@@ -969,7 +972,8 @@ def _add_generate_parser(commands) -> None:
     generate.add_argument("--model", default="gpt2", help="gpt2, gpt2-medium, gpt2-large, gpt2-xl (downloaded once), "
                           "shakespeare_char (shipped: a small model of Shakespeare's characters, offline), "
                           "or a local directory (Hugging Face's or OpenAI's release) (default: gpt2)")  # fmt: skip
-    generate.add_argument("--max-new-tokens", type=_whole_number, default=50, help="tokens to generate (default: 50)")
+    generate.add_argument("--max-new-tokens", type=_whole_number, default=MAX_NEW_TOKENS,
+                          help=f"tokens to generate (default: {MAX_NEW_TOKENS})")  # fmt: skip
     _add_sampling_flags(generate)
     generate.add_argument("--seed", type=_whole_number, default=None,
                           help="0 to 2**64-1: the same seed gives the same text; sample i uses seed + i, "
@@ -1021,7 +1025,8 @@ def _add_inspect_parser(commands) -> None:
     inspect.add_argument("--png", metavar="DIR", help="draw the pictures into DIR (needs matplotlib: the inspect extra)")
     inspect.add_argument("--position", type=int, default=-1, metavar="P",
                          help="next-token.png: the position whose next token is drawn, 0-based; -1 the last (default: -1)")  # fmt: skip
-    inspect.add_argument("--temperature", type=float, default=0.8, help="next-token.png: the temperature applied (default: 0.8)")
+    inspect.add_argument("--temperature", type=float, default=TEMPERATURE,
+                         help=f"next-token.png: the temperature applied (default: {TEMPERATURE})")  # fmt: skip
     inspect.add_argument("--top-p", type=float, default=None, help="next-token.png: the top-p filter (default: off)")
     inspect.add_argument("--color", choices=["auto", "always", "never"], default="auto",
                          help="colour tokens by surprise: auto does on a terminal without $NO_COLOR (default: auto)")  # fmt: skip

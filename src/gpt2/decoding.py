@@ -147,8 +147,9 @@ class Row:
 
 
 def row_seed(seed: int | None, row: int) -> int | None:
-    """The seed of row `row` of a call seeded `seed`: seed + row, modulo 2**64 (None: unseeded)."""
-    return None if seed is None else (check_seed(seed) + row) % (SEED_MAX + 1)
+    """The seed of row `row` of a call seeded `seed` (checked where it came in: `Request.build`,
+    `gpt2.generate.Chat`): seed + row, modulo 2**64 (None: unseeded)."""
+    return None if seed is None else (seed + row) % (SEED_MAX + 1)
 
 
 # ------------------------------------------------------------------ requests: every front door's rows
@@ -175,15 +176,16 @@ class Request:
     @classmethod
     def build(cls, prompts: Sequence[list[int]], max_new_tokens: int, *, n_vocab: int, n_ctx: int, sampling: Sampling = Sampling(),
               seed: int | None = None, n: int = 1, eos_token_id: int | None = None, logprobs: int | None = None,
-              echo_logprobs: bool = False, on_overflow: str = "slide", allow_zero: bool = False) -> Request:  # fmt: skip
-        """Check every part of a request, then hold it. `allow_zero` lets max_new_tokens be 0
-        (the prompt only scored, as OpenAI's echo with max_tokens 0); past n_ctx the context
-        slides, with a warning, or it is an error (`on_overflow`)."""
-        check_max_new_tokens(max_new_tokens, allow_zero)
+              echo_logprobs: bool = False, on_overflow: str = "slide", allow_zero: bool = False,
+              n_param: str = "n") -> Request:  # fmt: skip
+        """Check every part of a request, then hold it: each value once, here, on its way in from
+        the front door (`n_param`: n's name there, num_samples in the text API). `allow_zero` lets
+        max_new_tokens be 0 (the prompt only scored, as OpenAI's echo with max_tokens 0); past n_ctx
+        the context slides, with a warning, or it is an error (`on_overflow`)."""
+        max_new_tokens = check_max_new_tokens(max_new_tokens, allow_zero)
         sampling.check(n_vocab)
-        if seed is not None:
-            check_seed(seed)
-        positive_int("n", n)
+        seed = None if seed is None else check_seed(seed)  # an int, as the rows' seeds are made from it
+        n = positive_int(n_param, n)
         check_prompts(prompts, n_vocab)
         check_context([len(p) for p in prompts], max_new_tokens, n_ctx, on_overflow, stacklevel=4)  # its caller's caller
         return cls(list(prompts), max_new_tokens, sampling, seed, n, eos_token_id, logprobs, echo_logprobs)

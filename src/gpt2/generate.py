@@ -21,7 +21,7 @@ from gpt2.engines import NumpyEngine, check_draft
 from gpt2.errors import ContextLengthError, GPT2Warning, InputTypeError, InvalidArgumentError
 from gpt2.reference import ReferenceModel
 from gpt2.sampling import Sampling, check_seed
-from gpt2.settings import CHAT_MAX_NEW_TOKENS, DRAFT_TOKENS
+from gpt2.settings import CHAT_MAX_NEW_TOKENS, DRAFT_TOKENS, MAX_NEW_TOKENS
 from gpt2.tokenizer import IncrementalDecoder, Tokenizer
 from gpt2.tokenizer.chat import HOW_TO_ADD, ChatTemplate, ReplyText, special_token_names
 
@@ -70,7 +70,7 @@ class TextGeneration:
         tokenizer: Tokenizer,
         prompts: str | Sequence[str],
         *,
-        max_new_tokens: int = 50,
+        max_new_tokens: int = MAX_NEW_TOKENS,
         temperature: float = 1.0,
         top_k: int | None = None,
         top_p: float | None = None,
@@ -82,7 +82,6 @@ class TextGeneration:
         draft=None,
         draft_tokens: int = DRAFT_TOKENS,
     ):
-        positive_int("num_samples", num_samples)
         self.stop = check_stop(stop)
         if draft is not None:
             check_draft(model, draft, tokenizer)
@@ -93,7 +92,8 @@ class TextGeneration:
         self.sampling = Sampling(temperature, top_k, top_p)
         request = Request.build([self._encode(tokenizer, prompt, allowed_special) for prompt in prompt_list], max_new_tokens,
                                 n_vocab=model.config.n_vocab, n_ctx=model.config.n_ctx, sampling=self.sampling, seed=seed,
-                                n=num_samples, eos_token_id=tokenizer.eot_token, on_overflow=on_overflow)  # fmt: skip
+                                n=num_samples, n_param="num_samples", eos_token_id=tokenizer.eot_token,
+                                on_overflow=on_overflow)  # fmt: skip
         # the engines (and the memory they need) before the rows, so that errors come before any row is made
         self.engine = self._engine(model, request)
         self.draft = None if draft is None else self._engine(draft, request)

@@ -134,6 +134,7 @@ _TORCH_STATE_BYTES = 5056  # torch's CPU generator state, as get_state() gives i
 
 
 def check_seed(seed: int) -> int:
+    """A seed as a caller gives it: a whole number from 0 to SEED_MAX."""
     return int_between("seed", seed, 0, SEED_MAX, "a whole number")
 
 
@@ -144,8 +145,8 @@ def seeded_generator(seed: int) -> torch.Generator:
     2**32 and 2**63 would sample the same text. Below 2**32 this is torch's own seeding (the same
     stream as torch.manual_seed); from 2**32 up, the twister's state comes from both 32-bit
     halves through the reference `init_by_array`, as NumPy's and Python's twisters seed.
+    The seed is checked (`check_seed`) where it came in, as a request's (`gpt2.decoding.Request.build`).
     """
-    seed = check_seed(seed)
     generator = torch.Generator()
     if seed < 2**32:
         return generator.manual_seed(seed)

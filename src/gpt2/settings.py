@@ -1,7 +1,7 @@
 """The settings a user gives by name, torch-free, so that the command line can offer them
 without starting torch: the precisions of weights and of training (`devices` maps the names
-to torch's dtypes), speculative decoding's default draft tokens, and `TrainSettings`,
-everything a training run is started with.
+to torch's dtypes), the default lengths of continuations and chat replies, speculative
+decoding's default draft tokens, and `TrainSettings`, everything a training run is started with.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import math
 import os
 import sys
 import typing
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,12 @@ WEIGHT_DTYPES = ("float32", "bfloat16", "float16")
 INFERENCE_DTYPES = (*WEIGHT_DTYPES, "int8")
 # The tokens a draft model proposes per step, by default, in speculative decoding (decoding.Decoder).
 DRAFT_TOKENS = 4
+# How gpt2 generate, gpt2 chat (and inspect's picture) and a training run's samples sample, by default: the
+# temperature, and the k most likely tokens, clamped to the model's vocabulary (a character model has fewer tokens).
+TEMPERATURE = 0.8
+TOP_K = 200
+# The new tokens of a continuation, by default (generate.TextGeneration, gpt2 generate).
+MAX_NEW_TOKENS = 50
 # A chat reply's longest length, by default, where the model's context has room for it (generate.Chat).
 CHAT_MAX_NEW_TOKENS = 256
 # A training run's compute dtype; auto: devices.training_precision picks one for the device.
@@ -212,13 +219,20 @@ RESUME_OVERRIDES = ("max_iters", "eval_interval", "eval_iters", "log_interval", 
                     "wandb_run_name", "tensorboard")  # fmt: skip
 
 
+def check_setting_names(names: Iterable[str]) -> None:
+    """Raise unless each name is a setting's (a field of TrainSettings): the names a run is given,
+    checked once as they come in (`gpt2.train.train`)."""
+    unknown = sorted(set(names) - {f.name for f in dataclasses.fields(TrainSettings)})
+    if unknown:
+        raise InvalidArgumentError(f"unknown training setting(s): {', '.join(unknown)}")
+
+
 def resumed_settings(stored: dict[str, Any], changes: dict[str, Any]) -> TrainSettings:
-    """The stored settings of a run, with the changes a resume may make; any other change is an error."""
+    """The stored settings of a run, with the changes a resume may make (by settings' names, checked:
+    `check_setting_names`); any other change is an error."""
     defaults = {f.name: f.default for f in dataclasses.fields(TrainSettings)}
     stored = {**defaults, **stored}  # a setting added since the run started has its default
     for name, value in changes.items():
-        if name not in defaults:
-            raise InvalidArgumentError(f"unknown setting {name!r}")
         if value != stored[name] and name not in RESUME_OVERRIDES:
             raise InvalidArgumentError(
                 f"{name} is {value!r}, but the run was started with {stored[name]!r}: a resumed run keeps its settings "

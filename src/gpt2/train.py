@@ -31,7 +31,6 @@ evaluation batches are shared out too, and their losses summed over all processe
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -79,7 +78,7 @@ from gpt2.evaluate import hellaswag_pairs, hellaswag_right, loss_sum, score_cont
 from gpt2.generate import generate_text
 from gpt2.loggers import WANDB_ID, Loggers, check_loggers, open_loggers, read_log
 from gpt2.model import GPT2
-from gpt2.settings import MUON_LR, TrainSettings, resumed_settings
+from gpt2.settings import MUON_LR, TEMPERATURE, TOP_K, TrainSettings, check_setting_names, resumed_settings
 from gpt2.stopping import StopRequested, StopSignals
 from gpt2.tasks import read_hellaswag, task_file
 from gpt2.tokenizer import CharTokenizer, Tokenizer
@@ -576,12 +575,20 @@ class Trainer:
             optimizer.zero_grad(set_to_none=True)
         return total
 
+    def rates(self, it: int) -> dict[str, float]:
+        """The learning rates of iteration `it`, as logged: lr, AdamW's (every weight, or with Muon
+        the embeddings, biases and LayerNorms), and muon_lr, Muon's (the blocks' matrices), where it runs."""
+        lrs = {"lr": learning_rate(it, self.s)}
+        if any(isinstance(optimizer, torch.optim.Muon) for optimizer in self.optimizers):
+            lrs["muon_lr"] = learning_rate(it, self.s, peak_lr(self.s, muon=True))
+        return lrs
+
     def _log_step(self, it: int, loss: float, seconds: float) -> dict[str, str] | None:
         """Log a step (on rank 0); returns its numbers as shown, by name, for the progress bar or its line."""
         if not self.is_main:
             return None
         tokens_per_s = self.tokens_per_iter / seconds
-        record = {"iter": it, "loss": loss, "lr": learning_rate(it, self.s), "ms": seconds * 1000, "tokens_per_s": tokens_per_s}
+        record = {"iter": it, "loss": loss, **self.rates(it), "ms": seconds * 1000, "tokens_per_s": tokens_per_s}
         shown = {"loss": f"{loss:.4f}", "time": f"{seconds * 1000:.1f}ms", "tok/s": f"{tokens_per_s:,.0f}"}
         if self.peak_flops:
             record["mfu"] = self.flops_per_iter / seconds / self.peak_flops
@@ -662,7 +669,7 @@ class Trainer:
         scores = self.score_task()
         self.evaluated = it
         improved = losses["val"] < self.best_val_loss
-        record = {"iter": it, "train_loss": losses["train"], "val_loss": losses["val"], **scores, "lr": learning_rate(it, self.s),
+        record = {"iter": it, "train_loss": losses["train"], "val_loss": losses["val"], **scores, **self.rates(it),
                   "best": improved}  # fmt: skip
         weights = self.procs.model_state(self.model)  # gathered once (under FSDP, by every process) for both files
         if improved:
@@ -695,10 +702,10 @@ class Trainer:
     def sample(self, prompt: str, max_new_tokens: int = 100) -> str:
         """A continuation of the prompt by the model as it is now (seeded: the same at every resume)."""
         self.model.eval()
-        top_k = min(200, self.model.config.n_vocab)
+        top_k = min(TOP_K, self.model.config.n_vocab)
         with warnings.catch_warnings():  # past the block size the context slides, as expected here
             warnings.simplefilter("ignore", ContextOverflowWarning)
-            text = generate_text(self.model, self.tokenizer, prompt, max_new_tokens=max_new_tokens, temperature=0.8,
+            text = generate_text(self.model, self.tokenizer, prompt, max_new_tokens=max_new_tokens, temperature=TEMPERATURE,
                                  top_k=top_k, seed=self.s.seed)[0]  # fmt: skip
         self.model.train()
         return text
@@ -851,9 +858,7 @@ def train(out: str | os.PathLike, *, resume: bool = False, overwrite: bool = Fal
     """
     out = Path(out)
     check_out(out, resume, overwrite)
-    unknown = sorted(set(settings) - {f.name for f in dataclasses.fields(TrainSettings)})
-    if unknown:
-        raise InvalidArgumentError(f"unknown training setting(s): {', '.join(unknown)}")
+    check_setting_names(settings)
     state = None
     if resume:
         state = load_checkpoint(out)
