@@ -7,8 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from helpers import VOCAB, corpus, tiktoken_from_files
-from gpt2.data import prepare
+# Tests run tiny models, on which torch's threads only wait on each other: on 2 cores, two threads
+# ran the suite 2x slower, and 7x when another process was busy. Set before torch is imported, so
+# this process and every command the tests start run on one thread (docs/devices.md).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from helpers import VOCAB, corpus, tiktoken_from_files  # noqa: E402
+from gpt2.data import prepare  # noqa: E402
 
 # The served models and servers of tests/test_serve_*.py, each started once per test run.
 pytest_plugins = ["serve_fixtures"]

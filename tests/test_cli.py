@@ -269,9 +269,9 @@ def test_ctrl_c_while_streaming_keeps_what_was_printed(model_dir):
     import signal
     import time
 
-    process = subprocess.Popen(
+    process = subprocess.Popen(  # past the context: still generating when the signal comes, however fast
         [sys.executable, "-m", "gpt2", "generate", "Tell me a story", "--model", model_dir, "--engine", "numpy",
-         "--max-new-tokens", "60", "--seed", "1"],
+         "--max-new-tokens", "100000", "--seed", "1"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=heed_ctrl_c,
     )  # fmt: skip
     first = process.stdout.read(len("Tell me a story"))  # the prompt arrives first, then tokens

@@ -194,6 +194,11 @@ class Block(nn.Module):
         return x
 
 
+def embedding(n: int, n_embd: int, init: bool) -> nn.Embedding:
+    """An (n, n_embd) table; uninitialised unless `init` (its weights come from a checkpoint)."""
+    return nn.Embedding(n, n_embd) if init else nn.Embedding(n, n_embd, _weight=torch.empty(n, n_embd))
+
+
 def check_idx(idx: torch.Tensor) -> None:
     """The model's input: an integer tensor of token ids (B, T)."""
     if not isinstance(idx, torch.Tensor) or idx.dtype.is_floating_point or idx.dtype == torch.bool:
@@ -215,19 +220,23 @@ class GPT2(nn.Module):
         self.checkpoint_activations = False  # trade compute for memory in training (see trunk)
         self.tokenizer = None  # from_pretrained sets the tokenizer saved with the weights
         learned = config.positions == "learned"
+        # Built on the meta device (from_pretrained), the weights are left uninitialised: torch
+        # initialises a meta tensor through its Python reference ops, importing torch._dynamo (1.4 s).
+        init = torch.get_default_device().type != "meta"
         self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(config.n_vocab, config.n_embd),
-            wpe=nn.Embedding(config.n_ctx, config.n_embd) if learned else SinusoidalPositions(config.n_ctx, config.n_embd),
+            wte=embedding(config.n_vocab, config.n_embd, init),
+            wpe=embedding(config.n_ctx, config.n_embd, init) if learned else SinusoidalPositions(config.n_ctx, config.n_embd),
             drop=nn.Dropout(config.dropout),
             h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
             ln_f=nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon, bias=config.bias),
         ))  # fmt: skip
         self.transformer.wte.register_buffer("scale", None, persistent=False)  # (V,) for int8 weights
-        self.apply(self._init_weights)
-        # GPT-2's scaled init: residual projections shrink with depth so the sum stays O(1).
-        for name, p in self.named_parameters():
-            if name.endswith("c_proj.weight"):
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+        if init:
+            self.apply(self._init_weights)
+            # GPT-2's scaled init: residual projections shrink with depth so the sum stays O(1).
+            for name, p in self.named_parameters():
+                if name.endswith("c_proj.weight"):
+                    nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
