@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from helpers import VOCAB, corpus, tiktoken_from_files
-from gpt2.data import prepare
+from gpt2.data.tokens import prepare
 
-# The served models and servers of tests/test_serve_*.py, each started once per test run.
+# The served models and servers of tests/serve/test_serve_*.py, each started once per test run.
 pytest_plugins = ["serve_fixtures"]
 
 # Tests never wait on the Hugging Face hub's retries.
