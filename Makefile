@@ -24,10 +24,10 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e ".[dev,train,eval,serve,inspect]"
 	touch $@ $(VENV)/.installed
 
-# The decode kernel (src/gpt2/_gemv.py): compiled once for each Python, torch, compiler and
+# The decode kernel (src/gpt2/generation/kernels.py): compiled once for each Python, torch, compiler and
 # CPU (about 50 s on 2 cores), here at set-up rather than in the first generation.
 kernel: $(VENV)/.installed
-	@$(BIN)/python -m gpt2._gemv
+	@$(BIN)/python -m gpt2.generation.kernels
 
 # MODEL: a released name (downloaded once) or a local directory of weights.
 MODEL ?= gpt2

@@ -24,12 +24,12 @@ import torch
 from _common import print_table  # (and tests/ on the path)
 from helpers import Running, conversation, digit_questions, write_conversations
 
-from gpt2.config import GPT2Config
-from gpt2.data import prepare_chat
-from gpt2.model import GPT2
+from gpt2.checkpoints.config import GPT2Config
+from gpt2.data.tokens import prepare_chat
+from gpt2.model.model import GPT2
 from gpt2.tokenizer import load_tokenizer
 from gpt2.tokenizer.chat import DEFAULT_TEMPLATE
-from gpt2.train import train
+from gpt2.training.train import train
 
 SHAPES = {"124M": {"n_layer": 12, "n_head": 12, "n_embd": 768}, "quick": {"n_layer": 2, "n_head": 4, "n_embd": 128}}
 

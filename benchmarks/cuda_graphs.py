@@ -48,7 +48,7 @@ def synchronized(fn):
 
 
 def check_equal_in_float32(directory: str) -> None:
-    from gpt2.model import GPT2
+    from gpt2.model.model import GPT2
 
     model = GPT2.from_pretrained(directory, device="cuda")
     idx = torch.randint(0, 50257, (3, 16), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
@@ -58,7 +58,7 @@ def check_equal_in_float32(directory: str) -> None:
 
 
 def measure(shape: str, rounds: int) -> list[tuple[str, ...]]:
-    from gpt2.model import GPT2
+    from gpt2.model.model import GPT2
 
     hf, directory = random_model(shape)
     check_equal_in_float32(directory)

@@ -5,14 +5,14 @@
 The text is the first N GPT-2 ids of tinyshakespeare (WikiText-2's test split is about 287k
 ids; the first N suffice for a rate). The peer is the loop of Hugging Face's guide "Perplexity
 of fixed-length models": `GPT2LMHeadModel(input_ids, labels=target_ids)` one window at a time,
-which computes logits for every position. `gpt2.evaluate.perplexity` batches the windows and
+which computes logits for every position. `gpt2.evaluation.evaluate.perplexity` batches the windows and
 computes logits only where ids are scored. Both run fp32 on the CPU with torch's default
 threads, alternating for R rounds (medians), and both perplexities are printed: they must agree.
 Run it on a quiet machine.
 
     .venv/bin/python benchmarks/evaluate.py --hellaswag [--examples 40] [--rounds 3]
 
-With --hellaswag: `gpt2.evaluate.score_continuations` on HellaSwag's shape (a context of 60-100
+With --hellaswag: `gpt2.evaluation.evaluate.score_continuations` on HellaSwag's shape (a context of 60-100
 ids, four endings of 15-30; random ids, the 124M shape's random weights), with each context's
 blocks kept and reused (the default) and without (prefix_cache_mb=0), alternating: examples
 per second, and the largest difference between the two's scores.
@@ -71,8 +71,8 @@ def main() -> None:
     from transformers.utils import logging as hf_logging
 
     from gpt2 import Tokenizer
-    from gpt2.evaluate import perplexity
-    from gpt2.model import GPT2
+    from gpt2.evaluation.evaluate import perplexity
+    from gpt2.model.model import GPT2
 
     hf_logging.set_verbosity_error()
     name, text = corpus()
@@ -111,8 +111,8 @@ def main() -> None:
 def hellaswag_shaped(examples: int, batch_size: int, rounds: int) -> None:
     from _common import random_124m
 
-    from gpt2.evaluate import score_continuations
-    from gpt2.model import GPT2
+    from gpt2.evaluation.evaluate import score_continuations
+    from gpt2.model.model import GPT2
 
     _, directory = random_124m()
     model = GPT2.from_pretrained(directory, device="cpu")

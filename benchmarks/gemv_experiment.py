@@ -1,13 +1,13 @@
-"""Does the gemv kernel (src/gpt2/_gemv.py) make fp32 CPU decoding faster than oneDNN?
+"""Does the gemv kernel (src/gpt2/generation/kernels.py) make fp32 CPU decoding faster than oneDNN?
 
     .venv/bin/python benchmarks/gemv_experiment.py [--rounds 5] [--steps 20] [--rows 1] [--skip-generate]
 
 1. Streaming: one decode step's weights (12 layers x c_attn 768x2304, attn c_proj 768x768,
    c_fc 768x3072 + GELU, mlp c_proj 3072x768, then the 768x50257 unembedding given as wte.t())
    through each option, in GB/s of weights read: the gemv kernel, oneDNN's _linear_pointwise
-   (gpt2._gemv.linear's fallback) and plain `x @ w (+ b)`.
+   (gpt2.generation.kernels.linear's fallback) and plain `x @ w (+ b)`.
 2. Generation: GPT2(GPT2Config()).generate(16-token prompt, 128 new tokens, greedy), with
-   the kernel (what gpt2._gemv.linear tries first) and without it (oneDNN then).
+   the kernel (what gpt2.generation.kernels.linear tries first) and without it (oneDNN then).
 
 The machine is shared, so options alternate within every round (in a rotating order) and the
 script prints medians with min-max spreads.
@@ -22,10 +22,10 @@ import time
 import torch
 import torch.nn.functional as F
 
-import gpt2._gemv
-from gpt2._gemv import _extension, gemv
-from gpt2.config import GPT2Config
-from gpt2.model import GPT2
+import gpt2.generation.kernels
+from gpt2.checkpoints.config import GPT2Config
+from gpt2.generation.kernels import _extension, gemv
+from gpt2.model.model import GPT2
 
 onednn = torch.ops.mkldnn._linear_pointwise
 C, V, LAYERS = 768, 50257, 12
@@ -102,17 +102,17 @@ def generation(rounds: int) -> None:
     model = GPT2(GPT2Config()).eval()
     idx = torch.randint(0, 50257, (1, 16), generator=torch.Generator().manual_seed(0))
     new = 128
-    # gpt2._gemv.linear tries the kernel first; with it answering None, decoding takes oneDNN
-    with_kernel, without_kernel = gpt2._gemv.gemv, lambda *args: None
+    # gpt2.generation.kernels.linear tries the kernel first; with it answering None, decoding takes oneDNN
+    with_kernel, without_kernel = gpt2.generation.kernels.gemv, lambda *args: None
 
     def run(kernel) -> tuple[float, torch.Tensor]:
-        gpt2._gemv.gemv = kernel
+        gpt2.generation.kernels.gemv = kernel
         try:
             start = time.perf_counter()
             out = model.generate(idx, new, temperature=0)
             return new / (time.perf_counter() - start), out
         finally:
-            gpt2._gemv.gemv = with_kernel
+            gpt2.generation.kernels.gemv = with_kernel
 
     _, ref = run(without_kernel)  # warm up both, and check they pick the same tokens
     _, out = run(with_kernel)

@@ -43,7 +43,7 @@ def status(f):
 B = int(sys.argv[2])
 idx = torch.randint(0, 50257, (B, 16), generator=torch.Generator().manual_seed(0))
 if sys.argv[3] == "gpt2":
-    from gpt2.model import GPT2
+    from gpt2.model.model import GPT2
     model = GPT2.from_pretrained(sys.argv[1], device="cpu")
     run = lambda: model.generate(idx, 128, temperature=0)
 else:
@@ -101,8 +101,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
 
-    from gpt2.engines import TorchEngine
-    from gpt2.model import GPT2
+    from gpt2.generation.engines import TorchEngine
+    from gpt2.model.model import GPT2
 
     hf, tmp = random_124m()
     models = {dtype: GPT2.from_pretrained(tmp, device="cpu", dtype=dtype) for dtype in DTYPES}

@@ -54,7 +54,7 @@ def main() -> None:
     from transformers.utils import logging as hf_logging
 
     from gpt2 import Tokenizer
-    from gpt2.model import GPT2
+    from gpt2.model.model import GPT2
     from gpt2.serve.inspection import InspectRequest, inspection_json
 
     hf_logging.set_verbosity_error()

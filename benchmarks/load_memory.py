@@ -21,7 +21,7 @@ from pathlib import Path
 WEIGHT_BYTES = 124_439_808 * 4
 
 LOADERS = {
-    "gpt2 GPT2.from_pretrained": "from gpt2.model import GPT2\nmodel = GPT2.from_pretrained(PATH, device='cpu')",
+    "gpt2 GPT2.from_pretrained": "from gpt2.model.model import GPT2\nmodel = GPT2.from_pretrained(PATH, device='cpu')",
     "transformers GPT2LMHeadModel.from_pretrained": (
         "from transformers import GPT2LMHeadModel\nmodel = GPT2LMHeadModel.from_pretrained(PATH)"
     ),
@@ -31,7 +31,7 @@ LOADERS = {
 # the peak resident size (VmHWM) since process start; writing 5 to clear_refs resets it.
 PROBE = """
 import gc, sys
-import torch, transformers, safetensors, gpt2.model
+import torch, transformers, safetensors, gpt2.model.model
 
 def status(field):
     for line in open("/proc/self/status"):

@@ -21,10 +21,10 @@ DTYPES = ("float32", "bfloat16", "float16", "int8")
 
 
 def accuracy(iters: int) -> list[list[str]]:
-    from gpt2.data import open_data, prepare
-    from gpt2.evaluate import agreement, evaluate_data
-    from gpt2.model import GPT2
-    from gpt2.train import train
+    from gpt2.data.tokens import open_data, prepare
+    from gpt2.evaluation.evaluate import agreement, evaluate_data
+    from gpt2.model.model import GPT2
+    from gpt2.training.train import train
 
     root = Path(tempfile.mkdtemp())
     name, text = corpus()

@@ -3,8 +3,8 @@
     .venv/bin/python benchmarks/memory.py
 
 gpt2 refuses a size whose estimate is over 1.25 times the memory available, and warns over 1x
-(`gpt2.devices.check_fits`): the estimates (`gpt2.train.training_memory`,
-`gpt2.engines.KVCache.bytes_needed`) should sit near the truth, and above it rather than below.
+(`gpt2.devices.check_fits`): the estimates (`gpt2.training.train.training_memory`,
+`gpt2.generation.engines.KVCache.bytes_needed`) should sit near the truth, and above it rather than below.
 Each case runs in a process of its own: the resident memory just before the work, against its
 peak (VmHWM) after it, is what the work took. Memory, not time: a busy machine does not skew it.
 """
@@ -22,10 +22,10 @@ from _common import print_table
 TRAIN = """
 import json, sys, torch
 import matplotlib.pyplot  # loaded before the baseline: the plot is not what is measured
-from gpt2.data import open_data
+from gpt2.data.tokens import open_data
 from gpt2.devices import resolve_device
 from gpt2.settings import TrainSettings
-from gpt2.train import planned_config, train, training_memory
+from gpt2.training.train import planned_config, train, training_memory
 torch.set_num_threads(1)
 data, out, settings = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 def status(field):
@@ -40,8 +40,8 @@ print(json.dumps({"estimate": estimate, "used": status("VmHWM") - before}))
 
 GENERATE = """
 import json, sys, torch
-from gpt2.engines import KVCache
-from gpt2.model import GPT2
+from gpt2.generation.engines import KVCache
+from gpt2.model.model import GPT2
 torch.set_num_threads(1)
 model = GPT2.from_pretrained(sys.argv[1], device="cpu")
 rows, new = int(sys.argv[2]), int(sys.argv[3])

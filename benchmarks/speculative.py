@@ -4,7 +4,7 @@
 
 1. The corpus (tinyshakespeare from ../shared, else the tests' fallback) is prepared by
    characters, and two models of the same width are trained on it with the same recipe and
-   seed (`gpt2.train`): 2 layers (the draft) and 8 (the model). Their validation losses are
+   seed (`gpt2.training.train`): 2 layers (the draft) and 8 (the model). Their validation losses are
    reported: a pair agrees as real pairs do when the larger is clearly the better.
 2. Prompts: the first characters of lines of the validation text. Each is continued alone
    (batch 1, the case speculative decoding is for), greedy and sampled at temperature 1 (seed
@@ -34,11 +34,11 @@ from pathlib import Path
 import torch
 
 from _common import corpus, print_table
-from gpt2.data import prepare
-from gpt2.decoding import Row, run
-from gpt2.model import GPT2
-from gpt2.sampling import Sampling
-from gpt2.train import train
+from gpt2.data.tokens import prepare
+from gpt2.generation.decoding import Row, run
+from gpt2.generation.sampling import Sampling
+from gpt2.model.model import GPT2
+from gpt2.training.train import train
 
 FULL = dict(n_embd=128, n_head=4, block_size=128, batch_size=12, max_iters=600, lr=2e-3, min_lr=2e-4, warmup_iters=50)
 QUICK = dict(n_embd=64, n_head=4, block_size=128, batch_size=8, max_iters=20, lr=1e-3, min_lr=1e-4, warmup_iters=5)

@@ -30,7 +30,7 @@ from _common import print_table, random_124m
 
 WORKER = """
 import json, statistics, sys, time, torch
-from gpt2.model import GPT2
+from gpt2 import GPT2  # the public name: the same in every tree, whatever its modules
 path, kind = sys.argv[1], sys.argv[2]
 if kind == "tiny":
     torch.set_num_threads(1)
@@ -96,8 +96,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     args = parser.parse_args()
     for tree in (args.before, args.after):
-        if not (tree / "src" / "gpt2" / "model.py").is_file():
-            raise SystemExit(f"--before/--after: {tree} is not a checkout of gpt2 (no src/gpt2/model.py)")
+        if not (tree / "src" / "gpt2" / "__init__.py").is_file():
+            raise SystemExit(f"--before/--after: {tree} is not a checkout of gpt2 (no src/gpt2/__init__.py)")
     _, big = random_124m()
     models = {"124M": big, "tiny": tiny_model()}
     runs: dict[str, list[dict[str, float]]] = {"before": [], "after": []}

@@ -13,9 +13,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from gpt2.checkpoints.weights import HUB_REPOS, download
 from gpt2.cli import main as gpt2_main
 from gpt2.errors import CheckpointNotFoundError
-from gpt2.weights import HUB_REPOS, download
 
 PROMPT = "Alan Turing theorized that computers would one day become"
 SHIPPED = "shakespeare_char"  # gpt2.examples.MODELS: in the package, so it needs no network

@@ -13,9 +13,9 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from helpers import VOCAB, corpus, tiktoken_from_files  # noqa: E402
-from gpt2.data import prepare  # noqa: E402
+from gpt2.data.tokens import prepare  # noqa: E402
 
-# The served models and servers of tests/test_serve_*.py, each started once per test run.
+# The served models and servers of tests/serve/test_serve_*.py, each started once per test run.
 pytest_plugins = ["serve_fixtures"]
 
 # Tests never wait on the Hugging Face hub's retries.

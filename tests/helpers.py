@@ -138,8 +138,8 @@ def nanogpt_model(seed: int = 0):
     """A model without biases, with sinusoidal positions: what transformers' GPT-2 has neither of."""
     import torch
 
-    from gpt2.config import GPT2Config
-    from gpt2.model import GPT2
+    from gpt2.checkpoints.config import GPT2Config
+    from gpt2.model.model import GPT2
 
     torch.manual_seed(seed)
     model = GPT2(GPT2Config(n_vocab=101, n_ctx=24, n_embd=48, n_head=3, n_layer=2, bias=False, positions="sinusoidal")).eval()

@@ -1,4 +1,4 @@
-"""What the tests of `gpt2 serve` share (tests/test_serve_*.py): a tiny model with GPT-2's
+"""What the tests of `gpt2 serve` share (tests/serve/test_serve_*.py): a tiny model with GPT-2's
 vocabulary, servers of it started once per test run, and the ways the tests talk to them."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import pytest
 from helpers import REPO, Running, heed_ctrl_c, make_hf_model, perturbed
 from gpt2 import Tokenizer
 from gpt2.cli import main
-from gpt2.generate import generate_text
-from gpt2.model import GPT2
+from gpt2.generation.generate import generate_text
+from gpt2.model.model import GPT2
 from gpt2.tokenizer import CharTokenizer
 
 ENC = Tokenizer.gpt2()

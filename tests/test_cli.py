@@ -120,7 +120,7 @@ def model_dir(tmp_path_factory):
 
 def expected_text(model_dir, prompt, **options):
     from gpt2 import GPT2, Tokenizer
-    from gpt2.generate import generate_text
+    from gpt2.generation.generate import generate_text
 
     return generate_text(GPT2.from_pretrained(model_dir, device="cpu"), Tokenizer.gpt2(), prompt, **options)[0]
 
@@ -139,7 +139,7 @@ def test_generate_streams_prompt_and_continuation(capsys, model_dir):
 
 
 def test_generate_reads_end_of_text_in_a_prompt_as_the_special_token_unless_told(capsys, model_dir):
-    """As OpenAI's API and gpt2 serve read it (tests/test_serve_protocol.py checks that the two agree)."""
+    """As OpenAI's API and gpt2 serve read it (tests/serve/test_serve_protocol.py checks that the two agree)."""
     prompt = "The end.<|endoftext|>A new story"
     argv = ["generate", prompt, "--model", model_dir, "--max-new-tokens", "10", "--temperature", "0", "--no-stream"]
     special = expected_text(model_dir, prompt, max_new_tokens=10, temperature=0, allowed_special={"<|endoftext|>"})
@@ -328,7 +328,7 @@ def test_one_summary_for_all_samples_and_1_token_in_the_singular(capsys, model_d
 def test_samples_generated_together_print_one_after_another_with_the_one_seed_rule(capsys, model_dir):
     """Streamed or not, sample i is what the Python API gives row i, and seed + i alone."""
     from gpt2 import GPT2, Tokenizer
-    from gpt2.generate import generate_text
+    from gpt2.generation.generate import generate_text
 
     model = GPT2.from_pretrained(model_dir, device="cpu")
     texts = generate_text(model, Tokenizer.gpt2(), "Hi", max_new_tokens=12, seed=5, top_k=200, temperature=0.8, num_samples=3)
@@ -376,12 +376,12 @@ def test_a_model_that_produces_nan_stops_with_one_line(capsys, tmp_path):
 
 
 # the replay below runs past the tiny model's context too, with the warning the CLI printed
-@pytest.mark.filterwarnings("ignore::gpt2.decoding.ContextOverflowWarning")
+@pytest.mark.filterwarnings("ignore::gpt2.generation.decoding.ContextOverflowWarning")
 def test_ctrl_c_without_streaming_prints_what_was_generated(model_dir):
     import signal
 
     from gpt2 import Tokenizer
-    from gpt2.generate import generate_text
+    from gpt2.generation.generate import generate_text
     from gpt2.reference import ReferenceModel
 
     argv = ["generate", "Tell me a story", "--model", model_dir, "--engine", "numpy", "--seed", "1", "--no-stream"]
@@ -631,8 +631,8 @@ def test_prepare_chat_flags_that_do_not_go_together(tmp_path, capsys, args, mess
 
 
 def test_prepare_and_train_into_an_unwritable_out_say_so_in_one_line(tmp_path):
-    """One case each (a process costs seconds): tests/test_files.py, test_data.py and test_train.py hold the others."""
-    from gpt2.data import prepare
+    """One case each (a process costs seconds): tests/test_files.py, test_data_tokens.py and test_training_train.py hold the others."""
+    from gpt2.data.tokens import prepare
 
     (tmp_path / "in.txt").write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 20, encoding="utf-8")
     prepare([tmp_path / "in.txt"], tmp_path / "data", "char", progress=False)
@@ -687,7 +687,7 @@ def test_eval_json_is_one_object_equal_to_the_api(capsys, model_dir, text_file):
     import json
 
     from gpt2 import GPT2
-    from gpt2.evaluate import evaluate_file
+    from gpt2.evaluation.evaluate import evaluate_file
 
     code, out, err = run(capsys, "eval", str(text_file), "--model", model_dir, "--context", "32", "--stride", "8", "--json")
     assert code == 0 and out.count("\n") == 1
@@ -705,15 +705,15 @@ def test_eval_prints_a_line_per_measure(capsys, model_dir, text_file):
 def test_eval_prepared_data_and_tasks(capsys, model_dir, tmp_path, text_file, monkeypatch):
     import json
 
-    import gpt2.data
-    import gpt2.evaluate
+    import gpt2.data.tokens
+    import gpt2.evaluation.evaluate
 
     assert main(["prepare", str(text_file), "--out", str(tmp_path / "d"), "--no-progress"]) == 0
     opened = []  # open_data reads every id to check it: the directory is opened once, before the model loads
     counted = lambda path: opened.append(path) or open_data(path)  # noqa: E731
-    open_data = gpt2.data.open_data
-    monkeypatch.setattr(gpt2.data, "open_data", counted)
-    monkeypatch.setattr(gpt2.evaluate, "open_data", counted)
+    open_data = gpt2.data.tokens.open_data
+    monkeypatch.setattr(gpt2.data.tokens, "open_data", counted)
+    monkeypatch.setattr(gpt2.evaluation.evaluate, "open_data", counted)
     code, out, _ = run(capsys, "eval", "--data", str(tmp_path / "d"), "--model", model_dir, "--json")
     assert code == 0 and json.loads(out)["tokens"] > 0 and opened == [str(tmp_path / "d")]
     lambada = tmp_path / "lambada_test.jsonl"
@@ -810,7 +810,7 @@ def test_generate_warns_of_samples_that_may_not_fit_and_goes_on(capsys, model_di
 
 def test_train_refuses_a_batch_no_machine_holds_in_one_line(capsys, tmp_path):
     """--batch-size 100000000 once ran 90 s and was killed by the kernel at 24 GB: now refused before anything is made."""
-    from gpt2.data import prepare
+    from gpt2.data.tokens import prepare
 
     (tmp_path / "input.txt").write_text("To be, or not to be, that is the question.\n" * 50, encoding="utf-8")
     prepare([tmp_path / "input.txt"], tmp_path / "data", "char", progress=False)
@@ -828,7 +828,7 @@ def test_train_refuses_a_batch_no_machine_holds_in_one_line(capsys, tmp_path):
 
 def test_the_cli_adds_the_flags_of_the_parameters_a_message_names(capsys, tmp_path):
     """The library's messages name its parameters (resume, max_iters); the command line adds the flag of each."""
-    from gpt2.data import prepare
+    from gpt2.data.tokens import prepare
 
     (tmp_path / "in.txt").write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 20, encoding="utf-8")
     prepare([tmp_path / "in.txt"], tmp_path / "data", "char", progress=False)
@@ -915,7 +915,7 @@ def test_a_wrong_flag_is_refused_before_the_model_loads_in_one_line_that_names_i
                                                                                   chars_dir, tmp_path, text_file):  # fmt: skip
     """No model loads (a load fails the test), so a wrong value is said at once, not after a minute of
     loading; the line names the flag, never the library's parameter (top_k, resume=True)."""
-    from gpt2.model import GPT2
+    from gpt2.model.model import GPT2
     from gpt2.reference import ReferenceModel
 
     def loaded(*args, **kwargs):
@@ -951,7 +951,7 @@ def test_no_library_message_names_a_flag_of_the_cli():
     flags = {flag for p in (parser, *commands) for action in p._actions for flag in action.option_strings if flag.startswith("--")}
     assert {"--max-iters", "--overwrite", "--max-batch-size", "--version"} <= flags
     # the C compiler's flag, asked of the compiler; the server's flag, in the 400 of chat without a template (no CLI between)
-    not_messages = {("_gemv.py", "--version"), ("server.py", "--chat-template")}
+    not_messages = {("kernels.py", "--version"), ("server.py", "--chat-template")}
     found = []
     for path in sorted((REPO / "src" / "gpt2").rglob("*.py")):
         if path.name == "cli.py":
@@ -972,7 +972,7 @@ def test_no_library_message_names_a_flag_of_the_cli():
 @pytest.fixture
 def recipe_dir(tmp_path, monkeypatch):
     """A directory with prepared characters in data/ and a recipe of a tiny run, gpt2 running in it."""
-    from gpt2.data import prepare
+    from gpt2.data.tokens import prepare
 
     (tmp_path / "in.txt").write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 20, encoding="utf-8")
     prepare([tmp_path / "in.txt"], tmp_path / "data", "char", progress=False)
@@ -983,7 +983,7 @@ def recipe_dir(tmp_path, monkeypatch):
 
 
 def test_train_takes_a_recipe_and_the_flags_given_override_it(capsys, recipe_dir):
-    from gpt2.train import read_log
+    from gpt2.training.train import read_log
 
     code, _, err = run(capsys, "train", "--recipe", "tiny.toml", "--max-iters", "2", "--no-progress")
     assert code == 0 and "its model in out-tiny " in err

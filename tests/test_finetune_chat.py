@@ -12,12 +12,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpt2.config import GPT2Config
-from gpt2.data import prepare_chat
-from gpt2.model import GPT2
+from gpt2.checkpoints.config import GPT2Config
+from gpt2.data.tokens import prepare_chat
+from gpt2.model.model import GPT2
 from gpt2.tokenizer import load_tokenizer
 from gpt2.tokenizer.chat import DEFAULT_TEMPLATE
-from gpt2.train import train
+from gpt2.training.train import train
 from helpers import Running, conversation, digit_questions, write_conversations
 
 N_CTX = 64

@@ -20,10 +20,10 @@ import pytest
 import torch
 
 from gpt2 import GPT2Error, Tokenizer
-from gpt2.evaluate import hellaswag, lambada
-from gpt2.model import GPT2
+from gpt2.evaluation.evaluate import hellaswag, lambada
+from gpt2.evaluation.tasks import read_hellaswag, read_lambada, task_file
+from gpt2.model.model import GPT2
 from gpt2.reference import ReferenceModel
-from gpt2.tasks import read_hellaswag, read_lambada, task_file
 
 pytestmark = pytest.mark.real_weights
 

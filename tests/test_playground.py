@@ -26,7 +26,7 @@ from playwright import sync_api as playwright
 
 from helpers import REPO, Running, make_ending_model, make_hf_model
 from gpt2 import Tokenizer
-from gpt2.model import GPT2
+from gpt2.model.model import GPT2
 from gpt2.serve import Limits
 
 pytestmark = pytest.mark.browser

@@ -1,4 +1,4 @@
-"""The NumPy reference engine on its own (its parity with torch and transformers is in test_model.py)."""
+"""The NumPy reference engine on its own (its parity with torch and transformers is in test_model_model.py)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from gpt2 import ContextLengthError, InvalidArgumentError, TokenIdError
-from gpt2.config import GPT2Config
-from gpt2.model import GPT2
-from gpt2.pretrained import hf_state_dict, sinusoidal_positions
+from gpt2.checkpoints.config import GPT2Config
+from gpt2.model.model import GPT2
+from gpt2.model.pretrained import hf_state_dict, sinusoidal_positions
 from gpt2.reference import ReferenceModel
 from gpt2.reference import sinusoidal_positions as np_sinusoidal_positions
 

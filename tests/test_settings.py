@@ -12,7 +12,7 @@ import pytest
 
 from helpers import REPO
 from gpt2 import InvalidArgumentError, RecipeError, RecipeNotFoundError
-from gpt2.config import GPT2Config
+from gpt2.checkpoints.config import GPT2Config
 from gpt2.settings import (RESUME_OVERRIDES, TrainSettings, check_setting_names, read_recipe, recipe_keys, recipe_names,
                            resumed_settings)  # fmt: skip
 
@@ -74,7 +74,7 @@ def test_a_resume_changes_only_what_leaves_the_losses_alone():
 
 
 def test_unknown_setting_names_are_named():
-    """The names a run is given (gpt2.train.train checks them, once, as they come in)."""
+    """The names a run is given (gpt2.training.train.train checks them, once, as they come in)."""
     with pytest.raises(InvalidArgumentError, match=re.escape("unknown training setting(s): learning_rate, n_layers")):
         check_setting_names(["n_layer", "n_layers", "learning_rate"])
     check_setting_names(f.name for f in dataclasses.fields(TrainSettings))

@@ -4,7 +4,7 @@
 on first use, so the tokenizer and its command stay quick to start.
 """
 
-from gpt2.config import GPT2Config
+from gpt2.checkpoints.config import GPT2Config
 from gpt2.errors import (
     CheckpointError,
     CheckpointNotFoundError,
@@ -63,7 +63,7 @@ __all__ = [
 
 def __getattr__(name: str):
     if name == "GPT2":
-        from gpt2.model import GPT2
+        from gpt2.model.model import GPT2
 
         return GPT2
     if name == "inspect":  # gpt2.inspect.trace(...) after `import gpt2`, torch imported then

@@ -37,7 +37,7 @@ def positive_int(name: str, value: object, error: type[Exception] = InvalidArgum
 
 
 def check_batch_size(batch_size: object) -> int:
-    """How many windows or examples `gpt2.evaluate` scores at a time: a positive integer."""
+    """How many windows or examples `gpt2.evaluation.evaluate` scores at a time: a positive integer."""
     return positive_int("batch_size", batch_size)
 
 

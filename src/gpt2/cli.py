@@ -18,7 +18,7 @@ import warnings
 from collections.abc import Sequence
 
 from gpt2 import __version__
-from gpt2.config import ACTIVATIONS, POSITIONS, PRESETS
+from gpt2.checkpoints.config import ACTIVATIONS, POSITIONS, PRESETS
 from gpt2.errors import DistributedError, GPT2Error, RecipeError
 from gpt2.settings import (
     CHAT_MAX_NEW_TOKENS,
@@ -106,8 +106,8 @@ def _check_generate_args(args: argparse.Namespace) -> str:
     """What can be checked before a model is loaded (every flag but --top-k's bound, the
     vocabulary; the draft model's configuration, not its weights); returns the prompt."""
     from gpt2._checks import positive_int
-    from gpt2.decoding import check_max_new_tokens
-    from gpt2.generate import check_stop
+    from gpt2.generation.decoding import check_max_new_tokens
+    from gpt2.generation.generate import check_stop
 
     if args.prompt is None:
         raise _UsageError('no prompt: give one (e.g. gpt2 generate "Once upon a time"), or - to read standard input')
@@ -128,7 +128,7 @@ def _check_generate_args(args: argparse.Namespace) -> str:
 def _check_sampling(args: argparse.Namespace) -> None:
     """--temperature, --top-k, --top-p and --seed, before the model loads: all but --top-k's bound,
     the model's vocabulary, which the library checks once it is there."""
-    from gpt2.sampling import Sampling, check_seed
+    from gpt2.generation.sampling import Sampling, check_seed
 
     Sampling(args.temperature, args.top_k, args.top_p).check(None)
     if getattr(args, "seed", None) is not None:
@@ -138,7 +138,7 @@ def _check_sampling(args: argparse.Namespace) -> None:
 def _check_device(args: argparse.Namespace) -> None:
     """--device and --dtype (and --engine's rule), before the model loads."""
     from gpt2.devices import resolve_device, weight_format
-    from gpt2.engines import check_numpy_engine
+    from gpt2.generation.engines import check_numpy_engine
 
     if args.engine == "numpy":
         check_numpy_engine(args.device, args.dtype, _flag)
@@ -149,8 +149,8 @@ def _check_device(args: argparse.Namespace) -> None:
 def _model_configs(args: argparse.Namespace) -> list:
     """The configurations of --model and --draft-model, read without their weights: a model that is
     not there, or a draft of another vocabulary, fails before anything loads."""
-    from gpt2.engines import check_draft_config
-    from gpt2.weights import read_config
+    from gpt2.checkpoints.weights import read_config
+    from gpt2.generation.engines import check_draft_config
 
     configs = [read_config(name) for name in [args.model] + ([] if args.draft is None else [args.draft])]
     if args.draft is not None:
@@ -160,14 +160,14 @@ def _model_configs(args: argparse.Namespace) -> list:
 
 def _check_cuda_graphs(args: argparse.Namespace) -> None:
     if args.cuda_graphs:
-        from gpt2.engines import check_cuda_graphs
+        from gpt2.generation.engines import check_cuda_graphs
 
         check_cuda_graphs(args.device, args.engine, _flag)
 
 
 def _check_draft_tokens(args: argparse.Namespace) -> None:
     if args.draft_tokens is not None:
-        from gpt2.decoding import check_draft_tokens
+        from gpt2.generation.decoding import check_draft_tokens
 
         _draft_tokens_need_a_draft(args)
         check_draft_tokens(args.draft_tokens)
@@ -192,12 +192,12 @@ def _load_model(args: argparse.Namespace, name: str | None = None):
     """The model (--model, or `name`) and the tokenizer saved with it (GPT-2's for a model of GPT-2's vocabulary)."""
     name = args.model if name is None else name
     if args.engine == "numpy":
+        from gpt2.checkpoints.weights import locate
         from gpt2.reference import ReferenceModel
-        from gpt2.weights import locate
 
         model, tokenizer = ReferenceModel.load(name), locate(name).load_tokenizer()
     else:
-        from gpt2.model import GPT2
+        from gpt2.model.model import GPT2
 
         model = GPT2.from_pretrained(name, device=args.device, dtype=args.dtype).use_cuda_graphs(args.cuda_graphs)
         tokenizer = model.tokenizer
@@ -211,7 +211,7 @@ def _load_draft(args: argparse.Namespace, model, tokenizer):
     """The draft model of --draft-model (None without one), checked against the model."""
     if args.draft is None:
         return None
-    from gpt2.engines import check_draft
+    from gpt2.generation.engines import check_draft
 
     draft, draft_tokenizer = _load_model(args, args.draft)
     check_draft(model, draft, tokenizer, draft_tokenizer)
@@ -219,7 +219,7 @@ def _load_draft(args: argparse.Namespace, model, tokenizer):
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from gpt2.generate import TextGeneration
+    from gpt2.generation.generate import TextGeneration
 
     prompt = _check_generate_args(args)
     model, tokenizer = _load_model(args)
@@ -341,8 +341,8 @@ def _chat_template(args: argparse.Namespace):
 
 
 def _cmd_chat(args: argparse.Namespace) -> int:
-    from gpt2.decoding import check_max_new_tokens
-    from gpt2.generate import Chat
+    from gpt2.generation.decoding import check_max_new_tokens
+    from gpt2.generation.generate import Chat
 
     chat_template = _chat_template(args)  # what can fail without the model, before it loads
     _check_sampling(args)
@@ -396,7 +396,7 @@ def _chat_turn(chat, text: str, args: argparse.Namespace) -> None:
 
 
 def _cmd_prepare(args: argparse.Namespace) -> int:
-    from gpt2.data import prepare
+    from gpt2.data.tokens import prepare
 
     if args.chat:
         return _prepare_chat(args)
@@ -419,7 +419,7 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def _prepare_chat(args: argparse.Namespace) -> int:
-    from gpt2.data import prepare_chat
+    from gpt2.data.tokens import prepare_chat
 
     given = [flag for flag, value in (("--dataset", args.dataset), ("--dataset-config", args.dataset_config),
              ("--text-field", args.text_field), ("--shard-tokens", args.shard_tokens)) if value is not None]  # fmt: skip
@@ -454,7 +454,7 @@ def _validation(split: dict) -> str:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from gpt2.train import train
+    from gpt2.training.train import train
 
     given = {k: v for k, v in vars(args).items() if k not in ("command", "func", "recipe", "resume", "overwrite", "progress", "threads")}
     options = {**(read_recipe(args.recipe) if "recipe" in args else {}), **given}  # the flags given override the recipe
@@ -476,8 +476,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _cmd_eval(args: argparse.Namespace) -> int:
     import json
 
-    from gpt2 import evaluate
-    from gpt2.tasks import check_limit
+    from gpt2.evaluation import evaluate
+    from gpt2.evaluation.tasks import check_limit
 
     if args.task is None and (args.file is None) == (args.data is None):
         raise _UsageError("give one thing to evaluate: a text FILE, --data DIR (a prepared directory's val.bin), or --task NAME")
@@ -510,10 +510,10 @@ def _check_eval_args(args: argparse.Namespace, file: str | None):
 
     from gpt2._checks import check_batch_size
     from gpt2._files import check_file
-    from gpt2.data import open_data
+    from gpt2.data.tokens import open_data
     from gpt2.errors import DataError
-    from gpt2.evaluate import check_window
-    from gpt2.tasks import check_limit
+    from gpt2.evaluation.evaluate import check_window
+    from gpt2.evaluation.tasks import check_limit
 
     check_limit(args.limit)
     check_batch_size(args.batch_size)
@@ -530,10 +530,10 @@ def _check_eval_args(args: argparse.Namespace, file: str | None):
 def _cmd_inspect(args: argparse.Namespace) -> int:
     import json
 
-    from gpt2 import inspect
     from gpt2._checks import int_between
     from gpt2._files import writable_directory
-    from gpt2.sampling import Sampling
+    from gpt2.generation.sampling import Sampling
+    from gpt2.inspect import tracing
 
     if args.text is None:
         raise _UsageError('no text: give one (e.g. gpt2 inspect "The dog chased the"), or - to read standard input')
@@ -547,14 +547,14 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         raise _UsageError("the text is empty: give at least one token's worth")
     model, _ = _load_model(args)
     int_between("top_k", args.top_k, 1, model.config.n_vocab)  # here, not in next_token_report, whose k is no flag
-    names = inspect.activation_names(model.config.n_layer, on_request=args.walk)
-    trace = inspect.trace(model, text, names=names)
+    names = tracing.activation_names(model.config.n_layer, on_request=args.walk)
+    trace = tracing.trace(model, text, names=names)
     if png is not None:
         _draw(trace, png, args.position, Sampling(args.temperature, args.top_k, args.top_p))
     if args.walk:
-        print("\n".join(inspect.walkthrough(trace, args.top_k)))
+        print("\n".join(tracing.walkthrough(trace, args.top_k)))
         return 0
-    report = inspect.next_token_report(trace, args.top_k)
+    report = tracing.next_token_report(trace, args.top_k)
     if args.json:
         print(json.dumps({key: report[key] for key in ("tokens", "ids", "logprobs", "ranks", "top")}))
     else:
@@ -564,7 +564,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _draw(trace, directory, position: int, sampling) -> None:
-    from gpt2 import figures
+    from gpt2.inspect import figures
 
     pictures = {f"attention-block{i}.png": (figures.attention, i) for i in range(trace.model.config.n_layer)}
     pictures |= {"logit-lens.png": (figures.logit_lens,), "next-token.png": (figures.next_token, position, sampling)}
@@ -579,7 +579,7 @@ _COLOURS = ((0.3, 34), (0.05, 178), (0.005, 208), (0.0, 196))
 
 def _token_lines(report: dict, color: bool) -> list[str]:
     """Each token, the probability the model gave it and its rank, and what it expected instead."""
-    from gpt2.inspect import alternatives, token_label as shown
+    from gpt2.inspect.tracing import alternatives, token_label as shown
 
     tokens = report["tokens"] or [None] * len(report["ids"])
     width = max(12, *(len(shown(t, i)) for t, i in zip(tokens, report["ids"])))
@@ -836,7 +836,7 @@ def _add_chat_parser(commands) -> None:
 
 
 def _add_eval_parser(commands) -> None:
-    from gpt2.tasks import TASKS
+    from gpt2.evaluation.tasks import TASKS
 
     ev = commands.add_parser(
         "eval",

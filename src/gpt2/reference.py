@@ -5,7 +5,7 @@ way). It shares no code with the torch model, so each checks the other, and it r
 torch is not installed. It computes one sequence at a time and keeps no cache: slow, simple.
 
 Shapes: T the sequence length, C = n_embd, V = n_vocab, H = n_head. Weights are the
-canonical tensors of `gpt2.weights` (linear weights stored (in, out): y = x @ w + b).
+canonical tensors of `gpt2.checkpoints.weights` (linear weights stored (in, out): y = x @ w + b).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from gpt2.config import GPT2Config
+from gpt2.checkpoints.config import GPT2Config
+from gpt2.checkpoints.weights import read_tensors, sinusoidal_positions
 from gpt2.errors import InvalidArgumentError
-from gpt2.weights import read_tensors, sinusoidal_positions
 
 Params = dict[str, Any]
 Tap = Callable[[str, np.ndarray], np.ndarray]
@@ -154,7 +154,7 @@ class ReferenceModel:
 
     @classmethod
     def load(cls, name_or_path: str | os.PathLike) -> ReferenceModel:
-        """Read a checkpoint (any format `gpt2.weights` reads) without torch."""
+        """Read a checkpoint (any format `gpt2.checkpoints.weights` reads) without torch."""
         return cls(*read_tensors(name_or_path))
 
     def __call__(self, inputs: Sequence[int], tap: Tap = untapped) -> np.ndarray:

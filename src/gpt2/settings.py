@@ -23,7 +23,7 @@ else:  # Python 3.10: tomllib's original, the tomli package
     import tomli as tomllib
 
 from gpt2._checks import boolean, int_between, positive_int, positive_real, real_between
-from gpt2.config import ACTIVATIONS, POSITIONS, PRESETS, GPT2Config
+from gpt2.checkpoints.config import ACTIVATIONS, POSITIONS, PRESETS, GPT2Config
 from gpt2.errors import ConfigError, InvalidArgumentError, RecipeError, RecipeNotFoundError
 
 # The dtypes a model's weights may be stored in (the names of torch's dtypes).
@@ -50,7 +50,7 @@ OPTIMIZERS = ("adamw", "muon")
 # recipe (docs/train.md), about what Keller Jordan's 0.02 gives these shapes; AdamW's lr would be 10x too small.
 MUON_LR = 0.01
 
-# The benchmarks a run can score at each of its evaluations (gpt2/tasks.py reads them).
+# The benchmarks a run can score at each of its evaluations (gpt2/evaluation/tasks.py reads them).
 EVAL_TASKS = ("hellaswag",)
 
 DIST_TIMEOUT = 600.0  # seconds a collective waits for the other processes (NCCL's default)
@@ -221,7 +221,7 @@ RESUME_OVERRIDES = ("max_iters", "eval_interval", "eval_iters", "log_interval", 
 
 def check_setting_names(names: Iterable[str]) -> None:
     """Raise unless each name is a setting's (a field of TrainSettings): the names a run is given,
-    checked once as they come in (`gpt2.train.train`)."""
+    checked once as they come in (`gpt2.training.train.train`)."""
     unknown = sorted(set(names) - {f.name for f in dataclasses.fields(TrainSettings)})
     if unknown:
         raise InvalidArgumentError(f"unknown training setting(s): {', '.join(unknown)}")
@@ -271,7 +271,7 @@ def recipe_keys() -> dict[str, type]:
 
 
 def read_recipe(recipe: str | os.PathLike) -> dict[str, Any]:
-    """The settings a recipe file holds, as keyword arguments of `gpt2.train.train` (`out` too, if
+    """The settings a recipe file holds, as keyword arguments of `gpt2.training.train.train` (`out` too, if
     it has one). `recipe`: a TOML file, or the name of a recipe shipped with gpt2 (recipe_names()).
     Keys are the settings' names, with - or _ (`max_iters = 2000`, `max-iters = 2000`); an unknown
     key or a value of the wrong type is a RecipeError naming it."""

@@ -5,7 +5,7 @@
 
 The routes' bodies are pydantic models, checked by FastAPI and described by /openapi.json and
 /docs; the routes tokenize and turn tokens into OpenAI's responses; one
-thread steps a `gpt2.decoding.Decoder` over all rows in flight, so a request joins the running
+thread steps a `gpt2.generation.decoding.Decoder` over all rows in flight, so a request joins the running
 batch at the next step and leaves it when it ends. Endpoints: /health, /v1/models,
 /v1/completions, /v1/chat/completions (a conversation, through the chat template), /v1/inspect,
 /tokenize, /detokenize, /tokenizer_info, /metrics; and the playground, a page at / (its files in ui/) made from /v1/completions and /v1/inspect.

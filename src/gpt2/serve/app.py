@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException
 
 from gpt2._checks import check_token_ids
 from gpt2.errors import GPT2Error
-from gpt2.model import GPT2
+from gpt2.model.model import GPT2
 from gpt2.serve import chat, completions, inspection
 from gpt2.serve.protocol import AllowedSpecial, DetokenizeBody, Limits, RequestError, TokenizeBody, encode_text
 from gpt2.serve.scheduler import Metrics
@@ -44,7 +44,7 @@ def create_app(load: Callable[[], tuple[GPT2, Tokenizer]], model_id: str, limits
     `allowed_special` (the tokenizer's meaning) says which special tokens written in a string
     prompt, or in /tokenize's text, are read as such: "all" (as OpenAI's API), or frozenset() for text.
     `ui` serves the playground at /. `load_draft`, loaded after the model, returns a draft model
-    and its tokenizer: decoding is then speculative (`gpt2.decoding.Decoder`), limits.draft_tokens a step.
+    and its tokenizer: decoding is then speculative (`gpt2.generation.decoding.Decoder`), limits.draft_tokens a step.
     `chat_template` (a `ChatTemplate`, or its Jinja2 source) renders /v1/chat/completions'
     conversations; None: the model's own (its tokenizer's `chat_template`), if it has one."""
     if isinstance(chat_template, str):

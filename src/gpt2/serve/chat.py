@@ -21,13 +21,13 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
-from gpt2 import decoding
-from gpt2.tokenizer.chat import ChatTemplate, ReplyText
 from gpt2.errors import ChatTemplateError
+from gpt2.generation import decoding
 from gpt2.serve.completions import ChoiceStream, CompletionResponse, TokenLogprob, answer
 from gpt2.serve.protocol import Bounds, ChatBody, CompletionRequest, RequestError, within_context
 from gpt2.serve.server import ModelRoute, Server
 from gpt2.tokenizer import Tokenizer, token_text
+from gpt2.tokenizer.chat import ChatTemplate, ReplyText
 from gpt2.tokenizer.chat import ChatTemplate, ReplyText, check_messages
 
 router = APIRouter(route_class=ModelRoute)

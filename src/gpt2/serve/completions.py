@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from gpt2.decoding import STOP, Row
-from gpt2.generate import TextRow
+from gpt2.generation.decoding import STOP, Row
+from gpt2.generation.generate import TextRow
 from gpt2.serve.protocol import CompletionBody, CompletionRequest, RequestError, parse_completion
 from gpt2.serve.scheduler import CANCELLED
 from gpt2.serve.server import ModelRoute, Server

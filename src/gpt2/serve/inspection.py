@@ -22,8 +22,8 @@ import torch
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from gpt2.inspect import logit_lens_top, next_token_report, trace
-from gpt2.model import GPT2
+from gpt2.inspect.tracing import logit_lens_top, next_token_report, trace
+from gpt2.model.model import GPT2
 from gpt2.serve.protocol import AllowedSpecial, InspectBody, Limits, RequestError, parse_prompts
 from gpt2.serve.server import ModelRoute, Server
 from gpt2.tokenizer import Tokenizer, token_text

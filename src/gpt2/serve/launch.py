@@ -12,7 +12,7 @@ import uvicorn
 
 from gpt2._checks import int_between
 from gpt2.errors import InvalidArgumentError
-from gpt2.model import GPT2
+from gpt2.model.model import GPT2
 from gpt2.serve.app import create_app
 from gpt2.serve.protocol import AllowedSpecial, Limits
 from gpt2.serve.server import Server

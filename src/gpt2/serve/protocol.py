@@ -8,7 +8,7 @@ them. A bound that is the server's, not the API's (the model's context, its voca
 --max-n), is named by `UpTo` and checked by `Body.within` once the model is there. A refusal is
 a `RequestError`, an HTTP status with OpenAI's error body naming the field, in the words each
 field's `Says` gives; the parse functions turn a checked body into a `CompletionRequest`, the
-rows of `gpt2.decoding.Request` and how to answer.
+rows of `gpt2.generation.decoding.Request` and how to answer.
 """
 
 from __future__ import annotations
@@ -23,15 +23,15 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from gpt2._checks import check_token_ids, is_integer, positive_int
-from gpt2.tokenizer.chat import ROLES, check_messages
-from gpt2.config import GPT2Config
-from gpt2.decoding import Request, Row, check_draft_tokens, start_of_text
-from gpt2.engines import KVCache, check_prefix_cache_mb
+from gpt2.checkpoints.config import GPT2Config
 from gpt2.errors import GPT2Error, InvalidArgumentError
-from gpt2.generate import check_stop
-from gpt2.sampling import SEED_MAX, Sampling
+from gpt2.generation.decoding import Request, Row, check_draft_tokens, start_of_text
+from gpt2.generation.engines import KVCache, check_prefix_cache_mb
+from gpt2.generation.generate import check_stop
+from gpt2.generation.sampling import SEED_MAX, Sampling
 from gpt2.settings import DRAFT_TOKENS
 from gpt2.tokenizer import Tokenizer
+from gpt2.tokenizer.chat import ROLES, check_messages
 
 
 @dataclass(frozen=True)

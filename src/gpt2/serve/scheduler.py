@@ -1,4 +1,4 @@
-"""The server's one generation loop: a thread stepping a `gpt2.decoding.Decoder` over every
+"""The server's one generation loop: a thread stepping a `gpt2.generation.decoding.Decoder` over every
 row in flight, so that a request joins the running batch at the next step and leaves it when
 it ends; and the server's Prometheus metrics, which the loop keeps.
 
@@ -14,9 +14,9 @@ from collections.abc import Callable, Sequence
 import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from gpt2.decoding import Decoder, Engine, Row, finish_reasons
-from gpt2.engines import PrefixCache
-from gpt2.model import GPT2
+from gpt2.generation.decoding import Decoder, Engine, Row, finish_reasons
+from gpt2.generation.engines import PrefixCache
+from gpt2.model.model import GPT2
 from gpt2.serve.protocol import BATCH_HINT, Limits, RequestError
 
 CANCELLED = "cancelled"  # a row whose client left, or whose server stops: never reported

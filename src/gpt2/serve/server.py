@@ -19,9 +19,9 @@ from typing import Any
 from fastapi import Request, Response
 from fastapi.routing import APIRoute
 
-from gpt2.engines import check_draft
 from gpt2.errors import ChatTemplateError
-from gpt2.model import GPT2
+from gpt2.generation.engines import check_draft
+from gpt2.model.model import GPT2
 from gpt2.serve.protocol import AllowedSpecial, Body, Bounds, Limits, RequestError
 from gpt2.serve.scheduler import Metrics, Scheduler
 from gpt2.tokenizer import Tokenizer

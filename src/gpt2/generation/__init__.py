@@ -1,0 +1,14 @@
+"""Generation: from a model's next-token logits to text.
+
+    sampling  choosing a token (greedy, temperature, top-k, top-p), speculative decoding's rule, seeds
+    kernels   the CPU decode kernels (`python -m gpt2.generation.kernels` compiles them) and the
+              linear layer's dispatch, the narrow (bfloat16, float16, int8) weights it reads
+    decoding  the token loop: rows in the slots of an engine, prefilled together and in chunks
+    engines   what turns a model into logits for that loop: the KV cache, the prefix cache, the
+              torch engine and its CUDA graphs, the NumPy engine
+    generate  text in, text out, streamed: `generate_text`, `stream_text`, `Chat`
+
+Imports run one way inside: `decoding` builds on `sampling`, `engines` on both, `generate` on
+all three; `kernels` stands alone. None of them imports `gpt2.model`: an engine drives any
+model through its methods (`engines.Model`).
+"""

@@ -1,0 +1,134 @@
+"""Pictures of a trace, drawn with matplotlib (the inspect extra): the attention patterns of a
+layer's heads, the logit lens, and the next-token distribution before and after temperature and
+top-k/top-p, the seeds' own figure. Each function returns the figure; `save` writes one.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from gpt2._files import atomic_path
+from gpt2.errors import InvalidArgumentError
+from gpt2.generation.sampling import Sampling, filter_logits
+from gpt2.inspect.tracing import Trace, logit_lens_top
+
+LABELLED = 48  # up to this many tokens, the axes name each one
+
+
+def pyplot() -> Any:
+    """matplotlib's pyplot, drawing to files only (no window, no display needed)."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise InvalidArgumentError("pictures need matplotlib: pip install 'gpt2[inspect]'", "png") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def shown(trace: Trace, i: int) -> str:
+    """Token id i as the pictures show it: its text, whitespace made visible, else its id."""
+    tokenizer = trace.model.tokenizer
+    return repr(tokenizer.decode([i]))[1:-1].replace(" ", "␣") if tokenizer is not None else str(i)
+
+
+def labels(trace: Trace) -> list[str]:
+    """The input's tokens as the axes show them."""
+    return [shown(trace, i) for i in trace.ids]
+
+
+def attention(trace: Trace, layer: int) -> Any:
+    """One panel per head of block `layer`: row t is where position t looks (its probabilities
+    over positions 0..t), tokens on both axes."""
+    name = f"h.{layer}.attn.pattern"
+    if name not in trace.activations:
+        raise InvalidArgumentError(f"the trace did not record {name}: trace with names including it", "layer")
+    pattern = trace.activations[name].float().cpu().numpy()  # (H, T, T)
+    H, T = pattern.shape[0], pattern.shape[1]
+    columns = min(H, 4)
+    rows = -(-H // columns)
+    plt = pyplot()
+    size = 2.2 + 0.22 * min(T, LABELLED)
+    fig, axes = plt.subplots(rows, columns, figsize=(columns * size, rows * size), squeeze=False)
+    names = labels(trace)
+    for head, ax in enumerate(axes.flat):
+        if head >= H:
+            ax.axis("off")
+            continue
+        ax.imshow(pattern[head], cmap="Blues", vmin=0, vmax=1)
+        ax.set_title(f"head {head}", fontsize=10)
+        if T <= LABELLED:
+            ax.set_xticks(range(T), names, rotation=90, fontsize=7)
+            ax.set_yticks(range(T), names, fontsize=7)
+        ax.set_xlabel("attends to", fontsize=8)
+        ax.set_ylabel("position", fontsize=8)
+    fig.suptitle(f"block {layer}: attention probabilities of each head")
+    fig.tight_layout()
+    return fig
+
+
+def logit_lens(trace: Trace) -> Any:
+    """Layers (the residual stream entering each block, then the output) by positions: each
+    cell the token the stream would predict there, read out through ln_f and the unembedding,
+    coloured by its probability."""
+    n_layer = trace.model.config.n_layer
+    best_p, best_ids = logit_lens_top(trace)  # (L + 1, T) each
+    T = best_p.shape[1]
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(2 + 0.9 * min(T, LABELLED), 1.5 + 0.45 * (n_layer + 1)))
+    ax.imshow(best_p.numpy(), cmap="viridis", vmin=0, vmax=1, aspect="auto", origin="lower")
+    if T <= LABELLED:
+        for layer in range(n_layer + 1):
+            for t in range(T):
+                text, p = shown(trace, int(best_ids[layer, t])), float(best_p[layer, t])
+                ax.text(t, layer, f"{text[:8]}\n{p:.0%}", ha="center", va="center", fontsize=6,
+                        color="black" if p > 0.5 else "white")  # fmt: skip
+        ax.set_xticks(range(T), labels(trace), rotation=90, fontsize=7)
+    ax.set_yticks(range(n_layer + 1), [f"block {i} in" for i in range(n_layer)] + ["output"], fontsize=7)
+    ax.set_xlabel("position (the token read there)")
+    ax.set_title("logit lens: the next token each layer's residual stream predicts, and its probability")
+    fig.tight_layout()
+    return fig
+
+
+def next_token(trace: Trace, position: int, sampling: Sampling, bars: int = 12) -> Any:
+    """The distribution of the token after `position`: as the model gives it (temperature 1), and
+    as sampling draws from it after temperature, then top-k and top-p (`gpt2.generation.sampling`'s own
+    filters). The `bars` most likely tokens; the bars of the second sum to 1 over the kept ones."""
+    T = len(trace.ids)
+    if isinstance(position, bool) or not isinstance(position, int) or not -T <= position < T:
+        raise InvalidArgumentError(f"position must be a whole number in 0..{T - 1} (or -{T}..-1 from the end), got {position!r}",
+                                   "position")  # fmt: skip
+    sampling.check(trace.logits.size(-1))
+    logits = trace.logits[position].float().cpu()
+    before = torch.softmax(logits, dim=-1)
+    temperature = max(sampling.temperature, 1e-6)  # 0 is greedy: all the mass on the top token
+    after = torch.softmax(filter_logits((logits / temperature)[None], sampling.top_k, sampling.top_p)[0], dim=-1)
+    top = before.topk(min(bars, logits.numel())).indices.tolist()
+    names = [shown(trace, i) for i in top]
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    settings = ", ".join(f"{k}={v}" for k, v in (("temperature", sampling.temperature), ("top_k", sampling.top_k),
+                                                 ("top_p", sampling.top_p)) if v is not None)  # fmt: skip
+    for ax, probs, title in ((axes[0], before, "the model's distribution (temperature 1)"), (axes[1], after, settings)):
+        ax.bar(range(len(top)), probs[top].numpy(), color="tab:blue")
+        ax.set_xticks(range(len(top)), names, rotation=60, fontsize=8)
+        ax.set_title(title, fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].set_ylabel("probability")
+    after_what = labels(trace)[position]
+    fig.suptitle(f"the next token after position {position % T} ({after_what})")
+    fig.tight_layout()
+    return fig
+
+
+def save(fig: Any, path: str | os.PathLike) -> None:
+    """Write a figure as a PNG, atomically, and free it."""
+    plt = pyplot()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)

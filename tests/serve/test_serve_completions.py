@@ -1,0 +1,121 @@
+"""`gpt2 serve`'s completions (gpt2.serve.completions), through OpenAI's own client: answers equal
+transformers', the Python API's and gpt2 generate's, whole or streamed, with stop strings, log-probabilities and token ids."""
+
+from __future__ import annotations
+
+import torch
+
+from helpers import transformers_sampled
+from serve_fixtures import ENC, api_token, complete, ours
+from gpt2.cli import main
+
+
+def test_greedy_text_equals_the_python_api_and_gpt2_generate(models, client, capsys):
+    response = complete(client, prompt="The meaning of life is", max_tokens=20, temperature=0)
+    choice = response.choices[0]
+    assert choice.text == ours(models, "The meaning of life is", max_new_tokens=20, temperature=0)[0]
+    assert choice.finish_reason == "length" and choice.index == 0 and response.object == "text_completion"
+    assert response.model == "tiny" and response.id.startswith("cmpl-")
+    n_prompt = len(ENC.encode("The meaning of life is"))
+    assert (response.usage.prompt_tokens, response.usage.completion_tokens, response.usage.total_tokens) == (n_prompt, 20, n_prompt + 20)
+    capsys.readouterr()
+    assert main(["generate", "The meaning of life is", "--model", models[2], "--max-new-tokens", "20", "--temperature", "0", "--no-stream"]) == 0
+    assert capsys.readouterr().out == choice.text + "\n"
+
+
+def test_streamed_pieces_join_to_the_whole_text(client):
+    request = dict(prompt="Once upon a time", max_tokens=30, temperature=0.9, seed=11, top_k=40)
+    chunks = list(complete(client, stream=True, **request))
+    whole = complete(client, **request).choices[0]
+    assert "".join(c.choices[0].text for c in chunks) == whole.text
+    assert len(chunks) > 5 and chunks[-1].choices[0].finish_reason == whole.finish_reason == "length"
+    assert all(c.choices[0].finish_reason is None for c in chunks[:-1])
+
+
+def test_n_choices_and_lists_of_prompts_follow_the_one_seed_rule(models, client):
+    """Choice i (prompt-major) samples from seed + i (wrapping past 2**64 - 1), as transformers
+    samples with its generator seeded so."""
+    prompts = ["Hello", "The weather today"]
+    response = complete(client, prompt=prompts, n=3, max_tokens=12, seed=2**64 - 2, top_p=0.9)
+    assert [c.index for c in response.choices] == list(range(6))
+    for c in response.choices:
+        prompt = prompts[c.index // 3]
+        assert c.text == ENC.decode(transformers_sampled(models[0], ENC.encode(prompt), 12, (2**64 - 2 + c.index) % 2**64, top_p=0.9))
+    assert len({c.text for c in response.choices}) == 6
+    assert response.choices[2].text == complete(client, prompt=prompts, n=3, max_tokens=12, seed=2**64 - 2, top_p=0.9).choices[2].text
+
+
+def test_stop_strings_end_the_text_and_are_never_streamed(models, client):
+    free = ours(models, "In the beginning", max_new_tokens=40, temperature=0)[0]
+    stop = free[10:13]
+    response = complete(client, prompt="In the beginning", max_tokens=40, temperature=0, stop=[stop, "never appears"])
+    assert response.choices[0].text == free[: free.index(stop)] and response.choices[0].finish_reason == "stop"
+    chunks = list(complete(client, prompt="In the beginning", max_tokens=40, temperature=0, stop=stop, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == response.choices[0].text
+    assert all(stop not in c.choices[0].text for c in chunks) and chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_echo_and_logprobs_equal_transformers_log_softmax(models, client):
+    hf = models[0]
+    prompt = "Paris is the capital of"
+    ids = ENC.encode(prompt)
+    for max_tokens in (0, 5):  # 0: scoring a text, as lm-evaluation-harness does
+        choice = complete(client, prompt=prompt, max_tokens=max_tokens, echo=True, logprobs=3, temperature=0).choices[0]
+        all_ids = ids + ENC.encode(choice.text[len(prompt) :])
+        assert choice.text.startswith(prompt) and len(choice.logprobs.tokens) == len(ids) + max_tokens
+        with torch.no_grad():
+            expected = torch.log_softmax(hf(torch.tensor([all_ids])).logits[0].double(), dim=-1)
+        lp = choice.logprobs
+        assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+        assert lp.tokens == [ENC.decode([t]) for t in all_ids]
+        assert lp.text_offset == [len(ENC.decode(all_ids[:t])) for t in range(len(all_ids))]
+        for t in range(1, len(all_ids)):
+            assert abs(lp.token_logprobs[t] - float(expected[t - 1, all_ids[t]])) < 1e-4
+            top = expected[t - 1].topk(3)
+            for token, value in zip(top.indices.tolist(), top.values.tolist()):
+                assert abs(lp.top_logprobs[t][ENC.decode([token])] - value) < 1e-4
+        assert choice.finish_reason == "length"
+
+
+def test_lm_evaluation_harness_style_scoring_of_id_prompts(client):
+    """local-completions sends lists of ids, max_tokens 1, echo, logprobs 1, temperature 0."""
+    ids = [ENC.encode("The cat sat on the mat"), ENC.encode("A dog")]
+    response = complete(client, prompt=ids, max_tokens=1, echo=True, logprobs=1, temperature=0, seed=1234)
+    for choice, prompt in zip(sorted(response.choices, key=lambda c: c.index), ids):
+        lp = choice.logprobs
+        assert len(lp.token_logprobs) == len(prompt) + 1
+        greedy = lp.token_logprobs[-1] == max(lp.top_logprobs[-1].values())  # the generated token is the greedy one
+        assert greedy and all(len(top) in (1, 2) for top in lp.top_logprobs[1:])
+
+
+def test_a_choice_reads_each_token_as_it_was_when_made():
+    """The loop runs ahead of the routes: a row may have ended by the time its route reads an
+    earlier token, which must still count (once, a race cut answers short)."""
+    from gpt2.generation.decoding import LENGTH, Row
+    from gpt2.serve import ChoiceStream, CompletionRequest
+
+    tokens = ENC.encode(" one two three")
+    row = Row(ENC.encode("Count:"), len(tokens), logprobs=0)
+    row.tokens, row.finish_reason = list(tokens), LENGTH  # the loop is done already
+    row.token_logprobs, row.top_logprobs = [-1.0, -2.0, -3.0], [[], [], []]
+    choice = ChoiceStream(0, row, ENC, CompletionRequest([row.prompt], [row], stop=[], logprobs=0))
+    pieces = [choice.add(t, LENGTH if i == len(tokens) - 1 else None) for i, t in enumerate(tokens)]
+    assert "".join(pieces) == " one two three" and choice.finish_reason == LENGTH and choice.tokens == 3
+    assert choice.to_dict()["logprobs"]["token_logprobs"] == [-1.0, -2.0, -3.0]
+
+
+def test_return_token_ids_gives_the_ids_generate_makes_whole_and_streamed(models, client):
+    prompt = "Token ids, please:"
+    expected = ours(models, prompt, max_new_tokens=12, temperature=0)[0]
+    whole = complete(client, prompt=prompt, max_tokens=12, temperature=0, extra_body={"return_token_ids": True})
+    choice = whole.choices[0].model_dump()
+    assert choice["prompt_token_ids"] == ENC.encode(prompt)
+    assert ENC.decode(choice["token_ids"]) == choice["text"] == expected and len(choice["token_ids"]) == whole.usage.completion_tokens
+    chunks = [c.choices[0].model_dump() for c in complete(client, prompt=prompt, max_tokens=12, temperature=0, stream=True,
+                                                          logprobs=2, extra_body={"return_token_ids": True}) if c.choices]  # fmt: skip
+    assert chunks[0]["prompt_token_ids"] == ENC.encode(prompt) and all("prompt_token_ids" not in c for c in chunks[1:])
+    assert [i for c in chunks for i in c["token_ids"]] == choice["token_ids"]
+    for c in chunks:  # each chunk's ids are the tokens its log-probabilities list
+        assert [api_token(i) for i in c["token_ids"]] == c["logprobs"]["tokens"]
+    plain = complete(client, prompt=prompt, max_tokens=3).choices[0].model_dump()
+    assert "token_ids" not in plain and "prompt_token_ids" not in plain  # only when asked for
