@@ -45,8 +45,10 @@ browser:
 	  { apt-get install -y -q chromium >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }; }; } || \
 	echo "make test: no Chromium for the browser tests: sudo apt-get install chromium (or: $(BIN)/python -m playwright install chromium)"
 
+# Two workers (pytest-xdist), each given whole test files, so a file's shared model or server
+# starts once; torch runs one thread in each (tests/conftest.py). The 20 slowest tests are listed.
 test: $(VENV)/.installed-dev kernel browser
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2 --dist loadfile --durations=20
 
 bench: $(VENV)/.installed-dev kernel
 	$(BIN)/python benchmarks/tokenizer.py

@@ -74,3 +74,17 @@ def char_data(tmp_path_factory) -> Path:
 def gpt2_data(tmp_path_factory) -> Path:
     """About 30 kB of text in GPT-2's ids."""
     return prepared(tmp_path_factory, "gpt2", 30_000)
+
+
+# The files that take longest start first, so that under pytest-xdist (-n 2 --dist loadfile) no
+# worker is left with one of them at the end while the other waits.
+FIRST = ("training/test_training_distributed.py", "test_docs.py", "training/test_training_train.py",
+         "evaluation/test_evaluation_evaluate.py", "test_finetune_chat.py", "test_load.py", "test_examples.py")
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item) -> int:
+        path = item.path.relative_to(Path(__file__).parent).as_posix()
+        return FIRST.index(path) if path in FIRST else len(FIRST)
+
+    items.sort(key=rank)  # stable: each file's tests keep their order
