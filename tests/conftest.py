@@ -12,7 +12,7 @@ import pytest
 # this process and every command the tests start run on one thread (docs/devices.md).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from helpers import VOCAB, corpus, tiktoken_from_files  # noqa: E402
+from helpers import SMALL, VOCAB, corpus, make_hf_model, tiktoken_from_files  # noqa: E402
 from gpt2.data.tokens import prepare  # noqa: E402
 
 # The served models and servers of tests/serve/test_serve_*.py, each started once per test run.
@@ -20,6 +20,19 @@ pytest_plugins = ["serve_fixtures"]
 
 # Tests never wait on the Hugging Face hub's retries.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="module")
+def hf_small():
+    """transformers' GPT-2 of the SMALL shape, random weights (seed 0)."""
+    return make_hf_model(**SMALL)
+
+
+@pytest.fixture
+def hf_dir(hf_small, tmp_path) -> Path:
+    """hf_small saved as a Hugging Face directory."""
+    hf_small.save_pretrained(tmp_path / "hf")
+    return tmp_path / "hf"
 
 
 @pytest.fixture(scope="session")

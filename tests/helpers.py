@@ -113,6 +113,18 @@ def tiktoken_from_files(encoder_json: Path, vocab_bpe: Path, eot: int = 50256):
     )
 
 
+SMALL = dict(vocab_size=101, n_positions=24, n_embd=48, n_layer=2, n_head=3)  # a small GPT-2, in transformers' keys
+
+
+def logits_of(model, idx):
+    """The logits (B, T, V) of our model or of transformers' (whose output holds them)."""
+    import torch
+
+    with torch.no_grad():
+        out = model(idx)
+    return out.logits if hasattr(out, "logits") else out
+
+
 def make_hf_model(seed: int = 0, **config):
     """A randomly initialised `transformers.GPT2LMHeadModel` (the independent reference), in eval mode.
 

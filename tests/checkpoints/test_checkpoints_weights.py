@@ -5,39 +5,20 @@ from __future__ import annotations
 import json
 import re
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from helpers import REPO, make_hf_model, nanogpt_model
+from helpers import REPO, SMALL, logits_of, make_hf_model, nanogpt_model
 from gpt2 import CheckpointError, CheckpointNotFoundError, ConfigError, InputTypeError, Tokenizer, UnknownModelError
 from gpt2.checkpoints.config import GPT2Config
 from gpt2.checkpoints.weights import locate, read_tensors
 from gpt2.model.model import GPT2
 from gpt2.reference import ReferenceModel
 
-SMALL = dict(vocab_size=101, n_positions=24, n_embd=48, n_layer=2, n_head=3)
 TF_FIXTURE = REPO / "tests" / "fixtures" / "tf_gpt2_tiny"
-
-
-@pytest.fixture(scope="module")
-def hf_small():
-    return make_hf_model(**SMALL)
-
-
-@pytest.fixture
-def hf_dir(hf_small, tmp_path) -> Path:
-    hf_small.save_pretrained(tmp_path / "hf")
-    return tmp_path / "hf"
-
-
-def logits_of(model, idx) -> torch.Tensor:
-    with torch.no_grad():
-        out = model(idx)
-    return out.logits if hasattr(out, "logits") else out
 
 
 IDX = torch.randint(0, 101, (2, 24), generator=torch.Generator().manual_seed(3))

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from helpers import make_hf_model, nanogpt_model
+from helpers import SMALL, logits_of, make_hf_model, nanogpt_model
 from gpt2 import InvalidArgumentError
 from gpt2.checkpoints.config import GPT2Config
 from gpt2.checkpoints.weights import read_tensors
@@ -18,26 +18,8 @@ from gpt2.model.model import GPT2
 from gpt2.model.pretrained import hf_state_dict
 from gpt2.reference import ReferenceModel
 
-SMALL = dict(vocab_size=101, n_positions=24, n_embd=48, n_layer=2, n_head=3)
 TINY = dict(vocab_size=101, n_positions=24, n_embd=48, n_layer=3, n_head=3)
 TOLERANCE = 1e-4  # max absolute difference of fp32 logits
-
-
-@pytest.fixture(scope="module")
-def hf_small():
-    return make_hf_model(**SMALL)
-
-
-@pytest.fixture
-def hf_dir(hf_small, tmp_path) -> Path:
-    hf_small.save_pretrained(tmp_path / "hf")
-    return tmp_path / "hf"
-
-
-def logits_of(model, idx) -> torch.Tensor:
-    with torch.no_grad():
-        out = model(idx)
-    return out.logits if hasattr(out, "logits") else out
 
 
 def max_diff(a, b) -> float:
