@@ -46,9 +46,10 @@ browser:
 	echo "make test: no Chromium for the browser tests: sudo apt-get install chromium (or: $(BIN)/python -m playwright install chromium)"
 
 # Two workers (pytest-xdist), each given whole test files, so a file's shared model or server
-# starts once; torch runs one thread in each (tests/conftest.py). The 20 slowest tests are listed.
+# starts once, in the order tests/conftest.py gives them (the slowest first: xdist would reorder them
+# by their number of tests); torch runs one thread in each. The 20 slowest tests are listed.
 test: $(VENV)/.installed-dev kernel browser
-	$(BIN)/python -m pytest -n 2 --dist loadfile --durations=20
+	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=20
 
 bench: $(VENV)/.installed-dev kernel
 	$(BIN)/python benchmarks/tokenizer.py

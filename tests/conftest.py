@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 # Tests run tiny models, on which torch's threads only wait on each other: on 2 cores, two threads
-# ran the suite 2x slower, and 7x when another process was busy. Set before torch is imported, so
+# ran tests/test_cli.py 2x slower, and 7x when another process was busy. Set before torch is imported, so
 # this process and every command the tests start run on one thread (docs/devices.md).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -90,9 +90,10 @@ def gpt2_data(tmp_path_factory) -> Path:
 
 
 # The files that take longest start first, so that under pytest-xdist (-n 2 --dist loadfile) no
-# worker is left with one of them at the end while the other waits.
+# worker is left with one of them at the end while the other waits (the Makefile passes
+# --no-loadscope-reorder, else xdist orders the files by their number of tests).
 FIRST = ("training/test_training_distributed.py", "test_docs.py", "training/test_training_train.py",
-         "evaluation/test_evaluation_evaluate.py", "test_finetune_chat.py", "test_load.py", "test_examples.py")
+         "test_finetune_chat.py", "test_load.py", "test_examples.py")
 
 
 def pytest_collection_modifyitems(items):
