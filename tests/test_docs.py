@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -240,12 +241,81 @@ def hf_home(tmp_path_factory) -> Path:
     return home
 
 
+# A page's `gpt2` commands are the real command-line program, `gpt2.cli.main` in a process of its
+# own with the command's arguments, directory, environment, standard streams and exit status; each
+# is forked from one process that imported torch once, not started anew (torch's import was 1.4 s of
+# each of 55 commands, the most of these pages' time). `gpt2 serve`, run in the background until a
+# page ends and then stopped by a signal, is started as a user starts it.
+FORKS_SERVER = """
+import json, os, signal, socket, sys
+import gpt2.cli, gpt2.data, gpt2.evaluation.evaluate, gpt2.generation.generate, gpt2.inspect, gpt2.model.pretrained, gpt2.training.train
+signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the commands' processes are reaped as they end
+server = socket.socket(socket.AF_UNIX)
+server.bind(sys.argv[1])
+server.listen(64)
+print("ready", flush=True)
+while True:
+    connection, _ = server.accept()
+    if os.fork():
+        connection.close()
+        continue
+    server.close()
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    message, streams, _, _ = socket.recv_fds(connection, 1 << 20, 3)
+    while chunk := connection.recv(1 << 20):
+        message += chunk
+    command = json.loads(message)
+    for stream, fd in zip(streams, (0, 1, 2)):
+        os.dup2(stream, fd)
+        os.close(stream)
+    os.chdir(command["cwd"])
+    os.environ.clear()
+    os.environ.update(command["env"])
+    if (pid := os.fork()) == 0:  # the command: its exit status is its own, after its exit handlers ran
+        connection.close()
+        sys.argv = ["gpt2", *command["argv"]]
+        raise SystemExit(gpt2.cli.main(command["argv"]))
+    connection.sendall(str(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])).encode())
+    os._exit(0)
+"""
+FORKS_CLIENT = """
+import json, os, socket, sys
+with socket.socket(socket.AF_UNIX) as command:
+    command.connect(os.environ["GPT2_FORKS"])
+    socket.send_fds(command, [json.dumps({"argv": sys.argv[1:], "cwd": os.getcwd(), "env": dict(os.environ)}).encode()], [0, 1, 2])
+    command.shutdown(socket.SHUT_WR)
+    status = int(command.recv(16) or 1)
+if status < 0:
+    os.kill(os.getpid(), -status)  # ended by a signal, as the command was
+sys.exit(status)
+"""
+GPT2_COMMAND = """#!/bin/sh
+if [ "$1" = serve ]; then exec "{python}" -m gpt2 "$@"; fi
+exec "{python}" -S "{client}" "$@"
+"""
+
+
+@pytest.fixture(scope="module")
+def forks(tmp_path_factory) -> Iterator[Path]:
+    """The socket of the process that the pages' gpt2 commands are forked from."""
+    root = tmp_path_factory.mktemp("forks")
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(REPO / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])}  # fmt: skip
+    server = subprocess.Popen([sys.executable, "-c", FORKS_SERVER, str(root / "socket")], env=env, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert server.stdout.readline() == "ready\n"
+    (root / "client.py").write_text(FORKS_CLIENT)
+    yield root
+    server.kill()
+    server.wait()
+
+
 # Pages run as a user's fresh clone runs them: offline, in an empty directory, no released model
 # in the Hugging Face cache, no ../shared: what they use, they make or take from what gpt2 ships.
 AS_A_USER = [REPO / "README.md"]
 
 
-def sandbox(root: Path, hf_home: Path, page: Path) -> tuple[Path, dict[str, str]]:
+def sandbox(root: Path, hf_home: Path, page: Path, forks: Path) -> tuple[Path, dict[str, str]]:
     """A page's working directory, with the files its examples read, and the environment to run them in."""
     text = corpus()[1]
     work = root / "work"
@@ -274,9 +344,10 @@ def sandbox(root: Path, hf_home: Path, page: Path) -> tuple[Path, dict[str, str]
         shutil.copytree(REPO / "tests" / "fixtures" / "tf_gpt2_tiny", work / "models" / "124M")  # OpenAI's layout, tiny
     bin_dir = root / "bin"
     bin_dir.mkdir()
-    (bin_dir / "gpt2").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m gpt2 "$@"\n')
+    (bin_dir / "gpt2").write_text(GPT2_COMMAND.format(python=sys.executable, client=forks / "client.py"))
     (bin_dir / "gpt2").chmod(0o755)
     env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1", "GPT2_CACHE": str(root / "gpt2-cache"),
+           "GPT2_FORKS": str(forks / "socket"),
            "OMP_NUM_THREADS": "1",  # many small runs: torch's threads would wait on each other (docs/devices.md)
            "PATH": f"{bin_dir}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
            "PYTHONPATH": os.pathsep.join([str(REPO / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])}  # fmt: skip
@@ -359,10 +430,10 @@ for path in sys.argv[1:]:
 """
 
 
-def run_page(page: Path, hf_home: Path, root: Path) -> None:
+def run_page(page: Path, hf_home: Path, root: Path, forks: Path) -> None:
     """The page's shell blocks in order, then its Python blocks, in its own directory; a server it
     starts in the background serves on a free port instead of 8000."""
-    work, env = sandbox(root, hf_home, page)
+    work, env = sandbox(root, hf_home, page, forks)
     port = free_port()
     local = lambda text: shorter(text).replace("127.0.0.1:8000", f"127.0.0.1:{port}")  # noqa: E731
     background, python = [], []
@@ -397,7 +468,7 @@ RUNNABLE = [page for page in PAGES if any(b.lang in RUN and b.mark != "not run" 
 
 
 @pytest.fixture(scope="module")
-def ran(request, hf_home, tmp_path_factory) -> dict[Path, BaseException | None]:
+def ran(request, hf_home, forks, tmp_path_factory) -> dict[Path, BaseException | None]:
     """The pages this session tests, run a few at a time (each command is one process of one
     thread, and most of their time is Python and torch starting): what each raised, or None."""
     wanted = [item.callspec.params["page"] for item in request.session.items if getattr(item, "originalname", "") == "test_page_runs"]
@@ -406,7 +477,7 @@ def ran(request, hf_home, tmp_path_factory) -> dict[Path, BaseException | None]:
 
     def run(page: Path) -> BaseException | None:
         try:
-            run_page(page, hf_home, tmp_path_factory.mktemp(page.stem))
+            run_page(page, hf_home, tmp_path_factory.mktemp(page.stem), forks)
         except BaseException as e:  # noqa: BLE001 (reported by the page's own test)
             return e
         return None
