@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import importlib
 import math
 import os
@@ -104,14 +105,15 @@ def _cmd_tokenize(args: argparse.Namespace) -> int:
 
 def _check_generate_args(args: argparse.Namespace) -> str:
     """What can be checked before a model is loaded (every flag but --top-k's bound, the
-    vocabulary; the draft model's configuration, not its weights); returns the prompt."""
+    vocabulary; the draft model's configuration, not its weights), `args.sampling` made of the
+    sampling flags; returns the prompt."""
     from gpt2._checks import positive_int
     from gpt2.generation.decoding import check_max_new_tokens
     from gpt2.generation.generate import check_stop
 
     if args.prompt is None:
         raise _UsageError('no prompt: give one (e.g. gpt2 generate "Once upon a time"), or - to read standard input')
-    _check_sampling(args)
+    args.sampling = _sampling(args)
     check_max_new_tokens(args.max_new_tokens)
     positive_int("num_samples", args.num_samples)
     check_stop(args.stop)
@@ -125,14 +127,15 @@ def _check_generate_args(args: argparse.Namespace) -> str:
     return _command_line_text(args.prompt, "the prompt given on the command line")
 
 
-def _check_sampling(args: argparse.Namespace) -> None:
-    """--temperature, --top-k, --top-p and --seed, before the model loads: all but --top-k's bound,
-    the model's vocabulary, which the library checks once it is there."""
+def _sampling(args: argparse.Namespace):
+    """The Sampling of --temperature, --top-k and --top-p, made (and so checked) before the model
+    loads, as is --seed: all but --top-k's bound, the model's vocabulary, which the library checks
+    once it is there. The commands hand it on as it is (`_with_top_k` fills in --top-k's default)."""
     from gpt2.generation.sampling import Sampling, check_seed
 
-    Sampling(args.temperature, args.top_k, args.top_p).check(None)
     if getattr(args, "seed", None) is not None:
         check_seed(args.seed)
+    return Sampling(args.temperature, args.top_k, args.top_p)
 
 
 def _check_device(args: argparse.Namespace) -> None:
@@ -224,10 +227,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     prompt = _check_generate_args(args)
     model, tokenizer = _load_model(args)
     draft = _load_draft(args, model, tokenizer)
-    top_k = _top_k(args, model)
     started = time.perf_counter()
-    generation = TextGeneration(model, tokenizer, prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                                top_k=top_k, top_p=args.top_p, seed=args.seed, num_samples=args.num_samples,
+    generation = TextGeneration(model, tokenizer, prompt, max_new_tokens=args.max_new_tokens,
+                                sampling=_with_top_k(args.sampling, model), seed=args.seed, num_samples=args.num_samples,
                                 stop=args.stop, on_overflow=args.on_overflow, allowed_special=_allowed_special(args),
                                 draft=draft, **_draft_tokens(args))  # fmt: skip
     samples = _Samples(sys.stdout, prompt, generation, args.stream)
@@ -345,16 +347,15 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     from gpt2.generation.generate import Chat
 
     chat_template = _chat_template(args)  # what can fail without the model, before it loads
-    _check_sampling(args)
+    sampling = _sampling(args)
     if args.max_new_tokens is not None:
         check_max_new_tokens(args.max_new_tokens)
     _check_device(args)
     _check_cuda_graphs(args)
     system = None if args.system is None else _command_line_text(args.system, "the system message given on the command line")
     model, tokenizer = _load_model(args)
-    top_k = _top_k(args, model)
     chat = Chat(model, tokenizer, chat_template=chat_template, system=system, max_new_tokens=args.max_new_tokens,
-                temperature=args.temperature, top_k=top_k, top_p=args.top_p, seed=args.seed)  # fmt: skip
+                sampling=_with_top_k(sampling, model), seed=args.seed)  # fmt: skip
     interactive = sys.stdin.isatty()
     if interactive:
         with contextlib.suppress(ImportError):  # line editing and history for input(), where the platform has it
@@ -530,27 +531,25 @@ def _check_eval_args(args: argparse.Namespace, file: str | None):
 def _cmd_inspect(args: argparse.Namespace) -> int:
     import json
 
-    from gpt2._checks import int_between
     from gpt2._files import writable_directory
-    from gpt2.generation.sampling import Sampling
     from gpt2.inspect import tracing
 
     if args.text is None:
         raise _UsageError('no text: give one (e.g. gpt2 inspect "The dog chased the"), or - to read standard input')
     if args.json and args.walk:
         raise _UsageError("give --json or --walk, not both")
-    _check_sampling(args)
+    sampling = _sampling(args)
     _check_device(args)
     png = None if args.png is None else writable_directory(args.png)
     text = _without_final_newline(_read_stdin()) if args.text == "-" else _command_line_text(args.text, "the text")
     if not text:
         raise _UsageError("the text is empty: give at least one token's worth")
     model, _ = _load_model(args)
-    int_between("top_k", args.top_k, 1, model.config.n_vocab)  # here, not in next_token_report, whose k is no flag
+    sampling.check_vocab(model.config.n_vocab)  # --top-k: here, not in next_token_report, whose k is no flag
     names = tracing.activation_names(model.config.n_layer, on_request=args.walk)
     trace = tracing.trace(model, text, names=names)
     if png is not None:
-        _draw(trace, png, args.position, Sampling(args.temperature, args.top_k, args.top_p))
+        _draw(trace, png, args.position, sampling)
     if args.walk:
         print("\n".join(tracing.walkthrough(trace, args.top_k)))
         return 0
@@ -798,7 +797,7 @@ messages are left out, saying so on stderr.
 
 
 def _add_sampling_flags(parser: argparse.ArgumentParser) -> None:
-    """--temperature, --top-k and --top-p, as generate and chat sample (`_top_k` gives --top-k's default)."""
+    """--temperature, --top-k and --top-p, as generate and chat sample (`_with_top_k` gives --top-k's default)."""
     parser.add_argument("--temperature", type=float, default=TEMPERATURE,
                         help=f"0 is greedy; higher is more random (default: {TEMPERATURE})")  # fmt: skip
     parser.add_argument("--top-k", type=_whole_number, default=None,
@@ -807,9 +806,9 @@ def _add_sampling_flags(parser: argparse.ArgumentParser) -> None:
                         help="sample among the most likely tokens that make up p of the probability (default: off)")  # fmt: skip
 
 
-def _top_k(args: argparse.Namespace, model) -> int:
-    """--top-k, or TOP_K clamped to the model's vocabulary."""
-    return min(TOP_K, model.config.n_vocab) if args.top_k is None else args.top_k
+def _with_top_k(sampling, model):
+    """`sampling` with --top-k's default where it was not given: TOP_K, clamped to the model's vocabulary."""
+    return sampling if sampling.top_k is not None else dataclasses.replace(sampling, top_k=min(TOP_K, model.config.n_vocab))
 
 
 def _add_chat_parser(commands) -> None:

@@ -7,8 +7,42 @@ import pytest
 import torch
 from scipy.stats import binomtest, chisquare
 
+from gpt2 import GPT2Error
 from gpt2.generation.sampling import (Sampling, filter_logits, mt19937_init_by_array, probabilities, row_probabilities, sample_next,
-                           seeded_generator, speculative_accept)  # fmt: skip
+                           sampling_of, seeded_generator, speculative_accept)  # fmt: skip
+
+# ------------------------------------------------------------------ settings
+
+
+@pytest.mark.parametrize("settings, param, message", [
+    (dict(temperature=-1), "temperature", "temperature must be a finite number >= 0 \\(0 is greedy\\), got -1"),
+    (dict(temperature=float("nan")), "temperature", "temperature must be a finite number >= 0 \\(0 is greedy\\), got nan"),
+    (dict(top_k=0), "top_k", "top_k must be an integer from 1 up, got 0"),
+    (dict(top_k=2.5), "top_k", "top_k must be an integer from 1 up, got 2.5"),
+    (dict(top_p=0), "top_p", "top_p must be in \\(0, 1\\], got 0"),
+    (dict(top_p=1.5), "top_p", "top_p must be in \\(0, 1\\], got 1.5"),
+])  # fmt: skip
+def test_a_sampling_is_checked_as_it_is_made_naming_the_setting(settings, param, message):
+    with pytest.raises(GPT2Error, match=message) as caught:
+        Sampling(**settings)
+    assert caught.value.param == param
+
+
+def test_only_top_ks_bound_waits_for_the_vocabulary():
+    Sampling(top_k=10).check_vocab(10)
+    with pytest.raises(GPT2Error, match="top_k must be an integer from 1 to 10, got 11"):
+        Sampling(top_k=11).check_vocab(10)
+
+
+def test_a_sampling_made_already_or_the_settings_not_both():
+    made = Sampling(0.5, 3)
+    assert sampling_of(sampling=made) is made and sampling_of(0.5, 3) == made
+    with pytest.raises(GPT2Error, match="give sampling, or temperature, top_k and top_p, not both") as caught:
+        sampling_of(0.5, sampling=made)
+    assert caught.value.param == "sampling"
+    with pytest.raises(GPT2Error, match="sampling must be a gpt2.generation.sampling.Sampling, got dict"):
+        sampling_of(sampling={"temperature": 0.5})
+
 
 # ------------------------------------------------------------------ filters and draws
 

@@ -183,7 +183,7 @@ class Request:
         max_new_tokens be 0 (the prompt only scored, as OpenAI's echo with max_tokens 0); past n_ctx
         the context slides, with a warning, or it is an error (`on_overflow`)."""
         max_new_tokens = check_max_new_tokens(max_new_tokens, allow_zero)
-        sampling.check(n_vocab)
+        sampling.check_vocab(n_vocab)  # the rest was checked as it was made
         seed = None if seed is None else check_seed(seed)  # an int, as the rows' seeds are made from it
         n = positive_int(n_param, n)
         check_prompts(prompts, n_vocab)

@@ -19,7 +19,7 @@ from gpt2._checks import int_between, positive_int
 from gpt2.errors import ContextLengthError, GPT2Warning, InputTypeError, InvalidArgumentError
 from gpt2.generation.decoding import STOP, Decoder, Request, check_draft_tokens, finish_reasons, row_seed, start_of_text
 from gpt2.generation.engines import NumpyEngine, check_draft
-from gpt2.generation.sampling import Sampling, check_seed
+from gpt2.generation.sampling import Sampling, check_seed, sampling_of
 from gpt2.reference import ReferenceModel
 from gpt2.settings import CHAT_MAX_NEW_TOKENS, DRAFT_TOKENS, MAX_NEW_TOKENS
 from gpt2.tokenizer import IncrementalDecoder, Tokenizer
@@ -56,6 +56,7 @@ class TextGeneration:
     first stop string, or after max_new_tokens. `model` is a `GPT2`, or a
     `gpt2.reference.ReferenceModel` (the NumPy engine: no cache, slow). An empty prompt
     starts from <|endoftext|>, as GPT-2's unconditional samples do (with a warning).
+    Sampling is temperature, top_k and top_p, or a `sampling` made already in their place.
     With a `draft` model (of the same tokenizer: see `GPT2.generate`), decoding is speculative:
     it proposes `draft_tokens` tokens a step, which `model` verifies in one pass.
     `allowed_special` is the tokenizer's: "all" (the default) reads <|endoftext|> written in a
@@ -74,6 +75,7 @@ class TextGeneration:
         temperature: float = 1.0,
         top_k: int | None = None,
         top_p: float | None = None,
+        sampling: Sampling | None = None,
         seed: int | None = None,
         num_samples: int = 1,
         stop: str | Sequence[str] | None = None,
@@ -89,7 +91,7 @@ class TextGeneration:
         prompt_list = [prompts] if isinstance(prompts, str) else list(prompts)
         if not prompt_list:
             raise InvalidArgumentError("no prompts: give at least one", "prompt")
-        self.sampling = Sampling(temperature, top_k, top_p)
+        self.sampling = sampling_of(temperature, top_k, top_p, sampling)
         request = Request.build([self._encode(tokenizer, prompt, allowed_special) for prompt in prompt_list], max_new_tokens,
                                 n_vocab=model.config.n_vocab, n_ctx=model.config.n_ctx, sampling=self.sampling, seed=seed,
                                 n=num_samples, n_param="num_samples", eos_token_id=tokenizer.eot_token,
@@ -254,11 +256,12 @@ class Chat:
     model's context where that is less (the other half holds the conversation); one that leaves
     no room for a conversation, or a system message that does not fit with a reply, is refused
     here. Reply k (from 0) samples from seed + k, so a seeded conversation can be had again.
+    Sampling is temperature, top_k and top_p, or a `sampling` made already in their place.
     """
 
     def __init__(self, model, tokenizer: Tokenizer, *, chat_template: ChatTemplate | str | None = None, system: str | None = None,
                  max_new_tokens: int | None = None, temperature: float = 1.0, top_k: int | None = None,
-                 top_p: float | None = None, seed: int | None = None):  # fmt: skip
+                 top_p: float | None = None, sampling: Sampling | None = None, seed: int | None = None):  # fmt: skip
         source = tokenizer.chat_template if chat_template is None else chat_template
         if source is None:
             raise InvalidArgumentError(f"the model's tokenizer has no chat template, so it cannot hold a conversation: {HOW_TO_ADD}",
@@ -266,9 +269,9 @@ class Chat:
         self.template = source if isinstance(source, ChatTemplate) else ChatTemplate(source, "the model's chat template")
         if system is not None and not isinstance(system, str):
             raise InputTypeError(f"system must be a str or None, got {type(system).__name__}", "system")
-        Sampling(temperature, top_k, top_p).check(model.config.n_vocab)
-        self.options = {"max_new_tokens": chat_max_new_tokens(max_new_tokens, model.config.n_ctx), "temperature": temperature,
-                        "top_k": top_k, "top_p": top_p}  # fmt: skip
+        sampling = sampling_of(temperature, top_k, top_p, sampling)
+        sampling.check_vocab(model.config.n_vocab)  # here, not at the first reply
+        self.options = {"max_new_tokens": chat_max_new_tokens(max_new_tokens, model.config.n_ctx), "sampling": sampling}
         self.seed = None if seed is None else check_seed(seed)
         self.model, self.tokenizer, self.system = model, tokenizer, system
         self._check_system()

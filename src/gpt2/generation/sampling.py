@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from gpt2._checks import int_between, is_real
-from gpt2.errors import InvalidArgumentError
+from gpt2.errors import InputTypeError, InvalidArgumentError
 
 # ------------------------------------------------------------------ decoding
 
@@ -23,22 +23,42 @@ from gpt2.errors import InvalidArgumentError
 class Sampling:
     """How the next token is chosen. temperature 0 is greedy (the most likely token);
     top_k keeps the k most likely tokens; top_p keeps the smallest set whose probability
-    reaches p. Filters apply in that order, to the distribution after temperature."""
+    reaches p. Filters apply in that order, to the distribution after temperature.
+
+    Each setting is checked as the Sampling is made, at whichever door it came in by (a call,
+    a flag, a request's body), and travels inward checked: only top_k's bound, the model's
+    vocabulary, waits for a model (`check_vocab`)."""
 
     temperature: float = 1.0
     top_k: int | None = None
     top_p: float | None = None
 
-    def check(self, n_vocab: int | None) -> None:
-        """Raise unless each setting is one a model of `n_vocab` tokens can sample with (None: before
-        a model is there, every check but top_k's bound, the vocabulary)."""
+    def __post_init__(self) -> None:
         if not is_real(self.temperature) or self.temperature < 0:
             raise InvalidArgumentError(f"temperature must be a finite number >= 0 (0 is greedy), got {self.temperature!r}",
                                        "temperature")  # fmt: skip
         if self.top_k is not None:
-            int_between("top_k", self.top_k, 1, n_vocab)  # n_vocab: keep every token
+            int_between("top_k", self.top_k, 1, None)
         if self.top_p is not None and (not is_real(self.top_p) or not 0 < self.top_p <= 1):
             raise InvalidArgumentError(f"top_p must be in (0, 1], got {self.top_p!r}", "top_p")
+
+    def check_vocab(self, n_vocab: int) -> None:
+        """Raise unless top_k is at most `n_vocab`, the tokens of the model that samples (all of them: no filter)."""
+        if self.top_k is not None:
+            int_between("top_k", self.top_k, 1, n_vocab)
+
+
+def sampling_of(temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+                sampling: Sampling | None = None) -> Sampling:  # fmt: skip
+    """The Sampling of a call that takes either the three settings or a `sampling` made already
+    (by a caller that checked them before a model loaded, as `gpt2 generate` does), not both."""
+    if sampling is None:
+        return Sampling(temperature, top_k, top_p)
+    if not isinstance(sampling, Sampling):
+        raise InputTypeError(f"sampling must be a gpt2.generation.sampling.Sampling, got {type(sampling).__name__}", "sampling")
+    if (temperature, top_k, top_p) != (1.0, None, None):
+        raise InvalidArgumentError("give sampling, or temperature, top_k and top_p, not both", "sampling")
+    return sampling
 
 
 def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float | None = None) -> torch.Tensor:

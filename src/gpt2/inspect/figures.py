@@ -103,7 +103,7 @@ def next_token(trace: Trace, position: int, sampling: Sampling, bars: int = 12) 
     if isinstance(position, bool) or not isinstance(position, int) or not -T <= position < T:
         raise InvalidArgumentError(f"position must be a whole number in 0..{T - 1} (or -{T}..-1 from the end), got {position!r}",
                                    "position")  # fmt: skip
-    sampling.check(trace.logits.size(-1))
+    sampling.check_vocab(trace.logits.size(-1))
     logits = trace.logits[position].float().cpu()
     before = torch.softmax(logits, dim=-1)
     temperature = max(sampling.temperature, 1e-6)  # 0 is greedy: all the mass on the top token
