@@ -16,7 +16,7 @@ from helpers import REPO
 
 def test_the_quick_load_benchmark_ends_every_round_at_rest_without_errors():
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO / "src")}
-    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "load.py"), "--quick"], env=env, capture_output=True,
+    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "load.py"), "--quick", "--seconds", "2"], env=env, capture_output=True,
                             text=True, timeout=240)  # fmt: skip
     report = result.stdout
     assert result.returncode == 0, report + result.stderr[-3000:]
