@@ -12,7 +12,8 @@ import pytest
 # this process and every command the tests start run on one thread (docs/devices.md).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from helpers import SMALL, VOCAB, corpus, make_hf_model, tiktoken_from_files  # noqa: E402
+from forks import Forks  # noqa: E402
+from helpers import REPO, SMALL, VOCAB, corpus, make_hf_model, tiktoken_from_files  # noqa: E402
 from gpt2.data.tokens import prepare  # noqa: E402
 
 # The served models and servers of tests/serve/test_serve_*.py, each started once per test run.
@@ -20,6 +21,14 @@ pytest_plugins = ["serve_fixtures"]
 
 # Tests never wait on the Hugging Face hub's retries.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def forks(tmp_path_factory):
+    """The `gpt2` program whose runs are forked from one process that imported torch (tests/forks.py)."""
+    forks = Forks(tmp_path_factory.mktemp("forks"), REPO / "src")
+    yield forks
+    forks.stop()
 
 
 @pytest.fixture(scope="module")

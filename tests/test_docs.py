@@ -21,13 +21,13 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from forks import Forks
 from helpers import REPO, corpus
 from gpt2.cli import REFERENCES, build_parser
 
@@ -241,73 +241,13 @@ def hf_home(tmp_path_factory) -> Path:
     return home
 
 
-# A page's `gpt2` commands are the real command-line program, `gpt2.cli.main` in a process of its
-# own with the command's arguments, directory, environment, standard streams and exit status; each
-# is forked from one process that imported torch once, not started anew (torch's import was 1.4 s of
-# each of 55 commands, the most of these pages' time). `gpt2 serve`, run in the background until a
-# page ends and then stopped by a signal, is started as a user starts it.
-FORKS_SERVER = """
-import json, os, signal, socket, sys
-import gpt2.cli, gpt2.data, gpt2.evaluation.evaluate, gpt2.generation.generate, gpt2.inspect, gpt2.model.pretrained, gpt2.training.train
-signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the commands' processes are reaped as they end
-server = socket.socket(socket.AF_UNIX)
-server.bind(sys.argv[1])
-server.listen(64)
-print("ready", flush=True)
-while True:
-    connection, _ = server.accept()
-    if os.fork():
-        connection.close()
-        continue
-    server.close()
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    message, streams, _, _ = socket.recv_fds(connection, 1 << 20, 3)
-    while chunk := connection.recv(1 << 20):
-        message += chunk
-    command = json.loads(message)
-    for stream, fd in zip(streams, (0, 1, 2)):
-        os.dup2(stream, fd)
-        os.close(stream)
-    os.chdir(command["cwd"])
-    os.environ.clear()
-    os.environ.update(command["env"])
-    if (pid := os.fork()) == 0:  # the command: its exit status is its own, after its exit handlers ran
-        connection.close()
-        sys.argv = ["gpt2", *command["argv"]]
-        raise SystemExit(gpt2.cli.main(command["argv"]))
-    connection.sendall(str(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])).encode())
-    os._exit(0)
-"""
-FORKS_CLIENT = """
-import json, os, socket, sys
-with socket.socket(socket.AF_UNIX) as command:
-    command.connect(os.environ["GPT2_FORKS"])
-    socket.send_fds(command, [json.dumps({"argv": sys.argv[1:], "cwd": os.getcwd(), "env": dict(os.environ)}).encode()], [0, 1, 2])
-    command.shutdown(socket.SHUT_WR)
-    status = int(command.recv(16) or 1)
-if status < 0:
-    os.kill(os.getpid(), -status)  # ended by a signal, as the command was
-sys.exit(status)
-"""
+# A page's gpt2 commands are forked from one process that imported torch once (tests/forks.py);
+# `gpt2 serve`, run in the background until the page ends and then stopped by a signal, is started
+# as a user starts it.
 GPT2_COMMAND = """#!/bin/sh
 if [ "$1" = serve ]; then exec "{python}" -m gpt2 "$@"; fi
-exec "{python}" -S "{client}" "$@"
+exec "{forked}" "$@"
 """
-
-
-@pytest.fixture(scope="module")
-def forks(tmp_path_factory) -> Iterator[Path]:
-    """The socket of the process that the pages' gpt2 commands are forked from."""
-    root = tmp_path_factory.mktemp("forks")
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(REPO / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])}  # fmt: skip
-    server = subprocess.Popen([sys.executable, "-c", FORKS_SERVER, str(root / "socket")], env=env, stdin=subprocess.DEVNULL,
-                              stdout=subprocess.PIPE, text=True)  # fmt: skip
-    assert server.stdout.readline() == "ready\n"
-    (root / "client.py").write_text(FORKS_CLIENT)
-    yield root
-    server.kill()
-    server.wait()
 
 
 # Pages run as a user's fresh clone runs them: offline, in an empty directory, no released model
@@ -315,7 +255,7 @@ def forks(tmp_path_factory) -> Iterator[Path]:
 AS_A_USER = [REPO / "README.md"]
 
 
-def sandbox(root: Path, hf_home: Path, page: Path, forks: Path) -> tuple[Path, dict[str, str]]:
+def sandbox(root: Path, hf_home: Path, page: Path, forks: Forks) -> tuple[Path, dict[str, str]]:
     """A page's working directory, with the files its examples read, and the environment to run them in."""
     text = corpus()[1]
     work = root / "work"
@@ -344,10 +284,9 @@ def sandbox(root: Path, hf_home: Path, page: Path, forks: Path) -> tuple[Path, d
         shutil.copytree(REPO / "tests" / "fixtures" / "tf_gpt2_tiny", work / "models" / "124M")  # OpenAI's layout, tiny
     bin_dir = root / "bin"
     bin_dir.mkdir()
-    (bin_dir / "gpt2").write_text(GPT2_COMMAND.format(python=sys.executable, client=forks / "client.py"))
+    (bin_dir / "gpt2").write_text(GPT2_COMMAND.format(python=sys.executable, forked=forks.command))
     (bin_dir / "gpt2").chmod(0o755)
     env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1", "GPT2_CACHE": str(root / "gpt2-cache"),
-           "GPT2_FORKS": str(forks / "socket"),
            "OMP_NUM_THREADS": "1",  # many small runs: torch's threads would wait on each other (docs/devices.md)
            "PATH": f"{bin_dir}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
            "PYTHONPATH": os.pathsep.join([str(REPO / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])}  # fmt: skip
@@ -430,7 +369,7 @@ for path in sys.argv[1:]:
 """
 
 
-def run_page(page: Path, hf_home: Path, root: Path, forks: Path) -> None:
+def run_page(page: Path, hf_home: Path, root: Path, forks: Forks) -> None:
     """The page's shell blocks in order, then its Python blocks, in its own directory; a server it
     starts in the background serves on a free port instead of 8000."""
     work, env = sandbox(root, hf_home, page, forks)

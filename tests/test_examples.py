@@ -7,7 +7,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -111,9 +110,10 @@ def test_the_shipped_model_loads_by_name_and_writes_shakespeare(capsys):
         GPT2.from_pretrained("shakespeare-char")
 
 
-def test_the_script_rebuilds_it(tmp_path):
-    """scripts/make_shakespeare_char.sh, two iterations: the shipped model's files, loadable."""
-    env = {**os.environ, "GPT2": f"{sys.executable} -m gpt2", "OMP_NUM_THREADS": "1"}
+def test_the_script_rebuilds_it(tmp_path, forks):
+    """scripts/make_shakespeare_char.sh, two iterations: the shipped model's files, loadable. Its
+    gpt2 commands are forked (tests/forks.py), through the script's GPT2 variable."""
+    env = {**os.environ, "GPT2": str(forks.command), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(["bash", str(REPO / "scripts" / "make_shakespeare_char.sh"), str(tmp_path / "out"),
                            "--max-iters", "2", "--eval-iters", "1"], capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]

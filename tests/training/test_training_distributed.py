@@ -43,14 +43,21 @@ def flags(**settings) -> list[str]:
     return [f"--{k.replace('_', '-')}={v}" for k, v in settings.items()]
 
 
-def torchrun(*args: str, nproc: int = 2, check: bool = True, **popen) -> subprocess.CompletedProcess:
-    """`torchrun --standalone --nproc_per_node N -m gpt2 train ...`, the user's command."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "gpt2", "train",
-               "--no-progress", *args]  # fmt: skip
-    result = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=300, **popen)
-    if check:
-        assert result.returncode == 0, result.stderr[-3000:]
-    return result
+@pytest.fixture
+def torchrun(forks):
+    """`torchrun --standalone --nproc_per_node N gpt2 train ...`, the user's command, run(*args,
+    nproc=2, check=True): its processes are forked (tests/forks.py), as `--no-python` lets
+    torchrun start any program; the Ctrl-C and lost-process tests start `python -m gpt2`."""
+
+    def run(*args: str, nproc: int = 2, check: bool = True, **popen) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "--no-python",
+                   str(forks.command), "train", "--no-progress", *args]  # fmt: skip
+        result = subprocess.run(command, env={**ENV, "PYTHONUNBUFFERED": "1"}, capture_output=True, text=True, timeout=300, **popen)
+        if check:
+            assert result.returncode == 0, result.stderr[-3000:]
+        return result
+
+    return run
 
 
 def curve(out: Path) -> tuple[dict[int, float], dict[int, float]]:
@@ -76,7 +83,7 @@ def assert_same_model(out: Path, reference: Path) -> None:
 
 
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
-def test_two_processes_follow_the_loss_curve_of_one(mode, char_data, one_process, tmp_path):
+def test_two_processes_follow_the_loss_curve_of_one(mode, char_data, one_process, tmp_path, torchrun):
     fsdp = ["--fsdp"] if mode == "fsdp" else []
     result = torchrun("--data", str(char_data), "--out", str(tmp_path / "out"), *flags(max_iters=20, **SETTINGS), *fsdp,
                       "--sample-prompt", "The")  # fmt: skip
@@ -93,7 +100,7 @@ def test_two_processes_follow_the_loss_curve_of_one(mode, char_data, one_process
     assert (tmp_path / "out" / "loss.png").read_bytes().startswith(b"\x89PNG")
 
 
-def test_two_processes_on_conversations_follow_the_loss_curve_of_one(char_data, tmp_path):
+def test_two_processes_on_conversations_follow_the_loss_curve_of_one(char_data, tmp_path, torchrun):
     """The mask travels with each micro-batch and evaluation batch, whichever process draws it."""
     chat = replies_are_even_ids(char_data, tmp_path / "chat", "{{ messages[0].content }}")
     train(tmp_path / "one", data=chat, max_iters=20, progress=False, **SETTINGS)
@@ -125,7 +132,7 @@ def hellaswag_scores(out: Path) -> list[tuple[int, float, float]]:
 
 
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
-def test_two_processes_score_hellaswag_as_one_does(mode, gpt2_data, scored_one, tmp_path):
+def test_two_processes_score_hellaswag_as_one_does(mode, gpt2_data, scored_one, tmp_path, torchrun):
     """The batches of pairs are shared out and the scores summed: one process's accuracies. Their
     number is odd: under FSDP the second process scores one more, dropped, so that both run as
     many forward passes (each gathers the shards of every block with the other)."""
@@ -138,7 +145,7 @@ def test_two_processes_score_hellaswag_as_one_does(mode, gpt2_data, scored_one, 
 
 
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
-def test_a_resumed_run_continues_as_one_process_does(mode, char_data, one_process, tmp_path):
+def test_a_resumed_run_continues_as_one_process_does(mode, char_data, one_process, tmp_path, torchrun):
     fsdp = ["--fsdp"] if mode == "fsdp" else []
     out = str(tmp_path / "out")
     torchrun("--data", str(char_data), "--out", out, *flags(max_iters=10, **SETTINGS), *fsdp)
@@ -146,7 +153,7 @@ def test_a_resumed_run_continues_as_one_process_does(mode, char_data, one_proces
     assert_same_curve(tmp_path / "out", one_process)
 
 
-def test_muon_under_ddp_follows_one_process_and_resumes(char_data, tmp_path):
+def test_muon_under_ddp_follows_one_process_and_resumes(char_data, tmp_path, torchrun):
     """Muon orthogonalises whole matrices: under DDP each process has the averaged gradient of
     each, and makes the update one process makes; AdamW's and Muon's states resume together.
     The losses agree to 1e-4; the weights within 5% of their size, not to 1e-4: Muon's
@@ -166,14 +173,14 @@ def test_muon_under_ddp_follows_one_process_and_resumes(char_data, tmp_path):
         assert (ours[name] - b).float().norm() < 0.05 * b.float().norm(), name
 
 
-def test_one_process_resumes_a_run_of_two(char_data, one_process, tmp_path):
+def test_one_process_resumes_a_run_of_two(char_data, one_process, tmp_path, torchrun):
     """The checkpoint holds whole tensors: it does not depend on how many processes wrote it."""
     torchrun("--data", str(char_data), "--out", str(tmp_path / "out"), *flags(max_iters=10, **SETTINGS), "--fsdp")
     train(tmp_path / "out", resume=True, max_iters=20, fsdp=False, progress=False)
     assert_same_curve(tmp_path / "out", one_process)
 
 
-def test_ctrl_c_stops_every_process_with_a_checkpoint(char_data, one_process, tmp_path):
+def test_ctrl_c_stops_every_process_with_a_checkpoint(char_data, one_process, tmp_path, torchrun):
     out = tmp_path / "out"
     settings = dict(SETTINGS, max_iters=20_000, lr_decay_iters=20, eval_interval=10_000)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "gpt2", "train",
@@ -194,7 +201,7 @@ def test_ctrl_c_stops_every_process_with_a_checkpoint(char_data, one_process, tm
     assert max(abs(steps[i] - ref[i]) for i in range(20)) < TOLERANCE  # the same run as ever, up to where the reference ends
 
 
-def test_ctrl_c_in_an_evaluation_stops_every_process_at_the_same_batch(char_data, one_process, tmp_path):
+def test_ctrl_c_in_an_evaluation_stops_every_process_at_the_same_batch(char_data, one_process, tmp_path, torchrun):
     """An evaluation of a million and one batches (shared unevenly: one process draws one more):
     Ctrl-C stops both processes within seconds at the same batch (were one to go on, the other
     would wait for it for ever), with the checkpoint of iteration 0, whose evaluation the resume
@@ -216,7 +223,7 @@ def test_ctrl_c_in_an_evaluation_stops_every_process_at_the_same_batch(char_data
 # ------------------------------------------------------------------ bad launches, lost processes
 
 
-def test_a_diverged_run_stops_every_process_at_once(char_data, tmp_path):
+def test_a_diverged_run_stops_every_process_at_once(char_data, tmp_path, torchrun):
     """lr 1e30: the loss checked is the one summed over the processes, so all stop at the same
     logged step, none waiting on the others; rank 0 says so in one line and the files stay those
     of iteration 0's evaluation."""
@@ -227,7 +234,7 @@ def test_a_diverged_run_stops_every_process_at_once(char_data, tmp_path):
     assert load_checkpoint(out)["iteration"] == 0 and all(torch.isfinite(t).all() for t in load_checkpoint(out)["model"].values())
 
 
-def test_grad_accum_must_divide_among_the_processes(char_data, tmp_path):
+def test_grad_accum_must_divide_among_the_processes(char_data, tmp_path, torchrun):
     result = torchrun("--data", str(char_data), "--out", str(tmp_path / "out"), *flags(**dict(SETTINGS, grad_accum=3)), check=False)
     assert result.returncode != 0
     message = "gpt2: error: --grad-accum 3 must be a multiple of the 2 processes"
