@@ -22,7 +22,7 @@ from pathlib import Path
 # The server: for each connection, a process that takes the command's streams, directory and
 # environment, forks the command, passes on the signals its client gets, and answers its exit status.
 SERVER = r"""
-import json, os, select, signal, socket, struct, sys
+import atexit, json, os, select, signal, socket, struct, sys, threading, traceback
 import torch._dynamo  # imported by an optimizer's first step
 import matplotlib.backends.backend_agg, matplotlib.figure  # loss.png
 import gpt2.cli, gpt2.data, gpt2.evaluation.evaluate, gpt2.generation.generate, gpt2.inspect, gpt2.model.pretrained, gpt2.training.train
@@ -38,6 +38,26 @@ def receive(connection):
     return json.loads(message[8:])
 
 
+def run(argv):
+    # main's exit as Python's, less the teardown of every module (a second with torch's loaded):
+    # the exit handlers run and the streams are flushed, as multiprocessing ends a forked process
+    try:
+        code = gpt2.cli.main(argv)
+    except SystemExit as e:
+        code = e.code
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    if code is not None and not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
+    threading._shutdown()  # as Python's exit: threads joined, then the handlers of threading's and of atexit
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code or 0)
+
+
 def serve(connection):
     command = receive(connection)
     os.chdir(command["cwd"])
@@ -49,7 +69,7 @@ def serve(connection):
         if os.environ.get("PYTHONUNBUFFERED"):
             sys.stdout.reconfigure(write_through=True)
         sys.argv = ["gpt2", *command["argv"]]
-        raise SystemExit(gpt2.cli.main(command["argv"]))
+        run(command["argv"])
     while True:
         if select.select([connection], [], [], 0.05)[0]:
             signals = connection.recv(64)
