@@ -4,6 +4,7 @@ them) against 1, with DDP and FSDP2; resumption, Ctrl-C, a process that dies, ba
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -43,7 +44,7 @@ def flags(**settings) -> list[str]:
     return [f"--{k.replace('_', '-')}={v}" for k, v in settings.items()]
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def torchrun(forks):
     """`torchrun --standalone --nproc_per_node N gpt2 train ...`, the user's command, run(*args,
     nproc=2, check=True): its processes are forked (tests/forks.py), as `--no-python` lets
@@ -144,11 +145,22 @@ def test_two_processes_score_hellaswag_as_one_does(mode, gpt2_data, scored_one, 
     assert len({acc for _, *accs in scores for acc in accs}) > 1  # not one number at every evaluation
 
 
+@pytest.fixture(scope="module")
+def fsdp_ten(char_data, torchrun, tmp_path_factory) -> Path:
+    """10 iterations of two processes under FSDP: the run two tests resume, each a copy of it."""
+    out = tmp_path_factory.mktemp("fsdp_ten") / "out"
+    torchrun("--data", str(char_data), "--out", str(out), *flags(max_iters=10, **SETTINGS), "--fsdp")
+    return out
+
+
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
-def test_a_resumed_run_continues_as_one_process_does(mode, char_data, one_process, tmp_path, torchrun):
+def test_a_resumed_run_continues_as_one_process_does(mode, char_data, one_process, tmp_path, torchrun, request):
     fsdp = ["--fsdp"] if mode == "fsdp" else []
     out = str(tmp_path / "out")
-    torchrun("--data", str(char_data), "--out", out, *flags(max_iters=10, **SETTINGS), *fsdp)
+    if fsdp:
+        shutil.copytree(request.getfixturevalue("fsdp_ten"), out)
+    else:
+        torchrun("--data", str(char_data), "--out", out, *flags(max_iters=10, **SETTINGS))
     torchrun("--out", out, "--resume", "--max-iters=20", *fsdp)
     assert_same_curve(tmp_path / "out", one_process)
 
@@ -173,9 +185,9 @@ def test_muon_under_ddp_follows_one_process_and_resumes(char_data, tmp_path, tor
         assert (ours[name] - b).float().norm() < 0.05 * b.float().norm(), name
 
 
-def test_one_process_resumes_a_run_of_two(char_data, one_process, tmp_path, torchrun):
+def test_one_process_resumes_a_run_of_two(fsdp_ten, one_process, tmp_path):
     """The checkpoint holds whole tensors: it does not depend on how many processes wrote it."""
-    torchrun("--data", str(char_data), "--out", str(tmp_path / "out"), *flags(max_iters=10, **SETTINGS), "--fsdp")
+    shutil.copytree(fsdp_ten, tmp_path / "out")
     train(tmp_path / "out", resume=True, max_iters=20, fsdp=False, progress=False)
     assert_same_curve(tmp_path / "out", one_process)
 

@@ -302,11 +302,11 @@ def test_resume_after_max_iters_equals_an_uninterrupted_run(char_data, tmp_path)
     assert [r["iter"] for r in evals] == [0, 4, 7, 8, 12]
 
 
-def test_resume_after_ctrl_c_equals_an_uninterrupted_run(char_data, tmp_path):
+def test_resume_after_ctrl_c_equals_an_uninterrupted_run(char_data, tmp_path, forks):
     settings = dict(RESUMABLE, max_iters=200, eval_interval=50)  # long enough for the signal to land mid-run
     train(tmp_path / "whole", data=char_data, progress=False, **settings)
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in settings.items()]
-    command = [sys.executable, "-m", "gpt2", "train", "--data", str(char_data), "--out", str(tmp_path / "parts"), *flags]
+    command = [str(forks.command), "train", "--data", str(char_data), "--out", str(tmp_path / "parts"), *flags]
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                preexec_fn=heed_ctrl_c)  # fmt: skip
@@ -530,13 +530,13 @@ def test_the_progress_bar_shows_micro_batches_and_evaluations(char_data, tmp_pat
     assert err.count("\n") <= 4  # the evaluations' lines, the bar's last: 12 micro-batches drew no line of their own
 
 
-def test_a_run_stops_within_seconds_of_a_signal_and_resumes_exactly(char_data, tmp_path, one_thread):
+def test_a_run_stops_within_seconds_of_a_signal_and_resumes_exactly(char_data, tmp_path, one_thread, forks):
     """The command itself, in an evaluation of a million batches (minutes): SIGINT ends it within
     seconds, with status 130 and the checkpoint of iteration 8 (whose evaluation is left to do)."""
     settings = dict(STOPPABLE, lr_decay_iters=12)
     train(tmp_path / "whole", data=char_data, max_iters=12, progress=False, **settings)
     train(tmp_path / "parts", data=char_data, max_iters=6, progress=False, **settings)
-    command = [sys.executable, "-m", "gpt2", "train", "--out", str(tmp_path / "parts"), "--resume", "--max-iters=12",
+    command = [str(forks.command), "train", "--out", str(tmp_path / "parts"), "--resume", "--max-iters=12",
                "--eval-iters=1000000"]  # fmt: skip
     with open(tmp_path / "stdout", "w") as stdout:
         run = Watched(command, ENV, stdout)
@@ -550,13 +550,13 @@ def test_a_run_stops_within_seconds_of_a_signal_and_resumes_exactly(char_data, t
     assert losses(tmp_path / "parts") == losses(tmp_path / "whole")
 
 
-def test_a_run_stops_within_seconds_of_sigterm_in_a_long_step_and_resumes_exactly(char_data, tmp_path, one_thread):
+def test_a_run_stops_within_seconds_of_sigterm_in_a_long_step_and_resumes_exactly(char_data, tmp_path, one_thread, forks):
     """A step of 300 micro-batches (a second or more): SIGTERM in iteration 1 ends the command
     before iteration 1 is done, and the bar counted the micro-batches meanwhile."""
     settings = dict(RESUMABLE, n_layer=1, n_embd=16, block_size=8, batch_size=2, grad_accum=300, warmup_iters=0, lr_decay_iters=2,
                     eval_iters=1)  # fmt: skip
     train(tmp_path / "whole", data=char_data, max_iters=2, progress=False, **settings)
-    command = [sys.executable, "-m", "gpt2", "train", "--data", str(char_data), "--out", str(tmp_path / "parts"), "--max-iters=3",
+    command = [str(forks.command), "train", "--data", str(char_data), "--out", str(tmp_path / "parts"), "--max-iters=3",
                *flags(**settings)]  # fmt: skip
     with open(tmp_path / "stdout", "w") as stdout:
         run = Watched(command, ENV, stdout)
