@@ -2,13 +2,15 @@
 
     tracing  a traced forward pass: every activation by name, patches, the logit lens, the
              next-token report and the walkthrough
+    circuits what heads attend to (head scores) and each part's direct effect on a logit
     figures  its pictures, drawn with matplotlib: attention, the logit lens, the next token
 
-`figures` builds on `tracing`. `tracing`'s names are this package's (`gpt2.inspect.trace`,
-`gpt2.inspect.Trace`, ...), as they were when it was one module; `figures` is imported as
+`circuits` and `figures` build on `tracing`. `tracing`'s and `circuits`' names are this
+package's (`gpt2.inspect.trace`, `gpt2.inspect.head_scores`, ...); `figures` is imported as
 `gpt2.inspect.figures`, since it needs matplotlib.
 """
 
+from gpt2.inspect.circuits import HEAD_SCORES, LogitAttribution, head_scores, logit_attribution, repeated_tokens
 from gpt2.inspect.tracing import (
     BLOCK_STEPS,
     ON_REQUEST,
@@ -19,6 +21,7 @@ from gpt2.inspect.tracing import (
     alternatives,
     logit_lens_top,
     next_token_report,
+    token_ids,
     token_label,
     trace,
     walkthrough,
@@ -26,14 +29,20 @@ from gpt2.inspect.tracing import (
 
 __all__ = [
     "BLOCK_STEPS",
+    "HEAD_SCORES",
+    "LogitAttribution",
     "ON_REQUEST",
     "STEP_MATH",
     "Patch",
     "Trace",
     "activation_names",
     "alternatives",
+    "head_scores",
+    "logit_attribution",
     "logit_lens_top",
     "next_token_report",
+    "repeated_tokens",
+    "token_ids",
     "token_label",
     "trace",
     "walkthrough",

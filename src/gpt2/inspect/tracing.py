@@ -113,7 +113,7 @@ def trace(model: GPT2, ids: str | Sequence[int] | torch.Tensor, patch: Mapping[s
     for name, fn in patch.items():
         if not callable(fn):
             raise InputTypeError(f"patch[{name!r}] must be a function of the activation, got {type(fn).__name__}", "patch")
-    ids, tokens = _token_ids(model, ids)
+    ids, tokens = token_ids(model, ids)
     tap = _Tap(record, patch)
     idx = torch.tensor([ids], device=model.transformer.wte.weight.device)  # (1, T)
     logits = _forward(model, idx, tap)[0]  # (T, V)
@@ -132,7 +132,9 @@ def _check_names(param: str, n_layer: int, names: Iterable[str]) -> set[str]:
     return names
 
 
-def _token_ids(model: GPT2, ids: str | Sequence[int] | torch.Tensor) -> tuple[list[int], list[str] | None]:
+def token_ids(model: GPT2, ids: str | Sequence[int] | torch.Tensor) -> tuple[list[int], list[str] | None]:
+    """A trace's input, checked: (its ids, their text, None without a tokenizer) of a string the
+    model's tokenizer encodes, or of 1-D token ids that fit the model."""
     tokenizer = model.tokenizer
     if isinstance(ids, str):
         if tokenizer is None:

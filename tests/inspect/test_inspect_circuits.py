@@ -1,0 +1,117 @@
+"""Head scores and direct logit attribution (gpt2.inspect.circuits), against transformers' own
+modules on the same weights: its attention probabilities, and its activations read with hooks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gpt2 import GPT2Error
+from gpt2.inspect.circuits import HEAD_SCORES, head_scores, logit_attribution, repeated_tokens
+from gpt2.model.model import GPT2
+from helpers import make_hf_model
+
+CONFIG = dict(vocab_size=50257, n_positions=64, n_embd=32, n_layer=2, n_head=4)
+TEXT = "When Mary and John went to the store, John gave a drink to"
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    hf = make_hf_model(seed=3, **CONFIG)
+    directory = tmp_path_factory.mktemp("circuits")
+    hf.save_pretrained(directory)
+    return hf, GPT2.from_pretrained(directory, device="cpu")
+
+
+def hf_patterns(hf, ids: list[int]) -> torch.Tensor:
+    """(L, H, T, T): transformers' attention probabilities."""
+    hf.set_attn_implementation("eager")
+    with torch.no_grad():
+        return torch.stack(hf(torch.tensor([ids]), output_attentions=True).attentions)[:, 0]
+
+
+def scores_written_out(A: torch.Tensor, ids: list[int], kind: str) -> float:
+    """The issue's definitions, one query at a time, on one head's pattern A (T, T)."""
+    T, values = len(ids), []
+    for q in range(T):
+        earlier = [p for p in range(q) if ids[p] == ids[q]]
+        if kind == "previous_token" and q >= 1:
+            values.append(float(A[q, q - 1]))
+        elif kind == "duplicate_token" and earlier:
+            values.append(sum(float(A[q, p]) for p in earlier))
+        elif kind == "induction" and earlier:
+            values.append(sum(float(A[q, p + 1]) for p in earlier if p < q - 1))
+    return sum(values) / len(values)
+
+
+@pytest.mark.parametrize("kind", HEAD_SCORES)
+def test_head_scores_are_the_definitions_on_transformers_patterns(models, kind):
+    hf, ours = models
+    ids = repeated_tokens(12, 50257, seed=1, start=50256) + [7, 7, 9]  # a repeat, and a token right after itself
+    A = hf_patterns(hf, ids)
+    expected = torch.tensor([[scores_written_out(A[l, h], ids, kind) for h in range(4)] for l in range(2)])
+    assert torch.allclose(head_scores(ours, ids, kind), expected, atol=1e-5)
+
+
+def hf_pieces(hf, ids: list[int], position: int) -> dict[str, torch.Tensor]:
+    """What the stream leaving the last block is made of at `position`, read from transformers'
+    modules with hooks: each head through its rows of c_proj, c_proj's biases, each MLP, the
+    embeddings; and that stream, before ln_f."""
+    z, mlp, final = [], [], []
+    hooks = [block.attn.c_proj.register_forward_pre_hook(lambda m, args: z.append(args[0][0, position])) for block in hf.transformer.h]
+    hooks += [block.mlp.register_forward_hook(lambda m, args, out: mlp.append(out[0, position])) for block in hf.transformer.h]
+    hooks.append(hf.transformer.ln_f.register_forward_pre_hook(lambda m, args: final.append(args[0][0, position])))
+    with torch.no_grad():
+        logits = hf(torch.tensor([ids])).logits[0, position]
+    for hook in hooks:
+        hook.remove()
+    H, C = hf.config.n_head, hf.config.n_embd
+    d = C // H
+    heads = torch.stack([torch.stack([z[l][h * d:(h + 1) * d] @ block.attn.c_proj.weight[h * d:(h + 1) * d] for h in range(H)])
+                         for l, block in enumerate(hf.transformer.h)])  # fmt: skip
+    t = torch.tensor(ids)
+    embed = hf.transformer.wte.weight[t[position]] + hf.transformer.wpe.weight[position % len(ids)]
+    biases = torch.stack([block.attn.c_proj.bias for block in hf.transformer.h])
+    return {"heads": heads, "mlps": torch.stack(mlp), "embed": embed, "biases": biases, "final": final[0], "logits": logits}
+
+
+def direct(hf, pieces: torch.Tensor, final: torch.Tensor, answer: int, other: int | None) -> torch.Tensor:
+    """(..., C) pieces -> their direct effect through ln_f at the scale of `final`, then the unembedding."""
+    ln_f, wte = hf.transformer.ln_f, hf.transformer.wte.weight
+    scale = (final.var(unbiased=False) + ln_f.eps).sqrt()
+    direction = wte[answer] - (0 if other is None else wte[other])
+    return ((pieces - pieces.mean(-1, keepdim=True)) / scale * ln_f.weight) @ direction
+
+
+@pytest.mark.parametrize("other, position", [(" John", -1), (None, -1), (" John", 5)])
+def test_logit_attribution_is_transformers_pieces_through_ln_f_and_sums_to_the_logit(models, other, position):
+    hf, ours = models
+    ids = ours.tokenizer.encode(TEXT)
+    answer, other_id = ours.tokenizer.encode(" Mary")[0], None if other is None else ours.tokenizer.encode(other)[0]
+    parts = logit_attribution(ours, TEXT, " Mary", other, position=position)
+    p = hf_pieces(hf, ids, position)
+    with torch.no_grad():
+        assert torch.allclose(parts.heads.float(), direct(hf, p["heads"], p["final"], answer, other_id), atol=1e-4)
+        assert torch.allclose(parts.mlps.float(), direct(hf, p["mlps"], p["final"], answer, other_id), atol=1e-4)
+        assert abs(parts.embed - float(direct(hf, p["embed"], p["final"], answer, other_id))) < 1e-4
+        ln_f_bias = hf.transformer.ln_f.bias @ (hf.transformer.wte.weight[answer] - (0 if other_id is None else hf.transformer.wte.weight[other_id]))
+        expected_biases = torch.cat([direct(hf, p["biases"], p["final"], answer, other_id), ln_f_bias[None]])
+        assert torch.allclose(parts.biases.float(), expected_biases, atol=1e-4)
+    logit = float(p["logits"][answer] - (0 if other_id is None else p["logits"][other_id]))
+    assert abs(parts.total - logit) < 1e-5  # the pieces sum to transformers' own logit (difference)
+    summed = float(parts.heads.sum() + parts.mlps.sum() + parts.biases.sum()) + parts.embed
+    assert abs(summed - logit) < 1e-5
+
+
+@pytest.mark.parametrize("call, param, message", [
+    (lambda m: head_scores(m, [1, 2, 3], "copying"), "kind", "kind must be one of previous_token, duplicate_token, induction, got 'copying'"),
+    (lambda m: head_scores(m, [1, 2, 3], "induction"), "ids", "the text has no position a induction score looks at"),
+    (lambda m: logit_attribution(m, TEXT, " Mary Ann"), "answer", "answer must be one token, but ' Mary Ann' is 2"),
+    (lambda m: logit_attribution(m, TEXT, 50257), "answer", "answer must be a token id in 0..50256 or a string of one token, got 50257"),
+    (lambda m: logit_attribution(m, TEXT, " Mary", " John", position=99), "position", "position must be a whole number in 0..13"),
+    (lambda m: logit_attribution(m, list(range(65)), 1), None, "sequence of 65 tokens is longer than the model.s context of n_ctx=64"),
+])  # fmt: skip
+def test_bad_input_is_one_clear_error_naming_its_param(models, call, param, message):
+    with pytest.raises(GPT2Error, match=message) as caught:
+        call(models[1])
+    assert caught.value.param == param
