@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from gpt2.errors import InvalidArgumentError
-from gpt2.inspect.tracing import trace, token_ids
+from gpt2.inspect.tracing import check_position, token_ids, trace
 from gpt2.model.model import GPT2
 
 HEAD_SCORES = ("previous_token", "duplicate_token", "induction")
@@ -117,9 +117,7 @@ def logit_attribution(model: GPT2, ids: str | Sequence[int] | torch.Tensor, answ
     """The direct logit attribution of the prediction after `position` (see the module's docstring)."""
     ids, _ = token_ids(model, ids)
     T, n_layer = len(ids), model.config.n_layer
-    if isinstance(position, bool) or not isinstance(position, int) or not -T <= position < T:
-        raise InvalidArgumentError(f"position must be a whole number in 0..{T - 1} (or -{T}..-1 from the end), got {position!r}",
-                                   "position")  # fmt: skip
+    check_position(position, T)
     a = _token(model, answer, "answer")
     o = None if other is None else _token(model, other, "other")
     names = ["wte", "wpe", f"h.{n_layer - 1}"] + [f"h.{i}.{step}" for i in range(n_layer) for step in ("attn.z", "mlp.c_proj")]

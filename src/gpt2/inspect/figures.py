@@ -13,7 +13,7 @@ import torch
 from gpt2._files import atomic_path
 from gpt2.errors import InvalidArgumentError
 from gpt2.generation.sampling import Sampling, filter_logits
-from gpt2.inspect.tracing import Trace, logit_lens_top
+from gpt2.inspect.tracing import Trace, check_position, logit_lens_top
 
 LABELLED = 48  # up to this many tokens, the axes name each one
 
@@ -100,9 +100,7 @@ def next_token(trace: Trace, position: int, sampling: Sampling, bars: int = 12) 
     as sampling draws from it after temperature, then top-k and top-p (`gpt2.generation.sampling`'s own
     filters). The `bars` most likely tokens; the bars of the second sum to 1 over the kept ones."""
     T = len(trace.ids)
-    if isinstance(position, bool) or not isinstance(position, int) or not -T <= position < T:
-        raise InvalidArgumentError(f"position must be a whole number in 0..{T - 1} (or -{T}..-1 from the end), got {position!r}",
-                                   "position")  # fmt: skip
+    check_position(position, T)
     sampling.check_vocab(trace.logits.size(-1))
     logits = trace.logits[position].float().cpu()
     before = torch.softmax(logits, dim=-1)

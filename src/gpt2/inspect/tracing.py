@@ -132,6 +132,13 @@ def _check_names(param: str, n_layer: int, names: Iterable[str]) -> set[str]:
     return names
 
 
+def check_position(position: int, T: int) -> None:
+    """Raise unless `position` picks one of T positions (from the end where negative)."""
+    if isinstance(position, bool) or not isinstance(position, int) or not -T <= position < T:
+        raise InvalidArgumentError(f"position must be a whole number in 0..{T - 1} (or -{T}..-1 from the end), got {position!r}",
+                                   "position")  # fmt: skip
+
+
 def token_ids(model: GPT2, ids: str | Sequence[int] | torch.Tensor) -> tuple[list[int], list[str] | None]:
     """A trace's input, checked: (its ids, their text, None without a tokenizer) of a string the
     model's tokenizer encodes, or of 1-D token ids that fit the model."""
