@@ -2,13 +2,16 @@
 
     tracing  a traced forward pass: every activation by name, patches, the logit lens, the
              next-token report and the walkthrough
+    patching activation patching: each activation of a site taken from a clean run into a
+             corrupted one, the metric of each (logit differences ready made)
     figures  its pictures, drawn with matplotlib: attention, the logit lens, the next token
 
-`figures` builds on `tracing`. `tracing`'s names are this package's (`gpt2.inspect.trace`,
-`gpt2.inspect.Trace`, ...), as they were when it was one module; `figures` is imported as
-`gpt2.inspect.figures`, since it needs matplotlib.
+`patching` and `figures` build on `tracing`. The names of `tracing` and `patching` are this
+package's (`gpt2.inspect.trace`, `gpt2.inspect.activation_patching`, ...); `figures` is
+imported as `gpt2.inspect.figures`, since it needs matplotlib.
 """
 
+from gpt2.inspect.patching import SITES, activation_patching, logit_diff, normalised_logit_diff
 from gpt2.inspect.tracing import (
     BLOCK_STEPS,
     ON_REQUEST,
@@ -27,13 +30,17 @@ from gpt2.inspect.tracing import (
 __all__ = [
     "BLOCK_STEPS",
     "ON_REQUEST",
+    "SITES",
     "STEP_MATH",
     "Patch",
     "Trace",
     "activation_names",
+    "activation_patching",
     "alternatives",
+    "logit_diff",
     "logit_lens_top",
     "next_token_report",
+    "normalised_logit_diff",
     "token_label",
     "trace",
     "walkthrough",
