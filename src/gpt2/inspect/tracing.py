@@ -49,6 +49,7 @@ BLOCK_STEPS = ("ln_1", "attn.c_attn", "attn.q", "attn.k", "attn.v", "attn.scores
 ON_REQUEST = frozenset({"attn.q", "attn.k", "attn.v", "attn.scores", "attn.z"})
 
 Patch = Callable[[torch.Tensor], torch.Tensor]
+Tap = Callable[[str, torch.Tensor], torch.Tensor]  # (name, a step's value) -> the value the pass goes on with
 
 
 def activation_names(n_layer: int, *, on_request: bool = True) -> list[str]:
@@ -116,7 +117,7 @@ def trace(model: GPT2, ids: str | Sequence[int] | torch.Tensor, patch: Mapping[s
     ids, tokens = token_ids(model, ids)
     tap = _Tap(record, patch)
     idx = torch.tensor([ids], device=model.transformer.wte.weight.device)  # (1, T)
-    logits = _forward(model, idx, tap)[0]  # (T, V)
+    logits = forward_steps(model, idx, tap)[0]  # (T, V)
     return Trace(ids, tokens, logits, tap.activations, model)
 
 
@@ -182,11 +183,12 @@ class _Tap:
         return x
 
 
-def _forward(model: GPT2, idx: torch.Tensor, tap: _Tap) -> torch.Tensor:
-    """The seeds' forward pass, step by step: idx (1, T) -> logits (1, T, V)."""
+def forward_steps(model: GPT2, idx: torch.Tensor, tap: Tap) -> torch.Tensor:
+    """The seeds' forward pass, step by step: idx (B, T) -> logits (B, T, V). tap(name, x) is
+    given each step (x: (B, ...)) and returns the value the pass goes on with."""
     t = model.transformer
     positions = torch.arange(idx.size(1), device=idx.device)[None]  # (1, T)
-    x = tap("wte", model.embed(idx)) + tap("wpe", t.wpe(positions).to(model.compute_dtype))  # (1, T, C)
+    x = tap("wte", model.embed(idx)) + tap("wpe", t.wpe(positions).to(model.compute_dtype))  # (B, T, C)
     for i, block in enumerate(t.h):
         x = x + tap(f"h.{i}.attn.c_proj", _attention(block.attn, tap(f"h.{i}.ln_1", block.ln_1(x)), tap, f"h.{i}.attn"))
         x = x + tap(f"h.{i}.mlp.c_proj", _mlp(block.mlp, tap(f"h.{i}.ln_2", block.ln_2(x)), tap, f"h.{i}.mlp"))
@@ -194,18 +196,18 @@ def _forward(model: GPT2, idx: torch.Tensor, tap: _Tap) -> torch.Tensor:
     return model.unembed(tap("ln_f", t.ln_f(x)))
 
 
-def _attention(attn: torch.nn.Module, x: torch.Tensor, tap: _Tap, name: str) -> torch.Tensor:
-    """(1, T, C) -> (1, T, C), with softmax(q k^T / sqrt(d)) v written out to keep the pattern."""
-    q, k, v = attn.heads(tap(f"{name}.c_attn", attn.c_attn(x)))  # 3 x (1, H, T, d)
+def _attention(attn: torch.nn.Module, x: torch.Tensor, tap: Tap, name: str) -> torch.Tensor:
+    """(B, T, C) -> (B, T, C), with softmax(q k^T / sqrt(d)) v written out to keep the pattern."""
+    q, k, v = attn.heads(tap(f"{name}.c_attn", attn.c_attn(x)))  # 3 x (B, H, T, d)
     q, k, v = tap(f"{name}.q", q), tap(f"{name}.k", k), tap(f"{name}.v", v)
-    pattern = tap(f"{name}.pattern", torch.softmax(tap(f"{name}.scores", attention_scores(q, k)), dim=-1))  # (1, H, T, T)
-    z = tap(f"{name}.z", pattern @ v)  # (1, H, T, d)
+    pattern = tap(f"{name}.pattern", torch.softmax(tap(f"{name}.scores", attention_scores(q, k)), dim=-1))  # (B, H, T, T)
+    z = tap(f"{name}.z", pattern @ v)  # (B, H, T, d)
     return attn.c_proj(merge_heads(z))
 
 
-def _mlp(mlp: torch.nn.Module, x: torch.Tensor, tap: _Tap, name: str) -> torch.Tensor:
-    """(1, T, C) -> (1, T, C): c_fc, GELU, c_proj, one step each."""
-    h = tap(f"{name}.c_fc", mlp.c_fc(x))  # (1, T, 4C)
+def _mlp(mlp: torch.nn.Module, x: torch.Tensor, tap: Tap, name: str) -> torch.Tensor:
+    """(B, T, C) -> (B, T, C): c_fc, GELU, c_proj, one step each."""
+    h = tap(f"{name}.c_fc", mlp.c_fc(x))  # (B, T, 4C)
     return mlp.c_proj(tap(f"{name}.gelu", F.gelu(h, approximate=mlp.approximate)))
 
 
