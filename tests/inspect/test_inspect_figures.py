@@ -11,7 +11,7 @@ from helpers import make_hf_model
 
 from gpt2 import InvalidArgumentError
 from gpt2.generation.sampling import Sampling
-from gpt2.inspect.figures import attention, logit_lens, next_token, save
+from gpt2.inspect.figures import attention, head_scores, logit_lens, next_token, save
 from gpt2.inspect.tracing import trace
 from gpt2.model.model import GPT2
 
@@ -88,6 +88,24 @@ def test_next_token_bars_are_what_transformers_samples_from(models, temperature,
     assert fig._suptitle.get_text() == "the next token after position 3 (␣the)"
 
 
+def test_head_scores_draws_a_heat_map_per_kind_with_each_value(tmp_path):
+    scores = {"previous_token": torch.rand(3, 5, generator=torch.Generator().manual_seed(0)),
+              "duplicate_token": torch.rand(3, 5, generator=torch.Generator().manual_seed(1)), "induction": None}  # fmt: skip
+    fig = head_scores(scores, "head scores on a text")
+    panels = [ax for ax in fig.axes if ax.get_title()]
+    assert [ax.get_title() for ax in panels] == ["previous_token", "duplicate_token", "induction"]
+    for ax, values in zip(panels[:2], scores.values()):
+        assert torch.equal(torch.tensor(ax.images[0].get_array()), values)  # rows: layers, columns: heads
+        assert ax.images[0].get_clim() == (0, 1) and (ax.get_xlabel(), ax.get_ylabel()) == ("head", "layer")
+        cells = {(round(t.get_position()[1]), round(t.get_position()[0])): t.get_text() for t in ax.texts}
+        assert cells == {(l, h): f"{float(values[l, h]):.2f}" for l in range(3) for h in range(5)}
+    assert not panels[2].images and panels[2].texts[0].get_text() == "no token repeats:\nnothing to score"
+    assert fig._suptitle.get_text() == "head scores on a text" and len(fig.axes) == 4  # the three and a colour bar
+    save(fig, tmp_path / "h.png")
+    height, width, _ = matplotlib.image.imread(tmp_path / "h.png").shape
+    assert height > 150 and width > 2.5 * height  # three panels side by side
+
+
 def test_pictures_refuse_what_they_cannot_draw(models):
     _, model = models
     t = trace(model, TEXT, names=["ln_f"])
@@ -97,3 +115,5 @@ def test_pictures_refuse_what_they_cannot_draw(models):
         next_token(trace(model, TEXT), 8, Sampling())
     with pytest.raises(InvalidArgumentError, match="temperature must be a finite number >= 0"):
         next_token(trace(model, TEXT), 0, Sampling(-1.0))
+    with pytest.raises(InvalidArgumentError, match="no kind has scores to draw"):
+        head_scores({"induction": None}, "nothing")

@@ -73,6 +73,25 @@ def head_scores(model: GPT2, ids: str | Sequence[int] | torch.Tensor, kind: str)
     return per_query[..., queries].mean(-1)
 
 
+def score_tables(scores: dict[str, torch.Tensor | None]) -> list[str]:
+    """Each kind's (n_layer, n_head) scores as lines of text: a row a layer, a column a head, two
+    decimals, a blank line between kinds; None for a kind the input gave nothing to score."""
+    shapes = [s.shape for s in scores.values() if s is not None]
+    n_layer, n_head = shapes[0] if shapes else (1, 1)
+    first = max(*map(len, scores), len(f"layer {n_layer - 1}"))
+    width = max(6, len(f"head {n_head - 1}"))
+    lines = []
+    for kind, values in scores.items():
+        lines += [""] if lines else []
+        if values is None:
+            lines.append(f"{kind}: none (no token of the input occurs twice)")
+            continue
+        lines.append(f"{kind:<{first}}" + "".join(f"  {f'head {h}':>{width}}" for h in range(n_head)))
+        for layer, row in enumerate(values.tolist()):
+            lines.append(f"{f'layer {layer}':<{first}}" + "".join(f"  {v:>{width}.2f}" for v in row))
+    return lines
+
+
 def repeated_tokens(n: int, n_vocab: int, seed: int = 0, start: int | None = None) -> list[int]:
     """The standard induction test's input: n random tokens, then the same n again, after `start`
     (GPT-2's <|endoftext|>) where given."""

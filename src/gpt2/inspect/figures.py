@@ -1,6 +1,7 @@
 """Pictures of a trace, drawn with matplotlib (the inspect extra): the attention patterns of a
 layer's heads, the logit lens, and the next-token distribution before and after temperature and
-top-k/top-p, the seeds' own figure. Each function returns the figure; `save` writes one.
+top-k/top-p, the seeds' own figure; and the heads' scores (circuits.head_scores) as heat maps.
+Each function returns the figure; `save` writes one.
 """
 
 from __future__ import annotations
@@ -121,6 +122,40 @@ def next_token(trace: Trace, position: int, sampling: Sampling, bars: int = 12) 
     after_what = labels(trace)[position]
     fig.suptitle(f"the next token after position {position % T} ({after_what})")
     fig.tight_layout()
+    return fig
+
+
+def head_scores(scores: dict[str, torch.Tensor | None], title: str) -> Any:
+    """One heat map per kind of score (circuits.head_scores), layers down and heads across, on one
+    scale from 0 to 1 (a score is a share of a head's attention); None for a kind the input gave
+    nothing to score (a text whose tokens never repeat)."""
+    shapes = [s.shape for s in scores.values() if s is not None]
+    if not shapes:
+        raise InvalidArgumentError("no kind has scores to draw: the input has no position any score looks at", "scores")
+    n_layer, n_head = shapes[0]
+    plt = pyplot()
+    size = (1.2 + 0.5 * n_head, 1.0 + 0.45 * n_layer)
+    fig, axes = plt.subplots(1, len(scores), figsize=(len(scores) * size[0] + 1.2, size[1] + 0.8), squeeze=False,
+                             layout="constrained")  # fmt: skip
+    image = None
+    for ax, (kind, values) in zip(axes.flat, scores.items()):
+        ax.set_title(kind, fontsize=10)
+        if values is None:
+            ax.axis("off")
+            ax.text(0.5, 0.5, "no token repeats:\nnothing to score", ha="center", va="center", transform=ax.transAxes)
+            continue
+        image = ax.imshow(values.float().numpy(), cmap="viridis", vmin=0, vmax=1, aspect="auto")
+        if n_layer * n_head <= 256:  # small enough to print each cell's value
+            for layer, row in enumerate(values.tolist()):
+                for head, v in enumerate(row):
+                    ax.text(head, layer, f"{v:.2f}", ha="center", va="center", fontsize=7, color="black" if v > 0.6 else "white")
+        ax.set_xticks(range(n_head))
+        ax.set_yticks(range(n_layer))
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+    if image is not None:
+        fig.colorbar(image, ax=list(axes.flat), fraction=0.03, label="share of attention")
+    fig.suptitle(title)
     return fig
 
 
