@@ -146,6 +146,21 @@ def make_hf_model(seed: int = 0, **config):
     return model
 
 
+def head_score_written_out(A, ids: list[int], kind: str) -> float:
+    """Issue 38's definitions of the head scores, one query at a time, on one head's attention
+    pattern A (T, T): previous_token, duplicate_token or induction."""
+    T, values = len(ids), []
+    for q in range(T):
+        earlier = [p for p in range(q) if ids[p] == ids[q]]
+        if kind == "previous_token" and q >= 1:
+            values.append(float(A[q, q - 1]))
+        elif kind == "duplicate_token" and earlier:
+            values.append(sum(float(A[q, p]) for p in earlier))
+        elif kind == "induction" and earlier:
+            values.append(sum(float(A[q, p + 1]) for p in earlier if p < q - 1))
+    return sum(values) / len(values)
+
+
 def nanogpt_model(seed: int = 0):
     """A model without biases, with sinusoidal positions: what transformers' GPT-2 has neither of."""
     import torch

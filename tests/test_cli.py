@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gpt2.cli import main
-from helpers import REPO, heed_ctrl_c, make_hf_model, write_conversations
+from helpers import REPO, head_score_written_out, heed_ctrl_c, make_hf_model, write_conversations
 
 HELLO = "Hello!! I'm Andrej Karpathy. It's 2022. w00t :D 🤗"
 HELLO_IDS = "15496 3228 314 1101 10948 73 509 5117 10036 13 632 338 33160 13 266 405 83 1058 35 12520 97 245"
@@ -500,6 +500,82 @@ def test_inspect_bad_input_is_one_line(capsys, model_dir, tmp_path, argv, messag
     (tmp_path / "FILE").write_text("not a directory")
     argv = [a.replace("PNG", str(tmp_path / "pics")).replace("FILE", str(tmp_path / "FILE")) for a in argv]
     code, out, err = run(capsys, *argv, "--model", model_dir)
+    assert code == 2 and out == ""
+    assert err.startswith(message) and err.count("\n") == 1, err
+
+
+KINDS = ("previous_token", "duplicate_token", "induction")
+
+
+def hf_head_scores(model_dir: str, ids: list[int]) -> dict:
+    """Each kind's (n_layer, n_head) scores, written out on transformers' attention probabilities."""
+    import torch
+    from transformers import GPT2LMHeadModel
+
+    hf = GPT2LMHeadModel.from_pretrained(model_dir, attn_implementation="eager").eval()
+    with torch.no_grad():
+        A = torch.stack(hf(torch.tensor([ids]), output_attentions=True).attentions)[:, 0]  # (L, H, T, T)
+    return {kind: [[head_score_written_out(A[l, h], ids, kind) for h in range(A.shape[1])] for l in range(A.shape[0])]
+            for kind in KINDS}  # fmt: skip
+
+
+def test_inspect_heads_prints_transformers_head_scores_on_a_repeated_random_sequence(capsys, model_dir, tmp_path):
+    import matplotlib.image
+    import torch
+
+    code, out, err = run(capsys, "inspect", "--heads", "--repeat", "20", "--model", model_dir, "--png", str(tmp_path))
+    assert code == 0 and err == f"gpt2: wrote {tmp_path / 'head-scores.png'}\n"
+    half = torch.randint(0, 50257, (20,), generator=torch.Generator().manual_seed(0)).tolist()  # the documented seed
+    expected = hf_head_scores(model_dir, [50256] + half + half)
+    lines = out.splitlines()
+    assert lines[:2] == ["head scores on 20 random tokens written twice (seed 0, 41 tokens)", ""]
+    tables = "\n".join(lines[2:]).split("\n\n")
+    assert len(tables) == 3
+    for kind, table in zip(KINDS, tables):
+        header, *rows = table.splitlines()
+        assert header.split() == [kind, "head", "0", "head", "1", "head", "2"]
+        assert [row.split()[:2] for row in rows] == [["layer", "0"], ["layer", "1"]]
+        shown = [[float(v) for v in row.split()[2:]] for row in rows]
+        assert all(abs(a - b) <= 0.005 + 1e-5 for r, e in zip(shown, expected[kind]) for a, b in zip(r, e)), (kind, shown)
+    assert min(min(row) for row in expected["previous_token"]) > 0.01  # the tables compared are not all 0.00
+    image = matplotlib.image.imread(tmp_path / "head-scores.png")
+    assert image.ndim == 3 and image.shape[0] > 200 and image.shape[1] > 3 * image.shape[0] / 2  # three panels side by side
+
+
+def test_inspect_heads_json_on_a_text(capsys, model_dir, tiktoken_gpt2):
+    import json
+
+    text = "The cat sat. The cat sat."
+    code, out, err = run(capsys, "inspect", "--heads", text, "--model", model_dir, "--json")
+    assert code == 0 and err == ""
+    got = json.loads(out)
+    expected = hf_head_scores(model_dir, tiktoken_gpt2.encode(text))
+    assert list(got) == list(KINDS)
+    for kind in KINDS:
+        assert max(abs(a - b) for r, e in zip(got[kind], expected[kind]) for a, b in zip(r, e)) < 1e-4
+    _, out, _ = run(capsys, "inspect", "--heads", "The dog ran", "--model", model_dir, "--json")
+    assert json.loads(out)["induction"] is None  # no token repeats: nothing to score, previous_token still scored
+    _, out, _ = run(capsys, "inspect", "--heads", "The dog ran", "--model", model_dir)
+    assert out.splitlines()[-1] == "induction: none (no token of the input occurs twice)"
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--heads", "--repeat", "0"], "gpt2: error: --repeat must be a positive integer, got 0"),
+    (["--heads", "--repeat", "2.5"], "gpt2: error: argument --repeat: expected a whole number, got '2.5'"),
+    (["--heads", "--repeat", "32"], "gpt2: error: --repeat 32 makes a sequence of 65 tokens (<|endoftext|>, then 32 "
+                                    "random tokens twice), longer than the model's context of n_ctx=64: give --repeat 31 or less"),
+    (["--heads"], "gpt2: error: give --heads a text, or --repeat N for N random tokens written twice"),
+    (["--heads", "a a", "--repeat", "3"], "gpt2: error: give --heads a text or --repeat N, not both"),
+    (["--repeat", "3"], "gpt2: error: --repeat is the length of --heads' random sequence: add --heads"),
+    (["--heads", "a a", "--walk"], "gpt2: error: --walk walks through one forward pass; --heads scores every head: give one of them"),
+    (["--heads", " ".join(["a"] * 70)], "gpt2: error: sequence of 70 tokens is longer than the model's context of n_ctx=64"),
+    (["--heads", "a"], "gpt2: error: the text is one token: head scores need two or more"),
+    (["--heads", "a a", "--png", "FILE"], "gpt2: error: cannot write into"),
+])  # fmt: skip
+def test_inspect_heads_bad_input_is_one_line(capsys, model_dir, tmp_path, argv, message):
+    (tmp_path / "FILE").write_text("not a directory")
+    argv = [a.replace("FILE", str(tmp_path / "FILE")) for a in argv]
+    code, out, err = run(capsys, "inspect", *argv, "--model", model_dir)
     assert code == 2 and out == ""
     assert err.startswith(message) and err.count("\n") == 1, err
 

@@ -534,6 +534,8 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     from gpt2._files import writable_directory
     from gpt2.inspect import tracing
 
+    if args.heads or args.repeat is not None:
+        return _cmd_inspect_heads(args)
     if args.text is None:
         raise _UsageError('no text: give one (e.g. gpt2 inspect "The dog chased the"), or - to read standard input')
     if args.json and args.walk:
@@ -570,6 +572,68 @@ def _draw(trace, directory, position: int, sampling) -> None:
     for name, (draw, *how) in pictures.items():
         figures.save(draw(trace, *how), directory / name)
     print(f"gpt2: wrote {len(pictures)} pictures in {directory}: {', '.join(pictures)}", file=sys.stderr)
+
+
+HEADS_SEED = 0  # --repeat's random tokens: torch.Generator().manual_seed(0), the same sequence each run
+
+
+def _cmd_inspect_heads(args: argparse.Namespace) -> int:
+    """gpt2 inspect --heads: every head's three scores (circuits.head_scores), on the text or on
+    --repeat N random tokens written twice; a table each, or one JSON object, and a picture."""
+    import json
+
+    from gpt2._checks import positive_int
+    from gpt2._files import writable_directory
+    from gpt2.inspect import HEAD_SCORES, head_scores
+    from gpt2.inspect.circuits import score_masks, score_tables
+
+    if not args.heads:
+        raise _UsageError("--repeat is the length of --heads' random sequence: add --heads")
+    if args.walk:
+        raise _UsageError("--walk walks through one forward pass; --heads scores every head: give one of them")
+    if (args.text is None) == (args.repeat is None):
+        raise _UsageError("give --heads a text, or --repeat N for N random tokens written twice" if args.text is None
+                          else "give --heads a text or --repeat N, not both")  # fmt: skip
+    if args.repeat is not None:
+        positive_int("repeat", args.repeat)
+    _check_device(args)
+    png = None if args.png is None else writable_directory(args.png)
+    text = args.text if args.text in (None, "-") else _command_line_text(args.text, "the text")
+    text = _without_final_newline(_read_stdin()) if text == "-" else text
+    model, tokenizer = _load_model(args)
+    ids, what = _heads_input(model, tokenizer, text, args.repeat)
+    scores = {kind: head_scores(model, ids, kind) if score_masks(ids, kind)[1].any() else None for kind in HEAD_SCORES}
+    if png is not None:
+        from gpt2.inspect import figures
+
+        figures.save(figures.head_scores(scores, f"head scores on {what}"), png / "head-scores.png")
+        print(f"gpt2: wrote {png / 'head-scores.png'}", file=sys.stderr)
+    if args.json:
+        print(json.dumps({kind: None if s is None else s.tolist() for kind, s in scores.items()}))
+        return 0
+    print("\n".join([f"head scores on {what}", ""] + score_tables(scores)))
+    return 0
+
+
+def _heads_input(model, tokenizer, text: str | None, repeat: int | None) -> tuple[list[int], str]:
+    """The ids --heads scores, and what they are in words: the text's tokens, or --repeat N random
+    tokens of the tokenizer's vocabulary written twice, after <|endoftext|> where it has one."""
+    from gpt2.inspect import repeated_tokens, tracing
+
+    if text is not None:
+        ids, _ = tracing.token_ids(model, text)  # a text longer than the context: one line, naming both
+        if len(ids) < 2:
+            raise _UsageError("the text is one token: head scores need two or more")
+        return ids, f"the text's {len(ids)} tokens"
+    start = tokenizer.eot_token
+    length, n_ctx = 2 * repeat + (start is not None), model.config.n_ctx
+    if length > n_ctx:
+        most = (n_ctx - (start is not None)) // 2
+        raise _UsageError(f"--repeat {repeat} makes a sequence of {length} tokens ({'<|endoftext|>, then ' if start is not None else ''}"
+                          f"{repeat} random tokens twice), longer than the model's context of n_ctx={n_ctx}: "
+                          f"give --repeat {most} or less")  # fmt: skip
+    ids = repeated_tokens(repeat, tokenizer.n_vocab, seed=HEADS_SEED, start=start)
+    return ids, f"{repeat} random tokens written twice (seed {HEADS_SEED}, {length} tokens)"
 
 
 # Surprise, as the terminal colours it: a probability at least this high, then its colour (256-colour ANSI).
@@ -998,10 +1062,12 @@ examples:
   gpt2 inspect --json "The dog chased the cat"
   gpt2 inspect --png pictures "The dog chased the cat" --temperature 0.7 --top-k 10
   gpt2 inspect --walk "Hello, world"                  # the forward pass, step by step
+  gpt2 inspect --heads --repeat 30                    # each head's scores: previous token, duplicate, induction
 
 --png DIR draws, for the text: attention-blockI.png (every head of block I), logit-lens.png (the
 token each layer's residual stream predicts at each position) and next-token.png (the
-distribution after --position before and after --temperature, --top-k and --top-p). The Python
+distribution after --position before and after --temperature, --top-k and --top-p); with --heads,
+head-scores.png (each head's three scores as layer x head heat maps). The Python
 API, gpt2.inspect.trace, records every activation and can patch any of them.
 """
 
@@ -1019,14 +1085,20 @@ def _add_inspect_parser(commands) -> None:
     inspect.add_argument("--model", default="gpt2", help="a released name or a local directory, as for generate (default: gpt2)")
     inspect.add_argument("--top-k", type=_whole_number, default=5, metavar="K",
                          help="alternatives shown at each position; in next-token.png, the top-k filter (default: 5)")  # fmt: skip
-    inspect.add_argument("--json", action="store_true", help="print one JSON object: tokens, ids, logprobs, ranks, top")
+    inspect.add_argument("--json", action="store_true",
+                         help="print one JSON object: tokens, ids, logprobs, ranks, top; with --heads, each kind's scores")  # fmt: skip
     inspect.add_argument("--walk", action="store_true", help="print the forward pass, a line a step: shape, math, values")
-    inspect.add_argument("--png", metavar="DIR", help="draw the pictures into DIR (needs matplotlib: the inspect extra)")
+    inspect.add_argument("--png", metavar="DIR",
+                         help="draw the pictures into DIR (needs matplotlib: the inspect extra); with --heads, head-scores.png")  # fmt: skip
     inspect.add_argument("--position", type=int, default=-1, metavar="P",
                          help="next-token.png: the position whose next token is drawn, 0-based; -1 the last (default: -1)")  # fmt: skip
     inspect.add_argument("--temperature", type=float, default=TEMPERATURE,
                          help=f"next-token.png: the temperature applied (default: {TEMPERATURE})")  # fmt: skip
     inspect.add_argument("--top-p", type=float, default=None, help="next-token.png: the top-p filter (default: off)")
+    inspect.add_argument("--heads", action="store_true",
+                         help="score every head: previous-token, duplicate-token and induction, on the text or on --repeat")  # fmt: skip
+    inspect.add_argument("--repeat", type=_whole_number, metavar="N",
+                         help="--heads: on N random tokens written twice (seed 0), the standard induction test")  # fmt: skip
     inspect.add_argument("--color", choices=["auto", "always", "never"], default="auto",
                          help="colour tokens by surprise: auto does on a terminal without $NO_COLOR (default: auto)")  # fmt: skip
     _add_inference_device_flags(inspect)
