@@ -883,6 +883,7 @@ WRONG_FLAGS = [
     (["serve", "--max-n", "0"], "--max-n"),
     (["serve", "--max-queue", "0"], "--max-queue"),
     (["serve", "--max-inspect-cells", "0"], "--max-inspect-cells"),
+    (["serve", "--max-patching-tokens", "0"], "--max-patching-tokens"),
     (["serve", "--prefix-cache-mb", "-1"], "--prefix-cache-mb"),
     (["serve", "--port", "99999"], "--port"),
     (["serve", "--device", "tpu"], "--device"),

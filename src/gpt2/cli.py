@@ -313,10 +313,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     _draft_tokens_need_a_draft(args)
     chat_template = _chat_template(args)  # a bad file fails now, before the model loads
-    inspect_cells = {} if args.max_inspect_cells is None else {"max_inspect_cells": args.max_inspect_cells}
+    inspect_limits = {name: getattr(args, name) for name in ("max_inspect_cells", "max_patching_tokens") if getattr(args, name) is not None}
     limits = Limits(max_batch_size=args.max_batch_size, max_num_batched_tokens=args.max_num_batched_tokens,
                     prefix_cache_mb=args.prefix_cache_mb, max_queue=args.max_queue, max_n=args.max_n, api_key=args.api_key,
-                    **inspect_cells, **_draft_tokens(args))  # checked as made, --draft-tokens with them  # fmt: skip
+                    **inspect_limits, **_draft_tokens(args))  # checked as made, --draft-tokens with them  # fmt: skip
     device = resolve_device(args.device)
     form = weight_format(args.dtype, device)  # bad flags fail now, not once the server listens (--port: when it would)
     _check_cuda_graphs(args)
@@ -769,6 +769,9 @@ def _add_serve_parser(commands) -> None:
     serve.add_argument("--max-inspect-cells", type=_whole_number, metavar="N",
                        help="the most attention probabilities (layers x heads x tokens x tokens) one /v1/inspect answer "
                        "holds; about 6.5 bytes each in JSON (default: 4194304, 170 tokens of the 124M model)")  # fmt: skip
+    serve.add_argument("--max-patching-tokens", type=_whole_number, metavar="N",
+                       help="the most tokens one /v1/circuits/patching request runs through the model, a run of the whole "
+                       "text per patched activation (default: 16384: the 124M model's resid_pre grid up to 36 tokens)")  # fmt: skip
     serve.add_argument("--no-ui", action="store_true", help="serve the API alone, without the playground page at /")
     _add_chat_template_flag(serve, "/v1/chat/completions' conversations")
     serve.add_argument("--api-key", default=os.environ.get("GPT2_API_KEY"), metavar="KEY",
