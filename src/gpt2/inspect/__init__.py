@@ -5,14 +5,18 @@
     circuits what heads attend to (head scores) and each part's direct effect on a logit
     patching activation patching: each activation of a site taken from a clean run into a
              corrupted one, the metric of each (logit differences ready made)
+    generating  a traced generation: the prompt's and every new token's activations, one
+                trace over the whole text, computed with the KV cache
     figures  its pictures, drawn with matplotlib: attention, the logit lens, the next token
 
-`circuits`, `patching` and `figures` build on `tracing`. The names of `tracing`, `circuits` and
-`patching` are this package's (`gpt2.inspect.trace`, `gpt2.inspect.head_scores`, ...); `figures`
-is imported as `gpt2.inspect.figures`, since it needs matplotlib.
+`circuits`, `patching`, `generating` and `figures` build on `tracing`. The names of `tracing`,
+`circuits`, `patching` and `generating` are this package's (`gpt2.inspect.trace`,
+`gpt2.inspect.trace_generation`, ...); `figures` is imported as `gpt2.inspect.figures`, since it
+needs matplotlib.
 """
 
 from gpt2.inspect.circuits import HEAD_SCORES, LogitAttribution, head_scores, logit_attribution, repeated_tokens
+from gpt2.inspect.generating import GenerationTrace, trace_generation
 from gpt2.inspect.patching import SITES, activation_patching, logit_diff, normalised_logit_diff
 from gpt2.inspect.tracing import (
     BLOCK_STEPS,
@@ -32,6 +36,7 @@ from gpt2.inspect.tracing import (
 
 __all__ = [
     "BLOCK_STEPS",
+    "GenerationTrace",
     "HEAD_SCORES",
     "LogitAttribution",
     "ON_REQUEST",
@@ -52,5 +57,6 @@ __all__ = [
     "token_ids",
     "token_label",
     "trace",
+    "trace_generation",
     "walkthrough",
 ]
