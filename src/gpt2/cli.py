@@ -534,6 +534,8 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     from gpt2._files import writable_directory
     from gpt2.inspect import tracing
 
+    if args.experiment is not None:
+        return _cmd_inspect_experiment(args)
     if args.text is None:
         raise _UsageError('no text: give one (e.g. gpt2 inspect "The dog chased the"), or - to read standard input')
     if args.json and args.walk:
@@ -559,6 +561,37 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     else:
         color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty() and not os.environ.get("NO_COLOR"))
         print("\n".join(_token_lines(report, color)))
+    return 0
+
+
+def _cmd_inspect_experiment(args: argparse.Namespace) -> int:
+    """gpt2 inspect --experiment NAME: a standard experiment on its built-in data, its metrics printed
+    and, with --png, its patching (or head score) heat map and attribution bar chart drawn."""
+    from gpt2._files import writable_directory
+    from gpt2.inspect import experiments
+
+    if args.text is not None:
+        raise _UsageError("--experiment runs on its own data: give no text")
+    _check_device(args)
+    png = None if args.png is None else writable_directory(args.png)
+    model, _ = _load_model(args)
+    result = experiments.run_experiment(model, args.experiment, model_name=args.model)
+    print(f"{result.name}: {result.prompts} prompt{'s' * (result.prompts != 1)}; " + "; ".join(result.notes)
+          if result.notes else f"{result.name}:")  # fmt: skip
+    for key, value in result.metrics.items():
+        print(f"{key:<20} {value:.4f}")
+    n_head = model.config.n_head
+    top = result.heads.flatten().abs().argsort(descending=True)[:5].tolist()
+    print(f"top heads ({result.heads_title}): " + ", ".join(f"{i // n_head}.{i % n_head} {float(result.heads.flatten()[i]):.3f}" for i in top))
+    if png is not None:
+        from gpt2.inspect import figures
+
+        names = [f"{result.name}-heads.png"]
+        figures.save(figures.head_grid(result.heads, f"{result.name}: {result.heads_title}"), png / names[0])
+        if result.attribution is not None:
+            names.append(f"{result.name}-attribution.png")
+            figures.save(figures.attribution_bars(result.attribution, f"{result.name}: direct logit attribution"), png / names[1])
+        print(f"gpt2: wrote {len(names)} pictures in {png}: {', '.join(names)}", file=sys.stderr)
     return 0
 
 
@@ -1001,6 +1034,7 @@ examples:
   gpt2 inspect --json "The dog chased the cat"
   gpt2 inspect --png pictures "The dog chased the cat" --temperature 0.7 --top-k 10
   gpt2 inspect --walk "Hello, world"                  # the forward pass, step by step
+  gpt2 inspect --experiment ioi --png pictures        # indirect object identification: metrics, pictures
 
 --png DIR draws, for the text: attention-blockI.png (every head of block I), logit-lens.png (the
 token each layer's residual stream predicts at each position) and next-token.png (the
@@ -1032,8 +1066,16 @@ def _add_inspect_parser(commands) -> None:
     inspect.add_argument("--top-p", type=float, default=None, help="next-token.png: the top-p filter (default: off)")
     inspect.add_argument("--color", choices=["auto", "always", "never"], default="auto",
                          help="colour tokens by surprise: auto does on a terminal without $NO_COLOR (default: auto)")  # fmt: skip
+    _add_inspect_experiment_flag(inspect)
     _add_inference_device_flags(inspect)
     inspect.set_defaults(func=_cmd_inspect, engine="torch", cuda_graphs=False)
+
+
+def _add_inspect_experiment_flag(inspect) -> None:
+    inspect.add_argument("--experiment", choices=["induction", "ioi", "greater-than"],
+                         help="run a standard experiment on its built-in data instead of a text: induction (head scores "
+                         "on a repeated random sequence), ioi (Wang et al. 2023's 15 templates), greater-than (Hanna et al. "
+                         "2023); prints its metrics, and --png draws its patching heat map and attribution bar chart")  # fmt: skip
 
 
 def _add_prepare_parser(commands) -> None:
