@@ -4,8 +4,9 @@ A command run this way is the real program, `gpt2.cli.main`, in a process of its
 command's arguments, directory, environment, standard streams, signals and exit status. Only its
 start differs: it is forked from a process that imported torch and gpt2's modules, where a new
 process imports them anew (about 2.5 s of CPU: torch 1.4 s, FSDP and its checkpoints 0.9 s), most of
-a short command's time here. The docs pages' commands and torchrun's processes run so (`torchrun
---no-python FORKS/gpt2`); a few tests still start `python -m gpt2` as users do.
+a short command's time here. The docs pages' commands and Python blocks (`python -c`, forked the
+same way) and torchrun's processes run so (`torchrun --no-python FORKS/gpt2`); a few tests still
+start `python -m gpt2` as users do.
 
     forks = Forks(directory)  # forks.command: the `gpt2` program to run
     subprocess.run([forks.command, "generate", "Hi", ...])
@@ -38,11 +39,19 @@ def receive(connection):
     return json.loads(message[8:])
 
 
-def run(argv):
+def python_c(argv):
+    # `python -c CODE ARG...` (argv: -c, CODE, ARG...): CODE runs as __main__, with sys.argv ["-c", ARG...]
+    if argv[:1] != ["-c"] or len(argv) < 2:
+        raise SystemExit(f"the forked python runs `python -c CODE ARG...` only, not {argv[:2]}")
+    sys.argv = ["-c", *argv[2:]]
+    exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__"})
+
+
+def run(program, argv):
     # main's exit as Python's, less the teardown of every module (a second with torch's loaded):
     # the exit handlers run and the streams are flushed, as multiprocessing ends a forked process
     try:
-        code = gpt2.cli.main(argv)
+        code = gpt2.cli.main(argv) if program == "gpt2" else python_c(argv)
     except SystemExit as e:
         code = e.code
     except BaseException:
@@ -69,7 +78,7 @@ def serve(connection):
         if os.environ.get("PYTHONUNBUFFERED"):
             sys.stdout.reconfigure(write_through=True)
         sys.argv = ["gpt2", *command["argv"]]
-        run(command["argv"])
+        run(command["program"], command["argv"])
     while True:
         if select.select([connection], [], [], 0.05)[0]:
             signals = connection.recv(64)
@@ -101,7 +110,7 @@ CLIENT = r"""
 import json, os, signal, socket, struct, sys
 connection = socket.socket(socket.AF_UNIX)
 connection.connect({socket!r})
-request = json.dumps({{"argv": sys.argv[1:], "cwd": os.getcwd(), "env": dict(os.environ)}}).encode()
+request = json.dumps({{"program": {program!r}, "argv": sys.argv[1:], "cwd": os.getcwd(), "env": dict(os.environ)}}).encode()
 socket.send_fds(connection, [struct.pack("!Q", len(request)) + request], [0, 1, 2])
 for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
     signal.signal(signum, lambda signum, frame: connection.send(bytes([signum])))
@@ -114,7 +123,8 @@ sys.exit(status)
 
 
 class Forks:
-    """The server, started in `directory`, and `command`, the `gpt2` program whose runs it forks."""
+    """The server, started in `directory`; `command`, the `gpt2` program whose runs it forks, and
+    `python`, whose runs (`python -c CODE ARG...` only) it forks the same way."""
 
     def __init__(self, directory: Path, src: Path):
         env = {**os.environ, "OMP_NUM_THREADS": "1",  # each command's threads: torch reads it at its import
@@ -123,10 +133,15 @@ class Forks:
         self.server = subprocess.Popen([sys.executable, "-c", SERVER, str(socket)], env=env, stdin=subprocess.DEVNULL,
                                        stdout=subprocess.PIPE, text=True)  # fmt: skip
         assert self.server.stdout.readline() == "ready\n", "the fork server did not start"
-        (directory / "client.py").write_text(CLIENT.format(socket=str(socket)))
-        self.command = directory / "gpt2"
-        self.command.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S "{directory / "client.py"}" "$@"\n')
-        self.command.chmod(0o755)
+        self.command, self.python = (self._client(directory, program, socket) for program in ("gpt2", "python"))
+
+    @staticmethod
+    def _client(directory: Path, program: str, socket: Path) -> Path:
+        (directory / f"{program}-client.py").write_text(CLIENT.format(socket=str(socket), program=program))
+        command = directory / program
+        command.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S "{directory / f"{program}-client.py"}" "$@"\n')
+        command.chmod(0o755)
+        return command
 
     def stop(self) -> None:
         self.server.kill()

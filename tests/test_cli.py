@@ -257,20 +257,20 @@ def test_generate_without_a_device_or_a_model(capsys, tmp_path):
     assert code == 2 and "unknown model 'gpt-5'" in err and err.count("\n") == 1
 
 
-def test_generate_released_name_offline_says_how_to_pass_a_path(tmp_path):
+def test_generate_released_name_offline_says_how_to_pass_a_path(tmp_path, forks):
     env = {**__import__("os").environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path)}
-    result = subprocess.run([sys.executable, "-m", "gpt2", "generate", "Hi"], capture_output=True, timeout=120, env=env)
+    result = subprocess.run([forks.command, "generate", "Hi"], capture_output=True, timeout=120, env=env)
     assert result.returncode == 2
     err = result.stderr.decode()
     assert err.count("\n") == 1 and "could not download 'gpt2'" in err and "pass a local directory" in err
 
 
-def test_ctrl_c_while_streaming_keeps_what_was_printed(model_dir):
+def test_ctrl_c_while_streaming_keeps_what_was_printed(model_dir, forks):
     import signal
     import time
 
     process = subprocess.Popen(  # past the context: still generating when the signal comes, however fast
-        [sys.executable, "-m", "gpt2", "generate", "Tell me a story", "--model", model_dir, "--engine", "numpy",
+        [forks.command, "generate", "Tell me a story", "--model", model_dir, "--engine", "numpy",
          "--max-new-tokens", "100000", "--seed", "1"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=heed_ctrl_c,
     )  # fmt: skip
@@ -377,7 +377,7 @@ def test_a_model_that_produces_nan_stops_with_one_line(capsys, tmp_path):
 
 # the replay below runs past the tiny model's context too, with the warning the CLI printed
 @pytest.mark.filterwarnings("ignore::gpt2.generation.decoding.ContextOverflowWarning")
-def test_ctrl_c_without_streaming_prints_what_was_generated(model_dir):
+def test_ctrl_c_without_streaming_prints_what_was_generated(model_dir, forks):
     import signal
 
     from gpt2 import Tokenizer
@@ -385,7 +385,7 @@ def test_ctrl_c_without_streaming_prints_what_was_generated(model_dir):
     from gpt2.reference import ReferenceModel
 
     argv = ["generate", "Tell me a story", "--model", model_dir, "--engine", "numpy", "--seed", "1", "--no-stream"]
-    process = subprocess.Popen([sys.executable, "-m", "gpt2", *argv, "--max-new-tokens", "100000"],
+    process = subprocess.Popen([forks.command, *argv, "--max-new-tokens", "100000"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=heed_ctrl_c)  # fmt: skip
     first = process.stderr.readline()  # the warning comes as generation starts
     assert first.startswith(b"gpt2: warning: ") and b"exceed the context" in first
@@ -571,6 +571,7 @@ def test_inspect_heads_json_on_a_text(capsys, model_dir, tiktoken_gpt2):
     (["--heads", " ".join(["a"] * 70)], "gpt2: error: sequence of 70 tokens is longer than the model's context of n_ctx=64"),
     (["--heads", "a"], "gpt2: error: the text is one token: head scores need two or more"),
     (["--heads", "a a", "--png", "FILE"], "gpt2: error: cannot write into"),
+    (["--heads", "--experiment", "induction"], "gpt2: error: give --heads or --experiment, not both"),
 ])  # fmt: skip
 def test_inspect_heads_bad_input_is_one_line(capsys, model_dir, tmp_path, argv, message):
     (tmp_path / "FILE").write_text("not a directory")
@@ -706,7 +707,7 @@ def test_prepare_chat_flags_that_do_not_go_together(tmp_path, capsys, args, mess
     assert code == 2 and err == f"gpt2: error: {message}\n" and not (tmp_path / "d").exists()
 
 
-def test_prepare_and_train_into_an_unwritable_out_say_so_in_one_line(tmp_path):
+def test_prepare_and_train_into_an_unwritable_out_say_so_in_one_line(tmp_path, forks):
     """One case each (a process costs seconds): tests/test_files.py, test_data_tokens.py and test_training_train.py hold the others."""
     from gpt2.data.tokens import prepare
 
@@ -724,15 +725,15 @@ def test_prepare_and_train_into_an_unwritable_out_say_so_in_one_line(tmp_path):
               f"cannot write into {train_out}: {train_reason}")]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     for command, message in cases:
-        result = subprocess.run([sys.executable, "-m", "gpt2", *command], env=env, capture_output=True, text=True, timeout=120)
+        result = subprocess.run([forks.command, *command], env=env, capture_output=True, text=True, timeout=120)
         assert (result.returncode, result.stderr) == (2, f"gpt2: error: {message}\n")
 
 
-def test_warnings_are_one_line_each(tmp_path):
+def test_warnings_are_one_line_each(tmp_path, forks):
     """The BPE trainer runs out of pairs on a small corpus: one line, no Python warning with a source path."""
     (tmp_path / "in.txt").write_text("to be or not to be, that is the question\n" * 30, encoding="utf-8")
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    command = [sys.executable, "-m", "gpt2", "prepare", str(tmp_path / "in.txt"), "--out", str(tmp_path / "d"), "--tokenizer",
+    command = [forks.command, "prepare", str(tmp_path / "in.txt"), "--out", str(tmp_path / "d"), "--tokenizer",
                "bpe:30000", "--no-progress"]  # fmt: skip
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
     lines = result.stderr.splitlines()
@@ -959,6 +960,7 @@ WRONG_FLAGS = [
     (["serve", "--max-n", "0"], "--max-n"),
     (["serve", "--max-queue", "0"], "--max-queue"),
     (["serve", "--max-inspect-cells", "0"], "--max-inspect-cells"),
+    (["serve", "--max-patching-tokens", "0"], "--max-patching-tokens"),
     (["serve", "--prefix-cache-mb", "-1"], "--prefix-cache-mb"),
     (["serve", "--port", "99999"], "--port"),
     (["serve", "--device", "tpu"], "--device"),

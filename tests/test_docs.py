@@ -360,7 +360,8 @@ class Background:
             self.process.wait()
 
 
-# Python blocks of a page run in one interpreter, one after another, sharing their names.
+# Python blocks of a page run in one interpreter, one after another, sharing their names; it is
+# forked as the page's gpt2 commands are (tests/forks.py).
 PYTHON_RUNNER = """
 import sys
 names = {"__name__": "__main__"}
@@ -389,7 +390,7 @@ def run_page(page: Path, hf_home: Path, root: Path, forks: Forks) -> None:
             else:
                 run_shell(block, local(block.text), work, env)
         if python:
-            done = subprocess.run([sys.executable, "-c", PYTHON_RUNNER, *map(str, python)], cwd=work, env=env,
+            done = subprocess.run([forks.python, "-c", PYTHON_RUNNER, *map(str, python)], cwd=work, env=env,
                                   capture_output=True, text=True, timeout=300)  # fmt: skip
             assert done.returncode == 0, f"{page.name}'s Python blocks:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
     finally:

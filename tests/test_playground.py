@@ -1,6 +1,7 @@
 """The playground (`gpt2 serve`'s page at /) in a real browser: Chromium, headless, driven by
 Playwright's Python API, against a server in this process. What the page shows is checked
-against the API it is made from: /v1/completions (through the `openai` client) and /v1/inspect.
+against the API it is made from: /v1/completions (through the `openai` client), /v1/inspect and
+/v1/circuits.
 
 The browser is the system's Chromium (Debian's `chromium`; `make test` installs it where it can)
 or Playwright's own (`python -m playwright install chromium`). Without either the tests fail,
@@ -353,6 +354,55 @@ def test_the_page_asks_nothing_of_another_origin_and_logs_no_error(generated, se
     assert generated.errors == []
 
 
+def test_a_clicked_head_shows_its_scores_and_ablation_and_the_attribution_bars_are_the_apis(generated, served):
+    ids = inspection(served, generated)["ids"]
+    page = generated.page
+    buttons = page.get_by_role("group", name="Scores and ablation").get_by_role("button")
+    layer, head = (int(x) for x in buttons.last.inner_text().split("."))  # the last layer's last head
+    page.get_by_role("button", name=f"L{layer} H{head}").click()
+    generated.wait_until(f"document.querySelectorAll('#ablation tbody tr').length > 0 && "
+                         f"document.getElementById('head-scores').dataset.head === '{head}'")  # fmt: skip
+    api = httpx.post(served.url + "/v1/circuits/head", json={"prompt": ids, "layer": layer, "head": head, "top_k": 5}).json()
+    rows = page.eval_on_selector_all("#ablation tbody tr", "els => els.map(e => [Number(e.dataset.tokenId), Number(e.dataset.before), "
+                                     "Number(e.dataset.after), e.innerText])")  # fmt: skip
+    assert [(i, b, a) for i, b, a, _ in rows] == [(e["id"], e["before"], e["after"]) for e in api["next"]]
+    for (*_, text), e in zip(rows, api["next"]):
+        before, after = (float(cell.rstrip("%")) for cell in text.split("\t")[1:3])
+        assert before == pytest.approx(100 * e["before"], rel=6e-3) and after == pytest.approx(100 * e["after"], rel=6e-3)
+    words = page.text_content("#head-scores")
+    for kind, score in api["scores"].items():
+        shown = re.search(kind.replace("_", "-") + r" (\S+)", words).group(1)
+        assert shown == "—" if score is None else abs(float(shown) - score) < 6e-4, (kind, words)
+    assert buttons.last.get_attribute("aria-pressed") == "true" and buttons.first.get_attribute("aria-pressed") == "false"
+    parts = httpx.post(served.url + "/v1/circuits/attribution", json={"prompt": ids}).json()  # the chart drawn after the inspection
+    bars = page.eval_on_selector_all("#attribution rect", "els => els.map(e => [e.dataset.name, Number(e.dataset.value), "
+                                     "Number(e.getAttribute('width'))])")  # fmt: skip
+    expected = [v for row in parts["heads"] for v in row] + parts["mlps"] + [parts["embed"]] + parts["biases"]
+    assert [v for _, v, _ in bars] == expected  # all of a small model's parts, in the model's order
+    assert [n for n, _, _ in bars][:2] == ["head 0.0", "head 0.1"] and bars[-1][0] == "ln_f bias"
+    most = max(map(abs, expected))
+    assert all(abs(width - 160 * abs(v) / most) < 0.01 for _, v, width in bars)  # a bar's length is its value's
+    assert sum(expected) == pytest.approx(parts["total"], abs=1e-4)
+    assert page.text_content("#attribution-summary").startswith(f"logit({json.dumps(parts['answer']['token'])}) of the next token")
+    screenshot(page.locator("section", has=page.locator("#head-grid")), "playground-heads.png")
+    screenshot(page.locator("section", has=page.get_by_label("Logit attribution")), "playground-attribution.png")
+
+
+def test_the_patching_heat_map_of_two_prompts_is_the_apis(generated, served):
+    page = generated.page
+    page.get_by_role("button", name="Patch").click()
+    page.wait_for_selector("#patching td")
+    body = {field: page.locator(f"#{field}").input_value() for field in ("clean", "corrupted", "answer", "other")}
+    api = httpx.post(served.url + "/v1/circuits/patching", json={**body, "site": "resid_pre"}).json()
+    cells = page.eval_on_selector_all("#patching td", "els => els.map(e => [Number(e.dataset.layer), Number(e.dataset.index), "
+                                      "Number(e.dataset.value)])")  # fmt: skip
+    assert len(cells) == len(api["grid"]) * len(api["clean"]["ids"])
+    assert all(value == api["grid"][layer][i] for layer, i, value in cells)
+    assert len(page.locator("#patching thead th").all()) == 1 + len(api["clean"]["ids"])
+    assert f"clean {api['clean']['logit_diff']:.3f}".replace("-", "−") in page.text_content("#patching-summary")
+    screenshot(page.locator("section", has=page.get_by_label("Patching")), "playground-patching.png")
+
+
 def finished(watched: Watched) -> tuple[str, str]:
     """Once the views are drawn (a click on Generate clears them at once): the completion's text and the status line."""
     watched.page.wait_for_selector("#lens td")
@@ -465,6 +515,10 @@ def test_a_server_error_appears_on_the_page(browser, served):
         watched.generate("Hello", 2, 0, top_p="1")
         watched.page.wait_for_selector("#lens td")
         assert not alert.is_visible()  # a good request clears it
+        watched.page.get_by_label("Corrupted").fill("When Mary")  # the clean text is 14 tokens
+        watched.page.get_by_role("button", name="Patch").click()
+        alert.wait_for()
+        assert "Patching: 400: clean and corrupted must have the same length: clean has 14 tokens, corrupted 2" in alert.inner_text()
     finally:
         watched.close()
 

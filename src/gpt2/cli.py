@@ -313,10 +313,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     _draft_tokens_need_a_draft(args)
     chat_template = _chat_template(args)  # a bad file fails now, before the model loads
-    inspect_cells = {} if args.max_inspect_cells is None else {"max_inspect_cells": args.max_inspect_cells}
+    inspect_limits = {name: getattr(args, name) for name in ("max_inspect_cells", "max_patching_tokens") if getattr(args, name) is not None}
     limits = Limits(max_batch_size=args.max_batch_size, max_num_batched_tokens=args.max_num_batched_tokens,
                     prefix_cache_mb=args.prefix_cache_mb, max_queue=args.max_queue, max_n=args.max_n, api_key=args.api_key,
-                    **inspect_cells, **_draft_tokens(args))  # checked as made, --draft-tokens with them  # fmt: skip
+                    **inspect_limits, **_draft_tokens(args))  # checked as made, --draft-tokens with them  # fmt: skip
     device = resolve_device(args.device)
     form = weight_format(args.dtype, device)  # bad flags fail now, not once the server listens (--port: when it would)
     _check_cuda_graphs(args)
@@ -534,6 +534,10 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     from gpt2._files import writable_directory
     from gpt2.inspect import tracing
 
+    if args.experiment is not None and (args.heads or args.repeat is not None):
+        raise _UsageError("give --heads or --experiment, not both")
+    if args.experiment is not None:
+        return _cmd_inspect_experiment(args)
     if args.heads or args.repeat is not None:
         return _cmd_inspect_heads(args)
     if args.text is None:
@@ -561,6 +565,37 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     else:
         color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty() and not os.environ.get("NO_COLOR"))
         print("\n".join(_token_lines(report, color)))
+    return 0
+
+
+def _cmd_inspect_experiment(args: argparse.Namespace) -> int:
+    """gpt2 inspect --experiment NAME: a standard experiment on its built-in data, its metrics printed
+    and, with --png, its patching (or head score) heat map and attribution bar chart drawn."""
+    from gpt2._files import writable_directory
+    from gpt2.inspect import experiments
+
+    if args.text is not None:
+        raise _UsageError("--experiment runs on its own data: give no text")
+    _check_device(args)
+    png = None if args.png is None else writable_directory(args.png)
+    model, _ = _load_model(args)
+    result = experiments.run_experiment(model, args.experiment, model_name=args.model)
+    print(f"{result.name}: {result.prompts} prompt{'s' * (result.prompts != 1)}; " + "; ".join(result.notes)
+          if result.notes else f"{result.name}:")  # fmt: skip
+    for key, value in result.metrics.items():
+        print(f"{key:<20} {value:.4f}")
+    n_head = model.config.n_head
+    top = result.heads.flatten().abs().argsort(descending=True)[:5].tolist()
+    print(f"top heads ({result.heads_title}): " + ", ".join(f"{i // n_head}.{i % n_head} {float(result.heads.flatten()[i]):.3f}" for i in top))
+    if png is not None:
+        from gpt2.inspect import figures
+
+        names = [f"{result.name}-heads.png"]
+        figures.save(figures.head_grid(result.heads, f"{result.name}: {result.heads_title}"), png / names[0])
+        if result.attribution is not None:
+            names.append(f"{result.name}-attribution.png")
+            figures.save(figures.attribution_bars(result.attribution, f"{result.name}: direct logit attribution"), png / names[1])
+        print(f"gpt2: wrote {len(names)} pictures in {png}: {', '.join(names)}", file=sys.stderr)
     return 0
 
 
@@ -833,6 +868,9 @@ def _add_serve_parser(commands) -> None:
     serve.add_argument("--max-inspect-cells", type=_whole_number, metavar="N",
                        help="the most attention probabilities (layers x heads x tokens x tokens) one /v1/inspect answer "
                        "holds; about 6.5 bytes each in JSON (default: 4194304, 170 tokens of the 124M model)")  # fmt: skip
+    serve.add_argument("--max-patching-tokens", type=_whole_number, metavar="N",
+                       help="the most tokens one /v1/circuits/patching request runs through the model, a run of the whole "
+                       "text per patched activation (default: 16384: the 124M model's resid_pre grid up to 36 tokens)")  # fmt: skip
     serve.add_argument("--no-ui", action="store_true", help="serve the API alone, without the playground page at /")
     _add_chat_template_flag(serve, "/v1/chat/completions' conversations")
     serve.add_argument("--api-key", default=os.environ.get("GPT2_API_KEY"), metavar="KEY",
@@ -1063,6 +1101,7 @@ examples:
   gpt2 inspect --png pictures "The dog chased the cat" --temperature 0.7 --top-k 10
   gpt2 inspect --walk "Hello, world"                  # the forward pass, step by step
   gpt2 inspect --heads --repeat 30                    # each head's scores: previous token, duplicate, induction
+  gpt2 inspect --experiment ioi --png pictures        # indirect object identification: metrics, pictures
 
 --png DIR draws, for the text: attention-blockI.png (every head of block I), logit-lens.png (the
 token each layer's residual stream predicts at each position) and next-token.png (the
@@ -1101,8 +1140,16 @@ def _add_inspect_parser(commands) -> None:
                          help="--heads: on N random tokens written twice (seed 0), the standard induction test")  # fmt: skip
     inspect.add_argument("--color", choices=["auto", "always", "never"], default="auto",
                          help="colour tokens by surprise: auto does on a terminal without $NO_COLOR (default: auto)")  # fmt: skip
+    _add_inspect_experiment_flag(inspect)
     _add_inference_device_flags(inspect)
     inspect.set_defaults(func=_cmd_inspect, engine="torch", cuda_graphs=False)
+
+
+def _add_inspect_experiment_flag(inspect) -> None:
+    inspect.add_argument("--experiment", choices=["induction", "ioi", "greater-than"],
+                         help="run a standard experiment on its built-in data instead of a text: induction (head scores "
+                         "on a repeated random sequence), ioi (Wang et al. 2023's 15 templates), greater-than (Hanna et al. "
+                         "2023); prints its metrics, and --png draws its patching heat map and attribution bar chart")  # fmt: skip
 
 
 def _add_prepare_parser(commands) -> None:

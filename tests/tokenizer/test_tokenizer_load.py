@@ -83,6 +83,21 @@ def test_malformed_merge_line(vocab_copy):
         Tokenizer.from_files(vocab_copy / "encoder.json", vocab_copy / "vocab.bpe")
 
 
+def test_files_read_again_are_read_as_they_are_now(vocab_copy, enc, tmp_path_factory):
+    """A vocabulary is read once per process, by its files' contents: a copy elsewhere gives the
+    same tokenizer, and a file changed since it was read is read anew."""
+    first = Tokenizer.from_files(vocab_copy / "encoder.json", vocab_copy / "vocab.bpe")
+    assert first.encode(" gazed") == [50255]
+    elsewhere = tmp_path_factory.mktemp("copy")
+    for name in ("encoder.json", "vocab.bpe"):
+        (elsewhere / name).write_bytes((vocab_copy / name).read_bytes())
+    assert Tokenizer.from_files(elsewhere / "encoder.json", elsewhere / "vocab.bpe") is first
+    lines = (vocab_copy / "vocab.bpe").read_text(encoding="utf-8").splitlines()
+    assert lines[-1] == "Ġg azed"  # GPT-2's last merge, which makes token 50255
+    (vocab_copy / "vocab.bpe").write_text("\n".join(lines[:-1]) + "\n", encoding="utf-8")
+    assert Tokenizer.from_files(vocab_copy / "encoder.json", vocab_copy / "vocab.bpe").encode(" gazed") == enc.encode(" g") + enc.encode("azed")
+
+
 # ------------------------------------------------------------------ transformers' files
 
 # Text that a decoder's "clean-up of tokenization spaces" would change (" ," -> ","), more whitespace, and not ASCII.

@@ -44,16 +44,29 @@ def flags(**settings) -> list[str]:
     return [f"--{k.replace('_', '-')}={v}" for k, v in settings.items()]
 
 
+FORKED_ENV = {**ENV, "PYTHONUNBUFFERED": "1"}  # a forked command's prints reach a pipe as they come, as with python -u
+
+
 @pytest.fixture(scope="module")
-def torchrun(forks):
-    """`torchrun --standalone --nproc_per_node N gpt2 train ...`, the user's command, run(*args,
-    nproc=2, check=True): its processes are forked (tests/forks.py), as `--no-python` lets
-    torchrun start any program; the Ctrl-C and lost-process tests start `python -m gpt2`."""
+def torchrun_command(forks):
+    """`torchrun --standalone --nproc_per_node N gpt2 train ARGS`, the user's command, as a list:
+    its processes are forked (tests/forks.py), as `--no-python` lets torchrun start any program.
+    Signals reach them as they reach a process of their own: the client passes them on."""
+
+    def command(*args: str, nproc: int = 2) -> list[str]:
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "--no-python",
+                str(forks.command), "train", *args]  # fmt: skip
+
+    return command
+
+
+@pytest.fixture(scope="module")
+def torchrun(torchrun_command):
+    """The command run to its end, without progress bars: run(*args, nproc=2, check=True)."""
 
     def run(*args: str, nproc: int = 2, check: bool = True, **popen) -> subprocess.CompletedProcess:
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "--no-python",
-                   str(forks.command), "train", "--no-progress", *args]  # fmt: skip
-        result = subprocess.run(command, env={**ENV, "PYTHONUNBUFFERED": "1"}, capture_output=True, text=True, timeout=300, **popen)
+        result = subprocess.run(torchrun_command("--no-progress", *args, nproc=nproc), env=FORKED_ENV, capture_output=True,
+                                text=True, timeout=300, **popen)  # fmt: skip
         if check:
             assert result.returncode == 0, result.stderr[-3000:]
         return result
@@ -192,12 +205,11 @@ def test_one_process_resumes_a_run_of_two(fsdp_ten, one_process, tmp_path):
     assert_same_curve(tmp_path / "out", one_process)
 
 
-def test_ctrl_c_stops_every_process_with_a_checkpoint(char_data, one_process, tmp_path, torchrun):
+def test_ctrl_c_stops_every_process_with_a_checkpoint(char_data, one_process, tmp_path, torchrun, torchrun_command):
     out = tmp_path / "out"
     settings = dict(SETTINGS, max_iters=20_000, lr_decay_iters=20, eval_interval=10_000)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "gpt2", "train",
-               "--no-progress", "--data", str(char_data), "--out", str(out), *flags(**settings)]  # fmt: skip
-    process = subprocess.Popen(command, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=heed_ctrl_c)
+    command = torchrun_command("--no-progress", "--data", str(char_data), "--out", str(out), *flags(**settings))
+    process = subprocess.Popen(command, env=FORKED_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=heed_ctrl_c)
     deadline = time.time() + 120
     while time.time() < deadline and process.poll() is None and len(curve(out)[0] if (out / "log.jsonl").exists() else {}) < 25:
         time.sleep(0.05)
@@ -213,17 +225,17 @@ def test_ctrl_c_stops_every_process_with_a_checkpoint(char_data, one_process, tm
     assert max(abs(steps[i] - ref[i]) for i in range(20)) < TOLERANCE  # the same run as ever, up to where the reference ends
 
 
-def test_ctrl_c_in_an_evaluation_stops_every_process_at_the_same_batch(char_data, one_process, tmp_path, torchrun):
+def test_ctrl_c_in_an_evaluation_stops_every_process_at_the_same_batch(char_data, one_process, tmp_path, torchrun,
+                                                                        torchrun_command):  # fmt: skip
     """An evaluation of a million and one batches (shared unevenly: one process draws one more):
     Ctrl-C stops both processes within seconds at the same batch (were one to go on, the other
     would wait for it for ever), with the checkpoint of iteration 0, whose evaluation the resume
     does, with the usual --eval-iters: the run follows the curve of one process."""
     out = tmp_path / "out"
     settings = dict(SETTINGS, max_iters=20, eval_iters=1_000_001)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "gpt2", "train",
-               "--data", str(char_data), "--out", str(out), *flags(**settings)]  # fmt: skip
+    command = torchrun_command("--data", str(char_data), "--out", str(out), *flags(**settings))
     with open(tmp_path / "stdout", "w") as stdout:
-        run = Watched(command, ENV, stdout)
+        run = Watched(command, FORKED_ENV, stdout)
         run.wait_for(r"evaluating train [1-9]")  # rank 0's bar, after a batch: both processes are in the evaluation
         seconds = run.stop(signal.SIGINT)  # what Ctrl-C sends torchrun, which passes it on to each process
     assert "gpt2: interrupted at iteration 0; checkpoint saved" in run.err
@@ -300,14 +312,17 @@ def free_port() -> int:
 
 
 @pytest.mark.parametrize("how", ["dies", "hangs"])
-def test_a_lost_process_is_named_and_the_others_stop(how, char_data, tmp_path):
+def test_a_lost_process_is_named_and_the_others_stop(how, char_data, tmp_path, forks):
     """Two processes started by hand (as a launcher other than torchrun would), then rank 1 is
-    killed, or stopped (SIGSTOP: it hangs): rank 0 stops within the timeout, naming rank 1."""
+    killed, or stopped (SIGSTOP: it hangs): rank 0 stops within the timeout, naming rank 1.
+    Where one dies they are forked (tests/forks.py); where one hangs both are started as
+    `python -m gpt2`: SIGSTOP would stop a forked command's client, not the command, and a rank
+    forked at once would wait for one importing torch longer than the 3 s timeout."""
     settings = dict(SETTINGS, max_iters=100_000, eval_interval=100_000)
-    env = {**ENV, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
-    command = [sys.executable, "-m", "gpt2", "train", "--no-progress", "--data", str(char_data), "--out", str(tmp_path / "out"),
-               "--timeout=3", *flags(**settings)]  # fmt: skip
-    ranks = [subprocess.Popen(command, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE,
+    env = {**FORKED_ENV, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
+    args = ["train", "--no-progress", "--data", str(char_data), "--out", str(tmp_path / "out"), "--timeout=3", *flags(**settings)]
+    program = [str(forks.command)] if how == "dies" else [sys.executable, "-m", "gpt2"]
+    ranks = [subprocess.Popen([*program, *args], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for r in (0, 1)]  # fmt: skip
     try:
         log = tmp_path / "out" / "log.jsonl"

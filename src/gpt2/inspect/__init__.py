@@ -5,14 +5,21 @@
     circuits what heads attend to (head scores) and each part's direct effect on a logit
     patching activation patching: each activation of a site taken from a clean run into a
              corrupted one, the metric of each (logit differences ready made)
+    generating  a traced generation: the prompt's and every new token's activations, one
+                trace over the whole text, computed with the KV cache
+    experiments the standard experiments with their data built in: induction, IOI (Wang et
+                al. 2023's templates), greater-than (Hanna et al. 2023)
     figures  its pictures, drawn with matplotlib: attention, the logit lens, the next token
 
-`circuits`, `patching` and `figures` build on `tracing`. The names of `tracing`, `circuits` and
-`patching` are this package's (`gpt2.inspect.trace`, `gpt2.inspect.head_scores`, ...); `figures`
-is imported as `gpt2.inspect.figures`, since it needs matplotlib.
+`circuits`, `patching`, `generating`, `experiments` and `figures` build on `tracing`. The names of
+`tracing`, `circuits`, `patching`, `generating` and `experiments` are this package's
+(`gpt2.inspect.trace`, `gpt2.inspect.trace_generation`, ...); `figures` is imported as
+`gpt2.inspect.figures`, since it needs matplotlib.
 """
 
 from gpt2.inspect.circuits import HEAD_SCORES, LogitAttribution, head_scores, logit_attribution, repeated_tokens
+from gpt2.inspect.experiments import EXPERIMENTS, ExperimentResult, ioi_prompts, run_experiment
+from gpt2.inspect.generating import GenerationTrace, trace_generation
 from gpt2.inspect.patching import SITES, activation_patching, logit_diff, normalised_logit_diff
 from gpt2.inspect.tracing import (
     BLOCK_STEPS,
@@ -32,6 +39,9 @@ from gpt2.inspect.tracing import (
 
 __all__ = [
     "BLOCK_STEPS",
+    "EXPERIMENTS",
+    "ExperimentResult",
+    "GenerationTrace",
     "HEAD_SCORES",
     "LogitAttribution",
     "ON_REQUEST",
@@ -43,14 +53,17 @@ __all__ = [
     "activation_patching",
     "alternatives",
     "head_scores",
+    "ioi_prompts",
     "logit_attribution",
     "logit_diff",
     "logit_lens_top",
     "next_token_report",
     "normalised_logit_diff",
     "repeated_tokens",
+    "run_experiment",
     "token_ids",
     "token_label",
     "trace",
+    "trace_generation",
     "walkthrough",
 ]

@@ -29,6 +29,7 @@ from gpt2.inspect.tracing import check_position, token_ids, trace
 from gpt2.model.model import GPT2
 
 HEAD_SCORES = ("previous_token", "duplicate_token", "induction")
+Tokens = int | str | Sequence[int | str]  # a token (an id, or a string of one token), or a list of them
 
 
 # ------------------------------------------------------------------ head scores
@@ -131,14 +132,16 @@ def _token(model: GPT2, token: int | str, param: str) -> int:
 
 
 @torch.no_grad()
-def logit_attribution(model: GPT2, ids: str | Sequence[int] | torch.Tensor, answer: int | str, other: int | str | None = None,
+def logit_attribution(model: GPT2, ids: str | Sequence[int] | torch.Tensor, answer: Tokens, other: Tokens | None = None,
                       position: int = -1) -> LogitAttribution:  # fmt: skip
-    """The direct logit attribution of the prediction after `position` (see the module's docstring)."""
+    """The direct logit attribution of the prediction after `position` (see the module's docstring).
+    `answer` and `other` are each a token, or a list of tokens standing for their mean logit
+    (greater-than's years after YY against the others)."""
     ids, _ = token_ids(model, ids)
     T, n_layer = len(ids), model.config.n_layer
     check_position(position, T)
-    a = _token(model, answer, "answer")
-    o = None if other is None else _token(model, other, "other")
+    a = _tokens(model, answer, "answer")
+    o = None if other is None else _tokens(model, other, "other")
     names = ["wte", "wpe", f"h.{n_layer - 1}"] + [f"h.{i}.{step}" for i in range(n_layer) for step in ("attn.z", "mlp.c_proj")]
     t = trace(model, ids, names=names)
     act = {name: value[:, position] if name.endswith(".attn.z") else value[position]  # z: (H, T, d), the rest (T, C)
@@ -170,7 +173,16 @@ def _head_outputs(attn: torch.nn.Module, z: torch.Tensor) -> torch.Tensor:
     return out if attn.c_proj.bias is None else out - attn.c_proj.bias
 
 
-def _logit_effect(model: GPT2, x: torch.Tensor, answer: int, other: int | None) -> torch.Tensor:
-    """(N, C) -> (N,): x unembedded, at answer less at other."""
+def _tokens(model: GPT2, tokens: Tokens, param: str) -> list[int]:
+    """One token, or a non-empty list of them, as vocabulary ids."""
+    if isinstance(tokens, (list, tuple)):
+        if not tokens:
+            raise InvalidArgumentError(f"{param} must be a token or a non-empty list of tokens, got an empty list", param)
+        return [_token(model, t, param) for t in tokens]
+    return [_token(model, tokens, param)]
+
+
+def _logit_effect(model: GPT2, x: torch.Tensor, answer: list[int], other: list[int] | None) -> torch.Tensor:
+    """(N, C) -> (N,): x unembedded, the mean at answer's tokens less the mean at other's."""
     logits = model.unembed(x).float()
-    return logits[:, answer] - (0 if other is None else logits[:, other])
+    return logits[:, answer].mean(-1) - (0 if other is None else logits[:, other].mean(-1))

@@ -165,3 +165,43 @@ def save(fig: Any, path: str | os.PathLike) -> None:
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
     plt.close(fig)
+
+
+def head_grid(grid: torch.Tensor, title: str) -> Any:
+    """A layer x head heat map (activation patching, head scores), each cell's value written in it."""
+    values = grid.float().cpu().numpy()  # (n_layer, n_head)
+    n_layer, n_head = values.shape
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(2 + 0.6 * n_head, 1.5 + 0.45 * n_layer))
+    bound = max(float(abs(values).max()), 1e-9)
+    image = ax.imshow(values, cmap="RdBu", vmin=-bound, vmax=bound, aspect="auto")
+    if n_layer * n_head <= 400:
+        for layer in range(n_layer):
+            for head in range(n_head):
+                ax.text(head, layer, f"{values[layer, head]:.2f}", ha="center", va="center", fontsize=6)
+    ax.set_xticks(range(n_head))
+    ax.set_yticks(range(n_layer))
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.set_title(title, fontsize=10)
+    fig.colorbar(image, ax=ax)
+    fig.tight_layout()
+    return fig
+
+
+def attribution_bars(parts: Any, title: str, bars: int = 20) -> Any:
+    """Direct logit attribution (`circuits.LogitAttribution`) as bars: the `bars` parts of
+    largest effect among the heads ("L.H"), the MLPs, the embeddings and the biases together."""
+    effects = {f"{l}.{h}": float(parts.heads[l, h]) for l in range(parts.heads.shape[0]) for h in range(parts.heads.shape[1])}
+    effects |= {f"mlp {l}": float(v) for l, v in enumerate(parts.mlps)}
+    effects |= {"embed": float(parts.embed), "biases": float(parts.biases.sum())}
+    shown_ = sorted(effects, key=lambda k: -abs(effects[k]))[:bars]
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(2 + 0.4 * len(shown_), 4))
+    ax.bar(range(len(shown_)), [effects[k] for k in shown_], color=["tab:blue" if effects[k] >= 0 else "tab:red" for k in shown_])
+    ax.set_xticks(range(len(shown_)), shown_, rotation=60, fontsize=8)
+    ax.axhline(0, color="black", linewidth=0.5)
+    ax.set_ylabel("direct effect on the logit difference")
+    ax.set_title(f"{title} (total {parts.total:.3f})", fontsize=10)
+    fig.tight_layout()
+    return fig

@@ -40,7 +40,7 @@ import torch
 from torch.nn import functional as F
 
 from gpt2.errors import InputTypeError, InvalidArgumentError
-from gpt2.model.model import GPT2, attention_scores, merge_heads
+from gpt2.model.model import GPT2, Cache, attention_scores, merge_heads
 
 # Each block's steps, in the order the pass takes them ("" is the block's output, h.{i}).
 BLOCK_STEPS = ("ln_1", "attn.c_attn", "attn.q", "attn.k", "attn.v", "attn.scores", "attn.pattern", "attn.z",
@@ -105,8 +105,18 @@ def trace(model: GPT2, ids: str | Sequence[int] | torch.Tensor, patch: Mapping[s
     names: the steps to record (default: all but q, k, v, scores and z). Recording fewer keeps
     memory small on long inputs: each block's pattern alone is n_head x T x T.
     """
+    tap = recorder(model, patch, names, "trace")
+    ids, tokens = token_ids(model, ids)
+    idx = torch.tensor([ids], device=model.transformer.wte.weight.device)  # (1, T)
+    logits = forward_steps(model, idx, tap)[0]  # (T, V)
+    return Trace(ids, tokens, logits, tap.activations, model)
+
+
+def recorder(model: GPT2, patch: Mapping[str, Patch] | None = None, names: Iterable[str] | None = None,
+             caller: str = "trace") -> Recorder:  # fmt: skip
+    """The tap of a traced pass of `model`, its `patch` and `names` checked as `trace` takes them."""
     if not isinstance(model, GPT2):
-        raise InputTypeError(f"trace takes a GPT2 model, got {type(model).__name__}", "model")
+        raise InputTypeError(f"{caller} takes a GPT2 model, got {type(model).__name__}", "model")
     n_layer = model.config.n_layer
     record = _check_names("names", n_layer, activation_names(n_layer, on_request=False) if names is None else names)
     patch = dict(patch or {})
@@ -114,11 +124,7 @@ def trace(model: GPT2, ids: str | Sequence[int] | torch.Tensor, patch: Mapping[s
     for name, fn in patch.items():
         if not callable(fn):
             raise InputTypeError(f"patch[{name!r}] must be a function of the activation, got {type(fn).__name__}", "patch")
-    ids, tokens = token_ids(model, ids)
-    tap = _Tap(record, patch)
-    idx = torch.tensor([ids], device=model.transformer.wte.weight.device)  # (1, T)
-    logits = forward_steps(model, idx, tap)[0]  # (T, V)
-    return Trace(ids, tokens, logits, tap.activations, model)
+    return Recorder(record, patch)
 
 
 def _check_names(param: str, n_layer: int, names: Iterable[str]) -> set[str]:
@@ -162,9 +168,9 @@ def token_ids(model: GPT2, ids: str | Sequence[int] | torch.Tensor) -> tuple[lis
     return ids, tokens
 
 
-class _Tap:
-    """What the traced pass calls at each step: records the step if asked, and hands back the
-    patched value where a patch is given."""
+class Recorder:
+    """What the traced pass calls at each step (a `Tap`): records the step if asked, and hands
+    back the patched value where a patch is given."""
 
     def __init__(self, record: set[str], patch: dict[str, Patch]):
         self.record, self.patch = record, patch
@@ -183,24 +189,37 @@ class _Tap:
         return x
 
 
-def forward_steps(model: GPT2, idx: torch.Tensor, tap: Tap) -> torch.Tensor:
+def forward_steps(model: GPT2, idx: torch.Tensor, tap: Tap, cache: Cache | None = None) -> torch.Tensor:
     """The seeds' forward pass, step by step: idx (B, T) -> logits (B, T, V). tap(name, x) is
-    given each step (x: (B, ...)) and returns the value the pass goes on with."""
+    given each step (x: (B, ...)) and returns the value the pass goes on with.
+
+    With a KV cache whose step has begun (`gpt2.generation.engines.KVCache.begin_prefill` or
+    `begin_decode`), as `GPT2.trunk` takes one: idx holds the new positions only; their
+    positions come from the cache, their keys and values join it, and each attends to the
+    keys of the positions before it there. The taps see the new positions only (scores and
+    pattern: (B, H, T, S), S the keys seen)."""
     t = model.transformer
-    positions = torch.arange(idx.size(1), device=idx.device)[None]  # (1, T)
+    positions = torch.arange(idx.size(1), device=idx.device) if cache is None else cache.positions  # (T,) or (B, 1)
+    positions = positions if positions.dim() == 2 else positions[None]  # (1, T): wpe's step has a batch dimension
     x = tap("wte", model.embed(idx)) + tap("wpe", t.wpe(positions).to(model.compute_dtype))  # (B, T, C)
     for i, block in enumerate(t.h):
-        x = x + tap(f"h.{i}.attn.c_proj", _attention(block.attn, tap(f"h.{i}.ln_1", block.ln_1(x)), tap, f"h.{i}.attn"))
+        attn = _attention(block.attn, tap(f"h.{i}.ln_1", block.ln_1(x)), tap, f"h.{i}.attn", cache, i)
+        x = x + tap(f"h.{i}.attn.c_proj", attn)
         x = x + tap(f"h.{i}.mlp.c_proj", _mlp(block.mlp, tap(f"h.{i}.ln_2", block.ln_2(x)), tap, f"h.{i}.mlp"))
         x = tap(f"h.{i}", x)
     return model.unembed(tap("ln_f", t.ln_f(x)))
 
 
-def _attention(attn: torch.nn.Module, x: torch.Tensor, tap: Tap, name: str) -> torch.Tensor:
+def _attention(attn: torch.nn.Module, x: torch.Tensor, tap: Tap, name: str, cache: Cache | None = None,
+               layer: int = 0) -> torch.Tensor:  # fmt: skip
     """(B, T, C) -> (B, T, C), with softmax(q k^T / sqrt(d)) v written out to keep the pattern."""
     q, k, v = attn.heads(tap(f"{name}.c_attn", attn.c_attn(x)))  # 3 x (B, H, T, d)
     q, k, v = tap(f"{name}.q", q), tap(f"{name}.k", k), tap(f"{name}.v", v)
-    pattern = tap(f"{name}.pattern", torch.softmax(tap(f"{name}.scores", attention_scores(q, k)), dim=-1))  # (B, H, T, T)
+    mask = None  # causal over these T positions
+    if cache is not None:
+        k, v = cache.update(layer, k, v)  # (B, H, S, d): the cached positions' and these
+        mask = cache.mask
+    pattern = tap(f"{name}.pattern", torch.softmax(tap(f"{name}.scores", attention_scores(q, k, mask)), dim=-1))  # (B, H, T, S)
     z = tap(f"{name}.z", pattern @ v)  # (B, H, T, d)
     return attn.c_proj(merge_heads(z))
 

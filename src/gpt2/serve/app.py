@@ -2,10 +2,10 @@
 OpenAI's error bodies.
 
 Endpoints: /health, /metrics, /v1/models, /v1/completions, /v1/chat/completions, /v1/inspect,
-/tokenize, /detokenize and /tokenizer_info; and the playground, a page at / with its files under /ui;
+/v1/circuits/{head,patching,attribution}, /tokenize, /detokenize and /tokenizer_info; and the playground, a page at / with its files under /ui;
 /openapi.json and /docs describe them. A route's body is declared by its model in
-`gpt2.serve.protocol` and checked by FastAPI; /v1/completions, /v1/chat/completions and
-/v1/inspect have their modules' routers, and a completion is served by
+`gpt2.serve.protocol` and checked by FastAPI; /v1/completions, /v1/chat/completions,
+/v1/inspect and /v1/circuits/... have their modules' routers, and a completion is served by
 `gpt2.serve.completions` over the scheduler's loop.
 """
 
@@ -25,7 +25,7 @@ from starlette.exceptions import HTTPException
 from gpt2._checks import check_token_ids
 from gpt2.errors import GPT2Error
 from gpt2.model.model import GPT2
-from gpt2.serve import chat, completions, inspection
+from gpt2.serve import chat, circuits, completions, inspection
 from gpt2.serve.protocol import AllowedSpecial, DetokenizeBody, Limits, RequestError, TokenizeBody, encode_text
 from gpt2.serve.scheduler import Metrics
 from gpt2.serve.server import ModelRoute, Server
@@ -63,7 +63,7 @@ def create_app(load: Callable[[], tuple[GPT2, Tokenizer]], model_id: str, limits
     app.add_middleware(_CountRequests, metrics=server.metrics)
     _add_error_handlers(app)
     _add_model_routes(app, server)
-    for router in (tokenizer_router, completions.router, chat.router, inspection.router):
+    for router in (tokenizer_router, completions.router, chat.router, inspection.router, circuits.router):
         app.include_router(router)
     if ui:
         _add_playground(app)
@@ -95,7 +95,7 @@ def _add_error_handlers(app: FastAPI) -> None:
         return RequestError(500, f"internal error: {type(e).__name__}: {e}", kind="server_error").response()
 
 
-ENDPOINTS = ("/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions", "/v1/inspect", "/tokenize",
+ENDPOINTS = ("/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions", "/v1/inspect", "/v1/circuits", "/tokenize",
              "/detokenize", "/tokenizer_info", "/ui", "/")  # fmt: skip
 
 

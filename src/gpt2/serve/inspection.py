@@ -56,19 +56,30 @@ def parse_inspect(body: InspectBody, tokenizer: Tokenizer, model: GPT2, limits: 
     prompts = parse_prompts(body.prompt, tokenizer, model.config.n_vocab, allowed_special)
     if len(prompts) > 1:
         raise RequestError(400, f"/v1/inspect looks at one prompt at a time, got {len(prompts)}", "prompt")
-    ids, config = prompts[0], model.config
-    if len(ids) > config.n_ctx:
-        raise RequestError(400, f"This model's maximum context length is {config.n_ctx} tokens, however your prompt has "
-                           f"{len(ids)} tokens. Please reduce your prompt.", "prompt", "context_length_exceeded")  # fmt: skip
+    ids = prompts[0]
+    check_context(ids, model.config.n_ctx)
+    check_cells(len(ids), model, limits)
+    return InspectRequest(ids, body.top_k)
+
+
+def check_context(ids: list[int], n_ctx: int, param: str = "prompt") -> None:
+    """Refuse a text past the model's context, in OpenAI's words (`param`: the field that holds it)."""
+    if len(ids) > n_ctx:
+        raise RequestError(400, f"This model's maximum context length is {n_ctx} tokens, however your {param} has "
+                           f"{len(ids)} tokens. Please reduce your {param}.", param, "context_length_exceeded")  # fmt: skip
+
+
+def check_cells(T: int, model: GPT2, limits: Limits) -> None:
+    """Refuse T tokens whose attention probabilities, every head's T x T, are over max_inspect_cells."""
+    config = model.config
     heads = config.n_layer * config.n_head
-    cells, limit = heads * len(ids) ** 2, limits.max_inspect_cells
+    cells, limit = heads * T**2, limits.max_inspect_cells
     if cells > limit:
         most = math.isqrt(limit // heads)
-        raise RequestError(400, f"inspecting {len(ids)} tokens gives {config.n_layer} layers x {config.n_head} heads x "
-                           f"{len(ids)} x {len(ids)} = {cells:,} attention probabilities, over this server's limit of "
+        raise RequestError(400, f"inspecting {T} tokens gives {config.n_layer} layers x {config.n_head} heads x "
+                           f"{T} x {T} = {cells:,} attention probabilities, over this server's limit of "
                            f"{limit:,} (max_inspect_cells): at most {most} tokens for this model", "prompt",
                            "inspection_too_large")  # fmt: skip
-    return InspectRequest(ids, body.top_k)
 
 
 def inspection(model: GPT2, tokenizer: Tokenizer, request: InspectRequest) -> dict:

@@ -2,7 +2,8 @@
 
 Each route's JSON body is a pydantic model, as vLLM's protocol.py declares them: `CompletionBody`
 (/v1/completions), `ChatBody` (/v1/chat/completions), `InspectBody` (/v1/inspect),
-`TokenizeBody` and `DetokenizeBody`. Each field's type, default and bounds are written once, in
+the circuits' `HeadBody`, `PatchingBody` and `AttributionBody` (/v1/circuits/...), `TokenizeBody`
+and `DetokenizeBody`. Each field's type, default and bounds are written once, in
 its declaration: FastAPI checks a body against them, and /openapi.json (and /docs) describe
 them. A bound that is the server's, not the API's (the model's context, its vocabulary,
 --max-n), is named by `UpTo` and checked by `Body.within` once the model is there. A refusal is
@@ -29,6 +30,7 @@ from gpt2.generation.decoding import Request, Row, check_draft_tokens, start_of_
 from gpt2.generation.engines import KVCache, check_prefix_cache_mb
 from gpt2.generation.generate import check_stop
 from gpt2.generation.sampling import SEED_MAX, Sampling
+from gpt2.inspect.patching import SITES
 from gpt2.settings import DRAFT_TOKENS
 from gpt2.tokenizer import Tokenizer
 from gpt2.tokenizer.chat import ROLES, check_messages
@@ -50,6 +52,9 @@ class Limits:
     # attention probabilities in one /v1/inspect answer (n_layer x n_head x T x T): 2^22 are 170
     # tokens of the 124M model (59 of gpt2-xl), an answer of 27 MB made in 2.3 s on 2 CPU cores
     max_inspect_cells: int = 1 << 22
+    # tokens that one /v1/circuits/patching request runs through the model (a run per patched
+    # activation, each of the whole text): 2^14 is the 124M model's resid_pre grid up to 36 tokens
+    max_patching_tokens: int = 1 << 14
     api_key: str | None = None
     draft_tokens: int = DRAFT_TOKENS  # tokens a draft model proposes per step, where the server has one
 
@@ -57,7 +62,8 @@ class Limits:
         self.check()
 
     def check(self) -> None:
-        for name in ("max_batch_size", "max_num_batched_tokens", "max_queue", "max_n", "max_body_bytes", "max_inspect_cells"):
+        for name in ("max_batch_size", "max_num_batched_tokens", "max_queue", "max_n", "max_body_bytes", "max_inspect_cells",
+                     "max_patching_tokens"):
             positive_int(name, getattr(self, name))
         check_prefix_cache_mb(self.prefix_cache_mb)
         check_draft_tokens(self.draft_tokens)
@@ -107,6 +113,8 @@ class Bounds:
     n_ctx: int  # the model's context
     n_vocab: int  # its vocabulary
     max_n: int  # the server's --max-n
+    last_layer: int = 0  # n_layer - 1: a block's number (/v1/circuits/head)
+    last_head: int = 0  # n_head - 1
 
 
 @dataclass(frozen=True)
@@ -314,6 +322,47 @@ class InspectBody(Body):
     model: str | None = None
     prompt: Annotated[Prompt, Says(_prompt_refused)]
     top_k: Annotated[int | None, INTEGER] = Field(5, ge=1, le=20)
+
+
+OneText = str | TokenIds  # one prompt: text, or its ids
+TEXT = Says("{name} must be a string or a non-empty list of token ids, got {value!r:.40}")
+# a token of the answer: its text (one token, " Mary") or its id; null: the circuits route's default
+Token = Annotated[str | Annotated[int, Field(ge=0)] | None, Says("{name} must be a token's text (one token) or its id, got {value!r:.40}")]
+
+
+class HeadBody(Body):
+    """POST /v1/circuits/head: one head on one text: its scores, and the next token's top_k
+    probabilities before and after the head's output is zeroed."""
+
+    model: str | None = None
+    prompt: Annotated[OneText, TEXT]
+    layer: Annotated[int, UpTo("last_layer"), INTEGER] = Field(ge=0)
+    head: Annotated[int, UpTo("last_head"), INTEGER] = Field(ge=0)
+    top_k: Annotated[int | None, INTEGER] = Field(5, ge=1, le=20)
+
+
+class PatchingBody(Body):
+    """POST /v1/circuits/patching: activation patching of `site`, from the clean text into the
+    corrupted one (of the same length), measured by the logit difference of answer and other
+    at the last position (null: the clean run's top token, and the corrupted run's)."""
+
+    model: str | None = None
+    clean: Annotated[OneText, TEXT]
+    corrupted: Annotated[OneText, TEXT]
+    site: Annotated[Literal[SITES] | None, Says(lambda value, bounds: f"unknown site {value!r:.40}: the sites are {', '.join(SITES)}")] = \
+        "resid_pre"  # fmt: skip
+    answer: Token = None
+    other: Token = None
+
+
+class AttributionBody(Body):
+    """POST /v1/circuits/attribution: each part's direct effect on the next token's logit of
+    answer (null: the top token), less other's where given."""
+
+    model: str | None = None
+    prompt: Annotated[OneText, TEXT]
+    answer: Token = None
+    other: Token = None
 
 
 GIVE_TEXT = Says('give the text as {{"content": "..."}} (or {{"prompt": "..."}})', "content")

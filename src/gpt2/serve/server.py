@@ -108,7 +108,8 @@ class Server:
 
     def bounds(self) -> Bounds:
         """The numbers that bound some fields of a request (`gpt2.serve.protocol.UpTo`), once the model has loaded."""
-        return Bounds(self.model.config.n_ctx, self.model.config.n_vocab, self.limits.max_n)
+        config = self.model.config
+        return Bounds(config.n_ctx, config.n_vocab, self.limits.max_n, config.n_layer - 1, config.n_head - 1)
 
     def check_model(self, name: object) -> None:
         if name is not None and name != self.model_id:

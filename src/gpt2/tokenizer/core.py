@@ -44,6 +44,8 @@ from gpt2.tokenizer.load import (
     EOT,
     GPT2_VOCAB_DIR,
     chat_template_entry,
+    files_digest,
+    pretrained_bpe_files,
     read_openai_files,
     save_openai_files,
     save_pretrained_bpe,
@@ -182,6 +184,7 @@ class Tokenizer(CarriesChatTemplate):
         self._special_patterns: dict[frozenset[str], re.Pattern] = {}
         self._pool: WorkerPool | None = None  # encode_batch's worker processes, started when a batch is worth them
         self._chat_template: str | None = None
+        self._pretrained_files: dict[str, str] | None = None  # save_pretrained's files but its config, made once
 
     # ----------------------------------------------------------------- files
 
@@ -195,12 +198,22 @@ class Tokenizer(CarriesChatTemplate):
 
     @classmethod
     def from_files(cls, encoder_json: str | os.PathLike, vocab_bpe: str | os.PathLike) -> Tokenizer:
-        """Load a vocabulary in OpenAI's two-file format (`encoder.json`, `vocab.bpe`)."""
-        encoder, merges, special = read_openai_files(encoder_json, vocab_bpe)
-        try:
-            return cls(encoder, merges, special)
-        except VocabularyError as e:
-            raise VocabularyError(f"{Path(encoder_json).parent}: {e}") from None
+        """Load a vocabulary in OpenAI's two-file format (`encoder.json`, `vocab.bpe`).
+
+        Files read before in this process, or copies of them, give the same instance at no cost
+        (GPT-2's take half a second to read): a tokenizer is never changed, `with_chat_template` copies.
+        """
+        key = (cls, files_digest(encoder_json, vocab_bpe))
+        if key not in _LOADED:
+            encoder, merges, special = read_openai_files(encoder_json, vocab_bpe)
+            try:
+                tokenizer = cls(encoder, merges, special)
+            except VocabularyError as e:
+                raise VocabularyError(f"{Path(encoder_json).parent}: {e}") from None
+            if len(_LOADED) >= 4:
+                del _LOADED[next(iter(_LOADED))]  # the oldest
+            _LOADED[key] = tokenizer
+        return _LOADED[key]
 
     def save(self, directory: str | os.PathLike) -> None:
         """Write `encoder.json` and `vocab.bpe` into `directory` (created if needed), atomically."""
@@ -219,7 +232,9 @@ class Tokenizer(CarriesChatTemplate):
         As transformers does, text that spells a special token encodes as that token there.
         Tokenizer files of another kind in `directory`, which would be read instead, are removed.
         """
-        save_pretrained_bpe(directory, self._encoder, self._merges, self._special_tokens, self.chat_template, model_max_length)
+        if self._pretrained_files is None:  # the same text at each save (half a second for GPT-2's), so once
+            self._pretrained_files = pretrained_bpe_files(self._encoder, self._merges, self._special_tokens)
+        save_pretrained_bpe(directory, self._pretrained_files, self.chat_template, model_max_length)
 
     # ------------------------------------------------------------- properties
 
@@ -551,6 +566,10 @@ def disallowed_special_message(token: str) -> str:
         f"by passing `disallowed_special=(enc.special_tokens_set - {{{token!r}}})`.\n"
         "To disable this check for all special tokens, pass `disallowed_special=()`.\n"
     )
+
+
+# The tokenizers `Tokenizer.from_files` read, by class and files' contents.
+_LOADED: dict[tuple[type, bytes], Tokenizer] = {}
 
 
 @lru_cache(maxsize=1)

@@ -15,6 +15,7 @@ from it, and `registry.load_tokenizer` finds a directory's files.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -65,6 +66,17 @@ def _from_file_form(text: str) -> bytes:
 
 
 # ------------------------------------------------------------------ OpenAI's encoder.json and vocab.bpe
+
+
+def files_digest(*paths: str | os.PathLike) -> bytes:
+    """A digest of the files' contents (VocabularyNotFoundError for a missing one): files of the same
+    digest hold the same vocabulary, whatever their paths."""
+    digest = hashlib.blake2b()
+    for path in map(Path, paths):
+        if not path.is_file():
+            raise VocabularyNotFoundError(f"vocabulary file not found: {path}")
+        digest.update(hashlib.blake2b(path.read_bytes()).digest())
+    return digest.digest()
 
 
 def read_openai_files(encoder_json: str | os.PathLike, vocab_bpe: str | os.PathLike) -> tuple[dict[bytes, int], list[tuple[bytes, bytes]], dict[str, int]]:
@@ -159,9 +171,9 @@ def save_chars_file(directory: str | os.PathLike, chars: Sequence[str]) -> None:
 # ------------------------------------------------------------------ Hugging Face's directory
 
 
-def save_pretrained_bpe(directory: str | os.PathLike, encoder: Encoder, merges: Merges, special: Mapping[str, int],
-                        chat_template: str | None, model_max_length: int | None) -> None:  # fmt: skip
-    """A byte-level BPE vocabulary as Hugging Face's GPT-2 directories hold it (`Tokenizer.save_pretrained`)."""
+def pretrained_bpe_files(encoder: Encoder, merges: Merges, special: Mapping[str, int]) -> dict[str, str]:
+    """A byte-level BPE vocabulary's files as Hugging Face's GPT-2 directories hold them, but for
+    tokenizer_config.json: {file name: its text}."""
     vocabulary, merge_lines = _file_vocabulary(encoder, special), _merge_lines(merges)
     added = sorted(special.items(), key=lambda item: item[1])
     pipeline = {
@@ -175,15 +187,21 @@ def save_pretrained_bpe(directory: str | os.PathLike, encoder: Encoder, merges: 
         "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "", "end_of_word_suffix": "",
                   "fuse_unk": False, "byte_fallback": False, "ignore_merges": False, "vocab": vocabulary, "merges": merge_lines},
     }  # fmt: skip
-    config = {"tokenizer_class": "GPT2Tokenizer", "bos_token": EOT, "eos_token": EOT, "unk_token": EOT,
-              "add_prefix_space": False, "clean_up_tokenization_spaces": False, "errors": "replace",
-              **chat_template_entry(chat_template)}  # fmt: skip
-    files = {
+    return {
         "vocab.json": json.dumps(vocabulary, ensure_ascii=False),
         "merges.txt": "#version: 0.2\n" + "".join(line + "\n" for line in merge_lines),
         "tokenizer.json": json.dumps(pipeline, ensure_ascii=False),
     }
-    _write_pretrained(directory, files, config, model_max_length)
+
+
+def save_pretrained_bpe(directory: str | os.PathLike, files: Mapping[str, str], chat_template: str | None,
+                        model_max_length: int | None) -> None:  # fmt: skip
+    """A byte-level BPE vocabulary as Hugging Face's GPT-2 directories hold it (`Tokenizer.save_pretrained`):
+    `files` from `pretrained_bpe_files`, and its tokenizer_config.json."""
+    config = {"tokenizer_class": "GPT2Tokenizer", "bos_token": EOT, "eos_token": EOT, "unk_token": EOT,
+              "add_prefix_space": False, "clean_up_tokenization_spaces": False, "errors": "replace",
+              **chat_template_entry(chat_template)}  # fmt: skip
+    _write_pretrained(directory, dict(files), config, model_max_length)
 
 
 def save_pretrained_chars(directory: str | os.PathLike, chars: Sequence[str], chat_template: str | None,

@@ -1,6 +1,7 @@
 // The playground: a prompt continued token by token through /v1/completions (streamed, with
 // each token's log-probability, alternatives and id), then looked inside through /v1/inspect
-// (every head's attention, the logit lens). Plain JavaScript, no library: read it top to bottom.
+// (every head's attention, the logit lens) and through /v1/circuits (a head's scores and ablation,
+// activation patching, logit attribution). Plain JavaScript, no library: read it top to bottom.
 
 const $ = (id) => document.getElementById(id);
 
@@ -274,6 +275,8 @@ async function inspect(ids) {
   fillSelects();
   drawAttention();
   drawLens();
+  drawHeadGrid();
+  await attribute();
 }
 
 function clearViews() {
@@ -286,6 +289,9 @@ function clearViews() {
   $("attention-legend").hidden = true;
   $("lens").replaceChildren();
   scrollCue();
+  for (const id of ["head-grid", "ablation", "attribution"]) $(id).replaceChildren();
+  for (const id of ["head-scores", "attribution-summary"]) $(id).textContent = "";
+  svgSize($("attribution"), 0, 0);
 }
 
 function fillSelects() {
@@ -507,6 +513,183 @@ function scrollCue() {
   $("lens-frame").classList.toggle("more-right", box.scrollLeft < hidden - 1);
 }
 
+// ------------------------------------------------------------------ circuits (/v1/circuits)
+
+const modelField = () => (state.model ? { model: state.model.id } : {});
+const SVG = "http://www.w3.org/2000/svg";
+const svg = (tag, attributes = {}) => {
+  const element = document.createElementNS(SVG, tag);
+  for (const [key, value] of Object.entries(attributes)) element.setAttribute(key, value);
+  return element;
+};
+function svgSize(element, width, height) {
+  element.setAttribute("width", width);
+  element.setAttribute("height", height);
+}
+const fixed = (x) => (x < 0 ? "−" : "") + Math.abs(x).toFixed(3);
+// A probability with three significant digits: a random model's are all near 1 / 50257.
+const precise = (p) => `${(100 * p).toPrecision(3)}%`;
+// Diverging colour for -1..1: blue for positive, red for negative, white at 0.
+const diverging = (x) => {
+  const t = Math.max(-1, Math.min(1, x));
+  return t >= 0 ? colour(t) : `rgb(255,${Math.round(255 - 200 * -t)},${Math.round(255 - 200 * -t)})`;
+};
+
+// The heads as buttons, a row per layer: a click asks for the head's scores and its ablation.
+function drawHeadGrid() {
+  const grid = $("head-grid");
+  const { attention } = state.inspection;
+  grid.style.gridTemplateColumns = `auto repeat(${attention[0].length}, auto)`;
+  grid.replaceChildren();
+  attention.forEach((heads, layer) => {
+    grid.append(Object.assign(document.createElement("span"), { textContent: `layer ${layer}` }));
+    heads.forEach((_, head) => {
+      const button = Object.assign(document.createElement("button"), { type: "button", textContent: `${layer}.${head}` });
+      button.setAttribute("aria-label", `L${layer} H${head}`);  // not "layer", "head": the attention view's labels
+      button.title = `layer ${layer}, head ${head}`;
+      button.setAttribute("aria-pressed", "false");
+      Object.assign(button.dataset, { layer, head });
+      button.addEventListener("click", () => lookAtHead(button, layer, head));
+      grid.append(button);
+    });
+  });
+}
+
+async function lookAtHead(button, layer, head) {
+  for (const other of $("head-grid").querySelectorAll("button")) other.setAttribute("aria-pressed", String(other === button));
+  let answer;
+  try {
+    answer = await call("/v1/circuits/head", { ...modelField(), prompt: state.inspection.ids, layer, head, top_k: 5 });
+  } catch (e) {
+    showError(`Heads: ${e.message}`);
+    return;
+  }
+  showError("");
+  const words = { previous_token: "previous-token", duplicate_token: "duplicate-token", induction: "induction" };
+  $("head-scores").textContent = `layer ${layer} head ${head}: ` + Object.entries(answer.scores)
+    .map(([kind, score]) => `${words[kind]} ${score === null ? "— (no token repeats)" : score.toFixed(3)}`).join(" · ");
+  Object.assign($("head-scores").dataset, { layer, head });
+  const table = $("ablation");
+  table.replaceChildren();
+  const top = table.createTHead().insertRow();
+  for (const name of ["next token", "before", `head ${layer}.${head} zeroed`, "change"]) top.append(th(name, { scope: "col" }));
+  const body = table.createTBody();
+  for (const e of answer.next) {
+    const row = body.insertRow();
+    Object.assign(row.dataset, { tokenId: e.id, before: e.before, after: e.after });
+    row.append(th(shown(e.token), { scope: "row" }));
+    for (const text of [precise(e.before), precise(e.after)]) row.insertCell().textContent = text;
+    const change = row.insertCell();
+    change.textContent = `${e.after >= e.before ? "+" : "−"}${(100 * Math.abs(e.after - e.before)).toPrecision(3)} pts`;
+    change.style.color = e.after >= e.before ? "#0b5cad" : "#b42318";
+  }
+}
+
+// Patching: the two texts, the answer tokens and the site from the form; the grid as a table.
+async function patch(event) {
+  event.preventDefault();
+  const body = { ...modelField(), clean: $("clean").value, corrupted: $("corrupted").value, site: $("site").value };
+  for (const id of ["answer", "other"]) if ($(id).value !== "") body[id] = $(id).value;
+  let answer;
+  $("patch").disabled = true;
+  try {
+    answer = await call("/v1/circuits/patching", body);
+  } catch (e) {
+    showError(`Patching: ${e.message}`);
+    return;
+  } finally {
+    $("patch").disabled = false;
+  }
+  showError("");
+  drawPatching(answer);
+}
+
+function drawPatching(answer) {
+  const { clean, corrupted, grid, axes } = answer;
+  const span = clean.logit_diff - corrupted.logit_diff;
+  $("patching-summary").textContent = `logit(${shown(answer.answer.token)}) − logit(${shown(answer.other.token)}) at the ` +
+    `last token: clean ${fixed(clean.logit_diff)}, corrupted ${fixed(corrupted.logit_diff)}; each cell, the corrupted run ` +
+    `patched (${answer.site}), coloured by how much of the way to clean it goes.`;
+  const table = $("patching");
+  table.replaceChildren();
+  const top = table.createTHead().insertRow();
+  top.append(th("layer", { scope: "col" }));
+  grid[0].forEach((_, i) => {
+    const name = axes[1] === "head" ? `head ${i}` : shown(clean.tokens[i]);
+    const differs = axes[1] === "position" && clean.ids[i] !== corrupted.ids[i];
+    top.append(th(differs ? `${name}→${shown(corrupted.tokens[i])}` : name, { scope: "col" }));
+  });
+  const body = table.createTBody();
+  grid.forEach((values, layer) => {
+    const row = body.insertRow();
+    row.append(th(String(layer), { scope: "row" }));
+    values.forEach((value, i) => {
+      const cell = row.insertCell();
+      cell.textContent = fixed(value);
+      Object.assign(cell.dataset, { layer, index: i, value });
+      const share = span === 0 ? 0 : (value - corrupted.logit_diff) / span;
+      cell.style.backgroundColor = diverging(share);
+      cell.style.color = Math.abs(share) > 0.6 ? "#fff" : "#1b1f24";
+      cell.title = `layer ${layer}, ${axes[1]} ${i}: ${fixed(value)} (${(100 * share).toFixed(0)}% of the way from corrupted to clean)`;
+    });
+  });
+}
+
+// Logit attribution of the next token after the text above: a bar per part, from a zero line.
+async function attribute(event) {
+  if (event) event.preventDefault();
+  if (!state.inspection) return;
+  const body = { ...modelField(), prompt: state.inspection.ids };
+  for (const [id, key] of [["attribution-answer", "answer"], ["attribution-other", "other"]]) if ($(id).value !== "") body[key] = $(id).value;
+  let answer;
+  try {
+    answer = await call("/v1/circuits/attribution", body);
+  } catch (e) {
+    showError(`Logit attribution: ${e.message}`);
+    return;
+  }
+  drawAttribution(answer);
+}
+
+const MOST_BARS = 30;
+
+function attributionParts(answer) {
+  const parts = [];
+  answer.heads.forEach((heads, l) => heads.forEach((value, h) => parts.push([`head ${l}.${h}`, value])));
+  answer.mlps.forEach((value, l) => parts.push([`mlp ${l}`, value]));
+  parts.push(["embed", answer.embed]);
+  answer.biases.forEach((value, l) => parts.push([l < answer.mlps.length ? `attn bias ${l}` : "ln_f bias", value]));
+  return parts;
+}
+
+function drawAttribution(answer) {
+  const parts = attributionParts(answer);
+  const kept = parts.length <= MOST_BARS ? parts
+    : parts.filter(([, v]) => Math.abs(v) >= [...parts].map(([, x]) => Math.abs(x)).sort((a, b) => b - a)[MOST_BARS - 1]).slice(0, MOST_BARS);
+  const rest = parts.filter((p) => !kept.includes(p)).reduce((sum, [, v]) => sum + v, 0);
+  const what = answer.other ? `logit(${shown(answer.answer.token)}) − logit(${shown(answer.other.token)})` : `logit(${shown(answer.answer.token)})`;
+  $("attribution-summary").textContent = `${what} of the next token = ${fixed(answer.total)}` +
+    (kept.length < parts.length ? `; the ${kept.length} largest of ${parts.length} parts (the rest sum to ${fixed(rest)})` : "");
+  const chart = $("attribution");
+  const row = 16, label = 90, half = 160, width = label + 2 * half + 60;
+  chart.replaceChildren();
+  svgSize(chart, width, kept.length * row + 4);
+  const most = Math.max(...kept.map(([, v]) => Math.abs(v))) || 1;
+  const zero = label + half;
+  kept.forEach(([name, value], i) => {
+    const y = i * row + 2;
+    const length = (half * Math.abs(value)) / most;
+    chart.append(Object.assign(svg("text", { x: label - 6, y: y + 11, "text-anchor": "end" }), { textContent: name }));
+    const bar = svg("rect", { x: value >= 0 ? zero : zero - length, y: y + 2, width: length, height: row - 4,
+                              fill: value >= 0 ? "#0b5cad" : "#b42318" });
+    Object.assign(bar.dataset, { name, value });
+    bar.append(Object.assign(svg("title"), { textContent: `${name}: ${fixed(value)}` }));
+    chart.append(bar);
+    chart.append(Object.assign(svg("text", { x: zero + (value >= 0 ? length + 4 : 4), y: y + 11 }), { textContent: fixed(value) }));
+  });
+  chart.append(svg("line", { x1: zero, x2: zero, y1: 0, y2: kept.length * row + 4, stroke: "#57606a" }));
+}
+
 // ------------------------------------------------------------------ wiring
 
 function start() {
@@ -523,6 +706,8 @@ function start() {
   $("attention").addEventListener("click", pointAtAttention);
   $("attention").addEventListener("keydown", keyOnAttention);
   $("lens-scroll").addEventListener("scroll", scrollCue, { passive: true });
+  $("patching-form").addEventListener("submit", patch);
+  $("attribution-form").addEventListener("submit", attribute);
   new ResizeObserver(scrollCue).observe($("lens-scroll"));
   let width = innerWidth;
   addEventListener("resize", () => { if (innerWidth !== width) { width = innerWidth; drawAttention(); } });

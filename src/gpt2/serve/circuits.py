@@ -1,0 +1,167 @@
+"""POST /v1/circuits/head, /v1/circuits/patching, /v1/circuits/attribution: the circuits
+experiments of `gpt2.inspect` on the served model, for the playground's views and any client.
+
+    /v1/circuits/head         {"prompt", "layer", "head", "top_k"}
+      -> {"tokens", "ids", "layer", "head", "scores": {kind: score or null}, "next": [{"token", "id", "before", "after"}]}
+    /v1/circuits/patching     {"clean", "corrupted", "site", "answer", "other"}
+      -> {"site", "axes", "clean", "corrupted", "answer", "other", "grid"}
+    /v1/circuits/attribution  {"prompt", "answer", "other"}
+      -> {"tokens", "ids", "answer", "other", "heads", "mlps", "embed", "biases", "total"}
+
+head: the head's three scores (`head_scores`; null for a kind the text gives no position to,
+duplicate_token and induction on a text whose tokens never repeat), and the next token's
+probabilities before and after the head's output (h.{layer}.attn.z) is zeroed. patching:
+`activation_patching` with the metric `logit_diff(answer, other)`; a patched run per entry of the
+site's grid, each of the whole text, so limits.max_patching_tokens bounds entries x tokens.
+attribution: `logit_attribution` at the last position. A token is written as in /v1/inspect:
+{"token": text, "id": id}.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from collections.abc import Callable
+
+import torch
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from gpt2._checks import check_token_ids
+from gpt2.generation.decoding import start_of_text
+from gpt2.inspect.circuits import HEAD_SCORES, head_scores, logit_attribution, score_masks
+from gpt2.inspect.patching import activation_patching, logit_diff
+from gpt2.inspect.tracing import trace
+from gpt2.model.model import GPT2
+from gpt2.serve.inspection import check_cells, check_context
+from gpt2.serve.protocol import AttributionBody, HeadBody, Limits, PatchingBody, RequestError, encode_text
+from gpt2.serve.server import ModelRoute, Server
+from gpt2.tokenizer import Tokenizer, token_text
+
+router = APIRouter(prefix="/v1/circuits", route_class=ModelRoute)
+
+AXES = {"resid_pre": ["layer", "position"], "attn_out": ["layer", "position"], "mlp_out": ["layer", "position"],
+        "head": ["layer", "head"], "head_pos": ["layer", "head", "position"]}  # fmt: skip
+
+
+async def _answer(server: Server, work: Callable[[], dict]) -> Response:
+    async with server.inspecting:  # one inspection or experiment at a time, beside the decoding thread
+        content = await asyncio.to_thread(lambda: json.dumps(work()).encode())
+    return Response(content, media_type="application/json")
+
+
+@router.post("/head")
+async def head(body: HeadBody, request: Request) -> Response:
+    server: Server = request.app.state.server
+    body.within(server.bounds())
+    ids = read_text(server, body.prompt, "prompt")
+    check_cells(len(ids), server.model, server.limits)  # the scores read every head's pattern
+    return await _answer(server, lambda: head_report(server.model, server.tokenizer, ids, body.layer, body.head, body.top_k))
+
+
+@router.post("/patching")
+async def patching(body: PatchingBody, request: Request) -> Response:
+    server: Server = request.app.state.server
+    clean, corrupted = read_text(server, body.clean, "clean"), read_text(server, body.corrupted, "corrupted")
+    if len(clean) != len(corrupted):
+        raise RequestError(400, f"clean and corrupted must have the same length: clean has {len(clean)} tokens, "
+                           f"corrupted {len(corrupted)}", "corrupted")  # fmt: skip
+    check_patching_work(body.site, len(clean), server.model, server.limits)
+    answer, other = (None if t is None else read_token(server, t, name) for t, name in ((body.answer, "answer"), (body.other, "other")))
+    return await _answer(server, lambda: patching_report(server.model, server.tokenizer, clean, corrupted, body.site, answer, other))
+
+
+@router.post("/attribution")
+async def attribution(body: AttributionBody, request: Request) -> Response:
+    server: Server = request.app.state.server
+    ids = read_text(server, body.prompt, "prompt")
+    answer, other = (None if t is None else read_token(server, t, name) for t, name in ((body.answer, "answer"), (body.other, "other")))
+    return await _answer(server, lambda: attribution_report(server.model, server.tokenizer, ids, answer, other))
+
+
+# ------------------------------------------------------------------ reading a request
+
+
+def read_text(server: Server, text: str | list[int], param: str) -> list[int]:
+    """The ids of one text (a string, or ids within the vocabulary) within the context."""
+    if isinstance(text, str):
+        ids = encode_text(server.tokenizer, text, server.allowed_special, param)
+    else:
+        ids = text
+        check_token_ids(min(ids), max(ids), server.model.config.n_vocab, f" in {param}", param=param)
+    ids = start_of_text(ids, server.tokenizer.eot_token)
+    check_context(ids, server.model.config.n_ctx, param)
+    return ids
+
+
+def read_token(server: Server, token: str | int, param: str) -> int:
+    """The id of an answer token: its text, which must be one token (" Mary"), or its id."""
+    if isinstance(token, int):
+        check_token_ids(token, token, server.model.config.n_vocab, f" in {param}", param=param)
+        return token
+    ids = encode_text(server.tokenizer, token, server.allowed_special, param)
+    if len(ids) != 1:
+        raise RequestError(400, f"{param} must be one token, but {token!r} is {len(ids)}: {ids}", param)
+    return ids[0]
+
+
+def check_patching_work(site: str, T: int, model: GPT2, limits: Limits) -> None:
+    """Refuse a patching grid whose runs (one per entry, T tokens each) are over max_patching_tokens."""
+    config = model.config
+    k = config.n_layer * (config.n_head if site in ("head", "head_pos") else 1)  # runs per position (head: in all)
+    power = 1 if site == "head" else 2  # head's runs do not grow with T; the others' do
+    tokens, limit = k * T**power, limits.max_patching_tokens
+    if tokens > limit:
+        most = limit // k if power == 1 else math.isqrt(limit // k)
+        raise RequestError(400, f"patching {site} over {T} tokens runs the model {tokens // T:,} times over {T} tokens = "
+                           f"{tokens:,} tokens, over this server's limit of {limit:,} (max_patching_tokens): at most "
+                           f"{most} tokens for this site and model", "clean", "patching_too_large")  # fmt: skip
+
+
+# ------------------------------------------------------------------ the experiments
+
+
+def _token(tokenizer: Tokenizer, i: int) -> dict:
+    return {"token": token_text(tokenizer, i), "id": i}
+
+
+def head_report(model: GPT2, tokenizer: Tokenizer, ids: list[int], layer: int, head: int, top_k: int) -> dict:
+    """The answer of /v1/circuits/head (see the module's docstring)."""
+    scores = {kind: float(head_scores(model, ids, kind)[layer, head]) if score_masks(ids, kind)[1].any() else None
+              for kind in HEAD_SCORES}  # fmt: skip
+
+    def ablate(z: torch.Tensor) -> torch.Tensor:  # (H, T, d), the pass's own copy
+        z[head] = 0
+        return z
+
+    before = torch.softmax(trace(model, ids, names=()).logits[-1].float(), -1)  # (V,)
+    after = torch.softmax(trace(model, ids, patch={f"h.{layer}.attn.z": ablate}, names=()).logits[-1].float(), -1)
+    top = before.topk(top_k).indices.tolist()
+    top += [i for i in after.topk(top_k).indices.tolist() if i not in top]  # the tokens the ablation brings up too
+    next_ = [{**_token(tokenizer, i), "before": float(before[i]), "after": float(after[i])} for i in top]
+    return {"tokens": [token_text(tokenizer, i) for i in ids], "ids": ids, "layer": layer, "head": head, "scores": scores,
+            "next": next_}  # fmt: skip
+
+
+def patching_report(model: GPT2, tokenizer: Tokenizer, clean: list[int], corrupted: list[int], site: str,
+                    answer: int | None, other: int | None) -> dict:  # fmt: skip
+    """The answer of /v1/circuits/patching: the grid, and the metric of the clean and corrupted runs."""
+    clean_logits, corrupted_logits = (trace(model, ids, names=()).logits for ids in (clean, corrupted))
+    answer = int(clean_logits[-1].argmax()) if answer is None else answer
+    other = int(corrupted_logits[-1].argmax()) if other is None else other
+    metric = logit_diff(answer, other)
+    grid = activation_patching(model, clean, corrupted, metric, site)
+    run = lambda ids, logits: {"tokens": [token_text(tokenizer, i) for i in ids], "ids": ids, "logit_diff": metric(logits)}  # noqa: E731
+    return {"site": site, "axes": AXES[site], "clean": run(clean, clean_logits), "corrupted": run(corrupted, corrupted_logits),
+            "answer": _token(tokenizer, answer), "other": _token(tokenizer, other), "grid": grid.tolist()}  # fmt: skip
+
+
+def attribution_report(model: GPT2, tokenizer: Tokenizer, ids: list[int], answer: int | None, other: int | None) -> dict:
+    """The answer of /v1/circuits/attribution: `logit_attribution`'s parts at the last position."""
+    if answer is None:
+        answer = int(trace(model, ids, names=()).logits[-1].argmax())
+    parts = logit_attribution(model, ids, answer, other)
+    return {"tokens": [token_text(tokenizer, i) for i in ids], "ids": ids, "answer": _token(tokenizer, answer),
+            "other": None if other is None else _token(tokenizer, other), "heads": parts.heads.tolist(),
+            "mlps": parts.mlps.tolist(), "embed": parts.embed, "biases": parts.biases.tolist(), "total": parts.total}  # fmt: skip
