@@ -124,6 +124,7 @@ def test_memory_does_not_grow_with_the_corpus(tmp_path, monkeypatch):
     peaks = []
     for n in (1, 4):
         write_jsonl(tmp_path / f"{n}.jsonl", documents(400 * n, seed=n))
+        tokenizer_core.Tokenizer.gpt2()._cache.clear()  # each run from an empty cache, whatever ran in this process before
         tracemalloc.start()
         prepare([tmp_path / f"{n}.jsonl"], tmp_path / f"out{n}", shard_tokens=4096, progress=False, num_workers=1)
         peaks.append(tracemalloc.get_traced_memory()[1])
