@@ -534,6 +534,8 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     from gpt2._files import writable_directory
     from gpt2.inspect import tracing
 
+    if args.sae is not None:
+        return _cmd_inspect_sae(args)
     if args.experiment is not None and (args.heads or args.repeat is not None):
         raise _UsageError("give --heads or --experiment, not both")
     if args.experiment is not None:
@@ -596,6 +598,43 @@ def _cmd_inspect_experiment(args: argparse.Namespace) -> int:
             names.append(f"{result.name}-attribution.png")
             figures.save(figures.attribution_bars(result.attribution, f"{result.name}: direct logit attribution"), png / names[1])
         print(f"gpt2: wrote {len(names)} pictures in {png}: {', '.join(names)}", file=sys.stderr)
+    return 0
+
+
+def _cmd_inspect_sae(args: argparse.Namespace) -> int:
+    """gpt2 inspect --sae DIR TEXT: each token's most active features of the SAE SAELens saved in
+    DIR, at its hook (saes.sae_features); a line a token, or one JSON object."""
+    import json
+
+    from gpt2._checks import positive_int
+    from gpt2.inspect import saes
+    from gpt2.inspect.tracing import token_label, trace
+
+    others = [flag for flag, given in (("--heads", args.heads or args.repeat is not None), ("--experiment", args.experiment),
+                                       ("--walk", args.walk), ("--png", args.png)) if given]  # fmt: skip
+    if others:
+        raise _UsageError(f"--sae shows each token's SAE features: give it without {others[0]}")
+    if args.text is None:
+        raise _UsageError('--sae needs a text (e.g. gpt2 inspect --sae DIR "The dog chased the"), or - to read standard input')
+    positive_int("top_k", args.top_k)
+    _check_device(args)
+    text = _without_final_newline(_read_stdin()) if args.text == "-" else _command_line_text(args.text, "the text")
+    if not text:
+        raise _UsageError("the text is empty: give at least one token's worth")
+    sae = saes.load_sae(args.sae)  # a missing or broken file: one line, before the model loads
+    model, _ = _load_model(args)
+    sae.check_fits(model)
+    t = trace(model, text, names=sae.names())
+    top = saes.top_features(saes.sae_features(t, sae), args.top_k)
+    tokens = t.tokens or [None] * len(t.ids)
+    if args.json:
+        print(json.dumps({"hook_name": sae.hook_name, "d_sae": sae.d_sae, "tokens": t.tokens, "ids": t.ids,
+                          "features": [[{"id": i, "value": v} for i, v in row] for row in top]}))  # fmt: skip
+        return 0
+    width = max(12, *(len(token_label(token, i)) for token, i in zip(tokens, t.ids)))
+    print(f"{'token':<{width}}  top {args.top_k} features of {sae.hook_name} (d_sae={sae.d_sae}): id value")
+    for token, i, row in zip(tokens, t.ids, top):
+        print(f"{token_label(token, i):<{width}}  " + ("  ".join(f"{f} {v:.3f}" for f, v in row) or "(none active)"))
     return 0
 
 
@@ -1102,6 +1141,7 @@ examples:
   gpt2 inspect --walk "Hello, world"                  # the forward pass, step by step
   gpt2 inspect --heads --repeat 30                    # each head's scores: previous token, duplicate, induction
   gpt2 inspect --experiment ioi --png pictures        # indirect object identification: metrics, pictures
+  gpt2 inspect --sae my-sae "The dog chased the cat"  # each token's top features of an SAE saved by SAELens
 
 --png DIR draws, for the text: attention-blockI.png (every head of block I), logit-lens.png (the
 token each layer's residual stream predicts at each position) and next-token.png (the
@@ -1141,6 +1181,9 @@ def _add_inspect_parser(commands) -> None:
     inspect.add_argument("--color", choices=["auto", "always", "never"], default="auto",
                          help="colour tokens by surprise: auto does on a terminal without $NO_COLOR (default: auto)")  # fmt: skip
     _add_inspect_experiment_flag(inspect)
+    inspect.add_argument("--sae", metavar="DIR",
+                         help="each token's top --top-k features of the sparse autoencoder SAELens saved in DIR "
+                         "(cfg.json + sae_weights.safetensors), at its hook: blocks.L.hook_resid_pre and the like")  # fmt: skip
     _add_inference_device_flags(inspect)
     inspect.set_defaults(func=_cmd_inspect, engine="torch", cuda_graphs=False)
 

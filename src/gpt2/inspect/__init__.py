@@ -9,10 +9,11 @@
                 trace over the whole text, computed with the KV cache
     experiments the standard experiments with their data built in: induction, IOI (Wang et
                 al. 2023's templates), greater-than (Hanna et al. 2023)
+    saes     sparse autoencoders saved by SAELens: read, and their features at a trace's sites
     figures  its pictures, drawn with matplotlib: attention, the logit lens, the next token
 
-`circuits`, `patching`, `generating`, `experiments` and `figures` build on `tracing`. The names of
-`tracing`, `circuits`, `patching`, `generating` and `experiments` are this package's
+`circuits`, `patching`, `generating`, `experiments`, `saes` and `figures` build on `tracing`. The names of
+`tracing`, `circuits`, `patching`, `generating`, `experiments` and `saes` are this package's
 (`gpt2.inspect.trace`, `gpt2.inspect.trace_generation`, ...); `figures` is imported as
 `gpt2.inspect.figures`, since it needs matplotlib.
 """
@@ -21,6 +22,7 @@ from gpt2.inspect.circuits import HEAD_SCORES, LogitAttribution, head_scores, lo
 from gpt2.inspect.experiments import EXPERIMENTS, ExperimentResult, ioi_prompts, run_experiment
 from gpt2.inspect.generating import GenerationTrace, trace_generation
 from gpt2.inspect.patching import SITES, activation_patching, logit_diff, normalised_logit_diff
+from gpt2.inspect.saes import SAE, load_sae, sae_features, top_features
 from gpt2.inspect.tracing import (
     BLOCK_STEPS,
     ON_REQUEST,
@@ -45,6 +47,7 @@ __all__ = [
     "HEAD_SCORES",
     "LogitAttribution",
     "ON_REQUEST",
+    "SAE",
     "SITES",
     "STEP_MATH",
     "Patch",
@@ -53,6 +56,7 @@ __all__ = [
     "activation_patching",
     "alternatives",
     "head_scores",
+    "load_sae",
     "ioi_prompts",
     "logit_attribution",
     "logit_diff",
@@ -61,8 +65,10 @@ __all__ = [
     "normalised_logit_diff",
     "repeated_tokens",
     "run_experiment",
+    "sae_features",
     "token_ids",
     "token_label",
+    "top_features",
     "trace",
     "trace_generation",
     "walkthrough",

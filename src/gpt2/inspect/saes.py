@@ -1,0 +1,218 @@
+"""Sparse autoencoders saved by SAELens, read at the sites of a trace.
+
+    sae = gpt2.inspect.load_sae("my-sae")            # cfg.json + sae_weights.safetensors
+    features = gpt2.inspect.sae_features(model, sae, "The dog chased the")   # (T, d_sae)
+    sae.decode(features)                              # (T, C): the reconstruction
+
+An SAE directory, as SAELens's `SAE.save_model` writes it: `cfg.json` (d_in, d_sae,
+architecture, apply_b_dec_to_input, normalize_activations, and the hook name, at the top in
+SAELens before 6.0 and under "metadata" since) and `sae_weights.safetensors` (W_enc (d_in, d_sae),
+b_enc (d_sae,), W_dec (d_sae, d_in), b_dec (d_in,), and threshold (d_sae,) for JumpReLU). The
+encoder is SAELens's (sae_lens/saes/sae.py `process_sae_in`, standard_sae.py, jumprelu_sae.py):
+
+    x' = normalise(x) - b_dec          (b_dec only where apply_b_dec_to_input)
+    pre = x' @ W_enc + b_enc
+    f = relu(pre)                      standard
+    f = relu(pre) * (pre > threshold)  jumprelu
+    x_hat = f @ W_dec + b_dec, the normalisation undone
+
+The hook names are TransformerLens's, at the residual stream and the blocks' outputs:
+blocks.L.hook_resid_pre (the stream entering block L), hook_resid_mid (after its attention is
+added), hook_resid_post (leaving it, `h.L`), hook_attn_out (`h.L.attn.c_proj`) and hook_mlp_out
+(`h.L.mlp.c_proj`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from gpt2._files import read_json_object
+from gpt2.checkpoints.weights import read_safetensors
+from gpt2.errors import CheckpointError, CheckpointNotFoundError, InputTypeError, InvalidArgumentError
+from gpt2.inspect.tracing import Trace, trace
+from gpt2.model.model import GPT2
+
+CFG, WEIGHTS = "cfg.json", "sae_weights.safetensors"
+ARCHITECTURES = ("standard", "jumprelu")
+HOOKS = ("hook_resid_pre", "hook_resid_mid", "hook_resid_post", "hook_attn_out", "hook_mlp_out")
+# SAELens's normalize_activations: "expected_average_only_in" scales nothing at run time (SAELens
+# folds its factor into the weights when it downloads a release; a saved directory holds them so).
+NORMALISATIONS = ("none", "expected_average_only_in", "constant_norm_rescale", "layer_norm")
+
+
+@dataclass
+class SAE:
+    """One sparse autoencoder: its weights, its hook (`hook_name`, read as `layer` and `hook`), and
+    how it encodes. `path` is the directory it was read from."""
+
+    W_enc: torch.Tensor  # (d_in, d_sae)
+    b_enc: torch.Tensor  # (d_sae,)
+    W_dec: torch.Tensor  # (d_sae, d_in)
+    b_dec: torch.Tensor  # (d_in,)
+    threshold: torch.Tensor | None  # (d_sae,): JumpReLU's, None for standard
+    hook_name: str
+    layer: int
+    hook: str  # one of HOOKS
+    architecture: str = "standard"
+    apply_b_dec_to_input: bool = True
+    normalize_activations: str = "none"
+    path: Path | None = None
+
+    @property
+    def d_in(self) -> int:
+        return self.W_enc.shape[0]
+
+    @property
+    def d_sae(self) -> int:
+        return self.W_enc.shape[1]
+
+    def _normalise(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+        """SAELens's run-time normalisation of the input, and what undoes it (scale, shift)."""
+        if self.normalize_activations == "constant_norm_rescale":  # every vector to norm sqrt(d_in)
+            coeff = math.sqrt(self.d_in) / x.norm(dim=-1, keepdim=True)
+            return x * coeff, (1 / coeff, torch.zeros_like(coeff))
+        if self.normalize_activations == "layer_norm":  # SAELens's: x.std unbiased, eps added to it
+            mu = x.mean(dim=-1, keepdim=True)
+            std = (x - mu).std(dim=-1, keepdim=True)
+            return (x - mu) / (std + 1e-5), (std, mu)
+        return x, None
+
+    @torch.no_grad()
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., d_in) activations -> (..., d_sae) feature activations, as SAELens's `SAE.encode`."""
+        x, _ = self._normalise(x.to(self.W_enc.device, self.W_enc.dtype))
+        pre = (x - self.b_dec * self.apply_b_dec_to_input) @ self.W_enc + self.b_enc
+        acts = torch.relu(pre)
+        return acts if self.threshold is None else acts * (pre > self.threshold).to(acts.dtype)
+
+    @torch.no_grad()
+    def decode(self, features: torch.Tensor, x: torch.Tensor | None = None) -> torch.Tensor:
+        """(..., d_sae) features -> (..., d_in), the reconstruction. An SAE that normalises its
+        input (constant_norm_rescale, layer_norm) needs that input, `x`, to undo it."""
+        out = features.to(self.W_dec.dtype) @ self.W_dec + self.b_dec
+        if self.normalize_activations in ("constant_norm_rescale", "layer_norm"):
+            if x is None:
+                raise InvalidArgumentError(f"this SAE normalises its input ({self.normalize_activations}): give decode "
+                                           f"the activations x that were encoded, to undo it", "x")  # fmt: skip
+            scale, shift = self._normalise(x.to(self.W_enc.device, self.W_enc.dtype))[1]
+            out = out * scale + shift
+        return out
+
+    def check_fits(self, model: GPT2) -> None:
+        """Raise unless the SAE reads a site `model` has, of its width."""
+        where = self.path / CFG if self.path is not None else "the SAE"
+        n_embd, n_layer = model.config.n_embd, model.config.n_layer
+        if self.d_in != n_embd:
+            raise InvalidArgumentError(f"{where}: the SAE reads vectors of d_in={self.d_in}, but the model's residual "
+                                       f"stream has n_embd={n_embd}: it was trained on another model", "sae")  # fmt: skip
+        if not 0 <= self.layer < n_layer:
+            raise InvalidArgumentError(f"{where}: hook {self.hook_name!r} is at block {self.layer}, but the model has "
+                                       f"blocks 0..{n_layer - 1} (n_layer={n_layer})", "sae")  # fmt: skip
+
+    def names(self) -> list[str]:
+        """The trace's activations the SAE's input is made of."""
+        L = self.layer
+        pre = ["wte", "wpe"] if L == 0 else [f"h.{L - 1}"]
+        return {"hook_resid_pre": pre, "hook_resid_mid": [*pre, f"h.{L}.attn.c_proj"], "hook_resid_post": [f"h.{L}"],
+                "hook_attn_out": [f"h.{L}.attn.c_proj"], "hook_mlp_out": [f"h.{L}.mlp.c_proj"]}[self.hook]  # fmt: skip
+
+    def input_of(self, t: Trace) -> torch.Tensor:
+        """(T, C): the SAE's input, read from a trace that recorded `names()`."""
+        missing = [name for name in self.names() if name not in t.activations]
+        if missing:
+            raise InvalidArgumentError(f"the SAE's hook {self.hook_name!r} needs {', '.join(missing)}, which this trace "
+                                       f"did not record: trace with names including them", "trace")  # fmt: skip
+        if self.hook == "hook_resid_mid":
+            return t.residual(self.layer) + t.activations[f"h.{self.layer}.attn.c_proj"]
+        if self.hook == "hook_resid_pre":
+            return t.residual(self.layer)
+        return t.activations[self.names()[0]]
+
+
+def parse_hook(hook_name: object, where: Path | str = "the SAE") -> tuple[int, str]:
+    """A TransformerLens hook name, blocks.L.hook_resid_pre, as (L, "hook_resid_pre")."""
+    match = re.fullmatch(r"blocks\.(\d+)\.(\w+)", hook_name) if isinstance(hook_name, str) else None
+    if match is None or match[2] not in HOOKS:
+        raise CheckpointError(f"{where}: hook {hook_name!r} is not one gpt2 reads: the hooks are blocks.L.{{"
+                              f"{', '.join(HOOKS)}}}")  # fmt: skip
+    return int(match[1]), match[2]
+
+
+def load_sae(directory: str | Path, device: str | torch.device = "cpu") -> SAE:
+    """The SAE SAELens saved in `directory` (cfg.json + sae_weights.safetensors), on `device`."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise CheckpointNotFoundError(f"{directory} is not a directory: an SAE is a directory holding {CFG} and {WEIGHTS}")
+    cfg_path, weights_path = directory / CFG, directory / WEIGHTS
+    for path in (cfg_path, weights_path):
+        if not path.is_file():
+            raise CheckpointNotFoundError(f"{path} does not exist: an SAE saved by SAELens has {CFG} and {WEIGHTS}")
+    cfg = read_json_object(cfg_path, CheckpointError)
+    meta = cfg.get("metadata") or cfg.get("meta") or {}  # SAELens 6 keeps the hook here; before, at the top
+    hook_name = cfg.get("hook_name", cfg.get("hook_point", meta.get("hook_name") if isinstance(meta, dict) else None))
+    layer, hook = parse_hook(hook_name, cfg_path)
+    architecture = cfg.get("architecture", "standard")
+    if architecture not in ARCHITECTURES:
+        raise CheckpointError(f"{cfg_path}: architecture {architecture!r} is not one gpt2 reads: {', '.join(ARCHITECTURES)}")
+    norm = cfg.get("normalize_activations", "none")
+    norm = ("expected_average_only_in" if norm else "none") if isinstance(norm, bool) else norm  # SAELens before 6.0
+    if norm not in NORMALISATIONS:
+        raise CheckpointError(f"{cfg_path}: normalize_activations {norm!r} is not one of {', '.join(NORMALISATIONS)}")
+    apply_b_dec = cfg.get("apply_b_dec_to_input", True)
+    if not isinstance(apply_b_dec, bool):
+        raise CheckpointError(f"{cfg_path}: apply_b_dec_to_input must be true or false, got {apply_b_dec!r}")
+    weights = _read_weights(weights_path, cfg, cfg_path, architecture)
+    weights = {name: w.to(device, torch.float32) for name, w in weights.items()}
+    return SAE(weights["W_enc"], weights["b_enc"], weights["W_dec"], weights["b_dec"], weights.get("threshold"),
+               hook_name, layer, hook, architecture, apply_b_dec, norm, directory)  # fmt: skip
+
+
+def _read_weights(path: Path, cfg: dict, cfg_path: Path, architecture: str) -> dict[str, torch.Tensor]:
+    """The tensors of sae_weights.safetensors, each checked against cfg.json's d_in and d_sae."""
+    d_in, d_sae = cfg.get("d_in"), cfg.get("d_sae")
+    for name, value in (("d_in", d_in), ("d_sae", d_sae)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise CheckpointError(f"{cfg_path}: {name} must be a positive whole number, got {value!r}")
+    weights = dict(read_safetensors(path, "pt"))  # a truncated or corrupt file: CheckpointError naming it
+    shapes = {"W_enc": [d_in, d_sae], "b_enc": [d_sae], "W_dec": [d_sae, d_in], "b_dec": [d_in]}
+    if architecture == "jumprelu":
+        shapes["threshold"] = [d_sae]
+    for name, shape in shapes.items():
+        if name not in weights:
+            raise CheckpointError(f"{path} has no tensor {name!r} (a {architecture} SAE has {', '.join(shapes)})")
+        if list(weights[name].shape) != shape:
+            raise CheckpointError(f"{path}: {name} has shape {list(weights[name].shape)}, but {cfg_path.name}'s "
+                                  f"d_in={d_in} and d_sae={d_sae} make it {shape}")  # fmt: skip
+    return {name: weights[name] for name in shapes}
+
+
+@torch.no_grad()
+def sae_features(source: Trace | GPT2, sae: SAE, text: str | list[int] | None = None) -> torch.Tensor:
+    """(T, d_sae): each token's feature activations. `source` a trace that recorded the SAE's
+    site (`sae.names()`; a default trace records them), or a model with the text (or ids) to
+    trace, recording only those."""
+    if not isinstance(sae, SAE):
+        raise InputTypeError(f"sae must be an SAE (gpt2.inspect.load_sae), got {type(sae).__name__}", "sae")
+    if isinstance(source, GPT2):
+        if text is None:
+            raise InvalidArgumentError("give the text (or token ids) to trace the model on", "text")
+        sae.check_fits(source)
+        source = trace(source, text, names=sae.names())
+    elif not isinstance(source, Trace):
+        raise InputTypeError(f"sae_features takes a Trace or a GPT2 model, got {type(source).__name__}", "source")
+    else:
+        sae.check_fits(source.model)
+    return sae.encode(sae.input_of(source))
+
+
+def top_features(features: torch.Tensor, k: int = 5) -> list[list[tuple[int, float]]]:
+    """Per position, its k most active features as (id, value), largest first: those above 0 only."""
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise InvalidArgumentError(f"k must be a positive whole number, got {k!r}", "k")
+    best = features.float().topk(min(k, features.size(-1)), dim=-1)
+    return [[(i, v) for i, v in zip(ids, values) if v > 0] for ids, values in zip(best.indices.tolist(), best.values.tolist())]

@@ -1,0 +1,221 @@
+"""Sparse autoencoders saved by SAELens (gpt2.inspect.saes), against transformers' activations on
+the same weights (read with hooks) put through SAELens's encoder written out here.
+
+sae-lens itself is not installed here (it pins transformer-lens and its own torch range): the
+reference is its source, written out in `saelens_encode` / `saelens_decode` from
+sae_lens/saes/sae.py (`SAE.process_sae_in`, `_setup_activation_normalization`),
+sae_lens/saes/standard_sae.py (`StandardSAE.encode`, `decode`) and sae_lens/saes/jumprelu_sae.py
+(`JumpReLUSAE.encode`), SAELens 6.x. The SAE files are laid out as its `SAE.save_model` writes
+them: cfg.json (6.x: the hook under "metadata"; before 6.0: `hook_name` at the top) and
+sae_weights.safetensors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from gpt2 import GPT2Error
+from gpt2.cli import main
+from gpt2.inspect import load_sae, sae_features, top_features, trace
+from gpt2.model.model import GPT2
+from helpers import make_hf_model
+
+CONFIG = dict(vocab_size=50257, n_positions=64, n_embd=32, n_layer=2, n_head=4)
+TEXT = "When Mary and John went to the store, John gave a drink to"
+D_SAE = 48
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    hf = make_hf_model(seed=5, **CONFIG)
+    directory = tmp_path_factory.mktemp("saes-model")
+    hf.save_pretrained(directory)
+    return hf, GPT2.from_pretrained(directory, device="cpu"), directory
+
+
+def write_sae(directory, hook_name: str, architecture: str = "standard", normalize: str = "none", apply_b_dec: bool = True,
+              d_in: int = 32, new_format: bool = True, seed: int = 0) -> dict:  # fmt: skip
+    """An SAE of random weights in SAELens's layout; its tensors returned."""
+    g = torch.Generator().manual_seed(seed)
+    weights = {"W_enc": torch.randn(d_in, D_SAE, generator=g) * 0.3, "b_enc": torch.randn(D_SAE, generator=g) * 0.1,
+               "W_dec": torch.randn(D_SAE, d_in, generator=g) * 0.3, "b_dec": torch.randn(d_in, generator=g) * 0.1}  # fmt: skip
+    if architecture == "jumprelu":
+        weights["threshold"] = torch.rand(D_SAE, generator=g) * 0.5
+    cfg = {"d_in": d_in, "d_sae": D_SAE, "dtype": "float32", "device": "cpu", "apply_b_dec_to_input": apply_b_dec,
+           "normalize_activations": normalize, "architecture": architecture}  # fmt: skip
+    if new_format:  # SAELens 6.x's SAEConfig.to_dict
+        cfg |= {"reshape_activations": "none", "metadata": {"hook_name": hook_name, "sae_lens_version": "6.12.1"}}
+    else:  # before 6.0: the hook at the top
+        cfg |= {"hook_name": hook_name, "hook_layer": int(hook_name.split(".")[1]), "model_name": "gpt2"}
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "cfg.json").write_text(json.dumps(cfg))
+    save_file(weights, str(directory / "sae_weights.safetensors"))
+    return weights
+
+
+def hf_activation(hf, ids: list[int], hook: str, layer: int) -> torch.Tensor:
+    """(T, C): transformers' activation at a TransformerLens hook, read with a forward hook."""
+    block, got = hf.transformer.h[layer], []
+    module, pre = {"hook_resid_pre": (block, True), "hook_resid_mid": (block.ln_2, True), "hook_resid_post": (block, False),
+                   "hook_attn_out": (block.attn, False), "hook_mlp_out": (block.mlp, False)}[hook]  # fmt: skip
+    if pre:  # the module's input: the stream entering the block, or the one ln_2 normalises (after attention)
+        handle = module.register_forward_pre_hook(lambda m, args, kwargs: got.append(args[0] if args else kwargs["hidden_states"]),
+                                                  with_kwargs=True)  # fmt: skip
+    else:
+        handle = module.register_forward_hook(lambda m, args, out: got.append(out[0] if isinstance(out, tuple) else out))
+    with torch.no_grad():
+        hf(torch.tensor([ids]))
+    handle.remove()
+    return got[0][0]
+
+
+def saelens_encode(x, w, normalize: str, apply_b_dec: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """SAELens's SAE.encode, written out: (feature activations, hidden_pre)."""
+    if normalize == "constant_norm_rescale":
+        x = x * (x.shape[-1] ** 0.5) / x.norm(dim=-1, keepdim=True)
+    elif normalize == "layer_norm":
+        x = x - x.mean(dim=-1, keepdim=True)
+        x = x / (x.std(dim=-1, keepdim=True) + 1e-5)
+    sae_in = x - w["b_dec"] * apply_b_dec
+    hidden_pre = sae_in @ w["W_enc"] + w["b_enc"]
+    acts = torch.relu(hidden_pre)
+    if "threshold" in w:
+        acts = acts * (hidden_pre > w["threshold"]).to(acts.dtype)
+    return acts, hidden_pre
+
+
+def saelens_decode(f, x, w, normalize: str) -> torch.Tensor:
+    out = f @ w["W_dec"] + w["b_dec"]
+    if normalize == "constant_norm_rescale":
+        out = out / ((x.shape[-1] ** 0.5) / x.norm(dim=-1, keepdim=True))
+    elif normalize == "layer_norm":
+        mu = x.mean(dim=-1, keepdim=True)
+        out = out * (x - mu).std(dim=-1, keepdim=True) + mu
+    return out
+
+
+CASES = [
+    ("blocks.0.hook_resid_pre", "standard", "none", True, True),
+    ("blocks.1.hook_resid_pre", "jumprelu", "none", True, False),
+    ("blocks.1.hook_resid_mid", "standard", "constant_norm_rescale", False, True),
+    ("blocks.1.hook_resid_post", "jumprelu", "layer_norm", True, True),  # the last block's output: before ln_f
+    ("blocks.0.hook_attn_out", "standard", "none", True, False),
+    ("blocks.1.hook_mlp_out", "jumprelu", "expected_average_only_in", True, True),
+]
+
+
+@pytest.mark.parametrize("hook_name, architecture, normalize, apply_b_dec, new_format", CASES)
+def test_sae_features_are_saelens_encoder_on_transformers_activations(models, tmp_path, hook_name, architecture, normalize,
+                                                                      apply_b_dec, new_format):  # fmt: skip
+    hf, ours, _ = models
+    w = write_sae(tmp_path / "sae", hook_name, architecture, normalize, apply_b_dec, new_format=new_format)
+    sae = load_sae(tmp_path / "sae")
+    t = trace(ours, TEXT)
+    _, hook = hook_name.rsplit(".", 1)
+    x = hf_activation(hf, t.ids, hook, int(hook_name.split(".")[1]))
+    expected, pre = saelens_encode(x, w, normalize, apply_b_dec)
+    assert (expected > 0).any() and (expected == 0).any()
+    if architecture == "jumprelu":  # the threshold zeroes some features ReLU alone would keep
+        assert ((pre > 0) & (pre <= w["threshold"])).any()
+    features = sae_features(ours, sae, TEXT)  # traced for the SAE's site only
+    assert features.shape == (len(t.ids), D_SAE)
+    assert torch.allclose(features, expected, atol=1e-5)
+    assert torch.allclose(sae_features(t, sae), expected, atol=1e-5)  # from a default trace
+    assert torch.allclose(sae.decode(features, x), saelens_decode(expected, x, w, normalize), atol=1e-5)
+
+
+def test_top_features_are_the_largest_active_ones():
+    f = torch.tensor([[0.0, 3.0, 1.0, 0.0, 2.0], [0.0, 0.0, 0.0, 0.0, 0.0]])
+    assert top_features(f, 2) == [[(1, 3.0), (4, 2.0)], []]
+    assert top_features(f, 9) == [[(1, 3.0), (4, 2.0), (2, 1.0)], []]
+
+
+def test_inspect_sae_prints_each_tokens_top_features(models, tmp_path, capsys):
+    hf, ours, model_dir = models
+    w = write_sae(tmp_path / "sae", "blocks.1.hook_resid_pre", "jumprelu", seed=1)
+    ids = ours.tokenizer.encode_ordinary(TEXT)
+    expected, _ = saelens_encode(hf_activation(hf, ids, "hook_resid_pre", 1), w, "none", True)
+    assert main(["inspect", "--sae", str(tmp_path / "sae"), TEXT, "--model", str(model_dir)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["token", "top", "5", "features", "of", "blocks.1.hook_resid_pre", "(d_sae=48):", "id", "value"]
+    assert len(lines) == 1 + len(ids)
+    for line, token_id, row in zip(lines[1:], ids, expected):
+        assert line.startswith(repr(ours.tokenizer.decode([token_id])))
+        best = row.topk(5)
+        shown = [(int(i), float(v)) for i, v in zip(best.indices, best.values) if v > 0]
+        printed = line[line.index("  "):].split()
+        assert [int(i) for i in printed[::2]] == [i for i, _ in shown]
+        assert [float(v) for v in printed[1::2]] == pytest.approx([v for _, v in shown], abs=1e-3)
+    assert main(["inspect", "--sae", str(tmp_path / "sae"), TEXT, "--model", str(model_dir), "--json", "--top-k", "3"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["ids"] == ids and out["hook_name"] == "blocks.1.hook_resid_pre"
+    for row, exp in zip(out["features"], expected):
+        best = exp.topk(3)
+        assert [f["id"] for f in row] == [int(i) for i, v in zip(best.indices, best.values) if v > 0]
+        assert [f["value"] for f in row] == pytest.approx([float(v) for v in best.values if v > 0], abs=1e-5)
+
+
+def broken(directory, what: str) -> None:
+    """Spoil an SAE directory written by write_sae."""
+    cfg = json.loads((directory / "cfg.json").read_text())
+    if what == "no cfg":
+        (directory / "cfg.json").unlink()
+    elif what == "no weights":
+        (directory / "sae_weights.safetensors").unlink()
+    elif what == "cfg not json":
+        (directory / "cfg.json").write_text("{ not json")
+    elif what == "weights corrupt":
+        (directory / "sae_weights.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}")
+    else:
+        cfg |= {"width": {"d_in": 64}, "arch": {"architecture": "topk"}, "hook": {"metadata": {"hook_name": "blocks.0.hook_z"}},
+                "layer": {"metadata": {"hook_name": "blocks.2.hook_resid_pre"}}, "d_sae": {"d_sae": 47}}[what]  # fmt: skip
+        (directory / "cfg.json").write_text(json.dumps(cfg))
+
+
+@pytest.mark.parametrize("what, message", [
+    ("missing", "gpt2: error: DIR is not a directory: an SAE is a directory holding cfg.json and sae_weights.safetensors"),
+    ("no cfg", "gpt2: error: DIR/cfg.json does not exist"),
+    ("no weights", "gpt2: error: DIR/sae_weights.safetensors does not exist"),
+    ("cfg not json", "gpt2: error: DIR/cfg.json is not valid JSON"),
+    ("weights corrupt", "gpt2: error: DIR/sae_weights.safetensors is truncated or corrupt"),
+    ("width", "gpt2: error: DIR/cfg.json: the SAE reads vectors of d_in=64, but the model's residual stream has n_embd=32"),
+    ("arch", "gpt2: error: DIR/cfg.json: architecture 'topk' is not one gpt2 reads: standard, jumprelu"),
+    ("hook", "gpt2: error: DIR/cfg.json: hook 'blocks.0.hook_z' is not one gpt2 reads: the hooks are blocks.L.{hook_resid_pre, "
+             "hook_resid_mid, hook_resid_post, hook_attn_out, hook_mlp_out}"),
+    ("layer", "gpt2: error: DIR/cfg.json: hook 'blocks.2.hook_resid_pre' is at block 2, but the model has blocks 0..1 (n_layer=2)"),
+    ("d_sae", "gpt2: error: DIR/sae_weights.safetensors: W_enc has shape [32, 48], but cfg.json's d_in=32 and d_sae=47 make it [32, 47]"),
+])  # fmt: skip
+def test_bad_sae_is_one_line_naming_the_file(models, tmp_path, capsys, what, message):
+    _, ours, model_dir = models
+    directory = tmp_path / "sae"
+    if what != "missing":
+        write_sae(directory, "blocks.0.hook_resid_pre", d_in=64 if what == "width" else 32)
+        broken(directory, what)
+    code = main(["inspect", "--sae", str(directory), "a b", "--model", str(model_dir)])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert err.startswith(message.replace("DIR", str(directory))) and err.count("\n") == 1, err
+    with pytest.raises(GPT2Error):  # the same in Python
+        sae_features(ours, load_sae(directory), "a b")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--walk"], "gpt2: error: --sae shows each token's SAE features: give it without --walk"),
+    (["--heads"], "gpt2: error: --sae shows each token's SAE features: give it without --heads"),
+    (["--top-k", "0"], "gpt2: error: --top-k must be a positive integer"),
+])  # fmt: skip
+def test_inspect_sae_flags_it_does_not_take_are_one_line(models, tmp_path, capsys, argv, message):
+    write_sae(tmp_path / "sae", "blocks.0.hook_resid_pre")
+    code = main(["inspect", "--sae", str(tmp_path / "sae"), "a b", "--model", str(models[2]), *argv])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and err.startswith(message) and err.count("\n") == 1, err
+
+
+def test_decode_of_a_normalising_sae_needs_its_input(tmp_path):
+    write_sae(tmp_path / "sae", "blocks.0.hook_resid_pre", normalize="layer_norm")
+    sae = load_sae(tmp_path / "sae")
+    with pytest.raises(GPT2Error, match="give decode the activations x that were encoded"):
+        sae.decode(torch.zeros(3, D_SAE))
