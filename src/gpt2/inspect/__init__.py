@@ -4,7 +4,8 @@
              next-token report and the walkthrough
     circuits what heads attend to (head scores) and each part's direct effect on a logit
     patching activation patching: each activation of a site taken from a clean run into a
-             corrupted one, the metric of each (logit differences ready made)
+             corrupted one, the metric of each (logit differences ready made), and its
+             first-order estimate from one backward pass (attribution patching)
     figures  its pictures, drawn with matplotlib: attention, the logit lens, the next token
 
 `circuits`, `patching` and `figures` build on `tracing`. The names of `tracing`, `circuits` and
@@ -13,7 +14,7 @@ is imported as `gpt2.inspect.figures`, since it needs matplotlib.
 """
 
 from gpt2.inspect.circuits import HEAD_SCORES, LogitAttribution, head_scores, logit_attribution, repeated_tokens
-from gpt2.inspect.patching import SITES, activation_patching, logit_diff, normalised_logit_diff
+from gpt2.inspect.patching import SITES, activation_patching, attribution_patching, logit_diff, normalised_logit_diff
 from gpt2.inspect.tracing import (
     BLOCK_STEPS,
     ON_REQUEST,
@@ -41,6 +42,7 @@ __all__ = [
     "Trace",
     "activation_names",
     "activation_patching",
+    "attribution_patching",
     "alternatives",
     "head_scores",
     "logit_attribution",
