@@ -4,7 +4,8 @@
              next-token report and the walkthrough
     circuits what heads attend to (head scores) and each part's direct effect on a logit
     patching activation patching: each activation of a site taken from a clean run into a
-             corrupted one, the metric of each (logit differences ready made)
+             corrupted one, the metric of each (logit differences ready made), and its
+             first-order estimate from one backward pass (attribution patching)
     generating  a traced generation: the prompt's and every new token's activations, one
                 trace over the whole text, computed with the KV cache
     experiments the standard experiments with their data built in: induction, IOI (Wang et
@@ -21,7 +22,7 @@
 from gpt2.inspect.circuits import HEAD_SCORES, LogitAttribution, head_scores, logit_attribution, repeated_tokens
 from gpt2.inspect.experiments import EXPERIMENTS, ExperimentResult, ioi_prompts, run_experiment
 from gpt2.inspect.generating import GenerationTrace, trace_generation
-from gpt2.inspect.patching import SITES, activation_patching, logit_diff, normalised_logit_diff
+from gpt2.inspect.patching import SITES, activation_patching, attribution_patching, logit_diff, normalised_logit_diff
 from gpt2.inspect.saes import SAE, load_sae, sae_features, top_features
 from gpt2.inspect.tracing import (
     BLOCK_STEPS,
@@ -54,6 +55,7 @@ __all__ = [
     "Trace",
     "activation_names",
     "activation_patching",
+    "attribution_patching",
     "alternatives",
     "head_scores",
     "load_sae",
