@@ -152,7 +152,7 @@ def patching_report(model: GPT2, tokenizer: Tokenizer, clean: list[int], corrupt
     other = int(corrupted_logits[-1].argmax()) if other is None else other
     metric = logit_diff(answer, other)
     grid = activation_patching(model, clean, corrupted, metric, site)
-    run = lambda ids, logits: {"tokens": [token_text(tokenizer, i) for i in ids], "ids": ids, "logit_diff": metric(logits)}  # noqa: E731
+    run = lambda ids, logits: {"tokens": [token_text(tokenizer, i) for i in ids], "ids": ids, "logit_diff": float(metric(logits))}  # noqa: E731
     return {"site": site, "axes": AXES[site], "clean": run(clean, clean_logits), "corrupted": run(corrupted, corrupted_logits),
             "answer": _token(tokenizer, answer), "other": _token(tokenizer, other), "grid": grid.tolist()}  # fmt: skip
 
