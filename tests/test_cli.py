@@ -581,6 +581,53 @@ def test_inspect_heads_bad_input_is_one_line(capsys, model_dir, tmp_path, argv, 
     assert err.startswith(message) and err.count("\n") == 1, err
 
 
+def test_inspect_corrupted_patches_the_clean_text_into_it(capsys, model_dir, tiktoken_gpt2, tmp_path):
+    """--corrupted: both runs' logit differences are transformers'; patching the one embedding that
+    differs (resid_pre, layer 0) gives the clean run's, any before it the corrupted run's; the
+    estimate is gpt2.inspect.attribution_patching's (tested against transformers in its own module)."""
+    import json
+
+    import matplotlib.image
+    import torch
+
+    from gpt2 import GPT2
+    from gpt2.inspect import attribution_patching, logit_diff
+
+    clean, corrupted = "When Mary and John went to the store, John gave a drink to", "When Mary and John went to the store, Mary gave a drink to"
+    code, out, err = run(capsys, "inspect", "--corrupted", corrupted, clean, "--model", model_dir, "--json", "--png", str(tmp_path))
+    assert code == 0 and err == f"gpt2: wrote {tmp_path / 'patching.png'}\n"
+    got = json.loads(out)
+    ids = {name: tiktoken_gpt2.encode(text) for name, text in (("clean", clean), ("corrupted", corrupted))}
+    logits = {name: hf_log_probabilities(model_dir, i)[-1] for name, i in ids.items()}  # log-softmax: differences are the logits'
+    assert (got["answer"], got["other"]) == (int(logits["clean"].argmax()), int(logits["corrupted"].argmax()))
+    for name in ("clean", "corrupted"):
+        assert abs(got["logit_diff"][name] - float(logits[name][got["answer"]] - logits[name][got["other"]])) < 1e-4
+    p = next(t for t, (a, b) in enumerate(zip(ids["clean"], ids["corrupted"])) if a != b)
+    grid = torch.tensor(got["activation"])  # (n_layer, T)
+    assert abs(grid[0, p] - got["logit_diff"]["clean"]) < 1e-4 and torch.allclose(grid[:, :p], torch.tensor(got["logit_diff"]["corrupted"]), atol=1e-4)
+    model = GPT2.from_pretrained(model_dir, device="cpu")
+    expected = attribution_patching(model, clean, corrupted, logit_diff(got["answer"], got["other"]), "resid_pre")
+    assert torch.allclose(torch.tensor(got["attribution"]), expected, atol=1e-5)
+    assert got["tokens"] == [tiktoken_gpt2.decode([i]) for i in ids["clean"]]
+    image = matplotlib.image.imread(tmp_path / "patching.png")
+    assert image.ndim == 3 and image.shape[0] > 300  # two grids, one above the other
+    code, out, _ = run(capsys, "inspect", "--corrupted", corrupted, clean, "--model", model_dir, "--answer", " Mary", "--other", " John")
+    assert code == 0 and out.startswith("resid_pre: logit(' Mary') - logit(' John'): clean ") and "attribution patching" in out
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--corrupted", "a b"], "gpt2: error: --corrupted needs the clean text too"),
+    (["--corrupted", "a b", "a c", "--answer", " Mary Jane"], "gpt2: error: --answer must be one token of the model's vocabulary, but ' Mary Jane' is 2"),
+    (["--corrupted", "a b c", "a c"], "gpt2: error: clean and corrupted (--corrupted) must have the same length: clean has 2 tokens, corrupted 3"),
+    (["--corrupted", "a b", "a c", "--heads"], "gpt2: error: --corrupted patches a clean text with a corrupted one: give it without --heads"),
+    (["--corrupted", "a b", "a c", "--site", "head_pos"], "gpt2: error: argument --site: invalid choice: 'head_pos'"),
+])  # fmt: skip
+def test_inspect_corrupted_bad_input_is_one_line(capsys, model_dir, argv, message):
+    code, out, err = run(capsys, "inspect", *argv, "--model", model_dir)
+    assert code == 2 and out == ""
+    assert err.startswith(message) and err.count("\n") == 1, err
+
+
 # ------------------------------------------------------------------ gpt2 prepare
 
 

@@ -536,6 +536,8 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
     if args.sae is not None:
         return _cmd_inspect_sae(args)
+    if args.corrupted is not None:
+        return _cmd_inspect_patching(args)
     if args.experiment is not None and (args.heads or args.repeat is not None):
         raise _UsageError("give --heads or --experiment, not both")
     if args.experiment is not None:
@@ -599,6 +601,70 @@ def _cmd_inspect_experiment(args: argparse.Namespace) -> int:
             figures.save(figures.attribution_bars(result.attribution, f"{result.name}: direct logit attribution"), png / names[1])
         print(f"gpt2: wrote {len(names)} pictures in {png}: {', '.join(names)}", file=sys.stderr)
     return 0
+
+
+def _cmd_inspect_patching(args: argparse.Namespace) -> int:
+    """gpt2 inspect --corrupted TEXT CLEAN: activation patching at --site (patching.activation_patching)
+    and its first-order estimate (attribution_patching), on the logit difference between --answer
+    and --other after the last token: by default the clean run's next token and the corrupted run's."""
+    import json
+
+    from gpt2._files import writable_directory
+    from gpt2.inspect import activation_patching, attribution_patching, logit_diff, trace
+    from gpt2.inspect.patching import AXES
+    from gpt2.inspect.tracing import token_label
+
+    others = [flag for flag, given in (("--heads", args.heads or args.repeat is not None), ("--experiment", args.experiment),
+                                       ("--walk", args.walk)) if given]  # fmt: skip
+    if others:
+        raise _UsageError(f"--corrupted patches a clean text with a corrupted one: give it without {others[0]}")
+    if args.text is None:
+        raise _UsageError('--corrupted needs the clean text too (e.g. gpt2 inspect --corrupted "... John" "... Mary")')
+    _check_device(args)
+    png = None if args.png is None else writable_directory(args.png)
+    clean, corrupted = (_command_line_text(t, what) for t, what in ((args.text, "the text"), (args.corrupted, "--corrupted")))
+    model, _ = _load_model(args)
+    runs = {name: trace(model, text, names=()) for name, text in (("clean", clean), ("corrupted", corrupted))}
+    answer = _one_token(model, args.answer, "answer", runs["clean"])
+    other = _one_token(model, args.other, "other", runs["corrupted"])
+    metric = logit_diff(answer, other)
+    grids = {how: patch(model, clean, corrupted, metric, args.site) for how, patch in
+             (("activation patching", activation_patching), ("attribution patching", attribution_patching))}  # fmt: skip
+    tokens = [token_label(t, i) for t, i in zip(runs["clean"].tokens or [None] * len(runs["clean"].ids), runs["clean"].ids)]
+    columns = tokens if AXES[args.site][1] == "position" else [str(h) for h in range(model.config.n_head)]
+    diffs = {name: float(metric(run.logits)) for name, run in runs.items()}
+    title = f"{args.site}: logit({_label(model, answer)}) - logit({_label(model, other)})"
+    if png is not None:
+        from gpt2.inspect import figures
+
+        figures.save(figures.patching_grids(grids, columns, AXES[args.site][1], title), png / "patching.png")
+        print(f"gpt2: wrote {png / 'patching.png'}", file=sys.stderr)
+    if args.json:
+        print(json.dumps({"site": args.site, "answer": answer, "other": other, "logit_diff": diffs, "tokens": runs["clean"].tokens,
+                          **{how.split()[0]: grid.tolist() for how, grid in grids.items()}}))  # fmt: skip
+        return 0
+    print(f"{title}: clean {diffs['clean']:.3f}, corrupted {diffs['corrupted']:.3f}")
+    for how, grid in grids.items():
+        print(f"\n{how} (a row a layer, a column a {AXES[args.site][1]}):")
+        print("      " + " ".join(f"{c[:7]:>7}" for c in columns))
+        print("\n".join(f"{l:>5} " + " ".join(f"{v:7.3f}" for v in row.tolist()) for l, row in enumerate(grid)))
+    return 0
+
+
+def _one_token(model, token: str | None, flag: str, run) -> int:
+    """--answer or --other: one token of the model's vocabulary, or (none given) the run's next token."""
+    if token is None:
+        return int(run.logits[-1].argmax())
+    ids = model.tokenizer.encode(token) if model.tokenizer is not None else []
+    if len(ids) != 1:
+        raise _UsageError(f"--{flag} must be one token of the model's vocabulary, but {token!r} is {len(ids)}: {ids}")
+    return ids[0]
+
+
+def _label(model, i: int) -> str:
+    from gpt2.inspect.tracing import token_label
+
+    return token_label(None if model.tokenizer is None else model.tokenizer.decode([i]), i)
 
 
 def _cmd_inspect_sae(args: argparse.Namespace) -> int:
@@ -1181,6 +1247,14 @@ def _add_inspect_parser(commands) -> None:
     inspect.add_argument("--color", choices=["auto", "always", "never"], default="auto",
                          help="colour tokens by surprise: auto does on a terminal without $NO_COLOR (default: auto)")  # fmt: skip
     _add_inspect_experiment_flag(inspect)
+    inspect.add_argument("--corrupted", metavar="TEXT",
+                         help="activation and attribution patching: each activation of --site taken from the text into "
+                         "this corrupted one (of as many tokens), on the logit difference of --answer and --other")  # fmt: skip
+    inspect.add_argument("--site", choices=["resid_pre", "attn_out", "mlp_out", "head"], default="resid_pre",
+                         help="--corrupted: what is patched, a layer and a position at a time, or a head (default: resid_pre)")  # fmt: skip
+    inspect.add_argument("--answer", metavar="TOKEN", help="--corrupted: the token whose logit counts up (default: the text's next token)")
+    inspect.add_argument("--other", metavar="TOKEN",
+                         help="--corrupted: the token whose logit counts down (default: the corrupted text's next token)")  # fmt: skip
     inspect.add_argument("--sae", metavar="DIR",
                          help="each token's top --top-k features of the sparse autoencoder SAELens saved in DIR "
                          "(cfg.json + sae_weights.safetensors), at its hook: blocks.L.hook_resid_pre and the like")  # fmt: skip

@@ -189,6 +189,27 @@ def head_grid(grid: torch.Tensor, title: str) -> Any:
     return fig
 
 
+def patching_grids(grids: dict[str, torch.Tensor], columns: list[str], xlabel: str, title: str) -> Any:
+    """Patching grids one above the other (activation patching and its estimate, attribution
+    patching), each layer x `columns` (positions, labelled by their tokens, or heads), on one colour scale."""
+    values = {name: grid.float().cpu().numpy() for name, grid in grids.items()}  # each (n_layer, len(columns))
+    n_layer = next(iter(values.values())).shape[0]
+    bound = max(max(float(abs(v).max()) for v in values.values()), 1e-9)
+    plt = pyplot()
+    fig, axes = plt.subplots(len(values), 1, figsize=(2.5 + 0.3 * len(columns), 1.2 + (1.2 + 0.35 * n_layer) * len(values)),
+                             squeeze=False)  # fmt: skip
+    for ax, (name, v) in zip(axes[:, 0], values.items()):
+        image = ax.imshow(v, cmap="RdBu", vmin=-bound, vmax=bound, aspect="auto")
+        ax.set_xticks(range(len(columns)), columns, rotation=90, fontsize=7)
+        ax.set_yticks(range(n_layer))
+        ax.set_ylabel("layer")
+        ax.set_title(name, fontsize=10)
+    axes[-1, 0].set_xlabel(xlabel)
+    fig.colorbar(image, ax=list(axes[:, 0]), label="logit difference")
+    fig.suptitle(title, fontsize=10)
+    return fig
+
+
 def attribution_bars(parts: Any, title: str, bars: int = 20) -> Any:
     """Direct logit attribution (`circuits.LogitAttribution`) as bars: the `bars` parts of
     largest effect among the heads ("L.H"), the MLPs, the embeddings and the biases together."""

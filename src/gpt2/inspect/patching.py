@@ -37,6 +37,8 @@ from gpt2.inspect.tracing import Tap, forward_steps, token_ids, trace
 from gpt2.model.model import GPT2
 
 SITES = ("resid_pre", "attn_out", "mlp_out", "head", "head_pos")
+AXES = {"resid_pre": ("layer", "position"), "attn_out": ("layer", "position"), "mlp_out": ("layer", "position"),
+        "head": ("layer", "head"), "head_pos": ("layer", "head", "position")}  # each site's grid, dimension by dimension
 
 Metric = Callable[[torch.Tensor], float | torch.Tensor]  # logits (T, V) -> a number, or a tensor of one element
 Ids = str | Sequence[int] | torch.Tensor

@@ -31,7 +31,7 @@ from fastapi.responses import Response
 from gpt2._checks import check_token_ids
 from gpt2.generation.decoding import start_of_text
 from gpt2.inspect.circuits import HEAD_SCORES, head_scores, logit_attribution, score_masks
-from gpt2.inspect.patching import activation_patching, logit_diff
+from gpt2.inspect.patching import AXES, activation_patching, logit_diff
 from gpt2.inspect.tracing import trace
 from gpt2.model.model import GPT2
 from gpt2.serve.inspection import check_cells, check_context
@@ -41,8 +41,6 @@ from gpt2.tokenizer import Tokenizer, token_text
 
 router = APIRouter(prefix="/v1/circuits", route_class=ModelRoute)
 
-AXES = {"resid_pre": ["layer", "position"], "attn_out": ["layer", "position"], "mlp_out": ["layer", "position"],
-        "head": ["layer", "head"], "head_pos": ["layer", "head", "position"]}  # fmt: skip
 
 
 async def _answer(server: Server, work: Callable[[], dict]) -> Response:
@@ -153,7 +151,7 @@ def patching_report(model: GPT2, tokenizer: Tokenizer, clean: list[int], corrupt
     metric = logit_diff(answer, other)
     grid = activation_patching(model, clean, corrupted, metric, site)
     run = lambda ids, logits: {"tokens": [token_text(tokenizer, i) for i in ids], "ids": ids, "logit_diff": float(metric(logits))}  # noqa: E731
-    return {"site": site, "axes": AXES[site], "clean": run(clean, clean_logits), "corrupted": run(corrupted, corrupted_logits),
+    return {"site": site, "axes": list(AXES[site]), "clean": run(clean, clean_logits), "corrupted": run(corrupted, corrupted_logits),
             "answer": _token(tokenizer, answer), "other": _token(tokenizer, other), "grid": grid.tolist()}  # fmt: skip
 
 
