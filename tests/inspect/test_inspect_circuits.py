@@ -9,7 +9,7 @@ import torch
 from gpt2 import GPT2Error
 from gpt2.inspect.circuits import HEAD_SCORES, head_scores, logit_attribution, repeated_tokens
 from gpt2.model.model import GPT2
-from helpers import make_hf_model
+from helpers import head_score_written_out, make_hf_model
 
 CONFIG = dict(vocab_size=50257, n_positions=64, n_embd=32, n_layer=2, n_head=4)
 TEXT = "When Mary and John went to the store, John gave a drink to"
@@ -30,26 +30,12 @@ def hf_patterns(hf, ids: list[int]) -> torch.Tensor:
         return torch.stack(hf(torch.tensor([ids]), output_attentions=True).attentions)[:, 0]
 
 
-def scores_written_out(A: torch.Tensor, ids: list[int], kind: str) -> float:
-    """The issue's definitions, one query at a time, on one head's pattern A (T, T)."""
-    T, values = len(ids), []
-    for q in range(T):
-        earlier = [p for p in range(q) if ids[p] == ids[q]]
-        if kind == "previous_token" and q >= 1:
-            values.append(float(A[q, q - 1]))
-        elif kind == "duplicate_token" and earlier:
-            values.append(sum(float(A[q, p]) for p in earlier))
-        elif kind == "induction" and earlier:
-            values.append(sum(float(A[q, p + 1]) for p in earlier if p < q - 1))
-    return sum(values) / len(values)
-
-
 @pytest.mark.parametrize("kind", HEAD_SCORES)
 def test_head_scores_are_the_definitions_on_transformers_patterns(models, kind):
     hf, ours = models
     ids = repeated_tokens(12, 50257, seed=1, start=50256) + [7, 7, 9]  # a repeat, and a token right after itself
     A = hf_patterns(hf, ids)
-    expected = torch.tensor([[scores_written_out(A[l, h], ids, kind) for h in range(4)] for l in range(2)])
+    expected = torch.tensor([[head_score_written_out(A[l, h], ids, kind) for h in range(4)] for l in range(2)])
     assert torch.allclose(head_scores(ours, ids, kind), expected, atol=1e-5)
 
 
