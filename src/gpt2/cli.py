@@ -551,9 +551,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     sampling = _sampling(args)
     _check_device(args)
     png = None if args.png is None else writable_directory(args.png)
-    text = _without_final_newline(_read_stdin()) if args.text == "-" else _command_line_text(args.text, "the text")
-    if not text:
-        raise _UsageError("the text is empty: give at least one token's worth")
+    text = _inspect_text(args)
     model, _ = _load_model(args)
     sampling.check_vocab(model.config.n_vocab)  # --top-k: here, not in next_token_report, whose k is no flag
     names = tracing.activation_names(model.config.n_layer, on_request=args.walk)
@@ -570,6 +568,14 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty() and not os.environ.get("NO_COLOR"))
         print("\n".join(_token_lines(report, color)))
     return 0
+
+
+def _inspect_text(args: argparse.Namespace) -> str:
+    """gpt2 inspect's text: the argument, or standard input for -; never empty."""
+    text = _without_final_newline(_read_stdin()) if args.text == "-" else _command_line_text(args.text, "the text")
+    if not text:
+        raise _UsageError("the text is empty: give at least one token's worth")
+    return text
 
 
 def _cmd_inspect_experiment(args: argparse.Namespace) -> int:
@@ -684,9 +690,7 @@ def _cmd_inspect_sae(args: argparse.Namespace) -> int:
         raise _UsageError('--sae needs a text (e.g. gpt2 inspect --sae DIR "The dog chased the"), or - to read standard input')
     positive_int("top_k", args.top_k)
     _check_device(args)
-    text = _without_final_newline(_read_stdin()) if args.text == "-" else _command_line_text(args.text, "the text")
-    if not text:
-        raise _UsageError("the text is empty: give at least one token's worth")
+    text = _inspect_text(args)
     sae = saes.load_sae(args.sae)  # a missing or broken file: one line, before the model loads
     model, _ = _load_model(args)
     sae.check_fits(model)
