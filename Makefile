@@ -48,8 +48,11 @@ browser:
 # Two workers (pytest-xdist), each given whole test files, so a file's shared model or server
 # starts once, in the order tests/conftest.py gives them (the slowest first: xdist would reorder them
 # by their number of tests); torch runs one thread in each. The 20 slowest tests are listed.
+# Python keeps its bytecode (__pycache__) even where the environment says not to
+# (PYTHONDONTWRITEBYTECODE, set on some CI images): the tests start many Python processes that
+# import gpt2, and each would compile its source anew (0.6-0.8 s).
 test: $(VENV)/.installed-dev kernel browser
-	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=20
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=20
 
 bench: $(VENV)/.installed-dev kernel
 	$(BIN)/python benchmarks/tokenizer.py

@@ -74,6 +74,9 @@ def serve(connection):
     os.environ.update(command["env"])
     if (pid := os.fork()) == 0:
         connection.close()
+        if path := os.environ.get("FORKED_PID_FILE"):  # for a signal only the command may get (SIGSTOP stops its client)
+            with open(path, "w") as f:
+                f.write(str(os.getpid()))
         signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a new interpreter
         if os.environ.get("PYTHONUNBUFFERED"):
             sys.stdout.reconfigure(write_through=True)

@@ -12,13 +12,19 @@ from gpt2.examples import corpus_text
 DEMO = REPO / "scripts" / "demo.py"
 
 
-def demo(tmp_path, *argv: str) -> subprocess.CompletedProcess:
+# The script run as a forked `python -c` (tests/forks.py), its own file as __main__ with its
+# arguments: the same program, without a second of torch's import; the first run below starts it as `make demo` does.
+FORKED = "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
+
+
+def demo(tmp_path, *argv: str, forks=None) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf-home")}  # no weights to be had
-    return subprocess.run([sys.executable, str(DEMO), *argv], capture_output=True, text=True, timeout=300, env=env)
+    command = [sys.executable] if forks is None else [str(forks.python), "-c", FORKED]
+    return subprocess.run([*command, str(DEMO), *argv], capture_output=True, text=True, timeout=300, env=env)
 
 
-def test_without_the_weights_it_runs_the_shipped_model_and_says_so_in_one_line(tmp_path):
-    first, second = demo(tmp_path), demo(tmp_path)
+def test_without_the_weights_it_runs_the_shipped_model_and_says_so_in_one_line(tmp_path, forks):
+    first, second = demo(tmp_path), demo(tmp_path, forks=forks)
     assert first.returncode == second.returncode == 0
     assert first.stdout == second.stdout  # seeded: the same text on every run
     text = first.stdout.removeprefix("Alan Turing theorized that computers would one day become")
@@ -30,18 +36,18 @@ def test_without_the_weights_it_runs_the_shipped_model_and_says_so_in_one_line(t
     assert "random" not in first.stderr
 
 
-def test_a_model_path_that_is_missing_or_broken_is_an_error_not_random_text(tmp_path):
-    missing = demo(tmp_path, "--model", str(tmp_path / "nowhere"))
+def test_a_model_path_that_is_missing_or_broken_is_an_error_not_random_text(tmp_path, forks):
+    missing = demo(tmp_path, "--model", str(tmp_path / "nowhere"), forks=forks)
     assert (missing.returncode, missing.stdout) == (2, "")
     assert missing.stderr.startswith("gpt2: error: unknown model") and missing.stderr.count("\n") == 1
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "config.json").write_text("{}")
-    result = demo(tmp_path, "--model", str(broken))
+    result = demo(tmp_path, "--model", str(broken), forks=forks)
     assert (result.returncode, result.stdout) == (2, "") and "has config.json but neither model.safetensors" in result.stderr
 
 
-def test_a_local_model_runs_greedily(tmp_path):
+def test_a_local_model_runs_greedily(tmp_path, forks):
     make_hf_model(vocab_size=50257, n_positions=64, n_embd=32, n_layer=1, n_head=2).save_pretrained(tmp_path / "model")
-    result = demo(tmp_path, "--model", str(tmp_path / "model"), "The dog")
+    result = demo(tmp_path, "--model", str(tmp_path / "model"), "The dog", forks=forks)
     assert result.returncode == 0 and result.stdout.startswith("The dog") and "random weights" not in result.stderr

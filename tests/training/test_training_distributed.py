@@ -50,12 +50,13 @@ FORKED_ENV = {**ENV, "PYTHONUNBUFFERED": "1"}  # a forked command's prints reach
 @pytest.fixture(scope="module")
 def torchrun_command(forks):
     """`torchrun --standalone --nproc_per_node N gpt2 train ARGS`, the user's command, as a list:
-    its processes are forked (tests/forks.py), as `--no-python` lets torchrun start any program.
-    Signals reach them as they reach a process of their own: the client passes them on."""
+    torchrun (its `main`, which the `torchrun` script runs) and its processes are forked
+    (tests/forks.py), these as `--no-python` lets torchrun start any program. Signals reach them
+    as they reach a process of their own: the client passes them on."""
 
     def command(*args: str, nproc: int = 2) -> list[str]:
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "--no-python",
-                str(forks.command), "train", *args]  # fmt: skip
+        return [str(forks.python), "-c", "from torch.distributed.run import main; main()", "--standalone",
+                f"--nproc_per_node={nproc}", "--no-python", str(forks.command), "train", *args]  # fmt: skip
 
     return command
 
@@ -313,29 +314,32 @@ def free_port() -> int:
 
 @pytest.mark.parametrize("how", ["dies", "hangs"])
 def test_a_lost_process_is_named_and_the_others_stop(how, char_data, tmp_path, forks):
-    """Two processes started by hand (as a launcher other than torchrun would), then rank 1 is
-    killed, or stopped (SIGSTOP: it hangs): rank 0 stops within the timeout, naming rank 1.
-    Where one dies they are forked (tests/forks.py); where one hangs both are started as
-    `python -m gpt2`: SIGSTOP would stop a forked command's client, not the command, and a rank
-    forked at once would wait for one importing torch longer than the 3 s timeout."""
+    """Two processes started by hand (as a launcher other than torchrun would), forked
+    (tests/forks.py), then rank 1 is killed, or stopped (SIGSTOP, sent to the forked command
+    itself, not its client: it hangs): rank 0 stops within the timeout, naming rank 1."""
     settings = dict(SETTINGS, max_iters=100_000, eval_interval=100_000)
     env = {**FORKED_ENV, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
     args = ["train", "--no-progress", "--data", str(char_data), "--out", str(tmp_path / "out"), "--timeout=3", *flags(**settings)]
-    program = [str(forks.command)] if how == "dies" else [sys.executable, "-m", "gpt2"]
-    ranks = [subprocess.Popen([*program, *args], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for r in (0, 1)]  # fmt: skip
+    pid_file = tmp_path / "rank1.pid"
+    ranks = [subprocess.Popen([str(forks.command), *args], env={**env, "RANK": str(r), "LOCAL_RANK": str(r), **pid},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r, pid in ((0, {}), (1, {"FORKED_PID_FILE": str(pid_file)}))]  # fmt: skip
     try:
         log = tmp_path / "out" / "log.jsonl"
         deadline = time.time() + 120
         while time.time() < deadline and ranks[0].poll() is None and len(read_log(log)) < 5:
             time.sleep(0.05)
-        ranks[1].send_signal(signal.SIGKILL if how == "dies" else signal.SIGSTOP)
+        if how == "dies":
+            ranks[1].kill()  # its client: the fork server then kills the command
+        else:
+            os.kill(int(pid_file.read_text()), signal.SIGSTOP)
         lost = time.time()
         _, err = ranks[0].communicate(timeout=60)
         assert time.time() - lost < 3 + 10 + 10  # the timeout, the wait to hear from the others, start-up slack
     finally:
+        if how == "hangs" and pid_file.exists():
+            os.kill(int(pid_file.read_text()), signal.SIGCONT)
         for process in ranks:
-            process.send_signal(signal.SIGCONT)
             process.kill()
             process.communicate()
     assert ranks[0].returncode == 2
