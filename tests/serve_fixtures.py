@@ -13,6 +13,7 @@ import time
 import httpx
 import pytest
 
+from forks import Forks
 from helpers import REPO, Running, heed_ctrl_c, make_hf_model, perturbed
 from gpt2 import Tokenizer
 from gpt2.cli import main
@@ -110,11 +111,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def gpt2_serve(*flags: str) -> tuple[subprocess.Popen, str]:
-    """`gpt2 serve` in a process of its own, once its model has loaded; and its URL."""
+def gpt2_serve(forks: Forks, *flags: str) -> tuple[subprocess.Popen, str]:
+    """`gpt2 serve` in a process of its own, forked (tests/forks.py: signals reach it through the
+    process returned), once its model has loaded; and its URL."""
     port = free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO / "src")}
-    argv = [sys.executable, "-m", "gpt2", "serve", "--port", str(port), "--device", "cpu", *flags]
+    argv = [str(forks.command), "serve", "--port", str(port), "--device", "cpu", *flags]
     process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=heed_ctrl_c)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60

@@ -34,9 +34,11 @@ def runs(tmp_path_factory):
     base = GPT2(GPT2Config(n_layer=2, n_head=4, n_embd=128, n_ctx=N_CTX, n_vocab=load_tokenizer(root / "data").n_vocab))
     base.tokenizer = load_tokenizer(root / "data")
     base.save_pretrained(root / "base")
+    # Muon: as far in 400 iterations as AdamW in 800 (60% against 60%; seeds 1-3 of the base
+    # model 53-65% against AdamW's 38-60%), in half the time
     train(root / "tuned", progress=False, data=str(root / "data"), init=str(root / "base"), block_size=N_CTX, batch_size=16,
-          grad_accum=1, max_iters=800, lr=3e-3, min_lr=3e-4, warmup_iters=20, weight_decay=0.0, eval_interval=800, eval_iters=2,
-          device="cpu", dtype="float32", compile="off")  # fmt: skip
+          grad_accum=1, max_iters=400, optimizer="muon", lr=3e-3, min_lr=3e-4, warmup_iters=20, weight_decay=0.0,
+          eval_interval=400, eval_iters=2, device="cpu", dtype="float32", compile="off")  # fmt: skip
     return root
 
 
@@ -67,7 +69,7 @@ def test_fine_tuning_teaches_held_out_questions_in_the_templates_format(runs):
     after, answers = accuracy(runs / "tuned")
     print(f"held-out accuracy: {before:.0%} before fine-tuning, {after:.0%} after")
     assert before <= 0.1
-    # 60% here; 38-60% with the base model's weights drawn from seeds 0-3 (another machine rounds
+    # 60% here; 53-65% with the base model's weights drawn from seeds 0-3 (another machine rounds
     # differently, as another seed would); a model that learned the format alone scores about 20%
     assert after >= 0.35
     assert all(a.choices[0].finish_reason == "stop" for a in answers if a.choices[0].message.content.isdigit())

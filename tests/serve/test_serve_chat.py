@@ -284,10 +284,10 @@ def test_a_template_given_that_does_not_compile_fails_at_once():
     assert caught.value.param == "chat_template"
 
 
-def test_gpt2_serve_chat_template_overrides_and_its_bad_files_are_one_line(models, chatml_server, capsys, tmp_path):
+def test_gpt2_serve_chat_template_overrides_and_its_bad_files_are_one_line(models, chatml_server, capsys, tmp_path, forks):
     template = tmp_path / "chatml.jinja"
     template.write_text(CHATML, encoding="utf-8")
-    process, url = gpt2_serve("--model", models[2], "--chat-template", str(template))
+    process, url = gpt2_serve(forks, "--model", models[2], "--chat-template", str(template))
     try:
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
         served = client.chat.completions.create(model=models[2], messages=QUESTION, temperature=0, max_tokens=10).choices[0]

@@ -20,8 +20,8 @@ from gpt2.cli import main
 from gpt2.tokenizer import CharTokenizer
 
 
-def test_gpt2_serve_with_a_draft_model_and_its_refusals_in_one_line(models, draft_dir, capsys, tmp_path):
-    process, url = gpt2_serve("--model", models[2], "--draft-model", draft_dir, "--draft-tokens", "2")
+def test_gpt2_serve_with_a_draft_model_and_its_refusals_in_one_line(models, draft_dir, capsys, tmp_path, forks):
+    process, url = gpt2_serve(forks, "--model", models[2], "--draft-model", draft_dir, "--draft-tokens", "2")
     try:
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
         served = client.completions.create(model=models[2], prompt="Hello", max_tokens=12, temperature=0).choices[0].text
@@ -43,8 +43,8 @@ def test_gpt2_serve_with_a_draft_model_and_its_refusals_in_one_line(models, draf
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_gpt2_serve_stops_cleanly_on_a_signal_ending_requests_in_flight(models, sig):
-    process, url = gpt2_serve("--model", models[2])
+def test_gpt2_serve_stops_cleanly_on_a_signal_ending_requests_in_flight(models, sig, forks):
+    process, url = gpt2_serve(forks, "--model", models[2])
     port = int(url.rsplit(":", 1)[1])
     try:
         body = {"model": models[2], "prompt": "A very long answer:", "max_tokens": N_CTX - 10, "stream": True}
@@ -65,10 +65,10 @@ def test_gpt2_serve_stops_cleanly_on_a_signal_ending_requests_in_flight(models, 
         process.kill()
 
 
-def test_gpt2_serve_special_as_text_no_ui_and_a_directory_with_a_trailing_slash(models, capsys):
+def test_gpt2_serve_special_as_text_no_ui_and_a_directory_with_a_trailing_slash(models, capsys, forks):
     """The flags reach the server: its greedy answer equals gpt2 generate --special-as-text's, the
     page is off, the answer bound is the one given; the id loses the slash."""
-    process, url = gpt2_serve("--model", models[2] + "/", "--special-as-text", "--no-ui", "--max-inspect-cells", "600")
+    process, url = gpt2_serve(forks, "--model", models[2] + "/", "--special-as-text", "--no-ui", "--max-inspect-cells", "600")
     try:
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
         assert [m.id for m in client.models.list().data] == [models[2]]
@@ -172,11 +172,12 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def test_a_batch_whose_kv_cache_cannot_fit_is_refused_before_the_port_is_taken(models):
-    """Each row of --max-batch-size holds a KV cache of the whole context (and its step's logits)."""
+def test_a_batch_whose_kv_cache_cannot_fit_is_refused_before_the_port_is_taken(models, forks):
+    """Each row of --max-batch-size holds a KV cache of the whole context (and its step's logits).
+    The command is forked (tests/forks.py), its available memory patched in its own process."""
     needed = 64 * (2 * 2 * N_CTX * 48 * 4 + 3 * 50257 * 4)  # 64 rows: float32 keys and values of 2 layers, 48 wide
     port = free_port()
-    argv = [sys.executable, "-c", MEMORY_LEFT, "10000000", "serve", "--model", models[2], "--port", str(port), "--max-batch-size", "64"]
+    argv = [str(forks.python), "-c", MEMORY_LEFT, "10000000", "serve", "--model", models[2], "--port", str(port), "--max-batch-size", "64"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO / "src")}
     result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
