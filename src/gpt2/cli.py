@@ -13,6 +13,7 @@ import importlib
 import math
 import os
 import re
+import signal
 import sys
 import time
 import warnings
@@ -1378,6 +1379,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _main(parser, argv, lines)
 
 
+RANK_0_GRACE = 10.0  # seconds a rank that leaves an error to rank 0 waits for torchrun to end it
+
+
+def _leave_it_to_rank_0() -> None:
+    """Under torchrun, a rank that leaves the error to rank 0 exits only once rank 0 has said it:
+    torchrun ends every process when one exits, and rank 0 might not have printed yet. It waits
+    for the SIGTERM that torchrun sends when rank 0 exits, RANK_0_GRACE seconds at most."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ:  # launched another way: nobody ends the others
+        return
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a run's handler would only note it
+    time.sleep(RANK_0_GRACE)
+
+
 def _main(parser: argparse.ArgumentParser, argv: Sequence[str] | None, lines: _WarningLines) -> int:
     try:
         args, unknown = parser.parse_known_args(argv)
@@ -1393,6 +1407,8 @@ def _main(parser: argparse.ArgumentParser, argv: Sequence[str] | None, lines: _W
         # under torchrun every process meets the same bad input: rank 0 says it; each says what it alone saw
         if os.environ.get("RANK", "0") == "0" or isinstance(e, DistributedError):
             print(f"gpt2: error: {with_flags(e, lines.flags)}", file=sys.stderr)
+        else:
+            _leave_it_to_rank_0()
         return EXIT_USAGE
     except KeyboardInterrupt:  # Ctrl-C: what was printed stays printed
         sys.stdout.flush()
