@@ -621,10 +621,7 @@ def _cmd_inspect_patching(args: argparse.Namespace) -> int:
     from gpt2.inspect.patching import AXES
     from gpt2.inspect.tracing import token_label
 
-    others = [flag for flag, given in (("--heads", args.heads or args.repeat is not None), ("--experiment", args.experiment),
-                                       ("--walk", args.walk)) if given]  # fmt: skip
-    if others:
-        raise _UsageError(f"--corrupted patches a clean text with a corrupted one: give it without {others[0]}")
+    _alone(args, "--corrupted", "patches a clean text with a corrupted one")
     if args.text is None:
         raise _UsageError('--corrupted needs the clean text too (e.g. gpt2 inspect --corrupted "... John" "... Mary")')
     _check_device(args)
@@ -658,6 +655,14 @@ def _cmd_inspect_patching(args: argparse.Namespace) -> int:
     return 0
 
 
+def _alone(args: argparse.Namespace, flag: str, does: str, *also: tuple[str, object]) -> None:
+    """Refuse, naming the first, the other forms of gpt2 inspect given with `flag` (--corrupted, --sae)."""
+    given = [other for other, on in (("--heads", args.heads or args.repeat is not None), ("--experiment", args.experiment),
+                                     ("--walk", args.walk), *also) if on]  # fmt: skip
+    if given:
+        raise _UsageError(f"{flag} {does}: give it without {given[0]}")
+
+
 def _one_token(model, token: str | None, flag: str, run) -> int:
     """--answer or --other: one token of the model's vocabulary, or (none given) the run's next token."""
     if token is None:
@@ -683,10 +688,7 @@ def _cmd_inspect_sae(args: argparse.Namespace) -> int:
     from gpt2.inspect import saes
     from gpt2.inspect.tracing import token_label, trace
 
-    others = [flag for flag, given in (("--heads", args.heads or args.repeat is not None), ("--experiment", args.experiment),
-                                       ("--walk", args.walk), ("--png", args.png)) if given]  # fmt: skip
-    if others:
-        raise _UsageError(f"--sae shows each token's SAE features: give it without {others[0]}")
+    _alone(args, "--sae", "shows each token's SAE features", ("--png", args.png))
     if args.text is None:
         raise _UsageError('--sae needs a text (e.g. gpt2 inspect --sae DIR "The dog chased the"), or - to read standard input')
     positive_int("top_k", args.top_k)
