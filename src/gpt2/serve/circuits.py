@@ -42,7 +42,6 @@ from gpt2.tokenizer import Tokenizer, token_text
 router = APIRouter(prefix="/v1/circuits", route_class=ModelRoute)
 
 
-
 async def _answer(server: Server, work: Callable[[], dict]) -> Response:
     async with server.inspecting:  # one inspection or experiment at a time, beside the decoding thread
         content = await asyncio.to_thread(lambda: json.dumps(work()).encode())
