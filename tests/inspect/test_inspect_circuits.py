@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from gpt2 import GPT2Error
-from gpt2.inspect import trace
 from gpt2.inspect.circuits import HEAD_SCORES, head_scores, logit_attribution, repeated_tokens
 from gpt2.inspect.experiments import induction_losses
 from gpt2.model.model import GPT2
@@ -126,11 +125,13 @@ def induction_2l():
 
 @pytest.mark.parametrize("n, seed", PROBES)
 def test_a_2_layer_model_trained_here_has_an_induction_head_that_head_scores_finds(induction_2l, n, seed):
+    from transformers import GPT2LMHeadModel
+
     ids = repeated_tokens(n, induction_2l.config.n_vocab, seed=seed)
     scores = head_scores(induction_2l, ids, "induction")
-    patterns = trace(induction_2l, ids, names=["h.1.attn.pattern"]).activations["h.1.attn.pattern"]  # (H, T, T)
-    written_out = [head_score_written_out(patterns[h], ids, "induction") for h in range(induction_2l.config.n_head)]
-    assert scores[1].tolist() == pytest.approx(written_out, abs=1e-5)  # the issue's definition, one query at a time
+    A = hf_patterns(GPT2LMHeadModel.from_pretrained(INDUCTION_2L), ids)  # transformers' patterns of the same file
+    written_out = torch.tensor([[head_score_written_out(A[l, h], ids, "induction") for h in range(2)] for l in range(2)])
+    assert torch.allclose(scores, written_out, atol=1e-5)  # the issue's definition, one query at a time
     assert float(scores[1].max()) > float(scores[0].max()) + INDUCTION_MARGIN
     assert float(head_scores(induction_2l, ids, "previous_token")[0].max()) > 0.9  # what it reads: layer 0's previous-token head
 
