@@ -35,13 +35,17 @@ def hf_patterns(hf, ids: list[int]) -> torch.Tensor:
         return torch.stack(hf(torch.tensor([ids]), output_attentions=True).attentions)[:, 0]
 
 
+def hf_head_scores(hf, ids: list[int], kind: str) -> torch.Tensor:
+    """(L, H): the issue's definition of `kind`, one query at a time, on transformers' patterns."""
+    A = hf_patterns(hf, ids)
+    return torch.tensor([[head_score_written_out(A[l, h], ids, kind) for h in range(A.shape[1])] for l in range(A.shape[0])])
+
+
 @pytest.mark.parametrize("kind", HEAD_SCORES)
 def test_head_scores_are_the_definitions_on_transformers_patterns(models, kind):
     hf, ours = models
     ids = repeated_tokens(12, 50257, seed=1, start=50256) + [7, 7, 9]  # a repeat, and a token right after itself
-    A = hf_patterns(hf, ids)
-    expected = torch.tensor([[head_score_written_out(A[l, h], ids, kind) for h in range(4)] for l in range(2)])
-    assert torch.allclose(head_scores(ours, ids, kind), expected, atol=1e-5)
+    assert torch.allclose(head_scores(ours, ids, kind), hf_head_scores(hf, ids, kind), atol=1e-5)
 
 
 def hf_pieces(hf, ids: list[int], position: int) -> dict[str, torch.Tensor]:
@@ -123,15 +127,18 @@ def induction_2l():
     return GPT2.from_pretrained(INDUCTION_2L, device="cpu")
 
 
-@pytest.mark.parametrize("n, seed", PROBES)
-def test_a_2_layer_model_trained_here_has_an_induction_head_that_head_scores_finds(induction_2l, n, seed):
+@pytest.fixture(scope="module")
+def induction_2l_hf():
     from transformers import GPT2LMHeadModel
 
+    return GPT2LMHeadModel.from_pretrained(INDUCTION_2L)  # the same file, read by transformers
+
+
+@pytest.mark.parametrize("n, seed", PROBES)
+def test_a_2_layer_model_trained_here_has_an_induction_head_that_head_scores_finds(induction_2l, induction_2l_hf, n, seed):
     ids = repeated_tokens(n, induction_2l.config.n_vocab, seed=seed)
     scores = head_scores(induction_2l, ids, "induction")
-    A = hf_patterns(GPT2LMHeadModel.from_pretrained(INDUCTION_2L), ids)  # transformers' patterns of the same file
-    written_out = torch.tensor([[head_score_written_out(A[l, h], ids, "induction") for h in range(2)] for l in range(2)])
-    assert torch.allclose(scores, written_out, atol=1e-5)  # the issue's definition, one query at a time
+    assert torch.allclose(scores, hf_head_scores(induction_2l_hf, ids, "induction"), atol=1e-5)
     assert float(scores[1].max()) > float(scores[0].max()) + INDUCTION_MARGIN
     assert float(head_scores(induction_2l, ids, "previous_token")[0].max()) > 0.9  # what it reads: layer 0's previous-token head
 
