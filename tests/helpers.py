@@ -349,3 +349,58 @@ def transformers_sampled(hf, ids: list[int], max_new_tokens: int, seed: int, **s
         out = hf.generate(idx, max_new_tokens=max_new_tokens, do_sample=True, attention_mask=torch.ones_like(idx),
                           eos_token_id=hf.config.eos_token_id, pad_token_id=hf.config.eos_token_id, **sampling)  # fmt: skip
     return out[0, len(ids) :].tolist()
+
+
+def filtered(logits: np.ndarray, temperature: float, top_k: int | None, top_p: float | None) -> np.ndarray:
+    """Sampling's distributions (..., V), as `Sampling` defines them: the softmax after temperature,
+    then the k most likely tokens kept (lower ids first among equals), then the fewest most likely
+    whose probability reaches top_p, each time renormalised. A logit of -inf (a token a constraint
+    refuses) gets probability 0."""
+    probs = np.exp(logits / temperature - (logits / temperature).max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    order = np.argsort(-probs, axis=-1, kind="stable")
+    ranked = np.take_along_axis(probs, order, -1)
+    drop = np.zeros(ranked.shape, dtype=bool)
+    drop[..., top_k or logits.shape[-1] :] = True
+    ranked = np.where(drop, 0, ranked)
+    ranked /= ranked.sum(-1, keepdims=True)
+    if top_p is not None:
+        drop |= np.cumsum(ranked, -1) - ranked >= top_p
+    keep = np.zeros(drop.shape, dtype=bool)
+    np.put_along_axis(keep, order, ~drop, -1)
+    probs = np.where(keep, probs, 0)
+    return probs / probs.sum(-1, keepdims=True)
+
+
+def exact_distribution(hf, prompt: list[int], m: int, sampling, allowed: np.ndarray | None = None) -> np.ndarray:
+    """The probability of each of the V**m continuations of `prompt` by m tokens, from transformers'
+    logits: the product of each token's probability given those before it, under `sampling`'s
+    temperature, top_k and top_p; `allowed` (m, V), the tokens a constraint allows at each place."""
+    import itertools
+
+    import torch
+
+    V = hf.config.vocab_size
+    sequences = np.array(list(itertools.product(range(V), repeat=m)))  # (V**m, m), the first token slowest
+    with torch.no_grad():
+        logits = hf(torch.tensor([prompt + list(s) for s in sequences])).logits.double().numpy()  # (V**m, T, V)
+    n = len(prompt)
+    logits = logits[:, n - 1 : n - 1 + m]  # (V**m, m, V)
+    if allowed is not None:
+        logits = np.where(allowed, logits, -np.inf)
+    probs = filtered(logits, sampling.temperature, sampling.top_k, sampling.top_p)  # (V**m, m, V)
+    return np.take_along_axis(probs, sequences[:, :, None], -1)[:, :, 0].prod(-1)
+
+
+def chi_square_p(tokens: np.ndarray, probs: np.ndarray) -> float:
+    """The chi-square test's p-value of continuations (N, m) drawn from `probs` (V**m,), the
+    continuations of expected count below 5 pooled into one cell. A continuation of probability 0 fails it."""
+    from scipy.stats import chisquare
+
+    V = round(len(probs) ** (1 / tokens.shape[1]))
+    observed = np.bincount(tokens @ V ** np.arange(tokens.shape[1])[::-1], minlength=len(probs))
+    expected = probs * len(tokens)
+    if observed[expected == 0].any():
+        return 0.0
+    big, rare = expected >= 5, (expected > 0) & (expected < 5)
+    return chisquare(np.append(observed[big], observed[rare].sum()), np.append(expected[big], expected[rare].sum())).pvalue

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import subprocess
@@ -185,11 +186,55 @@ def test_generate_refuses_a_draft_of_another_vocabulary_and_bad_draft_tokens_in_
     for flags, message in [
         (["--draft-model", str(tmp_path)], "--draft-model has a vocabulary of 65 tokens, the model 50,257: "
                                            "a draft model must share the model's tokenizer"),
-        (["--draft-tokens", "3"], "--draft-tokens is the number of tokens a draft model proposes: give --draft-model too"),
+        (["--draft-tokens", "3"], "--draft-tokens is the number of tokens a draft proposes: give --draft-model or --speculative ngram too"),
         (["--draft-model", draft_dir, "--draft-tokens", "0"], "--draft-tokens must be a positive integer, got 0"),
+        (["--draft-model", draft_dir, "--speculative", "ngram"], "--draft-model and --speculative ngram contradict"),
     ]:  # fmt: skip
         code, out, err = run(capsys, "generate", "Hi", "--model", model_dir, *flags)
-        assert (code, out, err) == (2, "", f"gpt2: error: {message}\n")
+        assert (code, out) == (2, "") and err.startswith(f"gpt2: error: {message}") and err.count("\n") == 1
+
+
+def test_generate_structured_outputs_penalties_and_prompt_lookup_print_what_the_python_api_gives(capsys, model_dir, tmp_path):
+    from gpt2.generation.processors import Constraint
+
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 9}}, "required": ["n"]}
+    (tmp_path / "schema.json").write_text(json.dumps(schema))
+    (tmp_path / "yes.gbnf").write_text('root ::= ("yes" | "no") "!"')
+    base = ["generate", "Hi", "--model", model_dir, "--max-new-tokens", "16", "--temperature", "0.9", "--seed", "4", "--no-stream"]
+    for flags, options in [
+        (["--json-schema", str(tmp_path / "schema.json")], {"constraint": Constraint.json_schema(schema)}),
+        (["--json-object", "--logit-bias", "92=10", "--logit-bias", "1=8"], {"constraint": Constraint.json_object(),
+                                                                              "logit_bias": {92: 10, 1: 8}}),
+        (["--regex", "[0-9]{4}"], {"constraint": Constraint.regex("[0-9]{4}")}),
+        (["--choice", "héllo there", "--choice", "bye 👋"], {"constraint": Constraint.choice(["héllo there", "bye 👋"])}),
+        (["--grammar", str(tmp_path / "yes.gbnf")], {"constraint": Constraint.grammar('root ::= ("yes" | "no") "!"')}),
+        (["--frequency-penalty", "1", "--presence-penalty", "-0.5", "--repetition-penalty", "1.4"],
+         {"frequency_penalty": 1, "presence_penalty": -0.5, "repetition_penalty": 1.4}),
+        (["--speculative", "ngram", "--prompt-lookup-max", "3", "--prompt-lookup-min", "1", "--draft-tokens", "2"], {}),
+    ]:  # fmt: skip
+        code, out, err = run(capsys, *base, *flags)
+        assert code == 0 and out == expected_text(model_dir, "Hi", max_new_tokens=16, temperature=0.9, seed=4, top_k=200, **options) + "\n"
+    assert json.loads(run(capsys, *base, "--json-schema", str(tmp_path / "schema.json"))[1])["n"] in range(1, 10)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--regex", "a((", "--max-new-tokens", "4"], "--regex: at 1(8): invalid regex \"a((\""),
+    (["--regex", "a", "--choice", "b"], "argument --choice: not allowed with argument --regex"),
+    (["--json-schema", "missing.json"], "--json-schema: missing.json does not exist"),
+    (["--grammar", "missing.lark"], "--grammar: missing.lark does not exist"),
+    (["--choice", ""], "each choice (--choice) must be non-empty text"),
+    (["--logit-bias", "50256=-101"], "--logit-bias values must be numbers from -100 to 100, got -101.0 for token 50256"),
+    (["--logit-bias", "50257=1"], "token id 50257 in --logit-bias is out of range: ids are 0..50256"),
+    (["--logit-bias", "eos"], "--logit-bias takes ID=BIAS"),
+    (["--frequency-penalty", "2.5"], "--frequency-penalty must be a number from -2 to 2, got 2.5"),
+    (["--presence-penalty", "-3"], "--presence-penalty must be a number from -2 to 2, got -3.0"),
+    (["--repetition-penalty", "0"], "--repetition-penalty must be a number above 0 (1 is none), got 0.0"),
+    (["--speculative", "tree"], "argument --speculative: invalid choice: 'tree'"),
+    (["--prompt-lookup-min", "3"], "--prompt-lookup-max and --prompt-lookup-min set --speculative ngram: give it too"),
+])  # fmt: skip
+def test_generate_bad_structured_outputs_and_penalties_are_one_line_and_exit_2(capsys, model_dir, flags, message):
+    code, out, err = run(capsys, "generate", "Hi", "--model", model_dir, *flags)
+    assert (code, out) == (2, "") and err.count("\n") == 1 and err.startswith("gpt2: error: ") and message in err, err
 
 
 @pytest.mark.cuda

@@ -28,6 +28,8 @@ from gpt2.settings import (
     DRAFT_TOKENS,
     EVAL_TASKS,
     INFERENCE_DTYPES,
+    LOOKUP_MAX,
+    LOOKUP_MIN,
     MAX_NEW_TOKENS,
     MUON_LR,
     OPTIMIZERS,
@@ -123,6 +125,7 @@ def _check_generate_args(args: argparse.Namespace) -> str:
     _check_draft_tokens(args)
     if args.draft is not None:
         _model_configs(args)
+    args.structured = _structured(args)
     if args.prompt == "-":
         return _without_final_newline(_read_stdin())
     return _command_line_text(args.prompt, "the prompt given on the command line")
@@ -137,6 +140,33 @@ def _sampling(args: argparse.Namespace):
     if getattr(args, "seed", None) is not None:
         check_seed(args.seed)
     return Sampling(args.temperature, args.top_k, args.top_p)
+
+
+def _structured(args: argparse.Namespace) -> dict:
+    """The library's keywords of the constraint flags (--json-schema, --json-object, --regex,
+    --choice, --grammar: one at most, its file read), the logit bias and penalties, and --speculative
+    ngram's, checked before the model loads (a constraint compiles once the tokenizer is there)."""
+    from gpt2.generation.lookup import lookup_of
+    from gpt2.generation.processors import Constraint, Penalties, one_constraint
+
+    constraint = one_constraint(json_schema=args.json_schema and Constraint.from_file("json_schema", args.json_schema),
+                                json_object=args.json_object, regex=args.regex, choice=args.choice,
+                                grammar=args.grammar and Constraint.from_file("grammar", args.grammar))  # fmt: skip
+    bias = dict(_logit_bias(item) for item in args.logit_bias or [])
+    Penalties.make(bias, args.frequency_penalty, args.presence_penalty, args.repetition_penalty)  # checked now
+    lookup_of(args.speculative, args.prompt_lookup_max, args.prompt_lookup_min, args.draft)
+    return {"constraint": constraint, "logit_bias": bias or None, "frequency_penalty": args.frequency_penalty,
+            "presence_penalty": args.presence_penalty, "repetition_penalty": args.repetition_penalty, "speculative": args.speculative,
+            "prompt_lookup_max": args.prompt_lookup_max, "prompt_lookup_min": args.prompt_lookup_min}  # fmt: skip
+
+
+def _logit_bias(item: str) -> tuple[int, float]:
+    """One --logit-bias ID=BIAS."""
+    token, _, bias = item.partition("=")
+    try:
+        return int(token), float(bias)
+    except ValueError:
+        raise _UsageError(f"--logit-bias takes ID=BIAS, a token id and a number from -100 to 100 (e.g. 50256=-100), got {item!r}") from None
 
 
 def _check_device(args: argparse.Namespace) -> None:
@@ -178,8 +208,8 @@ def _check_draft_tokens(args: argparse.Namespace) -> None:
 
 
 def _draft_tokens_need_a_draft(args: argparse.Namespace) -> None:
-    if args.draft_tokens is not None and args.draft is None:
-        raise _UsageError("--draft-tokens is the number of tokens a draft model proposes: give --draft-model too")
+    if args.draft_tokens is not None and args.draft is None and args.speculative is None:
+        raise _UsageError("--draft-tokens is the number of tokens a draft proposes: give --draft-model or --speculative ngram too")
 
 
 def _draft_tokens(args: argparse.Namespace) -> dict[str, int]:
@@ -232,7 +262,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     generation = TextGeneration(model, tokenizer, prompt, max_new_tokens=args.max_new_tokens,
                                 sampling=_with_top_k(args.sampling, model), seed=args.seed, num_samples=args.num_samples,
                                 stop=args.stop, on_overflow=args.on_overflow, allowed_special=_allowed_special(args),
-                                draft=draft, **_draft_tokens(args))  # fmt: skip
+                                draft=draft, **_draft_tokens(args), **args.structured)  # fmt: skip
     samples = _Samples(sys.stdout, prompt, generation, args.stream)
     try:
         for row, piece in generation:
@@ -313,10 +343,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         raise _UsageError(f"gpt2 serve needs the serve extra ({e.name} is not installed): pip install 'gpt2[serve]'") from None
 
     _draft_tokens_need_a_draft(args)
+    from gpt2.generation.lookup import lookup_of
+
+    lookup_of(args.speculative, args.prompt_lookup_max, args.prompt_lookup_min, args.draft)  # not with --draft-model
     chat_template = _chat_template(args)  # a bad file fails now, before the model loads
     inspect_limits = {name: getattr(args, name) for name in ("max_inspect_cells", "max_patching_tokens") if getattr(args, name) is not None}
     limits = Limits(max_batch_size=args.max_batch_size, max_num_batched_tokens=args.max_num_batched_tokens,
                     prefix_cache_mb=args.prefix_cache_mb, max_queue=args.max_queue, max_n=args.max_n, api_key=args.api_key,
+                    speculative=args.speculative, prompt_lookup_max=args.prompt_lookup_max, prompt_lookup_min=args.prompt_lookup_min,
                     **inspect_limits, **_draft_tokens(args))  # checked as made, --draft-tokens with them  # fmt: skip
     device = resolve_device(args.device)
     form = weight_format(args.dtype, device)  # bad flags fail now, not once the server listens (--port: when it would)
@@ -923,7 +957,33 @@ def _add_draft_flags(parser: argparse.ArgumentParser) -> None:
                         "--model) proposes tokens, which the model verifies several at a time; greedy text is the same, "
                         "sampled text follows the same distribution (default: none)")  # fmt: skip
     parser.add_argument("--draft-tokens", type=_whole_number, metavar="K",
-                        help=f"the tokens the draft model proposes per step (default: {DRAFT_TOKENS})")
+                        help=f"the tokens the draft model (or prompt lookup) proposes per step (default: {DRAFT_TOKENS})")
+    parser.add_argument("--speculative", choices=["ngram"],
+                        help="speculative decoding without a draft model: prompt lookup drafts the tokens that followed the "
+                        "latest earlier occurrence of the last few tokens, which pays where text copies its prompt (default: off)")  # fmt: skip
+    parser.add_argument("--prompt-lookup-max", type=_whole_number, default=LOOKUP_MAX, metavar="N",
+                        help=f"--speculative ngram: the longest n-gram matched (default: {LOOKUP_MAX})")
+    parser.add_argument("--prompt-lookup-min", type=_whole_number, default=LOOKUP_MIN, metavar="N",
+                        help=f"--speculative ngram: the shortest n-gram matched (default: {LOOKUP_MIN})")
+
+
+def _add_structured_flags(parser: argparse.ArgumentParser) -> None:
+    """The constraint flags (one at most), the logit bias and the penalties."""
+    constraint = parser.add_mutually_exclusive_group()
+    constraint.add_argument("--json-schema", metavar="FILE", help="structured output: a JSON document valid against this JSON schema")
+    constraint.add_argument("--json-object", action="store_true", help="structured output: any JSON object")
+    constraint.add_argument("--regex", metavar="R", help="structured output: text that this regular expression matches, whole")
+    constraint.add_argument("--choice", action="append", metavar="TEXT", help="structured output: one of these texts (repeatable)")
+    constraint.add_argument("--grammar", metavar="FILE", help="structured output: a sentence of this grammar (Lark or llama.cpp's GBNF)")
+    parser.add_argument("--logit-bias", action="append", metavar="ID=BIAS",
+                        help="add BIAS (-100 to 100: -100 bans the token, 100 forces it) to token ID's logit (repeatable)")  # fmt: skip
+    parser.add_argument("--frequency-penalty", type=float, default=0.0, metavar="X",
+                        help="-2 to 2: lower each token's logit by X times its count in the new text, as OpenAI's (default: 0)")  # fmt: skip
+    parser.add_argument("--presence-penalty", type=float, default=0.0, metavar="X",
+                        help="-2 to 2: lower the logit of each token already in the new text by X, as OpenAI's (default: 0)")  # fmt: skip
+    parser.add_argument("--repetition-penalty", type=float, default=1.0, metavar="R",
+                        help="above 0: divide (multiply, where negative) the logits of tokens in the prompt or the new text by R, "
+                        "as transformers' (default: 1, none)")  # fmt: skip
 
 
 def _add_special_as_text_flag(parser: argparse.ArgumentParser, where: str) -> None:
@@ -1199,6 +1259,7 @@ def _add_generate_parser(commands) -> None:
     generate.add_argument("--engine", default="torch", choices=["torch", "numpy"],
                           help="torch (with a KV cache) or numpy (the reference engine: no cache, slow, for checking) (default: torch)")  # fmt: skip
     _add_draft_flags(generate)
+    _add_structured_flags(generate)
     generate.add_argument("--on-overflow", default="slide", choices=["slide", "error"],
                           help="past the model's context: keep the last n_ctx tokens, or stop with an error (default: slide)")  # fmt: skip
     generate.add_argument("--no-stream", dest="stream", action="store_false",

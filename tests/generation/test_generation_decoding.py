@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import itertools
 
 import numpy as np
 import pytest
 import torch
-from scipy.stats import chisquare
 
-from helpers import make_hf_model, perturbed, transformers_sampled
+from helpers import chi_square_p, exact_distribution, make_hf_model, perturbed, transformers_sampled
 from gpt2 import Tokenizer
 from gpt2.errors import GPT2Error
 from gpt2.generation.decoding import LENGTH, STOP, Decoder, Request, Row, row_seed, run, start_of_text
@@ -404,48 +402,6 @@ def small_pair(tmp_path_factory):
     return pair
 
 
-def filtered(logits: np.ndarray, temperature: float, top_k: int | None, top_p: float | None) -> np.ndarray:
-    """Sampling's distributions (..., V), as `Sampling` defines them: the softmax after temperature,
-    then the k most likely tokens kept (lower ids first among equals), then the fewest most likely
-    whose probability reaches top_p, each time renormalised."""
-    probs = np.exp(logits / temperature - (logits / temperature).max(-1, keepdims=True))
-    probs /= probs.sum(-1, keepdims=True)
-    order = np.argsort(-probs, axis=-1, kind="stable")
-    ranked = np.take_along_axis(probs, order, -1)
-    drop = np.zeros(ranked.shape, dtype=bool)
-    drop[..., top_k or V :] = True
-    ranked = np.where(drop, 0, ranked)
-    ranked /= ranked.sum(-1, keepdims=True)
-    if top_p is not None:
-        drop |= np.cumsum(ranked, -1) - ranked >= top_p
-    keep = np.zeros(drop.shape, dtype=bool)
-    np.put_along_axis(keep, order, ~drop, -1)
-    probs = np.where(keep, probs, 0)
-    return probs / probs.sum(-1, keepdims=True)
-
-
-def exact_distribution(hf, m: int, sampling: Sampling) -> np.ndarray:
-    """The probability of each of the V**m continuations of PROMPT by m tokens, from transformers'
-    logits: the product of each token's probability given those before it."""
-    sequences = np.array(list(itertools.product(range(V), repeat=m)))  # (V**m, m), the first token slowest
-    with torch.no_grad():
-        logits = hf(torch.tensor([PROMPT + list(s) for s in sequences])).logits.double().numpy()  # (V**m, T, V)
-    n = len(PROMPT)
-    probs = filtered(logits[:, n - 1 : n - 1 + m], sampling.temperature, sampling.top_k, sampling.top_p)  # (V**m, m, V)
-    return np.take_along_axis(probs, sequences[:, :, None], -1)[:, :, 0].prod(-1)
-
-
-def chi_square_p(tokens: np.ndarray, probs: np.ndarray) -> float:
-    """The chi-square test's p-value of continuations (N, m) drawn from `probs` (V**m,), the
-    continuations of expected count below 5 pooled into one cell. A continuation of probability 0 fails it."""
-    observed = np.bincount(tokens @ V ** np.arange(tokens.shape[1])[::-1], minlength=len(probs))
-    expected = probs * len(tokens)
-    if observed[expected == 0].any():
-        return 0.0
-    big, rare = expected >= 5, (expected > 0) & (expected < 5)
-    return chisquare(np.append(observed[big], observed[rare].sum()), np.append(expected[big], expected[rare].sum())).pvalue
-
-
 @pytest.mark.parametrize("sampling", [Sampling(temperature=1.0), Sampling(temperature=0.7, top_k=5, top_p=0.9)],
                          ids=["temperature-1", "top-k-top-p"])  # fmt: skip
 def test_sampling_with_a_draft_follows_the_models_distribution_exactly(small_pair, sampling):
@@ -457,8 +413,8 @@ def test_sampling_with_a_draft_follows_the_models_distribution_exactly(small_pai
     idx = torch.tensor([PROMPT] * N_RUNS)
     tokens = model.generate(idx, 4, sampling.temperature, sampling.top_k, sampling.top_p, seed=0, draft=draft,
                             draft_tokens=3)[:, len(PROMPT) :].numpy()  # fmt: skip
-    assert chi_square_p(tokens, exact_distribution(hf, 4, sampling)) > 1e-3
-    assert chi_square_p(tokens, exact_distribution(hf_draft, 4, sampling)) < 1e-3
+    assert chi_square_p(tokens, exact_distribution(hf, PROMPT, 4, sampling)) > 1e-3
+    assert chi_square_p(tokens, exact_distribution(hf_draft, PROMPT, 4, sampling)) < 1e-3
 
 
 def test_drafts_stay_within_the_steps_token_budget(models, draft, monkeypatch):

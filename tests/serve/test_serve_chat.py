@@ -189,6 +189,21 @@ def test_logprobs_and_top_logprobs_equal_transformers_log_softmax(chat_models, c
     assert all(e.top_logprobs == [] for e in entries)  # logprobs without top_logprobs: the chosen token's alone
 
 
+def test_response_format_json_schema_gives_a_reply_of_the_schema_through_the_openai_client(chat_client):
+    """OpenAI's structured outputs on the chat route: the reply is JSON of the schema, ended "stop",
+    whole and streamed alike; the reply's ending position (<|endoftext|> at ENDS_AT) does not cut it."""
+    schema = {"type": "object", "properties": {"city": {"enum": ["Paris", "Lyon", "Nice"]}, "sure": {"type": "boolean"}},
+              "required": ["city", "sure"], "additionalProperties": False}  # fmt: skip
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}}
+    response = chat_client.chat.completions.create(model="tiny", messages=QUESTION, response_format=fmt, temperature=1.0, seed=3, n=4)
+    for choice in response.choices:
+        answer = json.loads(choice.message.content)
+        assert answer["city"] in ("Paris", "Lyon", "Nice") and isinstance(answer["sure"], bool) and choice.finish_reason == "stop"
+    chunks = list(chat_client.chat.completions.create(model="tiny", messages=QUESTION, response_format=fmt, temperature=1.0, seed=3,
+                                                      stream=True))  # fmt: skip
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == response.choices[0].message.content
+
+
 def test_content_as_text_parts_reads_as_the_joined_text(chat_client):
     parts = [QUESTION[0], {"role": "user", "content": [{"type": "text", "text": "What is the capital"},
                                                         {"type": "text", "text": " of France?"}]}]  # fmt: skip
@@ -239,7 +254,9 @@ BAD_CHATS = [
     ({"messages": QUESTION, "logprobs": True, "top_logprobs": 21}, "top_logprobs", "top_logprobs must be an integer from 0 to 20"),
     ({"messages": QUESTION, "max_completion_tokens": 0}, "max_completion_tokens", "max_completion_tokens must be an integer from 1 to 128"),
     ({"messages": QUESTION, "echo": True}, "echo", "Unrecognized request argument supplied: echo"),
-    ({"messages": QUESTION, "frequency_penalty": 1}, "frequency_penalty", "frequency_penalty is not supported"),
+    ({"messages": QUESTION, "frequency_penalty": 3}, "frequency_penalty", "frequency_penalty must be a number from -2 to 2, got 3"),
+    ({"messages": QUESTION, "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "object", "minProperties": "x"}}}},
+     "response_format", "response_format:"),
     ({"messages": LONG, "max_tokens": 20}, "messages", "maximum context length is 128 tokens, however you requested 146 tokens (126 in "
                                                        "the messages; 20 for the completion), 18 more than it holds"),
     ({"messages": LONG * 2}, "messages", "however you requested 251 tokens (250 in the messages; 1 for the completion), 123 more than it holds"),

@@ -3,6 +3,8 @@ transformers', the Python API's and gpt2 generate's, whole or streamed, with sto
 
 from __future__ import annotations
 
+import json
+
 import torch
 
 from helpers import transformers_sampled
@@ -119,3 +121,51 @@ def test_return_token_ids_gives_the_ids_generate_makes_whole_and_streamed(models
         assert [api_token(i) for i in c["token_ids"]] == c["logprobs"]["tokens"]
     plain = complete(client, prompt=prompt, max_tokens=3).choices[0].model_dump()
     assert "token_ids" not in plain and "prompt_token_ids" not in plain  # only when asked for
+
+
+PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
+          "properties": {"name": {"type": "string", "pattern": "^[A-Z][a-z]{1,7}$"}, "age": {"type": "integer", "minimum": 0, "maximum": 99}}}  # fmt: skip
+
+
+CLOSING = {"1": 8.0, "92": 8.0, "1298": 8.0, "1600": 8.0, "20662": 8.0}  # '"', "}", '":', '",', '"}': a random model's strings end
+
+
+def test_structured_outputs_through_the_openai_client_equal_the_python_api(models, client):
+    """OpenAI's response_format and vLLM's structured_outputs and guided_* fields (extra_body to the
+    client): every choice holds to its constraint and equals the Python API's constraint= text."""
+    from gpt2.generation.processors import Constraint
+
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+    response = complete(client, prompt="A person:", max_tokens=40, n=3, seed=5, extra_body={"response_format": fmt})
+    texts = [c.text for c in response.choices]
+    assert texts == ours(models, "A person:", max_new_tokens=40, num_samples=3, seed=5, constraint=Constraint.json_schema(PERSON))
+    assert all(json.loads(t)["age"] <= 99 for t in texts) and {c.finish_reason for c in response.choices} == {"stop"}
+    streamed = list(complete(client, prompt="A person:", max_tokens=40, seed=5, stream=True, extra_body={"response_format": fmt}))
+    assert "".join(c.choices[0].text for c in streamed) == texts[0] and streamed[-1].choices[0].finish_reason == "stop"
+    for extra, constraint in [({"structured_outputs": {"choice": ["yes", "no", "maybe 🤔"]}}, Constraint.choice(["yes", "no", "maybe 🤔"])),
+                              ({"structured_outputs": {"regex": "[0-9]{2}:[0-9]{2}"}}, Constraint.regex("[0-9]{2}:[0-9]{2}")),
+                              ({"structured_outputs": {"json": PERSON}}, Constraint.json_schema(PERSON)),
+                              ({"guided_json": json.dumps(PERSON)}, Constraint.json_schema(PERSON)),
+                              ({"guided_choice": ["left", "right"]}, Constraint.choice(["left", "right"])),
+                              ({"guided_regex": "[a-c]{3}"}, Constraint.regex("[a-c]{3}")),
+                              ({"guided_grammar": 'root ::= "x" [0-9]'}, Constraint.grammar('root ::= "x" [0-9]')),
+                              ({"response_format": {"type": "json_object"}, "logit_bias": CLOSING}, Constraint.json_object())]:  # fmt: skip
+        got = complete(client, prompt="Q:", max_tokens=40, temperature=0.8, seed=1, extra_body=extra).choices[0]
+        bias = {"logit_bias": {int(k): v for k, v in CLOSING.items()}} if "logit_bias" in extra else {}
+        assert got.text == ours(models, "Q:", max_new_tokens=40, temperature=0.8, seed=1, constraint=constraint, **bias)[0], extra
+        assert got.finish_reason == "stop", extra
+
+
+def test_a_document_max_tokens_cuts_ends_length(client):
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+    choice = complete(client, prompt="A person:", max_tokens=4, seed=0, extra_body={"response_format": fmt}).choices[0]
+    assert choice.finish_reason == "length" and choice.text.startswith('{"name": "')
+
+
+def test_logit_bias_and_penalties_equal_the_python_api(models, client):
+    request = dict(prompt="The cat sat on the mat. The cat", max_tokens=20, temperature=0, frequency_penalty=0.7, presence_penalty=0.3,
+                   logit_bias={"13": -100, "262": 2.5})  # fmt: skip
+    got = complete(client, **request, extra_body={"repetition_penalty": 1.2}).choices[0].text
+    expected = ours(models, request["prompt"], max_new_tokens=20, temperature=0, frequency_penalty=0.7, presence_penalty=0.3,
+                    logit_bias={13: -100, 262: 2.5}, repetition_penalty=1.2)[0]  # fmt: skip
+    assert got == expected and got != complete(client, prompt=request["prompt"], max_tokens=20, temperature=0).choices[0].text

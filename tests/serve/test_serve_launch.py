@@ -35,7 +35,11 @@ def test_gpt2_serve_with_a_draft_model_and_its_refusals_in_one_line(models, draf
     for flags, message in [
         (["--draft-model", str(tmp_path)], "--draft-model has a vocabulary of 65 tokens, the model 50,257: "
                                            "a draft model must share the model's tokenizer"),
-        (["--draft-tokens", "3"], "--draft-tokens is the number of tokens a draft model proposes: give --draft-model too"),
+        (["--draft-tokens", "3"], "--draft-tokens is the number of tokens a draft proposes: give --draft-model or --speculative ngram too"),
+        (["--draft-model", draft_dir, "--speculative", "ngram"], "--draft-model and --speculative ngram contradict: speculate with a "
+                                                                 "draft model or by prompt lookup, not both"),
+        (["--prompt-lookup-max", "6"], "--prompt-lookup-max and --prompt-lookup-min set --speculative ngram: give it too"),
+        (["--speculative", "ngram", "--prompt-lookup-min", "5"], "--prompt-lookup-min (5) must not exceed --prompt-lookup-max (4)"),
         (["--draft-model", draft_dir, "--draft-tokens", "0"], "--draft-tokens must be a positive integer, got 0"),
     ]:  # fmt: skip  (refused before the port is taken: no "serving ... on" first)
         assert main(["serve", "--model", models[2], "--port", str(free_port()), *flags]) == 2

@@ -65,7 +65,23 @@ BAD_REQUESTS = [
     ({"prompt": [15496] * 100, "max_tokens": 29}, "prompt", "maximum context length is 128 tokens, however you requested 129 "
                                                             "tokens (100 in your prompt; 29 for the completion)"),
     ({"prompt": "hi", "frobnicate": 1}, "frobnicate", "Unrecognized request argument supplied: frobnicate"),
-    ({"prompt": "hi", "presence_penalty": 0.5}, "presence_penalty", "presence_penalty is not supported"),
+    ({"prompt": "hi", "presence_penalty": 2.5}, "presence_penalty", "presence_penalty must be a number from -2 to 2, got 2.5"),
+    ({"prompt": "hi", "frequency_penalty": -3}, "frequency_penalty", "frequency_penalty must be a number from -2 to 2, got -3"),
+    ({"prompt": "hi", "repetition_penalty": 0}, "repetition_penalty", "repetition_penalty must be a number above 0"),
+    ({"prompt": "hi", "logit_bias": {"50256": 101}}, "logit_bias", "logit_bias values must be numbers from -100 to 100, got 101"),
+    ({"prompt": "hi", "logit_bias": {"50257": 5}}, "logit_bias", "token id 50257 in logit_bias is out of range: ids are 0..50256"),
+    ({"prompt": "hi", "logit_bias": {"x": 5}}, "logit_bias", "logit_bias keys must be token ids"),
+    ({"prompt": "hi", "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}},
+     "response_format", "response_format: Invalid type: nonsense"),
+    ({"prompt": "hi", "response_format": {"type": "xml"}}, "response_format", "response_format must be {\"type\": \"text\"}"),
+    ({"prompt": "hi", "response_format": {"type": "json_schema"}}, "response_format", "response_format of type json_schema needs"),
+    ({"prompt": "hi", "structured_outputs": {"regex": "a(("}}, "structured_outputs", "structured_outputs: at 1(8): invalid regex"),
+    ({"prompt": "hi", "structured_outputs": {"choice": []}}, "structured_outputs", "choice needs at least one string"),
+    ({"prompt": "hi", "structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs", "one of json, regex, choice"),
+    ({"prompt": "hi", "structured_outputs": {"yaml": "a"}}, "structured_outputs", "structured_outputs must be an object of one of"),
+    ({"prompt": "hi", "guided_grammar": "root ::= foo"}, "guided_grammar", "Rule 'foo' not found"),
+    ({"prompt": "hi", "guided_choice": ["a"], "response_format": {"type": "json_object"}}, "guided_choice",
+     "one structured output at a time: response_format and guided_choice were both given"),
 ]
 
 
@@ -120,8 +136,9 @@ def test_limits_are_checked_when_made():
 SAMPLED = {"model": {}, "n": {"default": 1, "minimum": 1, "x-maximum": "max_n"}, "stop": {"minLength": 1, "maxItems": 4},
            "temperature": {"default": 1, "minimum": 0}, "top_p": {"default": 1, "exclusiveMinimum": 0, "maximum": 1},
            "top_k": {"minimum": 1, "x-maximum": "n_vocab"}, "seed": {"minimum": 0, "maximum": 2**64 - 1}, "stream": {"default": False},
-           "stream_options": {}, "user": {}, "presence_penalty": {"default": 0, "minimum": 0, "maximum": 0},
-           "frequency_penalty": {"default": 0, "minimum": 0, "maximum": 0}, "logit_bias": {"maxProperties": 0}}  # fmt: skip
+           "stream_options": {}, "user": {}, "presence_penalty": {"default": 0, "minimum": -2, "maximum": 2},
+           "frequency_penalty": {"default": 0, "minimum": -2, "maximum": 2}, "logit_bias": {}, "repetition_penalty": {"default": 1, "exclusiveMinimum": 0},
+           "response_format": {}, "structured_outputs": {}, "guided_json": {}, "guided_regex": {}, "guided_choice": {}, "guided_grammar": {}}  # fmt: skip
 ACCEPTED = {  # each route's fields: default and bounds ("x-maximum": the server's number that bounds it)
     "/v1/completions": {**SAMPLED, "prompt": {"minItems": 1, "minimum": 0}, "max_tokens": {"default": 16, "minimum": 0, "x-maximum": "n_ctx"},
                         "logprobs": {"minimum": 0, "maximum": 5}, "echo": {"default": False}, "return_token_ids": {"default": False},

@@ -263,3 +263,21 @@ def test_a_server_with_a_draft_model_answers_what_it_answers_without(models, cli
         assert 0 < metric(running.url, "gpt2_draft_accepted_tokens_total") < metric(running.url, "gpt2_draft_tokens_total")
     finally:
         running.stop()
+
+
+def test_a_server_speculating_by_prompt_lookup_answers_what_it_answers_without(models, client):
+    """Limits(speculative="ngram"), as gpt2 serve --speculative ngram: greedy choices of prompts
+    that repeat themselves, under a constraint too, equal the server's without speculation; the
+    drafts are counted in /metrics."""
+    running = Running(lambda: (models[1], ENC), limits=Limits(speculative="ngram", prompt_lookup_min=1))
+    try:
+        looked_up = running.client()
+        request = dict(prompt=["a b c d a b c d a b", "Hello"], max_tokens=24, temperature=0, logprobs=1)
+        got, expected = complete(looked_up, **request), complete(client, **request)
+        assert [(c.text, c.finish_reason) for c in got.choices] == [(c.text, c.finish_reason) for c in expected.choices]
+        regex = {"structured_outputs": {"regex": "(a b |c d )+"}}
+        assert complete(looked_up, prompt="a b c d a b", max_tokens=12, temperature=0, extra_body=regex).choices[0].text == \
+            complete(client, prompt="a b c d a b", max_tokens=12, temperature=0, extra_body=regex).choices[0].text  # fmt: skip
+        assert 0 < metric(running.url, "gpt2_draft_accepted_tokens_total") <= metric(running.url, "gpt2_draft_tokens_total")
+    finally:
+        running.stop()

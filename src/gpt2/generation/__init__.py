@@ -1,6 +1,9 @@
 """Generation: from a model's next-token logits to text.
 
     sampling  choosing a token (greedy, temperature, top-k, top-p), speculative decoding's rule, seeds
+    processors  what bends a row's scores before it chooses: constraints (structured outputs), logit
+              bias, penalties, each row with its own state
+    lookup    prompt-lookup speculation: drafts copied from a row's own earlier tokens
     kernels   the CPU decode kernels (`python -m gpt2.generation.kernels` compiles them) and the
               linear layer's dispatch, the narrow (bfloat16, float16, int8) weights it reads
     decoding  the token loop: rows in the slots of an engine, prefilled together and in chunks
@@ -8,7 +11,7 @@
               torch engine and its CUDA graphs, the NumPy engine
     generate  text in, text out, streamed: `generate_text`, `stream_text`, `Chat`
 
-Imports run one way inside: `decoding` builds on `sampling`, `engines` on both, `generate` on
-all three; `kernels` stands alone. None of them imports `gpt2.model`: an engine drives any
+Imports run one way inside: `decoding` builds on `sampling`, `processors` and `lookup`,
+`engines` on `decoding`, `generate` on all of them; `kernels` stands alone. None of them imports `gpt2.model`: an engine drives any
 model through its methods (`engines.Model`).
 """

@@ -43,6 +43,8 @@ import torch
 
 from gpt2._checks import check_token_ids, is_integer, positive_int
 from gpt2.errors import ContextLengthError, GPT2Warning, InvalidArgumentError, NonFiniteError
+from gpt2.generation.lookup import PromptLookup
+from gpt2.generation.processors import Processing
 from gpt2.generation.sampling import SEED_MAX, Sampling, check_seed, draw, row_probabilities, sample_next, seeded_generator, speculative_accept
 from gpt2.settings import DRAFT_TOKENS
 
@@ -95,7 +97,9 @@ class Row:
     calls `end` (a stop string found in its text, a client gone). With `logprobs` = k, each
     chosen token's log-probability is recorded with the k most likely tokens' (from the
     model's distribution, before temperature and filters, as OpenAI's API reports them);
-    with `echo_logprobs` too, those of the prompt's tokens (the first has none).
+    with `echo_logprobs` too, those of the prompt's tokens (the first has none). With `processing`
+    (a constraint, penalties: `processors`), it chooses from its scores as they bend, not from the
+    model's logits, and a constraint that is complete ends it ("stop").
     """
 
     prompt: list[int]
@@ -105,6 +109,7 @@ class Row:
     eos_token_id: int | None = None
     logprobs: int | None = None
     echo_logprobs: bool = False
+    processing: Processing | None = None
     tokens: list[int] = field(default_factory=list, init=False)  # the new tokens
     token_logprobs: list[float] = field(default_factory=list, init=False)
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list, init=False)
@@ -113,6 +118,7 @@ class Row:
 
     def __post_init__(self) -> None:
         self.generator = None if self.seed is None else seeded_generator(self.seed)
+        self.process = None if self.processing is None else self.processing.start(self.prompt)  # its own state
 
     @property
     def done(self) -> bool:
@@ -172,23 +178,26 @@ class Request:
     eos_token_id: int | None = None
     logprobs: int | None = None
     echo_logprobs: bool = False
+    processing: Processing | None = None  # a constraint, penalties: each row starts its own state
 
     @classmethod
     def build(cls, prompts: Sequence[list[int]], max_new_tokens: int, *, n_vocab: int, n_ctx: int, sampling: Sampling = Sampling(),
               seed: int | None = None, n: int = 1, eos_token_id: int | None = None, logprobs: int | None = None,
               echo_logprobs: bool = False, on_overflow: str = "slide", allow_zero: bool = False,
-              n_param: str = "n") -> Request:  # fmt: skip
+              n_param: str = "n", processing: Processing | None = None) -> Request:  # fmt: skip
         """Check every part of a request, then hold it: each value once, here, on its way in from
         the front door (`n_param`: n's name there, num_samples in the text API). `allow_zero` lets
         max_new_tokens be 0 (the prompt only scored, as OpenAI's echo with max_tokens 0); past n_ctx
         the context slides, with a warning, or it is an error (`on_overflow`)."""
         max_new_tokens = check_max_new_tokens(max_new_tokens, allow_zero)
         sampling.check_vocab(n_vocab)  # the rest was checked as it was made
+        if processing is not None:
+            processing.penalties.check_vocab(n_vocab)
         seed = None if seed is None else check_seed(seed)  # an int, as the rows' seeds are made from it
         n = positive_int(n_param, n)
         check_prompts(prompts, n_vocab)
         check_context([len(p) for p in prompts], max_new_tokens, n_ctx, on_overflow, stacklevel=4)  # its caller's caller
-        return cls(list(prompts), max_new_tokens, sampling, seed, n, eos_token_id, logprobs, echo_logprobs)
+        return cls(list(prompts), max_new_tokens, sampling, seed, n, eos_token_id, logprobs, echo_logprobs, processing)
 
     @property
     def slots(self) -> int:
@@ -202,7 +211,7 @@ class Request:
     def rows(self) -> list[Row]:
         """The request's rows, prompt-major (n each); row i samples from seed + i."""
         return [Row(ids, self.max_new_tokens, self.sampling, row_seed(self.seed, i * self.n + j), self.eos_token_id,
-                    self.logprobs, self.echo_logprobs)
+                    self.logprobs, self.echo_logprobs, self.processing)
                 for i, ids in enumerate(self.prompts) for j in range(self.n)]  # fmt: skip
 
 
@@ -312,21 +321,26 @@ class Decoder:
     draft_tokens + 1 tokens a step, which follow the engine's distribution exactly: greedy rows
     get the tokens they get without a draft. The draft mirrors the engine's slots (each row's
     prompt goes into both, and a row that moves moves in both), and catches up on the tokens it
-    has not seen when it next proposes. `stats` counts what was proposed and kept.
+    has not seen when it next proposes. `stats` counts what was proposed and kept. With a `lookup`
+    instead (`lookup.PromptLookup`), the drafts are copied from each row's own earlier tokens, and
+    verified the same way.
     """
 
     def __init__(self, engine: Engine, max_batched_tokens: int | None = None, draft: Engine | None = None,
-                 draft_tokens: int = DRAFT_TOKENS):  # fmt: skip
+                 draft_tokens: int = DRAFT_TOKENS, lookup: PromptLookup | None = None):  # fmt: skip
         self.engine = engine
         self.max_batched_tokens = None if max_batched_tokens is None else positive_int("max_batched_tokens", max_batched_tokens)
-        self.draft, self.draft_tokens = draft, check_draft_tokens(draft_tokens)
+        self.draft, self.draft_tokens, self.lookup = draft, check_draft_tokens(draft_tokens), lookup
         if draft is not None and draft.slots < engine.slots:
             raise InvalidArgumentError(f"the draft's engine has {draft.slots} slots, fewer than the model's {engine.slots}", "draft")
+        if draft is not None and lookup is not None:
+            raise InvalidArgumentError("speculate with a draft model or by prompt lookup, not both", "speculative", ("draft",))
         self.waiting: deque[Row] = deque()
         self.filling: list[Filling] = []
         self.active: list[Row] = []
         self.logits: list[torch.Tensor] = []  # (V,) next-token logits of each active row
         self.drafted: dict[Row, int] = {}  # each active row's tokens (its window's, then new ones) the draft holds
+        self.stale: set[Row] = set()  # active rows whose slot holds positions past their tokens: drafts refused
         self.stats = DraftStats()
 
     def add(self, row: Row) -> None:
@@ -345,7 +359,8 @@ class Decoder:
         self._leave()
         events: list[tuple[Row, int | None]] = []
         chosen, computed = 0, len(self.active)  # rows from `chosen` on choose from self.logits; the engine's tokens
-        if self.draft is not None and self.active:  # never `decode`, which appends after what a slot holds: refused drafts too
+        speculating = self.draft is not None or self.lookup is not None
+        if speculating and self.active:  # `_speculate` verifies from each row's length: its slot may hold refused drafts
             counts = self._draft_counts()
             events, chosen, computed = self._speculate(counts), len(self.active), len(self.active) + sum(counts)
         elif self.active:
@@ -379,6 +394,7 @@ class Decoder:
             i += 1
         self.filling = [fill for fill in self.filling if not fill.row.done]
         self.drafted = {row: self.drafted[row] for row in active if row in self.drafted}
+        self.stale &= set(active)
         self._place()
 
     def _move(self, src: int, dst: int) -> None:
@@ -497,20 +513,24 @@ class Decoder:
         check_finite(logits, rows)
         events = []
         for row, row_logits in zip(rows, logits):
-            token = int(sample_next(row_logits[None], row.sampling, row.generator)[0])
+            scores = row_logits if row.process is None else row.process.scores(row_logits, row.tokens)
+            token = int(sample_next(scores[None], row.sampling, row.generator)[0])
             self._take(row, row_logits, token)
             events.append((row, token))
         return events
 
     @staticmethod
     def _take(row: Row, logits: torch.Tensor, token: int) -> None:
-        """The row's next token, chosen from logits (V,); it ends at eos or max_new_tokens."""
+        """The row's next token, chosen from logits (V,), the model's; it ends at eos, where its
+        constraint is complete, or after max_new_tokens."""
         row.tokens.append(token)
+        if row.process is not None:
+            row.process.advance(token)
         if row.logprobs is not None:
             chosen, alternatives = row._record(logits, token)
             row.token_logprobs.append(chosen)
             row.top_logprobs.append(alternatives)
-        if token == row.eos_token_id:
+        if token == row.eos_token_id or (row.process is not None and row.process.finished):
             row.end(STOP)
         elif len(row.tokens) == row.max_new_tokens:
             row.end(LENGTH)
@@ -526,12 +546,15 @@ class Decoder:
         fewer than the row may still make (the pass after them gives one more), no more than the
         engine's context and the draft's hold (the window and the drafts, bar the last, in the
         draft), and, rows first come first served, within max_batched_tokens (the engine verifies
-        each row's drafts and its newest token). 0 where the draft does not hold the row."""
+        each row's drafts and its newest token). 0 where the draft does not hold the row. (Prompt
+        lookup proposes these at most, and fewer where the row's tokens have no more to copy.)"""
         counts, spare = [], None if self.max_batched_tokens is None else self.max_batched_tokens - len(self.active)
         for row in self.active:
             n = min(len(row.prompt), self.engine.max_len) + len(row.tokens)  # len(self._window(row))
-            room = min(self.draft_tokens, self.engine.max_len - n, self.draft.max_len - n + 1, row.max_new_tokens - len(row.tokens) - 1)
-            k = max(0, room if spare is None else min(room, spare)) if row in self.drafted else 0
+            room = min(self.draft_tokens, self.engine.max_len - n, row.max_new_tokens - len(row.tokens) - 1)
+            if self.draft is not None:
+                room = min(room, self.draft.max_len - n + 1) if row in self.drafted else 0
+            k = max(0, room if spare is None else min(room, spare))
             counts.append(k)
             spare = None if spare is None else spare - k
         return counts
@@ -543,29 +566,58 @@ class Decoder:
         rows, max_len = self.active, self.engine.max_len
         windows = [self._window(row) for row in rows]
         drafts, proposals = self._propose(windows, counts)
-        # the newest token is the window's last; past max_len the context slides, as
-        # TorchEngine.decode does it: the last max_len tokens again (no drafts there)
-        slides = [len(w) > max_len for w in windows]
-        starts = [0 if slide else len(w) - 1 for w, slide in zip(windows, slides)]
-        chunks = [w[-max_len:] if slide else w[-1:] + d for w, d, slide in zip(windows, drafts, slides)]
-        outs = self.engine.extend(list(range(len(rows))), starts, chunks, [bool(d) for d in drafts])
-        logits = torch.cat([out if d else out[None] for out, d in zip(outs, drafts)]).float().cpu()  # (sum of k + 1, V)
+        if self.draft is None and not any(drafts) and not self.stale:  # prompt lookup found nothing: decode's fast step
+            logits = self.engine.decode(torch.tensor([row.tokens[-1] for row in rows])).float().cpu()  # (B, V)
+        else:
+            # the newest token is the window's last; past max_len the context slides, as
+            # TorchEngine.decode does it: the last max_len tokens again (no drafts there)
+            slides = [len(w) > max_len for w in windows]
+            starts = [0 if slide else len(w) - 1 for w, slide in zip(windows, slides)]
+            chunks = [w[-max_len:] if slide else w[-1:] + d for w, d, slide in zip(windows, drafts, slides)]
+            outs = self.engine.extend(list(range(len(rows))), starts, chunks, [bool(d) for d in drafts])
+            logits = torch.cat([out if d else out[None] for out, d in zip(outs, drafts)]).float().cpu()  # (sum of k + 1, V)
         owners = [row for row, d in zip(rows, drafts) for _ in range(len(d) + 1)]
         check_finite(logits, owners)
         sizes = [len(d) + 1 for d in drafts]
-        p = row_probabilities(logits, [row.sampling for row in owners]).split(sizes)  # the engine's distributions
+        scores = torch.cat([self._scores(row, row_logits, d) for row, row_logits, d in zip(rows, logits.split(sizes), drafts)])
+        p = row_probabilities(scores, [row.sampling for row in owners]).split(sizes)  # the engine's distributions
         events = []
         for i, (row_logits, row_p) in enumerate(zip(logits.split(sizes), p)):
             events += self._verify(i, row_logits, row_p, drafts[i], proposals[i], len(windows[i]))
         return events
 
+    @staticmethod
+    def _scores(row: Row, logits: torch.Tensor, drafts: list[int]) -> torch.Tensor:
+        """A row's scores (k + 1, V) at its newest token and after each of its k drafts, from the
+        engine's logits there: its processing's, at the state each draft leads to (the model's
+        logits where it has none). Past a draft its constraint refuses, the scores are the logits:
+        that draft's score is -inf, so the rule refuses it and reads none after it."""
+        process = row.process
+        if process is None:
+            return logits
+        scores, generated, advanced = logits.clone(), list(row.tokens), 0
+        for t in range(len(drafts) + 1):
+            scores[t] = process.scores(logits[t], generated)
+            if t == len(drafts) or process.try_advance(drafts[t : t + 1]) == 0:
+                break
+            generated.append(drafts[t])
+            advanced += 1
+        process.rollback(advanced)  # `_take` advances through the tokens kept
+        return scores
+
     def _propose(self, windows: list[list[int]], counts: list[int]) -> tuple[list[list[int]], list[torch.Tensor]]:
         """The draft's tokens for each active row, counts[i] of them, each drawn from the draft's
-        distribution under the row's sampling and generator; and those distributions, (counts[i], V).
-        Its first pass over a row feeds what the draft has not seen of its window."""
+        distribution under the row's sampling, processing and generator; and those distributions,
+        (counts[i], V). Its first pass over a row feeds what the draft has not seen of its window.
+        By prompt lookup, the tokens copied from the row's own, each proposed for certain."""
         rows = self.active
+        if self.lookup is not None:
+            drafts = [self.lookup.propose(row.prompt + row.tokens, k) for row, k in zip(rows, counts)]
+            V = len(self.logits[0]) if self.logits else 0
+            return drafts, [torch.nn.functional.one_hot(torch.tensor(d, dtype=torch.long), V).float() for d in drafts]
         drafts: list[list[int]] = [[] for _ in rows]
         proposals: list[list[torch.Tensor]] = [[] for _ in rows]
+        advanced = [0] * len(rows)  # drafts each row's constraint has advanced through
         for j in range(max(counts, default=0)):
             live = [i for i, k in enumerate(counts) if k > j]
             starts = [self.drafted[rows[i]] for i in live]
@@ -575,11 +627,18 @@ class Decoder:
             else:
                 logits = torch.stack(self.draft.extend(live, starts, chunks)).float().cpu()
             check_finite(logits, [rows[i] for i in live], "the draft model")
-            q = row_probabilities(logits, [rows[i].sampling for i in live])
+            scores = torch.stack([logits[b] if rows[i].process is None else rows[i].process.scores(logits[b], rows[i].tokens + drafts[i])
+                                  for b, i in enumerate(live)])  # fmt: skip
+            q = row_probabilities(scores, [rows[i].sampling for i in live])
             for i, start, chunk, row_q in zip(live, starts, chunks, q):
                 self.drafted[rows[i]] = start + len(chunk)
                 drafts[i].append(draw(row_q, rows[i].generator))
                 proposals[i].append(row_q)
+                if rows[i].process is not None:
+                    advanced[i] += rows[i].process.try_advance(drafts[i][-1:])  # the next draft's state; undone below
+        for row, n in zip(rows, advanced):
+            if row.process is not None:
+                row.process.rollback(n)
         return drafts, [torch.stack(q) if q else torch.zeros(0) for q in proposals]
 
     def _verify(self, i: int, logits: torch.Tensor, p: torch.Tensor, drafts: list[int], q: torch.Tensor,
@@ -589,7 +648,11 @@ class Decoder:
         each draft; q (k, V): the draft's; n: the length of its window before them."""
         row, k = self.active[i], len(drafts)
         kept, after = speculative_accept(p, q, drafts, row.generator)
-        if k:  # the draft holds the window and drafts[:k - 1]: those past the first refused are not the row's
+        if kept < k:  # its slot holds the drafts refused, past its tokens: only `extend` (from the row's length) may follow
+            self.stale.add(row)
+        else:
+            self.stale.discard(row)
+        if k and self.draft is not None:  # the draft holds the window and drafts[:k - 1]: those past the first refused are not the row's
             self.drafted[row] = n + min(kept, k - 1)
         events = []
         for t, token in enumerate(drafts[:kept] + [after]):
@@ -623,10 +686,11 @@ def finish_reasons(events: Sequence[tuple[Row, int | None]]) -> list[str | None]
     return [row.finish_reason if last[id(row)] == e else None for e, (row, _) in enumerate(events)]
 
 
-def run(engine: Engine, rows: Sequence[Row], draft: Engine | None = None, draft_tokens: int = DRAFT_TOKENS) -> Decoder:
+def run(engine: Engine, rows: Sequence[Row], draft: Engine | None = None, draft_tokens: int = DRAFT_TOKENS,
+        lookup: PromptLookup | None = None) -> Decoder:  # fmt: skip
     """Continue every row to its end, `engine.slots` at a time (speculatively with a `draft`
-    engine: see Decoder). Returns the decoder, whose `stats` say how the draft did."""
-    decoder = Decoder(engine, draft=draft, draft_tokens=draft_tokens)
+    engine or a prompt `lookup`: see Decoder). Returns the decoder, whose `stats` say how the drafts did."""
+    decoder = Decoder(engine, draft=draft, draft_tokens=draft_tokens, lookup=lookup)
     for row in rows:
         decoder.add(row)
     with torch.inference_mode():

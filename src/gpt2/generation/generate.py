@@ -19,9 +19,11 @@ from gpt2._checks import int_between, positive_int
 from gpt2.errors import ContextLengthError, GPT2Warning, InputTypeError, InvalidArgumentError
 from gpt2.generation.decoding import STOP, Decoder, Request, check_draft_tokens, finish_reasons, row_seed, start_of_text
 from gpt2.generation.engines import NumpyEngine, check_draft
+from gpt2.generation.lookup import lookup_of
+from gpt2.generation.processors import Constraint, processing_of
 from gpt2.generation.sampling import Sampling, check_seed, sampling_of
 from gpt2.reference import ReferenceModel
-from gpt2.settings import CHAT_MAX_NEW_TOKENS, DRAFT_TOKENS, MAX_NEW_TOKENS
+from gpt2.settings import CHAT_MAX_NEW_TOKENS, DRAFT_TOKENS, LOOKUP_MAX, LOOKUP_MIN, MAX_NEW_TOKENS
 from gpt2.tokenizer import IncrementalDecoder, Tokenizer
 from gpt2.tokenizer.chat import HOW_TO_ADD, ChatTemplate, ReplyText, special_token_names
 
@@ -58,7 +60,13 @@ class TextGeneration:
     starts from <|endoftext|>, as GPT-2's unconditional samples do (with a warning).
     Sampling is temperature, top_k and top_p, or a `sampling` made already in their place.
     With a `draft` model (of the same tokenizer: see `GPT2.generate`), decoding is speculative:
-    it proposes `draft_tokens` tokens a step, which `model` verifies in one pass.
+    it proposes `draft_tokens` tokens a step, which `model` verifies in one pass; speculative="ngram"
+    drafts as many from each row's own earlier tokens instead (prompt lookup: `lookup`), the
+    last prompt_lookup_max down to prompt_lookup_min tokens matched.
+    A `constraint` (`processors.Constraint`: a JSON schema, any JSON object, a regex, a
+    choice, a grammar) holds every row's text to it; logit_bias (token id -> bias from -100 to
+    100), frequency_penalty and presence_penalty (OpenAI's, from -2 to 2) and repetition_penalty
+    (transformers') bend each row's scores before it samples (`processors`).
     `allowed_special` is the tokenizer's: "all" (the default) reads <|endoftext|> written in a
     prompt as the special token, as OpenAI's API, `gpt2 generate` and `gpt2 serve` do;
     frozenset() reads it as its characters (any token not allowed is text here, never the
@@ -83,11 +91,21 @@ class TextGeneration:
         allowed_special: AbstractSet[str] | Literal["all"] = "all",
         draft=None,
         draft_tokens: int = DRAFT_TOKENS,
+        speculative: str | None = None,
+        prompt_lookup_max: int = LOOKUP_MAX,
+        prompt_lookup_min: int = LOOKUP_MIN,
+        constraint: Constraint | None = None,
+        logit_bias: dict[int, float] | None = None,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        repetition_penalty: float = 1.0,
     ):
         self.stop = check_stop(stop)
         if draft is not None:
             check_draft(model, draft, tokenizer)
         self.draft_tokens = check_draft_tokens(draft_tokens)
+        self.lookup = lookup_of(speculative, prompt_lookup_max, prompt_lookup_min, draft)
+        processing = processing_of(tokenizer, constraint, logit_bias, frequency_penalty, presence_penalty, repetition_penalty)
         prompt_list = [prompts] if isinstance(prompts, str) else list(prompts)
         if not prompt_list:
             raise InvalidArgumentError("no prompts: give at least one", "prompt")
@@ -95,7 +113,7 @@ class TextGeneration:
         request = Request.build([self._encode(tokenizer, prompt, allowed_special) for prompt in prompt_list], max_new_tokens,
                                 n_vocab=model.config.n_vocab, n_ctx=model.config.n_ctx, sampling=self.sampling, seed=seed,
                                 n=num_samples, n_param="num_samples", eos_token_id=tokenizer.eot_token,
-                                on_overflow=on_overflow)  # fmt: skip
+                                on_overflow=on_overflow, processing=processing)  # fmt: skip
         # the engines (and the memory they need) before the rows, so that errors come before any row is made
         self.engine = self._engine(model, request)
         self.draft = None if draft is None else self._engine(draft, request)
@@ -132,7 +150,7 @@ class TextGeneration:
     def __iter__(self) -> Iterator[tuple[int, str]]:
         texts = self.texts
         index = {row: b for b, row in enumerate(self.rows)}
-        decoder = Decoder(self.engine, draft=self.draft, draft_tokens=self.draft_tokens)
+        decoder = Decoder(self.engine, draft=self.draft, draft_tokens=self.draft_tokens, lookup=self.lookup)
         self.stats = decoder.stats
         for row in self.rows:
             decoder.add(row)

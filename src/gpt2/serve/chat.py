@@ -28,7 +28,6 @@ from gpt2.serve.protocol import Bounds, ChatBody, CompletionRequest, RequestErro
 from gpt2.serve.server import ModelRoute, Server
 from gpt2.tokenizer import Tokenizer, token_text
 from gpt2.tokenizer.chat import ChatTemplate, ReplyText
-from gpt2.tokenizer.chat import ChatTemplate, ReplyText, check_messages
 
 router = APIRouter(route_class=ModelRoute)
 
@@ -63,7 +62,8 @@ def parse_chat(body: ChatBody, template: ChatTemplate, tokenizer: Tokenizer, bou
         max_tokens = max(bounds.n_ctx - len(prompt), 1)
     within_context([prompt], max_tokens, bounds.n_ctx, "messages")
     # every part is checked above: Request.build would check them again
-    request = decoding.Request([prompt], max_tokens, body.sampling(), body.seed, body.n, tokenizer.eot_token, logprobs)
+    request = decoding.Request([prompt], max_tokens, body.sampling(), body.seed, body.n, tokenizer.eot_token, logprobs,
+                               processing=body.processing(tokenizer, bounds.n_vocab))  # fmt: skip
     return CompletionRequest(request.prompts, request.rows(), body.stops(), body.stream, False, logprobs, body.include_usage)
 
 

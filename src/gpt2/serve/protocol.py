@@ -29,9 +29,11 @@ from gpt2.errors import GPT2Error, InvalidArgumentError
 from gpt2.generation.decoding import Request, Row, check_draft_tokens, start_of_text
 from gpt2.generation.engines import KVCache, check_prefix_cache_mb
 from gpt2.generation.generate import check_stop
+from gpt2.generation.lookup import PromptLookup, lookup_of
+from gpt2.generation.processors import Constraint, Penalties, Processing, check_logit_bias, compile_constraint, one_constraint
 from gpt2.generation.sampling import SEED_MAX, Sampling
 from gpt2.inspect.patching import SITES
-from gpt2.settings import DRAFT_TOKENS
+from gpt2.settings import DRAFT_TOKENS, LOOKUP_MAX, LOOKUP_MIN
 from gpt2.tokenizer import Tokenizer
 from gpt2.tokenizer.chat import ROLES, check_messages
 
@@ -56,10 +58,17 @@ class Limits:
     # activation, each of the whole text): 2^14 is the 124M model's resid_pre grid up to 36 tokens
     max_patching_tokens: int = 1 << 14
     api_key: str | None = None
-    draft_tokens: int = DRAFT_TOKENS  # tokens a draft model proposes per step, where the server has one
+    draft_tokens: int = DRAFT_TOKENS  # tokens a draft model (or prompt lookup) proposes per step, where the server speculates
+    speculative: str | None = None  # "ngram": prompt lookup drafts, from each row's own tokens (`gpt2.generation.lookup`)
+    prompt_lookup_max: int = LOOKUP_MAX
+    prompt_lookup_min: int = LOOKUP_MIN
 
     def __post_init__(self) -> None:
         self.check()
+
+    @property
+    def lookup(self) -> PromptLookup | None:
+        return lookup_of(self.speculative, self.prompt_lookup_max, self.prompt_lookup_min)
 
     def check(self) -> None:
         for name in ("max_batch_size", "max_num_batched_tokens", "max_queue", "max_n", "max_body_bytes", "max_inspect_cells",
@@ -67,6 +76,7 @@ class Limits:
             positive_int(name, getattr(self, name))
         check_prefix_cache_mb(self.prefix_cache_mb)
         check_draft_tokens(self.draft_tokens)
+        lookup_of(self.speculative, self.prompt_lookup_max, self.prompt_lookup_min)
         if self.max_num_batched_tokens < self.max_batch_size:
             raise InvalidArgumentError(f"max_num_batched_tokens must be at least max_batch_size ({self.max_batch_size}), as each "
                                        f"step decodes a token of every row; got {self.max_num_batched_tokens}", "max_num_batched_tokens",
@@ -238,6 +248,77 @@ def _messages_refused(messages: object, bounds: Bounds) -> str:
     return "messages must be a non-empty list of messages"
 
 
+def _bias_refused(bias: object, bounds: Bounds) -> str:
+    """Why a logit_bias is refused, in `check_logit_bias`' words."""
+    check_logit_bias(bias)  # raises for a key that is not an id, or a bias out of range
+    return 'logit_bias must map token ids to biases from -100 to 100, like {"50256": -100}'
+
+
+PENALTY = Says("{name} must be a number from -2 to 2, got {value!r}")
+
+
+class JsonSchemaFormat(BaseModel):
+    """OpenAI's response_format json_schema: a name, the schema, strict (always enforced here), a description."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+    name: str = "response"
+    schema_: dict | bool = Field(alias="schema")
+    strict: bool | None = None
+    description: str | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's response_format: {"type": "text"}, {"type": "json_object"}, or {"type": "json_schema", "json_schema": {...}}."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    def constraint(self) -> Constraint | None:
+        if self.type == "json_schema":
+            if self.json_schema is None:
+                raise RequestError(400, 'response_format of type json_schema needs "json_schema": {"name": ..., "schema": {...}}',
+                                   "response_format")  # fmt: skip
+            return _made("response_format", Constraint.json_schema, self.json_schema.schema_)
+        return Constraint.json_object() if self.type == "json_object" else None
+
+
+def _format_refused(value: object, bounds: Bounds) -> str:
+    return ('response_format must be {"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema": '
+            f'{{"name": ..., "schema": {{...}}, "strict": true}}}}, got {value!r:.80}')  # fmt: skip
+
+
+class StructuredOutputs(BaseModel):
+    """vLLM's structured_outputs: one of json (a schema), regex, choice, grammar (Lark or GBNF), json_object."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    json_: dict | bool | str | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+    def constraints(self) -> list[tuple[str, Constraint | None]]:
+        given = {"json_schema": self.json_, "regex": self.regex, "choice": self.choice, "grammar": self.grammar,
+                 "json_object": self.json_object}  # fmt: skip
+        if sum(value not in (None, False) for value in given.values()) > 1:
+            raise RequestError(400, "structured_outputs: one of json, regex, choice, grammar, json_object at a time", "structured_outputs")
+        return [("structured_outputs", _made("structured_outputs", one_constraint, **given))]
+
+
+def _structured_refused(value: object, bounds: Bounds) -> str:
+    return ('structured_outputs must be an object of one of "json" (a schema), "regex", "choice" (a list of strings), '
+            f'"grammar" (Lark or GBNF) or "json_object": true, got {value!r:.80}')  # fmt: skip
+
+
+def _made(field: str, make: Callable[..., Constraint | None], *args: object, **kwargs: object) -> Constraint | None:
+    """A constraint made of a field's value: its error a 400 naming the field."""
+    try:
+        return make(*args, **kwargs)
+    except GPT2Error as e:
+        raise RequestError(400, f"{field}: {e}", field) from None
+
+
 class StreamOptions(Body):
     include_usage: Annotated[bool | None, FLAG] = False
 
@@ -278,12 +359,55 @@ class Sampled(Body):
     stream: Annotated[bool | None, FLAG] = False
     stream_options: Annotated[StreamOptions | None, Says('stream_options must be an object like {{"include_usage": true}}')] = None
     user: Annotated[str | None, Says("{name} must be a string, got {value!r}")] = None
-    presence_penalty: Annotated[float | None, UNSUPPORTED] = Field(0.0, ge=0, le=0)
-    frequency_penalty: Annotated[float | None, UNSUPPORTED] = Field(0.0, ge=0, le=0)
-    logit_bias: Annotated[dict[str, float] | None, UNSUPPORTED] = Field(None, max_length=0)
+    presence_penalty: Annotated[float | None, PENALTY] = Field(0.0, ge=-2, le=2, allow_inf_nan=False)
+    frequency_penalty: Annotated[float | None, PENALTY] = Field(0.0, ge=-2, le=2, allow_inf_nan=False)
+    logit_bias: Annotated[dict[str, float] | None, Says(_bias_refused)] = None  # OpenAI's: {"50256": -100}
+    repetition_penalty: Annotated[float | None, Says("{name} must be a number above 0 (1 is none), got {value!r}")] = \
+        Field(1.0, gt=0, allow_inf_nan=False)  # vLLM's and transformers': multiplicative  # fmt: skip
+    # structured outputs: OpenAI's response_format, vLLM's structured_outputs and its older guided_* fields (one at most)
+    response_format: Annotated[ResponseFormat | None, Says(_format_refused)] = None
+    structured_outputs: Annotated[StructuredOutputs | None, Says(_structured_refused)] = None
+    guided_json: Annotated[dict | str | None, Says("{name} must be a JSON schema (an object or its text)")] = None
+    guided_regex: Annotated[str | None, Says("{name} must be a regular expression (a string)")] = None
+    guided_choice: Annotated[list[str] | None, Says("{name} must be a list of strings")] = None
+    guided_grammar: Annotated[str | None, Says("{name} must be a grammar (a string: Lark or GBNF)")] = None
 
     def sampling(self) -> Sampling:
         return Sampling(self.temperature, self.top_k, None if self.top_p == 1 else self.top_p)  # top_p 1 keeps all
+
+    def processing(self, tokenizer: Tokenizer, n_vocab: int) -> Processing | None:
+        """The body's constraint, compiled for `tokenizer`, with its logit bias and penalties (None: none)."""
+        field, constraint = self.constraint()
+        try:
+            penalties = Penalties.make(self.logit_bias, self.frequency_penalty, self.presence_penalty, self.repetition_penalty)
+            penalties.check_vocab(n_vocab)
+        except GPT2Error as e:
+            raise RequestError.invalid(e) from None
+        try:
+            compiled = None if constraint is None else compile_constraint(constraint, tokenizer)
+        except GPT2Error as e:
+            raise RequestError(400, f"{field}: {str(e).removeprefix(constraint.kind + ': ')}", field) from None
+        processing = Processing(penalties, compiled)
+        return processing if processing.any else None
+
+    def constraint(self) -> tuple[str | None, Constraint | None]:
+        """The body's constraint and the field that gave it; two at once are a 400 naming the second."""
+        given = [(name, c) for name, c in [("response_format", self.response_format and self.response_format.constraint()),
+                                            *(self.structured_outputs.constraints() if self.structured_outputs else []),
+                                            *self._guided()] if c is not None]  # fmt: skip
+        if len(given) > 1:
+            raise RequestError(400, f"one structured output at a time: {given[0][0]} and {given[1][0]} were both given", given[1][0])
+        return given[0] if given else (None, None)
+
+    def _guided(self) -> list[tuple[str, Constraint | None]]:
+        """vLLM's older guided_* fields."""
+        try:
+            return [("guided_json", None if self.guided_json is None else Constraint.json_schema(self.guided_json)),
+                    ("guided_regex", None if self.guided_regex is None else Constraint.regex(self.guided_regex)),
+                    ("guided_choice", None if self.guided_choice is None else Constraint.choice(self.guided_choice)),
+                    ("guided_grammar", None if self.guided_grammar is None else Constraint.grammar(self.guided_grammar))]  # fmt: skip
+        except GPT2Error as e:
+            raise RequestError(400, str(e), "guided_" + {"json_schema": "json"}.get(e.param, e.param)) from None
 
     def stops(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -426,7 +550,7 @@ def parse_completion(body: CompletionBody, tokenizer: Tokenizer, bounds: Bounds,
     within_context(prompts, body.max_tokens, bounds.n_ctx)
     # every part is checked above: Request.build would check them again
     request = Request(prompts, body.max_tokens, body.sampling(), body.seed, body.n, tokenizer.eot_token, body.logprobs,
-                      body.echo and body.logprobs is not None)  # fmt: skip
+                      body.echo and body.logprobs is not None, body.processing(tokenizer, bounds.n_vocab))  # fmt: skip
     return CompletionRequest(request.prompts, request.rows(), body.stops(), body.stream, body.echo, body.logprobs, body.include_usage,
                              body.return_token_ids)  # fmt: skip
 

@@ -56,7 +56,8 @@ Listener = Callable[[Row, "int | None", "str | None", "str | None"], None]
 
 class Scheduler:
     """The server's one generation loop: a thread stepping a Decoder over every row in flight
-    (speculatively, with a `draft` model: its engine beside the model's, limits.draft_tokens a step)."""
+    (speculatively, with a `draft` model: its engine beside the model's, limits.draft_tokens a step;
+    or with limits.speculative "ngram", by prompt lookup)."""
 
     def __init__(self, model: GPT2, limits: Limits, metrics: Metrics, draft: GPT2 | None = None):
         def engine(m: GPT2, prefix_cache: PrefixCache | None = None) -> Engine:  # a KV cache of the whole context for each row
@@ -161,4 +162,4 @@ class Scheduler:
         self.decoder = self._decoder(self.decoder.engine, self.decoder.draft)  # the rows that were in it are gone
 
     def _decoder(self, engine: Engine, draft: Engine | None) -> Decoder:
-        return Decoder(engine, self.limits.max_num_batched_tokens, draft, self.limits.draft_tokens)
+        return Decoder(engine, self.limits.max_num_batched_tokens, draft, self.limits.draft_tokens, self.limits.lookup)
