@@ -149,9 +149,9 @@ def _structured(args: argparse.Namespace) -> dict:
     from gpt2.generation.lookup import lookup_of
     from gpt2.generation.processors import Constraint, Penalties, one_constraint
 
-    constraint = one_constraint(json_schema=args.json_schema and Constraint.from_file("json_schema", args.json_schema),
-                                json_object=args.json_object, regex=args.regex, choice=args.choice,
-                                grammar=args.grammar and Constraint.from_file("grammar", args.grammar))  # fmt: skip
+    files = {kind: None if path is None else Constraint.from_file(kind, path) for kind, path in
+             (("json_schema", args.json_schema), ("grammar", args.grammar))}  # fmt: skip
+    constraint = one_constraint(**files, json_object=args.json_object, regex=args.regex, choice=args.choice)
     bias = dict(_logit_bias(item) for item in args.logit_bias or [])
     Penalties.make(bias, args.frequency_penalty, args.presence_penalty, args.repetition_penalty)  # checked now
     lookup_of(args.speculative, args.prompt_lookup_max, args.prompt_lookup_min, args.draft)
