@@ -17,11 +17,11 @@ $(BIN)/python:
 	$(BIN)/python -m pip install -q $(TORCH)
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q -e ".[train,eval,serve,inspect,structured]"
+	$(BIN)/python -m pip install -q -e ".[train,eval,serve,inspect,structured,export]"
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q -e ".[dev,train,eval,serve,inspect,structured]"
+	$(BIN)/python -m pip install -q -e ".[dev,train,eval,serve,inspect,structured,export]"
 	touch $@ $(VENV)/.installed
 
 # The decode kernel (src/gpt2/generation/kernels.py): compiled once for each Python, torch, compiler and
