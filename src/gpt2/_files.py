@@ -7,6 +7,7 @@ import errno
 import json
 import os
 import secrets
+import shutil
 import stat
 import threading
 from collections.abc import Callable, Iterator
@@ -43,6 +44,33 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a new directory beside `path` to write files into; rename it onto `path` only if the
+    block succeeds, so that `path` holds the whole set or nothing (an export: a model and its
+    files). `path` must not hold anything yet: an empty directory is replaced, anything else is
+    an `UnwritablePathError`, never overwritten. The directory gets the user's umask's mode."""
+    path = Path(path)
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise UnwritablePathError(f"{path} already exists{'' if path.is_dir() else ' as a file'}: give a new directory, or remove it first")
+    writable_directory(path.parent)
+    for _ in range(100):
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            tmp.mkdir(0o777)  # less the umask, as mkdir makes directories
+            break
+        except FileExistsError:
+            continue
+    try:
+        yield tmp
+        if path.is_dir():
+            path.rmdir()
+        os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 

@@ -555,6 +555,15 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gelu:
     return module.gemv(x, weight, bias, code, scale)
 
 
+def tracing() -> bool:
+    """Whether a tracer is recording the model (torch.onnx.export, torch.export, torch.jit.trace,
+    torch.compile): our kernels are opaque to it, and a graph recorded through them would hold
+    constants where the computation should be, so the model then takes plain torch ops. (ONNX's
+    exporters trace through one of these: TorchScript's through the jit tracer, dynamo's through
+    torch.export. Each check is a flag read, 0.1 us: a decode step makes 60.)"""
+    return torch.compiler.is_exporting() or torch.compiler.is_compiling() or torch.jit.is_tracing()
+
+
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seen: torch.Tensor | None = None) -> torch.Tensor | None:
     """softmax(q k^T / sqrt(d)) v for one new position per row, decoding on the CPU: q (B, H, 1, d),
     k and v (B, H, S, d) float32, each key's d values contiguous (views of the KV cache); row b
@@ -585,7 +594,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     A weight narrower than x (weight-only bfloat16, float16, or int8 times `scale`, one per
     output) is read as is by the decode kernel at few rows; for many it is widened first.
     """
-    cpu_inference = x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_grad_enabled()
+    cpu_inference = x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_grad_enabled() and not tracing()
     if cpu_inference and x.numel() <= _FEW_ROWS * x.size(-1):
         y = gemv(x, weight, bias, gelu, scale)  # None where the kernel cannot serve
         if y is not None:

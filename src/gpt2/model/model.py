@@ -32,7 +32,7 @@ from gpt2._checks import check_token_ids
 from gpt2.checkpoints.config import GPT2Config
 from gpt2.errors import ContextLengthError, InputTypeError, InvalidArgumentError
 from gpt2.generation.engines import PrefixCache, TorchEngine, check_cuda_graphs, generate_ids, model_engine, set_cuda_graphs
-from gpt2.generation.kernels import attend, linear, widen
+from gpt2.generation.kernels import attend, linear, tracing, widen
 from gpt2.model.pretrained import hf_state_dict, open_pretrained, save_pretrained, sinusoidal_positions
 from gpt2.settings import DRAFT_TOKENS
 
@@ -105,6 +105,8 @@ class CausalSelfAttention(nn.Module):
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
                counts: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
         """softmax(q k^T / sqrt(d) + mask) v, by the kernel that serves here: q (B, H, T, d), k and v (B, H, S, d)."""
+        if tracing():  # a tracer records plain ops: the softmax written out, no kernel, no size read as a bool
+            return attention(q, k, v, mask, self.attn_dropout)
         T = q.size(2)
         y = None
         one_query = T == 1 and (mask is None or counts is not None) and q.device.type == "cpu"
@@ -250,7 +252,7 @@ class GPT2(nn.Module):
     # ---------------------------------------------------------------- forward
 
     def forward(
-        self, idx: torch.Tensor, targets: torch.Tensor | None = None, *, ignore_index: int = -100, check_ids: bool = True
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None, ignore_index: int = -100, check_ids: bool = True
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """idx: (B, T) token ids. targets: (B, T) ids of the next tokens, `ignore_index` where none.
 
@@ -259,7 +261,9 @@ class GPT2(nn.Module):
         conversations that holds no reply adds nothing to a step).
         The ids are checked against the vocabulary unless `check_ids` is False: the trainer's
         batches were checked where they were made, and reading idx.min() inside a compiled
-        step would break its graph (so a compiled call never reads them either).
+        step would break its graph (so a compiled call never reads them either). Every argument
+        may be given by position, as torch.onnx.export's TorchScript exporter passes them; under
+        any tracer the pass takes plain torch ops (`kernels.tracing`), which is what it records.
         """
         self._check_input(idx, check_ids and not torch.compiler.is_compiling())
         logits = self.unembed(self.trunk(idx))  # (B, T, V)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from pathlib import Path
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -123,10 +124,17 @@ def save_pretrained(directory: str | os.PathLike, config: GPT2Config, tensors: d
     for name, shape in transformers_only_shapes(config).items():
         positions = name == "transformer.wpe.weight"
         tensors[name] = sinusoidal_positions(*shape).to(dtype) if positions else torch.zeros(shape, dtype=dtype)
-    tokenizer = tokenizer if tokenizer is not None else assumed_tokenizer(config.n_vocab)
-    eot_token = None if tokenizer is None else tokenizer.eot_token
     with atomic_path(directory / "model.safetensors") as tmp:
         save_file(tensors, str(tmp), metadata={**(metadata or {}), "format": "pt"})
+    save_config_and_tokenizer(directory, config, tokenizer)
+
+
+def save_config_and_tokenizer(directory: Path, config: GPT2Config, tokenizer: Tokenizer | CharTokenizer | None) -> None:
+    """config.json (Hugging Face's GPT-2 keys) and the tokenizer's files, as `save_pretrained` writes
+    them beside the weights (an export writes them beside its own). `tokenizer` None: GPT-2's for a
+    model of GPT-2's vocabulary; its <|endoftext|> is config.json's eos id."""
+    tokenizer = tokenizer if tokenizer is not None else assumed_tokenizer(config.n_vocab)
+    eot_token = None if tokenizer is None else tokenizer.eot_token
     atomic_write_text(directory / "config.json", json.dumps(config.to_hf_dict(eot_token), indent=2) + "\n")
     if tokenizer is not None:
         tokenizer.save_pretrained(directory, model_max_length=config.n_ctx)
