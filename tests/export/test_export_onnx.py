@@ -111,7 +111,7 @@ def test_int8_agrees_with_ours_on_the_top_token_of_the_shipped_trained_model(tmp
     assert agreement >= 0.99 and (out / "model.onnx").stat().st_size < 0.5 * (model.num_parameters() * 4)
 
 
-def test_bad_exports_are_one_line_and_leave_nothing(exported, tmp_path, capsys):
+def test_bad_exports_are_one_line_and_leave_nothing(exported, tmp_path, capsys, monkeypatch):
     model, _, directory, _ = exported
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "notes.txt").write_text("mine")
@@ -128,6 +128,10 @@ def test_bad_exports_are_one_line_and_leave_nothing(exported, tmp_path, capsys):
     assert (tmp_path / "taken" / "notes.txt").read_text() == "mine" and sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
     with pytest.raises(GPT2Error, match="quantize must be one of int8"):
         export_onnx(model, tmp_path / "y", quantize="int4")
+    monkeypatch.setattr(GPT2, "num_parameters", lambda self: 774_030_080)  # gpt2-large's
+    with pytest.raises(GPT2Error, match=r"this model's float32 weights are 2.9 GiB, and an ONNX file holds at most 2 GiB"):
+        export_onnx(model, tmp_path / "y")
+    monkeypatch.undo()
     with pytest.raises(GPT2Error, match="ONNX export takes a float32 model; this one's weights are bfloat16"):
         export_onnx(GPT2.from_pretrained(directory, device="cpu", dtype="bfloat16"), tmp_path / "y")
 

@@ -34,6 +34,7 @@ from gpt2.model.pretrained import save_config_and_tokenizer
 OPSET = 18
 QUANTIZE = ("int8",)  # int8 weights in blocks (ONNX Runtime's MatMulNBits), int8 products
 INT8_BLOCK = 32  # weights sharing one scale
+PROTOBUF_LIMIT = 2**31 - 2**24  # an ONNX file is one protobuf message: under 2 GiB, with room for the graph
 
 
 class DecoderWithPast(nn.Module):
@@ -81,6 +82,11 @@ def export_onnx(model: GPT2, out: str | os.PathLike, quantize: str | None = None
     if model.dtype != torch.float32:
         raise InvalidArgumentError(f"ONNX export takes a float32 model; this one's weights are {str(model.dtype).removeprefix('torch.')}: "
                                    "load it with dtype='float32'", "dtype")  # fmt: skip
+    size = model.num_parameters() * 4
+    if size >= PROTOBUF_LIMIT:
+        raise InvalidArgumentError(f"this model's float32 weights are {size / 2**30:.1f} GiB, and an ONNX file holds at most 2 GiB "
+                                   f"(protobuf's limit; weights in files beside it are not written here): export it as GGUF "
+                                   f"(format='gguf'), or a model of up to {PROTOBUF_LIMIT // 4 / 1e6:.0f}M parameters", "format")  # fmt: skip
     _packages(quantize)
     with atomic_directory(Path(out)) as directory:
         _write_graph(model, directory / "model.onnx")
