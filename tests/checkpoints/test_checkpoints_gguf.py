@@ -8,6 +8,9 @@ tiktoken's tokens; every bad input one clear error, and nothing half-written."""
 from __future__ import annotations
 
 import json
+import re
+import shutil
+import sys
 from pathlib import Path
 
 import gguf
@@ -16,7 +19,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, Keys, MODEL_ARCH, MODEL_TENSOR, MODEL_TENSORS, TENSOR_NAMES
 
-from gpt2 import CheckpointError, CheckpointNotFoundError, GPT2Error, InvalidArgumentError, Tokenizer, UnwritablePathError
+from gpt2 import CheckpointError, CheckpointNotFoundError, GPT2Error, InvalidArgumentError, MissingPackageError, Tokenizer, UnwritablePathError
 from gpt2.checkpoints.config import GPT2Config
 from gpt2.checkpoints.gguf import open_gguf, write_gguf
 from gpt2.checkpoints.weights import expected_shapes, locate, read_config
@@ -312,3 +315,12 @@ def test_bad_files_are_one_clear_error_naming_the_file(files, tmp_path):
     assert isinstance(caught.value, CheckpointNotFoundError)
     tied = rewritten(source, tmp_path / "tied.gguf", tensors={"output.weight": np.array(token_embd)})  # the converter's choice, spelled out
     assert (logits_of(GPT2.from_pretrained(tied, device="cpu"), IDX) - logits_of(GPT2.from_pretrained(source, device="cpu"), IDX)).abs().max() == 0
+
+
+def test_without_the_gguf_package_reading_and_writing_say_what_to_install(files, model, tmp_path, monkeypatch):
+    shutil.copy(files["f32"], tmp_path / "copy.gguf")  # a file not opened yet
+    monkeypatch.setitem(sys.modules, "gguf", None)  # `import gguf` raises ImportError
+    for call in (lambda: export_gguf(model, tmp_path / "new.gguf"), lambda: GPT2.from_pretrained(tmp_path / "copy.gguf")):
+        with pytest.raises(MissingPackageError, match=re.escape("GGUF files need the gguf package: pip install 'gpt2[export]'")):
+            call()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["copy.gguf"]
