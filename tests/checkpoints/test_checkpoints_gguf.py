@@ -226,6 +226,7 @@ def test_a_model_without_biases_and_with_sinusoidal_positions_reads_back_computi
 
 def test_what_llama_cpps_gpt2_cannot_hold_is_refused_with_the_reason(tmp_path, tokenizer, model):
     small = dict(n_ctx=16, n_embd=32, n_head=2, n_layer=1)
+    huge = {name: np.full(shape, 1e5, np.float32) for name, shape in expected_shapes(GPT2Config(n_vocab=300, **small)).items()}
     cases = [
         (lambda: write_gguf(GPT2Config(n_vocab=2, **small), {}, CharTokenizer(["a", "b"]), tmp_path / "x.gguf"), "tokenizer",
          "this model's is a character vocabulary of 2 characters"),
@@ -238,6 +239,8 @@ def test_what_llama_cpps_gpt2_cannot_hold_is_refused_with_the_reason(tmp_path, t
         (lambda: write_gguf(GPT2Config(n_vocab=300, **small), {}, tokenizer, tmp_path / "x.gguf", "bf16"), "dtype", "got 'bf16'"),
         (lambda: write_gguf(GPT2Config(n_vocab=300, **small), {}, tokenizer, tmp_path / "x.gguf"), "tensors",
          "the tensors lack transformer.wte.weight"),
+        (lambda: write_gguf(GPT2Config(n_vocab=300, **small), huge, tokenizer, tmp_path / "x.gguf", "f16"), "dtype",
+         "tensor transformer.wte.weight has values beyond float16's range (largest 1e+05, float16's 65504): write it with dtype f32"),
     ]
     for call, param, message in cases:
         with pytest.raises(InvalidArgumentError) as caught:

@@ -209,7 +209,12 @@ def _encode(array: np.ndarray, tensor: _Tensor, dtype: str, gguf: Any) -> tuple[
             return gguf.quants.quantize(array, types.Q8_0), types.Q8_0
         except gguf.QuantError:  # a row of n_embd (or 4 n_embd) not a multiple of 32
             pass
-    return array.astype(np.float16), types.F16
+    with np.errstate(over="ignore"):  # said below, in words
+        half = array.astype(np.float16)
+    if not np.isfinite(half).all() and np.isfinite(array).all():
+        raise InvalidArgumentError(f"tensor {tensor.name} has values beyond float16's range (largest {np.abs(array).max():.4g}, "
+                                   f"float16's 65504): write it with dtype f32", "dtype")  # fmt: skip
+    return half, types.F16
 
 
 def _add_metadata(writer: Any, config: GPT2Config, name: str, file_type: int, gguf: Any) -> None:
