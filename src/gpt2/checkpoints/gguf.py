@@ -15,7 +15,8 @@ GPT2Model); every name and key is taken from the `gguf` package's constants:
   form ("Ġthe"), their types, the merges ("Ġ t"), the pre-tokenizer "gpt-2" and the special ids
   (<|endoftext|> as bos, eos and unknown); ids the model has beyond its tokenizer's are unused
   "[PAD{i}]" tokens, as the converter pads them. A model without a vocabulary is "none" with
-  gpt2.vocab_size: llama.cpp then runs token ids;
+  gpt2.vocab_size (the converter's way): llama.cpp loads it and decodes token ids through its API,
+  while its tools that read or write text cannot use it;
 - the tensors: token_embd, position_embd, blk.N.{attn_norm, attn_qkv, attn_output, ffn_norm, ffn_up,
   ffn_down}, output_norm, each norm and linear layer with its bias; a linear layer's weight is stored
   (out, in) in NumPy's order, Hugging Face's Conv1D (in, out) transposed, as ggml multiplies. There is
@@ -232,7 +233,7 @@ def _add_metadata(writer: Any, config: GPT2Config, name: str, file_type: int, gg
 
 def _add_vocabulary(writer: Any, tokenizer: Tokenizer | None, n_vocab: int, gguf: Any) -> None:
     if tokenizer is None:
-        writer.add_tokenizer_model(NO_VOCABULARY)  # llama.cpp makes gpt2.vocab_size ids of no text
+        writer.add_tokenizer_model(NO_VOCABULARY)  # llama.cpp makes gpt2.vocab_size ids of no text, for its API
         return
     kinds = gguf.TokenType
     special = {i: token for token, i in tokenizer.special_tokens.items()}
