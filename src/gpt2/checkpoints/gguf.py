@@ -319,7 +319,7 @@ def open_gguf(path: str | os.PathLike) -> GGUFFile:
         status = path.stat()
         identity = (str(path.resolve()), status.st_ino, status.st_size, status.st_mtime_ns)
     except OSError:
-        identity = None  # _reader says why
+        identity = None  # _read_header says why
     if identity in _OPENED:
         return _OPENED[identity]
     gguf = _gguf()
