@@ -1,4 +1,5 @@
-"""GPT2Config: the hyperparameters of a GPT-2 model, and the four sizes OpenAI released.
+"""GPT2Config: the hyperparameters of a GPT-2 model, the four sizes OpenAI released, and the fixed
+position table that `positions="sinusoidal"` stands for (which the files written for other programs hold).
 
 Torch-free, so the NumPy reference engine and the weight readers can use it too (a training
 run's settings are in `settings`).
@@ -9,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from gpt2._checks import boolean, check_token_ids, positive_int
 from gpt2.errors import ConfigError, ContextLengthError, UnknownModelError
@@ -170,3 +173,15 @@ class GPT2Config:
             return cls(**{k: hparams[k] for k in ("n_vocab", "n_ctx", "n_embd", "n_head", "n_layer")})
         except ConfigError as e:
             raise ConfigError(f"{source}: {e}") from None
+
+
+def sinusoidal_positions(n_ctx: int, n_embd: int) -> np.ndarray:
+    """(n_ctx, C): sin on even channels, cos on odd ones, wavelengths from 2 pi to 10000 * 2 pi; the
+    table a model of sinusoidal positions adds, as its files hold it for transformers and llama.cpp."""
+    table = np.zeros((n_ctx, n_embd))
+    for i in range(0, n_embd, 2):
+        angle = np.arange(n_ctx) / 10000.0 ** (i / n_embd)
+        table[:, i] = np.sin(angle)
+        if i + 1 < n_embd:
+            table[:, i + 1] = np.cos(angle)
+    return table.astype(np.float32)

@@ -10,9 +10,11 @@ Formats:
 - OpenAI's TensorFlow release: `hparams.json` + `model.ckpt.index` + `model.ckpt.data-*`;
 - a released name (gpt2, gpt2-medium, gpt2-large, gpt2-xl): downloaded from the Hugging Face
   hub once, into its standard cache, then read as the first format;
-- a model gpt2 ships (shakespeare_char, see `gpt2.examples`): the first format, in the package.
+- a model gpt2 ships (shakespeare_char, see `gpt2.examples`): the first format, in the package;
+- a GGUF file of llama.cpp's `gpt2` architecture (`model.gguf`: f32, f16 or q8_0, dequantized to
+  float32), its config in its metadata and its tokenizer inside (`gpt2.checkpoints.gguf`).
 
-This module does not import torch unless it must read a `pytorch_model.bin`.
+This module does not import torch unless it must read a `pytorch_model.bin` (or give torch tensors).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import os
 import re
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
@@ -30,7 +32,8 @@ import numpy as np
 
 from gpt2._files import read_json_object
 from gpt2._hub import download_error, hub_file
-from gpt2.checkpoints.config import PRESETS, GPT2Config
+from gpt2.checkpoints.config import PRESETS, GPT2Config, sinusoidal_positions
+from gpt2.checkpoints.gguf import SUFFIX, GGUFFile, is_gguf, open_gguf
 from gpt2.checkpoints.tf_checkpoint import bfloat16_to_float32, iter_tf_checkpoint
 from gpt2.errors import CheckpointError, CheckpointNotFoundError, ConfigError, GPT2Warning, InputTypeError, UnknownModelError
 from gpt2.examples import MODELS, model_directory
@@ -42,7 +45,7 @@ HUB_REPOS = {name: f"openai-community/{name}" for name in PRESETS}
 # transformers versions, and lm_head.weight, which GPT-2 ties to wte.
 _NOT_WEIGHTS = re.compile(r"(.*\.attn\.(bias|masked_bias)|lm_head\.weight)$")
 
-Format = Literal["safetensors", "pytorch", "tensorflow"]
+Format = Literal["safetensors", "pytorch", "tensorflow", "gguf"]
 
 # What `gpt2 train` records in the header of the model.safetensors it saves (safetensors' metadata,
 # strings): the iteration its weights are of, and whether its run started from random weights
@@ -58,16 +61,22 @@ class InitialisationWarning(GPT2Warning):
 
 @dataclass
 class Checkpoint:
-    """A located checkpoint: where it is, in which format, and the model configuration it holds."""
+    """A located checkpoint: where it is, in which format, and the model configuration it holds
+    (for a GGUF file: the directory it is in, and the file, opened)."""
 
     directory: Path
     format: Format
     config: GPT2Config
+    file: GGUFFile | None = field(default=None, repr=False)
 
     def load_tokenizer(self) -> Tokenizer | CharTokenizer | None:
         """The tokenizer saved beside the weights (as `gpt2 train` saves it, or a Hugging Face
         directory's); GPT-2's for a model of GPT-2's vocabulary that has none, with the chat
-        template the directory holds (as transformers reads it once GPT-2's files are added); else None."""
+        template the directory holds (as transformers reads it once GPT-2's files are added); else None.
+        A GGUF file's is the one inside it."""
+        if self.file is not None:
+            inside = self.file.tokenizer()
+            return assumed_tokenizer(self.config.n_vocab) if inside is None else inside
         tokenizer = load_tokenizer(self.directory)
         if tokenizer is None:
             assumed = assumed_tokenizer(self.config.n_vocab)
@@ -80,6 +89,8 @@ class Checkpoint:
 
     @property
     def weights_path(self) -> Path:
+        if self.file is not None:
+            return self.file.path
         if self.format == "safetensors":
             return self.directory / "model.safetensors"
         if self.format == "pytorch":
@@ -124,22 +135,11 @@ def transformers_only_shapes(config: GPT2Config) -> dict[str, tuple[int, ...]]:
     return {name: shape for name, shape in everything.items() if name not in own}
 
 
-def sinusoidal_positions(n_ctx: int, n_embd: int) -> np.ndarray:
-    """(n_ctx, C): sin on even channels, cos on odd ones, wavelengths from 2 pi to 10000 * 2 pi."""
-    table = np.zeros((n_ctx, n_embd))
-    for i in range(0, n_embd, 2):
-        angle = np.arange(n_ctx) / 10000.0 ** (i / n_embd)
-        table[:, i] = np.sin(angle)
-        if i + 1 < n_embd:
-            table[:, i + 1] = np.cos(angle)
-    return table.astype(np.float32)
-
-
 # --------------------------------------------------------------------- locating
 
 
 def locate(name_or_path: str | os.PathLike) -> Checkpoint:
-    """Find a checkpoint: a local directory, a released name (downloaded once), or a model gpt2 ships."""
+    """Find a checkpoint: a local directory, a GGUF file, a released name (downloaded once), or a model gpt2 ships."""
     if not isinstance(name_or_path, (str, os.PathLike)):
         raise InputTypeError(
             f"a model is a released name ({', '.join(HUB_REPOS)}), one gpt2 ships ({', '.join(MODELS)}) or a directory path, "
@@ -150,8 +150,13 @@ def locate(name_or_path: str | os.PathLike) -> Checkpoint:
     path = Path(name_or_path)
     if path.is_dir():
         return open_checkpoint(path)
+    if path.exists() and is_gguf(path):
+        file = open_gguf(path)
+        return Checkpoint(path.parent, "gguf", file.config, file)
     if path.exists():
-        raise CheckpointError(f"{path} is a file; pass the directory that holds it (with config.json or hparams.json)")
+        raise CheckpointError(f"{path} is a file; pass the directory that holds it (with config.json or hparams.json), or a .gguf file")
+    if path.suffix.lower() == SUFFIX:
+        raise CheckpointNotFoundError(f"{path} does not exist")
     name = str(name_or_path)
     if name in HUB_REPOS:
         return open_checkpoint(download(name))
@@ -330,6 +335,13 @@ def _read_raw(checkpoint: Checkpoint, framework: str) -> Iterator[tuple[str, Any
             raise CheckpointError(f"{path} is truncated or corrupt ({str(e).splitlines()[0]}); download or save it again") from None
         for name, tensor in state.items():
             yield name, tensor.numpy() if framework == "np" else tensor
+    elif checkpoint.file is not None:
+        for name, array in checkpoint.file.tensors():  # already under our names, in our layout
+            if framework == "pt":
+                import torch
+
+                array = torch.from_numpy(array)
+            yield name, array
     else:
         for name, array in iter_tf_checkpoint(checkpoint.directory):
             if framework == "pt":

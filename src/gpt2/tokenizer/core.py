@@ -252,6 +252,11 @@ class Tokenizer(CarriesChatTemplate):
     def special_tokens(self) -> dict[str, int]:
         return dict(self._special_tokens)
 
+    @property
+    def merges(self) -> list[tuple[bytes, bytes]]:
+        """The merges in rank order (merge k at index k), each its two tokens' bytes."""
+        return list(self._merges)
+
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes that one token id stands for."""
         self._check_ids([token_id])

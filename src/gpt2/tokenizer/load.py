@@ -61,7 +61,9 @@ def to_file_form(token: bytes) -> str:
     return "".join(_BYTE_TO_CHAR[b] for b in token)
 
 
-def _from_file_form(text: str) -> bytes:
+def from_file_form(text: str) -> bytes:
+    """A token's bytes from the files' printable form ("Ġthe" -> b" the"); KeyError for a character
+    outside GPT-2's byte alphabet."""
     return bytes(_CHAR_TO_BYTE[c] for c in text)
 
 
@@ -96,7 +98,7 @@ def read_openai_files(encoder_json: str | os.PathLike, vocab_bpe: str | os.PathL
             special[text] = i
             continue
         try:
-            encoder[_from_file_form(text)] = i
+            encoder[from_file_form(text)] = i
         except KeyError:
             raise VocabularyError(
                 f"{encoder_json}: token {text!r} has characters outside GPT-2's byte alphabet"
@@ -117,7 +119,7 @@ def _read_merges(vocab_bpe: Path) -> list[tuple[bytes, bytes]]:
         if len(halves) != 2 or not all(halves):
             raise VocabularyError(f"{vocab_bpe}, line {number}: expected two tokens separated by a space, got {line!r}")
         try:
-            merges.append((_from_file_form(halves[0]), _from_file_form(halves[1])))
+            merges.append((from_file_form(halves[0]), from_file_form(halves[1])))
         except KeyError:
             raise VocabularyError(
                 f"{vocab_bpe}, line {number}: {line!r} has characters outside GPT-2's byte alphabet"
