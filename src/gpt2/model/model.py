@@ -401,7 +401,8 @@ class GPT2(nn.Module):
     def from_pretrained(cls, name_or_path: str | os.PathLike, *, device: str | torch.device = "auto",
                         dtype: str | torch.dtype = "float32", dropout: float | None = None) -> GPT2:  # fmt: skip
         """Load OpenAI's weights: a released name (gpt2, gpt2-medium, gpt2-large, gpt2-xl),
-        a Hugging Face directory, or a directory of OpenAI's original TensorFlow release.
+        a Hugging Face directory, a directory of OpenAI's original TensorFlow release, or a
+        GGUF file of llama.cpp's gpt2 architecture (f32, f16, q8_0: `checkpoints.gguf`).
         `dropout` replaces the checkpoint's (for fine-tuning; inference never drops).
 
         The model is built without memory for its weights (on the meta device), then each
