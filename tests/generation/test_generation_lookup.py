@@ -88,7 +88,7 @@ def test_drafts_a_constraint_refuses_are_refused_and_the_text_is_the_constrained
     assert list(speculated) == list(plain) and speculated.stats.proposed > 0
 
 
-V, PROMPT, N_RUNS = 8, [3, 1, 4, 3, 1, 4, 3, 1], 6000
+V, PROMPT, N_RUNS = 8, [3, 1, 4, 3, 1, 4, 3, 1], 4000
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +108,7 @@ def sampled(model, sampling: Sampling, lookup: PromptLookup | None, processing=N
 
 
 def test_sampling_by_prompt_lookup_follows_the_models_distribution_exactly(peaked):
-    """6000 rows of a prompt that repeats (3 1 4 3 1 4 3 1), so lookup drafts at every step, under
+    """4000 rows of a prompt that repeats (3 1 4 3 1 4 3 1), so lookup drafts at every step, under
     top-k and top-p: the 8**4 continuations' frequencies pass a chi-square test against the model's
     exact distribution, and the drafts (4 1 4 ...) are kept often, not always."""
     hf, model = peaked
