@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
 from gpt2 import ConfigError, GPT2Config, GPT2Error, InvalidArgumentError
-from gpt2._checks import int_between, is_integer, is_real, positive_int
+from gpt2._checks import int_between, is_integer, is_real, positive_int, require_package
+from gpt2.errors import MissingPackageError
 
 
 def test_integers_and_reals():
@@ -44,3 +47,11 @@ def test_a_check_names_its_argument_as_the_errors_param(check, param):
     with pytest.raises(GPT2Error) as caught:
         check()
     assert caught.value.param == param and param in str(caught.value)
+
+
+def test_a_missing_optional_package_names_the_extra_that_brings_it(monkeypatch):
+    assert require_package("json", "none", "nothing needs").dumps([]) == "[]"
+    monkeypatch.setitem(sys.modules, "onnx", None)  # import onnx now raises ImportError
+    with pytest.raises(MissingPackageError, match=r"^ONNX export needs the onnx package: pip install 'gpt2\[export\]'$") as caught:
+        require_package("onnx", "export", "ONNX export needs", "format")
+    assert caught.value.param == "format"

@@ -7,10 +7,12 @@ bool is never a number here: `True` is an int to Python, never a count, a seed o
 
 from __future__ import annotations
 
+import importlib
 import math
 import numbers
+from types import ModuleType
 
-from gpt2.errors import InvalidArgumentError, TokenIdError
+from gpt2.errors import InvalidArgumentError, MissingPackageError, TokenIdError
 
 
 def is_integer(value: object) -> bool:
@@ -72,3 +74,13 @@ def check_token_ids(low: int, high: int, n_vocab: int, where: str = "", whose: s
     `whose` precedes the range ("this model's "), `param` names the argument that holds them."""
     if low < 0 or high >= n_vocab:
         raise TokenIdError(f"token id {low if low < 0 else high}{where} is out of range: {whose}ids are 0..{n_vocab - 1}", param)
+
+
+def require_package(name: str, extra: str, needed_by: str, param: str | None = None) -> ModuleType:
+    """The optional package `name`, imported; where it is not installed, a MissingPackageError
+    saying which of gpt2's extras brings it: "{needed_by} the {name} package: pip install
+    'gpt2[{extra}]'" (`needed_by`: "ONNX export needs", "structured outputs need")."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        raise MissingPackageError(f"{needed_by} the {name} package: pip install 'gpt2[{extra}]'", param) from None

@@ -42,9 +42,10 @@ from typing import Any
 
 import numpy as np
 
+from gpt2._checks import require_package
 from gpt2._files import atomic_path, writable_directory
 from gpt2.checkpoints.config import GPT2Config, sinusoidal_positions
-from gpt2.errors import CheckpointError, ConfigError, InvalidArgumentError, MissingPackageError, UnwritablePathError, VocabularyError
+from gpt2.errors import CheckpointError, ConfigError, InvalidArgumentError, UnwritablePathError, VocabularyError
 from gpt2.tokenizer import EOT, CharTokenizer, Tokenizer, assumed_tokenizer, same_vocabulary
 from gpt2.tokenizer.load import from_file_form, to_file_form
 
@@ -65,11 +66,7 @@ _LAYER = {
 
 
 def _gguf() -> Any:
-    try:
-        import gguf
-    except ImportError:
-        raise MissingPackageError("GGUF files need the gguf package: pip install 'gpt2[export]'") from None
-    return gguf
+    return require_package("gguf", "export", "GGUF files need")
 
 
 def _architecture(gguf: Any) -> str:

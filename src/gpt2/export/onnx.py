@@ -27,7 +27,8 @@ import torch
 import torch.nn as nn
 
 from gpt2._files import atomic_directory
-from gpt2.errors import InvalidArgumentError, MissingPackageError
+from gpt2._checks import require_package
+from gpt2.errors import InvalidArgumentError
 from gpt2.model.model import GPT2, merge_heads
 from gpt2.model.pretrained import save_config_and_tokenizer
 
@@ -146,9 +147,5 @@ def _quantize(path: Path) -> None:
 
 def _packages(quantize: str | None) -> None:
     """Raise MissingPackageError where the exporter's packages are not installed."""
-    needed = ["onnx"] + (["onnxruntime"] if quantize else [])
-    for name in needed:
-        try:
-            __import__(name)
-        except ImportError:
-            raise MissingPackageError(f"ONNX export needs the {name} package: pip install 'gpt2[export]'", "format") from None
+    for name in ["onnx"] + (["onnxruntime"] if quantize else []):
+        require_package(name, "export", "ONNX export needs", "format")

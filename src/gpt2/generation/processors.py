@@ -35,9 +35,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from gpt2._checks import check_token_ids, is_integer, is_real
+from gpt2._checks import check_token_ids, is_integer, is_real, require_package
 from gpt2._files import read_text
-from gpt2.errors import GPT2Error, InputTypeError, InvalidArgumentError, MissingPackageError
+from gpt2.errors import GPT2Error, InputTypeError, InvalidArgumentError
 
 if TYPE_CHECKING:
     from gpt2.tokenizer import Tokenizer
@@ -212,10 +212,7 @@ def one_constraint(**given: object) -> Constraint | None:
 
 def structured_package() -> None:
     """Raise MissingPackageError where llguidance, which compiles constraints, is not installed."""
-    try:
-        import llguidance  # noqa: F401
-    except ImportError:
-        raise MissingPackageError("structured outputs need the llguidance package: pip install 'gpt2[structured]'", "constraint") from None
+    require_package("llguidance", "structured", "structured outputs need", "constraint")
 
 
 class Compiled:

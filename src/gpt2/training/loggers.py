@@ -13,13 +13,13 @@ wrote past it (purge_step), and W&B keeps those it has (a resume repeats the sam
 
 from __future__ import annotations
 
-import importlib
 import json
 from pathlib import Path
 from typing import Any, Protocol
 
+from gpt2._checks import require_package
 from gpt2._files import atomic_write_text
-from gpt2.errors import InvalidArgumentError, MissingPackageError
+from gpt2.errors import InvalidArgumentError
 from gpt2.settings import TrainSettings
 
 WANDB_ID = "wandb-run-id"  # in OUT: the W&B run a resume goes on with
@@ -156,7 +156,4 @@ def read_log(path: Path) -> list[dict[str, Any]]:
 
 
 def _package(name: str, setting: str) -> Any:
-    try:
-        return importlib.import_module(name)
-    except ImportError:
-        raise MissingPackageError(f"{setting} needs the {name} package: pip install 'gpt2[{name}]'", setting) from None
+    return require_package(name, name, f"{setting} needs", setting)
