@@ -1274,3 +1274,12 @@ def test_gpt2_chat_refusals_are_one_line(chat_dir, model_dir, capsys, monkeypatc
     ]:  # fmt: skip
         code, out, err = run(capsys, "chat", *argv, "--device", "cpu", stdin=b"Hi\n", monkeypatch=monkeypatch)
         assert code == 2 and out == "" and err.startswith(f"gpt2: error: {message}") and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("flags, lacking", [(["--json-object"], "'{'"), (["--choice", "{x}"], "'{x}'")])
+def test_a_constraint_the_shipped_character_model_cannot_write_is_one_line(capsys, flags, lacking):
+    """shakespeare_char has no "{": refused before generating, one line naming it, exit 2 (was a
+    traceback from sampling an empty distribution)."""
+    code, out, err = run(capsys, "generate", "--model", "shakespeare_char", "A:", *flags, "--no-stream")
+    assert (code, out) == (2, "")
+    assert err == f"gpt2: error: {flags[0]}: its text must begin {lacking}, and the model's vocabulary (65 tokens) has no '{{'\n"

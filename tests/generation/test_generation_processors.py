@@ -136,6 +136,38 @@ def test_a_character_model_is_held_to_a_constraint_and_ends_where_it_is_complete
     assert choice == ["bad cafe"]
 
 
+SHAKESPEARE_CHARS = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"  # shakespeare_char's 65, no "{" or "["
+
+
+@pytest.mark.parametrize("constraint, message", [
+    (Constraint.json_object(), "json_object: its text must begin '{', and the model's vocabulary (65 tokens) has no '{'"),
+    (Constraint.choice(["{x}"]), "choice: its text must begin '{x}', and the model's vocabulary (65 tokens) has no '{'"),
+    (Constraint.json_schema({"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}),
+     "json_schema: its text must begin '{\"name\": \"', and the model's vocabulary (65 tokens) has no '{'"),
+    (Constraint.regex(r"ab\{y"), "regex: its text must begin 'ab{y', and the model's vocabulary (65 tokens) has no '{'"),
+    (Constraint.regex(r"(\{|\[)a"), "regex: its text must begin with '[' or '{', and the model's vocabulary (65 tokens) has none of them"),
+])  # fmt: skip
+def test_a_constraint_no_token_can_begin_is_refused_before_generating_naming_the_character(constraint, message):
+    """shakespeare_char's 65 characters have no "{": a JSON object can never begin. Refused as the
+    request is made, in one line naming the character, at every door (Python here; the CLI and
+    the server in their tests); never a traceback from sampling nothing."""
+    model = GPT2.from_pretrained("shakespeare_char", device="cpu")
+    assert "".join(model.tokenizer.decode([i]) for i in range(65)) == SHAKESPEARE_CHARS
+    with pytest.raises(GPT2Error) as caught:
+        generate_text(model, model.tokenizer, "A:", max_new_tokens=5, constraint=constraint)
+    assert str(caught.value) == message and "\n" not in str(caught.value)
+    assert generate_text(model, model.tokenizer, "A:", max_new_tokens=5, seed=0, constraint=Constraint.choice(["ab", "{x}"])) == ["ab"]
+
+
+def test_a_token_that_breaks_a_constraint_is_named_in_one_line():
+    """llguidance reports the parser's state and grammar in 25 lines: the error keeps its first."""
+    compiled = compile_constraint(Constraint.regex("[a-c]+"), ENC)
+    process = Processing(compiled=compiled).start([1, 2])
+    with pytest.raises(GPT2Error, match="^token 88 broke the constraint: ") as caught:
+        process.advance(ENC.encode("y")[0])
+    assert "\n" not in str(caught.value) and ENC.encode("y") == [88]
+
+
 # ------------------------------------------------------------------ rows of each, together
 
 

@@ -123,6 +123,19 @@ def test_a_character_a_character_model_lacks_is_a_400_naming_it(char_server):
     assert client.completions.create(model="out-char", prompt="DEF ", max_tokens=3).usage.completion_tokens == 3
 
 
+@pytest.mark.parametrize("field, value", [("response_format", {"type": "json_object"}),
+                                          ("structured_outputs", {"choice": ["{x}", "{y}"]})])
+def test_a_constraint_a_character_model_cannot_write_is_a_400_not_a_503(char_server, field, value):
+    """The vocabulary " " to "`" has no "{": a request that can never succeed is refused as made,
+    400 with OpenAI's error body naming the field (a 503, which the openai client retries, was
+    the loop's failure)."""
+    with pytest.raises(openai.BadRequestError) as caught:
+        char_server.client().completions.create(model="out-char", prompt="A:", max_tokens=5, extra_body={field: value})
+    error = caught.value.body
+    assert caught.value.status_code == 400 and error["param"] == field and error["type"] == "invalid_request_error"
+    assert error["message"].startswith(f"{field}: its text must begin") and "has no '{'" in error["message"]
+
+
 def test_a_step_budget_below_the_batch_is_refused_naming_both():
     with pytest.raises(GPT2Error, match=r"max_num_batched_tokens must be at least max_batch_size \(8\), .*; got 4"):
         Limits(max_num_batched_tokens=4).check()

@@ -22,7 +22,9 @@ is kept per tokenizer and constraint (`compile_constraint`), and each row starts
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import math
 import os
 import re
@@ -41,6 +43,8 @@ from gpt2.errors import GPT2Error, InputTypeError, InvalidArgumentError
 
 if TYPE_CHECKING:
     from gpt2.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
 
 # The structured outputs a row can be held to, by their names in OpenAI's and vLLM's APIs.
 CONSTRAINTS = ("json_schema", "json_object", "regex", "choice", "grammar")
@@ -190,6 +194,14 @@ class Constraint:
             raise InvalidArgumentError(f"{self.kind}: {one_line(str(e))}", self.kind) from None
 
 
+def matcher_error(matcher) -> str:
+    """llguidance's error, the line a person can act on; its whole report (the parser's state,
+    the grammar) goes to the log ("gpt2.generation.processors", at DEBUG)."""
+    report = matcher.get_error() or "unknown error"
+    log.debug("llguidance: %s", report)
+    return report.strip().splitlines()[0]
+
+
 def one_line(message: str) -> str:
     """A compiler's message on one line, without the source lines and carets it points with."""
     return " ".join(line.strip() for line in message.splitlines() if line.strip() and not re.match(r"\s*(\^|\d+ \|)", line))
@@ -221,14 +233,40 @@ class Compiled:
     def __init__(self, constraint: Constraint, ll_tokenizer, n_tokens: int):
         from llguidance import LLMatcher
 
-        definition = constraint.definition()
+        self.definition = definition = constraint.definition()
         failed, messages = LLMatcher.validate_grammar_with_warnings(definition, ll_tokenizer)
         if failed:
             raise InvalidArgumentError(f"{constraint.kind}: {one_line(messages[0])}", constraint.kind)
         self.start = LLMatcher(ll_tokenizer, definition, log_level=0)
         if self.start.is_error():
-            raise InvalidArgumentError(f"{constraint.kind}: {self.start.get_error()}", constraint.kind)
+            raise InvalidArgumentError(f"{constraint.kind}: {matcher_error(self.start)}", constraint.kind)
         self.n_tokens = n_tokens  # the tokenizer's ids: 0..n_tokens-1
+
+    def check_vocabulary(self, constraint: Constraint, tokenizer: Tokenizer) -> None:
+        """Refuse, before any row starts, a constraint whose text no token of `tokenizer` can begin
+        (a character vocabulary without "{" and any JSON), naming a character it lacks. The bytes
+        the constraint's text must begin with (or, where it may begin several ways, its possible
+        first bytes) are read off llguidance's matcher over single bytes, which every text has."""
+        probe = self.matcher()
+        probe.compute_bitmask()  # finds the dead end, if the text can begin with no token
+        forced = probe.compute_ff_bytes() if not probe.is_error() else b""
+        lacking = [c for c in forced.decode("utf-8", errors="ignore") if not encodable(tokenizer, c)]
+        if not probe.is_error() and not lacking:
+            return
+        from llguidance import LLMatcher
+
+        by_byte = LLMatcher(byte_tokenizer(), self.definition, log_level=0)
+        forced = by_byte.compute_ff_bytes().decode("utf-8", errors="ignore")
+        if forced:
+            lacking = [c for c in forced if not encodable(tokenizer, c)]
+            begins = f"must begin {forced!r}"
+        else:  # several ways to begin: the first bytes allowed, each a character of its own
+            bits = np.unpackbits(np.frombuffer(by_byte.compute_bitmask(), dtype=np.uint8), bitorder="little")[:128]
+            lacking = [chr(b) for b in np.flatnonzero(bits) if not encodable(tokenizer, chr(b))]
+            begins = "must begin with " + " or ".join(map(repr, lacking)) if lacking else "cannot begin"
+        has = f"no {lacking[0]!r}" if len(lacking) == 1 or forced else "none of them" if lacking else "no token for it"
+        raise InvalidArgumentError(f"{constraint.kind}: its text {begins}, and the model's vocabulary ({tokenizer.n_vocab} "
+                                   f"tokens) has {has}", constraint.kind)  # fmt: skip
 
     def matcher(self):
         return self.start.deep_copy()
@@ -246,6 +284,33 @@ def ll_tokenizer(tokenizer: Tokenizer):
 
         _ll_tokenizers[tokenizer] = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Vocabulary(tokenizer)))
     return _ll_tokenizers[tokenizer]
+
+
+def encodable(tokenizer: Tokenizer, text: str) -> bool:
+    """Whether `tokenizer` has tokens for `text` (a character vocabulary may not)."""
+    try:
+        tokenizer.encode(text, disallowed_special=())
+    except GPT2Error:
+        return False
+    return True
+
+
+@functools.cache
+def byte_tokenizer():
+    """llguidance's tokenizer of the 256 bytes (and an end): what any text can be written in."""
+    import llguidance
+
+    return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Bytes()))
+
+
+class _Bytes:
+    """A vocabulary of one token a byte, as llguidance's TokenizerWrapper reads one."""
+
+    tokens = [bytes([b]) for b in range(256)] + [b"<|end|>"]
+    eos_token_id, bos_token_id, special_token_ids = 256, None, [256]
+
+    def __call__(self, text: bytes) -> list[int]:
+        return list(text)
 
 
 class _Vocabulary:
@@ -284,7 +349,9 @@ def compile_constraint(constraint: Constraint, tokenizer: Tokenizer) -> Compiled
     else:
         if len(kept) >= KEPT_CONSTRAINTS:
             del kept[next(iter(kept))]
-        kept[constraint] = Compiled(constraint, ll_tokenizer(tokenizer), tokenizer.n_vocab)
+        compiled = Compiled(constraint, ll_tokenizer(tokenizer), tokenizer.n_vocab)
+        compiled.check_vocabulary(constraint, tokenizer)
+        kept[constraint] = compiled
     return kept[constraint]
 
 
@@ -355,7 +422,7 @@ class RowProcess:
         """The row chose `token` (one the scores allowed)."""
         if self.matcher is not None:
             if not self.matcher.consume_token(token):
-                raise InvalidArgumentError(f"token {token} broke the constraint: {self.matcher.get_error()}", "constraint")
+                raise InvalidArgumentError(f"token {token} broke the constraint: {matcher_error(self.matcher)}", "constraint")
             self._allowed = None
 
     def try_advance(self, tokens: Sequence[int]) -> int:
