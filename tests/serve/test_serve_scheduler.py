@@ -4,8 +4,11 @@ they get alone, clients that leave free their rows, the queue's bound, kept pref
 from __future__ import annotations
 
 import contextlib
+import json
+import socket
 import threading
 import time
+import types
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -57,40 +60,103 @@ def test_concurrent_requests_equal_the_same_requests_one_at_a_time(models, serve
     assert alone[1] == ours(models, requests[1]["prompt"], max_new_tokens=13, temperature=0)[0]
 
 
-def test_a_short_request_sent_during_a_long_one_finishes_first(client):
-    long = complete(client, prompt="A long story:", max_tokens=N_CTX - 10, temperature=0, stream=True)
-    next(iter(long))  # the long request is being generated
-    started = time.monotonic()
-    short = complete(client, prompt="Short:", max_tokens=3, temperature=0)
-    short_took = time.monotonic() - started
-    rest = list(long)
-    long_took = time.monotonic() - started
-    assert short.choices[0].finish_reason == "length" and rest[-1].choices[0].finish_reason == "length"
-    assert short_took < long_took / 2
+class Stepper:
+    """The scheduler's loop under the test's hand: once `holding()` is true, each step waits for
+    the test to allow it (`allow`), or for `run` (free from then on); `after` sees each step's end."""
+
+    def __init__(self, scheduler, holding):
+        self.step, self.holding, self.after = scheduler.decoder.step, holding, lambda: None
+        self.allowed, self.free = threading.Semaphore(0), threading.Event()
+        scheduler.decoder.step = self
+
+    def __call__(self):
+        while self.holding() and not self.free.is_set() and not self.allowed.acquire(timeout=0.01):
+            pass
+        events = self.step()
+        self.after()
+        return events
+
+    def allow(self, steps: int = 1) -> None:
+        for _ in range(steps):
+            self.allowed.release()
+
+    def run(self) -> None:
+        self.free.set()
 
 
-def test_a_client_that_leaves_frees_its_rows(server, client):
-    """Mid-stream, or while waiting for a whole answer: the rows leave the batch, the server serves on."""
-    scheduler, registry = server.app.state.server.scheduler, server.app.state.server.metrics.registry
-    generated = lambda: registry.get_sample_value("gpt2_generated_tokens_total")  # noqa: E731
+def test_a_short_request_sent_during_a_long_one_finishes_first(models):
+    """The short request joins the long one's batch at the next step and ends while the long one
+    still has most of its tokens to make (counted in steps, not seconds)."""
+    running = Running(lambda: (models[1], ENC))
+    scheduler = running.app.state.server.scheduler
+    stepper = Stepper(scheduler, lambda: any(row.tokens for row in scheduler.decoder.active))  # held after the first token
+    try:
+        long = complete(running.client(), prompt="A long story:", max_tokens=N_CTX - 10, temperature=0, stream=True)
+        next(iter(long))  # the long request is being generated
+        long_row = scheduler.decoder.active[0]
+        with ThreadPoolExecutor(1) as pool:
+            short = pool.submit(complete, running.client(), prompt="Short:", max_tokens=3, temperature=0)
+            wait_for(lambda: scheduler.incoming)  # it has come: the long row has made at most 2 tokens
+            made = len(long_row.tokens)
+            short_row = scheduler.incoming[0][0]
+            at_its_end = []  # the long row's tokens when the short row ends
+            stepper.after = lambda: short_row.done and not at_its_end and at_its_end.append(len(long_row.tokens))
+            stepper.run()
+            assert short.result().choices[0].finish_reason == "length"
+        rest = list(long)
+        assert rest[-1].choices[0].finish_reason == "length" and len(long_row.tokens) == N_CTX - 10
+        assert made <= 2 and at_its_end[0] <= made + 5  # a step to take its prompt, three to make its tokens, one to see it end
+    finally:
+        stepper.run()
+        running.stop()
 
-    def rows_leave(before: float, asked: int):
-        deadline = time.monotonic() + 10
-        while scheduler.decoder.active:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        assert generated() - before < asked / 2  # they left early, not at their end
 
-    body = {"model": "tiny", "prompt": "Leaving soon", "max_tokens": 110, "stream": True}
-    before = generated()
-    with httpx.stream("POST", server.url + "/v1/completions", json=body) as response:
-        assert next(response.iter_lines()).startswith("data: ")
-    rows_leave(before, 110)
-    before = generated()
-    with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes the connection
-        post(server, {**body, "stream": False, "n": 8}, timeout=0.3)
-    rows_leave(before, 8 * 110)
-    assert complete(client, prompt="Still there?", max_tokens=3).choices[0].finish_reason == "length"
+def send_and_stay(url: str, body: dict) -> socket.socket:
+    """A client that sends a completion request and reads nothing: it leaves when the test closes it."""
+    host, port = url.removeprefix("http://").split(":")
+    payload = json.dumps(body).encode()
+    sock = socket.create_connection((host, int(port)))
+    head = f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
+    sock.sendall(head.encode() + payload)
+    return sock
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_that_leaves_frees_its_rows_at_once(models, monkeypatch, stream):
+    """Streaming, or waiting for the whole answer with n=8: the rows end as the client leaves,
+    told by the ASGI server's disconnect, on no clock (the route's clock stopped, which polling
+    would wait for) and before the loop steps again; they generate nothing, the server serves on."""
+    from gpt2.serve import completions
+
+    stopped_clock = types.SimpleNamespace(monotonic=lambda: 0.0, perf_counter=time.perf_counter, time=time.time)
+    monkeypatch.setattr(completions, "time", stopped_clock)
+    running = Running(lambda: (models[1], ENC))
+    scheduler, registry = running.app.state.server.scheduler, running.app.state.server.metrics.registry
+    gate, step = threading.Event(), scheduler.decoder.step
+    scheduler.decoder.step = lambda: gate.wait() and step()  # the loop stalls before its next step
+    try:
+        n = 1 if stream else 8
+        client = send_and_stay(running.url, {"prompt": "Leaving soon", "max_tokens": 100, "n": n, "stream": stream})
+        with client:
+            rows = wait_for(lambda: len(scheduler.decoder.waiting) == n and list(scheduler.decoder.waiting))
+        wait_for(lambda: all(row.done for row in rows))  # the client is gone: nothing else happens meanwhile
+        generated = registry.get_sample_value("gpt2_generated_tokens_total")
+        gate.set()
+        wait_for_gauge(running.url, "gpt2_rows_in_flight", 0, 30)
+        assert registry.get_sample_value("gpt2_generated_tokens_total") == generated
+        assert complete(running.client(), prompt="Still there?", max_tokens=3).choices[0].finish_reason == "length"
+    finally:
+        gate.set()
+        running.stop()
+
+
+def wait_for(event, timeout: float = 30):
+    """The event's value once it is true (polled; the timeout only bounds a hang)."""
+    deadline = time.monotonic() + timeout
+    while not (value := event()):
+        assert time.monotonic() < deadline, "the event did not come"
+        time.sleep(0.005)
+    return value
 
 
 def gauges(url: str) -> dict[str, float]:
@@ -131,7 +197,7 @@ def test_rows_in_flight_counts_the_rows_whose_prompts_are_going_in(models):
             assert gauges(running.url) == {"gpt2_queue_length": 0, "gpt2_batch_size": 0, "gpt2_rows_in_flight": 1}
             gate.set()
             assert scored.result().status_code == 200
-        wait_for_gauge(running.url, "gpt2_rows_in_flight", 0, 10)
+        wait_for_gauge(running.url, "gpt2_rows_in_flight", 0, 30)
         assert gauges(running.url) == {"gpt2_queue_length": 0, "gpt2_batch_size": 0, "gpt2_rows_in_flight": 0}
     finally:
         gate.set()
@@ -143,22 +209,30 @@ def test_the_rows_of_clients_that_left_while_waiting_free_their_places_in_the_qu
     once a slot frees, so it holds no place of max_queue (a 429 for rows nobody waits for)."""
     running = Running(lambda: (models[1], ENC), limits=Limits(max_batch_size=1, max_queue=2))
     scheduler = running.app.state.server.scheduler
-    step = scheduler.decoder.step
-    scheduler.decoder.step = lambda: time.sleep(0.1) or step()  # the long request holds the one slot for 12 s
+    stepper = Stepper(scheduler, lambda: any(row.tokens for row in scheduler.decoder.active))  # held after the first token
     long = {"prompt": "A long answer:", "max_tokens": N_CTX - 10, "stream": True}
     try:
         with httpx.stream("POST", running.url + "/v1/completions", json=long, timeout=30) as first:
             lines = first.iter_lines()  # kept: an iterator collected closes the connection
             assert next(lines).startswith("data: ")  # it has the slot
+            long_row = scheduler.decoder.active[0]
             with contextlib.ExitStack() as stack:  # two clients wait, then leave before their first token
                 for _ in range(2):
                     waiting = stack.enter_context(httpx.stream("POST", running.url + "/v1/completions", json={**long, "max_tokens": 5}))
                     assert waiting.status_code == 200
-                wait_for_gauge(running.url, "gpt2_queue_length", 2, 10)
-            wait_for_gauge(running.url, "gpt2_queue_length", 0, 3)  # not once the long one ends, 12 s from now
+                wait_for(lambda: len(scheduler.incoming) == 2)
+                stepper.allow()  # the loop takes them into its queue after this step
+                wait_for_gauge(running.url, "gpt2_queue_length", 2, 30)
+                rows = list(scheduler.decoder.waiting)
+            wait_for(lambda: all(row.done for row in rows))  # their clients have gone
+            stepper.allow()
+            wait_for_gauge(running.url, "gpt2_queue_length", 0, 30)
+            assert not long_row.done and len(long_row.tokens) <= 3  # not once the long one ends
+            stepper.run()
             with httpx.stream("POST", running.url + "/v1/completions", json={**long, "max_tokens": 5}) as response:
                 assert response.status_code == 200  # not 429: nobody waits
     finally:
+        stepper.run()
         running.stop()
 
 
@@ -173,17 +247,12 @@ def test_a_client_that_leaves_the_queue_and_asks_again_at_once_is_not_refused(mo
     try:
         with httpx.stream("POST", running.url + "/v1/completions", json={"prompt": "one", "max_tokens": 2, "stream": True}) as first:
             assert first.status_code == 200
-            while not scheduler.decoder.waiting:  # taken by the loop, which waits at the gate
-                time.sleep(0.01)
-        row = scheduler.decoder.waiting[0]
-        deadline = time.monotonic() + 10
-        while not row.done and time.monotonic() < deadline:  # the server saw the client leave
-            time.sleep(0.01)
-        assert row.done and row in scheduler.decoder.waiting  # still queued: the loop has not stepped
+            row = wait_for(lambda: scheduler.decoder.waiting and scheduler.decoder.waiting[0])  # taken by the loop, held at the gate
+        wait_for(lambda: row.done)  # the server saw the client leave
+        assert row in scheduler.decoder.waiting  # still queued: the loop has not stepped
         with ThreadPoolExecutor(1) as pool:
             again = pool.submit(post, running, {"prompt": "two", "max_tokens": 2})
-            while not scheduler.incoming and not again.done():
-                time.sleep(0.01)
+            wait_for(lambda: scheduler.incoming or again.done())
             gate.set()
             assert again.result().status_code == 200
     finally:
@@ -226,11 +295,9 @@ def test_a_full_queue_answers_429_with_retry_after(models):
         assert response.status_code == 400 and "asks for 3 rows" in response.json()["error"]["message"]
         with ThreadPoolExecutor(2) as pool:
             first = pool.submit(post, running, {"prompt": "one", "max_tokens": 2})
-            while len(scheduler.decoder.waiting) < 1:  # taken by the loop, which waits at the gate
-                time.sleep(0.01)
+            wait_for(lambda: len(scheduler.decoder.waiting) >= 1)  # taken by the loop, which waits at the gate
             second = pool.submit(post, running, {"prompt": "two", "max_tokens": 2})
-            while len(scheduler.incoming) < 1:
-                time.sleep(0.01)
+            wait_for(lambda: len(scheduler.incoming) >= 1)
             response = post(running, {"prompt": "three", "max_tokens": 2})
             assert response.status_code == 429 and response.headers["retry-after"] == "1"
             assert "busy: 2 rows wait already" in response.json()["error"]["message"]

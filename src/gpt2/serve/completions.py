@@ -196,7 +196,7 @@ async def answer(server: Server, request: Request, completion: CompletionRequest
     server.metrics.prompt_tokens.inc(sum(map(len, completion.prompts)))
     choices = [ChoiceStream(i, row, server.tokenizer, completion) for i, row in enumerate(completion.rows)]
     response = respond(server.model_id, completion, choices)
-    stream = pieces(server, request, response, events, started, poll=not completion.stream)
+    stream = pieces(server, request, response, events, started)
     if completion.stream:
         return StreamingResponse(sse(response, stream), media_type="text/event-stream")
     try:
@@ -207,23 +207,30 @@ async def answer(server: Server, request: Request, completion: CompletionRequest
     return JSONResponse(response.whole())
 
 
-async def pieces(server: Server, request: Request, response: CompletionResponse, events: asyncio.Queue, started: float,
-                 poll: bool) -> AsyncGenerator[tuple[ChoiceStream, str], None]:  # fmt: skip
-    """Yield (choice, piece) as tokens arrive, until every choice has ended. The rows end when
-    the client leaves, so that they free their slots: a stream finds out when a chunk cannot
-    be sent; otherwise (`poll`) the connection is checked every 0.5 s."""
+GONE = object()  # in the queue of a completion's events: its client left
+
+
+async def listen_for_disconnect(request: Request, events: asyncio.Queue) -> None:
+    """Put GONE in `events` once the client leaves. The ASGI server says so as it happens (its
+    next message after the body is http.disconnect), as vLLM listens to abort a request: polling
+    `request.is_disconnected()` would let the rows generate for nobody in between."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    events.put_nowait(GONE)
+
+
+async def pieces(server: Server, request: Request, response: CompletionResponse, events: asyncio.Queue,
+                 started: float) -> AsyncGenerator[tuple[ChoiceStream, str], None]:  # fmt: skip
+    """Yield (choice, piece) as tokens arrive, until every choice has ended. The rows end as soon
+    as the client leaves, streaming or waiting for the whole answer, so that they free their slots."""
     by_row = {choice.row: choice for choice in response.choices}
-    first, checked_at = True, time.monotonic()
+    first, listening = True, asyncio.create_task(listen_for_disconnect(request, events))
     try:
         while not all(choice.done for choice in response.choices):
-            if poll and time.monotonic() - checked_at > 0.5:
-                if await request.is_disconnected():
-                    return
-                checked_at = time.monotonic()
-            try:
-                row, token, reason, error = await asyncio.wait_for(events.get(), timeout=0.5)
-            except asyncio.TimeoutError:
-                continue
+            event = await events.get()
+            if event is GONE:
+                return
+            row, token, reason, error = event
             if error is not None:
                 raise RequestError(503, error, kind="server_error")
             if first and token is not None:
@@ -233,6 +240,7 @@ async def pieces(server: Server, request: Request, response: CompletionResponse,
             if not choice.done:
                 yield choice, choice.add(token, reason)
     finally:
+        listening.cancel()
         for choice in response.choices:
             choice.row.end(CANCELLED)  # a no-op for rows that ended; frees the slots of the others
 
