@@ -18,12 +18,13 @@ import math
 import os
 import re
 import shutil
-import time
+import threading
 from pathlib import Path
 
 import httpx
 import pytest
 from playwright import sync_api as playwright
+from playwright.sync_api import expect
 
 from helpers import REPO, Running, make_ending_model, make_hf_model
 from gpt2 import Tokenizer
@@ -92,12 +93,10 @@ class Watched:
         self.page.goto(url)
 
     def wait_until(self, condition: str, timeout: float = 30) -> None:
-        """Poll a JavaScript condition (Playwright's wait_for_function would eval it, which the page's
-        Content-Security-Policy forbids, as it should)."""
-        deadline = time.monotonic() + timeout
-        while not self.page.evaluate(f"() => {condition}"):
-            assert time.monotonic() < deadline, f"still not true after {timeout} s: {condition}"
-            time.sleep(0.05)
+        """Wait for a JavaScript condition, checked by the browser at each frame (the timeout only
+        bounds a hang: Playwright runs it in its own world, which the page's Content-Security-Policy
+        does not cover)."""
+        self.page.wait_for_function(f"() => {condition}", timeout=timeout * 1000)
 
     def wait_for_model(self) -> None:
         self.wait_until("document.getElementById('model-info').textContent.includes('context')")
@@ -128,7 +127,7 @@ def generated(browser, served):
     watched = Watched(browser, served.url)
     watched.wait_for_model()
     watched.generate(PROMPT, MAX_TOKENS, 0)
-    watched.page.wait_for_selector("#lens td")
+    watched.page.wait_for_selector("#attribution rect")  # the last view drawn after a generation
     yield watched
     watched.close()
 
@@ -284,6 +283,66 @@ def test_every_heads_thumbnail_is_drawn_on_a_square_root_scale_that_the_legend_s
     assert all(abs(red - (255 - 247 * p)) <= 1 for red, p in zip(swatch_reds(legend), keys, strict=True))
 
 
+def title_differs(page, h: int, text: str) -> int:
+    """How many pixels of head h's title strip, in the "all heads" canvas, differ from `text` drawn
+    on white in the page's title font and ink (12px system-ui, #1b1f24) at the strip's left."""
+    return page.evaluate("""([h, text]) => {
+        const canvas = document.getElementById('attention');
+        const d = canvas.dataset, scale = Number(d.scale), panel = Number(d.panel), gap = Number(d.gap);
+        const title = Number(d.title), columns = Number(d.columns);
+        const x = (h % columns) * (panel + gap), y = Math.floor(h / columns) * (panel + title + gap);
+        const width = Math.round(panel * scale), height = Math.round(title * scale);
+        const shown = canvas.getContext('2d').getImageData(Math.round(x * scale), Math.round(y * scale), width, height).data;
+        const probe = Object.assign(document.createElement('canvas'), {width, height}).getContext('2d');
+        probe.scale(scale, scale);
+        probe.fillStyle = '#fff';
+        probe.fillRect(0, 0, panel, title);
+        probe.font = '12px system-ui, sans-serif';
+        probe.fillStyle = '#1b1f24';
+        probe.fillText(text, 0, 12);
+        const drawn = probe.getImageData(0, 0, width, height).data;
+        let differ = 0;
+        for (let i = 0; i < shown.length; i += 4) differ += Math.abs(shown[i] - drawn[i]) > 8;
+        return differ;
+    }""", [h, text])
+
+
+def test_each_heads_thumbnail_is_titled_with_its_layer_and_head(generated, served):
+    answer = inspection(served, generated)
+    page = generated.page
+    layer = len(answer["attention"]) - 1
+    page.get_by_label("Layer").select_option(str(layer))
+    page.get_by_label("Head").select_option("all")
+    for h in range(len(answer["attention"][layer])):
+        assert title_differs(page, h, f"layer {layer}, head {h}") == 0, h
+    assert title_differs(page, 0, "head 0") > 0  # the comparison tells titles apart
+
+
+def test_the_heads_are_a_heat_map_layers_by_heads_coloured_by_the_chosen_score(generated, served):
+    ids = inspection(served, generated)["ids"]
+    scores = httpx.post(served.url + "/v1/circuits/scores", json={"prompt": ids}).json()["scores"]
+    page = generated.page
+    n_layer, n_head = len(scores["previous_token"]), len(scores["previous_token"][0])
+    buttons = page.get_by_role("group", name="Scores and ablation").get_by_role("button")
+    expect(buttons).to_have_count(n_layer * n_head)
+    boxes = {(int(b.get_attribute("data-layer")), int(b.get_attribute("data-head"))): b.bounding_box() for b in buttons.all()}
+    for (layer, head), box in boxes.items():  # a row per layer, a column per head, in order
+        assert box["y"] == boxes[layer, 0]["y"] and box["x"] == boxes[0, head]["x"], (layer, head)
+        assert box["y"] > boxes[layer - 1, head]["y"] if layer else box["x"] > boxes[0, head - 1]["x"] if head else True
+    legend = page.locator("#heads-legend")
+    for kind, words in (("induction", "induction"), ("duplicate_token", "duplicate-token"), ("previous_token", "previous-token")):
+        page.get_by_label("Colour by").select_option(kind)
+        expect(legend).to_contain_text(f"{words} score")
+        reds = buttons.evaluate_all("els => els.map(e => [Number(e.dataset.layer), Number(e.dataset.head), getComputedStyle(e).backgroundColor])")
+        for layer, head, colour in reds:
+            red = int(re.match(r"rgb\((\d+),", colour).group(1))
+            if scores[kind] is None:  # no token repeats: grey, and the key says why
+                assert colour == "rgb(208, 215, 222)" and "no token of the text repeats" in legend.inner_text()
+            else:  # white 0 to dark blue 1, the attention's scale
+                assert abs(red - (255 - 247 * scores[kind][layer][head])) <= 1, (kind, layer, head)
+    assert scores["previous_token"] is not None
+
+
 def test_the_logit_lens_shows_the_top_token_of_every_layer_at_every_position(generated, served):
     answer = inspection(served, generated)
     cells = generated.page.eval_on_selector_all(
@@ -358,7 +417,7 @@ def test_a_clicked_head_shows_its_scores_and_ablation_and_the_attribution_bars_a
     ids = inspection(served, generated)["ids"]
     page = generated.page
     buttons = page.get_by_role("group", name="Scores and ablation").get_by_role("button")
-    layer, head = (int(x) for x in buttons.last.inner_text().split("."))  # the last layer's last head
+    layer, head = (int(buttons.last.get_attribute(f"data-{key}")) for key in ("layer", "head"))  # the last layer's last head
     page.get_by_role("button", name=f"L{layer} H{head}").click()
     generated.wait_until(f"document.querySelectorAll('#ablation tbody tr').length > 0 && "
                          f"document.getElementById('head-scores').dataset.head === '{head}'")  # fmt: skip
@@ -383,7 +442,10 @@ def test_a_clicked_head_shows_its_scores_and_ablation_and_the_attribution_bars_a
     most = max(map(abs, expected))
     assert all(abs(width - 160 * abs(v) / most) < 0.01 for _, v, width in bars)  # a bar's length is its value's
     assert sum(expected) == pytest.approx(parts["total"], abs=1e-4)
-    assert page.text_content("#attribution-summary").startswith(f"logit({json.dumps(parts['answer']['token'])}) of the next token")
+    last = len(parts["tokens"]) - 1  # it says which position and which token it attributes
+    assert page.text_content("#attribution-summary").startswith(
+        f"logit({json.dumps(parts['answer']['token'], ensure_ascii=False)}) for the next token, after position {last} "
+        f"({json.dumps(parts['tokens'][last], ensure_ascii=False)}, the last of the text) = ")
     screenshot(page.locator("section", has=page.locator("#head-grid")), "playground-heads.png")
     screenshot(page.locator("section", has=page.get_by_label("Logit attribution")), "playground-attribution.png")
 
@@ -442,28 +504,42 @@ def test_the_defaults_are_greedy_and_a_sampled_run_shows_the_seed_that_repeats_i
 
 
 def test_stop_stops_the_generation_and_frees_its_row(browser, served):
+    """The decoding loop is held once it has made 3 tokens, so that Stop comes mid-generation by
+    construction, not by the speed of the machine; let go after it, the loop finds the row ended
+    by the client's leaving (not at its length) and lets it go."""
+    from gpt2.serve.scheduler import CANCELLED
+
     scheduler = served.app.state.server.scheduler
-    step = scheduler.decoder.step
-    scheduler.decoder.step = lambda: time.sleep(0.05) or step()  # 20 tokens a second: time to press Stop
+    step, gate, freed, held, made = scheduler.decoder.step, threading.Event(), threading.Event(), [], [0]
+
+    def held_step():
+        if made[0] >= 3:
+            held[:] = held or list(scheduler.decoder.active)
+            gate.wait(60)  # until the test lets it go (the timeout only bounds a hang)
+        events = step()
+        made[0] += sum(token is not None for _, token in events)
+        if held and not scheduler.decoder.busy:
+            freed.set()
+        return events
+
+    scheduler.decoder.step = held_step
     watched = Watched(browser, served.url)
     try:
         watched.wait_for_model()
         most = min(100, served.app.state.server.model.config.n_ctx - 10)
-        watched.generate("A long story:", most, 0.8)
-        watched.wait_until("document.querySelectorAll('#completion .token').length >= 3")
+        watched.generate("A long story:", most, 0)
+        tokens = watched.page.locator("#completion .token")
+        expect(tokens).to_have_count(3)  # what the loop made before it was held
         watched.page.get_by_role("button", name="Stop").click()
-        watched.wait_until("document.getElementById('status').textContent.startsWith('stopped')")
-        count = len(watched.tokens())
-        assert watched.page.text_content("#status").startswith(f"stopped after {count} tokens") and count < most
-        time.sleep(0.5)
-        assert len(watched.tokens()) == count
+        expect(watched.page.locator("#status")).to_have_text(re.compile(r"^stopped after 3 tokens"))
+        gate.set()
+        assert freed.wait(30), "the loop still holds the row"
+        assert [row.finish_reason for row in held] == [CANCELLED] and len(held[0].tokens) < most
+        assert tokens.count() == 3  # and nothing came after the stop
         assert watched.page.get_by_role("button", name="Generate").is_enabled()
         assert not watched.page.get_by_role("button", name="Stop").is_enabled()
-        deadline = time.monotonic() + 10
-        while "gpt2_batch_size 0.0" not in httpx.get(served.url + "/metrics").text:  # the server let the row go
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
     finally:
+        gate.set()
         scheduler.decoder.step = step
         watched.close()
 
@@ -517,8 +593,8 @@ def test_a_server_error_appears_on_the_page(browser, served):
         assert not alert.is_visible()  # a good request clears it
         watched.page.get_by_label("Corrupted").fill("When Mary")  # the clean text is 14 tokens
         watched.page.get_by_role("button", name="Patch").click()
-        alert.wait_for()
-        assert "Patching: 400: clean and corrupted must have the same length: clean has 14 tokens, corrupted 2" in alert.inner_text()
+        expect(watched.page.locator("#patching-error")).to_have_text(
+            "400: clean and corrupted must have the same length: clean has 14 tokens, corrupted 2")
     finally:
         watched.close()
 
@@ -556,3 +632,121 @@ def test_the_page_reads_on_a_phone_sized_screen(browser, served):
         screenshot(watched.page, "playground-phone.png")
     finally:
         watched.close()
+
+
+# ------------------------------------------------------------------ on the model gpt2 ships
+
+
+@pytest.fixture(scope="module")
+def char_served():
+    """shakespeare_char, the model gpt2 ships: a character vocabulary (65), a context of 64."""
+    model = GPT2.from_pretrained("shakespeare_char", device="cpu")
+    running = Running(lambda: (model, model.tokenizer), "shakespeare_char")
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def char_page(browser, char_served):
+    """A fresh page on shakespeare_char, nothing generated yet."""
+    watched = Watched(browser, char_served.url)
+    watched.wait_for_model()
+    yield watched
+    watched.close()
+
+
+def test_max_tokens_names_the_room_the_prompt_leaves_on_the_page_and_in_the_servers_refusal(char_page, char_served):
+    page, n_ctx = char_page.page, char_served.app.state.server.model.config.n_ctx
+    prompt = page.get_by_label("Prompt").input_value()
+    room = n_ctx - len(prompt)  # a character model: a token per character (64 - 18 = 46 for the page's prompt)
+    expect(page.locator("#room")).to_have_text(f"Max tokens: at most {room} for this prompt (the context's {n_ctx} tokens less "
+                                               f"the prompt's {len(prompt)}).")  # fmt: skip
+    expect(page.get_by_label("Max tokens")).to_have_attribute("max", str(room))
+    char_page.generate("To be", n_ctx - 4, 0)  # 5 tokens of prompt: 59 left, not 64
+    expect(page.locator("#room")).to_contain_text(f"at most {n_ctx - 5} for this prompt")
+    expect(page.locator("#error")).to_contain_text(f"400: This model's maximum context length is {n_ctx} tokens, however you requested "
+                                                   f"{n_ctx + 1} tokens (5 in your prompt; {n_ctx - 4} for the completion), 1 more than "
+                                                   f"it holds: your prompt leaves room for {n_ctx - 5} tokens of completion.")  # fmt: skip
+
+
+def test_before_a_generation_each_view_that_waits_for_one_says_so(char_page):
+    page = char_page.page
+    notes = [page.locator("section", has=page.locator(view)).locator(".waiting") for view in ("#attention", "#lens", "#head-grid")]
+    for note in notes:
+        expect(note).to_be_visible()
+        expect(note).to_contain_text("Nothing here yet: click Generate")
+    expect(page.get_by_label("Layer")).to_be_disabled()
+    char_page.generate("To be", 4, 0)
+    page.wait_for_selector("#lens td")
+    for note in notes:
+        expect(note).to_be_hidden()
+    expect(page.get_by_label("Layer")).to_be_enabled()
+
+
+def test_attribute_before_a_generation_takes_the_prompt_and_names_the_position_and_token(char_page, char_served):
+    page = char_page.page
+    prompt = page.get_by_label("Prompt").input_value()
+    page.get_by_role("button", name="Attribute").click()
+    summary = page.locator("#attribution-summary")
+    expect(summary).to_contain_text("the last of the prompt as it stands")
+    parts = httpx.post(char_served.url + "/v1/circuits/attribution", json={"prompt": prompt}).json()
+    bars = page.eval_on_selector_all("#attribution rect", "els => els.map(e => Number(e.dataset.value))")
+    assert bars == [v for row in parts["heads"] for v in row] + parts["mlps"] + [parts["embed"]] + parts["biases"]
+    assert summary.inner_text().startswith(f"logit({json.dumps(parts['answer']['token'])}) for the next token, after position "
+                                           f"{len(prompt) - 1} ({json.dumps(prompt[-1])}, the last of the prompt as it stands) = ")  # fmt: skip
+    char_page.generate(prompt, 4, 0)
+    expect(summary).to_contain_text("the last of the text")  # drawn again, for the prompt and its completion
+
+
+def patch_with_the_defaults(watched: Watched) -> dict:
+    """Once the page has chosen its patching pair for the model: click Patch, wait for the grid; the form's fields."""
+    page = watched.page
+    expect(page.locator("#answer")).not_to_have_value(" Mary")  # " Mary" is 5 characters: not this model's pair
+    page.get_by_role("button", name="Patch").click()
+    page.wait_for_selector("#patching td")
+    return {field: page.locator(f"#{field}").input_value() for field in ("clean", "corrupted", "answer", "other")}
+
+
+def test_the_patching_defaults_fit_a_character_model(char_page, char_served):
+    fields = patch_with_the_defaults(char_page)
+    count = lambda text: httpx.post(char_served.url + "/tokenize", json={"content": text}).json()["count"]  # noqa: E731
+    assert count(fields["answer"]) == count(fields["other"]) == 1 and count(fields["clean"]) == count(fields["corrupted"])
+    api = httpx.post(char_served.url + "/v1/circuits/patching", json={**fields, "site": "resid_pre"}).json()
+    cells = char_page.page.eval_on_selector_all("#patching td", "els => els.map(e => Number(e.dataset.value))")
+    assert cells == [value for row in api["grid"] for value in row]
+    assert api["clean"]["logit_diff"] > 0 > api["corrupted"]["logit_diff"]  # a pair the model tells apart
+    assert not char_page.page.locator("#error").is_visible() and not char_page.page.locator("#patching-error").is_visible()
+
+
+def test_a_refused_patch_says_why_beside_its_button_and_clears_the_grid(char_page):
+    page = char_page.page
+    fields = patch_with_the_defaults(char_page)
+    error, button = page.locator("#patching-error"), page.get_by_role("button", name="Patch")
+    page.locator("#other").fill(fields["answer"])  # the same token twice: a grid of zeros, refused
+    button.click()
+    expect(error).to_contain_text(f"400: answer and other are the same token, {fields['answer']!r}")
+    expect(page.locator("#patching td")).to_have_count(0)  # the grid before was not of these answers
+    expect(page.locator("#patching-summary")).to_have_text("")
+    below = error.bounding_box()["y"] - (button.bounding_box()["y"] + button.bounding_box()["height"])
+    assert 0 <= below < 40 and not page.locator("#error").is_visible()  # beside the button, not at the top of the page
+    for field in ("answer", "other"):
+        page.locator(f"#{field}").fill("")  # each run's top token; one text twice: the same token
+    page.locator("#corrupted").fill(fields["clean"])
+    button.click()
+    expect(error).to_contain_text("(answer: the clean run's top token; other: the corrupted run's top token)")
+    page.locator("#corrupted").fill(fields["corrupted"])
+    button.click()
+    page.wait_for_selector("#patching td")
+    expect(error).to_be_hidden()
+
+
+def test_the_patching_grid_shows_that_it_scrolls_sideways_while_it_is_wider_than_its_box(char_page):
+    page = char_page.page
+    fields = patch_with_the_defaults(char_page)
+    cue = page.locator("#patching-cue")
+    expect(cue).to_have_text(f"{len(fields['clean'])} columns, wider than this box: scroll sideways →")  # a column per character
+    box = page.locator("#patching-scroll").evaluate("e => [e.scrollWidth, e.clientWidth]")
+    assert box[0] > box[1] and page.locator("#patching-frame").evaluate("e => getComputedStyle(e, '::after').opacity") == "1"
+    screenshot(page.locator("section", has=page.get_by_label("Patching")), "playground-patching-char.png")
+    page.set_viewport_size({"width": 4000, "height": 900})  # wide enough for every column: no cue
+    expect(cue).to_be_hidden()

@@ -1,7 +1,8 @@
 // The playground: a prompt continued token by token through /v1/completions (streamed, with
 // each token's log-probability, alternatives and id), then looked inside through /v1/inspect
-// (every head's attention, the logit lens) and through /v1/circuits (a head's scores and ablation,
-// activation patching, logit attribution). Plain JavaScript, no library: read it top to bottom.
+// (every head's attention, the logit lens) and through /v1/circuits (every head's scores, a head's
+// ablation, activation patching, logit attribution); /tokenize counts the prompt's tokens, for the
+// room left in the context. Plain JavaScript, no library: read it top to bottom.
 
 const $ = (id) => document.getElementById(id);
 
@@ -13,6 +14,8 @@ const state = {
   seed: null,        // the seed of the last sampled generation (null for greedy)
   inspection: null,  // /v1/inspect's answer for the prompt and the completion
   query: 0,          // the attention view's chosen row (a position)
+  scores: null,      // /v1/circuits/scores' answer: every head's scores on the same text
+  pair: null,        // the patching form's texts and answers as the page last set them
 };
 
 // ------------------------------------------------------------------ talking to the server
@@ -71,9 +74,11 @@ async function* events(stream) {
   }
 }
 
-function showError(message) {
-  $("error").textContent = message;
-  $("error").hidden = !message;
+// An error next to what caused it: the generation's (and the model's) at the top of the page, the
+// Heads', Patch's and Attribute's beside their own buttons (`where`), not a screen away.
+function showError(message, where = "error") {
+  $(where).textContent = message;
+  $(where).hidden = !message;
 }
 
 const say = (message) => { $("status").textContent = message; };
@@ -93,11 +98,34 @@ async function loadModel() {
     state.model = card;
     $("model-info").textContent = `${card.id} · context ${card.max_model_len} tokens · ${count(card.num_parameters)} parameters`;
     showError("");
+    showRoom();
+    choosePair();
   } catch (e) {
     state.model = null;
     $("model-info").textContent = "no model information";
     showError(e.message);
   }
+}
+
+// Max tokens' room: the context less the prompt's tokens, counted by the server as a completion
+// reads the prompt (an empty one starts from <|endoftext|>, one token). Each edit asks again; only
+// the latest answer is shown.
+let roomAsked = 0;
+
+async function showRoom() {
+  if (!state.model) return;
+  const asked = ++roomAsked;
+  let tokens = null;
+  try {
+    tokens = Math.max(1, (await call("/tokenize", { content: $("prompt").value })).count);
+  } catch (_) { /* a character the vocabulary lacks: Generate says which */ }
+  if (asked !== roomAsked) return;
+  const n_ctx = state.model.max_model_len;
+  const room = tokens === null ? null : n_ctx - tokens;
+  if (room === null) $("max-tokens").removeAttribute("max");
+  else $("max-tokens").max = Math.max(0, room);
+  $("room").textContent = room === null ? "" : room < 0 ? `The prompt's ${tokens} tokens are over the context's ${n_ctx}.`
+    : `Max tokens: at most ${room} for this prompt (the context's ${n_ctx} tokens less the prompt's ${tokens}).`;
 }
 
 function count(n) {
@@ -170,6 +198,11 @@ async function generate(event) {
     busy(false);
   }
   if (state.promptIds) await inspect([...state.promptIds, ...state.tokens.map((t) => t.id)]);
+}
+
+// The views that wait for a generation say so until there is one to show.
+function waiting() {
+  for (const note of document.querySelectorAll(".waiting")) note.hidden = state.inspection !== null;
 }
 
 const seedNote = () => (state.seed === null ? "" : `; seed ${state.seed} (type it in Seed to repeat this run)`);
@@ -272,15 +305,18 @@ async function inspect(ids) {
     say(done);
   }
   state.query = ids.length - 1;
+  waiting();
   fillSelects();
   drawAttention();
   drawLens();
-  drawHeadGrid();
+  await drawHeadGrid();
   await attribute();
 }
 
 function clearViews() {
   state.inspection = null;
+  state.scores = null;
+  waiting();
   for (const id of ["layer", "head"]) $(id).disabled = true;
   const canvas = $("attention");
   canvas.width = canvas.height = 0;
@@ -288,10 +324,13 @@ function clearViews() {
   $("attention-readout").textContent = "";
   $("attention-legend").hidden = true;
   $("lens").replaceChildren();
-  scrollCue();
-  for (const id of ["head-grid", "ablation", "attribution"]) $(id).replaceChildren();
-  for (const id of ["head-scores", "attribution-summary"]) $(id).textContent = "";
-  svgSize($("attribution"), 0, 0);
+  delete $("lens-frame").dataset.columns;
+  scrollCue("lens");
+  for (const id of ["head-grid", "ablation"]) $(id).replaceChildren();
+  $("head-scores").textContent = "";
+  $("heads-legend").hidden = true;
+  for (const id of ["heads-error", "attribution-error"]) showError("", id);
+  clearAttribution();
 }
 
 function fillSelects() {
@@ -321,14 +360,18 @@ const SCALES = {
 };
 
 function legend(view) {
-  const out = $("attention-legend");
   const { ink, words } = SCALES[view];
-  const swatches = [0, 0.01, 0.04, 0.25, 1].flatMap((p) => {
+  key($("attention-legend"), [0, 0.01, 0.04, 0.25, 1], ink, `(${words})`);
+}
+
+// A key of colours: a swatch for each value, drawn as colour(ink(value)), then the words.
+function key(out, values, ink, words) {
+  const swatches = values.flatMap((p) => {
     const swatch = Object.assign(document.createElement("span"), { className: "swatch" });
     swatch.style.backgroundColor = colour(ink(p));
     return [swatch, ` ${p} `];
   });
-  out.replaceChildren("Colour: ", ...swatches, `(${words})`);
+  out.replaceChildren("Colour: ", ...swatches, words);
   out.hidden = false;
 }
 
@@ -354,7 +397,7 @@ function drawAttention() {
   const canvas = $("attention");
   Object.assign(canvas.dataset, { layer, head });
   const room = Math.max(260, canvas.parentElement.clientWidth - 4);
-  if (head === "all") drawHeads(canvas, state.inspection.attention[layer], room);
+  if (head === "all") drawHeads(canvas, state.inspection.attention[layer], layer, room);
   else drawHead(canvas, state.inspection.attention[layer][Number(head)], room);
   legend(canvas.dataset.view);
   readout();
@@ -393,8 +436,8 @@ function drawHead(canvas, pattern, room) {
   ctx.strokeRect(left + 1, top + state.query * cell + 1, T * cell - 2, cell - 2);  // the chosen row
 }
 
-// Every head of a layer, small, side by side: click one to look at it alone.
-function drawHeads(canvas, heads, room) {
+// Every head of a layer, small, side by side, each titled with its layer and head: click one to look at it alone.
+function drawHeads(canvas, heads, layer, room) {
   const T = heads[0].length;
   const gap = 10;
   const title = 16;
@@ -409,7 +452,7 @@ function drawHeads(canvas, heads, room) {
     const x = (h % columns) * (panel + gap);
     const y = Math.floor(h / columns) * (panel + title + gap);
     ctx.fillStyle = "#1b1f24";
-    ctx.fillText(`head ${h}`, x, y + 12);
+    ctx.fillText(`layer ${layer}, head ${h}`, x, y + 12, panel);
     pattern.forEach((row, q) => row.forEach((p, k) => {
       ctx.fillStyle = colour(SCALES.all.ink(p));
       ctx.fillRect(x + k * cell, y + title + q * cell, Math.ceil(cell), Math.ceil(cell));
@@ -498,19 +541,22 @@ function drawLens() {
     });
   }
   axis.firstChild.style.left = `${corner.offsetWidth}px`;
+  $("lens-frame").dataset.columns = tokens.length;
   $("lens-scroll").scrollLeft = 0;
-  scrollCue();
+  scrollCue("lens");
 }
 
-// The lens is often wider than its box: then a line above it says so, and the right edge fades
-// while there is more to that side (the row names stay put, sticky, as the columns scroll).
-function scrollCue() {
-  const box = $("lens-scroll");
+// The logit lens and the patching grid are often wider than their boxes (`name`-scroll): then a
+// line above says so (`name`-cue), and the right edge fades while there is more to that side (the
+// row names stay put, sticky, as the columns scroll). The frame holds the table's column count.
+function scrollCue(name) {
+  const box = $(`${name}-scroll`);
+  const frame = $(`${name}-frame`);
   const hidden = box.scrollWidth - box.clientWidth;
-  const cue = $("lens-cue");
-  cue.hidden = hidden <= 1 || !state.inspection;
-  if (!cue.hidden) cue.textContent = `${state.inspection.tokens.length} columns, wider than this box: scroll sideways →`;
-  $("lens-frame").classList.toggle("more-right", box.scrollLeft < hidden - 1);
+  const cue = $(`${name}-cue`);
+  cue.hidden = hidden <= 1 || !frame.dataset.columns;
+  if (!cue.hidden) cue.textContent = `${frame.dataset.columns} columns, wider than this box: scroll sideways →`;
+  frame.classList.toggle("more-right", box.scrollLeft < hidden - 1);
 }
 
 // ------------------------------------------------------------------ circuits (/v1/circuits)
@@ -535,24 +581,57 @@ const diverging = (x) => {
   return t >= 0 ? colour(t) : `rgb(255,${Math.round(255 - 200 * -t)},${Math.round(255 - 200 * -t)})`;
 };
 
-// The heads as buttons, a row per layer: a click asks for the head's scores and its ablation.
-function drawHeadGrid() {
+const SCORES = { previous_token: "previous-token", duplicate_token: "duplicate-token", induction: "induction" };
+const LOOKS_AT = { previous_token: "the token just before", duplicate_token: "earlier copies of the same token",
+                   induction: "the token after an earlier copy" };  // what each score is the mean attention to
+
+// The heads as a heat map, a row per layer and a column per head, each square coloured by the
+// chosen score of that head on the text (/v1/circuits/scores), as the attention is: white 0, dark
+// blue 1. Each square is a button: a click asks for the head's scores and its ablation.
+async function drawHeadGrid() {
+  const { attention, ids } = state.inspection;
   const grid = $("head-grid");
-  const { attention } = state.inspection;
   grid.style.gridTemplateColumns = `auto repeat(${attention[0].length}, auto)`;
-  grid.replaceChildren();
+  grid.replaceChildren(Object.assign(document.createElement("span"), { textContent: "head" }),
+    ...attention[0].map((_, head) => Object.assign(document.createElement("span"), { className: "column", textContent: head })));
   attention.forEach((heads, layer) => {
     grid.append(Object.assign(document.createElement("span"), { textContent: `layer ${layer}` }));
     heads.forEach((_, head) => {
-      const button = Object.assign(document.createElement("button"), { type: "button", textContent: `${layer}.${head}` });
+      const button = Object.assign(document.createElement("button"), { type: "button" });
       button.setAttribute("aria-label", `L${layer} H${head}`);  // not "layer", "head": the attention view's labels
-      button.title = `layer ${layer}, head ${head}`;
       button.setAttribute("aria-pressed", "false");
       Object.assign(button.dataset, { layer, head });
       button.addEventListener("click", () => lookAtHead(button, layer, head));
       grid.append(button);
     });
   });
+  let scores;
+  try {
+    scores = (await call("/v1/circuits/scores", { ...modelField(), prompt: ids })).scores;
+  } catch (e) {
+    showError(e.message, "heads-error");
+    return;
+  }
+  if (state.inspection === null || state.inspection.ids !== ids) return;  // a newer generation cleared the map meanwhile
+  state.scores = scores;
+  paintHeads();
+}
+
+// Colour the heat map by the score chosen; a kind the text gives nothing to (no token repeats) is grey.
+function paintHeads() {
+  if (!state.scores) return;
+  const kind = $("score-kind").value;
+  const scores = state.scores[kind];
+  for (const button of $("head-grid").querySelectorAll("button")) {
+    const { layer, head } = button.dataset;
+    const score = scores === null ? null : scores[Number(layer)][Number(head)];
+    button.style.backgroundColor = score === null ? "#d0d7de" : colour(score);
+    button.dataset.score = score === null ? "" : score;
+    button.title = `layer ${layer}, head ${head}: ${SCORES[kind]} ${score === null ? "— (no token repeats)" : score.toFixed(3)}`;
+  }
+  const words = scores === null ? `no ${SCORES[kind]} score: no token of the text repeats (grey)`
+    : `the ${SCORES[kind]} score, the head's mean attention to ${LOOKS_AT[kind]}`;
+  key($("heads-legend"), [0, 0.25, 0.5, 0.75, 1], (p) => p, `(${words})`);
 }
 
 async function lookAtHead(button, layer, head) {
@@ -561,13 +640,12 @@ async function lookAtHead(button, layer, head) {
   try {
     answer = await call("/v1/circuits/head", { ...modelField(), prompt: state.inspection.ids, layer, head, top_k: 5 });
   } catch (e) {
-    showError(`Heads: ${e.message}`);
+    showError(e.message, "heads-error");
     return;
   }
-  showError("");
-  const words = { previous_token: "previous-token", duplicate_token: "duplicate-token", induction: "induction" };
+  showError("", "heads-error");
   $("head-scores").textContent = `layer ${layer} head ${head}: ` + Object.entries(answer.scores)
-    .map(([kind, score]) => `${words[kind]} ${score === null ? "— (no token repeats)" : score.toFixed(3)}`).join(" · ");
+    .map(([kind, score]) => `${SCORES[kind]} ${score === null ? "— (no token repeats)" : score.toFixed(3)}`).join(" · ");
   Object.assign($("head-scores").dataset, { layer, head });
   const table = $("ablation");
   table.replaceChildren();
@@ -585,7 +663,40 @@ async function lookAtHead(button, layer, head) {
   }
 }
 
-// Patching: the two texts, the answer tokens and the site from the form; the grid as a table.
+// The patching form's first texts: the first pair whose answers are one token each of the served
+// model's vocabulary and whose texts are of one length: the IOI prompts for GPT-2's; a pair whose
+// next character differs (an earlier name copied) for a character model, where " Mary" is 5 tokens.
+const PAIRS = [
+  { clean: "When Mary and John went to the store, John gave a drink to", corrupted: "When Mary and John went to the store, Mary gave a drink to",
+    answer: " Mary", other: " John" },
+  { clean: "Romeo met Juliet; then Romeo kissed J", corrupted: "Romeo met Juliet; then Romeo kissed R", answer: "u", other: "o" },
+];
+const PAIR_FIELDS = ["clean", "corrupted", "answer", "other"];
+
+function setPair(pair) {
+  for (const id of PAIR_FIELDS) $(id).value = pair[id];
+  state.pair = pair;
+}
+
+async function choosePair() {
+  const untouched = () => PAIR_FIELDS.every((id) => $(id).value === state.pair[id]);  // a person's own texts stay
+  for (const pair of PAIRS) {
+    let counts;
+    try {
+      counts = await Promise.all(PAIR_FIELDS.map(async (id) => (await call("/tokenize", { content: pair[id] })).count));
+    } catch (_) {
+      continue;  // a character the vocabulary lacks
+    }
+    const [clean, corrupted, answer, other] = counts;
+    if (clean === corrupted && clean <= state.model.max_model_len && answer === 1 && other === 1) {
+      if (untouched()) setPair(pair);
+      return;
+    }
+  }
+}
+
+// Patching: the two texts, the answer tokens and the site from the form; the grid as a table. A
+// refusal clears the grid before, which is not of these texts.
 async function patch(event) {
   event.preventDefault();
   const body = { ...modelField(), clean: $("clean").value, corrupted: $("corrupted").value, site: $("site").value };
@@ -595,13 +706,21 @@ async function patch(event) {
   try {
     answer = await call("/v1/circuits/patching", body);
   } catch (e) {
-    showError(`Patching: ${e.message}`);
+    showError(e.message, "patching-error");
+    clearPatching();
     return;
   } finally {
     $("patch").disabled = false;
   }
-  showError("");
+  showError("", "patching-error");
   drawPatching(answer);
+}
+
+function clearPatching() {
+  $("patching").replaceChildren();
+  $("patching-summary").textContent = "";
+  delete $("patching-frame").dataset.columns;
+  scrollCue("patching");
 }
 
 function drawPatching(answer) {
@@ -633,22 +752,33 @@ function drawPatching(answer) {
       cell.title = `layer ${layer}, ${axes[1]} ${i}: ${fixed(value)} (${(100 * share).toFixed(0)}% of the way from corrupted to clean)`;
     });
   });
+  $("patching-frame").dataset.columns = grid[0].length;
+  $("patching-scroll").scrollLeft = 0;
+  scrollCue("patching");
 }
 
-// Logit attribution of the next token after the text above: a bar per part, from a zero line.
+// Logit attribution of the next token after the text: the prompt and its completion once generated,
+// before that the prompt as it stands. A bar per part, from a zero line.
 async function attribute(event) {
   if (event) event.preventDefault();
-  if (!state.inspection) return;
-  const body = { ...modelField(), prompt: state.inspection.ids };
+  const body = { ...modelField(), prompt: state.inspection ? state.inspection.ids : $("prompt").value };
   for (const [id, key] of [["attribution-answer", "answer"], ["attribution-other", "other"]]) if ($(id).value !== "") body[key] = $(id).value;
   let answer;
   try {
     answer = await call("/v1/circuits/attribution", body);
   } catch (e) {
-    showError(`Logit attribution: ${e.message}`);
+    showError(e.message, "attribution-error");
+    clearAttribution();
     return;
   }
+  showError("", "attribution-error");
   drawAttribution(answer);
+}
+
+function clearAttribution() {
+  $("attribution").replaceChildren();
+  $("attribution-summary").textContent = "";
+  svgSize($("attribution"), 0, 0);
 }
 
 const MOST_BARS = 30;
@@ -668,7 +798,9 @@ function drawAttribution(answer) {
     : parts.filter(([, v]) => Math.abs(v) >= [...parts].map(([, x]) => Math.abs(x)).sort((a, b) => b - a)[MOST_BARS - 1]).slice(0, MOST_BARS);
   const rest = parts.filter((p) => !kept.includes(p)).reduce((sum, [, v]) => sum + v, 0);
   const what = answer.other ? `logit(${shown(answer.answer.token)}) − logit(${shown(answer.other.token)})` : `logit(${shown(answer.answer.token)})`;
-  $("attribution-summary").textContent = `${what} of the next token = ${fixed(answer.total)}` +
+  const last = answer.tokens.length - 1;  // the position attributed: the next token is predicted there
+  $("attribution-summary").textContent = `${what} for the next token, after position ${last} (${shown(answer.tokens[last])}, the ` +
+    `last of ${state.inspection ? "the text" : "the prompt as it stands"}) = ${fixed(answer.total)}` +
     (kept.length < parts.length ? `; the ${kept.length} largest of ${parts.length} parts (the rest sum to ${fixed(rest)})` : "");
   const chart = $("attribution");
   const row = 16, label = 90, half = 160, width = label + 2 * half + 60;
@@ -705,10 +837,15 @@ function start() {
   $("attention").addEventListener("mousemove", pointAtAttention);
   $("attention").addEventListener("click", pointAtAttention);
   $("attention").addEventListener("keydown", keyOnAttention);
-  $("lens-scroll").addEventListener("scroll", scrollCue, { passive: true });
+  $("score-kind").addEventListener("change", paintHeads);
+  $("prompt").addEventListener("input", showRoom);
+  for (const name of ["lens", "patching"]) {
+    $(`${name}-scroll`).addEventListener("scroll", () => scrollCue(name), { passive: true });
+    new ResizeObserver(() => scrollCue(name)).observe($(`${name}-scroll`));
+  }
   $("patching-form").addEventListener("submit", patch);
   $("attribution-form").addEventListener("submit", attribute);
-  new ResizeObserver(scrollCue).observe($("lens-scroll"));
+  setPair(PAIRS[0]);
   let width = innerWidth;
   addEventListener("resize", () => { if (innerWidth !== width) { width = innerWidth; drawAttention(); } });
   loadModel();
