@@ -733,7 +733,7 @@ def test_a_refused_patch_says_why_beside_its_button_and_clears_the_grid(char_pag
         page.locator(f"#{field}").fill("")  # each run's top token; one text twice: the same token
     page.locator("#corrupted").fill(fields["clean"])
     button.click()
-    expect(error).to_contain_text("(answer: the clean run's top token; other: the corrupted run's top token)")
+    expect(error).to_contain_text("; answer: the clean run's top token; other: the corrupted run's top token)")
     page.locator("#corrupted").fill(fields["corrupted"])
     button.click()
     page.wait_for_selector("#patching td")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import math
 import numbers
+from collections.abc import Sequence
 from types import ModuleType
 
 from gpt2.errors import InvalidArgumentError, MissingPackageError, TokenIdError
@@ -52,6 +53,16 @@ def int_between(name: str, value: object, low: int, high: int | None, what: str 
     return int(value)
 
 
+def check_top_k(top_k: object, n_vocab: int | None) -> int:
+    """top_k: a whole number from 1 to the vocabulary's size, n_vocab (None: a model not loaded yet,
+    no bound above). Every door asks this of a value given; a default fits by being none, or
+    min(default, n_vocab)."""
+    if not is_integer(top_k) or top_k < 1 or (n_vocab is not None and top_k > n_vocab):
+        bounds = "from 1 up" if n_vocab is None else f"from 1 to {n_vocab}, the model's vocabulary size"
+        raise InvalidArgumentError(f"top_k must be an integer {bounds}, got {top_k!r}", "top_k")
+    return int(top_k)
+
+
 def positive_real(name: str, value: object) -> float:
     """A finite number above zero (a learning rate, a temperature that is not greedy)."""
     if not is_real(value) or value <= 0:
@@ -74,6 +85,23 @@ def check_token_ids(low: int, high: int, n_vocab: int, where: str = "", whose: s
     `whose` precedes the range ("this model's "), `param` names the argument that holds them."""
     if low < 0 or high >= n_vocab:
         raise TokenIdError(f"token id {low if low < 0 else high}{where} is out of range: {whose}ids are 0..{n_vocab - 1}", param)
+
+
+def check_answer_and_other(answer: int | Sequence[int], other: int | Sequence[int] | None, shown: str | None = None,
+                           defaulted: str = "") -> None:  # fmt: skip
+    """A logit difference's two sides, token ids (or lists of them, standing for their mean logit):
+    one token on both sides makes logit(answer) - logit(other) 0 whatever the model does (" Mary"
+    and " John" are one character, " ", to a character model), so it is refused, naming both.
+    `shown`: the token as text; `defaulted`: which of them the caller chose, and how; for the message."""
+    if other is None:
+        return
+    ids = [set([side] if is_integer(side) else side) for side in (answer, other)]
+    if ids[0] == ids[1]:
+        many = "s" if len(ids[0]) > 1 else ""
+        which = f"id{many} {', '.join(map(str, sorted(ids[0])))}" + (f"; {defaulted}" if defaulted else "")
+        raise InvalidArgumentError(f"answer and other are the same token{many}{'' if shown is None else f', {shown!r}'} ({which}): "
+                                   "logit(answer) - logit(other) is 0 whatever the model does; give two different tokens", "other",
+                                   also=("answer",))  # fmt: skip
 
 
 def require_package(name: str, extra: str, needed_by: str, param: str | None = None) -> ModuleType:

@@ -105,11 +105,24 @@ def test_logit_attribution_is_transformers_pieces_through_ln_f_and_sums_to_the_l
     (lambda m: logit_attribution(m, TEXT, 50257), "answer", "answer must be a token id in 0..50256 or a string of one token, got 50257"),
     (lambda m: logit_attribution(m, TEXT, " Mary", " John", position=99), "position", "position must be a whole number in 0..13"),
     (lambda m: logit_attribution(m, list(range(65)), 1), None, "sequence of 65 tokens is longer than the model.s context of n_ctx=64"),
+    (lambda m: repeated_tokens(50, 65, start=50256), "start", "start must be a token id from 0 to 64, got 50256"),  # GPT-2's <|endoftext|>, a character model's 65
+    (lambda m: repeated_tokens(50, 65, start=-1), "start", "start must be a token id from 0 to 64, got -1"),
+    (lambda m: repeated_tokens(0, 65), "n", "n must be a positive integer, got 0"),
+    (lambda m: repeated_tokens(50, 0), "n_vocab", "n_vocab must be a positive integer, got 0"),
 ])  # fmt: skip
 def test_bad_input_is_one_clear_error_naming_its_param(models, call, param, message):
     with pytest.raises(GPT2Error, match=message) as caught:
         call(models[1])
     assert caught.value.param == param
+
+
+@pytest.mark.parametrize("answer, other", [(" Mary", " Mary"), (" Mary", 5335), ([11, " Mary"], [5335, 11])])  # " Mary" is 5335
+def test_an_answer_that_is_the_other_is_refused_naming_both(models, answer, other):
+    """logit(answer) - logit(other) of one token is 0 whatever the model does (on a character
+    model, " Mary" and " John" as their first characters are both " ")."""
+    with pytest.raises(GPT2Error, match="^answer and other are the same token") as caught:
+        logit_attribution(models[1], TEXT, answer, other)
+    assert (caught.value.param, caught.value.also) == ("other", ("answer",))  # as gpt2 serve names them
 
 
 # ------------------------------------------------------------------ a model trained here (issue 38, item 6)

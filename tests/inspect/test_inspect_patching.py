@@ -191,6 +191,14 @@ def test_bad_metric_arguments(pair):
     assert caught.value.param == "corrupted"
 
 
+def test_a_metric_of_one_token_against_itself_is_refused_naming_both(pair):
+    """logits[-1, a] - logits[-1, a] is 0 for every patch: a grid of zeros, said nowhere, before."""
+    for make in (lambda: logit_diff(ANSWER, ANSWER), lambda: normalised_logit_diff(pair[1], CLEAN, CORRUPTED, OTHER, OTHER)):
+        with pytest.raises(InvalidArgumentError, match="^answer and other are the same token") as caught:
+            make()
+        assert (caught.value.param, caught.value.also) == ("other", ("answer",))  # as gpt2 serve names them
+
+
 def test_texts_go_through_the_models_tokenizer(pair, grids, monkeypatch):
     model = pair[1]
     monkeypatch.setattr(model, "tokenizer", CharTokenizer([chr(32 + i) for i in range(VOCAB)]))  # id i is chr(32 + i)

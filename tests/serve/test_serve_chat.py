@@ -260,6 +260,8 @@ BAD_CHATS = [
     ({"messages": LONG, "max_tokens": 20}, "messages", "maximum context length is 128 tokens, however you requested 146 tokens (126 in "
                                                        "the messages; 20 for the completion), 18 more than it holds"),
     ({"messages": LONG * 2}, "messages", "however you requested 251 tokens (250 in the messages; 1 for the completion), 123 more than it holds"),
+    ({"messages": LONG, "max_completion_tokens": 500}, "messages", "(126 in the messages; 500 for the completion), 498 more than it holds: "
+                                                                   "the messages leave room for 2 tokens of completion"),  # not "from 1 to 128"
 ]  # fmt: skip
 
 

@@ -1,4 +1,4 @@
-"""POST /v1/circuits/{head,patching,attribution} (gpt2.serve.circuits): each answer equals the
+"""POST /v1/circuits/{scores,head,patching,attribution} (gpt2.serve.circuits): each answer equals the
 experiment done on transformers' GPT2LMHeadModel with the same weights, through its own hooks
 and the formulas written out here; bad requests get a 400 naming the field."""
 
@@ -31,18 +31,26 @@ def hooked(hf, ids, hooks):
             handle.remove()
 
 
+REPEATED = "The cat sat on the mat. The cat sat on the mat."
+
+
+def scores_of(A: torch.Tensor, ids: list[int]) -> dict[str, float]:
+    """One head's three scores from its attention pattern A (T, T), written out."""
+    T = len(ids)
+    repeats = [q for q in range(T) if ids[q] in ids[:q]]
+    return {"previous_token": float(sum(A[q, q - 1] for q in range(1, T)) / (T - 1)),
+            "duplicate_token": float(sum(sum(A[q, p] for p in range(q) if ids[p] == ids[q]) for q in repeats) / len(repeats)),
+            "induction": float(sum(sum(A[q, p + 1] for p in range(q - 1) if ids[p] == ids[q]) for q in repeats) / len(repeats))}  # fmt: skip
+
+
 def test_a_heads_scores_and_its_ablation_equal_transformers(server, hf):
-    text = "The cat sat on the mat. The cat sat on the mat."
+    text = REPEATED
     ids = ENC.encode(text)
     layer, head, d = 1, 2, 48 // 3
     answer = post(server, {"prompt": text, "layer": layer, "head": head, "top_k": 4}, "/v1/circuits/head").json()
     with torch.no_grad():
         A = hf(torch.tensor([ids]), output_attentions=True).attentions[layer][0, head]  # (T, T)
-    T = len(ids)
-    repeats = [q for q in range(T) if ids[q] in ids[:q]]
-    expected = {"previous_token": sum(A[q, q - 1] for q in range(1, T)) / (T - 1),
-                "duplicate_token": sum(sum(A[q, p] for p in range(q) if ids[p] == ids[q]) for q in repeats) / len(repeats),
-                "induction": sum(sum(A[q, p + 1] for p in range(q - 1) if ids[p] == ids[q]) for q in repeats) / len(repeats)}  # fmt: skip
+    expected = scores_of(A, ids)
     assert answer["scores"].keys() == expected.keys()
     for kind, value in expected.items():
         assert answer["scores"][kind] == pytest.approx(float(value), abs=1e-5), kind
@@ -64,15 +72,31 @@ def test_a_heads_scores_and_its_ablation_equal_transformers(server, hf):
     assert plain["duplicate_token"] is None and plain["induction"] is None and plain["previous_token"] > 0  # no token repeats
 
 
-@pytest.mark.parametrize("typed", [True, False], ids=["answers-typed", "top-tokens"])
-def test_resid_pre_patching_equals_transformers_patched_by_hooks(server, hf, typed):
+def test_every_heads_scores_equal_transformers_and_a_kind_with_no_repeat_is_null(server, hf):
+    """/v1/circuits/scores, the playground's map of the heads: [layer][head] for each kind."""
+    ids = ENC.encode(REPEATED)
+    got = post(server, {"prompt": REPEATED}, "/v1/circuits/scores").json()
+    with torch.no_grad():
+        attentions = hf(torch.tensor([ids]), output_attentions=True).attentions
+    assert got["ids"] == ids and [len(row) for row in got["scores"]["induction"]] == [3, 3]
+    for layer, A in enumerate(attentions):
+        for head in range(3):
+            for kind, value in scores_of(A[0, head], ids).items():
+                assert got["scores"][kind][layer][head] == pytest.approx(value, abs=1e-5), (kind, layer, head)
+    plain = post(server, {"prompt": "Hello world"}, "/v1/circuits/scores").json()["scores"]
+    assert plain["duplicate_token"] is None and plain["induction"] is None and len(plain["previous_token"]) == 2
+
+
+# Each answer given (as text, or as an id) or left to its default: the clean run's top token, the
+# corrupted run's. Not both defaults: this random model's two runs have the same top token.
+@pytest.mark.parametrize("given", [{"other": ENC.encode(" John")[0]}, {"answer": " Mary"}], ids=["clean-top-vs-id", "text-vs-corrupted-top"])
+def test_resid_pre_patching_equals_transformers_patched_by_hooks(server, hf, given):
     clean, corrupted = ENC.encode(CLEAN), ENC.encode(CORRUPTED)
     with torch.no_grad():
         streams = hf(torch.tensor([clean]), output_hidden_states=True).hidden_states  # [l]: entering block l
-    if typed:
-        body, answer, other = {"answer": " Mary", "other": ENC.encode(" John")[0]}, ENC.encode(" Mary")[0], ENC.encode(" John")[0]
-    else:  # the clean run's top token against the corrupted run's
-        body, answer, other = {}, int(hooked(hf, clean, {})[-1].argmax()), int(hooked(hf, corrupted, {})[-1].argmax())
+    answer = ENC.encode(given["answer"])[0] if "answer" in given else int(hooked(hf, clean, {})[-1].argmax())
+    other = given["other"] if "other" in given else int(hooked(hf, corrupted, {})[-1].argmax())
+    body = given
     got = post(server, {"clean": CLEAN, "corrupted": CORRUPTED, **body}, "/v1/circuits/patching").json()
     assert (got["answer"]["id"], got["other"]["id"], got["site"], got["axes"]) == (answer, other, "resid_pre", ["layer", "position"])
     diff = lambda logits: float(logits[-1, answer] - logits[-1, other])  # noqa: E731
@@ -137,6 +161,15 @@ BAD_CIRCUITS = [
     ("patching", {"clean": [15496] * 91, "corrupted": [995] * 91}, "clean",
      "runs the model 182 times over 91 tokens = 16,562 tokens, over this server's limit of 16,384 (max_patching_tokens): at most 90"),
     ("patching", {"clean": "a b", "corrupted": "c d", "answer": " Mary Mary"}, "answer", "answer must be one token, but ' Mary Mary' is 2"),
+    ("patching", {"clean": "a b", "corrupted": "c d", "answer": ""}, "answer", "answer is empty: give one token's text"),
+    ("patching", {"clean": "a b", "corrupted": "c d", "answer": " Mary", "other": " Mary"}, "other",
+     "answer and other are the same token, ' Mary' (id 5335): logit(answer) - logit(other) is 0 whatever the model does"),
+    ("patching", {"clean": "a b", "corrupted": "a b"}, "other",  # one text twice: both runs' top token is the same
+     "; answer: the clean run's top token; other: the corrupted run's top token): logit(answer) - logit(other) is 0 whatever the model does"),
+    ("patching", {"clean": "a b", "corrupted": "c d", "answer": " Mary", "other": 5335}, "other", "answer and other are the same token"),
+    ("attribution", {"prompt": "hi", "answer": 5335, "other": " Mary"}, "other", "answer and other are the same token"),
+    ("attribution", {"prompt": "hi", "other": ""}, "other", "other is empty"),
+    ("scores", {"prompt": [15496] * 129}, "prompt", "This model's maximum context length is 128 tokens"),
     ("attribution", {"prompt": "hi", "other": 50257}, "other", "token id 50257 in other is out of range"),
     ("attribution", {"prompt": [15496] * 129}, "prompt", "This model's maximum context length is 128 tokens"),
 ]

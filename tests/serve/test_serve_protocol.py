@@ -51,7 +51,8 @@ BAD_REQUESTS = [
     ({"prompt": "hi", "n": 0}, "n", "n must be an integer from 1 to 16, got 0"),
     ({"prompt": "hi", "n": 17}, "n", "n must be an integer from 1 to 16, got 17"),
     ({"prompt": "hi", "logprobs": 6}, "logprobs", "logprobs must be an integer from 0 to 5, got 6"),
-    ({"prompt": "hi", "top_k": 0}, "top_k", "top_k must be an integer from 1 to 50257, got 0"),
+    ({"prompt": "hi", "top_k": 0}, "top_k", "top_k must be an integer from 1 to 50257, the model's vocabulary size, got 0"),
+    ({"prompt": "hi", "top_k": 50258}, "top_k", "top_k must be an integer from 1 to 50257, the model's vocabulary size, got 50258"),
     ({"prompt": "hi", "seed": -1}, "seed", "seed must be a whole number from 0"),
     ({"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}, "stop", "up to 4 stop strings, got 5"),
     ({"prompt": "hi", "stop": [""]}, "stop", "stop strings must be non-empty text"),
@@ -63,7 +64,11 @@ BAD_REQUESTS = [
     ({"prompt": [15496, 50257]}, "prompt", "token id 50257 in prompt is out of range: ids are 0..50256"),
     ({"prompt": [[15496], [-1]]}, "prompt", "token id -1 in prompt is out of range"),
     ({"prompt": [15496] * 100, "max_tokens": 29}, "prompt", "maximum context length is 128 tokens, however you requested 129 "
-                                                            "tokens (100 in your prompt; 29 for the completion)"),
+                                                            "tokens (100 in your prompt; 29 for the completion), 1 more than it holds: "
+                                                            "your prompt leaves room for 28 tokens of completion."),
+    ({"prompt": [15496] * 100, "max_tokens": 200}, "prompt", "(100 in your prompt; 200 for the completion), 172 more than it holds: "
+                                                             "your prompt leaves room for 28 tokens"),  # the room, not the context's 128
+    ({"prompt": [15496] * 128, "max_tokens": 1}, "prompt", "1 more than it holds: your prompt leaves no room."),
     ({"prompt": "hi", "frobnicate": 1}, "frobnicate", "Unrecognized request argument supplied: frobnicate"),
     ({"prompt": "hi", "presence_penalty": 2.5}, "presence_penalty", "presence_penalty must be a number from -2 to 2, got 2.5"),
     ({"prompt": "hi", "frequency_penalty": -3}, "frequency_penalty", "frequency_penalty must be a number from -2 to 2, got -3"),

@@ -24,9 +24,11 @@ from dataclasses import dataclass
 
 import torch
 
+from gpt2._checks import check_answer_and_other, int_between, positive_int
 from gpt2.errors import InvalidArgumentError
 from gpt2.inspect.tracing import check_position, token_ids, trace
 from gpt2.model.model import GPT2
+from gpt2.tokenizer import token_text
 
 HEAD_SCORES = ("previous_token", "duplicate_token", "induction")
 Tokens = int | str | Sequence[int | str]  # a token (an id, or a string of one token), or a list of them
@@ -94,8 +96,12 @@ def score_tables(scores: dict[str, torch.Tensor | None]) -> list[str]:
 
 
 def repeated_tokens(n: int, n_vocab: int, seed: int = 0, start: int | None = None) -> list[int]:
-    """The standard induction test's input: n random tokens, then the same n again, after `start`
-    (GPT-2's <|endoftext|>) where given."""
+    """The standard induction test's input: n random tokens of a vocabulary of n_vocab, then the
+    same n again, after `start` (GPT-2's <|endoftext|>, 50256) where given, which must be one of
+    the vocabulary's ids too: checked here, where a model would refuse it only later."""
+    n, n_vocab = positive_int("n", n), positive_int("n_vocab", n_vocab)
+    if start is not None:
+        int_between("start", start, 0, n_vocab - 1, "a token id")
     generator = torch.Generator().manual_seed(seed)
     half = torch.randint(0, n_vocab, (n,), generator=generator).tolist()
     return ([] if start is None else [start]) + half + half
@@ -142,6 +148,7 @@ def logit_attribution(model: GPT2, ids: str | Sequence[int] | torch.Tensor, answ
     check_position(position, T)
     a = _tokens(model, answer, "answer")
     o = None if other is None else _tokens(model, other, "other")
+    check_answer_and_other(a, o, token_text(model.tokenizer, a[0]) if model.tokenizer is not None and len(set(a)) == 1 else None)
     names = ["wte", "wpe", f"h.{n_layer - 1}"] + [f"h.{i}.{step}" for i in range(n_layer) for step in ("attn.z", "mlp.c_proj")]
     t = trace(model, ids, names=names)
     act = {name: value[:, position] if name.endswith(".attn.z") else value[position]  # z: (H, T, d), the rest (T, C)

@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from gpt2._checks import is_integer, positive_int
+from gpt2._checks import check_answer_and_other, is_integer, positive_int
 from gpt2.errors import GPT2Error, InputTypeError, InvalidArgumentError
 from gpt2.inspect.tracing import Tap, forward_steps, token_ids, trace
 from gpt2.model.model import GPT2
@@ -185,6 +185,7 @@ def logit_diff(answer: int, other: int) -> Metric:
     for name, value in (("answer", answer), ("other", other)):
         if not is_integer(value) or value < 0:
             raise InvalidArgumentError(f"{name} must be a token id (a whole number from 0), got {value!r}", name)
+    check_answer_and_other(answer, other)
 
     def metric(logits: torch.Tensor) -> torch.Tensor:  # a 0-d tensor: attribution patching differentiates it
         n_vocab = logits.size(-1)

@@ -48,7 +48,6 @@ def parse_chat(body: ChatBody, template: ChatTemplate, tokenizer: Tokenizer, bou
     """The rows of a /v1/chat/completions body that FastAPI has checked against `ChatBody`: its
     conversation's prompt through the template; without max_tokens (or max_completion_tokens)
     a reply may fill the context."""
-    body = body.within(bounds)
     if body.top_logprobs is not None and not body.logprobs:
         raise RequestError(400, "top_logprobs needs logprobs set to true", "top_logprobs")
     logprobs = (body.top_logprobs or 0) if body.logprobs else None  # the alternatives per token (None: no logprobs)
@@ -60,7 +59,8 @@ def parse_chat(body: ChatBody, template: ChatTemplate, tokenizer: Tokenizer, bou
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     if max_tokens is None:  # up to the context, and at least one token, so that a full context is refused
         max_tokens = max(bounds.n_ctx - len(prompt), 1)
-    within_context([prompt], max_tokens, bounds.n_ctx, "messages")
+    within_context([prompt], max_tokens, bounds.n_ctx, "messages")  # before max_tokens' bound, n_ctx: this names the room left
+    body = body.within(bounds)
     # every part is checked above: Request.build would check them again
     request = decoding.Request([prompt], max_tokens, body.sampling(), body.seed, body.n, tokenizer.eot_token, logprobs,
                                processing=body.processing(tokenizer, bounds.n_vocab))  # fmt: skip

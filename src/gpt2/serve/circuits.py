@@ -1,6 +1,8 @@
-"""POST /v1/circuits/head, /v1/circuits/patching, /v1/circuits/attribution: the circuits
-experiments of `gpt2.inspect` on the served model, for the playground's views and any client.
+"""POST /v1/circuits/scores, /v1/circuits/head, /v1/circuits/patching, /v1/circuits/attribution:
+the circuits experiments of `gpt2.inspect` on the served model, for the playground's views and any client.
 
+    /v1/circuits/scores       {"prompt"}
+      -> {"tokens", "ids", "scores": {kind: [layer][head] scores, or null}}
     /v1/circuits/head         {"prompt", "layer", "head", "top_k"}
       -> {"tokens", "ids", "layer", "head", "scores": {kind: score or null}, "next": [{"token", "id", "before", "after"}]}
     /v1/circuits/patching     {"clean", "corrupted", "site", "answer", "other"}
@@ -8,13 +10,14 @@ experiments of `gpt2.inspect` on the served model, for the playground's views an
     /v1/circuits/attribution  {"prompt", "answer", "other"}
       -> {"tokens", "ids", "answer", "other", "heads", "mlps", "embed", "biases", "total"}
 
-head: the head's three scores (`head_scores`; null for a kind the text gives no position to,
-duplicate_token and induction on a text whose tokens never repeat), and the next token's
+scores: every head's three scores (`head_scores`; null for a kind the text gives no position to,
+duplicate_token and induction on a text whose tokens never repeat). head: one head's, and the next token's
 probabilities before and after the head's output (h.{layer}.attn.z) is zeroed. patching:
 `activation_patching` with the metric `logit_diff(answer, other)`; a patched run per entry of the
 site's grid, each of the whole text, so limits.max_patching_tokens bounds entries x tokens.
 attribution: `logit_attribution` at the last position. A token is written as in /v1/inspect:
-{"token": text, "id": id}.
+{"token": text, "id": id}. Answer and other must be two tokens, given or defaulted: one token's
+logit less its own is 0 whatever the model does (a grid of zeros, bars of zeros).
 """
 
 from __future__ import annotations
@@ -28,14 +31,15 @@ import torch
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from gpt2._checks import check_token_ids
+from gpt2._checks import check_answer_and_other, check_token_ids
+from gpt2.errors import GPT2Error
 from gpt2.generation.decoding import start_of_text
 from gpt2.inspect.circuits import HEAD_SCORES, head_scores, logit_attribution, score_masks
 from gpt2.inspect.patching import AXES, activation_patching, logit_diff
 from gpt2.inspect.tracing import trace
 from gpt2.model.model import GPT2
 from gpt2.serve.inspection import check_cells, check_context
-from gpt2.serve.protocol import AttributionBody, HeadBody, Limits, PatchingBody, RequestError, encode_text
+from gpt2.serve.protocol import AttributionBody, HeadBody, Limits, PatchingBody, RequestError, ScoresBody, encode_text
 from gpt2.serve.server import ModelRoute, Server
 from gpt2.tokenizer import Tokenizer, token_text
 
@@ -46,6 +50,14 @@ async def _answer(server: Server, work: Callable[[], dict]) -> Response:
     async with server.inspecting:  # one inspection or experiment at a time, beside the decoding thread
         content = await asyncio.to_thread(lambda: json.dumps(work()).encode())
     return Response(content, media_type="application/json")
+
+
+@router.post("/scores")
+async def scores(body: ScoresBody, request: Request) -> Response:
+    server: Server = request.app.state.server
+    ids = read_text(server, body.prompt, "prompt")
+    check_cells(len(ids), server.model, server.limits)  # the scores read every head's pattern
+    return await _answer(server, lambda: scores_report(server.model, server.tokenizer, ids))
 
 
 @router.post("/head")
@@ -65,7 +77,7 @@ async def patching(body: PatchingBody, request: Request) -> Response:
         raise RequestError(400, f"clean and corrupted must have the same length: clean has {len(clean)} tokens, "
                            f"corrupted {len(corrupted)}", "corrupted")  # fmt: skip
     check_patching_work(body.site, len(clean), server.model, server.limits)
-    answer, other = (None if t is None else read_token(server, t, name) for t, name in ((body.answer, "answer"), (body.other, "other")))
+    answer, other = read_answers(server, body.answer, body.other)
     return await _answer(server, lambda: patching_report(server.model, server.tokenizer, clean, corrupted, body.site, answer, other))
 
 
@@ -73,7 +85,7 @@ async def patching(body: PatchingBody, request: Request) -> Response:
 async def attribution(body: AttributionBody, request: Request) -> Response:
     server: Server = request.app.state.server
     ids = read_text(server, body.prompt, "prompt")
-    answer, other = (None if t is None else read_token(server, t, name) for t, name in ((body.answer, "answer"), (body.other, "other")))
+    answer, other = read_answers(server, body.answer, body.other)
     return await _answer(server, lambda: attribution_report(server.model, server.tokenizer, ids, answer, other))
 
 
@@ -97,10 +109,29 @@ def read_token(server: Server, token: str | int, param: str) -> int:
     if isinstance(token, int):
         check_token_ids(token, token, server.model.config.n_vocab, f" in {param}", param=param)
         return token
+    if token == "":
+        raise RequestError(400, f"{param} is empty: give one token's text (such as \" Mary\"), its id, or null for the default", param)
     ids = encode_text(server.tokenizer, token, server.allowed_special, param)
     if len(ids) != 1:
         raise RequestError(400, f"{param} must be one token, but {token!r} is {len(ids)}: {ids}", param)
     return ids[0]
+
+
+def read_answers(server: Server, answer: str | int | None, other: str | int | None) -> tuple[int | None, int | None]:
+    """The ids of a request's answer and other (None: the route's default), two different tokens where both are given."""
+    answer, other = (None if t is None else read_token(server, t, name) for t, name in ((answer, "answer"), (other, "other")))
+    if answer is not None:
+        check_two_tokens(server.tokenizer, answer, other)
+    return answer, other
+
+
+def check_two_tokens(tokenizer: Tokenizer, answer: int, other: int | None, defaulted: str = "") -> None:
+    """Refuse an other that is the answer's token (`check_answer_and_other`), a 400 naming other;
+    `defaulted`: which of them the route chose, and how."""
+    try:
+        check_answer_and_other(answer, other, token_text(tokenizer, answer), defaulted)
+    except GPT2Error as e:
+        raise RequestError.invalid(e) from None
 
 
 def check_patching_work(site: str, T: int, model: GPT2, limits: Limits) -> None:
@@ -123,10 +154,19 @@ def _token(tokenizer: Tokenizer, i: int) -> dict:
     return {"token": token_text(tokenizer, i), "id": i}
 
 
+def all_head_scores(model: GPT2, ids: list[int]) -> dict[str, list[list[float]] | None]:
+    """Each kind's (n_layer, n_head) scores as lists; None for a kind the text gives no position to."""
+    return {kind: head_scores(model, ids, kind).tolist() if score_masks(ids, kind)[1].any() else None for kind in HEAD_SCORES}
+
+
+def scores_report(model: GPT2, tokenizer: Tokenizer, ids: list[int]) -> dict:
+    """The answer of /v1/circuits/scores: every head's scores, for a map of the heads."""
+    return {"tokens": [token_text(tokenizer, i) for i in ids], "ids": ids, "scores": all_head_scores(model, ids)}
+
+
 def head_report(model: GPT2, tokenizer: Tokenizer, ids: list[int], layer: int, head: int, top_k: int) -> dict:
     """The answer of /v1/circuits/head (see the module's docstring)."""
-    scores = {kind: float(head_scores(model, ids, kind)[layer, head]) if score_masks(ids, kind)[1].any() else None
-              for kind in HEAD_SCORES}  # fmt: skip
+    scores = {kind: None if all_heads is None else all_heads[layer][head] for kind, all_heads in all_head_scores(model, ids).items()}
 
     def ablate(z: torch.Tensor) -> torch.Tensor:  # (H, T, d), the pass's own copy
         z[head] = 0
@@ -145,8 +185,11 @@ def patching_report(model: GPT2, tokenizer: Tokenizer, clean: list[int], corrupt
                     answer: int | None, other: int | None) -> dict:  # fmt: skip
     """The answer of /v1/circuits/patching: the grid, and the metric of the clean and corrupted runs."""
     clean_logits, corrupted_logits = (trace(model, ids, names=()).logits for ids in (clean, corrupted))
+    defaulted = [f"{name}: the {run} run's top token" for name, run, given in (("answer", "clean", answer), ("other", "corrupted", other))
+                 if given is None]  # fmt: skip
     answer = int(clean_logits[-1].argmax()) if answer is None else answer
     other = int(corrupted_logits[-1].argmax()) if other is None else other
+    check_two_tokens(tokenizer, answer, other, "; ".join(defaulted))
     metric = logit_diff(answer, other)
     grid = activation_patching(model, clean, corrupted, metric, site)
     run = lambda ids, logits: {"tokens": [token_text(tokenizer, i) for i in ids], "ids": ids, "logit_diff": float(metric(logits))}  # noqa: E731
@@ -158,6 +201,7 @@ def attribution_report(model: GPT2, tokenizer: Tokenizer, ids: list[int], answer
     """The answer of /v1/circuits/attribution: `logit_attribution`'s parts at the last position."""
     if answer is None:
         answer = int(trace(model, ids, names=()).logits[-1].argmax())
+        check_two_tokens(tokenizer, answer, other, "answer: the top token")
     parts = logit_attribution(model, ids, answer, other)
     return {"tokens": [token_text(tokenizer, i) for i in ids], "ids": ids, "answer": _token(tokenizer, answer),
             "other": None if other is None else _token(tokenizer, other), "heads": parts.heads.tolist(),

@@ -2,7 +2,7 @@
 
 Each route's JSON body is a pydantic model, as vLLM's protocol.py declares them: `CompletionBody`
 (/v1/completions), `ChatBody` (/v1/chat/completions), `InspectBody` (/v1/inspect),
-the circuits' `HeadBody`, `PatchingBody` and `AttributionBody` (/v1/circuits/...), `TokenizeBody`
+the circuits' `ScoresBody`, `HeadBody`, `PatchingBody` and `AttributionBody` (/v1/circuits/...), `TokenizeBody`
 and `DetokenizeBody`. Each field's type, default and bounds are written once, in
 its declaration: FastAPI checks a body against them, and /openapi.json (and /docs) describe
 them. A bound that is the server's, not the API's (the model's context, its vocabulary,
@@ -23,7 +23,7 @@ import torch
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from gpt2._checks import check_token_ids, is_integer, positive_int
+from gpt2._checks import check_token_ids, check_top_k, is_integer, positive_int
 from gpt2.checkpoints.config import GPT2Config
 from gpt2.errors import GPT2Error, InvalidArgumentError
 from gpt2.generation.decoding import Request, Row, check_draft_tokens, start_of_text
@@ -230,6 +230,11 @@ def _prompt_refused(prompt: object, bounds: Bounds) -> str:
     return "prompt must be a string, a list of strings, a list of token ids or a list of lists of ids"
 
 
+def _top_k_refused(top_k: object, bounds: Bounds) -> str:
+    check_top_k(top_k, bounds.n_vocab)  # raises, in the words of every other door
+    return f"top_k must be an integer from 1 to {bounds.n_vocab}, got {top_k!r}"
+
+
 def _stop_refused(stop: object, bounds: Bounds) -> str:
     return f"stop: up to 4 stop strings, got {len(check_stop(stop))}"  # check_stop raises for a string that is not one
 
@@ -353,7 +358,7 @@ class Sampled(Body):
     temperature: Annotated[float | None, Says("temperature must be a finite number >= 0 (0 is greedy), got {value!r}")] = \
         Field(1.0, ge=0, allow_inf_nan=False)  # fmt: skip
     top_p: Annotated[float | None, Says("top_p must be in (0, 1], got {value!r}")] = Field(1.0, gt=0, le=1, allow_inf_nan=False)
-    top_k: Annotated[int | None, UpTo("n_vocab"), INTEGER] = Field(None, ge=1)  # ours, not OpenAI's
+    top_k: Annotated[int | None, UpTo("n_vocab"), Says(_top_k_refused)] = Field(None, ge=1)  # ours, not OpenAI's
     seed: Annotated[int | None, Says("{name} must be a whole number from {low} to {high}, got {value!r}")] = \
         Field(None, ge=0, le=SEED_MAX)  # choice i samples from seed + i  # fmt: skip
     stream: Annotated[bool | None, FLAG] = False
@@ -454,6 +459,13 @@ TEXT = Says("{name} must be a string or a non-empty list of token ids, got {valu
 Token = Annotated[str | Annotated[int, Field(ge=0)] | None, Says("{name} must be a token's text (one token) or its id, got {value!r:.40}")]
 
 
+class ScoresBody(Body):
+    """POST /v1/circuits/scores: every head's scores on one text."""
+
+    model: str | None = None
+    prompt: Annotated[OneText, TEXT]
+
+
 class HeadBody(Body):
     """POST /v1/circuits/head: one head on one text: its scores, and the next token's top_k
     probabilities before and after the head's output is zeroed."""
@@ -543,11 +555,11 @@ def parse_completion(body: CompletionBody, tokenizer: Tokenizer, bounds: Bounds,
     """The rows of a /v1/completions body that FastAPI has checked against `CompletionBody`, once
     its prompts are read and within the model's bounds. A refusal is a RequestError, or a
     GPT2Error whose `param` names the field (`RequestError.invalid`)."""
+    prompts = parse_prompts(body.prompt, tokenizer, bounds.n_vocab, allowed_special)
+    within_context(prompts, body.max_tokens, bounds.n_ctx)  # before max_tokens' bound, n_ctx: this names the prompt's room
     body = body.within(bounds)
     if body.best_of is not None and body.best_of != body.n:
         raise RequestError(400, "best_of is not supported by this server (other than equal to n)", "best_of")
-    prompts = parse_prompts(body.prompt, tokenizer, bounds.n_vocab, allowed_special)
-    within_context(prompts, body.max_tokens, bounds.n_ctx)
     # every part is checked above: Request.build would check them again
     request = Request(prompts, body.max_tokens, body.sampling(), body.seed, body.n, tokenizer.eot_token, body.logprobs,
                       body.echo and body.logprobs is not None, body.processing(tokenizer, bounds.n_vocab))  # fmt: skip
@@ -557,15 +569,17 @@ def parse_completion(body: CompletionBody, tokenizer: Tokenizer, bounds: Bounds,
 
 def within_context(prompts: list[list[int]], max_tokens: int, n_ctx: int, param: str = "prompt") -> None:
     """Refuse a request past the context in OpenAI's words (which clients look for), saying by how
-    much; `param` "messages": a chat's conversation."""
+    much and how many tokens the prompt leaves for the completion; `param` "messages": a chat's conversation."""
     longest = max(map(len, prompts))
     asked = longest + max_tokens
     if asked <= n_ctx:
         return
     where, what = ("the messages", "messages") if param == "messages" else ("your prompt", "prompt")
+    room = n_ctx - longest
+    left = f"{where} leave{'' if param == 'messages' else 's'} " + (f"room for {room:,} token{'s' * (room != 1)} of completion" if room > 0 else "no room")
     raise RequestError(400, f"This model's maximum context length is {n_ctx:,} tokens, however you requested {asked:,} tokens "
-                       f"({longest:,} in {where}; {max_tokens:,} for the completion), {asked - n_ctx:,} more than it holds. "
-                       f"Please reduce your {what} or completion length.", param, "context_length_exceeded")  # fmt: skip
+                       f"({longest:,} in {where}; {max_tokens:,} for the completion), {asked - n_ctx:,} more than it holds: "
+                       f"{left}. Please reduce your {what} or completion length.", param, "context_length_exceeded")  # fmt: skip
 
 
 def parse_prompts(prompt: str | list, tokenizer: Tokenizer, n_vocab: int, allowed_special: AllowedSpecial = "all") -> list[list[int]]:
