@@ -127,7 +127,8 @@ def expected_text(model_dir, prompt, **options):
 
 
 def test_generate_no_stream_prints_the_continuation(capsys, model_dir):
-    code, out, err = run(capsys, "generate", "The dog", "--model", model_dir, "--max-new-tokens", "12", "--temperature", "0", "--no-stream")
+    code, out, err = run(capsys, "generate", "The dog", "--model", model_dir, "--max-new-tokens", "12", "--temperature", "0", "--no-stream",
+                         "--no-progress")  # fmt: skip
     assert code == 0
     assert out == expected_text(model_dir, "The dog", max_new_tokens=12, temperature=0) + "\n"
     assert err.startswith("[gpt2: 12 tokens in ") and "tokens/s]" in err
@@ -170,7 +171,7 @@ def draft_dir(model_dir, tmp_path_factory):
 
 
 def test_generate_with_a_draft_model_prints_what_the_model_alone_prints(capsys, model_dir, draft_dir):
-    argv = ["generate", "The dog", "--model", model_dir, "--max-new-tokens", "24", "--temperature", "0", "--no-stream"]
+    argv = ["generate", "The dog", "--model", model_dir, "--max-new-tokens", "24", "--temperature", "0", "--no-stream", "--no-progress"]
     code, out, err = run(capsys, *argv, "--draft-model", draft_dir, "--draft-tokens", "3")
     assert code == 0 and out == expected_text(model_dir, "The dog", max_new_tokens=24, temperature=0) + "\n"
     assert err.startswith("[gpt2: 24 tokens in ")
@@ -266,7 +267,7 @@ def test_generate_from_stdin_with_stop_and_samples(capsys, monkeypatch, model_di
     (["--top-p", "inf"], "--top-p must be in (0, 1], got inf"),
     (["--top-k", "inf"], "argument --top-k: expected a whole number, got 'inf'"),
     (["--top-k", "0"], "--top-k must be an integer from 1 up, got 0"),
-    (["--top-k", "50258"], "--top-k must be an integer from 1 to 50257, got 50258"),
+    (["--top-k", "50258"], "--top-k must be an integer from 1 to 50257, the model's vocabulary size, got 50258"),
     (["--num-samples", "0"], "--num-samples must be a positive integer, got 0"),
     (["--num-samples", "-3"], "--num-samples must be a positive integer, got -3"),
     (["--seed", "-1"], "--seed must be a whole number from 0 to 18446744073709551615, got -1"),
@@ -308,6 +309,22 @@ def test_generate_released_name_offline_says_how_to_pass_a_path(tmp_path, forks)
     assert result.returncode == 2
     err = result.stderr.decode()
     assert err.count("\n") == 1 and "could not download 'gpt2'" in err and "pass a local directory" in err
+
+
+def test_a_generation_not_streamed_shows_its_progress_on_stderr(forks):
+    """As prepare, eval and train do: a tqdm bar of the new tokens and their rate, which
+    --no-progress turns off (a streamed generation shows itself)."""
+    argv = [forks.command, "generate", "ROMEO:", "--model", "shakespeare_char", "--max-new-tokens", "50", "--seed", "1", "--no-stream"]
+    run = lambda *more: subprocess.run([*argv, *more], capture_output=True, timeout=120)  # noqa: E731  (bytes: the bar's \r kept)
+    shown = run()
+    assert shown.returncode == 0 and len(shown.stdout.decode()) == 50 + 1  # 50 characters, a token each, and the newline
+    bar = shown.stderr.decode().split("\r")[-1]  # the bar as it was last drawn, then the summary
+    assert re.match(r"generating: 100%\|█+\| 50/50 \[[0-9:]+<00:00, +[0-9.]+tok/s\]\n\[gpt2: 50 tokens in ", bar), shown.stderr
+    quiet = run("--no-progress")
+    assert (quiet.returncode, quiet.stdout) == (0, shown.stdout) and quiet.stderr.startswith(b"[gpt2: 50 tokens in ")
+    argv.remove("--no-stream")
+    streamed = run()
+    assert streamed.stdout == b"ROMEO:" + shown.stdout and streamed.stderr.startswith(b"[gpt2: 50 tokens in ")
 
 
 def test_ctrl_c_while_streaming_keeps_what_was_printed(model_dir, forks):
@@ -402,7 +419,7 @@ def test_a_character_sized_vocabulary_generates_with_no_flags(capsys, tmp_path):
     assert len(out) == len("A") + 10 + 1  # ten characters, one a token, and the newline
     assert code == 0 and out.startswith("A") and len(out) > 2 and err.startswith("[gpt2: 10 tokens in ")
     code, out, err = run(capsys, "generate", "A", "--model", str(tmp_path), "--top-k", "66")
-    assert (code, out) == (2, "") and err == "gpt2: error: --top-k must be an integer from 1 to 65, got 66\n"
+    assert (code, out) == (2, "") and err == "gpt2: error: --top-k must be an integer from 1 to 65, the model's vocabulary size, got 66\n"
 
 
 def test_a_model_that_produces_nan_stops_with_one_line(capsys, tmp_path):
@@ -413,7 +430,7 @@ def test_a_model_that_produces_nan_stops_with_one_line(capsys, tmp_path):
         hf.transformer.h[0].mlp.c_fc.weight[0, 0] = float("nan")
     hf.save_pretrained(tmp_path)
     capsys.readouterr()  # transformers' progress bar
-    for flags in (["--temperature", "0"], ["--seed", "0"], ["--no-stream"]):
+    for flags in (["--temperature", "0"], ["--seed", "0"], ["--no-stream", "--no-progress"]):
         code, out, err = run(capsys, "generate", "The dog", "--model", str(tmp_path), *flags)
         assert code == 2 and out in ("", "The dog\n")  # a streamed prompt gets its line ended
         assert err == "gpt2: error: the model produced NaN or infinite logits at new token 1: its weights hold NaN or inf, " \
@@ -429,7 +446,7 @@ def test_ctrl_c_without_streaming_prints_what_was_generated(model_dir, forks):
     from gpt2.generation.generate import generate_text
     from gpt2.reference import ReferenceModel
 
-    argv = ["generate", "Tell me a story", "--model", model_dir, "--engine", "numpy", "--seed", "1", "--no-stream"]
+    argv = ["generate", "Tell me a story", "--model", model_dir, "--engine", "numpy", "--seed", "1", "--no-stream", "--no-progress"]
     process = subprocess.Popen([forks.command, *argv, "--max-new-tokens", "100000"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=heed_ctrl_c)  # fmt: skip
     first = process.stderr.readline()  # the warning comes as generation starts
@@ -639,12 +656,21 @@ def test_inspect_corrupted_patches_the_clean_text_into_it(capsys, model_dir, tik
     from gpt2.inspect import attribution_patching, logit_diff
 
     clean, corrupted = "When Mary and John went to the store, John gave a drink to", "When Mary and John went to the store, Mary gave a drink to"
-    code, out, err = run(capsys, "inspect", "--corrupted", corrupted, clean, "--model", model_dir, "--json", "--png", str(tmp_path))
-    assert code == 0 and err == f"gpt2: wrote {tmp_path / 'patching.png'}\n"
-    got = json.loads(out)
     ids = {name: tiktoken_gpt2.encode(text) for name, text in (("clean", clean), ("corrupted", corrupted))}
     logits = {name: hf_log_probabilities(model_dir, i)[-1] for name, i in ids.items()}  # log-softmax: differences are the logits'
-    assert (got["answer"], got["other"]) == (int(logits["clean"].argmax()), int(logits["corrupted"].argmax()))
+    top = int(logits["clean"].argmax())
+    assert top == int(logits["corrupted"].argmax())  # this random model's: both texts' next token, the defaults of both
+    capsys.readouterr()  # transformers' progress bars
+    code, out, err = run(capsys, "inspect", "--corrupted", corrupted, clean, "--model", model_dir, "--json")
+    assert (code, out) == (2, "") and err == (f"gpt2: error: --answer and --other are the same token, {tiktoken_gpt2.decode([top])!r} (id {top}; "
+                                              "answer: the clean text's next token; other: the corrupted text's next token): logit(answer) "
+                                              "- logit(other) is 0 whatever the model does; give two different tokens\n")  # fmt: skip
+    john = tiktoken_gpt2.encode(" John")[0]
+    code, out, err = run(capsys, "inspect", "--corrupted", corrupted, clean, "--model", model_dir, "--json", "--png", str(tmp_path),
+                         "--other", " John")  # fmt: skip
+    assert code == 0 and err == f"gpt2: wrote {tmp_path / 'patching.png'}\n"
+    got = json.loads(out)
+    assert (got["answer"], got["other"]) == (top, john)
     for name in ("clean", "corrupted"):
         assert abs(got["logit_diff"][name] - float(logits[name][got["answer"]] - logits[name][got["other"]])) < 1e-4
     p = next(t for t, (a, b) in enumerate(zip(ids["clean"], ids["corrupted"])) if a != b)
@@ -1106,7 +1132,7 @@ def test_a_bound_that_needs_the_model_names_the_flag_once_it_has_loaded(capsys, 
     """--top-k's bound is the vocabulary; inspect's library check calls it k, the command --top-k."""
     for argv in (["inspect", "a"], ["generate", "Hi"]):
         code, out, err = run(capsys, *argv, "--top-k", "50258", "--model", model_dir)
-        assert (code, out, err) == (2, "", "gpt2: error: --top-k must be an integer from 1 to 50257, got 50258\n")
+        assert (code, out, err) == (2, "", "gpt2: error: --top-k must be an integer from 1 to 50257, the model's vocabulary size, got 50258\n")
 
 
 def test_no_library_message_names_a_flag_of_the_cli():

@@ -34,6 +34,10 @@ def test_without_the_weights_it_runs_the_shipped_model_and_says_so_in_one_line(t
     assert lines[0].startswith("gpt2 demo: 'gpt2' cannot be downloaded here (offline?), so shakespeare_char, the small model")
     assert lines[1].startswith("[gpt2: 120 tokens in ")
     assert "random" not in first.stderr
+    page = (REPO / "docs" / "setup.md").read_text(encoding="utf-8")
+    section = page.split("## `make demo`")[1].split("\n## ")[0]  # what setup.md says the demo does offline
+    generated = f"{len(text.removesuffix(chr(10)))} characters"  # as the run above counted them
+    assert "shakespeare_char" in section and generated in section and "random" not in section, section
 
 
 def test_a_model_path_that_is_missing_or_broken_is_an_error_not_random_text(tmp_path, forks):

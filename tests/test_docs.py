@@ -2,7 +2,8 @@
 
 Each page runs in a directory of its own (`sandbox`), where the released names (`gpt2`,
 `gpt2-large`, ...) load a tiny GPT-2 with random weights from a Hugging Face cache, offline, and
-the files the examples read (notes.txt, input.txt, ...) are made from the tests' corpus. How a
+the files the examples read and do not write themselves (notes.txt, my_text.txt, ...) are made
+from the tests' corpus; what they write must be what .gitignore keeps out of a clone. How a
 page marks a block it cannot run, and what is checked then: docs/testing.md.
 """
 
@@ -219,6 +220,39 @@ def test_links_and_paths_lead_somewhere(page):
                 assert (REPO / path).exists(), f"{block}: {path} does not exist"
 
 
+def test_no_two_runs_the_pages_start_share_a_directory():
+    """A user who follows one page after another keeps each run: every training run a page starts
+    (`gpt2 train` without --resume or --overwrite, run or not; `train(OUT, ...)` from Python)
+    writes a directory of its own, its --out or its recipe's out."""
+    from gpt2.settings import read_recipe
+
+    starts: dict[str, list[str]] = {}
+    for block in ALL_BLOCKS:
+        outs = re.findall(r"\btrain\(\s*[\"']([^\"']+)", block.text) if block.lang == "python" else [
+            argv[argv.index("--out") + 1] if "--out" in argv else read_recipe(argv[argv.index("--recipe") + 1])["out"]
+            for program, argv in invocations(shell_text(block))
+            if program == "gpt2" and argv[:1] == ["train"] and not {"--resume", "--overwrite", "--help"} & set(argv)]  # fmt: skip
+        for out in outs:
+            starts.setdefault(out, []).append(str(block))
+    assert {out: where for out, where in starts.items() if len(where) > 1} == {}
+
+
+def unignored(paths: list[str]) -> list[str]:
+    """Of `paths`, relative to a clone's root, those its .gitignore does not keep out."""
+    if not paths:
+        return []
+    done = subprocess.run(["git", "-C", str(REPO), "check-ignore", "--no-index", "--stdin", "-z"], input="\0".join(paths) + "\0",
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode in (0, 1), done.stderr  # 0: some are ignored, 1: none
+    return sorted(set(paths) - set(done.stdout.split("\0")))
+
+
+def test_gitignore_keeps_no_file_of_the_project_out():
+    """Its patterns name what the docs write in a clone's root (/data/, not src/gpt2/data/)."""
+    done = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z"], capture_output=True, text=True, timeout=60, check=True)
+    assert unignored(tracked := done.stdout.split("\0")[:-1]) == sorted(tracked)
+
+
 # --------------------------------------------------------------------- running the pages
 
 
@@ -265,7 +299,6 @@ def sandbox(root: Path, hf_home: Path, page: Path, forks: Forks) -> tuple[Path, 
     work = root / "work"
     work.mkdir()
     files = {
-        "input.txt": text[:200_000],
         "notes.txt": text[:3_000],
         "my_text.txt": text[:40_000],
         "corpus.txt": text[:10_000],
@@ -318,11 +351,16 @@ def matches(expected: list[str], output: str) -> bool:
     return re.fullmatch(pattern, kept) is not None
 
 
+# What a new user following the README meets nowhere: its generations fit the models' context.
+NOT_FOR_A_NEW_USER = "exceed the context"
+
+
 def run_shell(block: Block, script: str, work: Path, env: dict[str, str]) -> None:
     if block.lang != "console":
         done = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", script], cwd=work, env=env, capture_output=True,
                               text=True, timeout=300)  # fmt: skip
         assert done.returncode == 0, f"{block}: exit status {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+        assert block.page not in AS_A_USER or NOT_FOR_A_NEW_USER not in done.stderr, f"{block}:\n{done.stderr[-3000:]}"
         return
     for command, expected in console_commands(script):
         done = subprocess.run(["bash", "-o", "pipefail", "-c", command], cwd=work, env=env, stdout=subprocess.PIPE,
@@ -378,6 +416,7 @@ def run_page(page: Path, hf_home: Path, root: Path, forks: Forks) -> None:
     """The page's shell blocks in order, then its Python blocks, in its own directory; a server it
     starts in the background serves on a free port instead of 8000."""
     work, env = sandbox(root, hf_home, page, forks)
+    placed = set(work.rglob("*"))  # the test's; the rest the page writes
     port = free_port()
     local = lambda text: shorter(text).replace("127.0.0.1:8000", f"127.0.0.1:{port}")  # noqa: E731
     background, python = [], []
@@ -397,9 +436,12 @@ def run_page(page: Path, hf_home: Path, root: Path, forks: Forks) -> None:
             done = subprocess.run([forks.python, "-c", PYTHON_RUNNER, *map(str, python)], cwd=work, env=env,
                                   capture_output=True, text=True, timeout=300)  # fmt: skip
             assert done.returncode == 0, f"{page.name}'s Python blocks:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+            assert page not in AS_A_USER or NOT_FOR_A_NEW_USER not in done.stderr, f"{page.name}'s Python blocks:\n{done.stderr}"
     finally:
         for server in background:
             server.stop()
+    written = [str(path.relative_to(work)) for path in set(work.rglob("*")) - placed if not path.is_dir()]
+    assert unignored(written) == [], f"{page.name} writes what .gitignore lets into a clone: {unignored(written)}"
 
 
 def commands_run(page: Path) -> list[object]:

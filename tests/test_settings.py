@@ -109,6 +109,17 @@ def test_every_shipped_recipe_builds_valid_settings(name):
     TrainSettings(**settings)  # raises on a bad value
 
 
+@pytest.mark.parametrize("name", recipe_names())
+def test_a_recipe_prepares_its_data_from_what_gpt2_ships(name):
+    """The `gpt2 prepare` its comment gives reads a corpus gpt2 ships (no input.txt the docs never made),
+    into the recipe's data."""
+    from gpt2.examples import CORPORA
+
+    text = (REPO / "recipes" / f"{name}.toml").read_text(encoding="utf-8")
+    for inputs, out in re.findall(r"^#\s+gpt2 prepare (.+?) --out (\S+)", text, re.M):
+        assert inputs in CORPORA and out == read_recipe(name)["data"], (name, inputs, out)
+
+
 def test_the_shipped_recipes_are_the_peers_settings():
     """Each against its source, as written there (nanoGPT's configs and README, llm.c's script)."""
     char = read_recipe("shakespeare_char")

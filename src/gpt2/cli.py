@@ -263,10 +263,13 @@ def _cmd_generate(args: argparse.Namespace) -> int:
                                 sampling=_with_top_k(args.sampling, model), seed=args.seed, num_samples=args.num_samples,
                                 stop=args.stop, on_overflow=args.on_overflow, allowed_special=_allowed_special(args),
                                 draft=draft, **_draft_tokens(args), **args.structured)  # fmt: skip
-    samples = _Samples(sys.stdout, prompt, generation, args.stream)
+    bar = _generation_bar(args, len(generation.rows))
+    samples = _Samples(sys.stdout, prompt, generation, args.stream, bar)
     try:
-        for row, piece in generation:
-            samples.add(row, piece)
+        with bar:  # closed (its last line drawn) before what follows is printed
+            for row, piece in generation:
+                bar.update(generation.tokens_generated - bar.n)
+                samples.add(row, piece)
     except BaseException as e:
         samples.close(interrupted=True)  # Ctrl-C keeps what was generated, streamed or not
         if isinstance(e, KeyboardInterrupt):
@@ -275,6 +278,16 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     samples.close()
     _summary(generation.tokens_generated, started)
     return 0
+
+
+def _generation_bar(args: argparse.Namespace, rows: int):
+    """A progress bar on stderr of the new tokens and their rate, as prepare, eval and train show
+    theirs (--no-progress: none), for a generation not streamed, which shows nothing else until it
+    ends; a streamed one shows itself."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=rows * args.max_new_tokens, unit="tok", desc="generating", disable=args.stream or not args.progress,
+                dynamic_ncols=True)  # fmt: skip
 
 
 def _allowed_special(args: argparse.Namespace) -> frozenset[str] | str:
@@ -287,8 +300,8 @@ class _Samples:
     others are held until those before them are printed, then stream on. With stream False,
     each is printed (without the prompt) once it is done."""
 
-    def __init__(self, out, prompt: str, generation, stream: bool):
-        self.out, self.prompt, self.generation, self.stream = out, prompt, generation, stream
+    def __init__(self, out, prompt: str, generation, stream: bool, bar=None):
+        self.out, self.prompt, self.generation, self.stream, self.bar = out, prompt, generation, stream, bar
         self.n = len(generation.rows)
         self.texts = [""] * self.n
         self.shown = 0  # the sample being printed
@@ -312,6 +325,13 @@ class _Samples:
             self._write_shown(ended=True)
 
     def _write_shown(self, ended: bool = False) -> None:
+        if self.bar is not None and not self.bar.disable:  # a sample done while the bar is drawn: written above it
+            with self.bar.external_write_mode(file=self.out):
+                self._write(ended)
+        else:
+            self._write(ended)
+
+    def _write(self, ended: bool) -> None:
         text = self.texts[self.shown]
         if not self.begun:
             header = f"{'=' * 20} sample {self.shown + 1} of {self.n} {'=' * 20}\n" if self.n > 1 else ""
@@ -650,10 +670,12 @@ def _cmd_inspect_patching(args: argparse.Namespace) -> int:
     and --other after the last token: by default the clean run's next token and the corrupted run's."""
     import json
 
+    from gpt2._checks import check_answer_and_other
     from gpt2._files import writable_directory
     from gpt2.inspect import activation_patching, attribution_patching, logit_diff, trace
     from gpt2.inspect.patching import AXES
     from gpt2.inspect.tracing import token_label
+    from gpt2.tokenizer import token_text
 
     _alone(args, "--corrupted", "patches a clean text with a corrupted one")
     if args.text is None:
@@ -665,6 +687,10 @@ def _cmd_inspect_patching(args: argparse.Namespace) -> int:
     runs = {name: trace(model, text, names=()) for name, text in (("clean", clean), ("corrupted", corrupted))}
     answer = _one_token(model, args.answer, "answer", runs["clean"])
     other = _one_token(model, args.other, "other", runs["corrupted"])
+    defaulted = [f"{name}: the {run} text's next token" for name, run, given in (("answer", "clean", args.answer),
+                                                                                 ("other", "corrupted", args.other)) if given is None]  # fmt: skip
+    shown = None if model.tokenizer is None else token_text(model.tokenizer, answer)
+    check_answer_and_other(answer, other, shown, "; ".join(defaulted))  # logit_diff's check, saying which were defaults
     metric = logit_diff(answer, other)
     grids = {how: patch(model, clean, corrupted, metric, args.site) for how, patch in
              (("activation patching", activation_patching), ("attribution patching", attribution_patching))}  # fmt: skip
@@ -1309,7 +1335,8 @@ def _add_generate_parser(commands) -> None:
     generate.add_argument("--on-overflow", default="slide", choices=["slide", "error"],
                           help="past the model's context: keep the last n_ctx tokens, or stop with an error (default: slide)")  # fmt: skip
     generate.add_argument("--no-stream", dest="stream", action="store_false",
-                          help="print the continuation, without the prompt, once it is done")  # fmt: skip
+                          help="print the continuation, without the prompt, once it is done (a progress bar shows it under way)")  # fmt: skip
+    _add_no_progress_flag(generate)
     generate.set_defaults(func=_cmd_generate)
 
 

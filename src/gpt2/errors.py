@@ -9,6 +9,10 @@ silences them all.
 
 from __future__ import annotations
 
+import os
+import sys
+import warnings
+
 
 class Concerning:
     """What an error or a warning of `gpt2` is about: `param` names the argument it concerns,
@@ -112,3 +116,22 @@ class MemoryLimitError(GPT2Error, MemoryError):
 class GPT2Warning(Concerning, UserWarning):
     """Base class of every warning `gpt2` gives; give it as an instance to name its parameter:
     `warnings.warn(WarmupWarning(message, "warmup_iters"))`."""
+
+
+PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep  # gpt2's own source files
+WRAPPERS = "contextlib.py"  # the frames decorators add around gpt2's functions: contextlib's, torch.no_grad's (its _contextlib.py)
+
+
+def warn(message: str | Warning, category: type[Warning] | None = None) -> None:
+    """`warnings.warn`, pointed at the first line outside gpt2 (and its decorators): the caller's
+    line that asked. A fixed stacklevel cannot do that where doors reach one check at different
+    depths (`GPT2.generate`, `generate_text`, `TextGeneration` all reach the context's check)."""
+    frame, stacklevel = sys._getframe(1), 2  # stacklevel 2 is warn's caller
+    while frame.f_back is not None and _in_gpt2(frame.f_code.co_filename):
+        frame, stacklevel = frame.f_back, stacklevel + 1
+    warnings.warn(message, category, stacklevel=stacklevel)
+
+
+def _in_gpt2(filename: str) -> bool:
+    """A frame of gpt2's, or of a decorator around one of its functions."""
+    return filename.startswith(PACKAGE) or filename.endswith(WRAPPERS)

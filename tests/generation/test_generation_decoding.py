@@ -186,7 +186,7 @@ def test_a_request_makes_its_rows_prompt_major_and_seeds_row_i_with_seed_plus_i(
 
 @pytest.mark.parametrize("prompts, options, param, message", [
     ([[1]], dict(max_new_tokens=0), "max_new_tokens", "max_new_tokens must be a positive integer, got 0"),
-    ([[1]], dict(sampling=Sampling(top_k=11)), "top_k", "top_k must be an integer from 1 to 10, got 11"),
+    ([[1]], dict(sampling=Sampling(top_k=11)), "top_k", "top_k must be an integer from 1 to 10, the model's vocabulary size, got 11"),
     ([[1]], dict(seed=-1), "seed", "seed must be a whole number from 0"),
     ([[1]], dict(n=0), "n", "n must be a positive integer, got 0"),
     ([], {}, "prompt", "no prompts"),

@@ -211,6 +211,23 @@ def test_context_slides_like_nanogpt_cropping(tmp_path):
         assert model.generate(long_prompt, 3, temperature=0).shape == (1, 43)
 
 
+def test_the_context_warning_points_at_the_line_that_asked(small):
+    """Each door reaches the check at its own depth: the warning names the caller's file, this one,
+    not gpt2's; so does an empty prompt's."""
+    _, model = small
+    doors = [(ContextOverflowWarning, lambda: model.generate(torch.tensor([[1, 2]]), 63, temperature=0)),
+             (ContextOverflowWarning, lambda: generate_text(model, ENC, "Hi", max_new_tokens=64, temperature=0)),
+             (ContextOverflowWarning, lambda: TextGeneration(model, ENC, "Hi", max_new_tokens=64, temperature=0)),
+             (EmptyPromptWarning, lambda: generate_text(model, ENC, "", max_new_tokens=1, temperature=0)),
+             (EmptyPromptWarning, lambda: TextGeneration(model, ENC, "", max_new_tokens=1, temperature=0))]  # fmt: skip
+    for kind, call in doors:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            call()
+        [warning] = [w for w in caught if issubclass(w.category, kind)]
+        assert warning.filename == __file__, (kind, warning.filename, warning.lineno)
+
+
 def test_context_overflow_can_be_an_error(small):
     _, model = small
     with pytest.raises(ContextLengthError, match="the prompt \\(2 tokens\\) and 63 new tokens exceed the context of n_ctx=64"):

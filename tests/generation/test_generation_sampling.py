@@ -30,8 +30,28 @@ def test_a_sampling_is_checked_as_it_is_made_naming_the_setting(settings, param,
 
 def test_only_top_ks_bound_waits_for_the_vocabulary():
     Sampling(top_k=10).check_vocab(10)
-    with pytest.raises(GPT2Error, match="top_k must be an integer from 1 to 10, got 11"):
+    with pytest.raises(GPT2Error, match="top_k must be an integer from 1 to 10, the model's vocabulary size, got 11"):
         Sampling(top_k=11).check_vocab(10)
+
+
+def test_a_top_k_over_the_vocabulary_is_refused_by_every_door_of_the_library_naming_the_size():
+    """The shipped character model: Shakespeare's 65 characters. top_k 200 (gpt2 generate's default
+    elsewhere) is an error naming top_k and 65 as the vocabulary's size; no top_k is no limit."""
+    from gpt2.examples import corpus_text
+    from gpt2.generation.generate import generate_text
+    from gpt2.model.model import GPT2
+
+    model = GPT2.from_pretrained("shakespeare_char", device="cpu")
+    size = len(set(corpus_text("shakespeare")))  # its characters, counted in the corpus it learnt
+    idx = torch.tensor([model.tokenizer.encode("ROMEO:")])
+    doors = {"GPT2.generate": lambda **top_k: model.generate(idx, 2, seed=0, **top_k),
+             "generate_text": lambda **top_k: generate_text(model, model.tokenizer, "ROMEO:", max_new_tokens=2, seed=0, **top_k)}
+    for door, call in doors.items():
+        with pytest.raises(GPT2Error, match=f"^top_k must be an integer from 1 to {size}, the model's vocabulary size, got 200$") as caught:
+            call(top_k=200)
+        assert caught.value.param == "top_k", door
+        call(top_k=size)
+        call()
 
 
 def test_a_sampling_made_already_or_the_settings_not_both():

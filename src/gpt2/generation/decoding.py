@@ -33,7 +33,6 @@ tokens they get without a draft.
 from __future__ import annotations
 
 import math
-import warnings
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -42,7 +41,7 @@ from typing import Protocol
 import torch
 
 from gpt2._checks import check_token_ids, is_integer, positive_int
-from gpt2.errors import ContextLengthError, GPT2Warning, InvalidArgumentError, NonFiniteError
+from gpt2.errors import ContextLengthError, GPT2Warning, InvalidArgumentError, NonFiniteError, warn
 from gpt2.generation.lookup import PromptLookup
 from gpt2.generation.processors import Processing
 from gpt2.generation.sampling import SEED_MAX, Sampling, check_seed, draw, row_probabilities, sample_next, seeded_generator, speculative_accept
@@ -196,7 +195,7 @@ class Request:
         seed = None if seed is None else check_seed(seed)  # an int, as the rows' seeds are made from it
         n = positive_int(n_param, n)
         check_prompts(prompts, n_vocab)
-        check_context([len(p) for p in prompts], max_new_tokens, n_ctx, on_overflow, stacklevel=4)  # its caller's caller
+        check_context([len(p) for p in prompts], max_new_tokens, n_ctx, on_overflow)
         return cls(list(prompts), max_new_tokens, sampling, seed, n, eos_token_id, logprobs, echo_logprobs, processing)
 
     @property
@@ -250,15 +249,15 @@ def check_on_overflow(on_overflow: str) -> None:
         raise InvalidArgumentError(f"on_overflow must be 'slide' or 'error', got {on_overflow!r}", "on_overflow")
 
 
-def check_context(prompt_lengths: Sequence[int], max_new_tokens: int, n_ctx: int, on_overflow: str, stacklevel: int = 3) -> None:
-    """Past n_ctx the context slides (a warning) or it is an error, as `on_overflow` says."""
+def check_context(prompt_lengths: Sequence[int], max_new_tokens: int, n_ctx: int, on_overflow: str) -> None:
+    """Past n_ctx the context slides (a warning, at the caller's line) or it is an error, as `on_overflow` says."""
     check_on_overflow(on_overflow)
     longest = max(prompt_lengths)
     if longest + max_new_tokens > n_ctx:
         message = f"the prompt ({longest} tokens) and {max_new_tokens} new tokens exceed the context of n_ctx={n_ctx}"
         if on_overflow == "error":
             raise ContextLengthError(message + ": shorten the prompt or ask for fewer new tokens", "prompt")
-        warnings.warn(message + f"; the model sees only the last {n_ctx} tokens", ContextOverflowWarning, stacklevel=stacklevel)
+        warn(message + f"; the model sees only the last {n_ctx} tokens", ContextOverflowWarning)
 
 
 # ------------------------------------------------------------------ the loop

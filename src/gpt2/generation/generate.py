@@ -9,14 +9,13 @@ come, holding back half characters and possible stop strings.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterator, Sequence
 from typing import AbstractSet, Literal
 
 import torch
 
 from gpt2._checks import int_between, positive_int
-from gpt2.errors import ContextLengthError, GPT2Warning, InputTypeError, InvalidArgumentError
+from gpt2.errors import ContextLengthError, GPT2Warning, InputTypeError, InvalidArgumentError, warn
 from gpt2.generation.decoding import STOP, Decoder, Request, check_draft_tokens, finish_reasons, row_seed, start_of_text
 from gpt2.generation.engines import NumpyEngine, check_draft
 from gpt2.generation.lookup import lookup_of
@@ -137,8 +136,7 @@ class TextGeneration:
             raise InputTypeError(f"prompts must be str, got {type(prompt).__name__}", "prompt")
         ids = tokenizer.encode(prompt, allowed_special=allowed_special, disallowed_special=())  # the rest is text
         if not ids and tokenizer.eot_token is not None:
-            warnings.warn("empty prompt: generating from <|endoftext|>, as GPT-2's unconditional samples do",
-                          EmptyPromptWarning, stacklevel=3)  # fmt: skip
+            warn("empty prompt: generating from <|endoftext|>, as GPT-2's unconditional samples do", EmptyPromptWarning)
         return start_of_text(ids, tokenizer.eot_token)
 
     @property

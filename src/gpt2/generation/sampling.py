@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gpt2._checks import int_between, is_real
+from gpt2._checks import check_top_k, int_between, is_real
 from gpt2.errors import InputTypeError, InvalidArgumentError
 
 # ------------------------------------------------------------------ decoding
@@ -38,14 +38,14 @@ class Sampling:
             raise InvalidArgumentError(f"temperature must be a finite number >= 0 (0 is greedy), got {self.temperature!r}",
                                        "temperature")  # fmt: skip
         if self.top_k is not None:
-            int_between("top_k", self.top_k, 1, None)
+            check_top_k(self.top_k, None)
         if self.top_p is not None and (not is_real(self.top_p) or not 0 < self.top_p <= 1):
             raise InvalidArgumentError(f"top_p must be in (0, 1], got {self.top_p!r}", "top_p")
 
     def check_vocab(self, n_vocab: int) -> None:
         """Raise unless top_k is at most `n_vocab`, the tokens of the model that samples (all of them: no filter)."""
         if self.top_k is not None:
-            int_between("top_k", self.top_k, 1, n_vocab)
+            check_top_k(self.top_k, n_vocab)
 
 
 def sampling_of(temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
