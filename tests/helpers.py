@@ -251,10 +251,11 @@ class Watched:
                 raise AssertionError(f"never saw {pattern!r} on stderr: {self.err[-3000:]}")
             time.sleep(0.02)
 
-    def stop(self, signum: int, timeout: float = 60) -> float:
-        """Send `signum`; the seconds until the process ends (killed, and the test failing, after `timeout`)."""
+    def stop(self, signum: int, timeout: float = 60, send=None) -> float:
+        """Send `signum` (to the process, or by `send(signum)`); the seconds until the process ends
+        (killed, and the test failing, after `timeout`)."""
         sent = time.monotonic()
-        self.process.send_signal(signum)
+        (send or self.process.send_signal)(signum)
         try:
             self.process.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -286,8 +287,8 @@ class Running:
             self.wait_ready()
 
     def wait_ready(self):
-        deadline = time.monotonic() + 60
-        while httpx.get(self.url + "/health").status_code != 200:
+        deadline = time.monotonic() + 120  # a bound for a hang: a busy machine loads slowly
+        while httpx.get(self.url + "/health", timeout=60).status_code != 200:
             assert time.monotonic() < deadline
             time.sleep(0.05)
 

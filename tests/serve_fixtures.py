@@ -23,6 +23,7 @@ from gpt2.tokenizer import CharTokenizer
 
 ENC = Tokenizer.gpt2()
 N_CTX = 128
+HANG = 60  # seconds: a request's timeout, only a bound for a hang (httpx's default, 5 s, a busy machine can exceed)
 
 
 @pytest.fixture(scope="session")
@@ -67,12 +68,13 @@ def gpt2_generate(capsys, models, prompt, *flags):
 
 def metric(url: str, name: str) -> float:
     """One value of the server's /metrics."""
-    line = next(line for line in httpx.get(url + "/metrics").text.splitlines() if line.startswith(name + " "))
+    line = next(line for line in httpx.get(url + "/metrics", timeout=HANG).text.splitlines() if line.startswith(name + " "))
     return float(line.split()[1])
 
 
 def post(server, body, path="/v1/completions", **options):
     content = body if isinstance(body, (str, bytes)) else json.dumps(body)
+    options.setdefault("timeout", HANG)  # httpx's 5 s is short for a request that computes, on a busy machine
     return httpx.post(server.url + path, content=content, headers={"content-type": "application/json"}, **options)
 
 
@@ -111,18 +113,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def gpt2_serve(forks: Forks, *flags: str) -> tuple[subprocess.Popen, str]:
+def gpt2_serve(forks: Forks, *flags: str, code: str | None = None) -> tuple[subprocess.Popen, str]:
     """`gpt2 serve` in a process of its own, forked (tests/forks.py: signals reach it through the
-    process returned), once its model has loaded; and its URL."""
+    process returned), once its model has loaded; and its URL. `code`: a `python -c` program that
+    runs the command (`gpt2.cli.main(sys.argv[1:])`), after patching what the test needs patched."""
     port = free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO / "src")}
-    argv = [str(forks.command), "serve", "--port", str(port), "--device", "cpu", *flags]
+    program = [str(forks.command)] if code is None else [str(forks.python), "-c", code]
+    argv = [*program, "serve", "--port", str(port), "--device", "cpu", *flags]
     process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=heed_ctrl_c)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120  # a bound for a hang: the start is what is waited for
     while True:
         try:
-            if httpx.get(url + "/health").status_code == 200:
+            if httpx.get(url + "/health", timeout=HANG).status_code == 200:
                 return process, url
         except httpx.ConnectError:
             pass

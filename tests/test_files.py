@@ -147,7 +147,7 @@ def test_the_background_writer_writes_one_batch_at_a_time_and_raises_its_errors_
     writer, go, order = BackgroundWriter(), threading.Event(), []
 
     def slow():
-        go.wait(timeout=30)
+        assert go.wait(timeout=120)  # a bound for a hang: the caller sets it once it has gone on
         atomic_write_text(tmp_path / "a.txt", "first")
         order.append(("first", threading.current_thread() is threading.main_thread()))
 

@@ -47,7 +47,7 @@ def test_without_a_network_a_download_fails_at_once_in_one_line(argv, message, t
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and result.stderr.startswith(f"gpt2: error: {message}")
     assert "cannot reach http://127.0.0.1:" in result.stderr
-    assert seconds < 15  # 25 s and more of retries before; about 3 s of it is starting Python and torch
+    assert seconds < 20  # 25 s and more of retries before; about 3 s of it is starting Python and torch, more on a busy machine
 
 
 def test_a_released_model_in_the_cache_is_read_without_asking_the_hub(tmp_path):

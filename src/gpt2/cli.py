@@ -510,6 +510,7 @@ def _validation(split: dict) -> str:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    from gpt2.training.stopping import ignore_late_signals
     from gpt2.training.train import train
 
     given = {k: v for k, v in vars(args).items() if k not in ("command", "func", "recipe", "resume", "overwrite", "progress", "threads")}
@@ -518,6 +519,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
         raise _UsageError("the following arguments are required: --out (or out in the recipe)")
     out = options.pop("out")
     result = train(out, resume=args.resume, overwrite=args.overwrite, progress=args.progress, **options)
+    if result.interrupted:
+        ignore_late_signals()  # under torchrun: the process ends now, whatever signal comes late
     if result.rank != 0:  # under torchrun, rank 0 reports
         return 130 if result.interrupted else 0
     if result.interrupted:

@@ -282,7 +282,7 @@ def test_a_dataset_by_name_offline_fails_at_once_in_one_line(tmp_path, monkeypat
     out, err = capsys.readouterr()
     assert code == 2 and out == "" and err.count("\n") == 1 and err.startswith(
         "gpt2: error: cannot read the dataset (--dataset) 'HuggingFaceFW/fineweb' (config 'sample-10BT', split 'train'): ")
-    assert time.monotonic() - started < 10  # no retries, no waiting on a network (the import of datasets included)
+    assert time.monotonic() - started < 20  # no retries (25 s), no waiting on a network (the import of datasets included, slow on a busy machine)
     assert not (tmp_path / "fw").exists()
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from helpers import Running, make_hf_model, transformers_sampled
-from serve_fixtures import ENC, N_CTX, free_port, gpt2_serve, ours, post
+from serve_fixtures import ENC, HANG, N_CTX, free_port, gpt2_serve, ours, post
 from gpt2 import Tokenizer
 from gpt2.cli import main
 from gpt2.model.model import GPT2
@@ -130,7 +130,7 @@ def test_a_streamed_reply_joins_to_the_whole_one_in_openais_chunks(chat_server, 
     for request in ({"temperature": 0}, {"temperature": 1, "seed": 3, "max_tokens": 20}):
         whole = chat_client.chat.completions.create(model="tiny", messages=QUESTION, **request).choices[0]
         body = {"messages": QUESTION, "stream": True, "stream_options": {"include_usage": True}, **request}
-        with httpx.stream("POST", chat_server.url + "/v1/chat/completions", json=body, timeout=30) as response:
+        with httpx.stream("POST", chat_server.url + "/v1/chat/completions", json=body, timeout=HANG) as response:
             lines = [line for line in response.iter_lines() if line]
         assert lines[-1] == "data: [DONE]"
         chunks = [ChatCompletionChunk.model_validate(json.loads(line.removeprefix("data: "))) for line in lines[:-1]]

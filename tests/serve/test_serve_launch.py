@@ -8,14 +8,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import httpx
 import openai
 import pytest
 
-from helpers import REPO, heed_ctrl_c, make_hf_model
-from serve_fixtures import N_CTX, SPECIAL_PROMPT, free_port, gpt2_generate, gpt2_serve, metric, ours
+from helpers import REPO, Watched, make_hf_model
+from serve_fixtures import HANG, N_CTX, SPECIAL_PROMPT, free_port, gpt2_generate, gpt2_serve, metric, ours
 from gpt2.cli import main
 from gpt2.tokenizer import CharTokenizer
 
@@ -46,13 +45,41 @@ def test_gpt2_serve_with_a_draft_model_and_its_refusals_in_one_line(models, draf
         assert capsys.readouterr().err == f"gpt2: error: {message}\n"
 
 
+# `gpt2 serve` whose decoding, once a token has come, makes no more until the server is told to stop:
+# a request still in flight when the signal comes, however fast the rest of it would have been made
+HELD = """
+import sys, threading
+import gpt2.generation.decoding as decoding
+import gpt2.serve.launch as launch
+from gpt2.cli import main
+
+told_to_stop = threading.Event()
+step, handle_exit = decoding.Decoder.step, launch._Uvicorn.handle_exit
+
+def held_step(self):
+    if getattr(self, "held", False):
+        told_to_stop.wait(120)
+        return []  # still no token: the rows in flight are ended by the stop
+    events = step(self)
+    self.held = any(token is not None for _, token in events)
+    return events
+
+def exiting(self, sig, frame):
+    told_to_stop.set()
+    handle_exit(self, sig, frame)
+
+decoding.Decoder.step, launch._Uvicorn.handle_exit = held_step, exiting
+sys.exit(main(sys.argv[1:]))
+"""
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_gpt2_serve_stops_cleanly_on_a_signal_ending_requests_in_flight(models, sig, forks):
-    process, url = gpt2_serve(forks, "--model", models[2])
+    process, url = gpt2_serve(forks, "--model", models[2], code=HELD)
     port = int(url.rsplit(":", 1)[1])
     try:
         body = {"model": models[2], "prompt": "A very long answer:", "max_tokens": N_CTX - 10, "stream": True}
-        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=30) as response:
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=HANG) as response:
             lines = response.iter_lines()
             assert next(lines).startswith("data: {")
             process.send_signal(sig)
@@ -60,7 +87,7 @@ def test_gpt2_serve_stops_cleanly_on_a_signal_ending_requests_in_flight(models, 
         assert any('"error"' in line and "shutting down" in line for line in rest) and rest[-1] == "data: [DONE]"
         # uvicorn shuts down, then dies of SIGTERM as the signal's default would (or exits 0, in older
         # uvicorns); SIGINT comes back as KeyboardInterrupt, which gpt2 reports with the usual 130
-        assert process.wait(timeout=20) in ((0, -signal.SIGTERM) if sig == signal.SIGTERM else (0, 130))
+        assert process.wait(timeout=60) in ((0, -signal.SIGTERM) if sig == signal.SIGTERM else (0, 130))
         err = process.stderr.read() + process.stdout.read()  # uvicorn logs requests to stdout
         assert f"serving {models[2]} on http://127.0.0.1:{port}/v1; the playground on http://127.0.0.1:{port}/ (" in err
         assert '"POST /v1/completions HTTP/1.1" 200' in err
@@ -80,10 +107,10 @@ def test_gpt2_serve_special_as_text_no_ui_and_a_directory_with_a_trailing_slash(
         as_text, special = (gpt2_generate(capsys, models, SPECIAL_PROMPT, *flags) for flags in (["--special-as-text"], []))
         assert served == as_text != special
         assert httpx.get(url + "/").status_code == 404
-        assert httpx.post(url + "/v1/inspect", json={"prompt": [1] * 10}).status_code == 200  # 2 x 3 x 10 x 10 = 600
-        assert "limit of 600" in httpx.post(url + "/v1/inspect", json={"prompt": [1] * 11}).json()["error"]["message"]
+        assert httpx.post(url + "/v1/inspect", json={"prompt": [1] * 10}, timeout=HANG).status_code == 200  # 2 x 3 x 10 x 10 = 600
+        assert "limit of 600" in httpx.post(url + "/v1/inspect", json={"prompt": [1] * 11}, timeout=HANG).json()["error"]["message"]
         process.send_signal(signal.SIGINT)
-        assert process.wait(timeout=20) == 130
+        assert process.wait(timeout=60) == 130
         assert f"gpt2: serving {models[2]}/ on {url}/v1 (" in process.stderr.read()
     finally:
         process.kill()
@@ -94,13 +121,14 @@ import sys, time, torch
 import gpt2.model.model
 from gpt2.cli import main
 
-def load_for_a_minute(*args, **kwargs):  # a long load, inside torch as a real one is
-    a, deadline = torch.rand(256, 256), time.monotonic() + 60
+def load_for_two_minutes(*args, **kwargs):  # a long load, inside torch as a real one is
+    a, deadline = torch.tanh(torch.rand(256, 256) @ torch.rand(256, 256)), time.monotonic() + 120
+    print("test: loading", file=sys.stderr, flush=True)  # under way: the test signals now
     while time.monotonic() < deadline:
         a = torch.tanh(a @ a)
     raise AssertionError("the load was not interrupted")
 
-gpt2.model.model.GPT2.from_pretrained = load_for_a_minute
+gpt2.model.model.GPT2.from_pretrained = load_for_two_minutes
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -111,31 +139,21 @@ def test_ctrl_c_or_sigterm_while_the_model_loads_ends_cleanly(models, sig):
     port = free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO / "src")}
     argv = [sys.executable, "-c", SLOW_LOAD, "serve", "--model", models[2], "--port", str(port), "--device", "cpu"]
-    process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=heed_ctrl_c)
+    run = Watched(argv, env, subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                response = httpx.get(f"http://127.0.0.1:{port}/health")
-                assert response.status_code == 503 and "still loading" in response.text
-                break
-            except httpx.ConnectError:
-                assert time.monotonic() < deadline and process.poll() is None
-                time.sleep(0.1)
-        time.sleep(0.5)  # well into the load
-        process.send_signal(sig)
-        sent = time.monotonic()
-        code = process.wait(timeout=30)
-        took = time.monotonic() - sent
-        err = process.stderr.read()
+        run.wait_for("test: loading")  # the load is under way, in torch
+        response = httpx.get(f"http://127.0.0.1:{port}/health", timeout=HANG)  # (the port listens before the load)
+        assert response.status_code == 503 and "still loading" in response.text
+        took = run.stop(sig)
+        code, err = run.process.returncode, run.err
         assert "terminate called" not in err and "Traceback" not in err and "Fatal Python error" not in err, err
         if sig == signal.SIGINT:  # "gpt2: interrupted" and 130, as every command
             assert (code, err.splitlines()[-1]) == (130, "gpt2: interrupted")
         else:  # SIGTERM takes its default course, as once the model has loaded
             assert code == -signal.SIGTERM
-        assert took < 10
+        assert took < 30  # not the load's two minutes
     finally:
-        process.kill()
+        run.process.kill()
 
 
 def test_gpt2_serve_refuses_a_busy_port_and_a_missing_model_in_one_line(models, capsys, tmp_path):

@@ -45,7 +45,7 @@ def test_health_answers_503_until_the_model_is_loaded(models):
     loaded = threading.Event()
 
     def load():
-        loaded.wait(30)
+        loaded.wait(120)  # a bound for a hang: the test sets it once it has seen the 503s
         return models[1], ENC
 
     running = Running(load, wait=False)

@@ -65,7 +65,7 @@ def wandb_run(directory: Path) -> tuple[str, dict, list[dict]]:
     """An offline run's id, its config (with the updates after the start) and its history rows,
     once W&B's service has written them all (its exit record: wandb.finish() does not wait)."""
     [path] = directory.glob("run-*.wandb")
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120  # a bound for a hang: a busy machine's service is slow to write
     while not ((records := wandb_records(path)) and records[-1].WhichOneof("record_type") == "exit") and time.monotonic() < deadline:
         time.sleep(0.1)
     run_id, config, history = None, {}, []

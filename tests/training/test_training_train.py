@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -10,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -303,24 +305,28 @@ def test_resume_after_max_iters_equals_an_uninterrupted_run(char_data, tmp_path)
 
 
 def test_resume_after_ctrl_c_equals_an_uninterrupted_run(char_data, tmp_path, forks):
-    settings = dict(RESUMABLE, max_iters=200, eval_interval=50)  # long enough for the signal to land mid-run
-    train(tmp_path / "whole", data=char_data, progress=False, **settings)
+    """Ctrl-C once 5 steps are logged, in a run too long to end first (however slow the machine is
+    to send it); the resume to 5 steps past the stop gives the losses of a run never stopped."""
+    settings = dict(RESUMABLE, lr_decay_iters=200, eval_interval=50)
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in settings.items()]
-    command = [str(forks.command), "train", "--data", str(char_data), "--out", str(tmp_path / "parts"), *flags]
+    command = [str(forks.command), "train", "--data", str(char_data), "--out", str(tmp_path / "parts"), "--max-iters=20000", *flags]
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                preexec_fn=heed_ctrl_c)  # fmt: skip
     log = tmp_path / "parts" / "log.jsonl"
-    deadline = time.time() + 120
-    while time.time() < deadline and process.poll() is None and len(losses(tmp_path / "parts") if log.exists() else {}) < 5:
+    deadline = time.monotonic() + 120
+    while len(losses(tmp_path / "parts") if log.exists() else {}) < 5:
+        assert time.monotonic() < deadline and process.poll() is None, process.stderr.read() if process.poll() is not None else ""
         time.sleep(0.01)
     process.send_signal(signal.SIGINT)
     _, err = process.communicate(timeout=120)
     assert process.returncode == 130, err
     assert "--resume" in err
     stopped = max(losses(tmp_path / "parts")) + 1
-    assert 5 <= stopped < 200
-    train(tmp_path / "parts", resume=True, progress=False)
+    assert 5 <= stopped < 20_000
+    train(tmp_path / "parts", resume=True, max_iters=stopped + 5, progress=False)
+    train(tmp_path / "whole", data=char_data, max_iters=stopped + 5, progress=False, **settings)
+    assert sorted(losses(tmp_path / "parts")) == list(range(stopped + 5))
     assert losses(tmp_path / "parts") == losses(tmp_path / "whole")
 
 
@@ -363,17 +369,20 @@ def test_a_run_stopped_before_its_first_step_resumes(char_data, tmp_path, monkey
 
 def test_files_written_while_training_goes_on_hold_the_evaluations_state(char_data, tmp_path, monkeypatch):
     """An evaluation's checkpoint is written in a thread while the next steps run: it holds the
-    state of the evaluation's iteration, not a later one (slow writes and a crash at iteration 6:
-    the resume from iteration 4 repeats the run never stopped), and it is whole when the run stops."""
+    state of the evaluation's iteration, not a later one (iteration 4's written only once steps 4
+    and 5 are done, and a crash at iteration 6: the resume from iteration 4 repeats the run never
+    stopped), and it is whole when the run stops."""
     train(tmp_path / "whole", data=char_data, max_iters=8, progress=False, **RESUMABLE)
-    real, crash_at = gpt2.training.train.write_checkpoint, 6
+    real, crash_at, crashing = gpt2.training.train.write_checkpoint, 6, threading.Event()
 
     def slow(out, state):
-        time.sleep(0.5)  # steps 4 and 5 run meanwhile
+        if state["iteration"] == 4:
+            assert crashing.wait(timeout=120)  # steps 4 and 5 ran meanwhile
         real(out, state)
 
     def step(self, it, real_step=Trainer.train_step):
         if it == crash_at:
+            crashing.set()
             raise RuntimeError("a crash")
         return real_step(self, it)
 
@@ -543,7 +552,7 @@ def test_a_run_stops_within_seconds_of_a_signal_and_resumes_exactly(char_data, t
         run.wait_for("evaluating train")  # at iteration 8
         seconds = run.stop(signal.SIGINT)
     assert run.process.returncode == 130, run.err
-    assert seconds < 5, seconds
+    assert seconds < 10, seconds  # not the evaluation's minutes
     assert "gpt2: interrupted at iteration 8; checkpoint saved" in run.err
     assert (checkpoint(tmp_path / "parts")["iteration"], checkpoint(tmp_path / "parts")["evaluated"]) == (8, 6)
     train(tmp_path / "parts", resume=True, eval_iters=2, progress=False)
@@ -552,24 +561,38 @@ def test_a_run_stops_within_seconds_of_a_signal_and_resumes_exactly(char_data, t
 
 def test_a_run_stops_within_seconds_of_sigterm_in_a_long_step_and_resumes_exactly(char_data, tmp_path, one_thread, forks):
     """A step of 300 micro-batches (a second or more): SIGTERM in iteration 1 ends the command
-    before iteration 1 is done, and the bar counted the micro-batches meanwhile."""
+    before iteration 1 is done, and the bar counted the micro-batches meanwhile. The command is
+    stopped (SIGSTOP) once step 0 is logged, so that where it is when the signal comes is known,
+    however slow the machine is to send it."""
     settings = dict(RESUMABLE, n_layer=1, n_embd=16, block_size=8, batch_size=2, grad_accum=300, warmup_iters=0, lr_decay_iters=2,
                     eval_iters=1)  # fmt: skip
     train(tmp_path / "whole", data=char_data, max_iters=2, progress=False, **settings)
     command = [str(forks.command), "train", "--data", str(char_data), "--out", str(tmp_path / "parts"), "--max-iters=3",
                *flags(**settings)]  # fmt: skip
+    pid_file = tmp_path / "pid"  # the forked command's own (tests/forks.py), for SIGSTOP, which would stop its client
+
+    def frozen_then(signum: int) -> None:  # the signal while the command is stopped, then it runs on and takes it
+        os.kill(pid, signum)
+        os.kill(pid, signal.SIGCONT)
+
     with open(tmp_path / "stdout", "w") as stdout:
-        run = Watched(command, ENV, stdout)
+        run = Watched(command, {**ENV, "FORKED_PID_FILE": str(pid_file)}, stdout)
         deadline = time.monotonic() + 120
         while 0 not in (losses(tmp_path / "parts") if (tmp_path / "parts" / "log.jsonl").exists() else {}):
             assert time.monotonic() < deadline and run.process.poll() is None, run.err
             time.sleep(0.01)
-        run.wait_for("micro-batch")
-        seconds = run.stop(signal.SIGTERM)
+        pid = int(pid_file.read_text())
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            assert sorted(losses(tmp_path / "parts")) == [0]  # stopped in iteration 1: its 300 micro-batches take a second
+            seconds = run.stop(signal.SIGTERM, send=frozen_then)
+        finally:
+            with contextlib.suppress(ProcessLookupError):  # never left stopped, whatever failed
+                os.kill(pid, signal.SIGCONT)
     assert run.process.returncode == 130, run.err
-    assert seconds < 5, seconds
+    assert seconds < 10, seconds
     assert "gpt2: interrupted at iteration 1; checkpoint saved" in run.err
-    assert run.err.count("\n") < 10  # the bar moved in place
+    assert "micro-batch" in run.err and run.err.count("\n") < 10  # the bar moved in place
     assert sorted(losses(tmp_path / "parts")) == [0]
     train(tmp_path / "parts", resume=True, max_iters=2, progress=False)
     assert losses(tmp_path / "parts") == losses(tmp_path / "whole")

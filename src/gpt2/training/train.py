@@ -437,12 +437,17 @@ class Trainer:
 
     def close(self) -> None:
         """Leave the process group, once nothing holds it: DDP's wrapper, and under FSDP the
-        model and the optimizer (their tensors are shards that name the group)."""
-        self.forward = self.model = self.optimizers = None
-        if self.logger is not None:
-            self.logger.close()
-            self.logger = None
-        self.procs.close()
+        model and the optimizer (their tensors are shards that name the group); then put back
+        the signal handlers a group's run kept until now (gpt2/training/stopping.py)."""
+        try:
+            self.forward = self.model = self.optimizers = None
+            if self.logger is not None:
+                self.logger.close()
+                self.logger = None
+            self.procs.close()
+        finally:
+            if hasattr(self, "stop"):  # (not made yet: the run failed to start)
+                self.stop.release()
 
     def run(self) -> TrainResult:
         try:
