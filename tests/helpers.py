@@ -281,7 +281,9 @@ class Running:
         self.runner = uvicorn.Server(uvicorn.Config(self.app, log_level="warning"))
         self.thread = threading.Thread(target=self.runner.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
+        deadline = time.monotonic() + 120  # a bound for a hang
         while not self.runner.started:
+            assert time.monotonic() < deadline and self.thread.is_alive(), "uvicorn did not start"
             time.sleep(0.01)
         if wait:
             self.wait_ready()
