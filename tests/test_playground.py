@@ -259,12 +259,18 @@ def swatch_reds(legend) -> list[int]:
     return [int(re.match(r"rgb\((\d+),", colour).group(1)) for colour in colours]
 
 
-def test_every_heads_thumbnail_is_drawn_on_a_square_root_scale_that_the_legend_states(generated, served):
+def all_heads_of_the_last_layer(generated, served):
+    """The page showing every head of the last layer: /v1/inspect's answer, the page, the layer."""
     answer = inspection(served, generated)
     page = generated.page
     layer = len(answer["attention"]) - 1
     page.get_by_label("Layer").select_option(str(layer))
     page.get_by_label("Head").select_option("all")
+    return answer, page, layer
+
+
+def test_every_heads_thumbnail_is_drawn_on_a_square_root_scale_that_the_legend_states(generated, served):
+    answer, page, layer = all_heads_of_the_last_layer(generated, served)
     heads = answer["attention"][layer]
     shown = thumbnail_pixels(page, len(heads))
     for h, (pixels, pattern) in enumerate(zip(shown, heads, strict=True)):
@@ -308,11 +314,7 @@ def title_differs(page, h: int, text: str) -> int:
 
 
 def test_each_heads_thumbnail_is_titled_with_its_layer_and_head(generated, served):
-    answer = inspection(served, generated)
-    page = generated.page
-    layer = len(answer["attention"]) - 1
-    page.get_by_label("Layer").select_option(str(layer))
-    page.get_by_label("Head").select_option("all")
+    answer, page, layer = all_heads_of_the_last_layer(generated, served)
     for h in range(len(answer["attention"][layer])):
         assert title_differs(page, h, f"layer {layer}, head {h}") == 0, h
     assert title_differs(page, 0, "head 0") > 0  # the comparison tells titles apart
