@@ -228,48 +228,49 @@ def structured_package() -> None:
 
 
 class Compiled:
-    """A constraint compiled for a tokenizer: a matcher at the start, which each row copies."""
+    """A constraint compiled for a tokenizer: a matcher at the start, which each row copies.
+    A constraint whose text no token of the tokenizer can begin is refused here (`_refuse_unwritable`)."""
 
-    def __init__(self, constraint: Constraint, ll_tokenizer, n_tokens: int):
+    def __init__(self, constraint: Constraint, tokenizer: Tokenizer):
         from llguidance import LLMatcher
 
-        self.definition = definition = constraint.definition()
-        failed, messages = LLMatcher.validate_grammar_with_warnings(definition, ll_tokenizer)
+        definition = constraint.definition()
+        failed, messages = LLMatcher.validate_grammar_with_warnings(definition, ll_tokenizer(tokenizer))
         if failed:
             raise InvalidArgumentError(f"{constraint.kind}: {one_line(messages[0])}", constraint.kind)
-        self.start = LLMatcher(ll_tokenizer, definition, log_level=0)
+        self.start = LLMatcher(ll_tokenizer(tokenizer), definition, log_level=0)
         if self.start.is_error():
             raise InvalidArgumentError(f"{constraint.kind}: {matcher_error(self.start)}", constraint.kind)
-        self.n_tokens = n_tokens  # the tokenizer's ids: 0..n_tokens-1
-
-    def check_vocabulary(self, constraint: Constraint, tokenizer: Tokenizer) -> None:
-        """Refuse, before any row starts, a constraint whose text no token of `tokenizer` can begin
-        (a character vocabulary without "{" and any JSON), naming a character it lacks. The bytes
-        the constraint's text must begin with (or, where it may begin several ways, its possible
-        first bytes) are read off llguidance's matcher over single bytes, which every text has."""
+        self.n_tokens = tokenizer.n_vocab  # the tokenizer's ids: 0..n_tokens-1
         probe = self.matcher()
         probe.compute_bitmask()  # finds the dead end, if the text can begin with no token
-        forced = probe.compute_ff_bytes() if not probe.is_error() else b""
-        lacking = [c for c in forced.decode("utf-8", errors="ignore") if not encodable(tokenizer, c)]
-        if not probe.is_error() and not lacking:
-            return
-        from llguidance import LLMatcher
-
-        by_byte = LLMatcher(byte_tokenizer(), self.definition, log_level=0)
-        forced = by_byte.compute_ff_bytes().decode("utf-8", errors="ignore")
-        if forced:
-            lacking = [c for c in forced if not encodable(tokenizer, c)]
-            begins = f"must begin {forced!r}"
-        else:  # several ways to begin: the first bytes allowed, each a character of its own
-            bits = np.unpackbits(np.frombuffer(by_byte.compute_bitmask(), dtype=np.uint8), bitorder="little")[:128]
-            lacking = [chr(b) for b in np.flatnonzero(bits) if not encodable(tokenizer, chr(b))]
-            begins = "must begin with " + " or ".join(map(repr, lacking)) if lacking else "cannot begin"
-        has = f"no {lacking[0]!r}" if len(lacking) == 1 or forced else "none of them" if lacking else "no token for it"
-        raise InvalidArgumentError(f"{constraint.kind}: its text {begins}, and the model's vocabulary ({tokenizer.n_vocab} "
-                                   f"tokens) has {has}", constraint.kind)  # fmt: skip
+        forced = b"" if probe.is_error() else probe.compute_ff_bytes()
+        if probe.is_error() or not all(encodable(tokenizer, c) for c in forced.decode("utf-8", errors="ignore")):
+            _refuse_unwritable(constraint, definition, tokenizer)
 
     def matcher(self):
         return self.start.deep_copy()
+
+
+def _refuse_unwritable(constraint: Constraint, definition: str, tokenizer: Tokenizer) -> None:
+    """Refuse, before any row starts, a constraint whose text no token of `tokenizer` can begin
+    (a character vocabulary without "{" and any JSON), naming a character it lacks. The bytes
+    the constraint's text must begin with (or, where it may begin several ways, its possible
+    first bytes) are read off llguidance's matcher over single bytes, which every text has."""
+    from llguidance import LLMatcher
+
+    by_byte = LLMatcher(byte_tokenizer(), definition, log_level=0)
+    forced = by_byte.compute_ff_bytes().decode("utf-8", errors="ignore")
+    if forced:
+        lacking = [c for c in forced if not encodable(tokenizer, c)]
+        begins = f"must begin {forced!r}"
+    else:  # several ways to begin: the first bytes allowed, each a character of its own
+        bits = np.unpackbits(np.frombuffer(by_byte.compute_bitmask(), dtype=np.uint8), bitorder="little")[:128]
+        lacking = [chr(b) for b in np.flatnonzero(bits) if not encodable(tokenizer, chr(b))]
+        begins = "must begin with " + " or ".join(map(repr, lacking)) if lacking else "cannot begin"
+    has = f"no {lacking[0]!r}" if len(lacking) == 1 or forced else "none of them" if lacking else "no token for it"
+    raise InvalidArgumentError(f"{constraint.kind}: its text {begins}, and the model's vocabulary ({tokenizer.n_vocab} "
+                               f"tokens) has {has}", constraint.kind)  # fmt: skip
 
 
 _ll_tokenizers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -349,9 +350,7 @@ def compile_constraint(constraint: Constraint, tokenizer: Tokenizer) -> Compiled
     else:
         if len(kept) >= KEPT_CONSTRAINTS:
             del kept[next(iter(kept))]
-        compiled = Compiled(constraint, ll_tokenizer(tokenizer), tokenizer.n_vocab)
-        compiled.check_vocabulary(constraint, tokenizer)
-        kept[constraint] = compiled
+        kept[constraint] = Compiled(constraint, tokenizer)
     return kept[constraint]
 
 
