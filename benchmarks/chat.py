@@ -41,7 +41,9 @@ def accuracy(directory: Path, questions: list[tuple[str, str]], chat_template: s
     try:
         client, started, right = server.client(), time.perf_counter(), 0
         for question, answer in questions:
-            reply = client.chat.completions.create(model="tiny", messages=conversation(question), temperature=0, max_tokens=8)
+            reply = client.chat.completions.create(
+                model="tiny", messages=conversation(question), temperature=0, max_tokens=8
+            )
             right += reply.choices[0].message.content == answer
         return right / len(questions), time.perf_counter() - started
     finally:
@@ -52,7 +54,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a tiny model, for a smoke run")
     parser.add_argument("--iters", type=int, default=None, help="fine-tuning iterations (default: 150; --quick 800)")
-    parser.add_argument("--batch-size", type=int, default=None, help="conversations' windows per step (default: 8; --quick 16)")
+    parser.add_argument(
+        "--batch-size", type=int, default=None, help="conversations' windows per step (default: 8; --quick 16)"
+    )
     parser.add_argument("--lr", type=float, default=None, help="peak learning rate (default: 3e-4; --quick 3e-3)")
     args = parser.parse_args()
     shape = "quick" if args.quick else "124M"
@@ -66,23 +70,62 @@ def main() -> None:
         conversations = [conversation(q, a) for q, a in digit_questions(4000, seed=0, held_out=False)]
         started = time.perf_counter()
         tokenizer = "bpe:310" if args.quick else "gpt2"  # the end-to-end test's: a vocabulary of 310 ids
-        meta = prepare_chat([write_conversations(root / "qa.jsonl", conversations)], root / "data", tokenizer, progress=False)
+        meta = prepare_chat(
+            [write_conversations(root / "qa.jsonl", conversations)], root / "data", tokenizer, progress=False
+        )
         prepared = time.perf_counter() - started
         base = GPT2(GPT2Config(**SHAPES[shape], n_ctx=64, n_vocab=meta["vocab_size"]))
         base.tokenizer = load_tokenizer(root / "data")
         base.save_pretrained(root / "base")
         started = time.perf_counter()
-        train(root / "tuned", progress=False, data=str(root / "data"), init=str(root / "base"), block_size=64, batch_size=batch_size,
-              grad_accum=1, max_iters=iters, lr=lr, min_lr=lr / 10, warmup_iters=iters // 10, weight_decay=0.0,
-              eval_interval=iters, eval_iters=4, device="cpu", dtype="float32", compile="off")  # fmt: skip
+        train(
+            root / "tuned",
+            progress=False,
+            data=str(root / "data"),
+            init=str(root / "base"),
+            block_size=64,
+            batch_size=batch_size,
+            grad_accum=1,
+            max_iters=iters,
+            lr=lr,
+            min_lr=lr / 10,
+            warmup_iters=iters // 10,
+            weight_decay=0.0,
+            eval_interval=iters,
+            eval_iters=4,
+            device="cpu",
+            dtype="float32",
+            compile="off",
+        )
         trained = time.perf_counter() - started
         before, _ = accuracy(root / "base", held_out, DEFAULT_TEMPLATE)
         after, asked = accuracy(root / "tuned", held_out, None)
     n_params = sum(p.numel() for p in base.parameters())
-    print(f"{shape} shape ({n_params / 1e6:.0f}M parameters), {len(conversations):,} conversations "
-          f"({meta['train_tokens']:,} training tokens), {iters} iterations of {batch_size} x 64 tokens, lr {lr:g}")  # fmt: skip
-    print_table(["held-out accuracy before", "after", "prepare", "fine-tune", "s/iteration", f"{len(held_out)} questions asked"],
-                [[f"{before:.0%}", f"**{after:.0%}**", f"{prepared:.1f} s", f"{trained:.0f} s", f"{trained / iters:.2f}", f"{asked:.1f} s"]])
+    print(
+        f"{shape} shape ({n_params / 1e6:.0f}M parameters), {len(conversations):,} conversations "
+        f"({meta['train_tokens']:,} training tokens), {iters} iterations of {batch_size} x 64 tokens, lr {lr:g}"
+    )
+    print_table(
+        [
+            "held-out accuracy before",
+            "after",
+            "prepare",
+            "fine-tune",
+            "s/iteration",
+            f"{len(held_out)} questions asked",
+        ],
+        [
+            [
+                f"{before:.0%}",
+                f"**{after:.0%}**",
+                f"{prepared:.1f} s",
+                f"{trained:.0f} s",
+                f"{trained / iters:.2f}",
+                f"{asked:.1f} s",
+            ]
+        ],
+    )
+
 
 if __name__ == "__main__":
     main()

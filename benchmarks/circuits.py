@@ -69,7 +69,9 @@ def make_weights(directory: Path) -> None:
     torch.manual_seed(0)
     GPT2LMHeadModel(GPT2Config()).save_pretrained(directory)
     vocab = Path(gpt2.__file__).parent / "tokenizer" / "vocab"
-    GPT2TokenizerFast(vocab_file=str(vocab / "encoder.json"), merges_file=str(vocab / "vocab.bpe")).save_pretrained(directory)
+    GPT2TokenizerFast(vocab_file=str(vocab / "encoder.json"), merges_file=str(vocab / "vocab.bpe")).save_pretrained(
+        directory
+    )
 
 
 def load(side: str, directory: Path):
@@ -85,8 +87,9 @@ def load(side: str, directory: Path):
     hf_logging.set_verbosity_error()
     hf = GPT2LMHeadModel.from_pretrained(directory).eval()
     # TransformerLens reloads the tokenizer by its name_or_path: give it one loaded from the directory.
-    bridge = TransformerBridge.boot_transformers("gpt2", hf_model=hf, tokenizer=GPT2TokenizerFast.from_pretrained(directory),
-                                                 device="cpu")  # fmt: skip
+    bridge = TransformerBridge.boot_transformers(
+        "gpt2", hf_model=hf, tokenizer=GPT2TokenizerFast.from_pretrained(directory), device="cpu"
+    )
     return bridge.eval()
 
 
@@ -108,8 +111,9 @@ def task(side: str, model, name: str, T: int) -> Callable[[], object]:
 
         if name.startswith("patching"):
             batch_size = int(name.partition(":")[2] or 16)
-            return lambda: gi.activation_patching(model, clean, corrupted, gi.logit_diff(ANSWER, OTHER), "resid_pre",
-                                                  batch_size=batch_size)  # fmt: skip
+            return lambda: gi.activation_patching(
+                model, clean, corrupted, gi.logit_diff(ANSWER, OTHER), "resid_pre", batch_size=batch_size
+            )
         names = gi.activation_names(model.config.n_layer) if name == "trace-all" else None
         return lambda: gi.trace(model, clean, names=names)
     from transformer_lens import patching
@@ -137,16 +141,24 @@ def check_equal(ours, bridge, tokens: list[int], patch_T: int) -> list[str]:
         trace = task("gpt2", ours, "trace", T)()
         logits, cache = task("tl", bridge, "trace", T)()
         diffs = {"logits": (trace.logits - logits[0]).abs().max().item()}
-        diffs["resid_pre"] = max((trace.residual(l) - cache[f"blocks.{l}.hook_resid_pre"][0]).abs().max().item()
-                                 for l in range(ours.config.n_layer))  # fmt: skip
-        lines += [f"T = {T}: {what} of every layer agree within {d:.2e}" if what == "resid_pre" else
-                  f"T = {T}: {what} agree within {d:.2e}" for what, d in diffs.items()]  # fmt: skip
+        diffs["resid_pre"] = max(
+            (trace.residual(l) - cache[f"blocks.{l}.hook_resid_pre"][0]).abs().max().item()
+            for l in range(ours.config.n_layer)
+        )
+        lines += [
+            f"T = {T}: {what} of every layer agree within {d:.2e}"
+            if what == "resid_pre"
+            else f"T = {T}: {what} agree within {d:.2e}"
+            for what, d in diffs.items()
+        ]
         if max(diffs.values()) > TOLERANCE:
             sys.exit(f"gpt2 and TransformerLens disagree at T = {T}: {diffs}; the timing would be meaningless")
     grid, grid_tl = task("gpt2", ours, "patching", patch_T)(), task("tl", bridge, "patching", patch_T)()
     d = (grid - grid_tl).abs().max().item()
-    lines.append(f"T = {patch_T}: resid_pre patching grids {list(grid.shape)} agree within {d:.2e} "
-                 f"(entries from {grid.min().item():.4f} to {grid.max().item():.4f})")  # fmt: skip
+    lines.append(
+        f"T = {patch_T}: resid_pre patching grids {list(grid.shape)} agree within {d:.2e} "
+        f"(entries from {grid.min().item():.4f} to {grid.max().item():.4f})"
+    )
     if grid.shape != grid_tl.shape or d > TOLERANCE:
         sys.exit(f"the patching grids disagree ({d}); the timing would be meaningless")
     return lines
@@ -212,7 +224,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, nargs="+", default=[32, 128], help="cached-pass lengths")
     parser.add_argument("--patch-tokens", type=int, default=32)
-    parser.add_argument("--patch-batch-sizes", type=int, nargs="*", default=[4], help="gpt2's grid again, batching fewer runs")
+    parser.add_argument(
+        "--patch-batch-sizes", type=int, nargs="*", default=[4], help="gpt2's grid again, batching fewer runs"
+    )
     parser.add_argument("--repeat", type=int, default=5, help="timed calls of each cached pass (best taken)")
     parser.add_argument("--patch-repeat", type=int, default=3, help="timed calls of each patching grid (best taken)")
     parser.add_argument("--threads", type=int, default=1, help="torch's threads (1: see the docstring)")
@@ -228,23 +242,30 @@ def main() -> None:
         directory = Path(tmp)
         make_weights(directory)
         ours, bridge = load("gpt2", directory), load("tl", directory)
-        print(f"124M shape, random weights (seed 0); torch {torch.__version__}, {torch.get_num_threads()} threads, "
-              f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; transformer-lens "
-              f"{importlib.metadata.version('transformer-lens')} ({type(bridge).__name__}), transformers "
-              f"{importlib.metadata.version('transformers')}\n")  # fmt: skip
+        print(
+            f"124M shape, random weights (seed 0); torch {torch.__version__}, {torch.get_num_threads()} threads, "
+            f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; transformer-lens "
+            f"{importlib.metadata.version('transformer-lens')} ({type(bridge).__name__}), transformers "
+            f"{importlib.metadata.version('transformers')}\n"
+        )
         print("\n".join(check_equal(ours, bridge, args.tokens, args.patch_tokens)) + "\n")
 
         measures = [(f"cached pass, T = {T}, gpt2 default names", "trace", T, args.repeat) for T in args.tokens]
         measures += [(f"cached pass, T = {T}, gpt2 every name", "trace-all", T, args.repeat) for T in args.tokens]
-        measures.append((f"resid_pre patching grid, T = {args.patch_tokens}", "patching", args.patch_tokens,
-                         args.patch_repeat))  # fmt: skip
+        measures.append(
+            (f"resid_pre patching grid, T = {args.patch_tokens}", "patching", args.patch_tokens, args.patch_repeat)
+        )
         # gpt2 batching fewer patched runs, against the same TransformerLens figures (its runs are one at a time)
-        measures += [(f"  the same, gpt2 batch_size={b}", f"patching:{b}", args.patch_tokens, args.patch_repeat)
-                     for b in args.patch_batch_sizes]  # fmt: skip
+        measures += [
+            (f"  the same, gpt2 batch_size={b}", f"patching:{b}", args.patch_tokens, args.patch_repeat)
+            for b in args.patch_batch_sizes
+        ]
         rows, t, m = [], {}, {}
         for label, name, T, repeat in measures:
             sides = ("gpt2",) if ":" in name else ("gpt2", "tl")
-            calls = {side: task(side, model, name, T) for side, model in (("gpt2", ours), ("tl", bridge)) if side in sides}
+            calls = {
+                side: task(side, model, name, T) for side, model in (("gpt2", ours), ("tl", bridge)) if side in sides
+            }
             t |= best_times(calls, repeat, warm_up=name != "patching")  # check_equal ran the grids once already
             row = [label, f"{t['gpt2']:.3f}", f"{t['tl']:.3f}", f"{t['tl'] / t['gpt2']:.2f}x"]
             if not name.startswith("patching"):

@@ -68,13 +68,18 @@ def measure(shape: str, rounds: int) -> list[tuple[str, ...]]:
     rows = []
     with torch.inference_mode():
         for batch in (1, 8):
-            idx = torch.randint(0, 50257, (batch, 16), device="cuda", generator=torch.Generator("cuda").manual_seed(batch))
+            idx = torch.randint(
+                0, 50257, (batch, 16), device="cuda", generator=torch.Generator("cuda").manual_seed(batch)
+            )
             mask = torch.ones_like(idx)
             runs = {
                 "eager": synchronized(lambda: eager.generate(idx, NEW_TOKENS, temperature=0)),
                 "graphs": synchronized(lambda: graphed.generate(idx, NEW_TOKENS, temperature=0)),
-                "transformers": synchronized(lambda: hf.generate(idx, max_new_tokens=NEW_TOKENS, do_sample=False,
-                                                                 attention_mask=mask, pad_token_id=50256)),  # fmt: skip
+                "transformers": synchronized(
+                    lambda: hf.generate(
+                        idx, max_new_tokens=NEW_TOKENS, do_sample=False, attention_mask=mask, pad_token_id=50256
+                    )
+                ),
             }
             for run in runs.values():  # warm-up; the graphs' buckets are captured here, once
                 run()
@@ -85,9 +90,17 @@ def measure(shape: str, rounds: int) -> list[tuple[str, ...]]:
             rate = {name: batch * NEW_TOKENS / statistics.median(t) for name, t in times.items()}
             # the first token is the prompt's prefill, eager in both: graphs replay the steps after it
             ttft = timed(synchronized(lambda: graphed.generate(idx, 1, temperature=0)), rounds)[0]
-            rows.append((f"{shape}, batch {batch}", f"{rate['eager']:.0f} tok/s", f"{rate['graphs']:.0f} tok/s",
-                         f"{rate['transformers']:.0f} tok/s", f"{rate['graphs'] / rate['eager']:.2f}x",
-                         f"{rate['graphs'] / rate['transformers']:.2f}x", f"{ttft * 1e3:.1f} ms"))  # fmt: skip
+            rows.append(
+                (
+                    f"{shape}, batch {batch}",
+                    f"{rate['eager']:.0f} tok/s",
+                    f"{rate['graphs']:.0f} tok/s",
+                    f"{rate['transformers']:.0f} tok/s",
+                    f"{rate['graphs'] / rate['eager']:.2f}x",
+                    f"{rate['graphs'] / rate['transformers']:.2f}x",
+                    f"{ttft * 1e3:.1f} ms",
+                )
+            )
     return rows
 
 
@@ -100,9 +113,21 @@ def main() -> int:
         print("benchmarks/cuda_graphs.py needs a CUDA GPU; none is here", file=sys.stderr)
         return 1
     rows = [row for shape in args.shapes.split(",") for row in measure(shape, args.rounds)]
-    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, bfloat16, 16-token prompt, {NEW_TOKENS} new greedy tokens\n")
-    print_table(["shape, batch", "eager", "CUDA graphs", "transformers", "graphs / eager", "graphs / transformers",
-                 "time to first token"], rows)  # fmt: skip
+    print(
+        f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, bfloat16, 16-token prompt, {NEW_TOKENS} new greedy tokens\n"
+    )
+    print_table(
+        [
+            "shape, batch",
+            "eager",
+            "CUDA graphs",
+            "transformers",
+            "graphs / eager",
+            "graphs / transformers",
+            "time to first token",
+        ],
+        rows,
+    )
     return 0
 
 

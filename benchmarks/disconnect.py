@@ -61,10 +61,14 @@ def leave(running, n: int, stream: bool) -> tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--src", type=Path, default=REPO / "src", help="the package's sources to run (default: this checkout's)")
+    parser.add_argument(
+        "--src", type=Path, default=REPO / "src", help="the package's sources to run (default: this checkout's)"
+    )
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
-    if Path(gpt2.__file__).parent != args.src.resolve() / "gpt2":  # gpt2 imported already (by _common's helpers): run afresh
+    if (
+        Path(gpt2.__file__).parent != args.src.resolve() / "gpt2"
+    ):  # gpt2 imported already (by _common's helpers): run afresh
         os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, "PYTHONPATH": str(args.src.resolve())})
 
     _, directory = random_124m()
@@ -75,10 +79,17 @@ def main() -> None:
         for n, stream in [(8, False), (1, True)]:
             times = [leave(running, n, stream) for _ in range(args.repeat)]
             cancelled, freed = ([t[i] for t in times] for i in (0, 1))
-            rows.append([f"{'streaming' if stream else 'waiting'}, n={n}", f"{statistics.median(cancelled):.3f} ({min(cancelled):.3f}-{max(cancelled):.3f})",
-                         f"{statistics.median(freed):.3f} ({min(freed):.3f}-{max(freed):.3f})"])  # fmt: skip
+            rows.append(
+                [
+                    f"{'streaming' if stream else 'waiting'}, n={n}",
+                    f"{statistics.median(cancelled):.3f} ({min(cancelled):.3f}-{max(cancelled):.3f})",
+                    f"{statistics.median(freed):.3f} ({min(freed):.3f}-{max(freed):.3f})",
+                ]
+            )
         print(f"sources: {args.src}")
-        print_table(["client", f"s to its rows cancelled (median of {args.repeat}, range)", "s to 0 rows in flight"], rows)
+        print_table(
+            ["client", f"s to its rows cancelled (median of {args.repeat}, range)", "s to 0 rows in flight"], rows
+        )
     finally:
         running.stop()
 

@@ -60,7 +60,9 @@ def main() -> None:
     parser.add_argument("--stride", type=int, default=512)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--hellaswag", action="store_true", help="continuation scoring with and without the prefix cache")
+    parser.add_argument(
+        "--hellaswag", action="store_true", help="continuation scoring with and without the prefix cache"
+    )
     parser.add_argument("--examples", type=int, default=40)
     args = parser.parse_args()
     if args.hellaswag:
@@ -94,9 +96,11 @@ def main() -> None:
         results["transformers"] = guide_loop(hf, torch.tensor([ids]), args.context, args.stride)
         times["transformers"].append(time.perf_counter() - start)
 
-    print(f"{len(ids):,} ids of {name}, context {args.context}, stride {args.stride}, gpt2 batch {args.batch_size}; "
-          f"torch {torch.__version__}, {torch.get_num_threads()} threads, {platform.machine()}; "
-          f"median of {args.rounds} rounds\n")  # fmt: skip
+    print(
+        f"{len(ids):,} ids of {name}, context {args.context}, stride {args.stride}, gpt2 batch {args.batch_size}; "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {platform.machine()}; "
+        f"median of {args.rounds} rounds\n"
+    )
     rows = []
     base = statistics.median(times["transformers"])
     for who in ("gpt2", "transformers"):
@@ -117,7 +121,9 @@ def hellaswag_shaped(examples: int, batch_size: int, rounds: int) -> None:
     _, directory = random_124m()
     model = GPT2.from_pretrained(directory, device="cpu")
     g = torch.Generator().manual_seed(0)
-    ids = lambda lo, hi: torch.randint(0, 50256, (int(torch.randint(lo, hi + 1, (1,), generator=g)),), generator=g).tolist()  # noqa: E731
+    ids = lambda lo, hi: torch.randint(
+        0, 50256, (int(torch.randint(lo, hi + 1, (1,), generator=g)),), generator=g
+    ).tolist()  # noqa: E731
     pairs = [(context, ids(15, 30)) for context in (ids(60, 100) for _ in range(examples)) for _ in range(4)]
     times: dict[int, list[float]] = {256: [], 0: []}
     scores = {}
@@ -127,13 +133,23 @@ def hellaswag_shaped(examples: int, batch_size: int, rounds: int) -> None:
             scores[mb] = score_continuations(model, pairs, batch_size=batch_size, prefix_cache_mb=mb)
             times[mb].append(time.perf_counter() - start)
     worst = max(abs(a.log_prob - b.log_prob) for a, b in zip(scores[256], scores[0]))
-    print(f"{examples} HellaSwag-shaped examples (4 endings each), batch {batch_size}; torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads, {platform.machine()}; median of {rounds} rounds\n")  # fmt: skip
+    print(
+        f"{examples} HellaSwag-shaped examples (4 endings each), batch {batch_size}; torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads, {platform.machine()}; median of {rounds} rounds\n"
+    )
     base = statistics.median(times[0])
-    print_table(["score_continuations", "examples/s", "seconds", "vs without"],
-                [[name, f"{examples / statistics.median(times[mb]):.1f}", f"{statistics.median(times[mb]):.2f}",
-                  f"{base / statistics.median(times[mb]):.2f}x"]
-                 for name, mb in (("with the prefix cache (256 MB)", 256), ("without (prefix_cache_mb=0)", 0))])  # fmt: skip
+    print_table(
+        ["score_continuations", "examples/s", "seconds", "vs without"],
+        [
+            [
+                name,
+                f"{examples / statistics.median(times[mb]):.1f}",
+                f"{statistics.median(times[mb]):.2f}",
+                f"{base / statistics.median(times[mb]):.2f}x",
+            ]
+            for name, mb in (("with the prefix cache (256 MB)", 256), ("without (prefix_cache_mb=0)", 0))
+        ],
+    )
     print(f"\nlargest difference between the two's summed log-probabilities: {worst:.1e}")
 
 

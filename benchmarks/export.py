@@ -29,8 +29,14 @@ import tempfile
 import time
 from pathlib import Path
 
-CONFIGS = ["gpt2 float32", "gpt2 bfloat16", "gpt2 int8", "onnxruntime float32", "onnxruntime int8 (gpt2 export)",
-           "onnxruntime int8 (dynamic)"]  # fmt: skip
+CONFIGS = [
+    "gpt2 float32",
+    "gpt2 bfloat16",
+    "gpt2 int8",
+    "onnxruntime float32",
+    "onnxruntime int8 (gpt2 export)",
+    "onnxruntime int8 (dynamic)",
+]
 PROMPT = list(range(1000, 1016))  # 16 token ids
 
 
@@ -119,7 +125,11 @@ def one(config: str, model_dir: str, onnx_dir: str, new: int) -> dict:
     if config.startswith("gpt2"):
         tokens, rate, prompt_s = ours(model_dir, config.split()[1], new)
     else:
-        name = {"onnxruntime float32": "float32", "onnxruntime int8 (gpt2 export)": "int8", "onnxruntime int8 (dynamic)": "dynamic"}[config]
+        name = {
+            "onnxruntime float32": "float32",
+            "onnxruntime int8 (gpt2 export)": "int8",
+            "onnxruntime int8 (dynamic)": "dynamic",
+        }[config]
         tokens, rate, prompt_s = onnxruntime_loop(str(Path(onnx_dir) / name / "model.onnx"), new)
     return {"tokens": tokens, "rate": rate, "prompt_s": prompt_s, "peak_mb": peak_mb() - base}
 
@@ -146,7 +156,11 @@ def prepare(root: Path, quick: bool) -> tuple[str, str]:
     export_onnx(model, root / "onnx" / "float32")
     export_onnx(model, root / "onnx" / "int8", quantize="int8")
     (root / "onnx" / "dynamic").mkdir()
-    quantize_dynamic(str(root / "onnx" / "float32" / "model.onnx"), str(root / "onnx" / "dynamic" / "model.onnx"), weight_type=QuantType.QInt8)
+    quantize_dynamic(
+        str(root / "onnx" / "float32" / "model.onnx"),
+        str(root / "onnx" / "dynamic" / "model.onnx"),
+        weight_type=QuantType.QInt8,
+    )
     return model_dir, str(root / "onnx")
 
 
@@ -167,24 +181,34 @@ def main() -> None:
         results: dict[str, list[dict]] = {config: [] for config in CONFIGS}
         for _ in range(rounds):
             for config in CONFIGS:
-                done = subprocess.run([sys.executable, __file__, "--one", f"{config}|{model_dir}|{onnx_dir}|{new}"], capture_output=True,
-                                      text=True, check=True)  # fmt: skip
+                done = subprocess.run(
+                    [sys.executable, __file__, "--one", f"{config}|{model_dir}|{onnx_dir}|{new}"],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                )
                 results[config].append(json.loads(done.stdout.splitlines()[-1]))
     import torch
 
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}, "
-          f"onnxruntime {__import__('onnxruntime').__version__}; {'quick: a 2-layer model' if args.quick else 'the 124M shape'}; "
-          f"batch 1, a 16-token prompt, {new} greedy tokens; {rounds} round(s), medians\n")  # fmt: skip
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}, "
+        f"onnxruntime {__import__('onnxruntime').__version__}; {'quick: a 2-layer model' if args.quick else 'the 124M shape'}; "
+        f"batch 1, a 16-token prompt, {new} greedy tokens; {rounds} round(s), medians\n"
+    )
     reference = results["gpt2 float32"][0]["tokens"]
     base = statistics.median(r["rate"] for r in results["gpt2 float32"])
-    print("| configuration | decode tokens/s | against gpt2 float32 | prompt (ms) | peak memory above the libraries (MB) | "
-          "greedy tokens equal gpt2 float32's |")
+    print(
+        "| configuration | decode tokens/s | against gpt2 float32 | prompt (ms) | peak memory above the libraries (MB) | "
+        "greedy tokens equal gpt2 float32's |"
+    )
     print("|---|---|---|---|---|---|")
     for config, runs in results.items():
         rate = statistics.median(r["rate"] for r in runs)
         equal = sum(a == b for a, b in zip(runs[0]["tokens"], reference))
-        print(f"| {config} | {rate:.1f} | {rate / base:.2f}x | {statistics.median(r['prompt_s'] for r in runs) * 1e3:.0f} | "
-              f"{statistics.median(r['peak_mb'] for r in runs):.0f} | {equal} of {len(reference)} |")
+        print(
+            f"| {config} | {rate:.1f} | {rate / base:.2f}x | {statistics.median(r['prompt_s'] for r in runs) * 1e3:.0f} | "
+            f"{statistics.median(r['peak_mb'] for r in runs):.0f} | {equal} of {len(reference)} |"
+        )
 
 
 if __name__ == "__main__":

@@ -38,7 +38,9 @@ def spread(values: list[float], fmt: str = "{:.1f}") -> str:
 def streaming(rounds: int, steps: int, rows: int) -> None:
     g = torch.Generator().manual_seed(0)
     shapes = [(C, 3 * C, None), (C, C, None), (C, 4 * C, "tanh"), (4 * C, C, None)] * LAYERS
-    layers = [(torch.randn(k, n, generator=g) * 0.02, torch.randn(n, generator=g) * 0.02, gelu) for k, n, gelu in shapes]
+    layers = [
+        (torch.randn(k, n, generator=g) * 0.02, torch.randn(n, generator=g) * 0.02, gelu) for k, n, gelu in shapes
+    ]
     wte = torch.randn(V, C, generator=g) * 0.02
     xs = {k: torch.randn(rows, k, generator=g) for k in (C, 4 * C)}
     block_bytes = sum(w.numel() * 4 for w, _, _ in layers)
@@ -123,7 +125,9 @@ def generation(rounds: int) -> None:
         for name, kernel in order if r % 2 == 0 else order[::-1]:
             tps[name].append(run(kernel)[0])
 
-    print(f"\n2. Generation: random GPT-2 124M, fp32, prompt 16 tokens, {new} new greedy tokens, {torch.get_num_threads()} threads")
+    print(
+        f"\n2. Generation: random GPT-2 124M, fp32, prompt 16 tokens, {new} new greedy tokens, {torch.get_num_threads()} threads"
+    )
     print(f"   greedy tokens identical with and without gemv: {same}/{new}")
     for name, values in tps.items():
         print(f"   {name:<15} tok/s median {spread(values)}; rounds: {', '.join(f'{v:.1f}' for v in values)}")

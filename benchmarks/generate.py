@@ -58,7 +58,9 @@ print(status("VmHWM"))
 
 def peak_memory(path: str, batch: int, which: str) -> int:
     """Peak resident memory of a process that loads the model and generates 128 tokens."""
-    out = subprocess.run([sys.executable, "-c", PEAK_PROBE, path, str(batch), which], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", PEAK_PROBE, path, str(batch), which], capture_output=True, text=True, check=True
+    )
     return int(out.stdout.strip().splitlines()[-1])
 
 
@@ -72,7 +74,9 @@ def decode_rows(models: dict, hf, rounds: int, bandwidth: float) -> tuple[list[t
     weight_bytes = {dtype: sum(p.numel() * p.element_size() for p in m.parameters()) for dtype, m in models.items()}
 
     def hf_generate(idx: torch.Tensor) -> torch.Tensor:
-        return hf.generate(idx, max_new_tokens=128, do_sample=False, attention_mask=torch.ones_like(idx), pad_token_id=50256)
+        return hf.generate(
+            idx, max_new_tokens=128, do_sample=False, attention_mask=torch.ones_like(idx), pad_token_id=50256
+        )
 
     for batch in (1, 8):
         idx = torch.randint(0, 50257, (batch, 16), generator=gen)
@@ -88,9 +92,16 @@ def decode_rows(models: dict, hf, rounds: int, bandwidth: float) -> tuple[list[t
         for dtype in models:
             ratios = sorted(h / o for o, h in zip(times[dtype], times["transformers"]))
             steps = rate[dtype] / batch  # decoding steps a second, each reading every weight once
-            rows.append((f"decode, batch {batch}, {dtype}", f"{rate[dtype]:.1f} tok/s", f"{rate['transformers']:.1f} tok/s",
-                         f"{rate[dtype] / rate['transformers']:.2f}x (rounds: {', '.join(f'{r:.2f}' for r in ratios)})",
-                         f"{rate[dtype] / rate['float32']:.2f}x", f"{steps * weight_bytes[dtype] / bandwidth:.0%}"))  # fmt: skip
+            rows.append(
+                (
+                    f"decode, batch {batch}, {dtype}",
+                    f"{rate[dtype]:.1f} tok/s",
+                    f"{rate['transformers']:.1f} tok/s",
+                    f"{rate[dtype] / rate['transformers']:.2f}x (rounds: {', '.join(f'{r:.2f}' for r in ratios)})",
+                    f"{rate[dtype] / rate['float32']:.2f}x",
+                    f"{steps * weight_bytes[dtype] / bandwidth:.0%}",
+                )
+            )
         if batch == 1:
             decode_rate = rate["float32"]
     return rows, decode_rate
@@ -117,24 +128,62 @@ def main() -> None:
             ours(idx), hf(idx)  # warm-up
             t_ours = timed(lambda: ours(idx), args.rounds)[0]
             t_hf = timed(lambda: hf(idx), args.rounds)[0]
-            rows.append((f"prefill {T} tokens (one forward pass, all logits)", f"{T / t_ours:.0f} tok/s",
-                         f"{T / t_hf:.0f} tok/s", f"{t_hf / t_ours:.2f}x", "", ""))  # fmt: skip
+            rows.append(
+                (
+                    f"prefill {T} tokens (one forward pass, all logits)",
+                    f"{T / t_ours:.0f} tok/s",
+                    f"{T / t_hf:.0f} tok/s",
+                    f"{t_hf / t_ours:.2f}x",
+                    "",
+                    "",
+                )
+            )
             t_cached = timed(lambda: TorchEngine(ours, 1, T).prefill(0, idx[0].tolist()), args.rounds)[0]
-            rows.append((f"  prefill {T} tokens into the KV cache (last logits only)", f"{T / t_cached:.0f} tok/s", "", "", "", ""))
+            rows.append(
+                (
+                    f"  prefill {T} tokens into the KV cache (last logits only)",
+                    f"{T / t_cached:.0f} tok/s",
+                    "",
+                    "",
+                    "",
+                    "",
+                )
+            )
 
     for batch in (1, 8):
         ours_peak, hf_peak = peak_memory(tmp, batch, "gpt2"), peak_memory(tmp, batch, "transformers")
-        rows.append((f"peak memory of a process: load + generate 128 tokens, batch {batch}",
-                     f"{ours_peak / 1e6:.0f} MB", f"{hf_peak / 1e6:.0f} MB", f"{ours_peak / hf_peak:.2f}x the memory", "", ""))  # fmt: skip
+        rows.append(
+            (
+                f"peak memory of a process: load + generate 128 tokens, batch {batch}",
+                f"{ours_peak / 1e6:.0f} MB",
+                f"{hf_peak / 1e6:.0f} MB",
+                f"{ours_peak / hf_peak:.2f}x the memory",
+                "",
+                "",
+            )
+        )
 
     ceiling = bandwidth / WEIGHT_BYTES
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads; transformers {__import__('transformers').__version__}\n")
-    print_table(["measure", "gpt2", "transformers (float32)", "gpt2 / transformers", "/ gpt2 float32",
-                 "of the bandwidth ceiling for its bytes"], rows)  # fmt: skip
-    print(f"\nmemory read bandwidth (sum of a 1 GiB tensor): {bandwidth / 1e9:.1f} GB/s; weights read per token: "
-          f"{WEIGHT_BYTES / 1e6:.0f} MB; ceiling {ceiling:.1f} tok/s; batch-1 decode reaches {decode_rate / ceiling:.0%} of it "
-          f"({decode_rate * WEIGHT_BYTES / 1e9:.1f} GB/s of weights)")
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads; transformers {__import__('transformers').__version__}\n"
+    )
+    print_table(
+        [
+            "measure",
+            "gpt2",
+            "transformers (float32)",
+            "gpt2 / transformers",
+            "/ gpt2 float32",
+            "of the bandwidth ceiling for its bytes",
+        ],
+        rows,
+    )
+    print(
+        f"\nmemory read bandwidth (sum of a 1 GiB tensor): {bandwidth / 1e9:.1f} GB/s; weights read per token: "
+        f"{WEIGHT_BYTES / 1e6:.0f} MB; ceiling {ceiling:.1f} tok/s; batch-1 decode reaches {decode_rate / ceiling:.0%} of it "
+        f"({decode_rate * WEIGHT_BYTES / 1e9:.1f} GB/s of weights)"
+    )
 
 
 if __name__ == "__main__":

@@ -38,8 +38,13 @@ def transformers_answer(hf, ids: list[int], top_k: int = 5) -> bytes:
             best = torch.softmax(read, dim=-1).max(dim=-1)
             lens.append([{"id": i, "prob": p} for i, p in zip(best.indices.tolist(), best.values.tolist())])
     attention = torch.cat(out.attentions).double().round(decimals=4).tolist()
-    answer = {"ids": ids, "logprobs": [None, *given.tolist()], "top": [top.indices.tolist(), top.values.tolist()],
-              "attention": attention, "logit_lens": lens}  # fmt: skip
+    answer = {
+        "ids": ids,
+        "logprobs": [None, *given.tolist()],
+        "top": [top.indices.tolist(), top.values.tolist()],
+        "attention": attention,
+        "logit_lens": lens,
+    }
     return json.dumps(answer).encode()
 
 
@@ -65,8 +70,10 @@ def main() -> None:
         ours = GPT2.from_pretrained(d, device="cpu")
     tokenizer = Tokenizer.gpt2()
 
-    print(f"124M shape, random weights; torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"{platform.machine()}; median of {args.rounds} rounds\n")  # fmt: skip
+    print(
+        f"124M shape, random weights; torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"{platform.machine()}; median of {args.rounds} rounds\n"
+    )
     rows = []
     for T in args.tokens:
         ids = torch.randint(0, 50257, (T,), generator=torch.Generator().manual_seed(T)).tolist()
@@ -79,8 +86,16 @@ def main() -> None:
             transformers_answer(hf, ids)
             times["transformers"].append(time.perf_counter() - start)
         ours_s, theirs_s = statistics.median(times["gpt2"]), statistics.median(times["transformers"])
-        rows.append([str(T), f"{12 * 12 * T * T:,}", f"{size / 1e6:.1f} MB", f"{ours_s:.2f}", f"{theirs_s:.2f}",
-                     f"{theirs_s / ours_s:.2f}x"])  # fmt: skip
+        rows.append(
+            [
+                str(T),
+                f"{12 * 12 * T * T:,}",
+                f"{size / 1e6:.1f} MB",
+                f"{ours_s:.2f}",
+                f"{theirs_s:.2f}",
+                f"{theirs_s / ours_s:.2f}x",
+            ]
+        )
     print_table(["tokens", "attention cells", "answer", "gpt2 s", "transformers s", "gpt2 vs transformers"], rows)
 
 

@@ -55,13 +55,17 @@ console.log(JSON.stringify(result));
 def llama_cpp(node_modules: Path, path: Path, new: int) -> dict:
     script = node_modules.parent / "gpt2_llama_cpp_bench.mjs"  # beside node_modules, so that its import resolves
     script.write_text(SCRIPT)
-    done = subprocess.run(["node", str(script), str(path), json.dumps(PROMPT), str(new)], capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        ["node", str(script), str(path), json.dumps(PROMPT), str(new)], capture_output=True, text=True, check=True
+    )
     return json.loads(done.stdout.splitlines()[-1])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--node-modules", required=True, type=Path, help="a node_modules directory holding node-llama-cpp")
+    parser.add_argument(
+        "--node-modules", required=True, type=Path, help="a node_modules directory holding node-llama-cpp"
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=128)
     args = parser.parse_args()
@@ -76,22 +80,34 @@ def main() -> None:
         runs: dict[str, list] = {}
         for _ in range(args.rounds):
             for dtype, path in files.items():
-                for name, run in [(f"llama.cpp {dtype}", lambda: llama_cpp(args.node_modules, path, args.tokens)),
-                                  (f"gpt2 {dtype} file, {'float32' if dtype == 'f32' else 'int8'}",
-                                   lambda: dict(zip(("tokens", "rate", "prompt_s"),
-                                                    ours(str(path), "float32" if dtype == "f32" else "int8", args.tokens))))]:  # fmt: skip
+                for name, run in [
+                    (f"llama.cpp {dtype}", lambda: llama_cpp(args.node_modules, path, args.tokens)),
+                    (
+                        f"gpt2 {dtype} file, {'float32' if dtype == 'f32' else 'int8'}",
+                        lambda: dict(
+                            zip(
+                                ("tokens", "rate", "prompt_s"),
+                                ours(str(path), "float32" if dtype == "f32" else "int8", args.tokens),
+                            )
+                        ),
+                    ),
+                ]:
                     runs.setdefault(name, []).append(run())
     import torch
 
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}; "
-          f"the 124M shape; batch 1, a 16-token prompt, {args.tokens} greedy tokens; {args.rounds} round(s), medians\n")  # fmt: skip
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}; "
+        f"the 124M shape; batch 1, a 16-token prompt, {args.tokens} greedy tokens; {args.rounds} round(s), medians\n"
+    )
     reference = runs["gpt2 f32 file, float32"][0]["tokens"]
     print("| engine, file | decode tokens/s | prompt (ms) | greedy tokens equal gpt2 float32's |")
     print("|---|---|---|---|")
     for name, results in runs.items():
         equal = sum(a == b for a, b in zip(results[0]["tokens"], reference))
-        print(f"| {name} | {statistics.median(r['rate'] for r in results):.1f} | {statistics.median(r['prompt_s'] for r in results) * 1e3:.0f} | "
-              f"{equal} of {len(reference)} |")
+        print(
+            f"| {name} | {statistics.median(r['rate'] for r in results):.1f} | {statistics.median(r['prompt_s'] for r in results) * 1e3:.0f} | "
+            f"{equal} of {len(reference)} |"
+        )
 
 
 if __name__ == "__main__":

@@ -101,8 +101,25 @@ class ServerProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
-        argv = [sys.executable, "-m", "gpt2", "serve", "--model", model, "--port", str(self.port), "--device", "cpu", "--no-ui",
-                "--max-batch-size", str(batch), "--max-queue", str(queue), "--prefix-cache-mb", str(prefix_cache_mb)]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "gpt2",
+            "serve",
+            "--model",
+            model,
+            "--port",
+            str(self.port),
+            "--device",
+            "cpu",
+            "--no-ui",
+            "--max-batch-size",
+            str(batch),
+            "--max-queue",
+            str(queue),
+            "--prefix-cache-mb",
+            str(prefix_cache_mb),
+        ]
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO / "src")}
         with open(log, "wb") as out:
             self.process = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -171,8 +188,13 @@ def prompt(rng: random.Random, length: int) -> str | list[int]:
 
 
 def completion_body(rng: random.Random, n_ctx: int, stream: bool, max_tokens: int) -> dict:
-    body = {"prompt": prompt(rng, rng.randint(4, min(32, n_ctx // 4))), "max_tokens": max_tokens, "temperature": 0.8,
-            "seed": rng.randrange(1 << 30), "stream": stream}  # fmt: skip
+    body = {
+        "prompt": prompt(rng, rng.randint(4, min(32, n_ctx // 4))),
+        "max_tokens": max_tokens,
+        "temperature": 0.8,
+        "seed": rng.randrange(1 << 30),
+        "stream": stream,
+    }
     if stream:
         body["stream_options"] = {"include_usage": True}
     return body
@@ -189,8 +211,14 @@ def check_usage(choice: dict, usage: dict | None, max_tokens: int) -> str | None
     return None
 
 
-async def streamed(http: httpx.AsyncClient, url: str, body: dict, pause: tuple[float, float] | None, rng: random.Random,
-                   leave_after: int | None = None) -> Outcome:  # fmt: skip
+async def streamed(
+    http: httpx.AsyncClient,
+    url: str,
+    body: dict,
+    pause: tuple[float, float] | None,
+    rng: random.Random,
+    leave_after: int | None = None,
+) -> Outcome:
     """A streamed completion, read with `pause` (seconds, min and max) between chunks, or left
     after `leave_after` chunks (the connection closed: a client that disconnects)."""
     kind = "disconnect" if leave_after is not None else "slow" if pause else "stream"
@@ -252,8 +280,14 @@ async def score(http: httpx.AsyncClient, url: str, rng: random.Random, n_ctx: in
 
 def bad_bodies(n_ctx: int) -> list[bytes]:
     """Requests a server must refuse with a 400."""
-    bodies = [{"prompt": "hi", "max_tokens": -1}, {"prompt": "hi", "top_p": 0}, {"prompt": "hi", "frobnicate": 1},
-              {"prompt": [50257]}, {"prompt": [1] * n_ctx, "max_tokens": 1}, {"prompt": "hi", "n": 0}]  # fmt: skip
+    bodies = [
+        {"prompt": "hi", "max_tokens": -1},
+        {"prompt": "hi", "top_p": 0},
+        {"prompt": "hi", "frobnicate": 1},
+        {"prompt": [50257]},
+        {"prompt": [1] * n_ctx, "max_tokens": 1},
+        {"prompt": "hi", "n": 0},
+    ]
     return [json.dumps(body).encode() for body in bodies] + [b"{not json"]
 
 
@@ -289,7 +323,13 @@ async def client(url: str, rng: random.Random, deadline: float, n_ctx: int) -> l
             kind = rng.choices(KINDS, WEIGHTS)[0]
             try:
                 outcomes.append(await asyncio.wait_for(one_request(kind, http, url, rng, n_ctx), REQUEST_TIMEOUT))
-            except (asyncio.TimeoutError, httpx.HTTPError, ValueError, KeyError, TypeError) as e:  # an answer not as asked
+            except (
+                asyncio.TimeoutError,
+                httpx.HTTPError,
+                ValueError,
+                KeyError,
+                TypeError,
+            ) as e:  # an answer not as asked
                 outcomes.append(Outcome(kind, f"{type(e).__name__}: {str(e)[:200]}"))
     return outcomes
 
@@ -300,10 +340,14 @@ async def warm_up(url: str, n_ctx: int, batch: int) -> None:
     before the RSS that later rounds are held to."""
     rng = random.Random(0)
     async with httpx.AsyncClient(timeout=httpx.Timeout(REQUEST_TIMEOUT, connect=10)) as http:
-        scoring = [{"prompt": [rng.randrange(50256) for _ in range(n_ctx // 2)], "max_tokens": 0, "echo": True, "logprobs": 1}
-                   for _ in range(2 * batch)]  # fmt: skip
-        streams = [{"prompt": [rng.randrange(50256) for _ in range(length)], "max_tokens": min(48, n_ctx // 2), "stream": True}
-                   for length in range(4, 33, 2)]  # fmt: skip
+        scoring = [
+            {"prompt": [rng.randrange(50256) for _ in range(n_ctx // 2)], "max_tokens": 0, "echo": True, "logprobs": 1}
+            for _ in range(2 * batch)
+        ]
+        streams = [
+            {"prompt": [rng.randrange(50256) for _ in range(length)], "max_tokens": min(48, n_ctx // 2), "stream": True}
+            for length in range(4, 33, 2)
+        ]
         answers = await asyncio.gather(*(http.post(url + "/v1/completions", json=body) for body in scoring + streams))
     if any(answer.status_code != 200 for answer in answers):
         raise SystemExit(f"the warm-up's requests failed: {sorted({answer.status_code for answer in answers})}")
@@ -360,16 +404,33 @@ def latency_cells(outcomes: list[Outcome]) -> list[str]:
     """p50 and p99 of the latency of completed requests, and of the time to the first token of streams."""
     latencies = [o.latency for o in outcomes if o.error is None and o.latency is not None and o.kind in TIMED]
     ttfts = [o.ttft for o in outcomes if o.error is None and o.ttft is not None and o.kind in ("stream", "slow")]
-    return [ms(percentile(latencies, 50)), ms(percentile(latencies, 99)), ms(percentile(ttfts, 50)), ms(percentile(ttfts, 99))]
+    return [
+        ms(percentile(latencies, 50)),
+        ms(percentile(latencies, 99)),
+        ms(percentile(ttfts, 50)),
+        ms(percentile(ttfts, 99)),
+    ]
 
 
-def summary_row(label: str, outcomes: list[Outcome], wall: float, generated: float, at_rest: str, rss: str, peak: str,
-                cache: str) -> list[str]:  # fmt: skip
+def summary_row(
+    label: str, outcomes: list[Outcome], wall: float, generated: float, at_rest: str, rss: str, peak: str, cache: str
+) -> list[str]:
     by_kind = "/".join(str(sum(o.kind == kind and o.error is None for o in outcomes)) for kind in KINDS)
     served = sum(o.tokens for o in outcomes if o.error is None)
     errors = sum(o.error is not None for o in outcomes)
-    return [label, str(len(outcomes)), by_kind, str(errors), f"{served / wall:.1f}", f"{generated / wall:.1f}", *latency_cells(outcomes),
-            at_rest, rss, peak, cache]  # fmt: skip
+    return [
+        label,
+        str(len(outcomes)),
+        by_kind,
+        str(errors),
+        f"{served / wall:.1f}",
+        f"{generated / wall:.1f}",
+        *latency_cells(outcomes),
+        at_rest,
+        rss,
+        peak,
+        cache,
+    ]
 
 
 def round_rows(rounds: list[Round]) -> list[list[str]]:
@@ -377,12 +438,32 @@ def round_rows(rounds: list[Round]) -> list[list[str]]:
     rows = []
     for i, r in enumerate(rounds, 1):
         at_rest = ", ".join(f"{int(v) if v == v else v}" for v in r.gauges.values())
-        rows.append(summary_row(str(i), r.outcomes, r.wall, r.generated, at_rest, mb(r.memory["VmRSS"]), mb(r.memory["VmHWM"]),
-                                mb(r.cache)))  # fmt: skip
+        rows.append(
+            summary_row(
+                str(i),
+                r.outcomes,
+                r.wall,
+                r.generated,
+                at_rest,
+                mb(r.memory["VmRSS"]),
+                mb(r.memory["VmHWM"]),
+                mb(r.cache),
+            )
+        )
     every = [o for r in rounds for o in r.outcomes]
     rest = "0, 0, 0" if all(r.at_rest for r in rounds) else "not 0"
-    rows.append(summary_row("all", every, sum(r.wall for r in rounds), sum(r.generated for r in rounds), rest,
-                            mb(rounds[-1].memory["VmRSS"]), mb(max(r.memory["VmHWM"] for r in rounds)), mb(rounds[-1].cache)))  # fmt: skip
+    rows.append(
+        summary_row(
+            "all",
+            every,
+            sum(r.wall for r in rounds),
+            sum(r.generated for r in rounds),
+            rest,
+            mb(rounds[-1].memory["VmRSS"]),
+            mb(max(r.memory["VmHWM"] for r in rounds)),
+            mb(rounds[-1].cache),
+        )
+    )
     return rows
 
 
@@ -391,7 +472,15 @@ def kind_rows(outcomes: list[Outcome]) -> list[list[str]]:
     for kind in KINDS:
         mine = [o for o in outcomes if o.kind == kind]
         cells = latency_cells(mine) if kind in TIMED else ["-"] * 4
-        rows.append([kind, str(len(mine)), str(sum(o.error is not None for o in mine)), *cells, str(sum(o.tokens for o in mine))])
+        rows.append(
+            [
+                kind,
+                str(len(mine)),
+                str(sum(o.error is not None for o in mine)),
+                *cells,
+                str(sum(o.tokens for o in mine)),
+            ]
+        )
     return rows
 
 
@@ -406,8 +495,10 @@ def memory_verdict(rounds: list[Round], tolerance: float, tolerance_mb: float) -
     worst = max(growth)
     ok = worst <= allowed
     steps = ", ".join(f"{g / 1e6:+.1f} MB" for g in growth)
-    return ok, (f"memory growth across rounds: RSS less the prefix cache after rounds 2..{len(rounds)} against round 1 ({mb(first)}): {steps}; "
-                f"allowed +{allowed / 1e6:.1f} MB (max of {tolerance:.0%} and {tolerance_mb:g} MB): {'no growth' if ok else 'GROWTH'}")
+    return ok, (
+        f"memory growth across rounds: RSS less the prefix cache after rounds 2..{len(rounds)} against round 1 ({mb(first)}): {steps}; "
+        f"allowed +{allowed / 1e6:.1f} MB (max of {tolerance:.0%} and {tolerance_mb:g} MB): {'no growth' if ok else 'GROWTH'}"
+    )
 
 
 def run_rounds(server: ServerProcess, args: argparse.Namespace, n_ctx: int) -> list[Round]:
@@ -419,24 +510,59 @@ def run_rounds(server: ServerProcess, args: argparse.Namespace, n_ctx: int) -> l
         gauges = wait_for_rest(server.url)
         metrics = read_metrics(server.url)
         generated = metrics.get("gpt2_generated_tokens_total", 0) - before
-        rounds.append(Round(outcomes, wall, generated, gauges, server.memory(), metrics.get("gpt2_prefix_cache_bytes", 0)))
-        print(f"round {i + 1}: {len(outcomes)} requests, {len(rounds[-1].errors)} errors, {wall:.1f} s", file=sys.stderr)
+        rounds.append(
+            Round(outcomes, wall, generated, gauges, server.memory(), metrics.get("gpt2_prefix_cache_bytes", 0))
+        )
+        print(
+            f"round {i + 1}: {len(outcomes)} requests, {len(rounds[-1].errors)} errors, {wall:.1f} s", file=sys.stderr
+        )
     return rounds
 
 
-def report(rounds: list[Round], args: argparse.Namespace, shape: dict, statuses: dict[str, float]) -> tuple[list[str], list[str]]:
+def report(
+    rounds: list[Round], args: argparse.Namespace, shape: dict, statuses: dict[str, float]
+) -> tuple[list[str], list[str]]:
     """Print the tables; return the verdicts' lines, and those of the checks that failed."""
     import torch
 
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}; "
-          f"model: {args.shape} shape ({shape['n_layer']} layers, {shape['n_embd']} wide, context {shape['n_ctx']}), random weights; "
-          f"gpt2 serve --max-batch-size {args.max_batch_size} --prefix-cache-mb {args.prefix_cache_mb}; {args.clients} clients, {args.rounds} rounds of {args.seconds:g} s\n")  # fmt: skip
-    print_table(["round", "requests", "as expected: " + "/".join(KINDS), "errors", "tok/s served", "tok/s generated",
-                 "latency p50", "latency p99", "TTFT p50", "TTFT p99", "rows in flight, batch, queue after",
-                 "RSS after", "peak RSS", "prefix cache after"], round_rows(rounds))  # fmt: skip
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}; "
+        f"model: {args.shape} shape ({shape['n_layer']} layers, {shape['n_embd']} wide, context {shape['n_ctx']}), random weights; "
+        f"gpt2 serve --max-batch-size {args.max_batch_size} --prefix-cache-mb {args.prefix_cache_mb}; {args.clients} clients, {args.rounds} rounds of {args.seconds:g} s\n"
+    )
+    print_table(
+        [
+            "round",
+            "requests",
+            "as expected: " + "/".join(KINDS),
+            "errors",
+            "tok/s served",
+            "tok/s generated",
+            "latency p50",
+            "latency p99",
+            "TTFT p50",
+            "TTFT p99",
+            "rows in flight, batch, queue after",
+            "RSS after",
+            "peak RSS",
+            "prefix cache after",
+        ],
+        round_rows(rounds),
+    )
     print()
-    print_table(["kind (all rounds)", "requests", "errors", "latency p50", "latency p99", "TTFT p50", "TTFT p99", "tokens served"],
-                kind_rows([o for r in rounds for o in r.outcomes]))  # fmt: skip
+    print_table(
+        [
+            "kind (all rounds)",
+            "requests",
+            "errors",
+            "latency p50",
+            "latency p99",
+            "TTFT p50",
+            "TTFT p99",
+            "tokens served",
+        ],
+        kind_rows([o for r in rounds for o in r.outcomes]),
+    )
     errors = [o for r in rounds for o in r.errors]
     failures = [f"{len(errors)} requests did not go as their kind expects, e.g.:"] if errors else []
     failures += [f"  {message}" for message in sorted({f"{o.kind}: {o.error}" for o in errors})[:10]]
@@ -445,9 +571,13 @@ def report(rounds: list[Round], args: argparse.Namespace, shape: dict, statuses:
     if statuses:
         failures.append(f"500s: {statuses}")
     ok, memory = memory_verdict(rounds, args.tolerance, args.tolerance_mb)
-    verdicts = [f"errors: {len(errors)}", "rows in flight after every round: "
-                + ("0 (no rows active, filling or waiting)" if all(r.at_rest for r in rounds) else "NOT 0"),
-                f"500s: {int(sum(statuses.values()))}", memory]  # fmt: skip
+    verdicts = [
+        f"errors: {len(errors)}",
+        "rows in flight after every round: "
+        + ("0 (no rows active, filling or waiting)" if all(r.at_rest for r in rounds) else "NOT 0"),
+        f"500s: {int(sum(statuses.values()))}",
+        memory,
+    ]
     if not ok:
         failures.append(memory)
     return verdicts, failures
@@ -462,11 +592,17 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="a small run, as CI's test runs it")
     parser.add_argument("--max-batch-size", type=int, default=8, help="the server's (default: 8, as gpt2 serve's)")
     parser.add_argument("--prefix-cache-mb", type=int, default=512, help="the server's (default: 512, as gpt2 serve's)")
-    parser.add_argument("--tolerance", type=float, default=0.05, help="RSS growth allowed, a fraction of round 1's (default: 0.05)")
-    parser.add_argument("--tolerance-mb", type=float, help="RSS growth allowed in MB, if more (default: 32, for the allocator may "
-                        "keep a later round's higher peak: a scoring request's logits alone are its prompt x 50,257 x 4 bytes, "
-                        "which glibc's heap keeps below 32 MB; --quick: 100, for after rounds of seconds on the tiny model the "
-                        "RSS lands anywhere from its floor to its peak, 50 MB apart: CI's run checks the rest, not memory)")
+    parser.add_argument(
+        "--tolerance", type=float, default=0.05, help="RSS growth allowed, a fraction of round 1's (default: 0.05)"
+    )
+    parser.add_argument(
+        "--tolerance-mb",
+        type=float,
+        help="RSS growth allowed in MB, if more (default: 32, for the allocator may "
+        "keep a later round's higher peak: a scoring request's logits alone are its prompt x 50,257 x 4 bytes, "
+        "which glibc's heap keeps below 32 MB; --quick: 100, for after rounds of seconds on the tiny model the "
+        "RSS lands anywhere from its floor to its peak, 50 MB apart: CI's run checks the rest, not memory)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     quick = {"clients": 16, "seconds": 4, "rounds": 2, "shape": "tiny", "tolerance_mb": 100}
@@ -477,17 +613,25 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         shape = save_random_model(args.shape, tmp)
         # max_queue: every client's row may wait at once, so that no 429 is a busy server's fault
-        server = ServerProcess(tmp, Path(tmp) / "server.log", args.max_batch_size, max(64, args.clients), args.prefix_cache_mb)
+        server = ServerProcess(
+            tmp, Path(tmp) / "server.log", args.max_batch_size, max(64, args.clients), args.prefix_cache_mb
+        )
         try:
             rounds = run_rounds(server, args, shape["n_ctx"])
-            statuses = {k: v for k, v in read_metrics(server.url).items() if k.startswith("gpt2_requests_total") and 'status="500"' in k}
+            statuses = {
+                k: v
+                for k, v in read_metrics(server.url).items()
+                if k.startswith("gpt2_requests_total") and 'status="500"' in k
+            }
         finally:
             status = server.stop()
         verdicts, failures = report(rounds, args, shape, statuses)
         problems = server.problems()
     if status not in (0, -signal.SIGTERM):
         failures.append(f"the server did not stop cleanly on SIGTERM: exit status {status}")
-    verdicts.append(f"server log: {len(problems)} lines with Traceback or ERROR; stopped on SIGTERM with status {status}")
+    verdicts.append(
+        f"server log: {len(problems)} lines with Traceback or ERROR; stopped on SIGTERM with status {status}"
+    )
     failures += [f"  log: {line}" for line in problems[:20]]
     print("\n" + "\n".join(verdicts))
     if failures:

@@ -54,7 +54,9 @@ print(load_peak - baseline, status("VmHWM") - baseline)
 
 
 def peak_bytes(code: str, path: Path) -> tuple[int, int]:
-    out = subprocess.run([sys.executable, "-c", PROBE.format(code=code), str(path)], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE.format(code=code), str(path)], capture_output=True, text=True, check=True
+    )
     load, forward = out.stdout.strip().splitlines()[-1].split()
     return int(load), int(forward)
 
@@ -66,8 +68,11 @@ def main() -> None:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tf-checkpoint", type=Path, help="also load this OpenAI TensorFlow 124M checkpoint "
-                        "(write one with benchmarks/make_tf_124m.py)")
+    parser.add_argument(
+        "--tf-checkpoint",
+        type=Path,
+        help="also load this OpenAI TensorFlow 124M checkpoint (write one with benchmarks/make_tf_124m.py)",
+    )
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -77,19 +82,25 @@ def main() -> None:
         model.config.save_pretrained(bin_dir)
         torch.save(model.state_dict(), bin_dir / "pytorch_model.bin")
         del model
-        print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-              f"torch {torch.__version__}\n")
+        print(
+            f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+            f"torch {torch.__version__}\n"
+        )
         print("| loader | format | peak while loading | / weights (498 MB) | peak after a first forward | / weights |")
         print("|---|---|---|---|---|---|")
         for name, code in LOADERS.items():
             for fmt, path in (("model.safetensors", safetensors_dir), ("pytorch_model.bin", bin_dir)):
                 load, forward = peak_bytes(code, path)
-                print(f"| {name} | {fmt} | {load / 1e6:.0f} MB | {load / WEIGHT_BYTES:.2f}x "
-                      f"| {forward / 1e6:.0f} MB | {forward / WEIGHT_BYTES:.2f}x |")
+                print(
+                    f"| {name} | {fmt} | {load / 1e6:.0f} MB | {load / WEIGHT_BYTES:.2f}x "
+                    f"| {forward / 1e6:.0f} MB | {forward / WEIGHT_BYTES:.2f}x |"
+                )
         if args.tf_checkpoint:  # transformers cannot read these without TensorFlow
             load, forward = peak_bytes(LOADERS["gpt2 GPT2.from_pretrained"], args.tf_checkpoint)
-            print(f"| gpt2 GPT2.from_pretrained | TensorFlow model.ckpt | {load / 1e6:.0f} MB | {load / WEIGHT_BYTES:.2f}x "
-                  f"| {forward / 1e6:.0f} MB | {forward / WEIGHT_BYTES:.2f}x |")
+            print(
+                f"| gpt2 GPT2.from_pretrained | TensorFlow model.ckpt | {load / 1e6:.0f} MB | {load / WEIGHT_BYTES:.2f}x "
+                f"| {forward / 1e6:.0f} MB | {forward / WEIGHT_BYTES:.2f}x |"
+            )
 
 
 if __name__ == "__main__":

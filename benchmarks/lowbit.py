@@ -30,9 +30,25 @@ def accuracy(iters: int) -> list[list[str]]:
     name, text = corpus()
     (root / "input.txt").write_text(text, encoding="utf-8")
     prepare([root / "input.txt"], root / "data", "gpt2", progress=False)
-    train(root / "out", data=str(root / "data"), n_layer=4, n_head=4, n_embd=128, block_size=128, batch_size=12, grad_accum=1,
-          max_iters=iters, eval_interval=iters, eval_iters=10, warmup_iters=50, lr=2e-3, min_lr=2e-4, device="cpu",
-          progress=False, log_interval=iters)  # fmt: skip
+    train(
+        root / "out",
+        data=str(root / "data"),
+        n_layer=4,
+        n_head=4,
+        n_embd=128,
+        block_size=128,
+        batch_size=12,
+        grad_accum=1,
+        max_iters=iters,
+        eval_interval=iters,
+        eval_iters=10,
+        warmup_iters=50,
+        lr=2e-3,
+        min_lr=2e-4,
+        device="cpu",
+        progress=False,
+        log_interval=iters,
+    )
     val = open_data(root / "data").val
     reference = GPT2.from_pretrained(root / "out", device="cpu")
     base = evaluate_data(reference, root / "data").perplexity
@@ -41,7 +57,15 @@ def accuracy(iters: int) -> list[list[str]]:
         model = GPT2.from_pretrained(root / "out", device="cpu", dtype=dtype)
         result = agreement(reference, model, val)
         ppl = evaluate_data(model, root / "data").perplexity
-        rows.append([dtype, f"{result.kl:.2e}", f"{result.top1:.2%}", f"{ppl:.3f} (float32 {base:.3f})", f"{(ppl / base - 1):+.3%}"])
+        rows.append(
+            [
+                dtype,
+                f"{result.kl:.2e}",
+                f"{result.top1:.2%}",
+                f"{ppl:.3f} (float32 {base:.3f})",
+                f"{(ppl / base - 1):+.3%}",
+            ]
+        )
     print(f"accuracy: {name}, {len(val):,} validation tokens, a 4x4x128 model trained {iters} iterations\n")
     return rows
 

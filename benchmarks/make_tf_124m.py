@@ -27,7 +27,9 @@ def main() -> None:
 
     tf.compat.v1.disable_eager_execution()
     rng = np.random.default_rng(0)
-    values = {name: (0.02 * rng.standard_normal(shape)).astype(np.float32) for name, shape in gpt2_shapes(**HPARAMS).items()}
+    values = {
+        name: (0.02 * rng.standard_normal(shape)).astype(np.float32) for name, shape in gpt2_shapes(**HPARAMS).items()
+    }
     save(tf, values, out)
     (out / "hparams.json").write_text(json.dumps(HPARAMS, indent=2) + "\n")
     print(f"wrote {out}")

@@ -89,8 +89,10 @@ def prepared(root: Path, vocabulary: str) -> Path:
     ids[270_000:].tofile(directory / "val.bin")
     if vocabulary == "char":
         chars = [chr(ord("!") + i) for i in range(n_vocab)]
-        pickle.dump({"vocab_size": n_vocab, "itos": dict(enumerate(chars)), "stoi": {c: i for i, c in enumerate(chars)}},
-                    open(directory / "meta.pkl", "wb"))  # fmt: skip
+        pickle.dump(
+            {"vocab_size": n_vocab, "itos": dict(enumerate(chars)), "stoi": {c: i for i, c in enumerate(chars)}},
+            open(directory / "meta.pkl", "wb"),
+        )
     return directory
 
 
@@ -99,9 +101,21 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         for i, (L, H, C, T, B, vocabulary, dropout, checkpointed) in enumerate(TRAIN_CASES):
-            settings = dict(n_layer=L, n_head=H, n_embd=C, block_size=T, batch_size=B, grad_accum=1, max_iters=2, eval_iters=1,
-                            eval_interval=1000, warmup_iters=0, dropout=dropout, checkpoint_activations=checkpointed,
-                            device="cpu")  # fmt: skip
+            settings = dict(
+                n_layer=L,
+                n_head=H,
+                n_embd=C,
+                block_size=T,
+                batch_size=B,
+                grad_accum=1,
+                max_iters=2,
+                eval_iters=1,
+                eval_interval=1000,
+                warmup_iters=0,
+                dropout=dropout,
+                checkpoint_activations=checkpointed,
+                device="cpu",
+            )
             got = run(TRAIN, str(prepared(root, vocabulary)), str(root / f"out{i}"), json.dumps(settings))
             shape = f"train {L}x{H}x{C}, {B}x{T} tokens, {vocabulary}" + (f", dropout {dropout}" if dropout else "")
             rows.append((shape + (", checkpointed" if checkpointed else ""), got))
@@ -110,9 +124,18 @@ def main() -> None:
 
         _, model = random_124m()
         for n_rows, new in GENERATE_CASES:
-            rows.append((f"generate 124M, {n_rows} rows x (16 + {new}) positions", run(GENERATE, model, str(n_rows), str(new))))
-    table = [(name, f"{got['used'] / 1e6:,.0f} MB", f"{got['estimate'] / 1e6:,.0f} MB", f"{got['estimate'] / got['used']:.2f}")
-             for name, got in rows]  # fmt: skip
+            rows.append(
+                (f"generate 124M, {n_rows} rows x (16 + {new}) positions", run(GENERATE, model, str(n_rows), str(new)))
+            )
+    table = [
+        (
+            name,
+            f"{got['used'] / 1e6:,.0f} MB",
+            f"{got['estimate'] / 1e6:,.0f} MB",
+            f"{got['estimate'] / got['used']:.2f}",
+        )
+        for name, got in rows
+    ]
     print_table(("case", "measured (peak less before)", "estimate", "estimate / measured"), table)
 
 

@@ -51,16 +51,41 @@ def main() -> None:
             for _ in range(args.copies):
                 f.writelines(json.dumps({"text": paragraph}) + "\n" for paragraph in text.split("\n\n"))
         out = Path(tmp) / "out"
-        ours, _ = timed(lambda: prepare([Path(tmp) / "in"], out, overwrite=True, progress=False, num_workers=cores), args.rounds)
-        shards, _ = timed(lambda: prepare([Path(tmp) / "pages.jsonl"], Path(tmp) / "shards", overwrite=True, progress=False,
-                                          num_workers=cores, shard_tokens=100_000), args.rounds)  # fmt: skip
+        ours, _ = timed(
+            lambda: prepare([Path(tmp) / "in"], out, overwrite=True, progress=False, num_workers=cores), args.rounds
+        )
+        shards, _ = timed(
+            lambda: prepare(
+                [Path(tmp) / "pages.jsonl"],
+                Path(tmp) / "shards",
+                overwrite=True,
+                progress=False,
+                num_workers=cores,
+                shard_tokens=100_000,
+            ),
+            args.rounds,
+        )
     theirs, _ = timed(lambda: enc.encode_ordinary_batch(texts, num_threads=cores), args.rounds)
     print(f"corpus: {name}, {args.copies} copies, {megabytes:.1f} MB; {cores} workers, {os.cpu_count()} cores\n")
     print_table(
-        ["", f"gpt2 prepare ({cores} processes: read, encode, write)", f"jsonl -> llm.c shards ({cores} processes)",
-         f"tiktoken encode_ordinary_batch ({cores} threads)", "gpt2 / tiktoken"],
-        [["MB/s", f"{megabytes / ours:.2f}", f"{megabytes / shards:.2f}", f"{megabytes / theirs:.2f}", f"{theirs / ours:.2f}x"]],
+        [
+            "",
+            f"gpt2 prepare ({cores} processes: read, encode, write)",
+            f"jsonl -> llm.c shards ({cores} processes)",
+            f"tiktoken encode_ordinary_batch ({cores} threads)",
+            "gpt2 / tiktoken",
+        ],
+        [
+            [
+                "MB/s",
+                f"{megabytes / ours:.2f}",
+                f"{megabytes / shards:.2f}",
+                f"{megabytes / theirs:.2f}",
+                f"{theirs / ours:.2f}x",
+            ]
+        ],
     )
+
 
 if __name__ == "__main__":
     main()

@@ -66,8 +66,21 @@ class Server:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "PYTHONPATH": str(src)}
-        command = [sys.executable, "-m", "gpt2", "serve", "--model", model, "--port", str(self.port), "--device", "cpu",
-                   "--max-batch-size", str(batch), *flags]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "gpt2",
+            "serve",
+            "--model",
+            model,
+            "--port",
+            str(self.port),
+            "--device",
+            "cpu",
+            "--max-batch-size",
+            str(batch),
+            *flags,
+        ]
         self.process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -87,8 +100,13 @@ class Server:
 
 def request(url: str, prompt: list[int], max_tokens: int) -> dict:
     """One streamed greedy completion: its text, tokens, and times (start, first token, end)."""
-    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}  # fmt: skip
+    body = {
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     start, first, text, tokens = time.perf_counter(), None, "", 0
     with httpx.stream("POST", url + "/v1/completions", json=body, timeout=600) as response:
         if response.status_code != 200:
@@ -134,7 +152,13 @@ def summary(name: str, walls: list[float], runs: list[list[dict]]) -> tuple[list
     tokens = sum(r["tokens"] for r in runs[0])
     ttft = statistics.median(r["first"] - r["start"] for run in runs for r in run)
     per_client = statistics.median(r["tokens"] / (r["end"] - r["start"]) for run in runs for r in run)
-    return [name, f"{tokens / wall:.1f} tok/s", f"{ttft * 1000:.0f} ms", f"{per_client:.1f} tok/s", f"{wall:.1f} s"], tokens / wall
+    return [
+        name,
+        f"{tokens / wall:.1f} tok/s",
+        f"{ttft * 1000:.0f} ms",
+        f"{per_client:.1f} tok/s",
+        f"{wall:.1f} s",
+    ], tokens / wall
 
 
 def main() -> None:
@@ -143,7 +167,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--latency", action="store_true", help="the latency scenarios of issue 24")
-    parser.add_argument("--before", type=Path, help="with --latency: a checkout to compare with (its src on PYTHONPATH)")
+    parser.add_argument(
+        "--before", type=Path, help="with --latency: a checkout to compare with (its src on PYTHONPATH)"
+    )
     args = parser.parse_args()
     if args.latency:
         return latency(args.before, args.rounds)
@@ -175,8 +201,13 @@ def main() -> None:
             start, hf_texts, hf_tokens = time.perf_counter(), [], 0
             for p in prompts:
                 idx = torch.tensor([p])
-                out = hf.generate(idx, max_new_tokens=args.max_tokens, do_sample=False, attention_mask=torch.ones_like(idx),
-                                  pad_token_id=50256)  # fmt: skip
+                out = hf.generate(
+                    idx,
+                    max_new_tokens=args.max_tokens,
+                    do_sample=False,
+                    attention_mask=torch.ones_like(idx),
+                    pad_token_id=50256,
+                )
                 new = out[0, 16:].tolist()
                 new = new[: new.index(50256)] if 50256 in new else new
                 hf_texts.append(Tokenizer.gpt2().decode(new))
@@ -187,16 +218,35 @@ def main() -> None:
     sequential, seq_rate = summary(f"gpt2 serve, {args.clients} clients one after another", seq_walls, seq_runs)
     concurrent, par_rate = summary(f"gpt2 serve, {args.clients} clients at once", par_walls, par_runs)
     hf_rate = hf_tokens / statistics.median(hf_walls)
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}; "
-          f"transformers {__import__('transformers').__version__}; {args.rounds} rounds, medians\n")  # fmt: skip
-    print_table(["requests (16-token prompts, greedy, {} new tokens each)".format(args.max_tokens), "total tokens/s",
-                 "time to first token", "tokens/s per client", "wall time"],
-                [sequential, concurrent,
-                 [f"transformers generate, the {args.clients} requests one at a time", f"{hf_rate:.1f} tok/s", "", "",
-                  f"{statistics.median(hf_walls):.1f} s"]])  # fmt: skip
-    print(f"\nat once / one after another: {par_rate / seq_rate:.2f}x total tokens/s; "
-          f"at once / transformers one at a time: {par_rate / hf_rate:.2f}x; "
-          f"one after another / transformers: {seq_rate / hf_rate:.2f}x. Texts equal across all runs and transformers'.")
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}; "
+        f"transformers {__import__('transformers').__version__}; {args.rounds} rounds, medians\n"
+    )
+    print_table(
+        [
+            "requests (16-token prompts, greedy, {} new tokens each)".format(args.max_tokens),
+            "total tokens/s",
+            "time to first token",
+            "tokens/s per client",
+            "wall time",
+        ],
+        [
+            sequential,
+            concurrent,
+            [
+                f"transformers generate, the {args.clients} requests one at a time",
+                f"{hf_rate:.1f} tok/s",
+                "",
+                "",
+                f"{statistics.median(hf_walls):.1f} s",
+            ],
+        ],
+    )
+    print(
+        f"\nat once / one after another: {par_rate / seq_rate:.2f}x total tokens/s; "
+        f"at once / transformers one at a time: {par_rate / hf_rate:.2f}x; "
+        f"one after another / transformers: {seq_rate / hf_rate:.2f}x. Texts equal across all runs and transformers'."
+    )
 
 
 # ------------------------------------------------------------------ --latency
@@ -284,27 +334,35 @@ def check(results: dict[str, dict[str, list]]) -> None:
 
 def report(results: dict[str, dict[str, list]], rounds: int) -> None:
     ms = lambda s: f"{s * 1000:.0f} ms"  # noqa: E731
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}; "
-          f"{rounds} rounds; answers equal across servers\n")  # fmt: skip
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}; "
+        f"{rounds} rounds; answers equal across servers\n"
+    )
     header = ["server"] + list(results)
     rows = [
-        ["8 clients at once, 16-token prompts: time to first token, median"] + [ms(statistics.median(o["ttft16"])) for o in results.values()],
+        ["8 clients at once, 16-token prompts: time to first token, median"]
+        + [ms(statistics.median(o["ttft16"])) for o in results.values()],
         ["  p90"] + [ms(p90(o["ttft16"])) for o in results.values()],
-        ["8 clients at once, 400-token prompts: time to first token, median"] + [ms(statistics.median(o["ttft400"])) for o in results.values()],
+        ["8 clients at once, 400-token prompts: time to first token, median"]
+        + [ms(statistics.median(o["ttft400"])) for o in results.values()],
         ["  p90"] + [ms(p90(o["ttft400"])) for o in results.values()],
-        ["a stream while a 900-token prompt arrives: longest gap (median of rounds)"] + [ms(statistics.median(o["gap"])) for o in results.values()],
+        ["a stream while a 900-token prompt arrives: longest gap (median of rounds)"]
+        + [ms(statistics.median(o["gap"])) for o in results.values()],
         ["  its inter-token latency, median"] + [ms(statistics.median(o["itl"])) for o in results.values()],
-        ["900-token shared prefix, 20 suffixes: first request's time to first token"] + [ms(statistics.median(o["first"])) for o in results.values()],
+        ["900-token shared prefix, 20 suffixes: first request's time to first token"]
+        + [ms(statistics.median(o["first"])) for o in results.values()],
         ["  the later 19, median"] + [ms(statistics.median(o["later"])) for o in results.values()],
         ["HellaSwag-style scoring, requests/s"] + [f"{statistics.median(o['rps']):.1f}" for o in results.values()],
-    ]  # fmt: skip
+    ]
     print_table(header, rows)
 
 
 def latency(before: Path | None, rounds: int) -> None:
     _, model = random_124m()
     trees = [("after", REPO / "src")] + ([("before", before / "src")] if before else [])
-    setups = [(name, src, []) for name, src in trees] + [("after, no prefix cache", REPO / "src", ["--prefix-cache-mb", "0"])]
+    setups = [(name, src, []) for name, src in trees] + [
+        ("after, no prefix cache", REPO / "src", ["--prefix-cache-mb", "0"])
+    ]
     results: dict[str, dict[str, list]] = {name: {} for name, _, _ in setups}
     for r in range(rounds):
         for name, src, flags in setups:

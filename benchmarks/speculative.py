@@ -56,8 +56,19 @@ def train_pair(root: Path, recipe: dict) -> dict[str, tuple[GPT2, float, float]]
     for which, n_layer in LAYERS.items():
         start = time.perf_counter()
         with contextlib.redirect_stdout(sys.stderr):  # its evaluations' lines: stdout is the tables'
-            result = train(root / which, data=str(root / "data"), n_layer=n_layer, grad_accum=1, eval_interval=recipe["max_iters"],
-                           eval_iters=20, dropout=0.0, device="cpu", compile="off", progress=False, **recipe)  # fmt: skip
+            result = train(
+                root / which,
+                data=str(root / "data"),
+                n_layer=n_layer,
+                grad_accum=1,
+                eval_interval=recipe["max_iters"],
+                eval_iters=20,
+                dropout=0.0,
+                device="cpu",
+                compile="off",
+                progress=False,
+                **recipe,
+            )
         seconds = time.perf_counter() - start
         trained[which] = (GPT2.from_pretrained(root / which, device="cpu"), result.last_eval["val_loss"], seconds)
     return trained
@@ -73,22 +84,30 @@ def prompts(tokenizer, count: int, length: int) -> list[list[int]]:
 def generate(model: GPT2, draft: GPT2 | None, k: int, ids: list[int], new: int, sampling: Sampling, seed: int):
     """One prompt continued by `new` tokens (with the draft proposing k a step): (tokens, seconds, decoder stats)."""
     row = Row(ids, new, sampling, seed)
-    engine, draft_engine = (None if m is None else m.engine(1, len(ids) + new) for m in (model, draft))  # allocated untimed
+    engine, draft_engine = (
+        None if m is None else m.engine(1, len(ids) + new) for m in (model, draft)
+    )  # allocated untimed
     start = time.perf_counter()
     decoder = run(engine, [row]) if draft is None else run(engine, [row], draft_engine, k)
     return row.tokens, time.perf_counter() - start, decoder.stats
 
 
-def measure(model: GPT2, draft: GPT2, ks: list[int], prompts: list[list[int]], new: int, rounds: int) -> list[list[str]]:
+def measure(
+    model: GPT2, draft: GPT2, ks: list[int], prompts: list[list[int]], new: int, rounds: int
+) -> list[list[str]]:
     rows = []
     for mode, sampling in MODES.items():
         runs: dict[int, list] = {0: [], **{k: [] for k in ks}}  # k 0: the model alone
         for _ in range(rounds):  # alternating, so that a slower spell of the machine hits all alike
             for k in runs:
-                results = [generate(model, draft if k else None, k, p, new, sampling, seed=i) for i, p in enumerate(prompts)]
+                results = [
+                    generate(model, draft if k else None, k, p, new, sampling, seed=i) for i, p in enumerate(prompts)
+                ]
                 runs[k].append(results)
         alone = [tokens for tokens, _, _ in runs[0][0]]
-        rate = {k: statistics.median(sum(len(t) for t, _, _ in r) / sum(s for _, s, _ in r) for r in runs[k]) for k in runs}
+        rate = {
+            k: statistics.median(sum(len(t) for t, _, _ in r) / sum(s for _, s, _ in r) for r in runs[k]) for k in runs
+        }
         rows.append([mode, "model alone", "", "1.00", f"{rate[0]:.1f}", "1.00x", ""])
         for k in ks:
             proposed = sum(stats.proposed for _, _, stats in runs[k][0])
@@ -98,19 +117,32 @@ def measure(model: GPT2, draft: GPT2, ks: list[int], prompts: list[list[int]], n
             if mode == "greedy" and not same:
                 raise SystemExit(f"greedy tokens with a draft of k={k} differ from the model's alone")
             equal = ("yes" if same else "no") if mode == "greedy" else "(other random draws)"
-            rows.append([mode, f"draft, k={k}", f"{accepted / proposed:.0%}", f"{per_pass:.2f}", f"{rate[k]:.1f}",
-                         f"{rate[k] / rate[0]:.2f}x", equal])  # fmt: skip
+            rows.append(
+                [
+                    mode,
+                    f"draft, k={k}",
+                    f"{accepted / proposed:.0%}",
+                    f"{per_pass:.2f}",
+                    f"{rate[k]:.1f}",
+                    f"{rate[k] / rate[0]:.2f}x",
+                    equal,
+                ]
+            )
     return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run: tiny models, few tokens")
-    parser.add_argument("--draft-tokens", default=None, help="the values of k, comma-separated (default: 2,3,4,6; quick: 2,4)")
+    parser.add_argument(
+        "--draft-tokens", default=None, help="the values of k, comma-separated (default: 2,3,4,6; quick: 2,4)"
+    )
     parser.add_argument("--max-tokens", type=int, default=None, help="new tokens per prompt (default: 96; quick: 24)")
     parser.add_argument("--prompts", type=int, default=None, help="prompts (default: 4; quick: 2)")
     parser.add_argument("--rounds", type=int, default=None, help="rounds of every run (default: 3; quick: 1)")
-    parser.add_argument("--iters", type=int, default=None, help="training iterations of each model (default: 600; quick: 20)")
+    parser.add_argument(
+        "--iters", type=int, default=None, help="training iterations of each model (default: 600; quick: 20)"
+    )
     args = parser.parse_args()
     quick = args.quick
     ks = [int(k) for k in (args.draft_tokens or ("2,4" if quick else "2,3,4,6")).split(",")]
@@ -126,15 +158,37 @@ def main() -> None:
             generate(model, draft if k else None, k, chosen[0], 2 * max(ks) + 2, Sampling(temperature=0), 0)
         rows = measure(model, draft, ks, chosen, new, rounds)
 
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}; "
-          f"{rounds} round(s), medians\n")  # fmt: skip
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}; "
+        f"{rounds} round(s), medians\n"
+    )
     width = f"{recipe['n_embd']} wide, {recipe['n_head']} heads, block {recipe['block_size']}"
-    print_table(["model (characters, " + width + ")", "parameters", "iterations", "training time", "validation loss"],
-                [[f"{which}: {LAYERS[which]} layers", f"{m.num_parameters() / 1e6:.2f}M", str(recipe["max_iters"]), f"{seconds:.0f} s",
-                  f"{loss:.3f}"] for which, (m, loss, seconds) in trained.items()])  # fmt: skip
+    print_table(
+        ["model (characters, " + width + ")", "parameters", "iterations", "training time", "validation loss"],
+        [
+            [
+                f"{which}: {LAYERS[which]} layers",
+                f"{m.num_parameters() / 1e6:.2f}M",
+                str(recipe["max_iters"]),
+                f"{seconds:.0f} s",
+                f"{loss:.3f}",
+            ]
+            for which, (m, loss, seconds) in trained.items()
+        ],
+    )
     print()
-    print_table([f"decoding ({count} prompts of 16 characters, {new} new tokens each, one at a time)", "with", "acceptance",
-                 "tokens per model pass", "tokens/s", "speed-up", "tokens equal the model's alone"], rows)  # fmt: skip
+    print_table(
+        [
+            f"decoding ({count} prompts of 16 characters, {new} new tokens each, one at a time)",
+            "with",
+            "acceptance",
+            "tokens per model pass",
+            "tokens/s",
+            "speed-up",
+            "tokens equal the model's alone",
+        ],
+        rows,
+    )
 
 
 if __name__ == "__main__":

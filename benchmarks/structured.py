@@ -45,18 +45,35 @@ from gpt2.model.model import GPT2
 
 ENC = Tokenizer.gpt2()
 SCHEMA = {  # bounded: its documents end (json.dumps' separators, no other whitespace)
-    "type": "object", "additionalProperties": False, "required": ["name", "age", "email", "tags", "address"],
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name", "age", "email", "tags", "address"],
     "properties": {
-        "name": {"type": "string", "maxLength": 12}, "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        "name": {"type": "string", "maxLength": 12},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
         "email": {"type": "string", "pattern": "^[a-z]{1,8}@[a-z]{1,8}\\.(com|org)$"},
         "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 3},
-        "address": {"type": "object", "additionalProperties": False, "required": ["street", "city", "zip"],
-                    "properties": {"street": {"type": "string", "maxLength": 16}, "city": {"type": "string", "maxLength": 12},
-                                   "zip": {"type": "string", "pattern": "^[0-9]{5}$"}}},
+        "address": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["street", "city", "zip"],
+            "properties": {
+                "street": {"type": "string", "maxLength": 16},
+                "city": {"type": "string", "maxLength": 12},
+                "zip": {"type": "string", "pattern": "^[0-9]{5}$"},
+            },
+        },
     },
-}  # fmt: skip
-DOCUMENT = json.dumps({"name": "Ada Lovelace", "age": 36, "email": "ada@example.org", "tags": ["math", "poetry", "engines"],
-                       "address": {"street": "12 St James's Sq", "city": "London", "zip": "10001"}})  # fmt: skip
+}
+DOCUMENT = json.dumps(
+    {
+        "name": "Ada Lovelace",
+        "age": 36,
+        "email": "ada@example.org",
+        "tags": ["math", "poetry", "engines"],
+        "address": {"street": "12 St James's Sq", "city": "London", "zip": "10001"},
+    }
+)
 FIXTURE = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "induction_2l"
 
 
@@ -83,7 +100,9 @@ def llguidance_times(ids: list[int], repeat: int) -> dict[str, float]:
     times = {"vocabulary": time.perf_counter() - start}
 
     def compile_schema():
-        return llguidance.LLMatcher(tokenizer, llguidance.LLMatcher.grammar_from_json_schema(SCHEMA, defaults=JSON_OPTIONS))
+        return llguidance.LLMatcher(
+            tokenizer, llguidance.LLMatcher.grammar_from_json_schema(SCHEMA, defaults=JSON_OPTIONS)
+        )
 
     times["compile"], matcher = timed(compile_schema, repeat)
     for batch in (1, 8):
@@ -104,12 +123,15 @@ def xgrammar_times(ids: list[int], repeat: int) -> dict[str, float] | None:
         return None
     vocab = [ENC.decode_bytes([i]) for i in range(ENC.n_vocab)]
     start = time.perf_counter()
-    info = xgr.TokenizerInfo(vocab, vocab_type=xgr.VocabType.RAW, vocab_size=ENC.n_vocab, stop_token_ids=[ENC.eot_token])
+    info = xgr.TokenizerInfo(
+        vocab, vocab_type=xgr.VocabType.RAW, vocab_size=ENC.n_vocab, stop_token_ids=[ENC.eot_token]
+    )
     times = {"vocabulary": time.perf_counter() - start}
 
     def compile_schema():  # a new compiler each time: its cache would answer the second
-        return xgr.GrammarCompiler(info, cache_enabled=False).compile_json_schema(json.dumps(SCHEMA), any_whitespace=False,
-                                                                                  separators=(", ", ": "))  # fmt: skip
+        return xgr.GrammarCompiler(info, cache_enabled=False).compile_json_schema(
+            json.dumps(SCHEMA), any_whitespace=False, separators=(", ", ": ")
+        )
 
     times["compile"], compiled = timed(compile_schema, repeat)
     bitmask = xgr.allocate_token_bitmask(8, ENC.n_vocab)
@@ -133,20 +155,45 @@ def libraries(model: GPT2, repeat: int) -> None:
         if times is None:
             rows.append([name, "not installed", "", "", ""])
             continue
-        per_token = [f"{times[f'token_b{b}'] * 1e3:.3f} ms ({times[f'token_b{b}'] * 1e3 / step[b]:.1%} of a step)" for b in (1, 8)]
+        per_token = [
+            f"{times[f'token_b{b}'] * 1e3:.3f} ms ({times[f'token_b{b}'] * 1e3 / step[b]:.1%} of a step)"
+            for b in (1, 8)
+        ]
         rows.append([name, f"{times['vocabulary'] * 1e3:.0f} ms", f"{times['compile'] * 1e3:.2f} ms", *per_token])
-    print(f"DOCUMENT: {len(ids)} tokens; a decode step of the model: {step[1]:.1f} ms at batch 1, {step[8]:.1f} ms at batch 8\n")
-    print_table(["library", "read the vocabulary", "compile SCHEMA (median)", "per token, batch 1", "per token, batch 8 (all rows)"], rows)
+    print(
+        f"DOCUMENT: {len(ids)} tokens; a decode step of the model: {step[1]:.1f} ms at batch 1, {step[8]:.1f} ms at batch 8\n"
+    )
+    print_table(
+        [
+            "library",
+            "read the vocabulary",
+            "compile SCHEMA (median)",
+            "per token, batch 1",
+            "per token, batch 8 (all rows)",
+        ],
+        rows,
+    )
     print()
 
 
 # ------------------------------------------------------------------ 2. the cost of a constraint
 
 
-def decode(model: GPT2, prompts: list[list[int]], new: int, sampling: Sampling, processing=None, lookup=None, seed: int = 0):
+def decode(
+    model: GPT2, prompts: list[list[int]], new: int, sampling: Sampling, processing=None, lookup=None, seed: int = 0
+):
     """Rows of `prompts` continued by `new` tokens at once: (rows, seconds, decoder stats); the engine allocated untimed."""
-    rows = [Row(p, new, sampling, seed + i, ENC.eot_token if model.config.n_vocab == ENC.n_vocab else None, processing=processing)
-            for i, p in enumerate(prompts)]  # fmt: skip
+    rows = [
+        Row(
+            p,
+            new,
+            sampling,
+            seed + i,
+            ENC.eot_token if model.config.n_vocab == ENC.n_vocab else None,
+            processing=processing,
+        )
+        for i, p in enumerate(prompts)
+    ]
     engine = model.engine(len(rows), max(map(len, prompts)) + new)
     start = time.perf_counter()
     decoder = run(engine, rows, lookup=lookup)
@@ -172,9 +219,28 @@ def cost(model: GPT2, new: int, rounds: int) -> None:
                 if name == "SCHEMA":
                     valid += sum(_valid(ENC.decode(r.tokens)) for r in done if r.finish_reason == "stop")
         plain, constrained = statistics.median(rates["none"]), statistics.median(rates["SCHEMA"])
-        rows.append([str(batch), f"{plain:.1f}", f"{constrained:.1f}", f"{constrained / plain:.1%}", f"{valid} of {batch * rounds}"])
-    print(f"SCHEMA compiled: {first * 1e3:.0f} ms the first time (the vocabulary read with it), {again * 1e6:.0f} us again (cached)\n")
-    print_table(["batch", "tokens/s, no constraint", "tokens/s, SCHEMA", "constrained / unconstrained", "rows whose document ended (each valid)"], rows)
+        rows.append(
+            [
+                str(batch),
+                f"{plain:.1f}",
+                f"{constrained:.1f}",
+                f"{constrained / plain:.1%}",
+                f"{valid} of {batch * rounds}",
+            ]
+        )
+    print(
+        f"SCHEMA compiled: {first * 1e3:.0f} ms the first time (the vocabulary read with it), {again * 1e6:.0f} us again (cached)\n"
+    )
+    print_table(
+        [
+            "batch",
+            "tokens/s, no constraint",
+            "tokens/s, SCHEMA",
+            "constrained / unconstrained",
+            "rows whose document ended (each valid)",
+        ],
+        rows,
+    )
     print()
 
 
@@ -187,13 +253,18 @@ def _valid(text: str) -> bool:
 # ------------------------------------------------------------------ 3. prompt lookup
 
 
-def lookup_rows(model: GPT2, label: str, prompts: list[list[int]], new: int, sampling: Sampling, rounds: int) -> list[list[str]]:
+def lookup_rows(
+    model: GPT2, label: str, prompts: list[list[int]], new: int, sampling: Sampling, rounds: int
+) -> list[list[str]]:
     lookup = PromptLookup()
     rates: dict[str, list[float]] = {"none": [], "ngram": []}
     for _ in range(rounds):
         results = {}
         for name in rates:
-            per_prompt = [decode(model, [p], new, sampling, lookup=lookup if name == "ngram" else None, seed=i) for i, p in enumerate(prompts)]
+            per_prompt = [
+                decode(model, [p], new, sampling, lookup=lookup if name == "ngram" else None, seed=i)
+                for i, p in enumerate(prompts)
+            ]
             rates[name].append(sum(len(r[0][0].tokens) for r in per_prompt) / sum(r[1] for r in per_prompt))
             results[name] = per_prompt
     stats = [r[2] for r in results["ngram"]]
@@ -203,8 +274,17 @@ def lookup_rows(model: GPT2, label: str, prompts: list[list[int]], new: int, sam
     proposed, accepted = sum(s.proposed for s in stats), sum(s.accepted for s in stats)
     per_pass = sum(s.tokens for s in stats) / sum(s.passes for s in stats)
     plain, looked = statistics.median(rates["none"]), statistics.median(rates["ngram"])
-    return [[label, f"{accepted / proposed:.0%}" if proposed else "(no drafts)", f"{per_pass:.2f}", f"{plain:.1f}", f"{looked:.1f}",
-             f"{looked / plain:.2f}x", "yes" if same else "(other random draws)"]]  # fmt: skip
+    return [
+        [
+            label,
+            f"{accepted / proposed:.0%}" if proposed else "(no drafts)",
+            f"{per_pass:.2f}",
+            f"{plain:.1f}",
+            f"{looked:.1f}",
+            f"{looked / plain:.2f}x",
+            "yes" if same else "(other random draws)",
+        ]
+    ]
 
 
 def echo_model(hf) -> GPT2:
@@ -224,19 +304,38 @@ def echo_model(hf) -> GPT2:
 
 
 def lookup(model: GPT2, echo: GPT2, trained: GPT2 | None, new: int, rounds: int, name: str) -> None:
-    passage = ("The committee met on Tuesday to review the budget for the coming year. After a long discussion, the members "
-               "agreed to fund the new library, to repair the bridge over the river, and to hire two more teachers.")  # fmt: skip
-    copying = [ENC.encode(f"{passage}\n\nIn short: {passage[:60]}"), ENC.encode(f"def area(w, h):\n    return w * h\n\n\ndef area(w, h):")]
+    passage = (
+        "The committee met on Tuesday to review the budget for the coming year. After a long discussion, the members "
+        "agreed to fund the new library, to repair the bridge over the river, and to hire two more teachers."
+    )
+    copying = [
+        ENC.encode(f"{passage}\n\nIn short: {passage[:60]}"),
+        ENC.encode(f"def area(w, h):\n    return w * h\n\n\ndef area(w, h):"),
+    ]
     rows = lookup_rows(model, f"{name}, greedy, prompts that repeat", copying, new, Sampling(0), rounds)
     rows += lookup_rows(model, f"{name}, sampled (T 1), the same prompts", copying, new, Sampling(1.0), rounds)
-    rows += lookup_rows(echo, f"{name}, blocks zeroed (text repeats exactly), greedy", copying, new, Sampling(0), rounds)
+    rows += lookup_rows(
+        echo, f"{name}, blocks zeroed (text repeats exactly), greedy", copying, new, Sampling(0), rounds
+    )
     if trained is not None:
         g = torch.Generator().manual_seed(0)
         stretches = [torch.randint(1, trained.config.n_vocab, (24,), generator=g).tolist() for _ in range(4)]
         prompts = [s + s[:4] for s in stretches]  # a stretch, then its beginning again: the model copies the rest
-        rows += lookup_rows(trained, "induction_2l (trained here), greedy, copies", prompts, min(new, 20), Sampling(0), rounds)
-    print_table(["model, text (batch 1)", "acceptance", "tokens per model pass", "tokens/s alone", "tokens/s ngram", "speed-up",
-                 "tokens equal"], rows)  # fmt: skip
+        rows += lookup_rows(
+            trained, "induction_2l (trained here), greedy, copies", prompts, min(new, 20), Sampling(0), rounds
+        )
+    print_table(
+        [
+            "model, text (batch 1)",
+            "acceptance",
+            "tokens per model pass",
+            "tokens/s alone",
+            "tokens/s ngram",
+            "speed-up",
+            "tokens equal",
+        ],
+        rows,
+    )
     print()
 
 
@@ -261,8 +360,10 @@ def main() -> None:
         shape = "the 124M shape, random weights"
     model = GPT2.from_pretrained(directory, device="cpu")
     trained = GPT2.from_pretrained(FIXTURE, device="cpu") if FIXTURE.exists() else None
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}; "
-          f"model: {shape}; {rounds} round(s), medians\n")  # fmt: skip
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}; "
+        f"model: {shape}; {rounds} round(s), medians\n"
+    )
     ll_tokenizer(ENC)  # read once
     parts = args.parts.split(",")
     if "libraries" in parts:

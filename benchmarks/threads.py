@@ -37,8 +37,20 @@ def busy_cores(n: int):
 
 
 def tokens_per_s(model: str, tokens: int, threads: int | None) -> float:
-    argv = [sys.executable, "-m", "gpt2", "generate", "The meaning of life is", "--model", model, "--temperature", "0",
-            "--max-new-tokens", str(tokens), "--no-stream"] + ([] if threads is None else ["--threads", str(threads)])  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "gpt2",
+        "generate",
+        "The meaning of life is",
+        "--model",
+        model,
+        "--temperature",
+        "0",
+        "--max-new-tokens",
+        str(tokens),
+        "--no-stream",
+    ] + ([] if threads is None else ["--threads", str(threads)])
     out = subprocess.run(argv, capture_output=True, text=True, check=True)
     return float(re.search(r"([0-9.]+) tokens/s", out.stderr).group(1))
 

@@ -45,9 +45,16 @@ def main() -> None:
     mb = len(text.encode("utf-8")) / 1e6
     rows: list[tuple[str, str, str, str]] = []
 
-    ranks = data_gym_to_mergeable_bpe_ranks(vocab_bpe_file=str(VOCAB / "vocab.bpe"), encoder_json_file=str(VOCAB / "encoder.json"))
-    ref = tiktoken.Encoding(name="gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks,
-                            special_tokens={"<|endoftext|>": 50256}, explicit_n_vocab=50257)
+    ranks = data_gym_to_mergeable_bpe_ranks(
+        vocab_bpe_file=str(VOCAB / "vocab.bpe"), encoder_json_file=str(VOCAB / "encoder.json")
+    )
+    ref = tiktoken.Encoding(
+        name="gpt2",
+        pat_str=r50k_pat_str,
+        mergeable_ranks=ranks,
+        special_tokens={"<|endoftext|>": 50256},
+        explicit_n_vocab=50257,
+    )
 
     start = time.perf_counter()
     ours = Tokenizer.from_files(VOCAB / "encoder.json", VOCAB / "vocab.bpe")
@@ -62,16 +69,37 @@ def main() -> None:
     ref_ids = ref.encode_ordinary(text)
     cold_ref = time.perf_counter() - start
     assert ids == ref_ids, "token ids differ from tiktoken"
-    rows.append(("encode, 1 thread, cold (first pass)", f"{mb / cold_ours:.2f} MB/s", f"{mb / cold_ref:.2f} MB/s", f"{cold_ref / cold_ours:.2f}x"))
+    rows.append(
+        (
+            "encode, 1 thread, cold (first pass)",
+            f"{mb / cold_ours:.2f} MB/s",
+            f"{mb / cold_ref:.2f} MB/s",
+            f"{cold_ref / cold_ours:.2f}x",
+        )
+    )
 
     warm_ours, _ = timed(lambda: ours.encode(text), args.repeat)
     warm_ref, _ = timed(lambda: ref.encode_ordinary(text), args.repeat)
-    rows.append(("encode, 1 thread, warm (median)", f"{mb / warm_ours:.2f} MB/s", f"{mb / warm_ref:.2f} MB/s", f"{warm_ref / warm_ours:.2f}x"))
+    rows.append(
+        (
+            "encode, 1 thread, warm (median)",
+            f"{mb / warm_ours:.2f} MB/s",
+            f"{mb / warm_ref:.2f} MB/s",
+            f"{warm_ref / warm_ours:.2f}x",
+        )
+    )
 
     dec_ours, decoded = timed(lambda: ours.decode(ids), args.repeat)
     dec_ref, _ = timed(lambda: ref.decode(ids), args.repeat)
     assert decoded == text
-    rows.append(("decode (median)", f"{len(ids) / dec_ours / 1e6:.1f} M tokens/s", f"{len(ids) / dec_ref / 1e6:.1f} M tokens/s", f"{dec_ref / dec_ours:.2f}x"))
+    rows.append(
+        (
+            "decode (median)",
+            f"{len(ids) / dec_ours / 1e6:.1f} M tokens/s",
+            f"{len(ids) / dec_ref / 1e6:.1f} M tokens/s",
+            f"{dec_ref / dec_ours:.2f}x",
+        )
+    )
 
     workers = os.cpu_count() or 1
     for copies in (1, 4):
@@ -82,8 +110,14 @@ def main() -> None:
         assert batch_ids == batch_ref_ids
         serial, _ = timed(lambda: ours.encode_batch(texts, num_workers=1), 5)
         size = f"{len(texts):,} texts, {mb * copies:.1f} MB"
-        rows.append((f"encode_batch, {workers} workers, {size} (warm, median)", f"{mb * copies / batch_ours:.2f} MB/s",
-                     f"{mb * copies / batch_ref:.2f} MB/s", f"{batch_ref / batch_ours:.2f}x"))
+        rows.append(
+            (
+                f"encode_batch, {workers} workers, {size} (warm, median)",
+                f"{mb * copies / batch_ours:.2f} MB/s",
+                f"{mb * copies / batch_ref:.2f} MB/s",
+                f"{batch_ref / batch_ours:.2f}x",
+            )
+        )
         rows.append((f"  same, 1 worker: speed-up from {workers} workers", f"{serial / batch_ours:.2f}x", "", ""))
 
     start = time.perf_counter()
@@ -100,15 +134,19 @@ def main() -> None:
     fresh.encode(words)
     current, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    rows.append((
-        "piece cache after 150,000 distinct words",
-        f"{len(fresh._cache):,} entries (cap {tokenizer_core._CACHE_MAX_ENTRIES:,}), {current / 2**20:.1f} MiB held",
-        "",
-        "",
-    ))
+    rows.append(
+        (
+            "piece cache after 150,000 distinct words",
+            f"{len(fresh._cache):,} entries (cap {tokenizer_core._CACHE_MAX_ENTRIES:,}), {current / 2**20:.1f} MiB held",
+            "",
+            "",
+        )
+    )
 
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-          f"tiktoken {tiktoken.__version__}; corpus {corpus_name} ({mb:.2f} MB, {len(ids):,} tokens)\n")
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+        f"tiktoken {tiktoken.__version__}; corpus {corpus_name} ({mb:.2f} MB, {len(ids):,} tokens)\n"
+    )
     print_table(["measure", "gpt2", "tiktoken", "gpt2 / tiktoken throughput"], rows)
 
 

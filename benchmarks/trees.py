@@ -85,7 +85,9 @@ def tiny_model() -> str:
 
     torch.manual_seed(0)
     directory = tempfile.mkdtemp()
-    GPT2LMHeadModel(HFConfig(n_layer=12, n_embd=64, n_head=4, n_positions=512, vocab_size=1000)).save_pretrained(directory)
+    GPT2LMHeadModel(HFConfig(n_layer=12, n_embd=64, n_head=4, n_positions=512, vocab_size=1000)).save_pretrained(
+        directory
+    )
     return directory
 
 
@@ -110,16 +112,24 @@ def main() -> None:
             runs[name].append(result)
             print(f"round {r + 1} {name}: " + ", ".join(f"{v:.1f}" for v in result.values()), file=sys.stderr)
 
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-          f"torch {torch.__version__}; {args.rounds} rounds alternating, medians\n")  # fmt: skip
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+        f"torch {torch.__version__}; {args.rounds} rounds alternating, medians\n"
+    )
     rows = []
     for key in runs["before"][0]:
         before = [run[key] for run in runs["before"]]
         after = [run[key] for run in runs["after"]]
         pairs = sorted(a / b for a, b in zip(after, before))
-        rows.append((key, f"{statistics.median(before):.1f} tok/s", f"{statistics.median(after):.1f} tok/s",
-                     f"{statistics.median(after) / statistics.median(before):.3f}x",
-                     f"{pairs[0]:.2f} to {pairs[-1]:.2f}"))  # fmt: skip
+        rows.append(
+            (
+                key,
+                f"{statistics.median(before):.1f} tok/s",
+                f"{statistics.median(after):.1f} tok/s",
+                f"{statistics.median(after) / statistics.median(before):.3f}x",
+                f"{pairs[0]:.2f} to {pairs[-1]:.2f}",
+            )
+        )
     print_table(("measure (tokens/s)", "before", "after", "after / before", "round pairs"), rows)
 
 

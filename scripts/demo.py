@@ -30,8 +30,11 @@ def main() -> int:
         try:
             download(args.model)  # once; later runs read the Hugging Face cache
         except CheckpointNotFoundError:
-            print(f"gpt2 demo: {args.model!r} cannot be downloaded here (offline?), so {SHIPPED}, the small model of "
-                  f"Shakespeare's characters that gpt2 ships, continues the prompt instead", file=sys.stderr)  # fmt: skip
+            print(
+                f"gpt2 demo: {args.model!r} cannot be downloaded here (offline?), so {SHIPPED}, the small model of "
+                f"Shakespeare's characters that gpt2 ships, continues the prompt instead",
+                file=sys.stderr,
+            )
             # 120 characters, sampled with a seed (greedy, a model this small repeats "the the the"): the same each run
             return gpt2_main(["generate", args.prompt, "--model", SHIPPED, "--max-new-tokens", "120", "--seed", "0"])
     return gpt2_main(["generate", args.prompt, "--model", args.model, "--max-new-tokens", "40", "--temperature", "0"])

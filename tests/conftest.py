@@ -101,8 +101,14 @@ def gpt2_data(tmp_path_factory) -> Path:
 # The files that take longest start first, so that under pytest-xdist (-n 2 --dist loadfile) no
 # worker is left with one of them at the end while the other waits (the Makefile passes
 # --no-loadscope-reorder, else xdist orders the files by their number of tests).
-FIRST = ("training/test_training_distributed.py", "test_docs.py", "training/test_training_train.py",
-         "test_finetune_chat.py", "test_load.py", "test_examples.py")
+FIRST = (
+    "training/test_training_distributed.py",
+    "test_docs.py",
+    "training/test_training_train.py",
+    "test_finetune_chat.py",
+    "test_load.py",
+    "test_examples.py",
+)
 
 
 def pytest_collection_modifyitems(items):

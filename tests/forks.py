@@ -130,11 +130,19 @@ class Forks:
     `python`, whose runs (`python -c CODE ARG...` only) it forks the same way."""
 
     def __init__(self, directory: Path, src: Path):
-        env = {**os.environ, "OMP_NUM_THREADS": "1",  # each command's threads: torch reads it at its import
-               "PYTHONPATH": os.pathsep.join([str(src), *filter(None, [os.environ.get("PYTHONPATH")])])}  # fmt: skip
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": "1",  # each command's threads: torch reads it at its import
+            "PYTHONPATH": os.pathsep.join([str(src), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        }
         socket = directory / "socket"
-        self.server = subprocess.Popen([sys.executable, "-c", SERVER, str(socket)], env=env, stdin=subprocess.DEVNULL,
-                                       stdout=subprocess.PIPE, text=True)  # fmt: skip
+        self.server = subprocess.Popen(
+            [sys.executable, "-c", SERVER, str(socket)],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert self.server.stdout.readline() == "ready\n", "the fork server did not start"
         self.command, self.python = (self._client(directory, program, socket) for program in ("gpt2", "python"))
 

@@ -62,8 +62,9 @@ def write_hellaswag(path: Path, examples: list[dict]) -> Path:
     return path
 
 
-def write_chat_data(directory: Path, ids: dict[str, np.ndarray], masks: dict[str, np.ndarray], template: str,
-                    like: Path | None = None) -> Path:  # fmt: skip
+def write_chat_data(
+    directory: Path, ids: dict[str, np.ndarray], masks: dict[str, np.ndarray], template: str, like: Path | None = None
+) -> Path:
     """Prepared conversations as issue 26's contract lays them out, written by hand (not by the
     code under test): train.bin and val.bin of `ids` by split, train.mask.bin and val.mask.bin of
     `masks` (a byte per id, 1 on the replies), meta.json with "chat", and the tokenizer's files:
@@ -78,9 +79,16 @@ def write_chat_data(directory: Path, ids: dict[str, np.ndarray], masks: dict[str
             shutil.copyfile(source / name, directory / name)
     known = {"tokenizer": "gpt2", "vocab_size": 50257} if like is None else json.loads((like / "meta.json").read_text())
     marked = {split: int(np.count_nonzero(masks[split])) for split in ("train", "val")}
-    meta = {"format": "gpt2-prepared", "version": 1, "tokenizer": known["tokenizer"], "vocab_size": known["vocab_size"],
-            "dtype": "uint16", "train_tokens": len(ids["train"]), "val_tokens": len(ids["val"]),
-            "chat": {"template": template, "conversations": {"train": 1, "val": 1}, "mask_tokens": marked}}  # fmt: skip
+    meta = {
+        "format": "gpt2-prepared",
+        "version": 1,
+        "tokenizer": known["tokenizer"],
+        "vocab_size": known["vocab_size"],
+        "dtype": "uint16",
+        "train_tokens": len(ids["train"]),
+        "val_tokens": len(ids["val"]),
+        "chat": {"template": template, "conversations": {"train": 1, "val": 1}, "mask_tokens": marked},
+    }
     (directory / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     return directory
 
@@ -94,7 +102,10 @@ def replies_are_even_ids(data: Path, out: Path, template: str) -> Path:
 
 def write_conversations(path: Path, conversations: list[list[dict]]) -> Path:
     """A JSON Lines file of conversations in OpenAI's fine-tuning format, {"messages": [...]} a line; its path."""
-    path.write_text("".join(json.dumps({"messages": messages}, ensure_ascii=False) + "\n" for messages in conversations), encoding="utf-8")
+    path.write_text(
+        "".join(json.dumps({"messages": messages}, ensure_ascii=False) + "\n" for messages in conversations),
+        encoding="utf-8",
+    )
     return path
 
 
@@ -169,7 +180,9 @@ def nanogpt_model(seed: int = 0):
     from gpt2.model.model import GPT2
 
     torch.manual_seed(seed)
-    model = GPT2(GPT2Config(n_vocab=101, n_ctx=24, n_embd=48, n_head=3, n_layer=2, bias=False, positions="sinusoidal")).eval()
+    model = GPT2(
+        GPT2Config(n_vocab=101, n_ctx=24, n_embd=48, n_head=3, n_layer=2, bias=False, positions="sinusoidal")
+    ).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.1)
@@ -295,7 +308,9 @@ class Running:
             time.sleep(0.05)
 
     def client(self, **options):
-        return openai.OpenAI(base_url=self.url + "/v1", api_key=options.pop("api_key", "none"), max_retries=0, **options)
+        return openai.OpenAI(
+            base_url=self.url + "/v1", api_key=options.pop("api_key", "none"), max_retries=0, **options
+        )
 
     def stop(self):
         self.runner.should_exit = True
@@ -349,8 +364,15 @@ def transformers_sampled(hf, ids: list[int], max_new_tokens: int, seed: int, **s
             state[:24] = struct.pack("<QiiQ", seed, 1, 1, 0)  # left 1: the first draw twists, as after seeding
             state[24 : 24 + 624 * 8] = key.astype("<u8").tobytes()
             torch.set_rng_state(torch.frombuffer(state, dtype=torch.uint8))
-        out = hf.generate(idx, max_new_tokens=max_new_tokens, do_sample=True, attention_mask=torch.ones_like(idx),
-                          eos_token_id=hf.config.eos_token_id, pad_token_id=hf.config.eos_token_id, **sampling)  # fmt: skip
+        out = hf.generate(
+            idx,
+            max_new_tokens=max_new_tokens,
+            do_sample=True,
+            attention_mask=torch.ones_like(idx),
+            eos_token_id=hf.config.eos_token_id,
+            pad_token_id=hf.config.eos_token_id,
+            **sampling,
+        )
     return out[0, len(ids) :].tolist()
 
 
@@ -406,4 +428,6 @@ def chi_square_p(tokens: np.ndarray, probs: np.ndarray) -> float:
     if observed[expected == 0].any():
         return 0.0
     big, rare = expected >= 5, (expected > 0) & (expected < 5)
-    return chisquare(np.append(observed[big], observed[rare].sum()), np.append(expected[big], expected[rare].sum())).pvalue
+    return chisquare(
+        np.append(observed[big], observed[rare].sum()), np.append(expected[big], expected[rare].sum())
+    ).pvalue

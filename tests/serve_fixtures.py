@@ -68,7 +68,9 @@ def gpt2_generate(capsys, models, prompt, *flags):
 
 def metric(url: str, name: str) -> float:
     """One value of the server's /metrics."""
-    line = next(line for line in httpx.get(url + "/metrics", timeout=HANG).text.splitlines() if line.startswith(name + " "))
+    line = next(
+        line for line in httpx.get(url + "/metrics", timeout=HANG).text.splitlines() if line.startswith(name + " ")
+    )
     return float(line.split()[1])
 
 
@@ -121,7 +123,9 @@ def gpt2_serve(forks: Forks, *flags: str, code: str | None = None) -> tuple[subp
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO / "src")}
     program = [str(forks.command)] if code is None else [str(forks.python), "-c", code]
     argv = [*program, "serve", "--port", str(port), "--device", "cpu", *flags]
-    process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=heed_ctrl_c)
+    process = subprocess.Popen(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=heed_ctrl_c
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120  # a bound for a hang: the start is what is waited for
     while True:

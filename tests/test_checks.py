@@ -36,12 +36,14 @@ def test_int_between_includes_both_ends():
             int_between("k", bad, 1, 5)
 
 
-
-@pytest.mark.parametrize("check, param", [
-    (lambda: positive_int("num_workers", 0), "num_workers"),
-    (lambda: int_between("seed", -1, 0, 9), "seed"),
-    (lambda: GPT2Config(n_head=0), "n_head"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "check, param",
+    [
+        (lambda: positive_int("num_workers", 0), "num_workers"),
+        (lambda: int_between("seed", -1, 0, 9), "seed"),
+        (lambda: GPT2Config(n_head=0), "n_head"),
+    ],
+)
 def test_a_check_names_its_argument_as_the_errors_param(check, param):
     """The param that the server answers as OpenAI's `param` and the command line gives its flag."""
     with pytest.raises(GPT2Error) as caught:
@@ -52,6 +54,8 @@ def test_a_check_names_its_argument_as_the_errors_param(check, param):
 def test_a_missing_optional_package_names_the_extra_that_brings_it(monkeypatch):
     assert require_package("json", "none", "nothing needs").dumps([]) == "[]"
     monkeypatch.setitem(sys.modules, "onnx", None)  # import onnx now raises ImportError
-    with pytest.raises(MissingPackageError, match=r"^ONNX export needs the onnx package: pip install 'gpt2\[export\]'$") as caught:
+    with pytest.raises(
+        MissingPackageError, match=r"^ONNX export needs the onnx package: pip install 'gpt2\[export\]'$"
+    ) as caught:
         require_package("onnx", "export", "ONNX export needs", "format")
     assert caught.value.param == "format"

@@ -28,10 +28,14 @@ def test_without_the_weights_it_runs_the_shipped_model_and_says_so_in_one_line(t
     assert first.returncode == second.returncode == 0
     assert first.stdout == second.stdout  # seeded: the same text on every run
     text = first.stdout.removeprefix("Alan Turing theorized that computers would one day become")
-    assert len(text.removesuffix("\n")) == 120 and set(text) <= set(corpus_text("shakespeare"))  # Shakespeare's characters: shakespeare_char
+    assert len(text.removesuffix("\n")) == 120 and set(text) <= set(
+        corpus_text("shakespeare")
+    )  # Shakespeare's characters: shakespeare_char
     lines = [line for line in first.stderr.splitlines() if "exceed the context" not in line]  # 64 characters: it slides
     assert len(lines) == 2 and "error" not in first.stderr.lower()
-    assert lines[0].startswith("gpt2 demo: 'gpt2' cannot be downloaded here (offline?), so shakespeare_char, the small model")
+    assert lines[0].startswith(
+        "gpt2 demo: 'gpt2' cannot be downloaded here (offline?), so shakespeare_char, the small model"
+    )
     assert lines[1].startswith("[gpt2: 120 tokens in ")
     assert "random" not in first.stderr
     page = (REPO / "docs" / "setup.md").read_text(encoding="utf-8")
@@ -48,7 +52,10 @@ def test_a_model_path_that_is_missing_or_broken_is_an_error_not_random_text(tmp_
     broken.mkdir()
     (broken / "config.json").write_text("{}")
     result = demo(tmp_path, "--model", str(broken), forks=forks)
-    assert (result.returncode, result.stdout) == (2, "") and "has config.json but neither model.safetensors" in result.stderr
+    assert (result.returncode, result.stdout) == (
+        2,
+        "",
+    ) and "has config.json but neither model.safetensors" in result.stderr
 
 
 def test_a_local_model_runs_greedily(tmp_path, forks):

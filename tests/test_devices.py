@@ -36,7 +36,9 @@ def test_weight_formats_are_weight_only_on_the_cpu():
     assert weight_format("int8", cpu) == WeightFormat(torch.int8, torch.float32)
     with pytest.raises(InvalidArgumentError, match="int8 weights are for decoding on the CPU, not on cuda"):
         weight_format("int8", gpu)
-    with pytest.raises(InvalidArgumentError, match="unsupported dtype 'int4': use one of float32, bfloat16, float16, int8"):
+    with pytest.raises(
+        InvalidArgumentError, match="unsupported dtype 'int4': use one of float32, bfloat16, float16, int8"
+    ):
         weight_format("int4", cpu)
 
 
@@ -150,11 +152,16 @@ def test_what_cannot_fit_is_refused_and_what_might_not_warns(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         devices.check_fits(8_000_000_000, cpu, "training", "lower --batch-size")  # all of it: fits
-    with pytest.warns(devices.MemoryWarning, match="training needs about 9.6 GB of memory, but the CPU has 8.0 GB "
-                                                   "available, so it may not fit: lower --batch-size"):  # fmt: skip
+    with pytest.warns(
+        devices.MemoryWarning,
+        match="training needs about 9.6 GB of memory, but the CPU has 8.0 GB "
+        "available, so it may not fit: lower --batch-size",
+    ):
         devices.check_fits(9_600_000_000, cpu, "training", "lower --batch-size")
-    with pytest.raises(MemoryLimitError, match="training needs about 10.1 GB of memory, but the CPU has 8.0 GB available: "
-                                               "lower --batch-size"):  # fmt: skip
+    with pytest.raises(
+        MemoryLimitError,
+        match="training needs about 10.1 GB of memory, but the CPU has 8.0 GB available: lower --batch-size",
+    ):
         devices.check_fits(10_100_000_000, cpu, "training", "lower --batch-size")
     monkeypatch.setattr(devices, "available_memory", lambda device: None)  # unknown (MPS): nothing said
     devices.check_fits(10**15, cpu, "training", "lower --batch-size")
@@ -162,4 +169,8 @@ def test_what_cannot_fit_is_refused_and_what_might_not_warns(monkeypatch):
 
 def test_bytes_read_as_people_read_them():
     assert [devices.format_bytes(n) for n in (512_000, 35_000_000, 1_234_000_000, 412_300_000_000_000)] == [
-        "512 kB", "35.0 MB", "1.2 GB", "412.3 TB"]  # fmt: skip
+        "512 kB",
+        "35.0 MB",
+        "1.2 GB",
+        "412.3 TB",
+    ]

@@ -142,7 +142,9 @@ def check_command(program: str, argv: list[str]) -> None:
         raise AssertionError(f"gpt2 {shlex.join(argv)}: {e}") from None
     assert not unknown, f"gpt2 {shlex.join(argv)}: unrecognized arguments {unknown}"
     named = {a.split("=")[0] for a in argv if a.startswith("--")}
-    assert named <= flags(args.command), f"gpt2 {shlex.join(argv)}: {named - flags(args.command)} not spelled out in its --help"
+    assert named <= flags(args.command), (
+        f"gpt2 {shlex.join(argv)}: {named - flags(args.command)} not spelled out in its --help"
+    )
 
 
 @functools.cache
@@ -192,7 +194,9 @@ def test_the_flags_the_prose_names_exist(page):
     known = set().union(*map(flags, REFERENCES), re.findall(r"--[a-z][\w-]*", build_parser().format_help()))
     prose = re.sub(r"(?ms)^```.*?^```", "", page.read_text(encoding="utf-8"))
     named = {flag for code in re.findall(r"`([^`]+)`", prose) for flag in re.findall(r"(?<![\w-])--[a-z][\w-]*", code)}
-    assert named - OTHER_PROGRAMS_FLAGS <= known, f"{page.name}: no gpt2 command has {named - OTHER_PROGRAMS_FLAGS - known}"
+    assert named - OTHER_PROGRAMS_FLAGS <= known, (
+        f"{page.name}: no gpt2 command has {named - OTHER_PROGRAMS_FLAGS - known}"
+    )
 
 
 def anchors(page: Path) -> set[str]:
@@ -228,10 +232,17 @@ def test_no_two_runs_the_pages_start_share_a_directory():
 
     starts: dict[str, list[str]] = {}
     for block in ALL_BLOCKS:
-        outs = re.findall(r"\btrain\(\s*[\"']([^\"']+)", block.text) if block.lang == "python" else [
-            argv[argv.index("--out") + 1] if "--out" in argv else read_recipe(argv[argv.index("--recipe") + 1])["out"]
-            for program, argv in invocations(shell_text(block))
-            if program == "gpt2" and argv[:1] == ["train"] and not {"--resume", "--overwrite", "--help"} & set(argv)]  # fmt: skip
+        outs = (
+            re.findall(r"\btrain\(\s*[\"']([^\"']+)", block.text)
+            if block.lang == "python"
+            else [
+                argv[argv.index("--out") + 1]
+                if "--out" in argv
+                else read_recipe(argv[argv.index("--recipe") + 1])["out"]
+                for program, argv in invocations(shell_text(block))
+                if program == "gpt2" and argv[:1] == ["train"] and not {"--resume", "--overwrite", "--help"} & set(argv)
+            ]
+        )
         for out in outs:
             starts.setdefault(out, []).append(str(block))
     assert {out: where for out, where in starts.items() if len(where) > 1} == {}
@@ -241,15 +252,22 @@ def unignored(paths: list[str]) -> list[str]:
     """Of `paths`, relative to a clone's root, those its .gitignore does not keep out."""
     if not paths:
         return []
-    done = subprocess.run(["git", "-C", str(REPO), "check-ignore", "--no-index", "--stdin", "-z"], input="\0".join(paths) + "\0",
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        ["git", "-C", str(REPO), "check-ignore", "--no-index", "--stdin", "-z"],
+        input="\0".join(paths) + "\0",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode in (0, 1), done.stderr  # 0: some are ignored, 1: none
     return sorted(set(paths) - set(done.stdout.split("\0")))
 
 
 def test_gitignore_keeps_no_file_of_the_project_out():
     """Its patterns name what the docs write in a clone's root (/data/, not src/gpt2/data/)."""
-    done = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z"], capture_output=True, text=True, timeout=60, check=True)
+    done = subprocess.run(
+        ["git", "-C", str(REPO), "ls-files", "-z"], capture_output=True, text=True, timeout=60, check=True
+    )
     assert unignored(tracked := done.stdout.split("\0")[:-1]) == sorted(tracked)
 
 
@@ -307,9 +325,11 @@ def sandbox(root: Path, hf_home: Path, page: Path, forks: Forks) -> tuple[Path, 
         "books/b.txt": text[20_000:30_000],
         "corpus/one.txt": text[:10_000],
         "corpus/two.txt": text[10_000:20_000],
-        "lambada_test.jsonl": "".join(f'{{"text": "{" ".join(line.split())}"}}\n' for line in
-                                      [text[i : i + 200].replace('"', "'").replace("\\", "/") for i in range(0, 4000, 200)]),
-    }  # fmt: skip
+        "lambada_test.jsonl": "".join(
+            f'{{"text": "{" ".join(line.split())}"}}\n'
+            for line in [text[i : i + 200].replace('"', "'").replace("\\", "/") for i in range(0, 4000, 200)]
+        ),
+    }
     if page in AS_A_USER:
         files, hf_home = {}, root / "empty-hf-home"
     for name, content in files.items():
@@ -323,10 +343,15 @@ def sandbox(root: Path, hf_home: Path, page: Path, forks: Forks) -> tuple[Path, 
     bin_dir.mkdir()
     (bin_dir / "gpt2").write_text(GPT2_COMMAND.format(python=sys.executable, forked=forks.command))
     (bin_dir / "gpt2").chmod(0o755)
-    env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1", "GPT2_CACHE": str(root / "gpt2-cache"),
-           "OMP_NUM_THREADS": "1",  # many small runs: torch's threads would wait on each other (docs/devices.md)
-           "PATH": f"{bin_dir}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           "PYTHONPATH": os.pathsep.join([str(REPO / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])}  # fmt: skip
+    env = {
+        **os.environ,
+        "HF_HOME": str(hf_home),
+        "HF_HUB_OFFLINE": "1",
+        "GPT2_CACHE": str(root / "gpt2-cache"),
+        "OMP_NUM_THREADS": "1",  # many small runs: torch's threads would wait on each other (docs/devices.md)
+        "PATH": f"{bin_dir}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "PYTHONPATH": os.pathsep.join([str(REPO / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]),
+    }
     return work, env
 
 
@@ -345,8 +370,10 @@ def free_port() -> int:
 def matches(expected: list[str], output: str) -> bool:
     """Output against a console block's lines: `…` is any text, a line of `…` alone any lines.
     Progress bars (lines redrawn with carriage returns) are left out."""
-    pattern = "".join(r"(?:[^\n]*\n)*?" if line == ELLIPSIS else re.escape(line).replace(ELLIPSIS, r"[^\n]*") + r"\n"
-                      for line in expected)  # fmt: skip
+    pattern = "".join(
+        r"(?:[^\n]*\n)*?" if line == ELLIPSIS else re.escape(line).replace(ELLIPSIS, r"[^\n]*") + r"\n"
+        for line in expected
+    )
     kept = "".join(line for line in re.split(r"(?<=\n)", output) if "\r" not in line)
     return re.fullmatch(pattern, kept) is not None
 
@@ -357,19 +384,37 @@ NOT_FOR_A_NEW_USER = "exceed the context"
 
 def run_shell(block: Block, script: str, work: Path, env: dict[str, str]) -> None:
     if block.lang != "console":
-        done = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", script], cwd=work, env=env, capture_output=True,
-                              text=True, timeout=300)  # fmt: skip
-        assert done.returncode == 0, f"{block}: exit status {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+        done = subprocess.run(
+            ["bash", "-e", "-o", "pipefail", "-c", script],
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, (
+            f"{block}: exit status {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+        )
         assert block.page not in AS_A_USER or NOT_FOR_A_NEW_USER not in done.stderr, f"{block}:\n{done.stderr[-3000:]}"
         return
     for command, expected in console_commands(script):
-        done = subprocess.run(["bash", "-o", "pipefail", "-c", command], cwd=work, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, timeout=300)  # fmt: skip
+        done = subprocess.run(
+            ["bash", "-o", "pipefail", "-c", command],
+            cwd=work,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            timeout=300,
+        )
         output = done.stdout.decode("utf-8", errors="replace")  # carriage returns kept, as a terminal gets them
         status = 2 if any(line.startswith("gpt2: error:") for line in expected) else 0
-        assert done.returncode == status, f"{block}: {command}: exit status {done.returncode}, not {status}\n{output[-3000:]}"
+        assert done.returncode == status, (
+            f"{block}: {command}: exit status {done.returncode}, not {status}\n{output[-3000:]}"
+        )
         if block.mark != "output not compared":
-            assert matches(expected, output), f"{block}: {command}: expected\n" + "\n".join(expected) + f"\ngot\n{output}"
+            assert matches(expected, output), (
+                f"{block}: {command}: expected\n" + "\n".join(expected) + f"\ngot\n{output}"
+            )
 
 
 class Background:
@@ -378,11 +423,14 @@ class Background:
     def __init__(self, block: Block, script: str, port: int, work: Path, env: dict[str, str]) -> None:
         self.log = work.parent / "background.log"
         with open(self.log, "w") as log:
-            self.process = subprocess.Popen(["bash", "-c", script], cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                            start_new_session=True)  # fmt: skip
+            self.process = subprocess.Popen(
+                ["bash", "-c", script], cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
         deadline = time.monotonic() + 120
         while not self.healthy(port):
-            assert self.process.poll() is None and time.monotonic() < deadline, f"{block}: {self.log.read_text()[-3000:]}"
+            assert self.process.poll() is None and time.monotonic() < deadline, (
+                f"{block}: {self.log.read_text()[-3000:]}"
+            )
             time.sleep(0.2)
 
     @staticmethod
@@ -433,10 +481,18 @@ def run_page(page: Path, hf_home: Path, root: Path, forks: Forks) -> None:
             else:
                 run_shell(block, local(block.text), work, env)
         if python:
-            done = subprocess.run([forks.python, "-c", PYTHON_RUNNER, *map(str, python)], cwd=work, env=env,
-                                  capture_output=True, text=True, timeout=300)  # fmt: skip
+            done = subprocess.run(
+                [forks.python, "-c", PYTHON_RUNNER, *map(str, python)],
+                cwd=work,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
             assert done.returncode == 0, f"{page.name}'s Python blocks:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
-            assert page not in AS_A_USER or NOT_FOR_A_NEW_USER not in done.stderr, f"{page.name}'s Python blocks:\n{done.stderr}"
+            assert page not in AS_A_USER or NOT_FOR_A_NEW_USER not in done.stderr, (
+                f"{page.name}'s Python blocks:\n{done.stderr}"
+            )
     finally:
         for server in background:
             server.stop()
@@ -447,7 +503,9 @@ def run_page(page: Path, hf_home: Path, root: Path, forks: Forks) -> None:
 def commands_run(page: Path) -> list[object]:
     """The commands a page runs: its gpt2 commands and its Python blocks."""
     run = [b for b in blocks(page) if b.lang in RUN and b.mark != "not run"]
-    return [b for b in run if b.lang == "python"] + [c for b in run if b.lang != "python" for c in invocations(shell_text(b))]
+    return [b for b in run if b.lang == "python"] + [
+        c for b in run if b.lang != "python" for c in invocations(shell_text(b))
+    ]
 
 
 RUNNABLE = [page for page in PAGES if any(b.lang in RUN and b.mark != "not run" for b in blocks(page))]
@@ -457,7 +515,11 @@ RUNNABLE = [page for page in PAGES if any(b.lang in RUN and b.mark != "not run" 
 def ran(request, hf_home, forks, tmp_path_factory) -> dict[Path, BaseException | None]:
     """The pages this session tests, run a few at a time (each command is one process of one
     thread, and most of their time is Python and torch starting): what each raised, or None."""
-    wanted = [item.callspec.params["page"] for item in request.session.items if getattr(item, "originalname", "") == "test_page_runs"]
+    wanted = [
+        item.callspec.params["page"]
+        for item in request.session.items
+        if getattr(item, "originalname", "") == "test_page_runs"
+    ]
     wanted.sort(key=lambda page: -len(commands_run(page)))  # the longest first
     workers = max(2, min(4, os.cpu_count() or 1))
 

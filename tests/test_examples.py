@@ -97,7 +97,9 @@ def test_the_shipped_model_scores_its_recorded_validation_loss_in_transformers()
 
 
 def test_the_shipped_model_loads_by_name_and_writes_shakespeare(capsys):
-    assert MODELS == {"shakespeare_char": "shakespeare_char"} and model_directory("shakespeare_char") == SHIPPED.resolve()
+    assert (
+        MODELS == {"shakespeare_char": "shakespeare_char"} and model_directory("shakespeare_char") == SHIPPED.resolve()
+    )
     model = GPT2.from_pretrained("shakespeare_char")
     reference = GPT2LMHeadModel.from_pretrained(SHIPPED).eval()
     ids = torch.tensor([model.tokenizer.encode("ROMEO:\nBut soft")])
@@ -105,7 +107,9 @@ def test_the_shipped_model_loads_by_name_and_writes_shakespeare(capsys):
         assert torch.allclose(model(ids), reference(ids).logits, atol=1e-4)
     assert main(["generate", "ROMEO:", "--model", "shakespeare_char", "--max-new-tokens", "200", "--seed", "1"]) == 0
     words = re.findall(r"[a-z]+", capsys.readouterr().out.lower())
-    assert sum(w in {"the", "and", "to", "of", "my", "you", "that", "i", "not", "is"} for w in words) >= 5  # words, not noise
+    assert (
+        sum(w in {"the", "and", "to", "of", "my", "you", "that", "i", "not", "is"} for w in words) >= 5
+    )  # words, not noise
     with pytest.raises(UnknownModelError, match="not one gpt2 ships \\(shakespeare_char\\)"):
         GPT2.from_pretrained("shakespeare-char")
 
@@ -114,10 +118,25 @@ def test_the_script_rebuilds_it(tmp_path, forks):
     """scripts/make_shakespeare_char.sh, two iterations: the shipped model's files, loadable. Its
     gpt2 commands are forked (tests/forks.py), through the script's GPT2 variable."""
     env = {**os.environ, "GPT2": str(forks.command), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(["bash", str(REPO / "scripts" / "make_shakespeare_char.sh"), str(tmp_path / "out"),
-                           "--max-iters", "2", "--eval-iters", "1"], capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [
+            "bash",
+            str(REPO / "scripts" / "make_shakespeare_char.sh"),
+            str(tmp_path / "out"),
+            "--max-iters",
+            "2",
+            "--eval-iters",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(p.name for p in SHIPPED.iterdir() if p.name != "README.md")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(
+        p.name for p in SHIPPED.iterdir() if p.name != "README.md"
+    )
     assert re.search(r"loss\s+[34]\.\d{4}", done.stdout)  # two iterations: barely below 4.17, the uniform guess
     model = GPT2.from_pretrained(tmp_path / "out")
     assert model.config == GPT2.from_pretrained("shakespeare_char").config

@@ -41,7 +41,9 @@ def test_saved_models_and_vocabularies_are_readable_as_the_umask_allows(tmp_path
     expected = 0o666 & ~umask
     GPT2(GPT2Config(n_vocab=300, n_ctx=16, n_embd=8, n_head=2, n_layer=1)).save_pretrained(tmp_path / "model")
     Tokenizer.train("a small corpus, a small vocabulary", vocab_size=260).save(tmp_path / "vocab")
-    files = sorted(p.name for p in (tmp_path / "model").iterdir()) + sorted(p.name for p in (tmp_path / "vocab").iterdir())
+    files = sorted(p.name for p in (tmp_path / "model").iterdir()) + sorted(
+        p.name for p in (tmp_path / "vocab").iterdir()
+    )
     assert files == ["config.json", "model.safetensors", "encoder.json", "vocab.bpe"]
     for path in [*(tmp_path / "model").iterdir(), *(tmp_path / "vocab").iterdir()]:
         assert mode(path) == expected, path
@@ -62,8 +64,11 @@ def test_read_text_names_a_missing_file_a_directory_and_a_bad_byte(tmp_path):
     (tmp_path / "ok.txt").write_text("café\n", encoding="utf-8")
     assert read_text(tmp_path / "ok.txt", DataError) == "café\n"
     (tmp_path / "bad.txt").write_bytes(b"ab\xffc")
-    for path, message in ((tmp_path / "none.txt", "none.txt does not exist"), (tmp_path, "is not a file"),
-                          (tmp_path / "bad.txt", "bad.txt is not UTF-8 text: byte 0xff at offset 2")):  # fmt: skip
+    for path, message in (
+        (tmp_path / "none.txt", "none.txt does not exist"),
+        (tmp_path, "is not a file"),
+        (tmp_path / "bad.txt", "bad.txt is not UTF-8 text: byte 0xff at offset 2"),
+    ):
         with pytest.raises(DataError, match=message):
             read_text(path, DataError)
 
@@ -88,8 +93,10 @@ def unwritable_paths(tmp_path) -> list[tuple[str, str]]:
     a read-only directory only where this process is refused it (not root)."""
     (tmp_path / "a-file").write_text("x")
     (tmp_path / "read-only").mkdir(mode=0o555)
-    cases = [(tmp_path / "a-file", f"{tmp_path / 'a-file'} is a file, not a directory"),
-             (tmp_path / "a-file" / "sub" / "dir", f"{tmp_path / 'a-file'} is a file, not a directory")]  # fmt: skip
+    cases = [
+        (tmp_path / "a-file", f"{tmp_path / 'a-file'} is a file, not a directory"),
+        (tmp_path / "a-file" / "sub" / "dir", f"{tmp_path / 'a-file'} is a file, not a directory"),
+    ]
     if PROC:
         cases.append((Path("/proc/gpt2-out"), "/proc takes no new files or directories (no such file or directory)"))
     if not writes_anyway(tmp_path / "read-only"):
@@ -119,9 +126,11 @@ def test_an_unwritable_directory_is_named_with_the_reason(tmp_path):
 def test_an_atomic_write_that_cannot_be_made_names_the_final_path(tmp_path):
     (tmp_path / "a-file").write_text("x")
     (tmp_path / "a-dir").mkdir()
-    cases = [(tmp_path / "missing" / "f.json", f"the directory {tmp_path / 'missing'} does not exist"),
-             (tmp_path / "a-file" / "f.json", f"{tmp_path / 'a-file'} is a file, not a directory"),
-             (tmp_path / "a-dir", f"{tmp_path / 'a-dir'} is a directory")]  # fmt: skip
+    cases = [
+        (tmp_path / "missing" / "f.json", f"the directory {tmp_path / 'missing'} does not exist"),
+        (tmp_path / "a-file" / "f.json", f"{tmp_path / 'a-file'} is a file, not a directory"),
+        (tmp_path / "a-dir", f"{tmp_path / 'a-dir'} is a directory"),
+    ]
     if PROC:
         cases.append((Path("/proc/f.json"), "/proc takes no new files or directories (no such file or directory)"))
     for path, reason in cases:

@@ -40,7 +40,7 @@ def imported(path: Path, at_import: bool = False) -> set[str]:
     at_import: only the imports that run when the module is imported (not those inside functions)."""
     names = set()
     tree = ast.parse(path.read_text())
-    for node in (tree.body if at_import else ast.walk(tree)):
+    for node in tree.body if at_import else ast.walk(tree):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -79,7 +79,7 @@ def cycle(graph: dict[str, set[str]]) -> list[str] | None:
         stack.append(node)
         for nxt in sorted(graph.get(node, ())):
             if nxt in stack:
-                return stack[stack.index(nxt):] + [nxt]
+                return stack[stack.index(nxt) :] + [nxt]
             if nxt not in done and (found := walk(nxt, stack)):
                 return found
         stack.pop()
@@ -107,8 +107,20 @@ def test_every_module_has_a_row():
 def test_every_package_has_a_row():
     """Each package of src/gpt2 (a folder with an __init__.py, at the top) is a name in the table."""
     tops = {package.relative_to(PACKAGE).parts[0] for package in packages()}
-    assert {"tokenizer", "serve", "checkpoints", "generation", "model", "inspect", "data", "evaluation", "training"} <= tops
-    assert tops <= set(layers()), f"add these packages to CONTRIBUTING.md's architecture table: {sorted(tops - set(layers()))}"
+    assert {
+        "tokenizer",
+        "serve",
+        "checkpoints",
+        "generation",
+        "model",
+        "inspect",
+        "data",
+        "evaluation",
+        "training",
+    } <= tops
+    assert tops <= set(layers()), (
+        f"add these packages to CONTRIBUTING.md's architecture table: {sorted(tops - set(layers()))}"
+    )
 
 
 def test_imports_run_one_way():
@@ -128,8 +140,11 @@ def test_the_first_layer_is_torch_free():
     """Importing the base never imports torch (weights imports it inside the function that reads a
     pytorch_model.bin, which needs it)."""
     table = layers()
-    heavy = [key for key, path in modules().items()
-             if table.get(key.split(":")[0]) == 1 and "torch" in imports(path, at_import=True)]
+    heavy = [
+        key
+        for key, path in modules().items()
+        if table.get(key.split(":")[0]) == 1 and "torch" in imports(path, at_import=True)
+    ]
     assert not heavy, f"the torch-free base imports torch: {heavy}"
 
 

@@ -16,12 +16,19 @@ from helpers import REPO
 
 def test_the_quick_load_benchmark_ends_every_round_at_rest_without_errors():
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO / "src")}
-    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "load.py"), "--quick", "--seconds", "2"], env=env, capture_output=True,
-                            text=True, timeout=240)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "load.py"), "--quick", "--seconds", "2"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     report = result.stdout
     assert result.returncode == 0, report + result.stderr[-3000:]
     rounds = re.findall(r"^\| (\d) \| (\d+) \| [\d/]+ \| (\d+) \|", report, re.M)  # round, requests, errors
-    assert [r[0] for r in rounds] == ["1", "2"] and all(int(requests) > 0 and errors == "0" for _, requests, errors in rounds)
+    assert [r[0] for r in rounds] == ["1", "2"] and all(
+        int(requests) > 0 and errors == "0" for _, requests, errors in rounds
+    )
     assert "\nerrors: 0\n" in report and "\n500s: 0\n" in report
     assert "\nrows in flight after every round: 0 (no rows active, filling or waiting)\n" in report
     assert "server log: 0 lines with Traceback or ERROR" in report and "no growth" in report

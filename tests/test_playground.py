@@ -55,8 +55,11 @@ def browser():
         try:
             chromium = p.chromium.launch(executable_path=path) if path else p.chromium.launch()
         except playwright.Error as e:
-            pytest.fail(f"no browser for the browser tests ({str(e).splitlines()[0]}): install Chromium "
-                        f"(apt-get install chromium, or python -m playwright install chromium)", pytrace=False)  # fmt: skip
+            pytest.fail(
+                f"no browser for the browser tests ({str(e).splitlines()[0]}): install Chromium "
+                f"(apt-get install chromium, or python -m playwright install chromium)",
+                pytrace=False,
+            )
         yield chromium
         chromium.close()
 
@@ -115,7 +118,8 @@ class Watched:
     def tokens(self) -> list[dict]:
         return self.page.eval_on_selector_all(
             "#completion .token",
-            "els => els.map(e => ({id: Number(e.dataset.tokenId), logprob: Number(e.dataset.logprob), text: e.textContent}))")
+            "els => els.map(e => ({id: Number(e.dataset.tokenId), logprob: Number(e.dataset.logprob), text: e.textContent}))",
+        )
 
     def close(self) -> None:
         self.context.close()
@@ -134,8 +138,14 @@ def generated(browser, served):
 
 def api_completion(served) -> dict:
     client = served.client()
-    done = client.completions.create(model=client.models.list().data[0].id, prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0,
-                                     logprobs=5, extra_body={"return_token_ids": True})  # fmt: skip
+    done = client.completions.create(
+        model=client.models.list().data[0].id,
+        prompt=PROMPT,
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        logprobs=5,
+        extra_body={"return_token_ids": True},
+    )
     return done.choices[0].model_dump()
 
 
@@ -230,7 +240,8 @@ def test_the_attention_view_shows_the_pattern_of_the_chosen_layer_and_head(gener
 
 def thumbnail_pixels(page, n_head: int) -> list[list[list[float]]]:
     """The "all heads" canvas read back: per head, each cell's colour from its centre's red, as 0..1."""
-    return page.evaluate("""(n_head) => {
+    return page.evaluate(
+        """(n_head) => {
         const canvas = document.getElementById('attention');
         const d = canvas.dataset, T = Number(d.tokens), panel = Number(d.panel), gap = Number(d.gap);
         const title = Number(d.title), columns = Number(d.columns), scale = Number(d.scale), cell = panel / T;
@@ -250,7 +261,9 @@ def thumbnail_pixels(page, n_head: int) -> list[list[list[float]]]:
             out.push(rows);
         }
         return out;
-    }""", n_head)
+    }""",
+        n_head,
+    )
 
 
 def swatch_reds(legend) -> list[int]:
@@ -277,7 +290,12 @@ def test_every_heads_thumbnail_is_drawn_on_a_square_root_scale_that_the_legend_s
         assert max(map(max, pixels)) > 1 - 1.5 / 247, h  # each head's brightest cell at full colour
         for q, (row, expected) in enumerate(zip(pixels, pattern, strict=True)):
             for k, (ink, p) in enumerate(zip(row, expected, strict=True)):
-                assert abs(ink - math.sqrt(p)) < 3 / 247, (h, q, k, p)  # a weight of 0.04 is a fifth of the colour, not 4%
+                assert abs(ink - math.sqrt(p)) < 3 / 247, (
+                    h,
+                    q,
+                    k,
+                    p,
+                )  # a weight of 0.04 is a fifth of the colour, not 4%
     legend = page.locator("#attention-legend")
     keys = [0, 0.01, 0.04, 0.25, 1]
     assert legend.inner_text().split("(")[0].split() == ["Colour:", *map(str, keys)]
@@ -292,7 +310,8 @@ def test_every_heads_thumbnail_is_drawn_on_a_square_root_scale_that_the_legend_s
 def title_differs(page, h: int, text: str) -> int:
     """How many pixels of head h's title strip, in the "all heads" canvas, differ from `text` drawn
     on white in the page's title font and ink (12px system-ui, #1b1f24) at the strip's left."""
-    return page.evaluate("""([h, text]) => {
+    return page.evaluate(
+        """([h, text]) => {
         const canvas = document.getElementById('attention');
         const d = canvas.dataset, scale = Number(d.scale), panel = Number(d.panel), gap = Number(d.gap);
         const title = Number(d.title), columns = Number(d.columns);
@@ -310,7 +329,9 @@ def title_differs(page, h: int, text: str) -> int:
         let differ = 0;
         for (let i = 0; i < shown.length; i += 4) differ += Math.abs(shown[i] - drawn[i]) > 8;
         return differ;
-    }""", [h, text])
+    }""",
+        [h, text],
+    )
 
 
 def test_each_heads_thumbnail_is_titled_with_its_layer_and_head(generated, served):
@@ -327,15 +348,23 @@ def test_the_heads_are_a_heat_map_layers_by_heads_coloured_by_the_chosen_score(g
     n_layer, n_head = len(scores["previous_token"]), len(scores["previous_token"][0])
     buttons = page.get_by_role("group", name="Scores and ablation").get_by_role("button")
     expect(buttons).to_have_count(n_layer * n_head)
-    boxes = {(int(b.get_attribute("data-layer")), int(b.get_attribute("data-head"))): b.bounding_box() for b in buttons.all()}
+    boxes = {
+        (int(b.get_attribute("data-layer")), int(b.get_attribute("data-head"))): b.bounding_box() for b in buttons.all()
+    }
     for (layer, head), box in boxes.items():  # a row per layer, a column per head, in order
         assert box["y"] == boxes[layer, 0]["y"] and box["x"] == boxes[0, head]["x"], (layer, head)
         assert box["y"] > boxes[layer - 1, head]["y"] if layer else box["x"] > boxes[0, head - 1]["x"] if head else True
     legend = page.locator("#heads-legend")
-    for kind, words in (("induction", "induction"), ("duplicate_token", "duplicate-token"), ("previous_token", "previous-token")):
+    for kind, words in (
+        ("induction", "induction"),
+        ("duplicate_token", "duplicate-token"),
+        ("previous_token", "previous-token"),
+    ):
         page.get_by_label("Colour by").select_option(kind)
         expect(legend).to_contain_text(f"{words} score")
-        reds = buttons.evaluate_all("els => els.map(e => [Number(e.dataset.layer), Number(e.dataset.head), getComputedStyle(e).backgroundColor])")
+        reds = buttons.evaluate_all(
+            "els => els.map(e => [Number(e.dataset.layer), Number(e.dataset.head), getComputedStyle(e).backgroundColor])"
+        )
         for layer, head, colour in reds:
             red = int(re.match(r"rgb\((\d+),", colour).group(1))
             if scores[kind] is None:  # no token repeats: grey, and the key says why
@@ -348,12 +377,17 @@ def test_the_heads_are_a_heat_map_layers_by_heads_coloured_by_the_chosen_score(g
 def test_the_logit_lens_shows_the_top_token_of_every_layer_at_every_position(generated, served):
     answer = inspection(served, generated)
     cells = generated.page.eval_on_selector_all(
-        "#lens td", "els => els.map(e => [Number(e.dataset.layer), Number(e.dataset.position), Number(e.dataset.tokenId), e.textContent])")
+        "#lens td",
+        "els => els.map(e => [Number(e.dataset.layer), Number(e.dataset.position), Number(e.dataset.tokenId), e.textContent])",
+    )
     lens = answer["logit_lens"]
     assert len(cells) == len(lens) * len(answer["ids"])
     for layer, position, token_id, text in cells:
         expected = lens[layer][position]
-        assert token_id == expected["id"] and abs(float(text.rsplit("\n", 1)[1].rstrip("%")) - 100 * expected["prob"]) < 0.051
+        assert (
+            token_id == expected["id"]
+            and abs(float(text.rsplit("\n", 1)[1].rstrip("%")) - 100 * expected["prob"]) < 0.051
+        )
     assert generated.page.get_by_label("Logit lens").is_visible()
 
 
@@ -369,12 +403,17 @@ def test_the_logit_lens_says_that_each_column_predicts_the_token_after_its_heade
         assert name == (full if len(full) <= 14 else full[:13] + "…")
     cells = page.locator("#lens tbody tr").first.locator("td")  # the output row, the model's own prediction
     for position in (0, len(answer["ids"]) - 2):
-        assert cells.nth(position).get_attribute("title").startswith(
-            f'output, predicting the token after {json.dumps(answer["tokens"][position], ensure_ascii=False)}: ')
+        assert (
+            cells.nth(position)
+            .get_attribute("title")
+            .startswith(
+                f"output, predicting the token after {json.dumps(answer['tokens'][position], ensure_ascii=False)}: "
+            )
+        )
     # and so it is: greedy, the generated text is the output row's top token one column to the left
     first = len(served.app.state.server.tokenizer.encode(PROMPT)) - 1
     ids = [int(i) for i in cells.evaluate_all("els => els.map(e => e.dataset.tokenId)")]
-    assert ids[first:-1] == answer["ids"][first + 1:]
+    assert ids[first:-1] == answer["ids"][first + 1 :]
 
 
 def lens_box(page) -> dict:
@@ -396,7 +435,9 @@ def test_the_logit_lens_shows_that_it_scrolls_sideways_while_it_is_wider_than_it
     try:
         scroller.evaluate("e => { e.scrollLeft = e.scrollWidth; }")  # at the right end: no fade there
         generated.wait_until("getComputedStyle(document.getElementById('lens-frame'), '::after').opacity === '0'")
-        assert row_name.is_visible() and abs(row_name.bounding_box()["x"] - box["left"]) < 1  # the row names stay in sight
+        assert (
+            row_name.is_visible() and abs(row_name.bounding_box()["x"] - box["left"]) < 1
+        )  # the row names stay in sight
         assert page.locator("#lens tbody td").last.is_visible()
         screenshot(page.locator("section", has=page.get_by_label("Logit lens")), "playground-logit-lens-scrolled.png")
         scroller.evaluate("e => { e.scrollLeft = 0; }")
@@ -419,25 +460,42 @@ def test_a_clicked_head_shows_its_scores_and_ablation_and_the_attribution_bars_a
     ids = inspection(served, generated)["ids"]
     page = generated.page
     buttons = page.get_by_role("group", name="Scores and ablation").get_by_role("button")
-    layer, head = (int(buttons.last.get_attribute(f"data-{key}")) for key in ("layer", "head"))  # the last layer's last head
+    layer, head = (
+        int(buttons.last.get_attribute(f"data-{key}")) for key in ("layer", "head")
+    )  # the last layer's last head
     page.get_by_role("button", name=f"L{layer} H{head}").click()
-    generated.wait_until(f"document.querySelectorAll('#ablation tbody tr').length > 0 && "
-                         f"document.getElementById('head-scores').dataset.head === '{head}'")  # fmt: skip
-    api = httpx.post(served.url + "/v1/circuits/head", json={"prompt": ids, "layer": layer, "head": head, "top_k": 5}).json()
-    rows = page.eval_on_selector_all("#ablation tbody tr", "els => els.map(e => [Number(e.dataset.tokenId), Number(e.dataset.before), "
-                                     "Number(e.dataset.after), e.innerText])")  # fmt: skip
+    generated.wait_until(
+        f"document.querySelectorAll('#ablation tbody tr').length > 0 && "
+        f"document.getElementById('head-scores').dataset.head === '{head}'"
+    )
+    api = httpx.post(
+        served.url + "/v1/circuits/head", json={"prompt": ids, "layer": layer, "head": head, "top_k": 5}
+    ).json()
+    rows = page.eval_on_selector_all(
+        "#ablation tbody tr",
+        "els => els.map(e => [Number(e.dataset.tokenId), Number(e.dataset.before), "
+        "Number(e.dataset.after), e.innerText])",
+    )
     assert [(i, b, a) for i, b, a, _ in rows] == [(e["id"], e["before"], e["after"]) for e in api["next"]]
     for (*_, text), e in zip(rows, api["next"]):
         before, after = (float(cell.rstrip("%")) for cell in text.split("\t")[1:3])
-        assert before == pytest.approx(100 * e["before"], rel=6e-3) and after == pytest.approx(100 * e["after"], rel=6e-3)
+        assert before == pytest.approx(100 * e["before"], rel=6e-3) and after == pytest.approx(
+            100 * e["after"], rel=6e-3
+        )
     words = page.text_content("#head-scores")
     for kind, score in api["scores"].items():
         shown = re.search(kind.replace("_", "-") + r" (\S+)", words).group(1)
         assert shown == "—" if score is None else abs(float(shown) - score) < 6e-4, (kind, words)
-    assert buttons.last.get_attribute("aria-pressed") == "true" and buttons.first.get_attribute("aria-pressed") == "false"
-    parts = httpx.post(served.url + "/v1/circuits/attribution", json={"prompt": ids}).json()  # the chart drawn after the inspection
-    bars = page.eval_on_selector_all("#attribution rect", "els => els.map(e => [e.dataset.name, Number(e.dataset.value), "
-                                     "Number(e.getAttribute('width'))])")  # fmt: skip
+    assert (
+        buttons.last.get_attribute("aria-pressed") == "true" and buttons.first.get_attribute("aria-pressed") == "false"
+    )
+    parts = httpx.post(
+        served.url + "/v1/circuits/attribution", json={"prompt": ids}
+    ).json()  # the chart drawn after the inspection
+    bars = page.eval_on_selector_all(
+        "#attribution rect",
+        "els => els.map(e => [e.dataset.name, Number(e.dataset.value), Number(e.getAttribute('width'))])",
+    )
     expected = [v for row in parts["heads"] for v in row] + parts["mlps"] + [parts["embed"]] + parts["biases"]
     assert [v for _, v, _ in bars] == expected  # all of a small model's parts, in the model's order
     assert [n for n, _, _ in bars][:2] == ["head 0.0", "head 0.1"] and bars[-1][0] == "ln_f bias"
@@ -447,7 +505,8 @@ def test_a_clicked_head_shows_its_scores_and_ablation_and_the_attribution_bars_a
     last = len(parts["tokens"]) - 1  # it says which position and which token it attributes
     assert page.text_content("#attribution-summary").startswith(
         f"logit({json.dumps(parts['answer']['token'], ensure_ascii=False)}) for the next token, after position {last} "
-        f"({json.dumps(parts['tokens'][last], ensure_ascii=False)}, the last of the text) = ")
+        f"({json.dumps(parts['tokens'][last], ensure_ascii=False)}, the last of the text) = "
+    )
     screenshot(page.locator("section", has=page.locator("#head-grid")), "playground-heads.png")
     screenshot(page.locator("section", has=page.get_by_label("Logit attribution")), "playground-attribution.png")
 
@@ -458,8 +517,10 @@ def test_the_patching_heat_map_of_two_prompts_is_the_apis(generated, served):
     page.wait_for_selector("#patching td")
     body = {field: page.locator(f"#{field}").input_value() for field in ("clean", "corrupted", "answer", "other")}
     api = httpx.post(served.url + "/v1/circuits/patching", json={**body, "site": "resid_pre"}).json()
-    cells = page.eval_on_selector_all("#patching td", "els => els.map(e => [Number(e.dataset.layer), Number(e.dataset.index), "
-                                      "Number(e.dataset.value)])")  # fmt: skip
+    cells = page.eval_on_selector_all(
+        "#patching td",
+        "els => els.map(e => [Number(e.dataset.layer), Number(e.dataset.index), Number(e.dataset.value)])",
+    )
     assert len(cells) == len(api["grid"]) * len(api["clean"]["ids"])
     assert all(value == api["grid"][layer][i] for layer, i, value in cells)
     assert len(page.locator("#patching thead th").all()) == 1 + len(api["clean"]["ids"])
@@ -498,8 +559,9 @@ def test_the_defaults_are_greedy_and_a_sampled_run_shows_the_seed_that_repeats_i
         repeated, status = click_and_read(watched)
         assert repeated == sampled and f"; seed {seed} " in status
         client = served.client()  # the seed shown is the one the request carried: the API gives the same text
-        done = client.completions.create(model=client.models.list().data[0].id, prompt="Hello there", max_tokens=12,
-                                         temperature=1, seed=seed)  # fmt: skip
+        done = client.completions.create(
+            model=client.models.list().data[0].id, prompt="Hello there", max_tokens=12, temperature=1, seed=seed
+        )
         assert done.choices[0].text == sampled
     finally:
         watched.close()
@@ -558,15 +620,28 @@ def test_the_end_of_the_text_is_drawn_as_a_mark_the_api_lists(browser, tmp_path_
         watched.wait_for_model()
         watched.generate("It rained.", 8, 0)
         watched.wait_until("document.getElementById('status').textContent.includes('token')")
-        api = running.client().completions.create(model="ending", prompt="It rained.", max_tokens=8, temperature=0,
-                                                  logprobs=1, extra_body={"return_token_ids": True})  # fmt: skip
+        api = running.client().completions.create(
+            model="ending",
+            prompt="It rained.",
+            max_tokens=8,
+            temperature=0,
+            logprobs=1,
+            extra_body={"return_token_ids": True},
+        )
         assert api.choices[0].finish_reason == "stop" and api.choices[0].logprobs.tokens[-1] == "<|endoftext|>"
         tokens = watched.tokens()
         assert [t["id"] for t in tokens] == api.choices[0].token_ids
-        assert tokens[-1]["text"] == "" and tokens[-1]["logprob"] == pytest.approx(api.choices[0].logprobs.token_logprobs[-1])
+        assert tokens[-1]["text"] == "" and tokens[-1]["logprob"] == pytest.approx(
+            api.choices[0].logprobs.token_logprobs[-1]
+        )
         mark = watched.page.locator("#completion .token.end")
         assert mark.count() == 1 and mark.get_attribute("title") == "the model ended the text here (<|endoftext|>)"
-        assert watched.page.evaluate("getComputedStyle(document.querySelector('#completion .token.end'), '::after').content") == '"end of text"'
+        assert (
+            watched.page.evaluate(
+                "getComputedStyle(document.querySelector('#completion .token.end'), '::after').content"
+            )
+            == '"end of text"'
+        )
         assert mark.bounding_box()["width"] > 20  # to be seen, and pointed at
         mark.focus()
         assert watched.page.locator("#tip tr.chosen").inner_text().startswith('"<|endoftext|>"')
@@ -596,7 +671,8 @@ def test_a_server_error_appears_on_the_page(browser, served):
         watched.page.get_by_label("Corrupted").fill("When Mary")  # the clean text is 14 tokens
         watched.page.get_by_role("button", name="Patch").click()
         expect(watched.page.locator("#patching-error")).to_have_text(
-            "400: clean and corrupted must have the same length: clean has 14 tokens, corrupted 2")
+            "400: clean and corrupted must have the same length: clean has 14 tokens, corrupted 2"
+        )
     finally:
         watched.close()
 
@@ -661,19 +737,25 @@ def test_max_tokens_names_the_room_the_prompt_leaves_on_the_page_and_in_the_serv
     page, n_ctx = char_page.page, char_served.app.state.server.model.config.n_ctx
     prompt = page.get_by_label("Prompt").input_value()
     room = n_ctx - len(prompt)  # a character model: a token per character (64 - 18 = 46 for the page's prompt)
-    expect(page.locator("#room")).to_have_text(f"Max tokens: at most {room} for this prompt (the context's {n_ctx} tokens less "
-                                               f"the prompt's {len(prompt)}).")  # fmt: skip
+    expect(page.locator("#room")).to_have_text(
+        f"Max tokens: at most {room} for this prompt (the context's {n_ctx} tokens less the prompt's {len(prompt)})."
+    )
     expect(page.get_by_label("Max tokens")).to_have_attribute("max", str(room))
     char_page.generate("To be", n_ctx - 4, 0)  # 5 tokens of prompt: 59 left, not 64
     expect(page.locator("#room")).to_contain_text(f"at most {n_ctx - 5} for this prompt")
-    expect(page.locator("#error")).to_contain_text(f"400: This model's maximum context length is {n_ctx} tokens, however you requested "
-                                                   f"{n_ctx + 1} tokens (5 in your prompt; {n_ctx - 4} for the completion), 1 more than "
-                                                   f"it holds: your prompt leaves room for {n_ctx - 5} tokens of completion.")  # fmt: skip
+    expect(page.locator("#error")).to_contain_text(
+        f"400: This model's maximum context length is {n_ctx} tokens, however you requested "
+        f"{n_ctx + 1} tokens (5 in your prompt; {n_ctx - 4} for the completion), 1 more than "
+        f"it holds: your prompt leaves room for {n_ctx - 5} tokens of completion."
+    )
 
 
 def test_before_a_generation_each_view_that_waits_for_one_says_so(char_page):
     page = char_page.page
-    notes = [page.locator("section", has=page.locator(view)).locator(".waiting") for view in ("#attention", "#lens", "#head-grid")]
+    notes = [
+        page.locator("section", has=page.locator(view)).locator(".waiting")
+        for view in ("#attention", "#lens", "#head-grid")
+    ]
     for note in notes:
         expect(note).to_be_visible()
         expect(note).to_contain_text("Nothing here yet: click Generate")
@@ -694,8 +776,10 @@ def test_attribute_before_a_generation_takes_the_prompt_and_names_the_position_a
     parts = httpx.post(char_served.url + "/v1/circuits/attribution", json={"prompt": prompt}).json()
     bars = page.eval_on_selector_all("#attribution rect", "els => els.map(e => Number(e.dataset.value))")
     assert bars == [v for row in parts["heads"] for v in row] + parts["mlps"] + [parts["embed"]] + parts["biases"]
-    assert summary.inner_text().startswith(f"logit({json.dumps(parts['answer']['token'])}) for the next token, after position "
-                                           f"{len(prompt) - 1} ({json.dumps(prompt[-1])}, the last of the prompt as it stands) = ")  # fmt: skip
+    assert summary.inner_text().startswith(
+        f"logit({json.dumps(parts['answer']['token'])}) for the next token, after position "
+        f"{len(prompt) - 1} ({json.dumps(prompt[-1])}, the last of the prompt as it stands) = "
+    )
     char_page.generate(prompt, 4, 0)
     expect(summary).to_contain_text("the last of the text")  # drawn again, for the prompt and its completion
 
@@ -712,12 +796,16 @@ def patch_with_the_defaults(watched: Watched) -> dict:
 def test_the_patching_defaults_fit_a_character_model(char_page, char_served):
     fields = patch_with_the_defaults(char_page)
     count = lambda text: httpx.post(char_served.url + "/tokenize", json={"content": text}).json()["count"]  # noqa: E731
-    assert count(fields["answer"]) == count(fields["other"]) == 1 and count(fields["clean"]) == count(fields["corrupted"])
+    assert count(fields["answer"]) == count(fields["other"]) == 1 and count(fields["clean"]) == count(
+        fields["corrupted"]
+    )
     api = httpx.post(char_served.url + "/v1/circuits/patching", json={**fields, "site": "resid_pre"}).json()
     cells = char_page.page.eval_on_selector_all("#patching td", "els => els.map(e => Number(e.dataset.value))")
     assert cells == [value for row in api["grid"] for value in row]
     assert api["clean"]["logit_diff"] > 0 > api["corrupted"]["logit_diff"]  # a pair the model tells apart
-    assert not char_page.page.locator("#error").is_visible() and not char_page.page.locator("#patching-error").is_visible()
+    assert (
+        not char_page.page.locator("#error").is_visible() and not char_page.page.locator("#patching-error").is_visible()
+    )
 
 
 def test_a_refused_patch_says_why_beside_its_button_and_clears_the_grid(char_page):
@@ -746,9 +834,14 @@ def test_the_patching_grid_shows_that_it_scrolls_sideways_while_it_is_wider_than
     page = char_page.page
     fields = patch_with_the_defaults(char_page)
     cue = page.locator("#patching-cue")
-    expect(cue).to_have_text(f"{len(fields['clean'])} columns, wider than this box: scroll sideways →")  # a column per character
+    expect(cue).to_have_text(
+        f"{len(fields['clean'])} columns, wider than this box: scroll sideways →"
+    )  # a column per character
     box = page.locator("#patching-scroll").evaluate("e => [e.scrollWidth, e.clientWidth]")
-    assert box[0] > box[1] and page.locator("#patching-frame").evaluate("e => getComputedStyle(e, '::after').opacity") == "1"
+    assert (
+        box[0] > box[1]
+        and page.locator("#patching-frame").evaluate("e => getComputedStyle(e, '::after').opacity") == "1"
+    )
     screenshot(page.locator("section", has=page.get_by_label("Patching")), "playground-patching-char.png")
     page.set_viewport_size({"width": 4000, "height": 900})  # wide enough for every column: no cue
     expect(cue).to_be_hidden()

@@ -13,37 +13,50 @@ import pytest
 from helpers import REPO
 from gpt2 import InvalidArgumentError, RecipeError, RecipeNotFoundError
 from gpt2.checkpoints.config import GPT2Config
-from gpt2.settings import (RESUME_OVERRIDES, TrainSettings, check_setting_names, read_recipe, recipe_keys, recipe_names,
-                           resumed_settings)  # fmt: skip
+from gpt2.settings import (
+    RESUME_OVERRIDES,
+    TrainSettings,
+    check_setting_names,
+    read_recipe,
+    recipe_keys,
+    recipe_names,
+    resumed_settings,
+)
 
 
-@pytest.mark.parametrize("changes, message", [
-    (dict(batch_size=0), "batch_size must be a positive integer, got 0"),
-    (dict(grad_accum=-1), "grad_accum must be a positive integer, got -1"),
-    (dict(max_iters=0), "max_iters must be a positive integer, got 0"),
-    (dict(lr=0.0), "lr must be a positive number, got 0.0"),
-    (dict(lr=float("nan")), "lr must be a positive number"),
-    (dict(n_layer=0), "n_layer must be a positive integer, got 0"),
-    (dict(block_size=-4), "block_size must be a positive integer, got -4"),
-    (dict(dropout=1.0), r"dropout must be a number in \[0, 1\)"),
-    (dict(beta2=1.0), r"beta2 must be a number in \[0, 1\)"),
-    (dict(config="gpt5"), "config must be one of gpt2, gpt2-medium, gpt2-large, gpt2-xl"),
-    (dict(compile="yes"), "compile must be one of auto, on, off"),
-    (dict(dtype="int8"), "dtype must be one of auto, float32, bfloat16, float16, got 'int8'"),
-    (dict(positions="rotary"), "positions must be one of learned, sinusoidal, got 'rotary'"),
-    (dict(timeout=0), "timeout must be a positive number, got 0"),
-    (dict(fsdp="yes"), "fsdp must be True or False, got 'yes'"),
-    (dict(checkpoint_activations=1), "checkpoint_activations must be True or False, got 1"),
-    (dict(init="gpt2", n_layer=3), "init: the architecture comes from the model being fine-tuned; drop n_layer"),
-    (dict(eval_task="mmlu"), "eval_task must be one of hellaswag, got 'mmlu'"),
-    (dict(eval_task="hellaswag", eval_task_limit=0), "eval_task_limit must be a positive integer, got 0"),
-    (dict(eval_task="hellaswag", eval_task_limit=2.5), "eval_task_limit must be a positive integer, got 2.5"),
-    (dict(eval_task="hellaswag", eval_task_limit=True), "eval_task_limit must be a positive integer, got True"),
-    (dict(eval_task="hellaswag", eval_task_data=3), "eval_task_data must be a path, got 3"),
-    (dict(eval_task_limit=100), r"eval_task_limit is a setting of eval_task, which is not set: give eval_task too \(or drop "
-                                r"eval_task_limit\)"),
-    (dict(eval_task_limit=100, eval_task_data="h.jsonl"), r"\(or drop eval_task_limit and eval_task_data\)"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(batch_size=0), "batch_size must be a positive integer, got 0"),
+        (dict(grad_accum=-1), "grad_accum must be a positive integer, got -1"),
+        (dict(max_iters=0), "max_iters must be a positive integer, got 0"),
+        (dict(lr=0.0), "lr must be a positive number, got 0.0"),
+        (dict(lr=float("nan")), "lr must be a positive number"),
+        (dict(n_layer=0), "n_layer must be a positive integer, got 0"),
+        (dict(block_size=-4), "block_size must be a positive integer, got -4"),
+        (dict(dropout=1.0), r"dropout must be a number in \[0, 1\)"),
+        (dict(beta2=1.0), r"beta2 must be a number in \[0, 1\)"),
+        (dict(config="gpt5"), "config must be one of gpt2, gpt2-medium, gpt2-large, gpt2-xl"),
+        (dict(compile="yes"), "compile must be one of auto, on, off"),
+        (dict(dtype="int8"), "dtype must be one of auto, float32, bfloat16, float16, got 'int8'"),
+        (dict(positions="rotary"), "positions must be one of learned, sinusoidal, got 'rotary'"),
+        (dict(timeout=0), "timeout must be a positive number, got 0"),
+        (dict(fsdp="yes"), "fsdp must be True or False, got 'yes'"),
+        (dict(checkpoint_activations=1), "checkpoint_activations must be True or False, got 1"),
+        (dict(init="gpt2", n_layer=3), "init: the architecture comes from the model being fine-tuned; drop n_layer"),
+        (dict(eval_task="mmlu"), "eval_task must be one of hellaswag, got 'mmlu'"),
+        (dict(eval_task="hellaswag", eval_task_limit=0), "eval_task_limit must be a positive integer, got 0"),
+        (dict(eval_task="hellaswag", eval_task_limit=2.5), "eval_task_limit must be a positive integer, got 2.5"),
+        (dict(eval_task="hellaswag", eval_task_limit=True), "eval_task_limit must be a positive integer, got True"),
+        (dict(eval_task="hellaswag", eval_task_data=3), "eval_task_data must be a path, got 3"),
+        (
+            dict(eval_task_limit=100),
+            r"eval_task_limit is a setting of eval_task, which is not set: give eval_task too \(or drop "
+            r"eval_task_limit\)",
+        ),
+        (dict(eval_task_limit=100, eval_task_data="h.jsonl"), r"\(or drop eval_task_limit and eval_task_data\)"),
+    ],
+)
 def test_bad_settings_are_named(changes, message):
     with pytest.raises(InvalidArgumentError, match=message) as e:
         TrainSettings(data="unused", **changes)
@@ -54,9 +67,11 @@ def test_bad_settings_are_named(changes, message):
 def test_the_architecture_of_a_run_from_scratch():
     """nanoGPT's choices (no biases, the exact GELU) by default, GPT-2's with a released shape."""
     assert TrainSettings(data="d", n_layer=2, block_size=64).model_config(65) == GPT2Config(
-        n_vocab=65, n_ctx=64, n_layer=2, n_head=12, n_embd=768, dropout=0.0, bias=False, activation="gelu")
+        n_vocab=65, n_ctx=64, n_layer=2, n_head=12, n_embd=768, dropout=0.0, bias=False, activation="gelu"
+    )
     assert TrainSettings(data="d", config="gpt2-medium").model_config(50257) == GPT2Config(
-        n_layer=24, n_head=16, n_embd=1024, dropout=0.0, bias=True, activation="gelu_tanh")  # fmt: skip
+        n_layer=24, n_head=16, n_embd=1024, dropout=0.0, bias=True, activation="gelu_tanh"
+    )
     with pytest.raises(InvalidArgumentError, match=r"n_embd \(30\) must be divisible by n_head \(4\)"):
         TrainSettings(data="d", n_embd=30, n_head=4).model_config(65)
 
@@ -67,7 +82,9 @@ def test_a_resume_changes_only_what_leaves_the_losses_alone():
     resumed = resumed_settings(stored, {"max_iters": 20, "eval_interval": 5, "lr": 1e-3})
     assert (resumed.max_iters, resumed.eval_interval, resumed.lr, resumed.timeout) == (20, 5, 1e-3, 600.0)
     assert resumed.lr_decay_iters == 10  # fixed when the run started
-    with pytest.raises(InvalidArgumentError, match=r"lr is 0.01, but the run was started with 0.001: a resumed run keeps") as e:
+    with pytest.raises(
+        InvalidArgumentError, match=r"lr is 0.01, but the run was started with 0.001: a resumed run keeps"
+    ) as e:
         resumed_settings(stored, {"lr": 1e-2})
     assert (e.value.param, e.value.also) == ("lr", ("overwrite",))
     assert set(RESUME_OVERRIDES) <= set(stored) | {"timeout"}
@@ -123,10 +140,40 @@ def test_a_recipe_prepares_its_data_from_what_gpt2_ships(name):
 def test_the_shipped_recipes_are_the_peers_settings():
     """Each against its source, as written there (nanoGPT's configs and README, llm.c's script)."""
     char = read_recipe("shakespeare_char")
-    assert {k: char[k] for k in ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "max_iters", "lr", "min_lr",
-                                 "warmup_iters", "beta2", "dropout", "eval_interval", "eval_iters", "grad_accum")} == dict(
-        n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12, max_iters=2000, lr=1e-3, min_lr=1e-4, warmup_iters=100,
-        beta2=0.99, dropout=0.0, eval_interval=250, eval_iters=20, grad_accum=1)  # fmt: skip
+    assert {
+        k: char[k]
+        for k in (
+            "n_layer",
+            "n_head",
+            "n_embd",
+            "block_size",
+            "batch_size",
+            "max_iters",
+            "lr",
+            "min_lr",
+            "warmup_iters",
+            "beta2",
+            "dropout",
+            "eval_interval",
+            "eval_iters",
+            "grad_accum",
+        )
+    } == dict(
+        n_layer=4,
+        n_head=4,
+        n_embd=128,
+        block_size=64,
+        batch_size=12,
+        max_iters=2000,
+        lr=1e-3,
+        min_lr=1e-4,
+        warmup_iters=100,
+        beta2=0.99,
+        dropout=0.0,
+        eval_interval=250,
+        eval_iters=20,
+        grad_accum=1,
+    )
     owt = read_recipe("gpt2_124m_owt")
     assert owt["batch_size"] * owt["block_size"] * owt["grad_accum"] == 12 * 1024 * 5 * 8  # 491,520 tokens a step
     fineweb = read_recipe("gpt2_124m_fineweb")
@@ -142,16 +189,23 @@ def test_a_recipe_takes_the_flags_names_with_dashes_or_underscores(tmp_path):
     assert isinstance(read_recipe(recipe)["lr"], float)  # an integer where a number goes: TOML's 1 is lr 1.0
 
 
-@pytest.mark.parametrize("text, error, message", [
-    ("max_iter = 5\n", RecipeError, r"has an unknown key 'max_iter' \(did you mean max_iters\?\); the keys are the "
-                                    r"settings' names: activation, batch_size, .*, max_iters, .*, out, .*, weight_decay$"),
-    ("lr = 1e-3\nmax_iters 5\n", RecipeError, r"is not valid TOML: .*\(at line 2, column 11\)$"),
-    ('max_iters = "5"\n', RecipeError, r"sets max_iters to '5', a str: max_iters must be an integer$"),
-    ("lr = true\n", RecipeError, r"sets lr to True, a bool: lr must be a number$"),
-    ("n_layer = 2.0\n", RecipeError, r"sets n_layer to 2.0, a float: n_layer must be an integer$"),
-    ("[model]\nn_layer = 2\n", RecipeError, r"has an unknown key 'model'"),
-    ("max_iters = 5\nmax-iters = 6\n", RecipeError, r"sets max_iters twice$"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "text, error, message",
+    [
+        (
+            "max_iter = 5\n",
+            RecipeError,
+            r"has an unknown key 'max_iter' \(did you mean max_iters\?\); the keys are the "
+            r"settings' names: activation, batch_size, .*, max_iters, .*, out, .*, weight_decay$",
+        ),
+        ("lr = 1e-3\nmax_iters 5\n", RecipeError, r"is not valid TOML: .*\(at line 2, column 11\)$"),
+        ('max_iters = "5"\n', RecipeError, r"sets max_iters to '5', a str: max_iters must be an integer$"),
+        ("lr = true\n", RecipeError, r"sets lr to True, a bool: lr must be a number$"),
+        ("n_layer = 2.0\n", RecipeError, r"sets n_layer to 2.0, a float: n_layer must be an integer$"),
+        ("[model]\nn_layer = 2\n", RecipeError, r"has an unknown key 'model'"),
+        ("max_iters = 5\nmax-iters = 6\n", RecipeError, r"sets max_iters twice$"),
+    ],
+)
 def test_a_bad_recipe_is_named_with_its_file_and_key(tmp_path, text, error, message):
     recipe = tmp_path / "r.toml"
     recipe.write_text(text)
@@ -160,8 +214,11 @@ def test_a_bad_recipe_is_named_with_its_file_and_key(tmp_path, text, error, mess
 
 
 def test_a_missing_recipe_names_the_shipped_ones(tmp_path):
-    with pytest.raises(RecipeNotFoundError, match=r"^no recipe '.*nothing.toml': give a TOML file, or one of gpt2's recipes: "
-                                                  r"finetune_shakespeare, gpt2_124m_fineweb, .*shakespeare_char"):  # fmt: skip
+    with pytest.raises(
+        RecipeNotFoundError,
+        match=r"^no recipe '.*nothing.toml': give a TOML file, or one of gpt2's recipes: "
+        r"finetune_shakespeare, gpt2_124m_fineweb, .*shakespeare_char",
+    ):
         read_recipe(tmp_path / "nothing.toml")
     assert issubclass(RecipeNotFoundError, FileNotFoundError)
 
@@ -173,11 +230,17 @@ def test_a_setting_added_to_train_settings_is_a_recipe_key():
     assert (keys["max_iters"], keys["lr"], keys["bias"], keys["init"], keys["wandb"]) == (int, float, bool, str, str)
 
 
-@pytest.mark.parametrize("changes, message", [
-    (dict(wandb=""), "wandb must be a name"),
-    (dict(tensorboard=3), "tensorboard must be a name"),
-    (dict(wandb_run_name="x"), "wandb_run_name names a run of the Weights & Biases project given as wandb: give wandb too"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(wandb=""), "wandb must be a name"),
+        (dict(tensorboard=3), "tensorboard must be a name"),
+        (
+            dict(wandb_run_name="x"),
+            "wandb_run_name names a run of the Weights & Biases project given as wandb: give wandb too",
+        ),
+    ],
+)
 def test_bad_logger_settings_are_named(changes, message):
     with pytest.raises(InvalidArgumentError, match=message):
         TrainSettings(data="unused", **changes)

@@ -70,25 +70,36 @@ def positive_real(name: str, value: object) -> float:
     return float(value)
 
 
-def real_between(name: str, value: object, low: float, high: float, *, open_low: bool = False, open_high: bool = False) -> float:
+def real_between(
+    name: str, value: object, low: float, high: float, *, open_low: bool = False, open_high: bool = False
+) -> float:
     """A finite number from low to high; `open_low` / `open_high` leave that end out."""
-    inside = is_real(value) and (low < value if open_low else low <= value) and (value < high if open_high else value <= high)
+    inside = (
+        is_real(value)
+        and (low < value if open_low else low <= value)
+        and (value < high if open_high else value <= high)
+    )
     if not inside:
         interval = f"{'(' if open_low else '['}{low}, {high}{')' if open_high else ']'}"
         raise InvalidArgumentError(f"{name} must be a number in {interval}, got {value!r}", param=name)
     return float(value)
 
 
-def check_token_ids(low: int, high: int, n_vocab: int, where: str = "", whose: str = "", param: str | None = None) -> None:
+def check_token_ids(
+    low: int, high: int, n_vocab: int, where: str = "", whose: str = "", param: str | None = None
+) -> None:
     """Raise unless the ids low..high (the least and the greatest of a sequence) are all below
     n_vocab and not negative; `where` follows the bad id in the message (" in prompt 2"),
     `whose` precedes the range ("this model's "), `param` names the argument that holds them."""
     if low < 0 or high >= n_vocab:
-        raise TokenIdError(f"token id {low if low < 0 else high}{where} is out of range: {whose}ids are 0..{n_vocab - 1}", param)
+        raise TokenIdError(
+            f"token id {low if low < 0 else high}{where} is out of range: {whose}ids are 0..{n_vocab - 1}", param
+        )
 
 
-def check_answer_and_other(answer: int | Sequence[int], other: int | Sequence[int] | None, shown: str | None = None,
-                           defaulted: str = "") -> None:  # fmt: skip
+def check_answer_and_other(
+    answer: int | Sequence[int], other: int | Sequence[int] | None, shown: str | None = None, defaulted: str = ""
+) -> None:
     """A logit difference's two sides, token ids (or lists of them, standing for their mean logit):
     one token on both sides makes logit(answer) - logit(other) 0 whatever the model does (" Mary"
     and " John" are one character, " ", to a character model), so it is refused, naming both.
@@ -99,9 +110,12 @@ def check_answer_and_other(answer: int | Sequence[int], other: int | Sequence[in
     if ids[0] == ids[1]:
         many = "s" if len(ids[0]) > 1 else ""
         which = f"id{many} {', '.join(map(str, sorted(ids[0])))}" + (f"; {defaulted}" if defaulted else "")
-        raise InvalidArgumentError(f"answer and other are the same token{many}{'' if shown is None else f', {shown!r}'} ({which}): "
-                                   "logit(answer) - logit(other) is 0 whatever the model does; give two different tokens", "other",
-                                   also=("answer",))  # fmt: skip
+        raise InvalidArgumentError(
+            f"answer and other are the same token{many}{'' if shown is None else f', {shown!r}'} ({which}): "
+            "logit(answer) - logit(other) is 0 whatever the model does; give two different tokens",
+            "other",
+            also=("answer",),
+        )
 
 
 def require_package(name: str, extra: str, needed_by: str, param: str | None = None) -> ModuleType:

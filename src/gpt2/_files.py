@@ -55,7 +55,9 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
     an `UnwritablePathError`, never overwritten. The directory gets the user's umask's mode."""
     path = Path(path)
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
-        raise UnwritablePathError(f"{path} already exists{'' if path.is_dir() else ' as a file'}: give a new directory, or remove it first")
+        raise UnwritablePathError(
+            f"{path} already exists{'' if path.is_dir() else ' as a file'}: give a new directory, or remove it first"
+        )
     writable_directory(path.parent)
     for _ in range(100):
         tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")

@@ -149,15 +149,24 @@ def _structured(args: argparse.Namespace) -> dict:
     from gpt2.generation.lookup import lookup_of
     from gpt2.generation.processors import Constraint, Penalties, one_constraint
 
-    files = {kind: None if path is None else Constraint.from_file(kind, path) for kind, path in
-             (("json_schema", args.json_schema), ("grammar", args.grammar))}  # fmt: skip
+    files = {
+        kind: None if path is None else Constraint.from_file(kind, path)
+        for kind, path in (("json_schema", args.json_schema), ("grammar", args.grammar))
+    }
     constraint = one_constraint(**files, json_object=args.json_object, regex=args.regex, choice=args.choice)
     bias = dict(_logit_bias(item) for item in args.logit_bias or [])
     Penalties.make(bias, args.frequency_penalty, args.presence_penalty, args.repetition_penalty)  # checked now
     lookup_of(args.speculative, args.prompt_lookup_max, args.prompt_lookup_min, args.draft)
-    return {"constraint": constraint, "logit_bias": bias or None, "frequency_penalty": args.frequency_penalty,
-            "presence_penalty": args.presence_penalty, "repetition_penalty": args.repetition_penalty, "speculative": args.speculative,
-            "prompt_lookup_max": args.prompt_lookup_max, "prompt_lookup_min": args.prompt_lookup_min}  # fmt: skip
+    return {
+        "constraint": constraint,
+        "logit_bias": bias or None,
+        "frequency_penalty": args.frequency_penalty,
+        "presence_penalty": args.presence_penalty,
+        "repetition_penalty": args.repetition_penalty,
+        "speculative": args.speculative,
+        "prompt_lookup_max": args.prompt_lookup_max,
+        "prompt_lookup_min": args.prompt_lookup_min,
+    }
 
 
 def _logit_bias(item: str) -> tuple[int, float]:
@@ -166,7 +175,9 @@ def _logit_bias(item: str) -> tuple[int, float]:
     try:
         return int(token), float(bias)
     except ValueError:
-        raise _UsageError(f"--logit-bias takes ID=BIAS, a token id and a number from -100 to 100 (e.g. 50256=-100), got {item!r}") from None
+        raise _UsageError(
+            f"--logit-bias takes ID=BIAS, a token id and a number from -100 to 100 (e.g. 50256=-100), got {item!r}"
+        ) from None
 
 
 def _check_device(args: argparse.Namespace) -> None:
@@ -209,7 +220,9 @@ def _check_draft_tokens(args: argparse.Namespace) -> None:
 
 def _draft_tokens_need_a_draft(args: argparse.Namespace) -> None:
     if args.draft_tokens is not None and args.draft is None and args.speculative is None:
-        raise _UsageError("--draft-tokens is the number of tokens a draft proposes: give --draft-model or --speculative ngram too")
+        raise _UsageError(
+            "--draft-tokens is the number of tokens a draft proposes: give --draft-model or --speculative ngram too"
+        )
 
 
 def _draft_tokens(args: argparse.Namespace) -> dict[str, int]:
@@ -236,8 +249,10 @@ def _load_model(args: argparse.Namespace, name: str | None = None):
         model = GPT2.from_pretrained(name, device=args.device, dtype=args.dtype).use_cuda_graphs(args.cuda_graphs)
         tokenizer = model.tokenizer
     if tokenizer is None:
-        raise _UsageError(f"the model {name} comes with no tokenizer (encoder.json + vocab.bpe, or chars.json), "
-                          f"and its vocabulary of {model.config.n_vocab} ids is not GPT-2's")  # fmt: skip
+        raise _UsageError(
+            f"the model {name} comes with no tokenizer (encoder.json + vocab.bpe, or chars.json), "
+            f"and its vocabulary of {model.config.n_vocab} ids is not GPT-2's"
+        )
     return model, tokenizer
 
 
@@ -259,10 +274,21 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     model, tokenizer = _load_model(args)
     draft = _load_draft(args, model, tokenizer)
     started = time.perf_counter()
-    generation = TextGeneration(model, tokenizer, prompt, max_new_tokens=args.max_new_tokens,
-                                sampling=_with_top_k(args.sampling, model), seed=args.seed, num_samples=args.num_samples,
-                                stop=args.stop, on_overflow=args.on_overflow, allowed_special=_allowed_special(args),
-                                draft=draft, **_draft_tokens(args), **args.structured)  # fmt: skip
+    generation = TextGeneration(
+        model,
+        tokenizer,
+        prompt,
+        max_new_tokens=args.max_new_tokens,
+        sampling=_with_top_k(args.sampling, model),
+        seed=args.seed,
+        num_samples=args.num_samples,
+        stop=args.stop,
+        on_overflow=args.on_overflow,
+        allowed_special=_allowed_special(args),
+        draft=draft,
+        **_draft_tokens(args),
+        **args.structured,
+    )
     bar = _generation_bar(args, len(generation.rows))
     samples = _Samples(sys.stdout, prompt, generation, args.stream, bar)
     try:
@@ -286,8 +312,13 @@ def _generation_bar(args: argparse.Namespace, rows: int):
     ends; a streamed one shows itself."""
     from tqdm.auto import tqdm
 
-    return tqdm(total=rows * args.max_new_tokens, unit="tok", desc="generating", disable=args.stream or not args.progress,
-                dynamic_ncols=True)  # fmt: skip
+    return tqdm(
+        total=rows * args.max_new_tokens,
+        unit="tok",
+        desc="generating",
+        disable=args.stream or not args.progress,
+        dynamic_ncols=True,
+    )
 
 
 def _allowed_special(args: argparse.Namespace) -> frozenset[str] | str:
@@ -360,18 +391,33 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     except ModuleNotFoundError as e:
         if e.name not in ("fastapi", "pydantic", "starlette", "uvicorn", "prometheus_client"):
             raise
-        raise _UsageError(f"gpt2 serve needs the serve extra ({e.name} is not installed): pip install 'gpt2[serve]'") from None
+        raise _UsageError(
+            f"gpt2 serve needs the serve extra ({e.name} is not installed): pip install 'gpt2[serve]'"
+        ) from None
 
     _draft_tokens_need_a_draft(args)
     from gpt2.generation.lookup import lookup_of
 
     lookup_of(args.speculative, args.prompt_lookup_max, args.prompt_lookup_min, args.draft)  # not with --draft-model
     chat_template = _chat_template(args)  # a bad file fails now, before the model loads
-    inspect_limits = {name: getattr(args, name) for name in ("max_inspect_cells", "max_patching_tokens") if getattr(args, name) is not None}
-    limits = Limits(max_batch_size=args.max_batch_size, max_num_batched_tokens=args.max_num_batched_tokens,
-                    prefix_cache_mb=args.prefix_cache_mb, max_queue=args.max_queue, max_n=args.max_n, api_key=args.api_key,
-                    speculative=args.speculative, prompt_lookup_max=args.prompt_lookup_max, prompt_lookup_min=args.prompt_lookup_min,
-                    **inspect_limits, **_draft_tokens(args))  # checked as made, --draft-tokens with them  # fmt: skip
+    inspect_limits = {
+        name: getattr(args, name)
+        for name in ("max_inspect_cells", "max_patching_tokens")
+        if getattr(args, name) is not None
+    }
+    limits = Limits(
+        max_batch_size=args.max_batch_size,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        prefix_cache_mb=args.prefix_cache_mb,
+        max_queue=args.max_queue,
+        max_n=args.max_n,
+        api_key=args.api_key,
+        speculative=args.speculative,
+        prompt_lookup_max=args.prompt_lookup_max,
+        prompt_lookup_min=args.prompt_lookup_min,
+        **inspect_limits,
+        **_draft_tokens(args),
+    )  # checked as made, --draft-tokens with them
     device = resolve_device(args.device)
     form = weight_format(args.dtype, device)  # bad flags fail now, not once the server listens (--port: when it would)
     _check_cuda_graphs(args)
@@ -380,11 +426,24 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     def listening(url: str) -> None:
         page = "" if args.no_ui else f"; the playground on {url.removesuffix('/v1')}/"
-        print(f"gpt2: serving {args.model} on {url}{page} (loading the model; GET /health answers 200 once it has)", file=sys.stderr)
+        print(
+            f"gpt2: serving {args.model} on {url}{page} (loading the model; GET /health answers 200 once it has)",
+            file=sys.stderr,
+        )
 
     load_draft = None if args.draft is None else lambda: _load_model(args, args.draft)
-    serve(lambda: _load_model(args), args.model, args.host, args.port, limits, allowed_special=_allowed_special(args),
-          on_listen=listening, ui=not args.no_ui, load_draft=load_draft, chat_template=chat_template)  # fmt: skip
+    serve(
+        lambda: _load_model(args),
+        args.model,
+        args.host,
+        args.port,
+        limits,
+        allowed_special=_allowed_special(args),
+        on_listen=listening,
+        ui=not args.no_ui,
+        load_draft=load_draft,
+        chat_template=chat_template,
+    )
     return 0
 
 
@@ -407,15 +466,27 @@ def _cmd_chat(args: argparse.Namespace) -> int:
         check_max_new_tokens(args.max_new_tokens)
     _check_device(args)
     _check_cuda_graphs(args)
-    system = None if args.system is None else _command_line_text(args.system, "the system message given on the command line")
+    system = (
+        None if args.system is None else _command_line_text(args.system, "the system message given on the command line")
+    )
     model, tokenizer = _load_model(args)
-    chat = Chat(model, tokenizer, chat_template=chat_template, system=system, max_new_tokens=args.max_new_tokens,
-                sampling=_with_top_k(sampling, model), seed=args.seed)  # fmt: skip
+    chat = Chat(
+        model,
+        tokenizer,
+        chat_template=chat_template,
+        system=system,
+        max_new_tokens=args.max_new_tokens,
+        sampling=_with_top_k(sampling, model),
+        seed=args.seed,
+    )
     interactive = sys.stdin.isatty()
     if interactive:
         with contextlib.suppress(ImportError):  # line editing and history for input(), where the platform has it
             importlib.import_module("readline")
-        print(f"gpt2: chatting with {args.model}; /reset starts over, Ctrl-C stops a reply, Ctrl-D leaves", file=sys.stderr)
+        print(
+            f"gpt2: chatting with {args.model}; /reset starts over, Ctrl-C stops a reply, Ctrl-D leaves",
+            file=sys.stderr,
+        )
     while True:
         try:
             line = input("> " if interactive else "")
@@ -461,39 +532,75 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
     if not args.inputs and args.dataset is None:
         raise _UsageError("give INPUT files or directories, - for standard input, or --dataset NAME")
     text_field = "text" if args.text_field is None else args.text_field
-    meta = prepare(args.inputs, args.out, args.tokenizer, args.val_fraction, overwrite=args.overwrite, progress=args.progress,
-                   text_field=text_field, dataset=args.dataset, dataset_config=args.dataset_config,
-                   dataset_split=args.dataset_split, shard_tokens=args.shard_tokens)  # fmt: skip
+    meta = prepare(
+        args.inputs,
+        args.out,
+        args.tokenizer,
+        args.val_fraction,
+        overwrite=args.overwrite,
+        progress=args.progress,
+        text_field=text_field,
+        dataset=args.dataset,
+        dataset_config=args.dataset_config,
+        dataset_split=args.dataset_split,
+        shard_tokens=args.shard_tokens,
+    )
     if "shards" in meta:
         shards = meta["shards"]
-        said = (f"{meta['train_tokens']:,} training tokens in {len(shards['train'])} shard{'s' * (len(shards['train']) != 1)} and "
-                f"{meta['val_tokens']:,} validation tokens in {shards['val'][0]} ({shards['documents']:,} documents)")  # fmt: skip
+        said = (
+            f"{meta['train_tokens']:,} training tokens in {len(shards['train'])} shard{'s' * (len(shards['train']) != 1)} and "
+            f"{meta['val_tokens']:,} validation tokens in {shards['val'][0]} ({shards['documents']:,} documents)"
+        )
     else:
         said = f"{meta['train_tokens']:,} training and {meta['val_tokens']:,} validation tokens ({_validation(meta['split'])})"
-    print(f"gpt2: {said} of a {meta['vocab_size']:,}-token vocabulary ({meta['tokenizer']}) in {args.out}", file=sys.stderr)
+    print(
+        f"gpt2: {said} of a {meta['vocab_size']:,}-token vocabulary ({meta['tokenizer']}) in {args.out}",
+        file=sys.stderr,
+    )
     return 0
 
 
 def _prepare_chat(args: argparse.Namespace) -> int:
     from gpt2.data.tokens import prepare_chat
 
-    given = [flag for flag, value in (("--dataset", args.dataset), ("--dataset-config", args.dataset_config),
-             ("--text-field", args.text_field), ("--shard-tokens", args.shard_tokens)) if value is not None]  # fmt: skip
+    given = [
+        flag
+        for flag, value in (
+            ("--dataset", args.dataset),
+            ("--dataset-config", args.dataset_config),
+            ("--text-field", args.text_field),
+            ("--shard-tokens", args.shard_tokens),
+        )
+        if value is not None
+    ]
     if args.dataset_split != "train":
         given.append("--split")
     if given:
-        raise _UsageError(f"--chat reads JSON Lines files of conversations into train.bin and val.bin: {', '.join(given)} "
-                          f"do{'es' * (len(given) == 1)} not apply")  # fmt: skip
+        raise _UsageError(
+            f"--chat reads JSON Lines files of conversations into train.bin and val.bin: {', '.join(given)} "
+            f"do{'es' * (len(given) == 1)} not apply"
+        )
     if not args.inputs:
-        raise _UsageError('give JSON Lines files of conversations ({"messages": [...]} a line), or - for standard input')
-    meta = prepare_chat(args.inputs, args.out, args.tokenizer, args.val_fraction, chat_template=args.chat_template,
-                        overwrite=args.overwrite, progress=args.progress)  # fmt: skip
+        raise _UsageError(
+            'give JSON Lines files of conversations ({"messages": [...]} a line), or - for standard input'
+        )
+    meta = prepare_chat(
+        args.inputs,
+        args.out,
+        args.tokenizer,
+        args.val_fraction,
+        chat_template=args.chat_template,
+        overwrite=args.overwrite,
+        progress=args.progress,
+    )
     chat, split = meta["chat"], meta["split"]
-    print(f"gpt2: {chat['conversations']['train']:,} training and {chat['conversations']['val']:,} validation conversations "
-          f"({meta['train_tokens']:,} and {meta['val_tokens']:,} tokens, {chat['mask_tokens']['train']:,} and "
-          f"{chat['mask_tokens']['val']:,} of them in replies; {split['actual_val_fraction']:.2%} for validation; the longest "
-          f"{chat['longest']:,} tokens) of a {meta['vocab_size']:,}-token vocabulary ({meta['tokenizer']}) in {args.out}",
-          file=sys.stderr)  # fmt: skip
+    print(
+        f"gpt2: {chat['conversations']['train']:,} training and {chat['conversations']['val']:,} validation conversations "
+        f"({meta['train_tokens']:,} and {meta['val_tokens']:,} tokens, {chat['mask_tokens']['train']:,} and "
+        f"{chat['mask_tokens']['val']:,} of them in replies; {split['actual_val_fraction']:.2%} for validation; the longest "
+        f"{chat['longest']:,} tokens) of a {meta['vocab_size']:,}-token vocabulary ({meta['tokenizer']}) in {args.out}",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -513,7 +620,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from gpt2.training.stopping import ignore_late_signals
     from gpt2.training.train import train
 
-    given = {k: v for k, v in vars(args).items() if k not in ("command", "func", "recipe", "resume", "overwrite", "progress", "threads")}
+    given = {
+        k: v
+        for k, v in vars(args).items()
+        if k not in ("command", "func", "recipe", "resume", "overwrite", "progress", "threads")
+    }
     options = {**(read_recipe(args.recipe) if "recipe" in args else {}), **given}  # the flags given override the recipe
     if "out" not in options:
         raise _UsageError("the following arguments are required: --out (or out in the recipe)")
@@ -524,11 +635,17 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if result.rank != 0:  # under torchrun, rank 0 reports
         return 130 if result.interrupted else 0
     if result.interrupted:
-        print(f"gpt2: interrupted at iteration {result.iteration}; checkpoint saved. Continue with: "
-              f"gpt2 train --out {out} --resume", file=sys.stderr)  # fmt: skip
+        print(
+            f"gpt2: interrupted at iteration {result.iteration}; checkpoint saved. Continue with: "
+            f"gpt2 train --out {out} --resume",
+            file=sys.stderr,
+        )
         return 130
-    print(f"gpt2: {result.iteration} iterations; best validation loss {result.best_val_loss:.4f}, its model in {out} "
-          f"(gpt2 generate --model {out})", file=sys.stderr)  # fmt: skip
+    print(
+        f"gpt2: {result.iteration} iterations; best validation loss {result.best_val_loss:.4f}, its model in {out} "
+        f"(gpt2 generate --model {out})",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -539,7 +656,9 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from gpt2.evaluation.tasks import check_limit
 
     if args.task is None and (args.file is None) == (args.data is None):
-        raise _UsageError("give one thing to evaluate: a text FILE, --data DIR (a prepared directory's val.bin), or --task NAME")
+        raise _UsageError(
+            "give one thing to evaluate: a text FILE, --data DIR (a prepared directory's val.bin), or --task NAME"
+        )
     if args.task is not None and args.file is not None:
         raise _UsageError(f"give a FILE or --task, not both (a file of {args.task}'s own goes in --data)")
     if args.task is None and args.limit is not None:
@@ -623,7 +742,9 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({key: report[key] for key in ("tokens", "ids", "logprobs", "ranks", "top")}))
     else:
-        color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty() and not os.environ.get("NO_COLOR"))
+        color = args.color == "always" or (
+            args.color == "auto" and sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+        )
         print("\n".join(_token_lines(report, color)))
     return 0
 
@@ -648,13 +769,19 @@ def _cmd_inspect_experiment(args: argparse.Namespace) -> int:
     png = None if args.png is None else writable_directory(args.png)
     model, _ = _load_model(args)
     result = experiments.run_experiment(model, args.experiment, model_name=args.model)
-    print(f"{result.name}: {result.prompts} prompt{'s' * (result.prompts != 1)}; " + "; ".join(result.notes)
-          if result.notes else f"{result.name}:")  # fmt: skip
+    print(
+        f"{result.name}: {result.prompts} prompt{'s' * (result.prompts != 1)}; " + "; ".join(result.notes)
+        if result.notes
+        else f"{result.name}:"
+    )
     for key, value in result.metrics.items():
         print(f"{key:<20} {value:.4f}")
     n_head = model.config.n_head
     top = result.heads.flatten().abs().argsort(descending=True)[:5].tolist()
-    print(f"top heads ({result.heads_title}): " + ", ".join(f"{i // n_head}.{i % n_head} {float(result.heads.flatten()[i]):.3f}" for i in top))
+    print(
+        f"top heads ({result.heads_title}): "
+        + ", ".join(f"{i // n_head}.{i % n_head} {float(result.heads.flatten()[i]):.3f}" for i in top)
+    )
     if png is not None:
         from gpt2.inspect import figures
 
@@ -662,7 +789,9 @@ def _cmd_inspect_experiment(args: argparse.Namespace) -> int:
         figures.save(figures.head_grid(result.heads, f"{result.name}: {result.heads_title}"), png / names[0])
         if result.attribution is not None:
             names.append(f"{result.name}-attribution.png")
-            figures.save(figures.attribution_bars(result.attribution, f"{result.name}: direct logit attribution"), png / names[1])
+            figures.save(
+                figures.attribution_bars(result.attribution, f"{result.name}: direct logit attribution"), png / names[1]
+            )
         print(f"gpt2: wrote {len(names)} pictures in {png}: {', '.join(names)}", file=sys.stderr)
     return 0
 
@@ -685,19 +814,28 @@ def _cmd_inspect_patching(args: argparse.Namespace) -> int:
         raise _UsageError('--corrupted needs the clean text too (e.g. gpt2 inspect --corrupted "... John" "... Mary")')
     _check_device(args)
     png = None if args.png is None else writable_directory(args.png)
-    clean, corrupted = (_command_line_text(t, what) for t, what in ((args.text, "the text"), (args.corrupted, "--corrupted")))
+    clean, corrupted = (
+        _command_line_text(t, what) for t, what in ((args.text, "the text"), (args.corrupted, "--corrupted"))
+    )
     model, _ = _load_model(args)
     runs = {name: trace(model, text, names=()) for name, text in (("clean", clean), ("corrupted", corrupted))}
     answer = _one_token(model, args.answer, "answer", runs["clean"])
     other = _one_token(model, args.other, "other", runs["corrupted"])
-    defaulted = [f"{name}: the {run} text's next token" for name, run, given in (("answer", "clean", args.answer),
-                                                                                 ("other", "corrupted", args.other)) if given is None]  # fmt: skip
+    defaulted = [
+        f"{name}: the {run} text's next token"
+        for name, run, given in (("answer", "clean", args.answer), ("other", "corrupted", args.other))
+        if given is None
+    ]
     shown = None if model.tokenizer is None else token_text(model.tokenizer, answer)
     check_answer_and_other(answer, other, shown, "; ".join(defaulted))  # logit_diff's check, saying which were defaults
     metric = logit_diff(answer, other)
-    grids = {how: patch(model, clean, corrupted, metric, args.site) for how, patch in
-             (("activation patching", activation_patching), ("attribution patching", attribution_patching))}  # fmt: skip
-    tokens = [token_label(t, i) for t, i in zip(runs["clean"].tokens or [None] * len(runs["clean"].ids), runs["clean"].ids)]
+    grids = {
+        how: patch(model, clean, corrupted, metric, args.site)
+        for how, patch in (("activation patching", activation_patching), ("attribution patching", attribution_patching))
+    }
+    tokens = [
+        token_label(t, i) for t, i in zip(runs["clean"].tokens or [None] * len(runs["clean"].ids), runs["clean"].ids)
+    ]
     columns = tokens if AXES[args.site][1] == "position" else [str(h) for h in range(model.config.n_head)]
     diffs = {name: float(metric(run.logits)) for name, run in runs.items()}
     title = f"{args.site}: logit({_label(model, answer)}) - logit({_label(model, other)})"
@@ -707,8 +845,18 @@ def _cmd_inspect_patching(args: argparse.Namespace) -> int:
         figures.save(figures.patching_grids(grids, columns, AXES[args.site][1], title), png / "patching.png")
         print(f"gpt2: wrote {png / 'patching.png'}", file=sys.stderr)
     if args.json:
-        print(json.dumps({"site": args.site, "answer": answer, "other": other, "logit_diff": diffs, "tokens": runs["clean"].tokens,
-                          **{how.split()[0]: grid.tolist() for how, grid in grids.items()}}))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "site": args.site,
+                    "answer": answer,
+                    "other": other,
+                    "logit_diff": diffs,
+                    "tokens": runs["clean"].tokens,
+                    **{how.split()[0]: grid.tolist() for how, grid in grids.items()},
+                }
+            )
+        )
         return 0
     print(f"{title}: clean {diffs['clean']:.3f}, corrupted {diffs['corrupted']:.3f}")
     for how, grid in grids.items():
@@ -720,8 +868,16 @@ def _cmd_inspect_patching(args: argparse.Namespace) -> int:
 
 def _alone(args: argparse.Namespace, flag: str, does: str, *also: tuple[str, object]) -> None:
     """Refuse, naming the first, the other forms of gpt2 inspect given with `flag` (--corrupted, --sae)."""
-    given = [other for other, on in (("--heads", args.heads or args.repeat is not None), ("--experiment", args.experiment),
-                                     ("--walk", args.walk), *also) if on]  # fmt: skip
+    given = [
+        other
+        for other, on in (
+            ("--heads", args.heads or args.repeat is not None),
+            ("--experiment", args.experiment),
+            ("--walk", args.walk),
+            *also,
+        )
+        if on
+    ]
     if given:
         raise _UsageError(f"{flag} {does}: give it without {given[0]}")
 
@@ -753,7 +909,9 @@ def _cmd_inspect_sae(args: argparse.Namespace) -> int:
 
     _alone(args, "--sae", "shows each token's SAE features", ("--png", args.png))
     if args.text is None:
-        raise _UsageError('--sae needs a text (e.g. gpt2 inspect --sae DIR "The dog chased the"), or - to read standard input')
+        raise _UsageError(
+            '--sae needs a text (e.g. gpt2 inspect --sae DIR "The dog chased the"), or - to read standard input'
+        )
     positive_int("top_k", args.top_k)
     _check_device(args)
     text = _inspect_text(args)
@@ -764,8 +922,17 @@ def _cmd_inspect_sae(args: argparse.Namespace) -> int:
     top = saes.top_features(saes.sae_features(t, sae), args.top_k)
     tokens = t.tokens or [None] * len(t.ids)
     if args.json:
-        print(json.dumps({"hook_name": sae.hook_name, "d_sae": sae.d_sae, "tokens": t.tokens, "ids": t.ids,
-                          "features": [[{"id": i, "value": v} for i, v in row] for row in top]}))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "hook_name": sae.hook_name,
+                    "d_sae": sae.d_sae,
+                    "tokens": t.tokens,
+                    "ids": t.ids,
+                    "features": [[{"id": i, "value": v} for i, v in row] for row in top],
+                }
+            )
+        )
         return 0
     width = max(12, *(len(token_label(token, i)) for token, i in zip(tokens, t.ids)))
     print(f"{'token':<{width}}  top {args.top_k} features of {sae.hook_name} (d_sae={sae.d_sae}): id value")
@@ -802,8 +969,11 @@ def _cmd_inspect_heads(args: argparse.Namespace) -> int:
     if args.walk:
         raise _UsageError("--walk walks through one forward pass; --heads scores every head: give one of them")
     if (args.text is None) == (args.repeat is None):
-        raise _UsageError("give --heads a text, or --repeat N for N random tokens written twice" if args.text is None
-                          else "give --heads a text or --repeat N, not both")  # fmt: skip
+        raise _UsageError(
+            "give --heads a text, or --repeat N for N random tokens written twice"
+            if args.text is None
+            else "give --heads a text or --repeat N, not both"
+        )
     if args.repeat is not None:
         positive_int("repeat", args.repeat)
     _check_device(args)
@@ -839,9 +1009,11 @@ def _heads_input(model, tokenizer, text: str | None, repeat: int | None) -> tupl
     length, n_ctx = 2 * repeat + (start is not None), model.config.n_ctx
     if length > n_ctx:
         most = (n_ctx - (start is not None)) // 2
-        raise _UsageError(f"--repeat {repeat} makes a sequence of {length} tokens ({'<|endoftext|>, then ' if start is not None else ''}"
-                          f"{repeat} random tokens twice), longer than the model's context of n_ctx={n_ctx}: "
-                          f"give --repeat {most} or less")  # fmt: skip
+        raise _UsageError(
+            f"--repeat {repeat} makes a sequence of {length} tokens ({'<|endoftext|>, then ' if start is not None else ''}"
+            f"{repeat} random tokens twice), longer than the model's context of n_ctx={n_ctx}: "
+            f"give --repeat {most} or less"
+        )
     ids = repeated_tokens(repeat, tokenizer.n_vocab, seed=HEADS_SEED, start=start)
     return ids, f"{repeat} random tokens written twice (seed {HEADS_SEED}, {length} tokens)"
 
@@ -957,16 +1129,24 @@ split). Each is downloaded once and cached, or read from --data.
 def _add_inference_device_flags(parser: argparse.ArgumentParser) -> None:
     """--device, --dtype and --threads of the commands that run a model (generate, eval, serve)."""
     parser.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda or cuda:N (default: auto)")
-    parser.add_argument("--dtype", default="float32", choices=INFERENCE_DTYPES,
-                        help="the weights' precision; on the CPU the lower ones are weight-only, the arithmetic float32, "
-                        "and int8 is the CPU's alone (default: float32)")  # fmt: skip
+    parser.add_argument(
+        "--dtype",
+        default="float32",
+        choices=INFERENCE_DTYPES,
+        help="the weights' precision; on the CPU the lower ones are weight-only, the arithmetic float32, "
+        "and int8 is the CPU's alone (default: float32)",
+    )
     _add_threads_flag(parser)
 
 
 def _add_threads_flag(parser) -> None:
-    parser.add_argument("--threads", type=_whole_number, metavar="N",
-                        help="CPU threads for torch (default: one per core, or $OMP_NUM_THREADS); on a busy machine, "
-                        "fewer than the cores run faster")  # fmt: skip
+    parser.add_argument(
+        "--threads",
+        type=_whole_number,
+        metavar="N",
+        help="CPU threads for torch (default: one per core, or $OMP_NUM_THREADS); on a busy machine, "
+        "fewer than the cores run faster",
+    )
 
 
 def _add_no_progress_flag(parser) -> None:
@@ -975,50 +1155,104 @@ def _add_no_progress_flag(parser) -> None:
 
 
 def _add_cuda_graphs_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--cuda-graphs", action="store_true",
-                        help="decode by replaying CUDA graphs, one launch a token (a CUDA GPU only; experimental: "
-                        "not yet measured on a GPU, so off by default)")  # fmt: skip
+    parser.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="decode by replaying CUDA graphs, one launch a token (a CUDA GPU only; experimental: "
+        "not yet measured on a GPU, so off by default)",
+    )
 
 
 def _add_draft_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--draft-model", dest="draft", metavar="MODEL",
-                        help="speculative decoding: a smaller model of the same tokenizer (a name or a directory, as "
-                        "--model) proposes tokens, which the model verifies several at a time; greedy text is the same, "
-                        "sampled text follows the same distribution (default: none)")  # fmt: skip
-    parser.add_argument("--draft-tokens", type=_whole_number, metavar="K",
-                        help=f"the tokens the draft model (or prompt lookup) proposes per step (default: {DRAFT_TOKENS})")
-    parser.add_argument("--speculative", choices=["ngram"],
-                        help="speculative decoding without a draft model: prompt lookup drafts the tokens that followed the "
-                        "latest earlier occurrence of the last few tokens, which pays where text copies its prompt (default: off)")  # fmt: skip
-    parser.add_argument("--prompt-lookup-max", type=_whole_number, default=LOOKUP_MAX, metavar="N",
-                        help=f"--speculative ngram: the longest n-gram matched (default: {LOOKUP_MAX})")
-    parser.add_argument("--prompt-lookup-min", type=_whole_number, default=LOOKUP_MIN, metavar="N",
-                        help=f"--speculative ngram: the shortest n-gram matched (default: {LOOKUP_MIN})")
+    parser.add_argument(
+        "--draft-model",
+        dest="draft",
+        metavar="MODEL",
+        help="speculative decoding: a smaller model of the same tokenizer (a name or a directory, as "
+        "--model) proposes tokens, which the model verifies several at a time; greedy text is the same, "
+        "sampled text follows the same distribution (default: none)",
+    )
+    parser.add_argument(
+        "--draft-tokens",
+        type=_whole_number,
+        metavar="K",
+        help=f"the tokens the draft model (or prompt lookup) proposes per step (default: {DRAFT_TOKENS})",
+    )
+    parser.add_argument(
+        "--speculative",
+        choices=["ngram"],
+        help="speculative decoding without a draft model: prompt lookup drafts the tokens that followed the "
+        "latest earlier occurrence of the last few tokens, which pays where text copies its prompt (default: off)",
+    )
+    parser.add_argument(
+        "--prompt-lookup-max",
+        type=_whole_number,
+        default=LOOKUP_MAX,
+        metavar="N",
+        help=f"--speculative ngram: the longest n-gram matched (default: {LOOKUP_MAX})",
+    )
+    parser.add_argument(
+        "--prompt-lookup-min",
+        type=_whole_number,
+        default=LOOKUP_MIN,
+        metavar="N",
+        help=f"--speculative ngram: the shortest n-gram matched (default: {LOOKUP_MIN})",
+    )
 
 
 def _add_structured_flags(parser: argparse.ArgumentParser) -> None:
     """The constraint flags (one at most), the logit bias and the penalties."""
     constraint = parser.add_mutually_exclusive_group()
-    constraint.add_argument("--json-schema", metavar="FILE", help="structured output: a JSON document valid against this JSON schema")
+    constraint.add_argument(
+        "--json-schema", metavar="FILE", help="structured output: a JSON document valid against this JSON schema"
+    )
     constraint.add_argument("--json-object", action="store_true", help="structured output: any JSON object")
-    constraint.add_argument("--regex", metavar="R", help="structured output: text that this regular expression matches, whole")
-    constraint.add_argument("--choice", action="append", metavar="TEXT", help="structured output: one of these texts (repeatable)")
-    constraint.add_argument("--grammar", metavar="FILE", help="structured output: a sentence of this grammar (Lark or llama.cpp's GBNF)")
-    parser.add_argument("--logit-bias", action="append", metavar="ID=BIAS",
-                        help="add BIAS (-100 to 100: -100 bans the token, 100 forces it) to token ID's logit (repeatable)")  # fmt: skip
-    parser.add_argument("--frequency-penalty", type=float, default=0.0, metavar="X",
-                        help="-2 to 2: lower each token's logit by X times its count in the new text, as OpenAI's (default: 0)")  # fmt: skip
-    parser.add_argument("--presence-penalty", type=float, default=0.0, metavar="X",
-                        help="-2 to 2: lower the logit of each token already in the new text by X, as OpenAI's (default: 0)")  # fmt: skip
-    parser.add_argument("--repetition-penalty", type=float, default=1.0, metavar="R",
-                        help="above 0: divide (multiply, where negative) the logits of tokens in the prompt or the new text by R, "
-                        "as transformers' (default: 1, none)")  # fmt: skip
+    constraint.add_argument(
+        "--regex", metavar="R", help="structured output: text that this regular expression matches, whole"
+    )
+    constraint.add_argument(
+        "--choice", action="append", metavar="TEXT", help="structured output: one of these texts (repeatable)"
+    )
+    constraint.add_argument(
+        "--grammar", metavar="FILE", help="structured output: a sentence of this grammar (Lark or llama.cpp's GBNF)"
+    )
+    parser.add_argument(
+        "--logit-bias",
+        action="append",
+        metavar="ID=BIAS",
+        help="add BIAS (-100 to 100: -100 bans the token, 100 forces it) to token ID's logit (repeatable)",
+    )
+    parser.add_argument(
+        "--frequency-penalty",
+        type=float,
+        default=0.0,
+        metavar="X",
+        help="-2 to 2: lower each token's logit by X times its count in the new text, as OpenAI's (default: 0)",
+    )
+    parser.add_argument(
+        "--presence-penalty",
+        type=float,
+        default=0.0,
+        metavar="X",
+        help="-2 to 2: lower the logit of each token already in the new text by X, as OpenAI's (default: 0)",
+    )
+    parser.add_argument(
+        "--repetition-penalty",
+        type=float,
+        default=1.0,
+        metavar="R",
+        help="above 0: divide (multiply, where negative) the logits of tokens in the prompt or the new text by R, "
+        "as transformers' (default: 1, none)",
+    )
 
 
 def _add_special_as_text_flag(parser: argparse.ArgumentParser, where: str) -> None:
-    parser.add_argument("--special-as-text", action="store_true",
-                        help=f"read <|endoftext|> in {where} as ordinary text, not as the end-of-text token 50256 "
-                        "(the default, as OpenAI's API reads it)")  # fmt: skip
+    parser.add_argument(
+        "--special-as-text",
+        action="store_true",
+        help=f"read <|endoftext|> in {where} as ordinary text, not as the end-of-text token 50256 "
+        "(the default, as OpenAI's API reads it)",
+    )
 
 
 SERVE_EXAMPLES = """\
@@ -1046,43 +1280,90 @@ def _add_serve_parser(commands) -> None:
         epilog=SERVE_EXAMPLES,
         formatter_class=_HelpFormatter,
     )
-    serve.add_argument("--model", default="gpt2", help="a released name or a local directory, as for generate; "
-                       "also the model's id in the API, less a trailing slash (default: gpt2)")  # fmt: skip
-    serve.add_argument("--host", default="127.0.0.1", help="the address to listen on; 0.0.0.0 for every interface (default: 127.0.0.1)")
+    serve.add_argument(
+        "--model",
+        default="gpt2",
+        help="a released name or a local directory, as for generate; "
+        "also the model's id in the API, less a trailing slash (default: gpt2)",
+    )
+    serve.add_argument(
+        "--host", default="127.0.0.1", help="the address to listen on; 0.0.0.0 for every interface (default: 127.0.0.1)"
+    )
     serve.add_argument("--port", type=_whole_number, default=8000, help="(default: 8000)")
     _add_inference_device_flags(serve)
     _add_cuda_graphs_flag(serve)
     _add_special_as_text_flag(serve, "string prompts and /tokenize's text")
     _add_draft_flags(serve)
-    serve.add_argument("--max-batch-size", type=_whole_number, default=8, metavar="N",
-                       help="requests' rows decoded together; each holds a KV cache of the model's context (default: 8)")  # fmt: skip
-    serve.add_argument("--max-num-batched-tokens", type=_whole_number, default=512, metavar="N",
-                       help="tokens computed in one step, as vLLM's: prompts go in within it, a long one in chunks over "
-                       "several steps, so that the streams running keep flowing (default: 512)")  # fmt: skip
-    serve.add_argument("--prefix-cache-mb", type=_whole_number, default=512, metavar="MB",
-                       help="memory for the KV blocks of prompts kept for later prompts that begin the same way (a shared "
-                       "system prompt, few-shot examples, a context scored with several endings); the least recently "
-                       "used go first; 0 keeps none (default: 512)")  # fmt: skip
-    serve.add_argument("--max-queue", type=_whole_number, default=64, metavar="N",
-                       help="rows that may wait for a place in the batch; past it, requests get 429 (default: 64)")  # fmt: skip
-    serve.add_argument("--max-n", type=_whole_number, default=16, metavar="N", help="the largest n (choices) of a request (default: 16)")
-    serve.add_argument("--max-inspect-cells", type=_whole_number, metavar="N",
-                       help="the most attention probabilities (layers x heads x tokens x tokens) one /v1/inspect answer "
-                       "holds; about 6.5 bytes each in JSON (default: 4194304, 170 tokens of the 124M model)")  # fmt: skip
-    serve.add_argument("--max-patching-tokens", type=_whole_number, metavar="N",
-                       help="the most tokens one /v1/circuits/patching request runs through the model, a run of the whole "
-                       "text per patched activation (default: 16384: the 124M model's resid_pre grid up to 36 tokens)")  # fmt: skip
+    serve.add_argument(
+        "--max-batch-size",
+        type=_whole_number,
+        default=8,
+        metavar="N",
+        help="requests' rows decoded together; each holds a KV cache of the model's context (default: 8)",
+    )
+    serve.add_argument(
+        "--max-num-batched-tokens",
+        type=_whole_number,
+        default=512,
+        metavar="N",
+        help="tokens computed in one step, as vLLM's: prompts go in within it, a long one in chunks over "
+        "several steps, so that the streams running keep flowing (default: 512)",
+    )
+    serve.add_argument(
+        "--prefix-cache-mb",
+        type=_whole_number,
+        default=512,
+        metavar="MB",
+        help="memory for the KV blocks of prompts kept for later prompts that begin the same way (a shared "
+        "system prompt, few-shot examples, a context scored with several endings); the least recently "
+        "used go first; 0 keeps none (default: 512)",
+    )
+    serve.add_argument(
+        "--max-queue",
+        type=_whole_number,
+        default=64,
+        metavar="N",
+        help="rows that may wait for a place in the batch; past it, requests get 429 (default: 64)",
+    )
+    serve.add_argument(
+        "--max-n",
+        type=_whole_number,
+        default=16,
+        metavar="N",
+        help="the largest n (choices) of a request (default: 16)",
+    )
+    serve.add_argument(
+        "--max-inspect-cells",
+        type=_whole_number,
+        metavar="N",
+        help="the most attention probabilities (layers x heads x tokens x tokens) one /v1/inspect answer "
+        "holds; about 6.5 bytes each in JSON (default: 4194304, 170 tokens of the 124M model)",
+    )
+    serve.add_argument(
+        "--max-patching-tokens",
+        type=_whole_number,
+        metavar="N",
+        help="the most tokens one /v1/circuits/patching request runs through the model, a run of the whole "
+        "text per patched activation (default: 16384: the 124M model's resid_pre grid up to 36 tokens)",
+    )
     serve.add_argument("--no-ui", action="store_true", help="serve the API alone, without the playground page at /")
     _add_chat_template_flag(serve, "/v1/chat/completions' conversations")
-    serve.add_argument("--api-key", default=os.environ.get("GPT2_API_KEY"), metavar="KEY",
-                       help="require the header Authorization: Bearer KEY (default: $GPT2_API_KEY, else none)")  # fmt: skip
+    serve.add_argument(
+        "--api-key",
+        default=os.environ.get("GPT2_API_KEY"),
+        metavar="KEY",
+        help="require the header Authorization: Bearer KEY (default: $GPT2_API_KEY, else none)",
+    )
     serve.set_defaults(func=_cmd_serve, engine="torch")
 
 
 def _add_chat_template_flag(parser: argparse.ArgumentParser, what: str) -> None:
-    parser.add_argument("--chat-template", metavar="FILE",
-                        help=f"a Jinja2 chat template that renders {what}, in place of the model's own (its "
-                        "tokenizer_config.json's chat_template) (default: the model's)")  # fmt: skip
+    parser.add_argument(
+        "--chat-template",
+        metavar="FILE",
+        help=f"a Jinja2 chat template that renders {what}, in place of the model's own (its "
+        "tokenizer_config.json's chat_template) (default: the model's)",
+    )
 
 
 CHAT_EXAMPLES = """\
@@ -1101,17 +1382,33 @@ messages are left out, saying so on stderr.
 
 def _add_sampling_flags(parser: argparse.ArgumentParser) -> None:
     """--temperature, --top-k and --top-p, as generate and chat sample (`_with_top_k` gives --top-k's default)."""
-    parser.add_argument("--temperature", type=float, default=TEMPERATURE,
-                        help=f"0 is greedy; higher is more random (default: {TEMPERATURE})")  # fmt: skip
-    parser.add_argument("--top-k", type=_whole_number, default=None,
-                        help=f"sample among the k most likely tokens (default: {TOP_K}, or the vocabulary size if smaller)")  # fmt: skip
-    parser.add_argument("--top-p", type=float, default=None,
-                        help="sample among the most likely tokens that make up p of the probability (default: off)")  # fmt: skip
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=TEMPERATURE,
+        help=f"0 is greedy; higher is more random (default: {TEMPERATURE})",
+    )
+    parser.add_argument(
+        "--top-k",
+        type=_whole_number,
+        default=None,
+        help=f"sample among the k most likely tokens (default: {TOP_K}, or the vocabulary size if smaller)",
+    )
+    parser.add_argument(
+        "--top-p",
+        type=float,
+        default=None,
+        help="sample among the most likely tokens that make up p of the probability (default: off)",
+    )
 
 
 def _with_top_k(sampling, model):
     """`sampling` with --top-k's default where it was not given: TOP_K, clamped to the model's vocabulary."""
-    return sampling if sampling.top_k is not None else dataclasses.replace(sampling, top_k=min(TOP_K, model.config.n_vocab))
+    return (
+        sampling
+        if sampling.top_k is not None
+        else dataclasses.replace(sampling, top_k=min(TOP_K, model.config.n_vocab))
+    )
 
 
 def _add_chat_parser(commands) -> None:
@@ -1123,15 +1420,25 @@ def _add_chat_parser(commands) -> None:
         epilog=CHAT_EXAMPLES,
         formatter_class=_HelpFormatter,
     )
-    chat.add_argument("--model", default="gpt2", help="a released name or a local directory, as for generate (default: gpt2)")
+    chat.add_argument(
+        "--model", default="gpt2", help="a released name or a local directory, as for generate (default: gpt2)"
+    )
     _add_chat_template_flag(chat, "the conversation")
     chat.add_argument("--system", metavar="TEXT", help="a system message that opens the conversation (default: none)")
-    chat.add_argument("--max-new-tokens", type=_whole_number, default=None,
-                      help=f"the longest reply, in tokens (default: {CHAT_MAX_NEW_TOKENS}, or half the model's context if less)")  # fmt: skip
+    chat.add_argument(
+        "--max-new-tokens",
+        type=_whole_number,
+        default=None,
+        help=f"the longest reply, in tokens (default: {CHAT_MAX_NEW_TOKENS}, or half the model's context if less)",
+    )
     _add_sampling_flags(chat)
-    chat.add_argument("--seed", type=_whole_number, default=None,
-                      help="0 to 2**64-1: reply k samples from seed + k, so the same seed and messages give the same "
-                      "conversation (default: random)")  # fmt: skip
+    chat.add_argument(
+        "--seed",
+        type=_whole_number,
+        default=None,
+        help="0 to 2**64-1: reply k samples from seed + k, so the same seed and messages give the same "
+        "conversation (default: random)",
+    )
     _add_inference_device_flags(chat)
     _add_cuda_graphs_flag(chat)
     chat.set_defaults(func=_cmd_chat, engine="torch")
@@ -1147,16 +1454,28 @@ def _add_eval_parser(commands) -> None:
         epilog=EVAL_EXAMPLES,
         formatter_class=_HelpFormatter,
     )
-    ev.add_argument("file", nargs="?", metavar="FILE", help="a UTF-8 text file, tokenized as one stream with the model's tokenizer")
+    ev.add_argument(
+        "file", nargs="?", metavar="FILE", help="a UTF-8 text file, tokenized as one stream with the model's tokenizer"
+    )
     ev.add_argument("--model", default="gpt2", help="a released name or a model directory (default: gpt2)")
-    ev.add_argument("--data", metavar="PATH", help="without --task: a directory gpt2 prepare wrote (its val.bin or val shards), "
-                    "or llm.c's token files; "
-                    "with --task: the task's own file instead of the download")  # fmt: skip
+    ev.add_argument(
+        "--data",
+        metavar="PATH",
+        help="without --task: a directory gpt2 prepare wrote (its val.bin or val shards), "
+        "or llm.c's token files; "
+        "with --task: the task's own file instead of the download",
+    )
     ev.add_argument("--task", choices=TASKS, help="a benchmark instead of a text")
     ev.add_argument("--context", type=_whole_number, metavar="N", help="ids in a window (default: the model's context)")
-    ev.add_argument("--stride", type=_whole_number, metavar="S", help="ids a window moves by (default: half the context)")
-    ev.add_argument("--batch-size", type=_whole_number, default=8, metavar="B", help="windows or examples at a time (default: 8)")
-    ev.add_argument("--limit", type=_whole_number, metavar="K", help="only the first K examples of a task (wikitext2: rows)")
+    ev.add_argument(
+        "--stride", type=_whole_number, metavar="S", help="ids a window moves by (default: half the context)"
+    )
+    ev.add_argument(
+        "--batch-size", type=_whole_number, default=8, metavar="B", help="windows or examples at a time (default: 8)"
+    )
+    ev.add_argument(
+        "--limit", type=_whole_number, metavar="K", help="only the first K examples of a task (wikitext2: rows)"
+    )
     ev.add_argument("--json", action="store_true", help="print one JSON object")
     _add_inference_device_flags(ev)
     _add_no_progress_flag(ev)
@@ -1174,59 +1493,124 @@ def _add_train_parser(commands) -> None:
         argument_default=argparse.SUPPRESS,  # only the flags given reach train(): a resume tells them apart
     )
     d = TrainSettings  # the defaults, shown in the help
-    train.add_argument("--recipe", metavar="FILE|NAME",
-                       help="settings from a TOML file whose keys are the flags' names (max_iters = 2000), or one of "
-                            "gpt2's recipes by name (shakespeare_char, ...); flags given override it")  # fmt: skip
-    train.add_argument("--out", help="the run's directory: the best model, log, plot and checkpoint (required, here or in the recipe)")
-    train.add_argument("--data", help="a directory gpt2 prepare wrote (or nanoGPT's train.bin/val.bin, or llm.c's .bin files)")
-    train.add_argument("--resume", action="store_true", default=False, help="continue the run in OUT, with its settings")
-    train.add_argument("--overwrite", action="store_true", default=False, help="start a new run in an OUT that holds one")
+    train.add_argument(
+        "--recipe",
+        metavar="FILE|NAME",
+        help="settings from a TOML file whose keys are the flags' names (max_iters = 2000), or one of "
+        "gpt2's recipes by name (shakespeare_char, ...); flags given override it",
+    )
+    train.add_argument(
+        "--out", help="the run's directory: the best model, log, plot and checkpoint (required, here or in the recipe)"
+    )
+    train.add_argument(
+        "--data", help="a directory gpt2 prepare wrote (or nanoGPT's train.bin/val.bin, or llm.c's .bin files)"
+    )
+    train.add_argument(
+        "--resume", action="store_true", default=False, help="continue the run in OUT, with its settings"
+    )
+    train.add_argument(
+        "--overwrite", action="store_true", default=False, help="start a new run in an OUT that holds one"
+    )
     model = train.add_argument_group("model from scratch (the vocabulary comes from the data)")
     model.add_argument("--config", choices=list(PRESETS), help="a released size's shape")
-    for name, help_text in (("--n-layer", "blocks (default: 12)"), ("--n-head", "attention heads (default: 12)"),
-                            ("--n-embd", "width (default: 768)"), ("--block-size", "context of the training windows (default: 1024)")):  # fmt: skip
+    for name, help_text in (
+        ("--n-layer", "blocks (default: 12)"),
+        ("--n-head", "attention heads (default: 12)"),
+        ("--n-embd", "width (default: 768)"),
+        ("--block-size", "context of the training windows (default: 1024)"),
+    ):
         model.add_argument(name, type=_whole_number, help=help_text)
     model.add_argument("--dropout", type=float, help="(default: 0.0)")
-    model.add_argument("--bias", action=argparse.BooleanOptionalAction,
-                       help="biases in linear layers and LayerNorms (default: on with --config, as GPT-2; off otherwise, as nanoGPT)")  # fmt: skip
+    model.add_argument(
+        "--bias",
+        action=argparse.BooleanOptionalAction,
+        help="biases in linear layers and LayerNorms (default: on with --config, as GPT-2; off otherwise, as nanoGPT)",
+    )
     model.add_argument("--positions", choices=POSITIONS, help="(default: learned)")
-    model.add_argument("--activation", choices=ACTIVATIONS,
-                       help="the MLP's GELU: tanh approximation or exact (default: gelu_tanh with --config, as GPT-2; gelu otherwise, as nanoGPT)")  # fmt: skip
+    model.add_argument(
+        "--activation",
+        choices=ACTIVATIONS,
+        help="the MLP's GELU: tanh approximation or exact (default: gelu_tanh with --config, as GPT-2; gelu otherwise, as nanoGPT)",
+    )
     model.add_argument("--init", help="fine-tune this model: a released name or a model directory")
-    model.add_argument("--checkpoint-activations", action="store_true", help="recompute activations in backward: less memory, more compute")
+    model.add_argument(
+        "--checkpoint-activations",
+        action="store_true",
+        help="recompute activations in backward: less memory, more compute",
+    )
     optim = train.add_argument_group("optimisation (AdamW or Muon, linear warm-up then cosine decay)")
-    for name, kind in (("--batch-size", _whole_number), ("--grad-accum", _whole_number), ("--max-iters", _whole_number),
-                       ("--lr", float), ("--min-lr", float), ("--warmup-iters", _whole_number), ("--lr-decay-iters", _whole_number),
-                       ("--weight-decay", float), ("--beta1", float), ("--beta2", float), ("--grad-clip", float),
-                       ("--seed", _whole_number)):  # fmt: skip
+    for name, kind in (
+        ("--batch-size", _whole_number),
+        ("--grad-accum", _whole_number),
+        ("--max-iters", _whole_number),
+        ("--lr", float),
+        ("--min-lr", float),
+        ("--warmup-iters", _whole_number),
+        ("--lr-decay-iters", _whole_number),
+        ("--weight-decay", float),
+        ("--beta1", float),
+        ("--beta2", float),
+        ("--grad-clip", float),
+        ("--seed", _whole_number),
+    ):
         default = getattr(d, name[2:].replace("-", "_"))
         optim.add_argument(name, type=kind, help=f"(default: {'max-iters' if default is None else default})")
-    optim.add_argument("--optimizer", choices=OPTIMIZERS,
-                       help="adamw, or muon: Muon for the blocks' matrices, AdamW for the rest (default: adamw)")  # fmt: skip
-    optim.add_argument("--muon-lr", type=float, help=f"with --optimizer muon: the peak learning rate of Muon's matrices (default: {MUON_LR})")
+    optim.add_argument(
+        "--optimizer",
+        choices=OPTIMIZERS,
+        help="adamw, or muon: Muon for the blocks' matrices, AdamW for the rest (default: adamw)",
+    )
+    optim.add_argument(
+        "--muon-lr",
+        type=float,
+        help=f"with --optimizer muon: the peak learning rate of Muon's matrices (default: {MUON_LR})",
+    )
     run = train.add_argument_group("evaluation, devices, output")
     for name in ("--eval-interval", "--eval-iters", "--log-interval"):
         run.add_argument(name, type=_whole_number, help=f"(default: {getattr(d, name[2:].replace('-', '_'))})")
     run.add_argument("--device", help="auto (CUDA, else MPS, else CPU), cpu, cuda, cuda:N or mps (default: auto)")
-    run.add_argument("--dtype", choices=TRAINING_DTYPES,
-                     help="compute dtype (default: auto: bfloat16 on CUDA, float16 on older GPUs, float32 elsewhere)")  # fmt: skip
+    run.add_argument(
+        "--dtype",
+        choices=TRAINING_DTYPES,
+        help="compute dtype (default: auto: bfloat16 on CUDA, float16 on older GPUs, float32 elsewhere)",
+    )
     run.add_argument("--compile", choices=COMPILE_MODES, help="torch.compile the model (default: auto: on CUDA only)")
     _add_threads_flag(run)
     run.add_argument("--sample-prompt", metavar="TEXT", help="print a continuation of TEXT at each evaluation")
-    run.add_argument("--eval-task", choices=EVAL_TASKS,
-                     help="a benchmark scored at each evaluation too (GPT-2's BPE tokens): logged, printed and plotted")  # fmt: skip
-    run.add_argument("--eval-task-limit", type=_whole_number, metavar="N", help="only its first N examples (default: all)")
-    run.add_argument("--eval-task-data", metavar="PATH",
-                     help="its file, as gpt2 eval --data takes it (default: the download, cached)")  # fmt: skip
+    run.add_argument(
+        "--eval-task",
+        choices=EVAL_TASKS,
+        help="a benchmark scored at each evaluation too (GPT-2's BPE tokens): logged, printed and plotted",
+    )
+    run.add_argument(
+        "--eval-task-limit", type=_whole_number, metavar="N", help="only its first N examples (default: all)"
+    )
+    run.add_argument(
+        "--eval-task-data",
+        metavar="PATH",
+        help="its file, as gpt2 eval --data takes it (default: the download, cached)",
+    )
     _add_no_progress_flag(run)
     logs = train.add_argument_group("logging (each record of OUT/log.jsonl, also to)")
-    logs.add_argument("--wandb", metavar="PROJECT", help="Weights & Biases, in this project (WANDB_MODE=offline: offline); pip install 'gpt2[wandb]'")
+    logs.add_argument(
+        "--wandb",
+        metavar="PROJECT",
+        help="Weights & Biases, in this project (WANDB_MODE=offline: offline); pip install 'gpt2[wandb]'",
+    )
     logs.add_argument("--wandb-run-name", metavar="NAME", help="the run's name in W&B (default: one W&B makes up)")
-    logs.add_argument("--tensorboard", metavar="DIR", help="TensorBoard's event files, in DIR; pip install 'gpt2[tensorboard]'")
+    logs.add_argument(
+        "--tensorboard", metavar="DIR", help="TensorBoard's event files, in DIR; pip install 'gpt2[tensorboard]'"
+    )
     procs = train.add_argument_group("several processes (start with torchrun --nproc_per_node N -m gpt2 train ...)")
-    procs.add_argument("--fsdp", action="store_true", help="shard weights, gradients and optimizer state over the processes (FSDP2)")
-    procs.add_argument("--timeout", type=float, metavar="SECONDS",
-                       help=f"how long a process waits for the others before stopping with an error (default: {d.timeout:g})")  # fmt: skip
+    procs.add_argument(
+        "--fsdp", action="store_true", help="shard weights, gradients and optimizer state over the processes (FSDP2)"
+    )
+    procs.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        help=f"how long a process waits for the others before stopping with an error (default: {d.timeout:g})",
+    )
     train.set_defaults(func=_cmd_train)
 
 
@@ -1267,14 +1651,18 @@ def _add_export_parser(commands) -> None:
     export.add_argument("--format", required=True, choices=["onnx", "gguf"], help="onnx: a directory; gguf: one file")
     export.add_argument("--model", default="gpt2", help="a released name or a model directory (default: gpt2)")
     export.add_argument("--out", required=True, metavar="PATH", help="onnx: a new directory; gguf: a .gguf file")
-    export.add_argument("--quantize", choices=["int8"], help="onnx: ONNX Runtime's dynamic int8 quantization (default: none)")
+    export.add_argument(
+        "--quantize", choices=["int8"], help="onnx: ONNX Runtime's dynamic int8 quantization (default: none)"
+    )
     export.add_argument("--dtype", choices=["f32", "f16", "q8_0"], help="gguf: the weights' type (default: f32)")
     export.set_defaults(func=_cmd_export, engine="torch", device="cpu", cuda_graphs=False)
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
     if args.format == "onnx" and args.dtype is not None:
-        raise _UsageError(f"--dtype {args.dtype} is a GGUF type: an ONNX export is float32, or int8 with --quantize int8")
+        raise _UsageError(
+            f"--dtype {args.dtype} is a GGUF type: an ONNX export is float32, or int8 with --quantize int8"
+        )
     if args.format == "gguf" and args.quantize is not None:
         raise _UsageError("--quantize is ONNX Runtime's: a GGUF export takes --dtype f32, f16 or q8_0")
     from gpt2.model.model import GPT2
@@ -1301,10 +1689,14 @@ def _add_tokenize_parser(commands) -> None:
         epilog=TOKENIZE_EXAMPLES,
         formatter_class=_HelpFormatter,
     )
-    tokenize.add_argument("input", nargs="*", help="the text (words are joined by spaces), token ids with --decode, or - for stdin")
+    tokenize.add_argument(
+        "input", nargs="*", help="the text (words are joined by spaces), token ids with --decode, or - for stdin"
+    )
     tokenize.add_argument("--decode", action="store_true", help="the input is token ids: print their text")
     tokenize.add_argument("--count", action="store_true", help="print only the number of tokens")
-    tokenize.add_argument("--allow-special", action="store_true", help="encode the text <|endoftext|> as the special token 50256")
+    tokenize.add_argument(
+        "--allow-special", action="store_true", help="encode the text <|endoftext|> as the special token 50256"
+    )
     tokenize.set_defaults(func=_cmd_tokenize)
 
 
@@ -1317,28 +1709,54 @@ def _add_generate_parser(commands) -> None:
         formatter_class=_HelpFormatter,
     )
     generate.add_argument("prompt", nargs="?", help="the prompt, or - to read it from standard input")
-    generate.add_argument("--model", default="gpt2", help="gpt2, gpt2-medium, gpt2-large, gpt2-xl (downloaded once), "
-                          "shakespeare_char (shipped: a small model of Shakespeare's characters, offline), "
-                          "or a local directory (Hugging Face's or OpenAI's release) (default: gpt2)")  # fmt: skip
-    generate.add_argument("--max-new-tokens", type=_whole_number, default=MAX_NEW_TOKENS,
-                          help=f"tokens to generate (default: {MAX_NEW_TOKENS})")  # fmt: skip
+    generate.add_argument(
+        "--model",
+        default="gpt2",
+        help="gpt2, gpt2-medium, gpt2-large, gpt2-xl (downloaded once), "
+        "shakespeare_char (shipped: a small model of Shakespeare's characters, offline), "
+        "or a local directory (Hugging Face's or OpenAI's release) (default: gpt2)",
+    )
+    generate.add_argument(
+        "--max-new-tokens",
+        type=_whole_number,
+        default=MAX_NEW_TOKENS,
+        help=f"tokens to generate (default: {MAX_NEW_TOKENS})",
+    )
     _add_sampling_flags(generate)
-    generate.add_argument("--seed", type=_whole_number, default=None,
-                          help="0 to 2**64-1: the same seed gives the same text; sample i uses seed + i, "
-                          "as in the Python API and the server (default: random)")  # fmt: skip
+    generate.add_argument(
+        "--seed",
+        type=_whole_number,
+        default=None,
+        help="0 to 2**64-1: the same seed gives the same text; sample i uses seed + i, "
+        "as in the Python API and the server (default: random)",
+    )
     generate.add_argument("--num-samples", type=_whole_number, default=1, help="continuations to generate (default: 1)")
-    generate.add_argument("--stop", action="append", metavar="TEXT", help="end a continuation before this text (repeatable)")
+    generate.add_argument(
+        "--stop", action="append", metavar="TEXT", help="end a continuation before this text (repeatable)"
+    )
     _add_special_as_text_flag(generate, "the prompt")
     _add_inference_device_flags(generate)
     _add_cuda_graphs_flag(generate)
-    generate.add_argument("--engine", default="torch", choices=["torch", "numpy"],
-                          help="torch (with a KV cache) or numpy (the reference engine: no cache, slow, for checking) (default: torch)")  # fmt: skip
+    generate.add_argument(
+        "--engine",
+        default="torch",
+        choices=["torch", "numpy"],
+        help="torch (with a KV cache) or numpy (the reference engine: no cache, slow, for checking) (default: torch)",
+    )
     _add_draft_flags(generate)
     _add_structured_flags(generate)
-    generate.add_argument("--on-overflow", default="slide", choices=["slide", "error"],
-                          help="past the model's context: keep the last n_ctx tokens, or stop with an error (default: slide)")  # fmt: skip
-    generate.add_argument("--no-stream", dest="stream", action="store_false",
-                          help="print the continuation, without the prompt, once it is done (a progress bar shows it under way)")  # fmt: skip
+    generate.add_argument(
+        "--on-overflow",
+        default="slide",
+        choices=["slide", "error"],
+        help="past the model's context: keep the last n_ctx tokens, or stop with an error (default: slide)",
+    )
+    generate.add_argument(
+        "--no-stream",
+        dest="stream",
+        action="store_false",
+        help="print the continuation, without the prompt, once it is done (a progress bar shows it under way)",
+    )
     _add_no_progress_flag(generate)
     generate.set_defaults(func=_cmd_generate)
 
@@ -1371,46 +1789,101 @@ def _add_inspect_parser(commands) -> None:
         formatter_class=_HelpFormatter,
     )
     inspect.add_argument("text", nargs="?", help="the text, or - to read it from standard input")
-    inspect.add_argument("--model", default="gpt2", help="a released name or a local directory, as for generate (default: gpt2)")
-    inspect.add_argument("--top-k", type=_whole_number, default=5, metavar="K",
-                         help="alternatives shown at each position; in next-token.png, the top-k filter (default: 5)")  # fmt: skip
-    inspect.add_argument("--json", action="store_true",
-                         help="print one JSON object: tokens, ids, logprobs, ranks, top; with --heads, each kind's scores")  # fmt: skip
-    inspect.add_argument("--walk", action="store_true", help="print the forward pass, a line a step: shape, math, values")
-    inspect.add_argument("--png", metavar="DIR",
-                         help="draw the pictures into DIR (needs matplotlib: the inspect extra); with --heads, head-scores.png")  # fmt: skip
-    inspect.add_argument("--position", type=int, default=-1, metavar="P",
-                         help="next-token.png: the position whose next token is drawn, 0-based; -1 the last (default: -1)")  # fmt: skip
-    inspect.add_argument("--temperature", type=float, default=TEMPERATURE,
-                         help=f"next-token.png: the temperature applied (default: {TEMPERATURE})")  # fmt: skip
+    inspect.add_argument(
+        "--model", default="gpt2", help="a released name or a local directory, as for generate (default: gpt2)"
+    )
+    inspect.add_argument(
+        "--top-k",
+        type=_whole_number,
+        default=5,
+        metavar="K",
+        help="alternatives shown at each position; in next-token.png, the top-k filter (default: 5)",
+    )
+    inspect.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object: tokens, ids, logprobs, ranks, top; with --heads, each kind's scores",
+    )
+    inspect.add_argument(
+        "--walk", action="store_true", help="print the forward pass, a line a step: shape, math, values"
+    )
+    inspect.add_argument(
+        "--png",
+        metavar="DIR",
+        help="draw the pictures into DIR (needs matplotlib: the inspect extra); with --heads, head-scores.png",
+    )
+    inspect.add_argument(
+        "--position",
+        type=int,
+        default=-1,
+        metavar="P",
+        help="next-token.png: the position whose next token is drawn, 0-based; -1 the last (default: -1)",
+    )
+    inspect.add_argument(
+        "--temperature",
+        type=float,
+        default=TEMPERATURE,
+        help=f"next-token.png: the temperature applied (default: {TEMPERATURE})",
+    )
     inspect.add_argument("--top-p", type=float, default=None, help="next-token.png: the top-p filter (default: off)")
-    inspect.add_argument("--heads", action="store_true",
-                         help="score every head: previous-token, duplicate-token and induction, on the text or on --repeat")  # fmt: skip
-    inspect.add_argument("--repeat", type=_whole_number, metavar="N",
-                         help="--heads: on N random tokens written twice (seed 0), the standard induction test")  # fmt: skip
-    inspect.add_argument("--color", choices=["auto", "always", "never"], default="auto",
-                         help="colour tokens by surprise: auto does on a terminal without $NO_COLOR (default: auto)")  # fmt: skip
+    inspect.add_argument(
+        "--heads",
+        action="store_true",
+        help="score every head: previous-token, duplicate-token and induction, on the text or on --repeat",
+    )
+    inspect.add_argument(
+        "--repeat",
+        type=_whole_number,
+        metavar="N",
+        help="--heads: on N random tokens written twice (seed 0), the standard induction test",
+    )
+    inspect.add_argument(
+        "--color",
+        choices=["auto", "always", "never"],
+        default="auto",
+        help="colour tokens by surprise: auto does on a terminal without $NO_COLOR (default: auto)",
+    )
     _add_inspect_experiment_flag(inspect)
-    inspect.add_argument("--corrupted", metavar="TEXT",
-                         help="activation and attribution patching: each activation of --site taken from the text into "
-                         "this corrupted one (of as many tokens), on the logit difference of --answer and --other")  # fmt: skip
-    inspect.add_argument("--site", choices=["resid_pre", "attn_out", "mlp_out", "head"], default="resid_pre",
-                         help="--corrupted: what is patched, a layer and a position at a time, or a head (default: resid_pre)")  # fmt: skip
-    inspect.add_argument("--answer", metavar="TOKEN", help="--corrupted: the token whose logit counts up (default: the text's next token)")
-    inspect.add_argument("--other", metavar="TOKEN",
-                         help="--corrupted: the token whose logit counts down (default: the corrupted text's next token)")  # fmt: skip
-    inspect.add_argument("--sae", metavar="DIR",
-                         help="each token's top --top-k features of the sparse autoencoder SAELens saved in DIR "
-                         "(cfg.json + sae_weights.safetensors), at its hook: blocks.L.hook_resid_pre and the like")  # fmt: skip
+    inspect.add_argument(
+        "--corrupted",
+        metavar="TEXT",
+        help="activation and attribution patching: each activation of --site taken from the text into "
+        "this corrupted one (of as many tokens), on the logit difference of --answer and --other",
+    )
+    inspect.add_argument(
+        "--site",
+        choices=["resid_pre", "attn_out", "mlp_out", "head"],
+        default="resid_pre",
+        help="--corrupted: what is patched, a layer and a position at a time, or a head (default: resid_pre)",
+    )
+    inspect.add_argument(
+        "--answer",
+        metavar="TOKEN",
+        help="--corrupted: the token whose logit counts up (default: the text's next token)",
+    )
+    inspect.add_argument(
+        "--other",
+        metavar="TOKEN",
+        help="--corrupted: the token whose logit counts down (default: the corrupted text's next token)",
+    )
+    inspect.add_argument(
+        "--sae",
+        metavar="DIR",
+        help="each token's top --top-k features of the sparse autoencoder SAELens saved in DIR "
+        "(cfg.json + sae_weights.safetensors), at its hook: blocks.L.hook_resid_pre and the like",
+    )
     _add_inference_device_flags(inspect)
     inspect.set_defaults(func=_cmd_inspect, engine="torch", cuda_graphs=False)
 
 
 def _add_inspect_experiment_flag(inspect) -> None:
-    inspect.add_argument("--experiment", choices=["induction", "ioi", "greater-than"],
-                         help="run a standard experiment on its built-in data instead of a text: induction (head scores "
-                         "on a repeated random sequence), ioi (Wang et al. 2023's 15 templates), greater-than (Hanna et al. "
-                         "2023); prints its metrics, and --png draws its patching heat map and attribution bar chart")  # fmt: skip
+    inspect.add_argument(
+        "--experiment",
+        choices=["induction", "ioi", "greater-than"],
+        help="run a standard experiment on its built-in data instead of a text: induction (head scores "
+        "on a repeated random sequence), ioi (Wang et al. 2023's 15 templates), greater-than (Hanna et al. "
+        "2023); prints its metrics, and --png draws its patching heat map and attribution bar chart",
+    )
 
 
 def _add_prepare_parser(commands) -> None:
@@ -1421,38 +1894,74 @@ def _add_prepare_parser(commands) -> None:
         epilog=PREPARE_EXAMPLES,
         formatter_class=_HelpFormatter,
     )
-    prepare.add_argument("inputs", nargs="*", metavar="INPUT",
-                         help="text files, .jsonl and .parquet files (a document a record), directories (every file beneath), "
-                              "or - for standard input, or shakespeare (tinyshakespeare, shipped in gpt2); with --chat, JSON Lines "
-                              "files of conversations")  # fmt: skip
-    prepare.add_argument("--chat", action="store_true",
-                         help='the inputs are conversations, {"messages": [{"role": ..., "content": ...}, ...]} a line: '
-                              "rendered by a chat template, with train.mask.bin and val.mask.bin marking the replies' tokens")  # fmt: skip
-    prepare.add_argument("--chat-template", metavar="FILE",
-                         help="with --chat: a Jinja2 chat template (transformers' format) (default: gpt2's, User:/Assistant: "
-                              "turns, each reply ended by <|endoftext|>)")  # fmt: skip
+    prepare.add_argument(
+        "inputs",
+        nargs="*",
+        metavar="INPUT",
+        help="text files, .jsonl and .parquet files (a document a record), directories (every file beneath), "
+        "or - for standard input, or shakespeare (tinyshakespeare, shipped in gpt2); with --chat, JSON Lines "
+        "files of conversations",
+    )
+    prepare.add_argument(
+        "--chat",
+        action="store_true",
+        help='the inputs are conversations, {"messages": [{"role": ..., "content": ...}, ...]} a line: '
+        "rendered by a chat template, with train.mask.bin and val.mask.bin marking the replies' tokens",
+    )
+    prepare.add_argument(
+        "--chat-template",
+        metavar="FILE",
+        help="with --chat: a Jinja2 chat template (transformers' format) (default: gpt2's, User:/Assistant: "
+        "turns, each reply ended by <|endoftext|>)",
+    )
     prepare.add_argument("--out", required=True, metavar="DIR", help="where to write the prepared data")
-    prepare.add_argument("--tokenizer", default="gpt2", metavar="SPEC",
-                         help="gpt2 (OpenAI's), char (the corpus's characters) or bpe:N (trained on the corpus) (default: gpt2)")  # fmt: skip
-    prepare.add_argument("--val-fraction", type=float, default=0.1, metavar="F",
-                         help="share of the tokens (with --chat: of the conversations) kept for validation (default: 0.1)")  # fmt: skip
-    prepare.add_argument("--text-field", metavar="NAME",
-                         help="the field of a .jsonl or .parquet record, or of a dataset's example, that holds its text (default: text)")  # fmt: skip
-    prepare.add_argument("--dataset", metavar="NAME", help="a Hugging Face dataset (a name on the hub, or a local directory of "
-                         "data files), streamed: nothing is downloaded whole")  # fmt: skip
-    prepare.add_argument("--dataset-config", metavar="C", help="the dataset's configuration (e.g. sample-10BT for HuggingFaceFW/fineweb)")
-    prepare.add_argument("--split", dest="dataset_split", default="train", metavar="S", help="the dataset's split (default: train)")
-    prepare.add_argument("--shard-tokens", type=_whole_number, metavar="N",
-                         help="write llm.c's shards of N tokens (DIRNAME_val_000000.bin, DIRNAME_train_000001.bin, ...; the "
-                              "first validates) instead of train.bin and val.bin")  # fmt: skip
+    prepare.add_argument(
+        "--tokenizer",
+        default="gpt2",
+        metavar="SPEC",
+        help="gpt2 (OpenAI's), char (the corpus's characters) or bpe:N (trained on the corpus) (default: gpt2)",
+    )
+    prepare.add_argument(
+        "--val-fraction",
+        type=float,
+        default=0.1,
+        metavar="F",
+        help="share of the tokens (with --chat: of the conversations) kept for validation (default: 0.1)",
+    )
+    prepare.add_argument(
+        "--text-field",
+        metavar="NAME",
+        help="the field of a .jsonl or .parquet record, or of a dataset's example, that holds its text (default: text)",
+    )
+    prepare.add_argument(
+        "--dataset",
+        metavar="NAME",
+        help="a Hugging Face dataset (a name on the hub, or a local directory of "
+        "data files), streamed: nothing is downloaded whole",
+    )
+    prepare.add_argument(
+        "--dataset-config", metavar="C", help="the dataset's configuration (e.g. sample-10BT for HuggingFaceFW/fineweb)"
+    )
+    prepare.add_argument(
+        "--split", dest="dataset_split", default="train", metavar="S", help="the dataset's split (default: train)"
+    )
+    prepare.add_argument(
+        "--shard-tokens",
+        type=_whole_number,
+        metavar="N",
+        help="write llm.c's shards of N tokens (DIRNAME_val_000000.bin, DIRNAME_train_000001.bin, ...; the "
+        "first validates) instead of train.bin and val.bin",
+    )
     prepare.add_argument("--overwrite", action="store_true", help="replace data already in DIR")
     _add_no_progress_flag(prepare)
     prepare.set_defaults(func=_cmd_prepare)
 
 
 # Each command's reference, a page in docs/ of gpt2's repository, named at the end of its --help.
-REFERENCES = {name: f"docs/{name}.md" for name in ("tokenize", "generate", "prepare", "train", "eval", "serve", "chat", "inspect",
-                                                   "export")}  # fmt: skip
+REFERENCES = {
+    name: f"docs/{name}.md"
+    for name in ("tokenize", "generate", "prepare", "train", "eval", "serve", "chat", "inspect", "export")
+}
 
 
 def _add_references(parser: argparse.ArgumentParser, commands) -> None:
@@ -1482,8 +1991,11 @@ def parser_flags(parser: argparse.ArgumentParser, command: str) -> dict[str, str
     "--max-iters" (an option's dest is the parameter's name; a `--no-x` switch sets none). Another
     command's flags are none of its business: a model's config.json is no --n-head of generate."""
     chosen = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
-    return {action.dest: action.option_strings[0] for action in chosen._actions
-            if action.option_strings and not action.option_strings[0].startswith("--no-") and action.dest != "help"}  # fmt: skip
+    return {
+        action.dest: action.option_strings[0]
+        for action in chosen._actions
+        if action.option_strings and not action.option_strings[0].startswith("--no-") and action.dest != "help"
+    }
 
 
 def with_flags(said: Exception | Warning, flags: dict[str, str]) -> str:
@@ -1499,16 +2011,23 @@ def with_flags(said: Exception | Warning, flags: dict[str, str]) -> str:
     if not isinstance(said, RecipeError):
         mentioned = {n: m.start() if (m := re.search(word[n], message)) else len(message) for n in names}
         for n in sorted(names, key=mentioned.get):  # in the order the message names them: "--context and --stride"
-            message = re.sub(rf"{word[n]}=(?:True\b|'([^']*)'|([-+.\w]+))", lambda m: " ".join(filter(None, (flags[n], m[1], m[2]))),
-                             message)  # fmt: skip
+            message = re.sub(
+                rf"{word[n]}=(?:True\b|'([^']*)'|([-+.\w]+))",
+                lambda m: " ".join(filter(None, (flags[n], m[1], m[2]))),
+                message,
+            )
             if "_" in n:  # never an English word: every mention
                 message = re.sub(word[n], flags[n], message)
             else:
-                message = re.sub(rf"(^|--[a-z0-9-]+(?:,| and| or) ){word[n]}", lambda m: m.group(1) + flags[n], message, count=1)
+                message = re.sub(
+                    rf"(^|--[a-z0-9-]+(?:,| and| or) ){word[n]}", lambda m: m.group(1) + flags[n], message, count=1
+                )
     for n in names:
         if flags[n] not in message:
             named = re.search(word[n], message)
-            message = f"{message[: named.end()]} ({flags[n]}){message[named.end() :]}" if named else f"{message} ({flags[n]})"
+            message = (
+                f"{message[: named.end()]} ({flags[n]}){message[named.end() :]}" if named else f"{message} ({flags[n]})"
+            )
     return message
 
 

@@ -37,7 +37,7 @@ def mps_available() -> bool:
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    """"auto" is CUDA, else MPS, else CPU; asking for a device that is not there is an error."""
+    """ "auto" is CUDA, else MPS, else CPU; asking for a device that is not there is an error."""
     if isinstance(device, torch.device):
         device = str(device)
     if not isinstance(device, str):
@@ -50,15 +50,20 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
         raise InvalidArgumentError(f"unknown device {device!r}: use {DEVICES}", "device") from None
     if resolved.type == "cuda":
         if not torch.cuda.is_available():
-            raise InvalidArgumentError(f"device {device!r} asked for, but CUDA is not available on this machine; use 'cpu' or 'auto'",
-                                       "device")  # fmt: skip
+            raise InvalidArgumentError(
+                f"device {device!r} asked for, but CUDA is not available on this machine; use 'cpu' or 'auto'", "device"
+            )
         if resolved.index is not None and resolved.index >= torch.cuda.device_count():
-            raise InvalidArgumentError(f"device {device!r} asked for, but this machine has {torch.cuda.device_count()} CUDA device(s)",
-                                       "device")  # fmt: skip
+            raise InvalidArgumentError(
+                f"device {device!r} asked for, but this machine has {torch.cuda.device_count()} CUDA device(s)",
+                "device",
+            )
     elif resolved.type == "mps":
         if not mps_available():
-            raise InvalidArgumentError(f"device {device!r} asked for, but Apple's MPS is not available on this machine; "
-                                       "use 'cpu' or 'auto'", "device")  # fmt: skip
+            raise InvalidArgumentError(
+                f"device {device!r} asked for, but Apple's MPS is not available on this machine; use 'cpu' or 'auto'",
+                "device",
+            )
     elif resolved.type != "cpu":
         raise InvalidArgumentError(f"unsupported device {device!r}: use {DEVICES}", "device")
     return resolved
@@ -70,15 +75,21 @@ def process_device(device: str, local_rank: int) -> torch.device:
     A GPU index or MPS cannot be shared out this way: an error says so."""
     resolved = resolve_device(device)
     if resolved.type == "mps":
-        raise InvalidArgumentError("training on several processes runs on CUDA (NCCL) or the CPU (gloo), not MPS: use device 'cpu'", "device")
+        raise InvalidArgumentError(
+            "training on several processes runs on CUDA (NCCL) or the CPU (gloo), not MPS: use device 'cpu'", "device"
+        )
     if resolved.type == "cpu":
         return resolved
     if device not in ("auto", "cuda"):
-        raise InvalidArgumentError(f"device {device!r}: under torchrun each process takes the GPU of its local rank; use device 'cuda'",
-                                   "device")  # fmt: skip
+        raise InvalidArgumentError(
+            f"device {device!r}: under torchrun each process takes the GPU of its local rank; use device 'cuda'",
+            "device",
+        )
     if local_rank >= torch.cuda.device_count():
-        raise InvalidArgumentError(f"local rank {local_rank} has no GPU: this machine has {torch.cuda.device_count()} "
-                                   f"(start at most that many processes a node: torchrun's --nproc_per_node)")  # fmt: skip
+        raise InvalidArgumentError(
+            f"local rank {local_rank} has no GPU: this machine has {torch.cuda.device_count()} "
+            f"(start at most that many processes a node: torchrun's --nproc_per_node)"
+        )
     return torch.device("cuda", local_rank)
 
 
@@ -100,13 +111,16 @@ def weight_format(dtype: str | torch.dtype, device: torch.device) -> WeightForma
     """The weight format of `dtype` (float32, bfloat16, float16 or int8) on `device`."""
     if dtype in ("int8", torch.int8):
         if device.type != "cpu":
-            raise InvalidArgumentError(f"int8 weights are for decoding on the CPU, not on {device}: use bfloat16 or float16 there",
-                                       "dtype")  # fmt: skip
+            raise InvalidArgumentError(
+                f"int8 weights are for decoding on the CPU, not on {device}: use bfloat16 or float16 there", "dtype"
+            )
         return WeightFormat(torch.int8, torch.float32)
     try:
         storage = resolve_dtype(dtype)
     except InvalidArgumentError:
-        raise InvalidArgumentError(f"unsupported dtype {dtype!r}: use one of {', '.join(INFERENCE_DTYPES)}", "dtype") from None
+        raise InvalidArgumentError(
+            f"unsupported dtype {dtype!r}: use one of {', '.join(INFERENCE_DTYPES)}", "dtype"
+        ) from None
     return WeightFormat(storage, torch.float32 if device.type == "cpu" else storage)
 
 
@@ -142,7 +156,7 @@ class Precision:
 
 
 def training_precision(device: torch.device, dtype: str = "auto") -> Precision:
-    """"auto": bfloat16 autocast on CUDA GPUs that have it, float16 (scaled) on older ones,
+    """ "auto": bfloat16 autocast on CUDA GPUs that have it, float16 (scaled) on older ones,
     float32 elsewhere (a CPU without bfloat16 units is slower in it, and MPS autocast is young).
     An explicit float16 or bfloat16 on a device that cannot compute in it is an error."""
     if dtype == "auto":
@@ -150,13 +164,18 @@ def training_precision(device: torch.device, dtype: str = "auto") -> Precision:
             return Precision(device, torch.float32)
         return Precision(device, torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16)
     if dtype not in DTYPES:
-        raise InvalidArgumentError(f"unsupported dtype {dtype!r} for training: use {', '.join(TRAINING_DTYPES)}", "dtype")
+        raise InvalidArgumentError(
+            f"unsupported dtype {dtype!r} for training: use {', '.join(TRAINING_DTYPES)}", "dtype"
+        )
     compute = DTYPES[dtype]
     if compute == torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise InvalidArgumentError("dtype 'bfloat16' asked for, but this GPU has no bfloat16: use float16 or auto", "dtype")
+        raise InvalidArgumentError(
+            "dtype 'bfloat16' asked for, but this GPU has no bfloat16: use float16 or auto", "dtype"
+        )
     if compute == torch.float16 and device.type == "cpu":
-        raise InvalidArgumentError("dtype 'float16' trains on GPUs only (CPU autocast computes in bfloat16): use float32 or bfloat16",
-                                   "dtype")  # fmt: skip
+        raise InvalidArgumentError(
+            "dtype 'float16' trains on GPUs only (CPU autocast computes in bfloat16): use float32 or bfloat16", "dtype"
+        )
     return Precision(device, compute)
 
 
@@ -185,8 +204,9 @@ def available_memory(device: torch.device) -> int | None:
         return None
 
 
-def check_fits(needed: int, device: torch.device, what: str, hint: str, param: str | None = None,
-               also: tuple[str, ...] = ()) -> None:  # fmt: skip
+def check_fits(
+    needed: int, device: torch.device, what: str, hint: str, param: str | None = None, also: tuple[str, ...] = ()
+) -> None:
     """Refuse (MemoryLimitError) what needs more than FITS_MARGIN times the memory `device` has
     available, warn (MemoryWarning) above 1x. `what` names what needs it ("training"), `hint` the
     setting to change: the parameter `param` (and the others in `also`)."""
@@ -194,7 +214,9 @@ def check_fits(needed: int, device: torch.device, what: str, hint: str, param: s
     if available is None or needed <= available:
         return
     where = "the CPU" if device.type == "cpu" else str(device)
-    message = f"{what} needs about {format_bytes(needed)} of memory, but {where} has {format_bytes(available)} available"
+    message = (
+        f"{what} needs about {format_bytes(needed)} of memory, but {where} has {format_bytes(available)} available"
+    )
     if needed > FITS_MARGIN * available:
         raise MemoryLimitError(f"{message}: {hint}", param, also)
     warnings.warn(MemoryWarning(f"{message}, so it may not fit: {hint}", param, also), stacklevel=2)

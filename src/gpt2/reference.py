@@ -61,7 +61,9 @@ def untapped(name: str, x: np.ndarray) -> np.ndarray:
     return x
 
 
-def ffn(x: np.ndarray, c_fc: Params, c_proj: Params, activation=gelu, tap: Tap = untapped, name: str = "mlp") -> np.ndarray:
+def ffn(
+    x: np.ndarray, c_fc: Params, c_proj: Params, activation=gelu, tap: Tap = untapped, name: str = "mlp"
+) -> np.ndarray:
     """Position-wise feed-forward: (T, C) -> (T, 4C) -> activation -> (T, C)."""
     h = tap(f"{name}.c_fc", linear(x, **c_fc))  # (T, 4C)
     return tap(f"{name}.c_proj", linear(tap(f"{name}.gelu", activation(h)), **c_proj))
@@ -76,28 +78,52 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, tap: Tap = untapped, 
     return tap(f"{name}.z", tap(f"{name}.pattern", softmax(scores)) @ v)
 
 
-def mha(x: np.ndarray, c_attn: Params, c_proj: Params, n_head: int, tap: Tap = untapped, name: str = "attn") -> np.ndarray:
+def mha(
+    x: np.ndarray, c_attn: Params, c_proj: Params, n_head: int, tap: Tap = untapped, name: str = "attn"
+) -> np.ndarray:
     """Multi-head causal self-attention: (T, C) -> (T, C)."""
     qkv = tap(f"{name}.c_attn", linear(x, **c_attn))  # (T, 3C)
     # (T, C) -> (H, T, C/H): each head attends over its own slice of the channels
-    q, k, v = (tap(f"{name}.{part}", np.stack(np.split(z, n_head, axis=-1))) for part, z in zip("qkv", np.split(qkv, 3, axis=-1)))
+    q, k, v = (
+        tap(f"{name}.{part}", np.stack(np.split(z, n_head, axis=-1)))
+        for part, z in zip("qkv", np.split(qkv, 3, axis=-1))
+    )
     heads = attention(q, k, v, tap, name)  # (H, T, C/H)
     return tap(f"{name}.c_proj", linear(np.concatenate(heads, axis=-1), **c_proj))  # (T, C)
 
 
 def transformer_block(
-    x: np.ndarray, ln_1: Params, attn: Params, ln_2: Params, mlp: Params, n_head: int, activation=gelu, eps: float = 1e-5,
-    tap: Tap = untapped, name: str = "h.0",
+    x: np.ndarray,
+    ln_1: Params,
+    attn: Params,
+    ln_2: Params,
+    mlp: Params,
+    n_head: int,
+    activation=gelu,
+    eps: float = 1e-5,
+    tap: Tap = untapped,
+    name: str = "h.0",
 ) -> np.ndarray:
     """Pre-LayerNorm block with residual connections: (T, C) -> (T, C)."""
-    x = x + mha(tap(f"{name}.ln_1", layer_norm(x, **ln_1, eps=eps)), **attn, n_head=n_head, tap=tap, name=f"{name}.attn")
-    x = x + ffn(tap(f"{name}.ln_2", layer_norm(x, **ln_2, eps=eps)), **mlp, activation=activation, tap=tap, name=f"{name}.mlp")
+    x = x + mha(
+        tap(f"{name}.ln_1", layer_norm(x, **ln_1, eps=eps)), **attn, n_head=n_head, tap=tap, name=f"{name}.attn"
+    )
+    x = x + ffn(
+        tap(f"{name}.ln_2", layer_norm(x, **ln_2, eps=eps)), **mlp, activation=activation, tap=tap, name=f"{name}.mlp"
+    )
     return tap(name, x)
 
 
 def gpt2(
-    inputs: Sequence[int], wte: np.ndarray, wpe: np.ndarray, blocks: list[Params], ln_f: Params, n_head: int,
-    activation=gelu, eps: float = 1e-5, tap: Tap = untapped,
+    inputs: Sequence[int],
+    wte: np.ndarray,
+    wpe: np.ndarray,
+    blocks: list[Params],
+    ln_f: Params,
+    n_head: int,
+    activation=gelu,
+    eps: float = 1e-5,
+    tap: Tap = untapped,
 ) -> np.ndarray:
     """Logits (T, V) for a sequence of T token ids. `tap(name, value)` sees each step's value
     (named as `gpt2.inspect` names them) and returns the value the pass goes on with."""
@@ -131,12 +157,14 @@ def params_from_tensors(config: GPT2Config, tensors: dict[str, np.ndarray]) -> P
     blocks = []
     for i in range(config.n_layer):
         p = f"transformer.h.{i}"
-        blocks.append({
-            "ln_1": norm(f"{p}.ln_1"),
-            "attn": {"c_attn": lin(f"{p}.attn.c_attn", 3 * C), "c_proj": lin(f"{p}.attn.c_proj", C)},
-            "ln_2": norm(f"{p}.ln_2"),
-            "mlp": {"c_fc": lin(f"{p}.mlp.c_fc", 4 * C), "c_proj": lin(f"{p}.mlp.c_proj", C)},
-        })  # fmt: skip
+        blocks.append(
+            {
+                "ln_1": norm(f"{p}.ln_1"),
+                "attn": {"c_attn": lin(f"{p}.attn.c_attn", 3 * C), "c_proj": lin(f"{p}.attn.c_proj", C)},
+                "ln_2": norm(f"{p}.ln_2"),
+                "mlp": {"c_fc": lin(f"{p}.mlp.c_fc", 4 * C), "c_proj": lin(f"{p}.mlp.c_proj", C)},
+            }
+        )
     wpe = (
         get("transformer.wpe.weight", 0)
         if config.positions == "learned"
@@ -161,11 +189,20 @@ class ReferenceModel:
         """Logits (T, V) of one sequence of token ids; `tap`, as `gpt2()` takes it."""
         inputs = np.asarray(inputs)
         if inputs.ndim != 1 or inputs.size == 0 or inputs.dtype.kind not in "iu":
-            raise InvalidArgumentError(f"inputs must be a non-empty sequence of integer token ids, got shape {list(inputs.shape)} of {inputs.dtype}")
+            raise InvalidArgumentError(
+                f"inputs must be a non-empty sequence of integer token ids, got shape {list(inputs.shape)} of {inputs.dtype}"
+            )
         self.config.check_sequence(len(inputs), int(inputs.min()), int(inputs.max()))
         activation = gelu if self.config.activation == "gelu_tanh" else gelu_exact
         with np.errstate(invalid="ignore", over="ignore"):  # NaN or inf out is for the caller to report
-            return gpt2(inputs, **self.params, n_head=self.config.n_head, activation=activation, eps=self.config.layer_norm_epsilon, tap=tap)
+            return gpt2(
+                inputs,
+                **self.params,
+                n_head=self.config.n_head,
+                activation=activation,
+                eps=self.config.layer_norm_epsilon,
+                tap=tap,
+            )
 
     def trace(self, inputs: Sequence[int]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Logits (T, V) and every step's value on the way, by name (as `gpt2.inspect.trace`)."""

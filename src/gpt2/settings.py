@@ -149,28 +149,42 @@ class TrainSettings:
             if value is not None and not (isinstance(value, str) and value.strip()):
                 raise InvalidArgumentError(f"{name} must be a name (a directory for tensorboard), got {value!r}", name)
         if self.wandb_run_name is not None and self.wandb is None:
-            raise InvalidArgumentError("wandb_run_name names a run of the Weights & Biases project given as wandb: give wandb too",
-                                       "wandb_run_name", ("wandb",))  # fmt: skip
+            raise InvalidArgumentError(
+                "wandb_run_name names a run of the Weights & Biases project given as wandb: give wandb too",
+                "wandb_run_name",
+                ("wandb",),
+            )
 
     def _check_optimizer(self) -> None:
         _choice("optimizer", self.optimizer, OPTIMIZERS)
         if self.muon_lr is not None:
             self.muon_lr = positive_real("muon_lr", self.muon_lr)
             if self.optimizer != "muon":
-                raise InvalidArgumentError(f"muon_lr is the learning rate of optimizer muon, but optimizer is {self.optimizer!r}: "
-                                           "drop muon_lr or pass optimizer='muon'", "muon_lr", ("optimizer",))  # fmt: skip
+                raise InvalidArgumentError(
+                    f"muon_lr is the learning rate of optimizer muon, but optimizer is {self.optimizer!r}: "
+                    "drop muon_lr or pass optimizer='muon'",
+                    "muon_lr",
+                    ("optimizer",),
+                )
         if self.optimizer == "muon" and self.fsdp:
-            raise InvalidArgumentError("optimizer muon cannot run with fsdp: Muon orthogonalises each matrix whole (Newton-Schulz), "
-                                       "and FSDP2 shards every matrix over the processes; train with DDP (without fsdp) "
-                                       "or with optimizer adamw", "optimizer", ("fsdp",))  # fmt: skip
+            raise InvalidArgumentError(
+                "optimizer muon cannot run with fsdp: Muon orthogonalises each matrix whole (Newton-Schulz), "
+                "and FSDP2 shards every matrix over the processes; train with DDP (without fsdp) "
+                "or with optimizer adamw",
+                "optimizer",
+                ("fsdp",),
+            )
 
     def _check_model(self) -> None:
         shape = {k: getattr(self, k) for k in ("n_layer", "n_head", "n_embd") if getattr(self, k) is not None}
         given = ["config"] * (self.config is not None) + list(shape) + ["positions"] * (self.positions != "learned")
         given += [name for name in ("bias", "activation") if getattr(self, name) is not None]
         if self.init is not None and given:
-            raise InvalidArgumentError(f"init: the architecture comes from the model being fine-tuned; drop {', '.join(given)}",
-                                       "init", tuple(given))  # fmt: skip
+            raise InvalidArgumentError(
+                f"init: the architecture comes from the model being fine-tuned; drop {', '.join(given)}",
+                "init",
+                tuple(given),
+            )
         if self.config is not None and self.config not in PRESETS:
             raise InvalidArgumentError(f"config must be one of {', '.join(PRESETS)}, got {self.config!r}")
         for name, value in shape.items():
@@ -195,8 +209,12 @@ class TrainSettings:
             raise InvalidArgumentError(f"eval_task_data must be a path, got {self.eval_task_data!r}", "eval_task_data")
         given = [name for name in ("eval_task_limit", "eval_task_data") if getattr(self, name) is not None]
         if self.eval_task is None and given:
-            raise InvalidArgumentError(f"{given[0]} is a setting of eval_task, which is not set: give eval_task too (or drop "
-                                       f"{' and '.join(given)})", given[0], ("eval_task", *given[1:]))  # fmt: skip
+            raise InvalidArgumentError(
+                f"{given[0]} is a setting of eval_task, which is not set: give eval_task too (or drop "
+                f"{' and '.join(given)})",
+                given[0],
+                ("eval_task", *given[1:]),
+            )
 
     def model_config(self, n_vocab: int) -> GPT2Config:
         """The architecture of a model trained from scratch on a vocabulary of n_vocab ids."""
@@ -206,9 +224,16 @@ class TrainSettings:
         activation = self.activation or ("gelu_tanh" if gpt2 else "gelu")
         try:
             return GPT2Config(
-                n_vocab=n_vocab, n_ctx=self.block_size or 1024, n_layer=self.n_layer or n_layer, n_head=self.n_head or n_head,
-                n_embd=self.n_embd or n_embd, dropout=self.dropout, bias=bias, positions=self.positions, activation=activation,
-            )  # fmt: skip
+                n_vocab=n_vocab,
+                n_ctx=self.block_size or 1024,
+                n_layer=self.n_layer or n_layer,
+                n_head=self.n_head or n_head,
+                n_embd=self.n_embd or n_embd,
+                dropout=self.dropout,
+                bias=bias,
+                positions=self.positions,
+                activation=activation,
+            )
         except ConfigError as e:
             raise InvalidArgumentError(str(e), e.param, e.also) from None
 
@@ -217,9 +242,24 @@ class TrainSettings:
 
 
 # Settings a resumed run may change: they leave the losses of the iterations alone.
-RESUME_OVERRIDES = ("max_iters", "eval_interval", "eval_iters", "log_interval", "device", "compile", "sample_prompt",
-                    "eval_task", "eval_task_limit", "eval_task_data", "checkpoint_activations", "fsdp", "timeout", "wandb",
-                    "wandb_run_name", "tensorboard")  # fmt: skip
+RESUME_OVERRIDES = (
+    "max_iters",
+    "eval_interval",
+    "eval_iters",
+    "log_interval",
+    "device",
+    "compile",
+    "sample_prompt",
+    "eval_task",
+    "eval_task_limit",
+    "eval_task_data",
+    "checkpoint_activations",
+    "fsdp",
+    "timeout",
+    "wandb",
+    "wandb_run_name",
+    "tensorboard",
+)
 
 
 def check_setting_names(names: Iterable[str]) -> None:
@@ -286,7 +326,9 @@ def read_recipe(recipe: str | os.PathLike) -> dict[str, Any]:
             table = tomllib.load(f)
     except FileNotFoundError:
         shipped = ", ".join(recipe_names())
-        raise RecipeNotFoundError(f"no recipe {str(recipe)!r}: give a TOML file, or one of gpt2's recipes: {shipped}", "recipe") from None
+        raise RecipeNotFoundError(
+            f"no recipe {str(recipe)!r}: give a TOML file, or one of gpt2's recipes: {shipped}", "recipe"
+        ) from None
     except (OSError, UnicodeDecodeError) as e:
         raise RecipeError(f"cannot read the recipe {path}: {e}", "recipe") from None
     except tomllib.TOMLDecodeError as e:
@@ -302,8 +344,11 @@ def _recipe_settings(table: dict[str, Any], path: Path) -> dict[str, Any]:
         if name not in keys:
             close = difflib.get_close_matches(name, keys, n=1)
             hint = f" (did you mean {close[0]}?)" if close else ""
-            raise RecipeError(f"the recipe {path} has an unknown key {key!r}{hint}; the keys are the settings' names: "
-                              f"{', '.join(sorted(keys))}", "recipe")  # fmt: skip
+            raise RecipeError(
+                f"the recipe {path} has an unknown key {key!r}{hint}; the keys are the settings' names: "
+                f"{', '.join(sorted(keys))}",
+                "recipe",
+            )
         if name in settings:
             raise RecipeError(f"the recipe {path} sets {name} twice", name)
         settings[name] = _recipe_value(name, value, keys[name], path)
@@ -319,6 +364,9 @@ def _recipe_value(name: str, value: Any, kind: type, path: Path) -> Any:
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if not fits:
-        raise RecipeError(f"the recipe {path} sets {name} to {value!r}, a {type(value).__name__}: {name} must be "
-                          f"{_TYPE_NAMES.get(kind, kind.__name__)}", name)  # fmt: skip
+        raise RecipeError(
+            f"the recipe {path} sets {name} to {value!r}, a {type(value).__name__}: {name} must be "
+            f"{_TYPE_NAMES.get(kind, kind.__name__)}",
+            name,
+        )
     return value

@@ -11,9 +11,15 @@ from gpt2.checkpoints.config import GPT2Config
 
 
 def test_released_presets():
-    assert [(c.n_layer, c.n_head, c.n_embd) for c in map(GPT2Config.from_name, ["gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"])] == [
-        (12, 12, 768), (24, 16, 1024), (36, 20, 1280), (48, 25, 1600),
-    ]  # fmt: skip
+    assert [
+        (c.n_layer, c.n_head, c.n_embd)
+        for c in map(GPT2Config.from_name, ["gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"])
+    ] == [
+        (12, 12, 768),
+        (24, 16, 1024),
+        (36, 20, 1280),
+        (48, 25, 1600),
+    ]
     for name in ["gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"]:
         config = GPT2Config.from_name(name)
         assert (config.n_ctx, config.n_vocab) == (1024, 50257)
@@ -47,17 +53,40 @@ def test_hf_config_reads_and_writes_what_transformers_does(tmp_path):
     ours, and keeps our own keys (sinusoidal positions, no bias) when it writes the file again."""
     import transformers
 
-    hf = transformers.GPT2Config(vocab_size=1000, n_positions=64, n_embd=32, n_head=4, n_layer=2, activation_function="gelu",
-                                 resid_pdrop=0.2, embd_pdrop=0.2, attn_pdrop=0.2, layer_norm_epsilon=1e-6)  # fmt: skip
+    hf = transformers.GPT2Config(
+        vocab_size=1000,
+        n_positions=64,
+        n_embd=32,
+        n_head=4,
+        n_layer=2,
+        activation_function="gelu",
+        resid_pdrop=0.2,
+        embd_pdrop=0.2,
+        attn_pdrop=0.2,
+        layer_norm_epsilon=1e-6,
+    )
     hf.save_pretrained(tmp_path / "theirs")
     ours = GPT2Config.from_hf_dict(json.loads((tmp_path / "theirs" / "config.json").read_text()))
-    assert ours == GPT2Config(n_vocab=1000, n_ctx=64, n_embd=32, n_head=4, n_layer=2, activation="gelu", dropout=0.2,
-                              layer_norm_epsilon=1e-6)  # fmt: skip
+    assert ours == GPT2Config(
+        n_vocab=1000, n_ctx=64, n_embd=32, n_head=4, n_layer=2, activation="gelu", dropout=0.2, layer_norm_epsilon=1e-6
+    )
     config = ours.replace(positions="sinusoidal", bias=False)
     read = transformers.GPT2Config.from_dict(config.to_hf_dict(eot_token=999))
-    assert (read.vocab_size, read.n_positions, read.n_embd, read.n_head, read.n_layer, read.n_inner) == (1000, 64, 32, 4, 2, None)
+    assert (read.vocab_size, read.n_positions, read.n_embd, read.n_head, read.n_layer, read.n_inner) == (
+        1000,
+        64,
+        32,
+        4,
+        2,
+        None,
+    )
     assert (read.activation_function, read.resid_pdrop, read.embd_pdrop, read.attn_pdrop) == ("gelu", 0.2, 0.2, 0.2)
-    assert (read.layer_norm_epsilon, read.bos_token_id, read.eos_token_id, read.tie_word_embeddings) == (1e-6, 999, 999, True)
+    assert (read.layer_norm_epsilon, read.bos_token_id, read.eos_token_id, read.tie_word_embeddings) == (
+        1e-6,
+        999,
+        999,
+        True,
+    )
     read.save_pretrained(tmp_path / "again")
     assert GPT2Config.from_hf_dict(json.loads((tmp_path / "again" / "config.json").read_text())) == config
 

@@ -37,11 +37,20 @@ def gpt2_shapes(n_vocab: int, n_ctx: int, n_embd: int, n_layer: int, **_: int) -
     e = n_embd
     shapes = {"model/wte": (n_vocab, e), "model/wpe": (n_ctx, e), "model/ln_f/g": (e,), "model/ln_f/b": (e,)}
     for i in range(n_layer):
-        for name, shape in [("ln_1/g", (e,)), ("ln_1/b", (e,)), ("ln_2/g", (e,)), ("ln_2/b", (e,)),
-                            ("attn/c_attn/w", (1, e, 3 * e)), ("attn/c_attn/b", (3 * e,)),
-                            ("attn/c_proj/w", (1, e, e)), ("attn/c_proj/b", (e,)),
-                            ("mlp/c_fc/w", (1, e, 4 * e)), ("mlp/c_fc/b", (4 * e,)),
-                            ("mlp/c_proj/w", (1, 4 * e, e)), ("mlp/c_proj/b", (e,))]:
+        for name, shape in [
+            ("ln_1/g", (e,)),
+            ("ln_1/b", (e,)),
+            ("ln_2/g", (e,)),
+            ("ln_2/b", (e,)),
+            ("attn/c_attn/w", (1, e, 3 * e)),
+            ("attn/c_attn/b", (3 * e,)),
+            ("attn/c_proj/w", (1, e, e)),
+            ("attn/c_proj/b", (e,)),
+            ("mlp/c_fc/w", (1, e, 4 * e)),
+            ("mlp/c_fc/b", (4 * e,)),
+            ("mlp/c_proj/w", (1, 4 * e, e)),
+            ("mlp/c_proj/b", (e,)),
+        ]:
             shapes[f"model/h{i}/{name}"] = shape
     return shapes
 
@@ -54,8 +63,12 @@ def tiny_copy(tmp_path: Path) -> Path:
 
 # --- reading what TensorFlow wrote ---------------------------------------------------------------
 
-@pytest.mark.parametrize("path", [TINY, str(TINY), TINY / "model.ckpt", str(TINY / "model.ckpt"),
-                                  TINY / "model.ckpt.index"], ids=["dir", "dir-str", "prefix", "prefix-str", "index"])
+
+@pytest.mark.parametrize(
+    "path",
+    [TINY, str(TINY), TINY / "model.ckpt", str(TINY / "model.ckpt"), TINY / "model.ckpt.index"],
+    ids=["dir", "dir-str", "prefix", "prefix-str", "index"],
+)
 def test_reads_tf_fixture_exactly(path: str | Path) -> None:
     want = expected(TINY)
     got = read_tf_checkpoint(path)
@@ -114,10 +127,18 @@ def test_checkpoint_file_naming_an_absolute_path_elsewhere(tiny_copy: Path) -> N
 
 
 def test_bfloat16_to_float32_is_exact_on_known_bit_patterns() -> None:
-    cases = {0x0000: 0.0, 0x3F80: 1.0, 0xBF80: -1.0, 0xC000: -2.0, 0x3F81: 1.0 + 2.0**-7,
-             0x7F7F: (2 - 2.0**-7) * 2.0**127,  # largest finite bfloat16
-             0x0080: 2.0**-126, 0x0001: 2.0**-133,  # smallest normal, smallest subnormal
-             0x7F80: np.inf, 0xFF80: -np.inf}
+    cases = {
+        0x0000: 0.0,
+        0x3F80: 1.0,
+        0xBF80: -1.0,
+        0xC000: -2.0,
+        0x3F81: 1.0 + 2.0**-7,
+        0x7F7F: (2 - 2.0**-7) * 2.0**127,  # largest finite bfloat16
+        0x0080: 2.0**-126,
+        0x0001: 2.0**-133,  # smallest normal, smallest subnormal
+        0x7F80: np.inf,
+        0xFF80: -np.inf,
+    }
     bits = np.array(list(cases), dtype=np.uint16)
     assert bfloat16_to_float32(bits).tolist() == list(cases.values())
     assert np.signbit(bfloat16_to_float32(np.array([0x8000], np.uint16)))[0]  # -0.0 keeps its sign
@@ -133,6 +154,7 @@ def test_crc32c_matches_the_standard_check_value() -> None:
 
 
 # --- missing and damaged files --------------------------------------------------------------------
+
 
 def check_error(exc: type[Exception], call, names: str, *words: str) -> None:
     """`call()` raises exactly `exc` (not a subclass of the other kind) with `names` and `words` in its message."""
@@ -176,15 +198,19 @@ def test_empty_data_shard(tiny_copy: Path) -> None:
     check_error(CheckpointError, lambda: read_tf_checkpoint(tiny_copy), DATA, "truncated")
 
 
-@pytest.mark.parametrize("damage, words", [
-    (lambda b: b[:-1] + bytes([b[-1] ^ 1]), ["magic", "re-download"]),
-    (lambda b: b[:5], ["too short", "re-download"]),
-    (lambda b: b"", ["too short"]),
-    (lambda b: b[: len(b) // 2], ["magic"]),
-    (lambda b: np.random.default_rng(0).bytes(len(b)), ["magic"]),
-    (lambda b: b[:100] + b[-48:], ["corrupt", "past the end"]),  # middle cut out: handles point past the end
-    (lambda b: b[:20] + bytes([b[20] ^ 0x40]) + b[21:], ["corrupt", "crc32c"]),  # one flipped bit in a block
-], ids=["bad-magic", "5-bytes", "empty", "first-half", "garbage", "middle-cut", "bit-flip"])
+@pytest.mark.parametrize(
+    "damage, words",
+    [
+        (lambda b: b[:-1] + bytes([b[-1] ^ 1]), ["magic", "re-download"]),
+        (lambda b: b[:5], ["too short", "re-download"]),
+        (lambda b: b"", ["too short"]),
+        (lambda b: b[: len(b) // 2], ["magic"]),
+        (lambda b: np.random.default_rng(0).bytes(len(b)), ["magic"]),
+        (lambda b: b[:100] + b[-48:], ["corrupt", "past the end"]),  # middle cut out: handles point past the end
+        (lambda b: b[:20] + bytes([b[20] ^ 0x40]) + b[21:], ["corrupt", "crc32c"]),  # one flipped bit in a block
+    ],
+    ids=["bad-magic", "5-bytes", "empty", "first-half", "garbage", "middle-cut", "bit-flip"],
+)
 def test_damaged_index(tiny_copy: Path, damage, words: list[str]) -> None:
     index = tiny_copy / "model.ckpt.index"
     index.write_bytes(damage(index.read_bytes()))
@@ -215,7 +241,7 @@ def test_every_single_byte_change_of_the_index_is_caught_or_harmless(tiny_copy: 
     unused = set(range(meta_offset, meta_offset + meta_size + 5)) | set(padding)
     caught = 0
     for i in range(len(original)):
-        index.write_bytes(original[:i] + bytes([original[i] ^ 0xFF]) + original[i + 1:])
+        index.write_bytes(original[:i] + bytes([original[i] ^ 0xFF]) + original[i + 1 :])
         try:
             got = read_tf_checkpoint(tiny_copy)
         except CheckpointError as e:
@@ -228,6 +254,7 @@ def test_every_single_byte_change_of_the_index_is_caught_or_harmless(tiny_copy: 
 
 # --- what TensorFlow did not write here: a hand-built bundle ---------------------------------------
 
+
 def varint(n: int) -> bytes:
     out = bytearray()
     while True:
@@ -239,8 +266,10 @@ def varint(n: int) -> bytes:
 
 def proto(*fields: tuple[int, int | bytes]) -> bytes:
     """A protobuf message from (field number, int or bytes) pairs; ints as varints, bytes length-delimited."""
-    return b"".join(varint(n << 3) + varint(v % (1 << 64)) if isinstance(v, int)
-                    else varint(n << 3 | 2) + varint(len(v)) + v for n, v in fields)
+    return b"".join(
+        varint(n << 3) + varint(v % (1 << 64)) if isinstance(v, int) else varint(n << 3 | 2) + varint(len(v)) + v
+        for n, v in fields
+    )
 
 
 def bundle_entry(dtype: int, shape: tuple[int, ...], offset: int, size: int, *extra: tuple[int, int | bytes]) -> bytes:
@@ -263,14 +292,15 @@ def sstable(items: list[tuple[bytes, bytes]], per_block: int = 2, compression: i
         out.extend(typed + _masked_crc32c(typed).to_bytes(4, "little"))
         return handle
 
-    chunks = [items[i:i + per_block] for i in range(0, len(items), per_block)]
+    chunks = [items[i : i + per_block] for i in range(0, len(items), per_block)]
     index = [(chunk[-1][0], block(chunk)) for chunk in chunks]  # key: the block's last key
     footer = block([]) + block(index)  # metaindex (empty), then the index block
     return bytes(out + footer.ljust(40, b"\0") + (0xDB4775248B80FB57).to_bytes(8, "little"))
 
 
-def write_bundle(directory: Path, entries: dict[bytes, bytes], data: bytes, header: bytes | None = None,
-                 **table: int) -> Path:
+def write_bundle(
+    directory: Path, entries: dict[bytes, bytes], data: bytes, header: bytes | None = None, **table: int
+) -> Path:
     directory.mkdir()
     items = {b"": proto((1, 1), (3, proto((1, 1)))) if header is None else header, **entries}
     (directory / "model.ckpt.index").write_bytes(sstable(sorted(items.items()), **table))
@@ -283,8 +313,11 @@ def test_hand_built_bundle_with_several_blocks_and_big_endian_data(tmp_path: Pat
     b = np.array([-(2**40), 7], dtype=">i8")
     c = np.array([0x3FC0, 0xC080], dtype=">u2")  # bfloat16 1.5, -4.0
     data = a.tobytes() + b.tobytes() + c.tobytes()
-    entries = {b"model/a": bundle_entry(1, (2, 3), 0, 24), b"model/b": bundle_entry(9, (2,), 24, 16),
-               b"model/c": bundle_entry(14, (2,), 40, 4)}
+    entries = {
+        b"model/a": bundle_entry(1, (2, 3), 0, 24),
+        b"model/b": bundle_entry(9, (2,), 24, 16),
+        b"model/c": bundle_entry(14, (2,), 40, 4),
+    }
     header = proto((1, 1), (2, 1), (3, proto((1, 1))))  # endianness BIG
     got = read_tf_checkpoint(write_bundle(tmp_path / "ckpt", entries, data, header, per_block=1))
     assert list(got) == ["model/a", "model/b", "model/c"]
@@ -295,23 +328,30 @@ def test_hand_built_bundle_with_several_blocks_and_big_endian_data(tmp_path: Pat
     assert np.array_equal(read["model/b"], b) and read["model/c"].tolist() == [1.5, -4.0]
 
 
-@pytest.mark.parametrize("entries, table, words", [
-    ({b"x": bundle_entry(1, (1,), 0, 4)}, {"compression": 1}, ["compressed", "uncompressed"]),
-    ({b"x": bundle_entry(1, (1,), 0, 4, (7, proto((1, b""))))}, {}, ["'x'", "partitioned", "slices"]),
-    ({b"x": bundle_entry(7, (1,), 0, 4)}, {}, ["'x'", "dtype enum 7"]),
-    ({b"x": bundle_entry(1, (2,), 0, 4)}, {}, ["corrupt", "'x'"]),  # size disagrees with shape
-    ({b"x": bundle_entry(1, (1,), 0, 4, (3, 5))}, {}, ["corrupt", "shard 5 of 1"]),
-    ({b"x": proto((1, b"not an int"))}, {}, ["corrupt"]),
-], ids=["compressed", "sliced", "string-dtype", "bad-size", "bad-shard", "wrong-wire-type"])
+@pytest.mark.parametrize(
+    "entries, table, words",
+    [
+        ({b"x": bundle_entry(1, (1,), 0, 4)}, {"compression": 1}, ["compressed", "uncompressed"]),
+        ({b"x": bundle_entry(1, (1,), 0, 4, (7, proto((1, b""))))}, {}, ["'x'", "partitioned", "slices"]),
+        ({b"x": bundle_entry(7, (1,), 0, 4)}, {}, ["'x'", "dtype enum 7"]),
+        ({b"x": bundle_entry(1, (2,), 0, 4)}, {}, ["corrupt", "'x'"]),  # size disagrees with shape
+        ({b"x": bundle_entry(1, (1,), 0, 4, (3, 5))}, {}, ["corrupt", "shard 5 of 1"]),
+        ({b"x": proto((1, b"not an int"))}, {}, ["corrupt"]),
+    ],
+    ids=["compressed", "sliced", "string-dtype", "bad-size", "bad-shard", "wrong-wire-type"],
+)
 def test_hand_built_bundle_errors(tmp_path: Path, entries: dict, table: dict, words: list[str]) -> None:
     prefix = write_bundle(tmp_path / "ckpt", entries, b"\0" * 8, **table)
     check_error(CheckpointError, lambda: read_tf_checkpoint(prefix), "model.ckpt.index", *words)
 
 
-@pytest.mark.parametrize("header, words", [
-    (proto((3, proto((1, 3), (2, 2)))), ["newer"]),  # min_consumer 2
-    (proto((1, b"x")), ["corrupt", "header"]),
-])
+@pytest.mark.parametrize(
+    "header, words",
+    [
+        (proto((3, proto((1, 3), (2, 2)))), ["newer"]),  # min_consumer 2
+        (proto((1, b"x")), ["corrupt", "header"]),
+    ],
+)
 def test_hand_built_bundle_header_errors(tmp_path: Path, header: bytes, words: list[str]) -> None:
     prefix = write_bundle(tmp_path / "ckpt", {}, b"", header)
     check_error(CheckpointError, lambda: read_tf_checkpoint(prefix), "model.ckpt.index", *words)

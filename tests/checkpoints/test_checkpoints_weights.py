@@ -54,7 +54,11 @@ def test_changing_a_model_loaded_from_pytorch_model_bin_never_changes_the_file(h
 
 def test_safetensors_without_transformer_prefix(hf_small, tmp_path):
     # the hub's openai-community/gpt2 file names tensors "h.0.attn.c_attn.weight", "wte.weight", ...
-    tensors = {k.removeprefix("transformer."): v.contiguous() for k, v in hf_small.state_dict().items() if k != "lm_head.weight"}
+    tensors = {
+        k.removeprefix("transformer."): v.contiguous()
+        for k, v in hf_small.state_dict().items()
+        if k != "lm_head.weight"
+    }
     save_file(tensors, tmp_path / "model.safetensors")
     hf_small.config.save_pretrained(tmp_path)
     ours = GPT2.from_pretrained(tmp_path, device="cpu")
@@ -68,8 +72,15 @@ def test_tensorflow_release_route():
 
     hparams = json.loads((TF_FIXTURE / "hparams.json").read_text())
     expected = np.load(TF_FIXTURE / "expected.npz")  # the arrays TensorFlow was given
-    hf = GPT2LMHeadModel(HFConfig(vocab_size=hparams["n_vocab"], n_positions=hparams["n_ctx"], n_embd=hparams["n_embd"],
-                                  n_layer=hparams["n_layer"], n_head=hparams["n_head"])).eval()  # fmt: skip
+    hf = GPT2LMHeadModel(
+        HFConfig(
+            vocab_size=hparams["n_vocab"],
+            n_positions=hparams["n_ctx"],
+            n_embd=hparams["n_embd"],
+            n_layer=hparams["n_layer"],
+            n_head=hparams["n_head"],
+        )
+    ).eval()
     state = {}
     for name in expected.files:  # an independent mapping: TF name -> transformers name, by hand
         key = name.removeprefix("model/").replace("/", ".")
@@ -111,7 +122,9 @@ def test_unknown_model_name_lists_the_released_ones():
 def test_a_model_that_is_not_a_name_or_a_path(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # '' would be the current directory, were it read as a path
     for load in (GPT2.from_pretrained, ReferenceModel.load, locate):
-        with pytest.raises(InputTypeError, match="a model is a released name \\(gpt2, .*\\) or a directory path, got NoneType"):
+        with pytest.raises(
+            InputTypeError, match="a model is a released name \\(gpt2, .*\\) or a directory path, got NoneType"
+        ):
             load(None)
         with pytest.raises(UnknownModelError, match="the model name is empty: give a released name"):
             load("")
@@ -122,7 +135,10 @@ def test_released_name_offline_says_how_to_pass_a_path(monkeypatch, tmp_path):
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path))
     start = time.monotonic()
-    with pytest.raises(CheckpointNotFoundError, match="could not download .gpt2.*pass a local directory.*or shakespeare_char, the small model gpt2 ships"):
+    with pytest.raises(
+        CheckpointNotFoundError,
+        match="could not download .gpt2.*pass a local directory.*or shakespeare_char, the small model gpt2 ships",
+    ):
         GPT2.from_pretrained("gpt2")
     assert time.monotonic() - start < 20  # no network retries
 
@@ -139,7 +155,9 @@ def test_missing_and_empty_directories(tmp_path):
 
 def test_config_without_weights(hf_dir):
     (hf_dir / "model.safetensors").unlink()
-    with pytest.raises(CheckpointNotFoundError, match="has config.json but neither model.safetensors nor pytorch_model.bin"):
+    with pytest.raises(
+        CheckpointNotFoundError, match="has config.json but neither model.safetensors nor pytorch_model.bin"
+    ):
         GPT2.from_pretrained(hf_dir)
 
 
@@ -174,7 +192,10 @@ def test_config_that_does_not_fit_the_tensors(hf_dir):
     config = json.loads((hf_dir / "config.json").read_text())
     config["n_embd"] = 60  # the tensors are 48 wide
     (hf_dir / "config.json").write_text(json.dumps(config))
-    with pytest.raises(CheckpointError, match="tensor 'transformer.h.0.attn.c_attn.bias' has shape \\[144\\], but the config \\(.*n_embd=60.*\\) needs \\[180\\]"):
+    with pytest.raises(
+        CheckpointError,
+        match="tensor 'transformer.h.0.attn.c_attn.bias' has shape \\[144\\], but the config \\(.*n_embd=60.*\\) needs \\[180\\]",
+    ):
         GPT2.from_pretrained(hf_dir)
 
 
@@ -215,8 +236,13 @@ def test_a_trained_bias_or_position_table_the_config_lacks_is_an_error_naming_it
     for load in (lambda: GPT2.from_pretrained(tmp_path, device="cpu"), lambda: ReferenceModel.load(tmp_path)):
         with pytest.raises(CheckpointError, match=re.escape(message)):
             load()
-    save_file({**original, "transformer.wpe.weight": original["transformer.wpe.weight"] + 0.05}, tmp_path / "model.safetensors")
-    message = "tensor 'transformer.wpe.weight' is not the sinusoidal position table that config.json's \"gpt2_positions\""
+    save_file(
+        {**original, "transformer.wpe.weight": original["transformer.wpe.weight"] + 0.05},
+        tmp_path / "model.safetensors",
+    )
+    message = (
+        "tensor 'transformer.wpe.weight' is not the sinusoidal position table that config.json's \"gpt2_positions\""
+    )
     for load in (lambda: GPT2.from_pretrained(tmp_path, device="cpu"), lambda: ReferenceModel.load(tmp_path)):
         with pytest.raises(CheckpointError, match=re.escape(message)):
             load()

@@ -85,9 +85,17 @@ def test_jsonl_and_parquet_records_equal_tiktoken_per_document_in_llmc_shards(tm
     shards, files = shard_ids(tmp_path / "corpus", "corpus")
     assert sum(shards, []) == expected
     assert [len(s) for s in shards] == [1000] * (len(expected) // 1000) + [len(expected) % 1000]
-    assert files[0] == "corpus_val_000000.bin" and files[1:] == [f"corpus_train_{i:06d}.bin" for i in range(1, len(files))]
+    assert files[0] == "corpus_val_000000.bin" and files[1:] == [
+        f"corpus_train_{i:06d}.bin" for i in range(1, len(files))
+    ]
     assert (meta["val_tokens"], meta["train_tokens"]) == (1000, len(expected) - 1000)
-    assert meta["shards"] == {"name": "corpus", "shard_tokens": 1000, "documents": 60, "val": files[:1], "train": files[1:]}
+    assert meta["shards"] == {
+        "name": "corpus",
+        "shard_tokens": 1000,
+        "documents": 60,
+        "val": files[:1],
+        "train": files[1:],
+    }
     data = open_data(tmp_path / "corpus")
     assert data.val.tolist() == expected[:1000] and data.train.tolist() == expected[1000:]
     assert data.tokenizer.n_vocab == 50257 and data.files["train"] == tmp_path / "corpus" / "corpus_train_*.bin"
@@ -99,9 +107,17 @@ def test_text_files_and_a_local_dataset_into_shards(tmp_path, tiktoken_gpt2):
     for i, doc in enumerate(docs[:10]):
         (tmp_path / "texts" / f"{i:02d}.txt").write_text(doc, encoding="utf-8", newline="")
     (tmp_path / "hub").mkdir()
-    write_jsonl(tmp_path / "hub" / "train.jsonl", docs[10:], field="content")  # a dataset datasets reads from a directory
-    prepare([tmp_path / "texts"], tmp_path / "out", shard_tokens=512, dataset=str(tmp_path / "hub"), text_field="content",
-            progress=False)  # fmt: skip
+    write_jsonl(
+        tmp_path / "hub" / "train.jsonl", docs[10:], field="content"
+    )  # a dataset datasets reads from a directory
+    prepare(
+        [tmp_path / "texts"],
+        tmp_path / "out",
+        shard_tokens=512,
+        dataset=str(tmp_path / "hub"),
+        text_field="content",
+        progress=False,
+    )
     expected = [i for doc in docs for i in [EOT] + tiktoken_gpt2.encode_ordinary(doc)]
     assert sum(shard_ids(tmp_path / "out", "out")[0], []) == expected
 
@@ -212,7 +228,9 @@ def test_evaluating_shards_equals_evaluating_their_stream(fineweb):
     model = GPT2.from_pretrained(directory / "model", device="cpu")
     write_datafile(directory / "fineweb_val_000004.bin", ids[3][:50])  # a second val shard
     got = evaluate_data(model, directory, batch_size=32)
-    assert got == perplexity(model, np.array(ids[0] + ids[3][:50], dtype=np.uint16), batch_size=32, tokenizer=Tokenizer.gpt2())
+    assert got == perplexity(
+        model, np.array(ids[0] + ids[3][:50], dtype=np.uint16), batch_size=32, tokenizer=Tokenizer.gpt2()
+    )
     assert got.tokens == 350 - 1
 
 
@@ -242,11 +260,16 @@ def test_llmc_shards_that_do_not_hold_together(fineweb):
     with pytest.raises(DataError, match="fineweb_train_000002.bin is not an llm.c token file: its magic number is 0"):
         open_data(directory)
     write_datafile(directory / "fineweb_train_000002.bin", ids[2], dtype=np.uint32)
-    with pytest.raises(DataError, match=r"mixes llm.c token files of uint16 ids \(fineweb_val_000000.bin, "
-                                        r"fineweb_train_000001.bin, fineweb_train_000003.bin\) and uint32 ids \(fineweb_train_000002.bin\)"):
+    with pytest.raises(
+        DataError,
+        match=r"mixes llm.c token files of uint16 ids \(fineweb_val_000000.bin, "
+        r"fineweb_train_000001.bin, fineweb_train_000003.bin\) and uint32 ids \(fineweb_train_000002.bin\)",
+    ):
         open_data(directory)
     for index, shard in enumerate(ids):
-        write_datafile(directory / f"fineweb_{'val' if index == 0 else 'train'}_{index:06d}.bin", shard, dtype=np.uint32)
+        write_datafile(
+            directory / f"fineweb_{'val' if index == 0 else 'train'}_{index:06d}.bin", shard, dtype=np.uint32
+        )
     with pytest.raises(DataError, match="uint32 ids .* of a vocabulary gpt2 does not know"):
         open_data(directory)
     write_datafile(directory / "edu_fineweb_train_000001.bin", ids[1])
@@ -268,7 +291,9 @@ def test_our_shards_are_checked_against_meta_json(tmp_path):
     (tmp_path / "out" / "out_train_000001.bin").unlink()
     with pytest.raises(DataError, match="out_train_000001.bin is missing"):
         open_data(tmp_path / "out")
-    with pytest.raises(DataError, match="the corpus's .* tokens fit in one shard of shard_tokens 100,000, which validates") as e:
+    with pytest.raises(
+        DataError, match="the corpus's .* tokens fit in one shard of shard_tokens 100,000, which validates"
+    ) as e:
         prepare([tmp_path / "a.jsonl"], tmp_path / "one", shard_tokens=100_000, progress=False)
     assert e.value.param == "shard_tokens" and not (tmp_path / "one").exists()
 
@@ -277,12 +302,32 @@ def test_a_dataset_by_name_offline_fails_at_once_in_one_line(tmp_path, monkeypat
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # conftest sets it before anything imports huggingface_hub
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     started = time.monotonic()
-    code = main(["prepare", "--dataset", "HuggingFaceFW/fineweb", "--dataset-config", "sample-10BT", "--out", str(tmp_path / "fw"),
-                 "--shard-tokens", "1000", "--no-progress"])  # fmt: skip
+    code = main(
+        [
+            "prepare",
+            "--dataset",
+            "HuggingFaceFW/fineweb",
+            "--dataset-config",
+            "sample-10BT",
+            "--out",
+            str(tmp_path / "fw"),
+            "--shard-tokens",
+            "1000",
+            "--no-progress",
+        ]
+    )
     out, err = capsys.readouterr()
-    assert code == 2 and out == "" and err.count("\n") == 1 and err.startswith(
-        "gpt2: error: cannot read the dataset (--dataset) 'HuggingFaceFW/fineweb' (config 'sample-10BT', split 'train'): ")
-    assert time.monotonic() - started < 20  # no retries (25 s), no waiting on a network (the import of datasets included, slow on a busy machine)
+    assert (
+        code == 2
+        and out == ""
+        and err.count("\n") == 1
+        and err.startswith(
+            "gpt2: error: cannot read the dataset (--dataset) 'HuggingFaceFW/fineweb' (config 'sample-10BT', split 'train'): "
+        )
+    )
+    assert (
+        time.monotonic() - started < 20
+    )  # no retries (25 s), no waiting on a network (the import of datasets included, slow on a busy machine)
     assert not (tmp_path / "fw").exists()
 
 
@@ -293,25 +338,54 @@ def test_a_dataset_by_name_with_the_hub_unreachable_fails_at_once_in_one_line(tm
     env = {**os.environ, "HF_HUB_OFFLINE": "0", "HF_ENDPOINT": "http://127.0.0.1:1", "PYTHONPATH": str(REPO / "src")}
     env.pop("HF_DATASETS_OFFLINE", None)
     started = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", "gpt2", "prepare", "--dataset", "HuggingFaceFW/fineweb", "--out", str(tmp_path / "fw"),
-                             "--no-progress"], env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpt2",
+            "prepare",
+            "--dataset",
+            "HuggingFaceFW/fineweb",
+            "--out",
+            str(tmp_path / "fw"),
+            "--no-progress",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     took = time.monotonic() - started
     assert (result.returncode, result.stdout) == (2, "")
-    assert result.stderr.startswith("gpt2: error: cannot read the dataset (--dataset) 'HuggingFaceFW/fineweb' (split 'train'): "
-                                    "cannot reach http://127.0.0.1:1 (") and result.stderr.count("\n") == 1, result.stderr  # fmt: skip
+    assert (
+        result.stderr.startswith(
+            "gpt2: error: cannot read the dataset (--dataset) 'HuggingFaceFW/fineweb' (split 'train'): "
+            "cannot reach http://127.0.0.1:1 ("
+        )
+        and result.stderr.count("\n") == 1
+    ), result.stderr
     assert took < 20  # the retries alone took 23 s; this is the start-up of a process (imports) on a busy machine
     assert not (tmp_path / "fw").exists()
 
 
-@pytest.mark.parametrize("args, message", [
-    (["JSONL", "--text-field", "body"], "a.jsonl (line 1) has no field 'body': its fields are id, text; give the one that holds "
-                                        "the text as --text-field"),
-    (["FINEWEB"], "fineweb_train_000001.bin is not an llm.c token file: its magic number is 7"),
-    (["MIXED"], "mixes llm.c token files of uint16 ids (mixed_val_000000.bin) and uint32 ids (mixed_train_000001.bin)"),
-    (["JSONL", "--shard-tokens", "0"], "--shard-tokens must be a positive whole number"),
-    (["JSONL", "--text-field", ""], "--text-field must be a non-empty string, got ''"),
-    ([], "give INPUT files or directories, - for standard input, or --dataset NAME"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["JSONL", "--text-field", "body"],
+            "a.jsonl (line 1) has no field 'body': its fields are id, text; give the one that holds "
+            "the text as --text-field",
+        ),
+        (["FINEWEB"], "fineweb_train_000001.bin is not an llm.c token file: its magic number is 7"),
+        (
+            ["MIXED"],
+            "mixes llm.c token files of uint16 ids (mixed_val_000000.bin) and uint32 ids (mixed_train_000001.bin)",
+        ),
+        (["JSONL", "--shard-tokens", "0"], "--shard-tokens must be a positive whole number"),
+        (["JSONL", "--text-field", ""], "--text-field must be a non-empty string, got ''"),
+        ([], "give INPUT files or directories, - for standard input, or --dataset NAME"),
+    ],
+)
 def test_bad_corpora_and_shards_are_one_line(tmp_path, capsys, args, message):
     write_jsonl(tmp_path / "a.jsonl", ["some text"])
     (tmp_path / "fw").mkdir()
@@ -321,9 +395,21 @@ def test_bad_corpora_and_shards_are_one_line(tmp_path, capsys, args, message):
     write_datafile(tmp_path / "mixed" / "mixed_val_000000.bin", [1, 2, 3])
     write_datafile(tmp_path / "mixed" / "mixed_train_000001.bin", [1, 2, 3], dtype=np.uint32)
     if args and args[0] in ("FINEWEB", "MIXED"):  # read by train --data (and eval --data: the same open_data)
-        argv = ["train", "--data", str(tmp_path / ("fw" if args[0] == "FINEWEB" else "mixed")), "--out", str(tmp_path / "run")]
+        argv = [
+            "train",
+            "--data",
+            str(tmp_path / ("fw" if args[0] == "FINEWEB" else "mixed")),
+            "--out",
+            str(tmp_path / "run"),
+        ]
     else:
-        argv = ["prepare", *[str(tmp_path / "a.jsonl") if a == "JSONL" else a for a in args], "--out", str(tmp_path / "d"), "--no-progress"]
+        argv = [
+            "prepare",
+            *[str(tmp_path / "a.jsonl") if a == "JSONL" else a for a in args],
+            "--out",
+            str(tmp_path / "d"),
+            "--no-progress",
+        ]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("gpt2: error: ") and err.count("\n") == 1 and message in err, err

@@ -49,7 +49,11 @@ def test_char_data_equals_nanogpts_preparation(tmp_path):
 
 
 def test_gpt2_ids_equal_tiktoken_per_document(tmp_path, tiktoken_gpt2):
-    docs = {"a.txt": "Hello world.\n\nA second <|endoftext|> paragraph.", "b/c.txt": "  spaces\t\tand tabs \n", "b/d.txt": "日本語 ✓ 🎉"}
+    docs = {
+        "a.txt": "Hello world.\n\nA second <|endoftext|> paragraph.",
+        "b/c.txt": "  spaces\t\tand tabs \n",
+        "b/d.txt": "日本語 ✓ 🎉",
+    }
     for name, text in docs.items():
         (tmp_path / "in" / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / "in" / name).write_text(text, encoding="utf-8")
@@ -61,7 +65,9 @@ def test_gpt2_ids_equal_tiktoken_per_document(tmp_path, tiktoken_gpt2):
     train, val = read_ids(tmp_path / "out" / "train.bin"), read_ids(tmp_path / "out" / "val.bin")
     order = ["a.txt", "b/c.txt", "b/d.txt"]
     in_val = [name for name in order if _contains(val, expected[name])]
-    assert val == sum((expected[n] for n in in_val), []) and train == sum((expected[n] for n in order if n not in in_val), [])
+    assert val == sum((expected[n] for n in in_val), []) and train == sum(
+        (expected[n] for n in order if n not in in_val), []
+    )
     assert len(val) == round(0.3 * len(got)) and in_val and len(in_val) < 3  # here whole documents make up the share
 
 
@@ -115,12 +121,15 @@ def test_wide_vocabularies_take_uint32():
     assert ids_dtype(65536) == np.dtype("<u2") and ids_dtype(65537) == np.dtype("<u4")
 
 
-@pytest.mark.parametrize("args, error, message", [
-    (dict(tokenizer="bpe:100"), InvalidArgumentError, "unknown tokenizer 'bpe:100': use gpt2, char, or bpe:N"),
-    (dict(tokenizer="sentencepiece"), InvalidArgumentError, "unknown tokenizer 'sentencepiece'"),
-    (dict(val_fraction=0.0), InvalidArgumentError, r"val_fraction must be a number in \(0, 1\), got 0.0"),
-    (dict(val_fraction=1.5), InvalidArgumentError, r"val_fraction must be a number in \(0, 1\)"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "args, error, message",
+    [
+        (dict(tokenizer="bpe:100"), InvalidArgumentError, "unknown tokenizer 'bpe:100': use gpt2, char, or bpe:N"),
+        (dict(tokenizer="sentencepiece"), InvalidArgumentError, "unknown tokenizer 'sentencepiece'"),
+        (dict(val_fraction=0.0), InvalidArgumentError, r"val_fraction must be a number in \(0, 1\), got 0.0"),
+        (dict(val_fraction=1.5), InvalidArgumentError, r"val_fraction must be a number in \(0, 1\)"),
+    ],
+)
 def test_bad_settings(tmp_path, args, error, message):
     (tmp_path / "doc.txt").write_text("some text", encoding="utf-8")
     with pytest.raises(error, match=message):
@@ -137,7 +146,10 @@ def test_bad_inputs(tmp_path):
         ([tmp_path / "latin1.txt"], r"latin1.txt is not UTF-8 text \(byte 3"),
         ([tmp_path / "nowhere.txt"], "input '.*nowhere.txt' does not exist"),
         ([tmp_path / "hollow"], "hollow is a directory with no files in it"),
-        ([tmp_path / "a.txt"], "a corpus of 1 tokens in 1 document\\(s\\) is too small to split with val_fraction 0.1: the training split"),
+        (
+            [tmp_path / "a.txt"],
+            "a corpus of 1 tokens in 1 document\\(s\\) is too small to split with val_fraction 0.1: the training split",
+        ),
     ]
     for inputs, message in cases:
         with pytest.raises(DataError, match=message):
@@ -169,7 +181,9 @@ def test_nanogpt_character_data_with_its_meta_pkl(tmp_path):
     ids[:80].tofile(tmp_path / "train.bin")
     ids[80:].tofile(tmp_path / "val.bin")
     with open(tmp_path / "meta.pkl", "wb") as f:  # as nanoGPT's shakespeare_char/prepare.py writes it
-        pickle.dump({"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": {c: i for i, c in enumerate(chars)}}, f)
+        pickle.dump(
+            {"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": {c: i for i, c in enumerate(chars)}}, f
+        )
     data = open_data(tmp_path)
     assert data.format == "nanogpt" and data.vocab_size == len(chars)
     assert isinstance(data.tokenizer, CharTokenizer) and data.tokenizer.decode(data.train[:11]) == "hello world"
@@ -214,7 +228,9 @@ def test_llmc_token_files(tmp_path):
     data = open_data(tmp_path)
     assert data.format == "llm.c" and data.train.tolist() == list(range(100)) and data.val.tolist() == [5, 6, 7]
     write_llmc(tmp_path / "tiny_shakespeare_val.bin", [5, 6, 7], magic=1234)
-    with pytest.raises(DataError, match="tiny_shakespeare_val.bin is not an llm.c token file: its magic number is 1234"):
+    with pytest.raises(
+        DataError, match="tiny_shakespeare_val.bin is not an llm.c token file: its magic number is 1234"
+    ):
         open_data(tmp_path)
     write_llmc(tmp_path / "tiny_shakespeare_val.bin", [5, 6, 7], version=2)
     with pytest.raises(DataError, match="version 2"):
@@ -272,8 +288,36 @@ def test_batches_depend_only_on_seed_iteration_and_micro_step():
 
 # ------------------------------------------------------------------ chunk boundaries, more inputs and errors
 
-_SOUP = [" ", "  ", "\n", "\n\n", "\t", "\r\n", "\u3000", "\xa0", "\x1c", "\x85", "'", "'s", "'ll", "'t", "s", "ll",
-         "a", "Z", "1", "23", "!", "?!", "é", "日本", "🎉", "<|endoftext|>", "x\n", "\n y"]  # fmt: skip
+_SOUP = [
+    " ",
+    "  ",
+    "\n",
+    "\n\n",
+    "\t",
+    "\r\n",
+    "\u3000",
+    "\xa0",
+    "\x1c",
+    "\x85",
+    "'",
+    "'s",
+    "'ll",
+    "'t",
+    "s",
+    "ll",
+    "a",
+    "Z",
+    "1",
+    "23",
+    "!",
+    "?!",
+    "é",
+    "日本",
+    "🎉",
+    "<|endoftext|>",
+    "x\n",
+    "\n y",
+]
 _TIKTOKEN = None
 
 
@@ -336,8 +380,11 @@ def test_one_worker_writes_the_same_files(tmp_path):
         assert (tmp_path / "a" / name).read_bytes() == (VOCAB / name).read_bytes()
     assert meta["sources"] == {"inputs": [str(docs)], "documents": 6} and meta["tokenizer"] == "gpt2"
     n = meta["train_tokens"] + meta["val_tokens"]
-    assert {k: meta["split"][k] for k in ("val_fraction", "method", "seed")} == {"val_fraction": 0.2, "method": "documents",
-                                                                               "seed": data_module.SPLIT_SEED}  # fmt: skip
+    assert {k: meta["split"][k] for k in ("val_fraction", "method", "seed")} == {
+        "val_fraction": 0.2,
+        "method": "documents",
+        "seed": data_module.SPLIT_SEED,
+    }
     assert meta["val_tokens"] == round(0.2 * n) and meta["split"]["actual_val_fraction"] == meta["val_tokens"] / n
     assert meta["format"] == "gpt2-prepared" and meta["version"] == 1 and meta["vocab_size"] == 50257
 
@@ -386,7 +433,7 @@ def test_the_same_file_given_twice_is_refused(tmp_path, monkeypatch):
         ([tmp_path / "hard.txt", a], f"'{a}' and '{tmp_path / 'hard.txt'}' are the same file"),
         ([tmp_path / "docs", b], f"'{b}' is given twice"),  # once in a directory, once by itself
         ([b, "docs"], f"'docs/b.txt' and '{b}' are the same file"),
-    ]  # fmt: skip
+    ]
     for inputs, message in cases:
         with pytest.raises(DataError, match=f"^{re.escape(message)}: give each file once"):
             prepare(inputs, tmp_path / "out", "char", progress=False)
@@ -412,21 +459,34 @@ def test_several_documents_split_at_the_fraction_with_at_most_one_cut(tmp_path, 
                 cut = (d, target - sum(len(ids[w]) for w in whole))
                 break
             whole.append(d)
-        val = [i for d in range(5) for i in (ids[d] if d in whole else ids[d][len(ids[d]) - cut[1] :] if d == cut[0] else [])]
-        train = [i for d in range(5) if d not in whole for i in (ids[d][: len(ids[d]) - cut[1]] if d == cut[0] else ids[d])]
+        val = [
+            i
+            for d in range(5)
+            for i in (ids[d] if d in whole else ids[d][len(ids[d]) - cut[1] :] if d == cut[0] else [])
+        ]
+        train = [
+            i for d in range(5) if d not in whole for i in (ids[d][: len(ids[d]) - cut[1]] if d == cut[0] else ids[d])
+        ]
         assert (tmp_path / str(fraction) / "val.bin").read_bytes() == np.array(val, dtype="<u2").tobytes()
         assert (tmp_path / str(fraction) / "train.bin").read_bytes() == np.array(train, dtype="<u2").tobytes()
         assert abs(len(val) - fraction * n) <= 1 and cut is not None and 0 < cut[1] < len(ids[cut[0]])
-        assert meta["split"] == {"val_fraction": fraction, "method": "documents", "seed": data_module.SPLIT_SEED,
-                                 "actual_val_fraction": len(val) / n, "val_documents": len(whole),
-                                 "cut": {"document": str(tmp_path / "in" / f"{cut[0]}.txt"), "val_tokens": cut[1]}}  # fmt: skip
+        assert meta["split"] == {
+            "val_fraction": fraction,
+            "method": "documents",
+            "seed": data_module.SPLIT_SEED,
+            "actual_val_fraction": len(val) / n,
+            "val_documents": len(whole),
+            "cut": {"document": str(tmp_path / "in" / f"{cut[0]}.txt"), "val_tokens": cut[1]},
+        }
         assert (meta["train_tokens"], meta["val_tokens"]) == (len(train), len(val))
 
 
 def test_whole_documents_that_make_up_the_fraction_are_not_cut():
     # drawn in the order 2, 0, 1
     assert split_documents([30, 50, 20], 0.2) == Split([(0, 30), (30, 80)], [(80, 100)], "documents", 1, None)
-    assert split_documents([30, 50, 20], 0.4) == Split([(0, 10), (30, 80)], [(10, 30), (80, 100)], "documents", 1, (0, 20))
+    assert split_documents([30, 50, 20], 0.4) == Split(
+        [(0, 10), (30, 80)], [(10, 30), (80, 100)], "documents", 1, (0, 20)
+    )
     # one token of validation at least, and of training
     assert split_documents([1, 1, 1], 0.01).val == [(2, 3)] and split_documents([1, 1, 1], 0.99).train == [(1, 2)]
 
@@ -445,16 +505,21 @@ def test_a_meta_json_of_another_tool(tmp_path):
     np.zeros(10, dtype=np.uint16).tofile(tmp_path / "train.bin")
     np.zeros(10, dtype=np.uint16).tofile(tmp_path / "val.bin")
     (tmp_path / "meta.json").write_text('{"dataset": "something else"}')
-    with pytest.raises(DataError, match=r"meta.json is not gpt2 prepare's \(format None, version None; .*run gpt2 prepare"):
+    with pytest.raises(
+        DataError, match=r"meta.json is not gpt2 prepare's \(format None, version None; .*run gpt2 prepare"
+    ):
         open_data(tmp_path)
 
 
-@pytest.mark.parametrize("meta", [
-    {"vocab_size": 2, "itos": {0: "a", "1": "b"}},
-    {"vocab_size": 3, "itos": {0: "a", 1: "b"}},
-    {"vocab_size": "2", "itos": {0: "a", 1: "b"}},
-    ["a", "b"],
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "meta",
+    [
+        {"vocab_size": 2, "itos": {0: "a", "1": "b"}},
+        {"vocab_size": 3, "itos": {0: "a", 1: "b"}},
+        {"vocab_size": "2", "itos": {0: "a", 1: "b"}},
+        ["a", "b"],
+    ],
+)
 def test_a_meta_pkl_that_is_not_nanogpts(tmp_path, meta):
     np.zeros(10, dtype=np.uint16).tofile(tmp_path / "train.bin")
     np.zeros(10, dtype=np.uint16).tofile(tmp_path / "val.bin")
@@ -466,7 +531,9 @@ def test_a_meta_pkl_that_is_not_nanogpts(tmp_path, meta):
 def test_llmc_files_too_short_or_too_many(tmp_path):
     (tmp_path / "x_train.bin").write_bytes(b"\x01\x02\x03\x04\x05")
     write_llmc(tmp_path / "x_val.bin", [1, 2])
-    with pytest.raises(DataError, match="x_train.bin is not an llm.c token file: 5 bytes, shorter than its 1024-byte header"):
+    with pytest.raises(
+        DataError, match="x_train.bin is not an llm.c token file: 5 bytes, shorter than its 1024-byte header"
+    ):
         open_data(tmp_path)
     write_llmc(tmp_path / "x_train.bin", [1, 2, 3])
     write_llmc(tmp_path / "y_train.bin", [1, 2, 3])
@@ -486,18 +553,27 @@ def test_batch_offsets_are_the_seeded_draw():
         assert x[:, 0].tolist() == offsets.tolist() and y[:, -1].tolist() == (offsets + 32).tolist()
 
 
-@pytest.mark.parametrize("args, error, message", [
-    (dict(block_size=0), InvalidArgumentError, "block_size must be a positive integer, got 0"),
-    (dict(batch_size=1.0), InvalidArgumentError, "batch_size must be a positive integer, got 1.0"),
-    (dict(seed=-1), InvalidArgumentError, "seed must be a whole number from 0 to"),
-    (dict(micro_step=True), InvalidArgumentError, "micro_step must be a whole number from 0 to .*got True"),
-    (dict(block_size=10), DataError, "10 ids are too short for block_size 10: a window needs 11"),
-    (dict(mask=np.ones(9, dtype=np.uint8)), InvalidArgumentError, "mask holds 9 bytes for 10 ids: it needs one for each id"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "args, error, message",
+    [
+        (dict(block_size=0), InvalidArgumentError, "block_size must be a positive integer, got 0"),
+        (dict(batch_size=1.0), InvalidArgumentError, "batch_size must be a positive integer, got 1.0"),
+        (dict(seed=-1), InvalidArgumentError, "seed must be a whole number from 0 to"),
+        (dict(micro_step=True), InvalidArgumentError, "micro_step must be a whole number from 0 to .*got True"),
+        (dict(block_size=10), DataError, "10 ids are too short for block_size 10: a window needs 11"),
+        (
+            dict(mask=np.ones(9, dtype=np.uint8)),
+            InvalidArgumentError,
+            "mask holds 9 bytes for 10 ids: it needs one for each id",
+        ),
+    ],
+)
 def test_bad_batch_arguments(args, error, message):
     with pytest.raises(error, match=message):
-        get_batch(np.arange(10, dtype=np.uint16), **{"block_size": 4, "batch_size": 2, "seed": 0, "iteration": 0,
-                                                     "micro_step": 0, **args})  # fmt: skip
+        get_batch(
+            np.arange(10, dtype=np.uint16),
+            **{"block_size": 4, "batch_size": 2, "seed": 0, "iteration": 0, "micro_step": 0, **args},
+        )
 
 
 # ------------------------------------------------------------------ overwrites, failures, and paths to files
@@ -560,11 +636,18 @@ def test_a_path_to_one_of_llmcs_files(tmp_path):
     for name in ("tiny_shakespeare_train.bin", "tiny_shakespeare_val.bin"):
         data = open_data(tmp_path / name)
         assert data.format == "llm.c" and data.train.tolist() == [1, 2, 3, 4] and data.val.tolist() == [5, 6]
-        assert data.files == {"train": tmp_path / "tiny_shakespeare_train.bin", "val": tmp_path / "tiny_shakespeare_val.bin"}
-    with pytest.raises(DataError, match=re.escape(f"{tmp_path / 'other_val.bin'} is missing: llm.c's data is a pair of files")):
+        assert data.files == {
+            "train": tmp_path / "tiny_shakespeare_train.bin",
+            "val": tmp_path / "tiny_shakespeare_val.bin",
+        }
+    with pytest.raises(
+        DataError, match=re.escape(f"{tmp_path / 'other_val.bin'} is missing: llm.c's data is a pair of files")
+    ):
         open_data(tmp_path / "other_train.bin")
     (tmp_path / "notes.txt").write_text("x")
-    with pytest.raises(DataError, match="notes.txt is a file, not prepared data: give the directory that holds train.bin"):
+    with pytest.raises(
+        DataError, match="notes.txt is a file, not prepared data: give the directory that holds train.bin"
+    ):
         open_data(tmp_path / "notes.txt")
 
 
@@ -602,14 +685,23 @@ def test_a_wide_vocabulary_is_read_as_uint32(tmp_path):
     ids = np.array([0, 65536, 69999, 7], dtype="<u4")  # as prepare writes a bpe:70000 corpus
     ids[:3].tofile(tmp_path / "train.bin")
     ids[3:].tofile(tmp_path / "val.bin")
-    meta = {"format": "gpt2-prepared", "version": 1, "tokenizer": "bpe:70000", "vocab_size": 70000, "dtype": "uint32",
-            "train_tokens": 3, "val_tokens": 1}  # fmt: skip
+    meta = {
+        "format": "gpt2-prepared",
+        "version": 1,
+        "tokenizer": "bpe:70000",
+        "vocab_size": 70000,
+        "dtype": "uint32",
+        "train_tokens": 3,
+        "val_tokens": 1,
+    }
     (tmp_path / "meta.json").write_text(json.dumps(meta))
     data = open_data(tmp_path)
     assert data.train.tolist() == [0, 65536, 69999] and data.val.tolist() == [7] and data.tokenizer is None
-    for key, value, message in [("dtype", "float32", "dtype is 'float32', not uint16 or uint32"),
-                                ("vocab_size", 0, "vocab_size is 0, not a positive integer"),
-                                ("vocab_size", 50257, "train.bin holds token id 69999, beyond its vocabulary of 50257 ids")]:  # fmt: skip
+    for key, value, message in [
+        ("dtype", "float32", "dtype is 'float32', not uint16 or uint32"),
+        ("vocab_size", 0, "vocab_size is 0, not a positive integer"),
+        ("vocab_size", 50257, "train.bin holds token id 69999, beyond its vocabulary of 50257 ids"),
+    ]:
         (tmp_path / "meta.json").write_text(json.dumps({**meta, key: value}))
         with pytest.raises((DataError, TokenIdError), match=message):
             open_data(tmp_path)
@@ -619,14 +711,18 @@ def test_a_wide_vocabulary_is_read_as_uint32(tmp_path):
         open_data(tmp_path)
 
 
-def _documents_in_val(train: list[int], val: list[int], expected: list[list[int]], cut: tuple[int, int] | None) -> list[int]:
+def _documents_in_val(
+    train: list[int], val: list[int], expected: list[list[int]], cut: tuple[int, int] | None
+) -> list[int]:
     """Which documents val holds whole, checking that train and val are the documents in order, whole
     but for the one `cut` (document, its ids in val): its head in train, its tail in val."""
     in_val, t, v = [], 0, 0
     for d, ids in enumerate(expected):
         if cut is not None and d == cut[0]:
             head, tail = ids[: len(ids) - cut[1]], ids[len(ids) - cut[1] :]
-            assert train[t : t + len(head)] == head and val[v : v + len(tail)] == tail, f"document {d} is not split as said"
+            assert train[t : t + len(head)] == head and val[v : v + len(tail)] == tail, (
+                f"document {d} is not split as said"
+            )
             t, v = t + len(head), v + len(tail)
         elif train[t : t + len(ids)] == ids:
             t += len(ids)
@@ -653,7 +749,11 @@ def test_many_documents_through_the_worker_pool(tmp_path, monkeypatch, tiktoken_
     train, val = read_ids(tmp_path / "out" / "train.bin"), read_ids(tmp_path / "out" / "val.bin")
     cut = meta["split"]["cut"]
     in_val = _documents_in_val(train, val, expected, cut and (int(cut["document"][-6:-4]), cut["val_tokens"]))
-    assert 0 < len(in_val) < 30 and len(val) == round(0.2 * (len(train) + len(val))) and meta["split"]["val_documents"] == len(in_val)
+    assert (
+        0 < len(in_val) < 30
+        and len(val) == round(0.2 * (len(train) + len(val)))
+        and meta["split"]["val_documents"] == len(in_val)
+    )
     assert (meta["train_tokens"], meta["val_tokens"]) == (len(train), len(val))
 
 
@@ -702,10 +802,14 @@ def test_chat_data_that_does_not_hold_together(tmp_path):
     ids, masks = chat_splits()
     out = write_chat_data(tmp_path / "chat", ids, masks, TEMPLATE)
     (out / "val.mask.bin").unlink()
-    with pytest.raises(DataError, match=re.escape(f"{out / 'val.mask.bin'} is missing: meta.json says the data holds conversations")):
+    with pytest.raises(
+        DataError, match=re.escape(f"{out / 'val.mask.bin'} is missing: meta.json says the data holds conversations")
+    ):
         open_data(out)
     np.asarray(masks["val"][:150], dtype=np.uint8).tofile(out / "val.mask.bin")
-    with pytest.raises(DataError, match=re.escape(f"{out / 'val.mask.bin'} holds 150 mask bytes, but {out / 'val.bin'} holds 200 ids")):
+    with pytest.raises(
+        DataError, match=re.escape(f"{out / 'val.mask.bin'} holds 150 mask bytes, but {out / 'val.bin'} holds 200 ids")
+    ):
         open_data(out)
     two = masks["val"].astype(np.uint8) * 2
     write_chat_data(out, ids, {**masks, "val": two}, TEMPLATE)
@@ -716,9 +820,14 @@ def test_chat_data_that_does_not_hold_together(tmp_path):
         open_data(out)
     write_chat_data(out, ids, masks, TEMPLATE)
     meta = json.loads((out / "meta.json").read_text())
-    (out / "meta.json").write_text(json.dumps({**meta, "chat": {**meta["chat"], "mask_tokens": {"train": 1, "val": 200}}}))
-    with pytest.raises(DataError, match=f"train.mask.bin marks {int(masks['train'].sum())} targets, but meta.json says "
-                                        f"chat.mask_tokens.train = 1"):  # fmt: skip
+    (out / "meta.json").write_text(
+        json.dumps({**meta, "chat": {**meta["chat"], "mask_tokens": {"train": 1, "val": 200}}})
+    )
+    with pytest.raises(
+        DataError,
+        match=f"train.mask.bin marks {int(masks['train'].sum())} targets, but meta.json says "
+        f"chat.mask_tokens.train = 1",
+    ):
         open_data(out)
     for chat in ("a template", {"template": 3}, {"template": TEMPLATE, "mask_tokens": [1, 2]}):
         (out / "meta.json").write_text(json.dumps({**meta, "chat": chat}))
@@ -738,11 +847,20 @@ QA = [
         {"role": "user", "content": "And of Japan, 日本?"},
         {"role": "assistant", "content": "Tōkyō 東京 — surely.\n\nYes."},
     ],
-    [{"role": "user", "content": "  spaces  and\ttabs "}, {"role": "assistant", "content": ""}, {"role": "user", "content": "again"},
-     {"role": "assistant", "content": "Again?"}],
-    *[[{"role": "user", "content": f"What is {i} plus {i + 3}?"}, {"role": "assistant", "content": f"It is {2 * i + 3}."}]
-      for i in range(9)],
-]  # fmt: skip
+    [
+        {"role": "user", "content": "  spaces  and\ttabs "},
+        {"role": "assistant", "content": ""},
+        {"role": "user", "content": "again"},
+        {"role": "assistant", "content": "Again?"},
+    ],
+    *[
+        [
+            {"role": "user", "content": f"What is {i} plus {i + 3}?"},
+            {"role": "assistant", "content": f"It is {2 * i + 3}."},
+        ]
+        for i in range(9)
+    ],
+]
 # A template as many on the Hub are written, over several lines of a file: its own markers, the
 # tokenizer's eos_token, {% generation %} around the reply.
 CHATML_FILE = """{% for message in messages %}
@@ -780,7 +898,9 @@ def cut_at_conversations(out, expected: list[tuple[list[int], list[int]]]) -> li
     masks = {split: np.fromfile(out / f"{split}.mask.bin", dtype=np.uint8).tolist() for split in ("train", "val")}
     at, went = {"train": 0, "val": 0}, []
     for expected_ids, expected_mask in expected:
-        found = [split for split in ("train", "val") if ids[split][at[split] : at[split] + len(expected_ids)] == expected_ids]
+        found = [
+            split for split in ("train", "val") if ids[split][at[split] : at[split] + len(expected_ids)] == expected_ids
+        ]
         assert found, f"conversation {len(went)} is neither next in train.bin nor in val.bin"
         split = found[0]
         assert masks[split][at[split] : at[split] + len(expected_ids)] == expected_mask
@@ -798,8 +918,13 @@ def test_chat_data_equals_transformers_apply_chat_template(tmp_path, template_fi
     source = DEFAULT_TEMPLATE
     if template_file:
         (tmp_path / template_file).write_text(source := CHATML_FILE, encoding="utf-8")
-    meta = prepare_chat([tmp_path / "chat.jsonl"], tmp_path / "out", val_fraction=0.25, progress=False,
-                        chat_template=template_file and tmp_path / template_file)  # fmt: skip
+    meta = prepare_chat(
+        [tmp_path / "chat.jsonl"],
+        tmp_path / "out",
+        val_fraction=0.25,
+        progress=False,
+        chat_template=template_file and tmp_path / template_file,
+    )
     expected = hf_encodings(hf_chat_tokenizer(tmp_path / "hf", Tokenizer.gpt2(), source), QA)
     went = cut_at_conversations(tmp_path / "out", expected)
     assert went.count("val") == round(0.25 * len(QA)) == 3
@@ -807,12 +932,17 @@ def test_chat_data_equals_transformers_apply_chat_template(tmp_path, template_fi
     assert meta["chat"] == {
         "template": source,
         "conversations": {"train": len(QA) - 3, "val": 3},
-        "mask_tokens": {split: sum(sum(mask) for (_, mask), s in zip(expected, went) if s == split) for split in ("train", "val")},
-        "longest": max(lengths), "longest_at": f"{tmp_path / 'chat.jsonl'}, line {lengths.index(max(lengths)) + 1}",
-    }  # fmt: skip
+        "mask_tokens": {
+            split: sum(sum(mask) for (_, mask), s in zip(expected, went) if s == split) for split in ("train", "val")
+        },
+        "longest": max(lengths),
+        "longest_at": f"{tmp_path / 'chat.jsonl'}, line {lengths.index(max(lengths)) + 1}",
+    }
     assert json.loads((tmp_path / "out" / "meta.json").read_text()) == meta
     assert meta["split"]["method"] == "conversations" and meta["split"]["val_conversations"] == 3
-    assert (meta["train_tokens"], meta["val_tokens"]) == tuple(sum(n for n, s in zip(lengths, went) if s == split) for split in ("train", "val"))
+    assert (meta["train_tokens"], meta["val_tokens"]) == tuple(
+        sum(n for n, s in zip(lengths, went) if s == split) for split in ("train", "val")
+    )
     assert meta["sources"] == {"inputs": [str(tmp_path / "chat.jsonl")], "files": 1}
     data = open_data(tmp_path / "out")  # the ids are ordinary prepared data to what reads them
     assert data.vocab_size == 50257 and len(data.train) == meta["train_tokens"]
@@ -825,7 +955,9 @@ def test_chat_data_of_several_files_and_standard_input(tmp_path, monkeypatch):
     text = "\n".join(json.dumps({"messages": m}) for m in QA[5:]) + "\n\n"  # a blank line: skipped
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(text.encode())))
     meta = prepare_chat([tmp_path / "a.jsonl", "-"], tmp_path / "out", val_fraction=0.5, progress=False)
-    went = cut_at_conversations(tmp_path / "out", hf_encodings(hf_chat_tokenizer(tmp_path / "hf", Tokenizer.gpt2(), DEFAULT_TEMPLATE), QA))
+    went = cut_at_conversations(
+        tmp_path / "out", hf_encodings(hf_chat_tokenizer(tmp_path / "hf", Tokenizer.gpt2(), DEFAULT_TEMPLATE), QA)
+    )
     assert went.count("val") == 6 and meta["sources"]["files"] == 2
 
 
@@ -865,16 +997,28 @@ GOOD_LINE = json.dumps({"messages": QA[0]})
 CHAT_ERRORS = [  # (the third line of chat.jsonl, after a good one and a blank one; the message)
     ("not json", "chat.jsonl, line 3: not a JSON object (Expecting value"),
     ("[1, 2]", 'chat.jsonl, line 3: a conversation is an object {"messages": [...]}, got a JSON list'),
-    ('{"text": "hi"}', 'chat.jsonl, line 3: a conversation is an object {"messages": [...]}, got an object with the keys text'),
+    (
+        '{"text": "hi"}',
+        'chat.jsonl, line 3: a conversation is an object {"messages": [...]}, got an object with the keys text',
+    ),
     ('{"messages": "hi"}', "chat.jsonl, line 3: messages must be a non-empty list of messages, got 'hi'"),
-    ('{"messages": [{"role": "user", "content": "hi"}]}', "chat.jsonl, line 3: the conversation has no assistant message"),
-    ('{"messages": [{"role": "user", "content": "hi"}, {"role": "robot", "content": "beep"}]}',
-     "chat.jsonl, line 3: messages[1].role must be one of system, user, assistant, got 'robot'"),
-    ('{"messages": [{"role": "user", "content": ["hi"]}, {"role": "assistant", "content": "yes"}]}',
-     "chat.jsonl, line 3: messages[0].content must be a string, got ['hi']"),
-    ('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "no", "weight": 0}]}',
-     "chat.jsonl, line 3: messages[1].weight is 0: every reply is learned (weight 1)"),
-]  # fmt: skip
+    (
+        '{"messages": [{"role": "user", "content": "hi"}]}',
+        "chat.jsonl, line 3: the conversation has no assistant message",
+    ),
+    (
+        '{"messages": [{"role": "user", "content": "hi"}, {"role": "robot", "content": "beep"}]}',
+        "chat.jsonl, line 3: messages[1].role must be one of system, user, assistant, got 'robot'",
+    ),
+    (
+        '{"messages": [{"role": "user", "content": ["hi"]}, {"role": "assistant", "content": "yes"}]}',
+        "chat.jsonl, line 3: messages[0].content must be a string, got ['hi']",
+    ),
+    (
+        '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "no", "weight": 0}]}',
+        "chat.jsonl, line 3: messages[1].weight is 0: every reply is learned (weight 1)",
+    ),
+]
 
 
 @pytest.mark.parametrize("line, message", CHAT_ERRORS, ids=range(len(CHAT_ERRORS)))
@@ -886,8 +1030,10 @@ def test_bad_conversations_are_named_by_file_and_line(tmp_path, line, message):
     assert not (tmp_path / "out").exists()  # made by this prepare, removed by it
 
 
-NO_SYSTEM = "{% for m in messages %}\n{% if m['role'] == 'system' %}{{ raise_exception('no system messages here') }}{% endif %}" \
-    "{% generation %}{{ m['content'] }}{% endgeneration %}{% endfor %}"  # fmt: skip
+NO_SYSTEM = (
+    "{% for m in messages %}\n{% if m['role'] == 'system' %}{{ raise_exception('no system messages here') }}{% endif %}"
+    "{% generation %}{{ m['content'] }}{% endgeneration %}{% endfor %}"
+)
 
 
 def chat_error_cases(tmp_path) -> list[tuple[dict, type, str]]:
@@ -898,26 +1044,55 @@ def chat_error_cases(tmp_path) -> list[tuple[dict, type, str]]:
     write_conversations(tmp_path / "one.jsonl", QA[:1])
     (tmp_path / "empty.jsonl").write_text("\n\n", encoding="utf-8")
     (tmp_path / "no-system.jinja").write_text(NO_SYSTEM, encoding="utf-8")
-    (tmp_path / "no-replies.jinja").write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}", encoding="utf-8")
+    (tmp_path / "no-replies.jinja").write_text(
+        "{% for m in messages %}{{ m['content'] }}{% endfor %}", encoding="utf-8"
+    )
     (tmp_path / "broken.jinja").write_text("hello\n{% for %}", encoding="utf-8")
     chat, jinja = str(tmp_path / "chat.jsonl"), lambda name: str(tmp_path / name)
     return [
-        (dict(inputs=[chat], chat_template=jinja("no-system.jinja")), ChatTemplateError,
-         f"{chat}, line 2: {jinja('no-system.jinja')} failed to render (line 2): no system messages here"),
-        (dict(inputs=[chat], chat_template=jinja("broken.jinja")), ChatTemplateError,
-         f"{jinja('broken.jinja')} is not a valid template: "),
-        (dict(inputs=[chat], chat_template=jinja("missing.jinja")), ChatTemplateError,
-         f"cannot read the chat template {jinja('missing.jinja')}: no such file"),
-        (dict(inputs=[chat], chat_template=jinja("no-replies.jinja")), DataError,
-         f"{jinja('no-replies.jinja')} marks no reply in 3 conversations: the tokens to learn are those inside {{% generation %}}"),
-        (dict(inputs=[chat, str(tmp_path / "empty.jsonl")]), DataError, f"{tmp_path / 'empty.jsonl'} holds no conversations"),
-        (dict(inputs=[str(tmp_path / "one.jsonl")]), DataError,
-         "1 conversation cannot be split whole into training and validation: each split needs one (val_fraction 0.1 of them "
-         "validates, at least 1); give 2 or more"),
+        (
+            dict(inputs=[chat], chat_template=jinja("no-system.jinja")),
+            ChatTemplateError,
+            f"{chat}, line 2: {jinja('no-system.jinja')} failed to render (line 2): no system messages here",
+        ),
+        (
+            dict(inputs=[chat], chat_template=jinja("broken.jinja")),
+            ChatTemplateError,
+            f"{jinja('broken.jinja')} is not a valid template: ",
+        ),
+        (
+            dict(inputs=[chat], chat_template=jinja("missing.jinja")),
+            ChatTemplateError,
+            f"cannot read the chat template {jinja('missing.jinja')}: no such file",
+        ),
+        (
+            dict(inputs=[chat], chat_template=jinja("no-replies.jinja")),
+            DataError,
+            f"{jinja('no-replies.jinja')} marks no reply in 3 conversations: the tokens to learn are those inside {{% generation %}}",
+        ),
+        (
+            dict(inputs=[chat, str(tmp_path / "empty.jsonl")]),
+            DataError,
+            f"{tmp_path / 'empty.jsonl'} holds no conversations",
+        ),
+        (
+            dict(inputs=[str(tmp_path / "one.jsonl")]),
+            DataError,
+            "1 conversation cannot be split whole into training and validation: each split needs one (val_fraction 0.1 of them "
+            "validates, at least 1); give 2 or more",
+        ),
         (dict(inputs=[chat], tokenizer="char"), InvalidArgumentError, "the char tokenizer cannot hold a conversation"),
-        (dict(inputs=[chat], chat_template=3), InputTypeError, "chat_template is the path of a Jinja2 file or a ChatTemplate, got 3"),
-        (dict(inputs=[chat, str(tmp_path / "nowhere.jsonl")]), DataError, f"input {str(tmp_path / 'nowhere.jsonl')!r} does not exist"),
-    ]  # fmt: skip
+        (
+            dict(inputs=[chat], chat_template=3),
+            InputTypeError,
+            "chat_template is the path of a Jinja2 file or a ChatTemplate, got 3",
+        ),
+        (
+            dict(inputs=[chat, str(tmp_path / "nowhere.jsonl")]),
+            DataError,
+            f"input {str(tmp_path / 'nowhere.jsonl')!r} does not exist",
+        ),
+    ]
 
 
 def test_chat_errors_say_what_and_where_and_leave_nothing(tmp_path):
@@ -933,7 +1108,9 @@ def test_a_failed_chat_prepare_keeps_the_older_data(tmp_path):
     prepare_chat([tmp_path / "chat.jsonl"], tmp_path / "out", progress=False)
     before = {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()}
     with open(tmp_path / "chat.jsonl", "a", encoding="utf-8") as f:
-        f.write('{"messages": [{"role": "user", "content": "the last line is wrong"}]}\n')  # after 12 conversations encoded
+        f.write(
+            '{"messages": [{"role": "user", "content": "the last line is wrong"}]}\n'
+        )  # after 12 conversations encoded
     with pytest.raises(DataError, match=r"line 13: the conversation has no assistant message"):
         prepare_chat([tmp_path / "chat.jsonl"], tmp_path / "out", overwrite=True, progress=False)
     assert {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()} == before  # and no scratch directory
@@ -955,6 +1132,8 @@ def test_an_overwrite_leaves_no_stale_masks(tmp_path):
     (tmp_path / "out" / "meta.json").unlink()
     (tmp_path / "out" / "train.bin").unlink()
     (tmp_path / "out" / "val.bin").unlink()
-    (tmp_path / "out" / "val.mask.bin").write_bytes(b"\x01")  # a mask alone is prepared data too: not overwritten by accident
+    (tmp_path / "out" / "val.mask.bin").write_bytes(
+        b"\x01"
+    )  # a mask alone is prepared data too: not overwritten by accident
     with pytest.raises(DataError, match=r"already holds prepared data \(val.mask.bin\)"):
         prepare_chat([tmp_path / "chat.jsonl"], tmp_path / "out", progress=False)

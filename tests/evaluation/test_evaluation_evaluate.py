@@ -134,7 +134,9 @@ def test_defaults_are_the_models_context_and_half_of_it(hf_and_ours):
 
 def test_text_bits_per_byte_counts_the_bytes_of_the_scored_ids(hf_and_ours, tiktoken_gpt2):
     hf, ours = hf_and_ours
-    text = "Perplexity, in bits per byte: naïve café 東京 🙂 — the same for any tokenizer.<|endoftext|>\n" * 3  # characters
+    text = (
+        "Perplexity, in bits per byte: naïve café 東京 🙂 — the same for any tokenizer.<|endoftext|>\n" * 3
+    )  # characters
     ids = tiktoken_gpt2.encode_ordinary(text)
     expected, count = guide_perplexity(hf, ids, 64, 32)
     scored_bytes = len(text.encode("utf-8")) - len(tiktoken_gpt2.decode_single_token_bytes(ids[0]))
@@ -223,12 +225,32 @@ def test_lambada_equals_transformers_scored_as_the_harness_does(leaning, tmp_pat
 
 
 HELLASWAG = [
-    {"ctx": "A man is sitting on a roof. He", "endings": ["is using the the ladder.", "starts the the the roof.", "eats a sandwich.", "the"], "label": 1},
-    {"ctx": "Two women in a kitchen", "endings": ["cook the dinner.", "dance on the table of the house.", "the the", "sing."], "label": 2},
-    {"ctx": "The dog runs", "endings": ["after the ball in the park.", "away.", "to the the the door.", "home the end."], "label": 2},
-    {"ctx": "A child holds a kite.", "endings": ["It flies high over the trees.", "The the wind.", "She lets go.", "the kite is red."], "label": 3},
-    {"ctx": "People are gathered", "endings": ["around the fire.", "in a hall.", "to watch the the game.", "the the the the"], "label": 3},
-]  # fmt: skip
+    {
+        "ctx": "A man is sitting on a roof. He",
+        "endings": ["is using the the ladder.", "starts the the the roof.", "eats a sandwich.", "the"],
+        "label": 1,
+    },
+    {
+        "ctx": "Two women in a kitchen",
+        "endings": ["cook the dinner.", "dance on the table of the house.", "the the", "sing."],
+        "label": 2,
+    },
+    {
+        "ctx": "The dog runs",
+        "endings": ["after the ball in the park.", "away.", "to the the the door.", "home the end."],
+        "label": 2,
+    },
+    {
+        "ctx": "A child holds a kite.",
+        "endings": ["It flies high over the trees.", "The the wind.", "She lets go.", "the kite is red."],
+        "label": 3,
+    },
+    {
+        "ctx": "People are gathered",
+        "endings": ["around the fire.", "in a hall.", "to watch the the game.", "the the the the"],
+        "label": 3,
+    },
+]
 
 
 def test_hellaswag_equals_transformers_scored_as_llm_c_does(leaning, tmp_path, tiktoken_gpt2):
@@ -258,8 +280,13 @@ def test_hellaswags_progress_bar_counts_examples_not_endings(leaning, tmp_path, 
 def test_scores_are_the_same_in_any_batch_and_order(hf_and_ours):
     hf, ours = hf_and_ours
     g = torch.Generator().manual_seed(4)
-    pairs = [(torch.randint(0, 50257, (int(a),), generator=g).tolist(), torch.randint(0, 50257, (int(b),), generator=g).tolist())
-             for a, b in torch.randint(1, 30, (9, 2), generator=g)]  # fmt: skip
+    pairs = [
+        (
+            torch.randint(0, 50257, (int(a),), generator=g).tolist(),
+            torch.randint(0, 50257, (int(b),), generator=g).tolist(),
+        )
+        for a, b in torch.randint(1, 30, (9, 2), generator=g)
+    ]
     one = score_continuations(ours, pairs, batch_size=1)
     for got, (context, continuation) in zip(score_continuations(ours, pairs, batch_size=4), pairs):
         expected, greedy = continuation_score(hf, context, continuation)
@@ -273,12 +300,20 @@ def test_continuations_of_one_context_reuse_its_blocks_and_score_as_computed_who
     computation's within 1e-5 and transformers' within 1e-4."""
     hf, ours = hf_and_ours
     g = torch.Generator().manual_seed(8)
-    pairs = [(context, torch.randint(0, 50257, (3 + k,), generator=g).tolist())
-             for context in (torch.randint(0, 50257, (n,), generator=g).tolist() for n in (20, 33, 40)) for k in range(4)]  # fmt: skip
+    pairs = [
+        (context, torch.randint(0, 50257, (3 + k,), generator=g).tolist())
+        for context in (torch.randint(0, 50257, (n,), generator=g).tolist() for n in (20, 33, 40))
+        for k in range(4)
+    ]
     computed = []
     hidden = TorchEngine.hidden
-    monkeypatch.setattr(TorchEngine, "hidden", lambda self, slots, starts, chunks: computed.append(sum(map(len, chunks))) or
-                        hidden(self, slots, starts, chunks))  # fmt: skip
+    monkeypatch.setattr(
+        TorchEngine,
+        "hidden",
+        lambda self, slots, starts, chunks: (
+            computed.append(sum(map(len, chunks))) or hidden(self, slots, starts, chunks)
+        ),
+    )
     cached = score_continuations(ours, pairs, batch_size=3)
     whole = score_continuations(ours, pairs, batch_size=3, prefix_cache_mb=0)
     inputs = sum(len(c) + len(x) - 1 for c, x in pairs)
@@ -306,20 +341,28 @@ def test_run_task_reads_the_given_file_and_limits_it(leaning, tmp_path):
     wiki = tmp_path / "wiki.test.raw"
     wiki.write_text(" = Title = \n\n Some text about the thing .\n", encoding="utf-8")
     got = run_task(ours, "wikitext2", wiki, context=16, stride=8)
-    assert got == {"task": "wikitext2", **evaluate_text(ours, " = Title = \n\n\n\n\n Some text about the thing .\n",
-                                                       context=16, stride=8).to_dict()}  # fmt: skip
+    assert got == {
+        "task": "wikitext2",
+        **evaluate_text(ours, " = Title = \n\n\n\n\n Some text about the thing .\n", context=16, stride=8).to_dict(),
+    }
 
 
 # ------------------------------------------------------------------ wrong input
 
 
-@pytest.mark.parametrize("options, message", [
-    (dict(context=65), "context must be a number of ids up to the model's n_ctx=64, i.e. from 2 to 64, got 65"),
-    (dict(context=1), "context must be a number of ids up to the model's n_ctx=64, i.e. from 2 to 64, got 1"),
-    (dict(stride=0), "stride must be a number of ids up to the context (64), i.e. from 1 to 64, got 0"),
-    (dict(context=16, stride=17), "stride must be a number of ids up to the context (16), i.e. from 1 to 16, got 17"),
-    (dict(batch_size=0), "batch_size must be a positive integer, got 0"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(context=65), "context must be a number of ids up to the model's n_ctx=64, i.e. from 2 to 64, got 65"),
+        (dict(context=1), "context must be a number of ids up to the model's n_ctx=64, i.e. from 2 to 64, got 1"),
+        (dict(stride=0), "stride must be a number of ids up to the context (64), i.e. from 1 to 64, got 0"),
+        (
+            dict(context=16, stride=17),
+            "stride must be a number of ids up to the context (16), i.e. from 1 to 16, got 17",
+        ),
+        (dict(batch_size=0), "batch_size must be a positive integer, got 0"),
+    ],
+)
 def test_bad_windows_are_named(hf_and_ours, options, message):
     """In the library's words, naming the parameter (`gpt2 eval` adds its flag: tests/test_cli.py)."""
     _, ours = hf_and_ours
@@ -334,8 +377,11 @@ def test_bad_streams_and_files_are_named(hf_and_ours, tmp_path):
         perplexity(ours, [5])
     with pytest.raises(GPT2Error, match="token id 50257 is out of range"):
         perplexity(ours, [5, 50257])
-    for content, message in ((b"", "is empty"), (b"ok \xff", "is not UTF-8 text: byte 0xff at offset 3"),
-                             (b"a", "f.txt is 1 id long: perplexity needs at least 2")):  # fmt: skip
+    for content, message in (
+        (b"", "is empty"),
+        (b"ok \xff", "is not UTF-8 text: byte 0xff at offset 3"),
+        (b"a", "f.txt is 1 id long: perplexity needs at least 2"),
+    ):
         (tmp_path / "f.txt").write_bytes(content)
         with pytest.raises(GPT2Error, match=message):
             evaluate_file(ours, tmp_path / "f.txt")
@@ -390,9 +436,14 @@ def test_a_model_agrees_with_itself_exactly(float32):
     assert result.tokens == len(ids) and result.kl == 0.0 and result.top1 == 1.0
 
 
-@pytest.mark.parametrize("dtype, max_kl, min_top1, max_ppl_change", [
-    ("bfloat16", 1e-3, 0.98, 0.005), ("float16", 1e-3, 0.98, 0.005), ("int8", 5e-3, 0.95, 0.02),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "dtype, max_kl, min_top1, max_ppl_change",
+    [
+        ("bfloat16", 1e-3, 0.98, 0.005),
+        ("float16", 1e-3, 0.98, 0.005),
+        ("int8", 5e-3, 0.95, 0.02),
+    ],
+)
 def test_narrow_weights_agree_with_float32(trained, float32, dtype, max_kl, min_top1, max_ppl_change):
     """Issue 12's bounds: KL per token, top-1 agreement and perplexity against float32."""
     from gpt2.evaluation.evaluate import agreement, evaluate_data

@@ -20,8 +20,10 @@ def write_lines(path, lines: list[str]):
 
 
 def test_lambada_splits_at_the_last_space(tmp_path):
-    path = write_lines(tmp_path / "l.jsonl", [json.dumps({"text": "the cat sat on the mat"}), "",
-                                              json.dumps({"text": "Ça va, dit-il à Émile"})])  # fmt: skip
+    path = write_lines(
+        tmp_path / "l.jsonl",
+        [json.dumps({"text": "the cat sat on the mat"}), "", json.dumps({"text": "Ça va, dit-il à Émile"})],
+    )
     assert read_lambada(path) == [Completion("the cat sat on the", " mat"), Completion("Ça va, dit-il à", " Émile")]
     assert read_lambada(path, limit=1) == [Completion("the cat sat on the", " mat")]
 
@@ -33,17 +35,31 @@ def test_hellaswag_fields(tmp_path):
     assert len(read_hellaswag(path, limit=2)) == 2
 
 
-@pytest.mark.parametrize("reader, lines, message", [
-    (read_lambada, ['{"text": "two words"}', "not json"], r"l.jsonl, line 2: not JSON"),
-    (read_lambada, ['{"text": "two words"}', "", '["a list"]'], r"line 3: expected a JSON object, got list"),
-    (read_lambada, ['{"sentence": "two words"}'], r"line 1: expected \{\"text\": \"...\"\} \(LAMBADA's format\), got keys \['sentence'\]"),
-    (read_lambada, ['{"text": "oneword"}'], r"line 1: the text 'oneword' has no space before a last word"),
-    (read_lambada, [], r"l.jsonl holds no examples"),
-    (read_hellaswag, ['{"ctx": "c", "endings": ["a", "b"], "label": 1}', '{"ctx": "c", "endings": "ab", "label": 0}'],
-     r"line 2: expected \{\"ctx\": text, \"endings\": \[texts\], \"label\": index\} \(HellaSwag's format\)"),
-    (read_hellaswag, ['{"ctx": "c", "endings": ["a", "b"], "label": 2}'], r"line 1: label 2 is not the index of one of its 2 endings"),
-    (read_hellaswag, ['{"ctx": "c", "endings": ["a", "b"], "label": "1"}'], r"line 1: label '1' is not the index"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "reader, lines, message",
+    [
+        (read_lambada, ['{"text": "two words"}', "not json"], r"l.jsonl, line 2: not JSON"),
+        (read_lambada, ['{"text": "two words"}', "", '["a list"]'], r"line 3: expected a JSON object, got list"),
+        (
+            read_lambada,
+            ['{"sentence": "two words"}'],
+            r"line 1: expected \{\"text\": \"...\"\} \(LAMBADA's format\), got keys \['sentence'\]",
+        ),
+        (read_lambada, ['{"text": "oneword"}'], r"line 1: the text 'oneword' has no space before a last word"),
+        (read_lambada, [], r"l.jsonl holds no examples"),
+        (
+            read_hellaswag,
+            ['{"ctx": "c", "endings": ["a", "b"], "label": 1}', '{"ctx": "c", "endings": "ab", "label": 0}'],
+            r"line 2: expected \{\"ctx\": text, \"endings\": \[texts\], \"label\": index\} \(HellaSwag's format\)",
+        ),
+        (
+            read_hellaswag,
+            ['{"ctx": "c", "endings": ["a", "b"], "label": 2}'],
+            r"line 1: label 2 is not the index of one of its 2 endings",
+        ),
+        (read_hellaswag, ['{"ctx": "c", "endings": ["a", "b"], "label": "1"}'], r"line 1: label '1' is not the index"),
+    ],
+)
 def test_a_file_in_the_wrong_format_names_the_line(tmp_path, reader, lines, message):
     path = write_lines(tmp_path / "l.jsonl", lines)
     with pytest.raises(GPT2Error, match=message):
@@ -113,8 +129,11 @@ def test_a_download_lands_once_in_the_cache_with_the_users_permissions(online, t
 
 def test_a_failed_download_says_how_to_go_on_and_leaves_nothing(online, monkeypatch, tmp_path):
     monkeypatch.setattr(tasks, "HELLASWAG_URL", (tmp_path / "absent.jsonl").as_uri())
-    with pytest.raises(GPT2Error, match=r"could not download hellaswag from file://.*absent.jsonl: .*; without a network, "
-                                        r"download it elsewhere and pass its path as data") as e:  # fmt: skip
+    with pytest.raises(
+        GPT2Error,
+        match=r"could not download hellaswag from file://.*absent.jsonl: .*; without a network, "
+        r"download it elsewhere and pass its path as data",
+    ) as e:
         task_file("hellaswag", progress=False)
     assert e.value.param == "data"
     assert list((tmp_path / "cache").iterdir()) == []
@@ -124,8 +143,11 @@ def test_an_unwritable_cache_is_named_before_anything_is_fetched(online, monkeyp
     (tmp_path / "a-file").write_text("x")
     monkeypatch.setenv("GPT2_CACHE", str(tmp_path / "a-file" / "cache"))
     monkeypatch.setattr(tasks.urllib.request, "urlopen", None)  # a fetch would fail otherwise
-    with pytest.raises(UnwritablePathError, match=f"^cannot write into {re.escape(str(tmp_path / 'a-file' / 'cache'))}: "
-                                                  f"{re.escape(str(tmp_path / 'a-file'))} is a file, not a directory$"):  # fmt: skip
+    with pytest.raises(
+        UnwritablePathError,
+        match=f"^cannot write into {re.escape(str(tmp_path / 'a-file' / 'cache'))}: "
+        f"{re.escape(str(tmp_path / 'a-file'))} is a file, not a directory$",
+    ):
         task_file("lambada", progress=False)
 
 
@@ -134,11 +156,16 @@ def test_offline_mode_downloads_nothing(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(GPT2Error, match="lambada is not in the cache .* HF_HUB_OFFLINE is set"):
         task_file("lambada")
-    with pytest.raises(GPT2Error, match=r"could not download wikitext2 from the Hugging Face hub \(Salesforce/wikitext\)"):
+    with pytest.raises(
+        GPT2Error, match=r"could not download wikitext2 from the Hugging Face hub \(Salesforce/wikitext\)"
+    ):
         task_file("wikitext2")
     # the setting that gives the file is named: `gpt2 train`'s eval_task_data, not `gpt2 eval`'s data
-    with pytest.raises(GPT2Error, match=r"HF_HUB_OFFLINE is set; without a network, download it elsewhere and pass its path as "
-                                        r"eval_task_data$") as e:  # fmt: skip
+    with pytest.raises(
+        GPT2Error,
+        match=r"HF_HUB_OFFLINE is set; without a network, download it elsewhere and pass its path as "
+        r"eval_task_data$",
+    ) as e:
         task_file("hellaswag", param="eval_task_data")
     assert e.value.param == "eval_task_data"
     with pytest.raises(GPT2Error, match=r"pass its path as eval_task_data \(wiki.test.raw") as e:

@@ -33,23 +33,43 @@ def exported(tmp_path_factory):
 def empty_past(model: GPT2, batch: int) -> dict[str, np.ndarray]:
     c = model.config
     shape = (batch, c.n_head, 0, c.n_embd // c.n_head)
-    return {f"past_key_values.{i}.{kind}": np.zeros(shape, np.float32) for i in range(c.n_layer) for kind in ("key", "value")}
+    return {
+        f"past_key_values.{i}.{kind}": np.zeros(shape, np.float32)
+        for i in range(c.n_layer)
+        for kind in ("key", "value")
+    }
 
 
-def run(session, ids: np.ndarray, mask: np.ndarray, past: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+def run(
+    session, ids: np.ndarray, mask: np.ndarray, past: dict[str, np.ndarray]
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """One call, as optimum's loaders make it: position ids from the mask; returns logits and the next past."""
     positions = np.clip(mask.cumsum(-1) - 1, 0, None)[:, -ids.shape[1] :]
     outputs = session.run(None, {"input_ids": ids, "attention_mask": mask, "position_ids": positions, **past})
     names = [o.name for o in session.get_outputs()]
-    return outputs[0], {name.replace("present", "past_key_values"): value for name, value in zip(names[1:], outputs[1:])}
+    return outputs[0], {
+        name.replace("present", "past_key_values"): value for name, value in zip(names[1:], outputs[1:])
+    }
 
 
 def test_the_graph_has_optimums_names_and_its_files_are_beside_it(exported):
     model, session, _, out = exported
     inputs = [i.name for i in session.get_inputs()]
-    assert inputs[:3] == ["input_ids", "attention_mask", "position_ids"] and inputs[3:5] == ["past_key_values.0.key", "past_key_values.0.value"]
-    assert [o.name for o in session.get_outputs()][:3] == ["logits", "present.0.key", "present.0.value"] and len(inputs) == 3 + 2 * 3
-    assert {p.name for p in out.iterdir()} == {"model.onnx", "config.json", "tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt"}
+    assert inputs[:3] == ["input_ids", "attention_mask", "position_ids"] and inputs[3:5] == [
+        "past_key_values.0.key",
+        "past_key_values.0.value",
+    ]
+    assert [o.name for o in session.get_outputs()][:3] == ["logits", "present.0.key", "present.0.value"] and len(
+        inputs
+    ) == 3 + 2 * 3
+    assert {p.name for p in out.iterdir()} == {
+        "model.onnx",
+        "config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "vocab.json",
+        "merges.txt",
+    }
 
 
 @pytest.mark.parametrize("length", [1, 7, 64])
@@ -92,7 +112,17 @@ def test_greedy_text_through_onnx_runtimes_cache_is_gpt2_generates(exported, cap
     list(generation)
     assert new == generation.rows[0].tokens
     capsys.readouterr()
-    argv = ["generate", "The meaning of life is", "--model", str(directory), "--max-new-tokens", "24", "--temperature", "0", "--no-stream"]
+    argv = [
+        "generate",
+        "The meaning of life is",
+        "--model",
+        str(directory),
+        "--max-new-tokens",
+        "24",
+        "--temperature",
+        "0",
+        "--no-stream",
+    ]
     assert main(argv) == 0 and capsys.readouterr().out == ENC.decode(new) + "\n"
 
 
@@ -116,20 +146,27 @@ def test_bad_exports_are_one_line_and_leave_nothing(exported, tmp_path, capsys, 
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "notes.txt").write_text("mine")
     for flags, message in [
-        (["--format", "onnx", "--out", str(tmp_path / "taken")], f"{tmp_path / 'taken'} already exists: give a new directory"),
+        (
+            ["--format", "onnx", "--out", str(tmp_path / "taken")],
+            f"{tmp_path / 'taken'} already exists: give a new directory",
+        ),
         (["--format", "onnx", "--out", str(tmp_path / "x"), "--dtype", "q8_0"], "--dtype q8_0 is a GGUF type"),
         (["--format", "gguf", "--out", str(tmp_path / "x.gguf"), "--quantize", "int8"], "--quantize is ONNX Runtime's"),
         (["--format", "tflite", "--out", str(tmp_path / "x")], "argument --format: invalid choice: 'tflite'"),
         (["--format", "onnx", "--out", "/proc/gpt2-export"], "cannot write into /proc"),
-    ]:  # fmt: skip
+    ]:
         assert main(["export", "--model", str(directory), *flags]) == 2
         err = capsys.readouterr().err
         assert err.startswith("gpt2: error: ") and message in err and err.count("\n") == 1, err
-    assert (tmp_path / "taken" / "notes.txt").read_text() == "mine" and sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
+    assert (tmp_path / "taken" / "notes.txt").read_text() == "mine" and sorted(p.name for p in tmp_path.iterdir()) == [
+        "taken"
+    ]
     with pytest.raises(GPT2Error, match="quantize must be one of int8"):
         export_onnx(model, tmp_path / "y", quantize="int4")
     monkeypatch.setattr(GPT2, "num_parameters", lambda self: 774_030_080)  # gpt2-large's
-    with pytest.raises(GPT2Error, match=r"this model's float32 weights are 2.9 GiB, and an ONNX file holds at most 2 GiB"):
+    with pytest.raises(
+        GPT2Error, match=r"this model's float32 weights are 2.9 GiB, and an ONNX file holds at most 2 GiB"
+    ):
         export_onnx(model, tmp_path / "y")
     monkeypatch.undo()
     with pytest.raises(GPT2Error, match="ONNX export takes a float32 model; this one's weights are bfloat16"):

@@ -35,7 +35,9 @@ def prompt(i: int, length: int) -> list[int]:
 
 def alone(model, row: Row) -> Row:
     """The same row served by itself, in an engine of one slot."""
-    copy = Row(row.prompt, row.max_new_tokens, row.sampling, row.seed, row.eos_token_id, row.logprobs, row.echo_logprobs)
+    copy = Row(
+        row.prompt, row.max_new_tokens, row.sampling, row.seed, row.eos_token_id, row.logprobs, row.echo_logprobs
+    )
     run(TorchEngine(model, 1), [copy])
     return copy
 
@@ -107,7 +109,9 @@ def test_text_generation_says_why_each_row_ended(models):
     _, model = models
     free = generate_text(model, ENC, "Hello there", max_new_tokens=20, temperature=0)[0]
     stop = free[5:9]
-    generation = TextGeneration(model, ENC, ["Hello there", "Hello there"], max_new_tokens=20, temperature=0, stop=[stop])
+    generation = TextGeneration(
+        model, ENC, ["Hello there", "Hello there"], max_new_tokens=20, temperature=0, stop=[stop]
+    )
     texts = ["", ""]
     for row, piece in generation:
         texts[row] += piece
@@ -163,7 +167,10 @@ def test_context_slides_for_each_row_of_a_batch(tmp_path):
     hf = make_hf_model(vocab_size=97, n_positions=16, n_embd=24, n_layer=2, n_head=2)
     hf.save_pretrained(tmp_path)
     model = GPT2.from_pretrained(tmp_path, device="cpu")
-    rows = [Row(torch.randint(0, 97, (n,), generator=torch.Generator().manual_seed(n)).tolist(), 20, GREEDY) for n in (3, 10, 15)]
+    rows = [
+        Row(torch.randint(0, 97, (n,), generator=torch.Generator().manual_seed(n)).tolist(), 20, GREEDY)
+        for n in (3, 10, 15)
+    ]
     run(TorchEngine(model, 3), rows)
     for row in rows:
         expected = torch.tensor([row.prompt])
@@ -177,24 +184,39 @@ def test_context_slides_for_each_row_of_a_batch(tmp_path):
 
 
 def test_a_request_makes_its_rows_prompt_major_and_seeds_row_i_with_seed_plus_i():
-    request = Request.build([[1, 2], [3]], 5, n_vocab=50257, n_ctx=8, sampling=SAMPLED, seed=2**64 - 2, n=2, eos_token_id=9)
+    request = Request.build(
+        [[1, 2], [3]], 5, n_vocab=50257, n_ctx=8, sampling=SAMPLED, seed=2**64 - 2, n=2, eos_token_id=9
+    )
     rows = request.rows()
     assert [row.prompt for row in rows] == [[1, 2], [1, 2], [3], [3]] and (request.slots, request.longest) == (4, 2)
     assert [row.seed for row in rows] == [2**64 - 2, 2**64 - 1, 0, 1]
     assert all((row.max_new_tokens, row.sampling, row.eos_token_id) == (5, SAMPLED, 9) for row in rows)
 
 
-@pytest.mark.parametrize("prompts, options, param, message", [
-    ([[1]], dict(max_new_tokens=0), "max_new_tokens", "max_new_tokens must be a positive integer, got 0"),
-    ([[1]], dict(sampling=Sampling(top_k=11)), "top_k", "top_k must be an integer from 1 to 10, the model's vocabulary size, got 11"),
-    ([[1]], dict(seed=-1), "seed", "seed must be a whole number from 0"),
-    ([[1]], dict(n=0), "n", "n must be a positive integer, got 0"),
-    ([], {}, "prompt", "no prompts"),
-    ([[1], []], {}, "prompt", "prompt 1 is empty"),
-    ([[1], [10]], {}, "prompt", "token id 10 in prompt 1 is out of range: ids are 0..9"),
-    ([[1]], dict(on_overflow="wrap"), "on_overflow", "on_overflow must be 'slide' or 'error'"),
-    ([[1] * 5], dict(on_overflow="error"), "prompt", "the prompt \\(5 tokens\\) and 4 new tokens exceed the context of n_ctx=8"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "prompts, options, param, message",
+    [
+        ([[1]], dict(max_new_tokens=0), "max_new_tokens", "max_new_tokens must be a positive integer, got 0"),
+        (
+            [[1]],
+            dict(sampling=Sampling(top_k=11)),
+            "top_k",
+            "top_k must be an integer from 1 to 10, the model's vocabulary size, got 11",
+        ),
+        ([[1]], dict(seed=-1), "seed", "seed must be a whole number from 0"),
+        ([[1]], dict(n=0), "n", "n must be a positive integer, got 0"),
+        ([], {}, "prompt", "no prompts"),
+        ([[1], []], {}, "prompt", "prompt 1 is empty"),
+        ([[1], [10]], {}, "prompt", "token id 10 in prompt 1 is out of range: ids are 0..9"),
+        ([[1]], dict(on_overflow="wrap"), "on_overflow", "on_overflow must be 'slide' or 'error'"),
+        (
+            [[1] * 5],
+            dict(on_overflow="error"),
+            "prompt",
+            "the prompt \\(5 tokens\\) and 4 new tokens exceed the context of n_ctx=8",
+        ),
+    ],
+)
 def test_a_bad_request_is_refused_naming_its_param(prompts, options, param, message):
     """Every front door's checks, in one place: the server answers the param as OpenAI's `param`."""
     options = {"max_new_tokens": 4, **options}
@@ -226,7 +248,9 @@ def test_eight_rows_prefilled_together_and_in_chunks_equal_transformers_and_the_
     with torch.inference_mode():
         for row in rows:
             idx = torch.tensor([row.prompt])
-            expected = hf.generate(idx, max_new_tokens=6, do_sample=False, attention_mask=torch.ones_like(idx), pad_token_id=0)
+            expected = hf.generate(
+                idx, max_new_tokens=6, do_sample=False, attention_mask=torch.ones_like(idx), pad_token_id=0
+            )
             assert row.tokens == expected[0, len(row.prompt) :].tolist()
             single = alone(model, row)
             assert row.tokens == single.tokens
@@ -259,8 +283,13 @@ def test_a_long_prompt_goes_in_over_several_steps_while_a_running_row_gets_a_tok
     decoder.add(running)
     chunks = []
     extend = engine.extend
-    monkeypatch.setattr(engine, "extend", lambda slots, starts, pieces, every: chunks.append(list(map(len, pieces))) or
-                        extend(slots, starts, pieces, every))  # fmt: skip
+    monkeypatch.setattr(
+        engine,
+        "extend",
+        lambda slots, starts, pieces, every: (
+            chunks.append(list(map(len, pieces))) or extend(slots, starts, pieces, every)
+        ),
+    )
     with torch.inference_mode():
         decoder.step()
         decoder.add(long)
@@ -298,8 +327,10 @@ def test_rows_reusing_a_kept_prefix_score_and_continue_as_rows_computed_whole(mo
     _, model = models
     context = prompt(70, 37)
     endings = [prompt(71 + i, 3 + i) for i in range(4)]
+
     def rows():
         return [Row(context + e, 4, GREEDY, logprobs=1, echo_logprobs=True) for e in endings]
+
     cache = PrefixCache(model.config, 1 << 20, block_size=16)
     cached, whole = rows(), rows()
     run(TorchEngine(model, 2, prefix_cache=cache), cached)
@@ -348,7 +379,9 @@ def test_greedy_with_a_draft_is_the_model_alone_token_for_token(models, draft, g
     assert rows[3].finish_reason == STOP and len(rows[3].tokens) <= 10 and rows[5].finish_reason == LENGTH
     stats = decoder.stats
     assert 0 < stats.accepted < stats.proposed and stats.tokens > stats.passes
-    assert any(len(events) > len({id(row) for row, _ in events}) for events in steps)  # a row got several tokens in a step
+    assert any(
+        len(events) > len({id(row) for row, _ in events}) for events in steps
+    )  # a row got several tokens in a step
 
 
 def test_greedy_with_a_draft_equals_transformers(models, draft):
@@ -356,7 +389,9 @@ def test_greedy_with_a_draft_equals_transformers(models, draft):
     idx = torch.tensor([prompt(80 + b, 7) for b in range(3)])
     out = model.generate(idx, 20, temperature=0, draft=draft, draft_tokens=3)
     with torch.inference_mode():
-        expected = hf.generate(idx, max_new_tokens=20, do_sample=False, attention_mask=torch.ones_like(idx), pad_token_id=0)
+        expected = hf.generate(
+            idx, max_new_tokens=20, do_sample=False, attention_mask=torch.ones_like(idx), pad_token_id=0
+        )
     assert torch.equal(out, expected)
 
 
@@ -371,7 +406,10 @@ def test_a_draft_with_a_shorter_context_drafts_only_where_it_holds_the_row(tmp_p
             p.copy_(q[: p.size(0)])
     small.save_pretrained(tmp_path / "draft")
     model, draft = (GPT2.from_pretrained(tmp_path / name, device="cpu") for name in ("model", "draft"))
-    rows = [Row(torch.randint(0, 97, (n,), generator=torch.Generator().manual_seed(n)).tolist(), 20, GREEDY) for n in (3, 10)]
+    rows = [
+        Row(torch.randint(0, 97, (n,), generator=torch.Generator().manual_seed(n)).tolist(), 20, GREEDY)
+        for n in (3, 10)
+    ]
     decoder = run(TorchEngine(model, 2), rows, TorchEngine(draft, 2), draft_tokens=2)
     for row in rows:
         expected = torch.tensor([row.prompt])
@@ -402,8 +440,11 @@ def small_pair(tmp_path_factory):
     return pair
 
 
-@pytest.mark.parametrize("sampling", [Sampling(temperature=1.0), Sampling(temperature=0.7, top_k=5, top_p=0.9)],
-                         ids=["temperature-1", "top-k-top-p"])  # fmt: skip
+@pytest.mark.parametrize(
+    "sampling",
+    [Sampling(temperature=1.0), Sampling(temperature=0.7, top_k=5, top_p=0.9)],
+    ids=["temperature-1", "top-k-top-p"],
+)
 def test_sampling_with_a_draft_follows_the_models_distribution_exactly(small_pair, sampling):
     """6000 rows of one prompt, seeded 0..5999, sample 4 tokens with a draft proposing 3 a step
     (kept or refused by speculative sampling's rule). The 8**4 continuations' frequencies pass a
@@ -411,8 +452,9 @@ def test_sampling_with_a_draft_follows_the_models_distribution_exactly(small_pai
     draft's own (p < 0.001): the test tells the two apart."""
     (hf, model), (hf_draft, draft) = small_pair
     idx = torch.tensor([PROMPT] * N_RUNS)
-    tokens = model.generate(idx, 4, sampling.temperature, sampling.top_k, sampling.top_p, seed=0, draft=draft,
-                            draft_tokens=3)[:, len(PROMPT) :].numpy()  # fmt: skip
+    tokens = model.generate(
+        idx, 4, sampling.temperature, sampling.top_k, sampling.top_p, seed=0, draft=draft, draft_tokens=3
+    )[:, len(PROMPT) :].numpy()
     assert chi_square_p(tokens, exact_distribution(hf, PROMPT, 4, sampling)) > 1e-3
     assert chi_square_p(tokens, exact_distribution(hf_draft, PROMPT, 4, sampling)) < 1e-3
 
@@ -424,8 +466,13 @@ def test_drafts_stay_within_the_steps_token_budget(models, draft, monkeypatch):
     engine = TorchEngine(model, 3)
     passes = []
     extend = engine.extend
-    monkeypatch.setattr(engine, "extend", lambda slots, starts, chunks, every=None: passes.append(sum(map(len, chunks))) or
-                        extend(slots, starts, chunks, every))  # fmt: skip
+    monkeypatch.setattr(
+        engine,
+        "extend",
+        lambda slots, starts, chunks, every=None: (
+            passes.append(sum(map(len, chunks))) or extend(slots, starts, chunks, every)
+        ),
+    )
     rows = [Row(prompt(90 + i, 2), 20, GREEDY) for i in range(3)]  # all in at the first step
     decoder = Decoder(engine, max_batched_tokens=6, draft=TorchEngine(draft, 3), draft_tokens=4)
     run_with(decoder, rows)
@@ -441,7 +488,9 @@ def test_a_draft_takes_the_whole_prompt_where_the_model_reuses_kept_blocks(model
     context = prompt(90, 35)
     rows = [Row(context + prompt(91 + i, 4), 8, GREEDY) for i in range(3)]
     cache = PrefixCache(model.config, 1 << 20, block_size=16)
-    decoder = Decoder(TorchEngine(model, 2, prefix_cache=cache), max_batched_tokens=24, draft=TorchEngine(draft, 2), draft_tokens=3)
+    decoder = Decoder(
+        TorchEngine(model, 2, prefix_cache=cache), max_batched_tokens=24, draft=TorchEngine(draft, 2), draft_tokens=3
+    )
     for row in rows:
         decoder.add(row)
     with torch.inference_mode():

@@ -15,7 +15,16 @@ from helpers import make_hf_model
 from gpt2 import InvalidArgumentError, MemoryLimitError, Tokenizer, devices
 from gpt2.checkpoints.config import GPT2Config
 from gpt2.generation.decoding import Row, run
-from gpt2.generation.engines import Block, PrefixCache, TorchEngine, check_cuda_graphs, check_numpy_engine, cuda_graphs, kept_engine, set_cuda_graphs
+from gpt2.generation.engines import (
+    Block,
+    PrefixCache,
+    TorchEngine,
+    check_cuda_graphs,
+    check_numpy_engine,
+    cuda_graphs,
+    kept_engine,
+    set_cuda_graphs,
+)
 from gpt2.generation.generate import generate_text
 from gpt2.generation.sampling import Sampling
 from gpt2.model.model import GPT2
@@ -74,9 +83,14 @@ def test_cache_is_preallocated_once(small):
 def test_generate_refuses_rows_whose_kv_cache_cannot_fit(monkeypatch):
     model = GPT2(GPT2Config(n_vocab=100, n_ctx=32, n_embd=16, n_head=2, n_layer=1)).eval()
     monkeypatch.setattr(devices, "available_memory", lambda device: 100_000)
-    needed = 64 * (2 * 1 * 12 * 16 * 4 + 3 * 100 * 4)  # 64 rows of 2 + 10 positions: keys and values, and a step's logits
-    with pytest.raises(MemoryLimitError, match=f"a KV cache of 64 rows of 12 positions needs about {needed / 1e3:.0f} kB of "
-                                               f"memory, but the CPU has 100 kB available: fewer rows in idx at once"):  # fmt: skip
+    needed = 64 * (
+        2 * 1 * 12 * 16 * 4 + 3 * 100 * 4
+    )  # 64 rows of 2 + 10 positions: keys and values, and a step's logits
+    with pytest.raises(
+        MemoryLimitError,
+        match=f"a KV cache of 64 rows of 12 positions needs about {needed / 1e3:.0f} kB of "
+        f"memory, but the CPU has 100 kB available: fewer rows in idx at once",
+    ):
         model.generate(torch.zeros(64, 2, dtype=torch.long), 10)
     model.generate(torch.zeros(8, 2, dtype=torch.long), 10)  # 8 rows fit
 
@@ -84,7 +98,9 @@ def test_generate_refuses_rows_whose_kv_cache_cannot_fit(monkeypatch):
 # ------------------------------------------------------------------ CUDA graphs
 
 
-def decode_rows(model: GPT2, prompts: list[list[int]], slots: int, max_len: int, graphs: bool, temperature: float = 1.0):
+def decode_rows(
+    model: GPT2, prompts: list[list[int]], slots: int, max_len: int, graphs: bool, temperature: float = 1.0
+):
     """Each prompt continued (by 6, 9, 12, ... tokens: rows end at different steps): each row's
     tokens and their log-probabilities, and the engine."""
     rows = [Row(p, 6 + 3 * i, Sampling(temperature), seed=i, logprobs=1) for i, p in enumerate(prompts)]
@@ -163,7 +179,9 @@ def test_cuda_graphs_decode_as_eager_and_transformers(slots, tmp_path):
     assert engine.graphs.capture and all(step.graph is not None for step in engine.graphs.steps.values())
     assert graphed == eager
     idx = torch.tensor([prompts[0]])
-    expected = hf.generate(idx, max_new_tokens=6, do_sample=False, attention_mask=torch.ones_like(idx), pad_token_id=50256)
+    expected = hf.generate(
+        idx, max_new_tokens=6, do_sample=False, attention_mask=torch.ones_like(idx), pad_token_id=50256
+    )
     assert graphed[0] == expected[0, idx.size(1) :].tolist()
     bf16 = GPT2.from_pretrained(tmp_path, device="cuda", dtype="bfloat16")
     low, _, _ = decode_rows(bf16, prompts, slots, 256, graphs=True, temperature=0)
@@ -180,7 +198,9 @@ def test_numpy_engine_generates_the_same_greedy_text(small_pair, tmp_path_factor
     prompt = "The meaning of life is"
     idx = torch.tensor([ENC.encode(prompt)])
     with torch.no_grad():  # transformers' greedy text on the same weights
-        out = hf.generate(idx, max_new_tokens=10, do_sample=False, attention_mask=torch.ones_like(idx), pad_token_id=50256)
+        out = hf.generate(
+            idx, max_new_tokens=10, do_sample=False, attention_mask=torch.ones_like(idx), pad_token_id=50256
+        )
     expected = [ENC.decode(out[0, idx.size(1) :].tolist())]
     assert generate_text(ReferenceModel.load(directory), ENC, prompt, max_new_tokens=10, temperature=0) == expected
 
@@ -195,9 +215,14 @@ def test_the_engine_rules_name_each_setting_as_the_caller_knows_it():
     with pytest.raises(InvalidArgumentError, match="^cuda_graphs replays decoding on a CUDA GPU; device cpu is cpu$"):
         check_cuda_graphs("cpu")
     flag = lambda setting: "--" + setting.replace("_", "-")  # noqa: E731
-    with pytest.raises(InvalidArgumentError, match="^--engine numpy computes in float32 only, not --dtype bfloat16: use --engine torch$"):
+    with pytest.raises(
+        InvalidArgumentError,
+        match="^--engine numpy computes in float32 only, not --dtype bfloat16: use --engine torch$",
+    ):
         check_numpy_engine("cpu", torch.bfloat16, flag)
-    with pytest.raises(InvalidArgumentError, match="^engine numpy runs on the CPU only, not on device cuda: use engine torch$"):
+    with pytest.raises(
+        InvalidArgumentError, match="^engine numpy runs on the CPU only, not on device cuda: use engine torch$"
+    ):
         check_numpy_engine("cuda", "float32")
     check_numpy_engine("auto", "float32")
     check_numpy_engine(torch.device("cpu"), torch.float32)
@@ -215,8 +240,12 @@ def test_extending_slots_in_ragged_chunks_equals_prefilling_each_whole(small):
     cuts = [(0, 9, 20), (0, 1, 7), (0, 16, 33)]  # each prompt in two pieces
     with torch.inference_mode():
         first = engine.extend([0, 1, 2], [c[0] for c in cuts], [p[: c[1]] for p, c in zip(prompts, cuts)], [True] * 3)
-        second = engine.extend([2, 0, 1], [cuts[2][1], cuts[0][1], cuts[1][1]],
-                               [prompts[2][cuts[2][1] :], prompts[0][cuts[0][1] :], prompts[1][cuts[1][1] :]], [True, False, True])  # fmt: skip
+        second = engine.extend(
+            [2, 0, 1],
+            [cuts[2][1], cuts[0][1], cuts[1][1]],
+            [prompts[2][cuts[2][1] :], prompts[0][cuts[0][1] :], prompts[1][cuts[1][1] :]],
+            [True, False, True],
+        )
         whole = [reference.prefill(0, p, every_position=True) for p in prompts]
     assert engine.cache.lengths == [20, 7, 33]
     for b, (head, tail) in enumerate([(first[0], second[1]), (first[1], second[2]), (first[2], second[0])]):
@@ -264,7 +293,9 @@ def test_the_prefix_cache_finds_blocks_by_every_token_before_them_and_evicts_the
     cache.add([1, 2, 3, 4, 0, 0, 0, 0], lambda i, j, block: reads.append((i, j)) or kv_block(-i)(block))
     assert reads[2:] == [(4, 8)]  # the first block is kept already
     assert cache.bytes == 3 * per_block
-    cache.add([5, 5, 5, 5], lambda i, j, block: kv_block(99)(block))  # over the bound: the least recently used leaf goes
+    cache.add(
+        [5, 5, 5, 5], lambda i, j, block: kv_block(99)(block)
+    )  # over the bound: the least recently used leaf goes
     assert cache.bytes == 3 * per_block
     assert len(cache.match([1, 2, 3, 4, 5, 6, 7, 8, 0])) == 1 and len(cache.match([1, 2, 3, 4, 0, 0, 0, 0, 1])) == 2
     assert len(cache.match([5, 5, 5, 5, 1])) == 1
@@ -291,7 +322,9 @@ def test_a_prompt_that_reuses_kept_blocks_gets_the_logits_of_one_computed_whole(
         engine.prefill(1, first)
         engine.remember(1, first)
         filled = engine.reuse(0, second)
-        logits = torch.cat([engine.cached_logits(0, filled), engine.extend([0], [filled], [second[filled:]], [True])[0]])
+        logits = torch.cat(
+            [engine.cached_logits(0, filled), engine.extend([0], [filled], [second[filled:]], [True])[0]]
+        )
         expected = hf(torch.tensor([second])).logits[0]  # (T, V)
     assert filled == 16 and (cache.queries, cache.hits) == (26, 16)
     assert (logits - expected).abs().max() < 1e-5

@@ -8,7 +8,15 @@ import pytest
 import torch
 
 from helpers import make_hf_model, perturbed
-from gpt2 import ContextLengthError, GPT2Warning, InputTypeError, InvalidArgumentError, NonFiniteError, TokenIdError, Tokenizer
+from gpt2 import (
+    ContextLengthError,
+    GPT2Warning,
+    InputTypeError,
+    InvalidArgumentError,
+    NonFiniteError,
+    TokenIdError,
+    Tokenizer,
+)
 from gpt2.generation.decoding import ContextOverflowWarning, Decoder, Row
 from gpt2.generation.engines import TorchEngine
 from gpt2.generation.generate import EmptyPromptWarning, TextGeneration, TextRow, generate_text, stream_text
@@ -34,7 +42,9 @@ def hf_greedy(hf, idx, n, attention_mask=None):
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
     """A small model with GPT-2's vocabulary, so text round-trips through the tokenizer."""
-    return hf_and_ours(tmp_path_factory.mktemp("small"), vocab_size=50257, n_positions=64, n_embd=48, n_layer=2, n_head=3)
+    return hf_and_ours(
+        tmp_path_factory.mktemp("small"), vocab_size=50257, n_positions=64, n_embd=48, n_layer=2, n_head=3
+    )
 
 
 # ------------------------------------------------------------------ parity with transformers
@@ -47,10 +57,14 @@ def test_greedy_equals_transformers_124m_shape(tmp_path):
         assert torch.equal(ours.generate(idx, 64, temperature=0), hf_greedy(hf, idx, 64))
 
 
-@pytest.mark.parametrize("config", [
-    dict(vocab_size=101, n_positions=96, n_embd=48, n_layer=3, n_head=3),
-    dict(vocab_size=257, n_positions=80, n_embd=35, n_layer=2, n_head=5),
-], ids=["L3H3", "L2H5"])  # fmt: skip
+@pytest.mark.parametrize(
+    "config",
+    [
+        dict(vocab_size=101, n_positions=96, n_embd=48, n_layer=3, n_head=3),
+        dict(vocab_size=257, n_positions=80, n_embd=35, n_layer=2, n_head=5),
+    ],
+    ids=["L3H3", "L2H5"],
+)
 def test_greedy_equals_transformers_small_configs(config, tmp_path):
     hf, ours = hf_and_ours(tmp_path, **config)
     for batch in (1, 4):
@@ -60,7 +74,11 @@ def test_greedy_equals_transformers_small_configs(config, tmp_path):
 
 def test_prompts_of_different_lengths_equal_transformers_left_padded(small):
     hf, ours = small
-    prompts = [ENC.encode("The quick brown fox jumps over"), ENC.encode("Hello"), ENC.encode("GPT-2 is a language model that")]
+    prompts = [
+        ENC.encode("The quick brown fox jumps over"),
+        ENC.encode("Hello"),
+        ENC.encode("GPT-2 is a language model that"),
+    ]
     longest = max(map(len, prompts))
     idx = torch.tensor([[50256] * (longest - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (longest - len(p)) + [1] * len(p) for p in prompts])
@@ -215,11 +233,13 @@ def test_the_context_warning_points_at_the_line_that_asked(small):
     """Each door reaches the check at its own depth: the warning names the caller's file, this one,
     not gpt2's; so does an empty prompt's."""
     _, model = small
-    doors = [(ContextOverflowWarning, lambda: model.generate(torch.tensor([[1, 2]]), 63, temperature=0)),
-             (ContextOverflowWarning, lambda: generate_text(model, ENC, "Hi", max_new_tokens=64, temperature=0)),
-             (ContextOverflowWarning, lambda: TextGeneration(model, ENC, "Hi", max_new_tokens=64, temperature=0)),
-             (EmptyPromptWarning, lambda: generate_text(model, ENC, "", max_new_tokens=1, temperature=0)),
-             (EmptyPromptWarning, lambda: TextGeneration(model, ENC, "", max_new_tokens=1, temperature=0))]  # fmt: skip
+    doors = [
+        (ContextOverflowWarning, lambda: model.generate(torch.tensor([[1, 2]]), 63, temperature=0)),
+        (ContextOverflowWarning, lambda: generate_text(model, ENC, "Hi", max_new_tokens=64, temperature=0)),
+        (ContextOverflowWarning, lambda: TextGeneration(model, ENC, "Hi", max_new_tokens=64, temperature=0)),
+        (EmptyPromptWarning, lambda: generate_text(model, ENC, "", max_new_tokens=1, temperature=0)),
+        (EmptyPromptWarning, lambda: TextGeneration(model, ENC, "", max_new_tokens=1, temperature=0)),
+    ]
     for kind, call in doors:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -230,7 +250,9 @@ def test_the_context_warning_points_at_the_line_that_asked(small):
 
 def test_context_overflow_can_be_an_error(small):
     _, model = small
-    with pytest.raises(ContextLengthError, match="the prompt \\(2 tokens\\) and 63 new tokens exceed the context of n_ctx=64"):
+    with pytest.raises(
+        ContextLengthError, match="the prompt \\(2 tokens\\) and 63 new tokens exceed the context of n_ctx=64"
+    ):
         model.generate(torch.tensor([[1, 2]]), 63, on_overflow="error")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -240,32 +262,35 @@ def test_context_overflow_can_be_an_error(small):
 # ------------------------------------------------------------------ bad input
 
 
-@pytest.mark.parametrize("options, message", [
-    (dict(max_new_tokens=0), "max_new_tokens must be a positive integer, got 0"),
-    (dict(max_new_tokens=-3), "max_new_tokens must be a positive integer, got -3"),
-    (dict(temperature=-0.1), "temperature must be a finite number >= 0"),
-    (dict(temperature=float("inf")), "temperature must be a finite number >= 0 \\(0 is greedy\\), got inf"),
-    (dict(temperature=float("nan")), "temperature must be a finite number >= 0"),
-    (dict(temperature="hot"), "temperature must be a finite number >= 0"),
-    (dict(top_k=0), "top_k must be an integer from 1 up, got 0"),
-    (dict(top_k=float("inf")), "top_k must be an integer from 1 up, got inf"),
-    (dict(top_k=True), "top_k must be an integer from 1 up, got True"),
-    (dict(top_k=50258), "got 50258"),
-    (dict(top_p=0.0), "top_p must be in \\(0, 1\\], got 0.0"),
-    (dict(top_p=1.01), "top_p must be in \\(0, 1\\], got 1.01"),
-    (dict(top_p=float("inf")), "top_p must be in \\(0, 1\\], got inf"),
-    (dict(top_p=float("nan")), "top_p must be in \\(0, 1\\], got nan"),
-    (dict(stop=[""]), "stop strings must be non-empty text"),
-    (dict(stop=""), "stop strings must be non-empty text"),
-    (dict(stop=["ok", None]), "stop strings must be non-empty text, got None"),
-    (dict(num_samples=0), "num_samples must be a positive integer"),
-    (dict(num_samples=-2), "num_samples must be a positive integer, got -2"),
-    (dict(seed=-1), "seed must be a whole number from 0 to 18446744073709551615, got -1"),
-    (dict(seed=2**64), "seed must be a whole number from 0 to 18446744073709551615, got 18446744073709551616"),
-    (dict(seed=1.5), "seed must be a whole number"),
-    (dict(seed=True), "seed must be a whole number"),
-    (dict(on_overflow="wrap"), "on_overflow must be 'slide' or 'error'"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(max_new_tokens=0), "max_new_tokens must be a positive integer, got 0"),
+        (dict(max_new_tokens=-3), "max_new_tokens must be a positive integer, got -3"),
+        (dict(temperature=-0.1), "temperature must be a finite number >= 0"),
+        (dict(temperature=float("inf")), "temperature must be a finite number >= 0 \\(0 is greedy\\), got inf"),
+        (dict(temperature=float("nan")), "temperature must be a finite number >= 0"),
+        (dict(temperature="hot"), "temperature must be a finite number >= 0"),
+        (dict(top_k=0), "top_k must be an integer from 1 up, got 0"),
+        (dict(top_k=float("inf")), "top_k must be an integer from 1 up, got inf"),
+        (dict(top_k=True), "top_k must be an integer from 1 up, got True"),
+        (dict(top_k=50258), "got 50258"),
+        (dict(top_p=0.0), "top_p must be in \\(0, 1\\], got 0.0"),
+        (dict(top_p=1.01), "top_p must be in \\(0, 1\\], got 1.01"),
+        (dict(top_p=float("inf")), "top_p must be in \\(0, 1\\], got inf"),
+        (dict(top_p=float("nan")), "top_p must be in \\(0, 1\\], got nan"),
+        (dict(stop=[""]), "stop strings must be non-empty text"),
+        (dict(stop=""), "stop strings must be non-empty text"),
+        (dict(stop=["ok", None]), "stop strings must be non-empty text, got None"),
+        (dict(num_samples=0), "num_samples must be a positive integer"),
+        (dict(num_samples=-2), "num_samples must be a positive integer, got -2"),
+        (dict(seed=-1), "seed must be a whole number from 0 to 18446744073709551615, got -1"),
+        (dict(seed=2**64), "seed must be a whole number from 0 to 18446744073709551615, got 18446744073709551616"),
+        (dict(seed=1.5), "seed must be a whole number"),
+        (dict(seed=True), "seed must be a whole number"),
+        (dict(on_overflow="wrap"), "on_overflow must be 'slide' or 'error'"),
+    ],
+)
 def test_bad_options_are_named(small, options, message):
     _, model = small
     with pytest.raises(InvalidArgumentError, match=message):
@@ -276,9 +301,13 @@ def test_bad_tensor_input(small):
     _, model = small
     with pytest.raises(TokenIdError, match="token id 50257 in prompt 0 is out of range"):
         model.generate(torch.tensor([[50257]]), 3)
-    with pytest.raises(InvalidArgumentError, match="idx must have shape \\(B, T\\), got \\[2\\]; for one sequence use idx\\[None\\]"):
+    with pytest.raises(
+        InvalidArgumentError, match="idx must have shape \\(B, T\\), got \\[2\\]; for one sequence use idx\\[None\\]"
+    ):
         model.generate(torch.tensor([1, 2]), 3)
-    with pytest.raises(InputTypeError, match="integer tensor of token ids shaped \\(B, T\\), got a torch.float32 tensor"):
+    with pytest.raises(
+        InputTypeError, match="integer tensor of token ids shaped \\(B, T\\), got a torch.float32 tensor"
+    ):
         model.generate(torch.zeros(1, 2), 3)
     with pytest.raises(InvalidArgumentError, match="prompt 0 is empty"):
         model.generate(torch.zeros(1, 0, dtype=torch.long), 3)
@@ -326,8 +355,11 @@ def broken(small, tmp_path_factory):
     return nan.eval(), inf.eval()
 
 
-@pytest.mark.parametrize("options", [dict(temperature=0), dict(temperature=0.8, seed=0), dict(top_k=5, top_p=0.9, seed=1)],
-                         ids=["greedy", "sampled", "filtered"])  # fmt: skip
+@pytest.mark.parametrize(
+    "options",
+    [dict(temperature=0), dict(temperature=0.8, seed=0), dict(top_k=5, top_p=0.9, seed=1)],
+    ids=["greedy", "sampled", "filtered"],
+)
 def test_nan_or_inf_logits_stop_generation_with_a_clear_error(broken, options):
     for model in broken:
         with pytest.raises(NonFiniteError, match="the model produced NaN or infinite logits at new token 1"):
@@ -335,8 +367,13 @@ def test_nan_or_inf_logits_stop_generation_with_a_clear_error(broken, options):
         with pytest.raises(NonFiniteError):
             model.generate(torch.tensor([[464, 3290]]), 5, **options)
         with pytest.raises(NonFiniteError):
-            generate_text(ReferenceModel(model.config, {k: v.numpy() for k, v in hf_state_dict(model).items()}), ENC,
-                          "The dog", max_new_tokens=2, **options)  # fmt: skip
+            generate_text(
+                ReferenceModel(model.config, {k: v.numpy() for k, v in hf_state_dict(model).items()}),
+                ENC,
+                "The dog",
+                max_new_tokens=2,
+                **options,
+            )
 
 
 # ------------------------------------------------------------------ a draft model (speculative decoding)
@@ -358,8 +395,10 @@ def test_greedy_text_with_a_draft_is_the_text_without_it_with_its_stop_strings_a
     free = generate_text(model, ENC, prompts, max_new_tokens=30, temperature=0)
     assert generate_text(model, ENC, prompts, max_new_tokens=30, temperature=0, draft=draft, draft_tokens=3) == free
     stop = free[1][8:12]
-    runs = [TextGeneration(model, ENC, prompts, max_new_tokens=30, temperature=0, stop=stop, **options)
-            for options in ({}, {"draft": draft, "draft_tokens": 5})]  # fmt: skip
+    runs = [
+        TextGeneration(model, ENC, prompts, max_new_tokens=30, temperature=0, stop=stop, **options)
+        for options in ({}, {"draft": draft, "draft_tokens": 5})
+    ]
     texts = [[""] * 3, [""] * 3]
     for run, text in zip(runs, texts):
         for row, piece in run:
@@ -371,7 +410,9 @@ def test_greedy_text_with_a_draft_is_the_text_without_it_with_its_stop_strings_a
 
 def test_the_numpy_engine_drafts_as_the_torch_engine_does(small, draft):
     _, model = small
-    numpy_model, numpy_draft = (ReferenceModel(m.config, {k: v.numpy() for k, v in hf_state_dict(m).items()}) for m in (model, draft))
+    numpy_model, numpy_draft = (
+        ReferenceModel(m.config, {k: v.numpy() for k, v in hf_state_dict(m).items()}) for m in (model, draft)
+    )
     expected = generate_text(model, ENC, "Hello", max_new_tokens=8, temperature=0)
     assert generate_text(numpy_model, ENC, "Hello", max_new_tokens=8, temperature=0, draft=numpy_draft) == expected
 
@@ -383,7 +424,9 @@ def test_a_draft_that_does_not_share_the_models_vocabulary_or_device_is_refused_
     _, model = small
     idx = torch.tensor([[464, 3290]])
     config = dict(n_ctx=16, n_embd=8, n_head=2, n_layer=1)
-    with pytest.raises(InvalidArgumentError, match="draft has a vocabulary of 97 tokens, the model 50,257: a draft model must share") as caught:
+    with pytest.raises(
+        InvalidArgumentError, match="draft has a vocabulary of 97 tokens, the model 50,257: a draft model must share"
+    ) as caught:
         model.generate(idx, 4, draft=GPT2(GPT2Config(n_vocab=97, **config)))
     assert caught.value.param == "draft"
     with torch.device("meta"):
@@ -392,7 +435,9 @@ def test_a_draft_that_does_not_share_the_models_vocabulary_or_device_is_refused_
         generate_text(model, ENC, "Hello", draft=elsewhere)
     chars, other = GPT2(GPT2Config(n_vocab=3, **config)), GPT2(GPT2Config(n_vocab=3, **config))
     chars.tokenizer, other.tokenizer = CharTokenizer("abc"), CharTokenizer("xyz")
-    with pytest.raises(InvalidArgumentError, match="draft has another tokenizer than the model's \\(of 3 tokens too") as caught:
+    with pytest.raises(
+        InvalidArgumentError, match="draft has another tokenizer than the model's \\(of 3 tokens too"
+    ) as caught:
         chars.generate(torch.tensor([[0, 1]]), 4, draft=other)
     assert caught.value.param == "draft"
     with pytest.raises(InvalidArgumentError, match="draft has another tokenizer than the model's"):
@@ -404,7 +449,9 @@ def test_a_draft_that_does_not_share_the_models_vocabulary_or_device_is_refused_
 @pytest.mark.parametrize("draft_tokens", [0, -1, 1.5, True])
 def test_draft_tokens_must_be_a_positive_whole_number(small, draft, draft_tokens):
     _, model = small
-    with pytest.raises(InvalidArgumentError, match=f"draft_tokens must be a positive integer, got {draft_tokens}") as caught:
+    with pytest.raises(
+        InvalidArgumentError, match=f"draft_tokens must be a positive integer, got {draft_tokens}"
+    ) as caught:
         model.generate(torch.tensor([[464]]), 4, draft=draft, draft_tokens=draft_tokens)
     assert caught.value.param == "draft_tokens"
     with pytest.raises(InvalidArgumentError, match="draft_tokens must be a positive integer"):
@@ -486,7 +533,9 @@ def test_the_oldest_turns_are_left_out_to_fit_the_context(chat_model):
 
     hf_tokenizer = chat_model[2]
     chat = Chat(chat_model[1], chat_model[1].tokenizer, system="S.", max_new_tokens=10, temperature=0)
-    fits = lambda messages: len(hf_tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)) + 10 <= 64  # noqa: E731
+    fits = lambda messages: (
+        len(hf_tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)) + 10 <= 64
+    )  # noqa: E731
     for turn in range(4):  # each message is 14 tokens rendered ("User: " + 12 words + "\n"), 64 positions in all
         history = [*chat.messages, {"role": "user", "content": "word " * 11 + str(turn)}]
         "".join(chat.reply(history[-1]["content"]))
@@ -495,8 +544,11 @@ def test_the_oldest_turns_are_left_out_to_fit_the_context(chat_model):
     assert chat.messages[:-1] == kept and fits(kept)
     assert not fits([history[0], *history[1 + chat.dropped - 2 :]])  # one more turn would not have fitted
     before = list(chat.messages)
-    with pytest.raises(ContextLengthError, match=r"the message does not fit: the conversation is \d+ tokens with it alone, and a reply "
-                                                 r"of up to 10 tokens makes \d+ more than the model's context of 64: "):
+    with pytest.raises(
+        ContextLengthError,
+        match=r"the message does not fit: the conversation is \d+ tokens with it alone, and a reply "
+        r"of up to 10 tokens makes \d+ more than the model's context of 64: ",
+    ):
         chat.reply("word " * 60)
     assert chat.messages == before
 
@@ -506,12 +558,28 @@ def test_a_chat_needs_a_template_and_sound_options(chat_model):
     from gpt2.tokenizer.chat import ChatTemplate
 
     model = chat_model[1]
-    with pytest.raises(InvalidArgumentError, match="the model's tokenizer has no chat template.*give one with chat_template") as caught:
+    with pytest.raises(
+        InvalidArgumentError, match="the model's tokenizer has no chat template.*give one with chat_template"
+    ) as caught:
         Chat(model, Tokenizer.gpt2())
     assert caught.value.param == "chat_template"
-    chat = Chat(model, Tokenizer.gpt2(), chat_template=ChatTemplate("{{ messages[-1]['content'] }}:"), max_new_tokens=3, temperature=0)
-    assert chat.prefix == "" and "".join(chat.reply("Hi")) == generate_text(model, Tokenizer.gpt2(), "Hi:", max_new_tokens=3, temperature=0)[0]
-    for options, param in [({"max_new_tokens": 0}, "max_new_tokens"), ({"temperature": -1}, "temperature"), ({"seed": -1}, "seed")]:
+    chat = Chat(
+        model,
+        Tokenizer.gpt2(),
+        chat_template=ChatTemplate("{{ messages[-1]['content'] }}:"),
+        max_new_tokens=3,
+        temperature=0,
+    )
+    assert (
+        chat.prefix == ""
+        and "".join(chat.reply("Hi"))
+        == generate_text(model, Tokenizer.gpt2(), "Hi:", max_new_tokens=3, temperature=0)[0]
+    )
+    for options, param in [
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"temperature": -1}, "temperature"),
+        ({"seed": -1}, "seed"),
+    ]:
         with pytest.raises(InvalidArgumentError) as caught:
             Chat(model, model.tokenizer, **options)
         assert caught.value.param == param

@@ -201,7 +201,9 @@ def test_onednn_gets_rows_in_a_few_sizes_at_most_an_eighth_more():
     doubling, never fewer than given and never more than 1/8 more."""
     for rows in range(1, 8193):
         assert rows <= kernels.onednn_rows(rows) <= rows * 9 / 8
-    assert len({kernels.onednn_rows(rows) for rows in range(17, 513)}) == 40  # a server's prompts, within 512 tokens a step
+    assert (
+        len({kernels.onednn_rows(rows) for rows in range(17, 513)}) == 40
+    )  # a server's prompts, within 512 tokens a step
 
 
 def test_quantize_int8_keeps_one_scale_per_output():
@@ -226,7 +228,13 @@ def test_decoding_without_the_compiled_kernel_equals_transformers(tmp_path, monk
     hf.save_pretrained(tmp_path)
     ours = GPT2.from_pretrained(tmp_path, device="cpu")
     idx = torch.randint(0, 101, (2, 9), generator=torch.Generator().manual_seed(5))
-    expected = hf.generate(idx, max_new_tokens=40, do_sample=False, attention_mask=torch.ones_like(idx), pad_token_id=hf.config.eos_token_id)
+    expected = hf.generate(
+        idx,
+        max_new_tokens=40,
+        do_sample=False,
+        attention_mask=torch.ones_like(idx),
+        pad_token_id=hf.config.eos_token_id,
+    )
     assert torch.equal(ours.generate(idx, 40, temperature=0), expected)
 
 
@@ -274,14 +282,26 @@ def test_attend_rows_of_different_lengths_see_their_own_keys(kernel):
     y = kernels.attend(q, keys[:, :, :30], values[:, :, :30], seen)
     assert y is not None
     for b, n in enumerate(seen.tolist()):  # each row alone, over its own first n keys
-        assert rel_err(y[b], attention_float64(q[b : b + 1], keys[b : b + 1, :, :n], values[b : b + 1, :, :n])[0]) < 1e-5
-    for bad in (torch.tensor([1, 9, 31, 17]), torch.tensor([0, 9, 30, 17]), torch.tensor([1, 9, 30]), seen.int(), seen.double()):
+        assert (
+            rel_err(y[b], attention_float64(q[b : b + 1], keys[b : b + 1, :, :n], values[b : b + 1, :, :n])[0]) < 1e-5
+        )
+    for bad in (
+        torch.tensor([1, 9, 31, 17]),
+        torch.tensor([0, 9, 30, 17]),
+        torch.tensor([1, 9, 30]),
+        seen.int(),
+        seen.double(),
+    ):
         assert kernels.attend(q, keys[:, :, :30], values[:, :, :30], bad) is None  # out of 1..S, or not (B,) int64
 
 
 def test_attend_refuses_what_it_does_not_serve(kernel):
     g = torch.Generator().manual_seed(4)
-    q, k, v = torch.randn(1, 2, 1, 8, generator=g), torch.randn(1, 2, 5, 8, generator=g), torch.randn(1, 2, 5, 8, generator=g)
+    q, k, v = (
+        torch.randn(1, 2, 1, 8, generator=g),
+        torch.randn(1, 2, 5, 8, generator=g),
+        torch.randn(1, 2, 5, 8, generator=g),
+    )
     assert rel_err(kernels.attend(q, k, v), attention_float64(q, k, v)) < 1e-5
     assert kernels.attend(torch.randn(1, 2, 3, 8), k, v) is None  # more than one query: torch's attention
     assert kernels.attend(q.double(), k.double(), v.double()) is None
@@ -443,7 +463,11 @@ def compiling(session: int) -> bool:
     """Whether the C++ compiler runs in the process session `session`."""
     for entry in Path("/proc").iterdir():
         try:
-            if entry.name.isdigit() and os.getsid(int(entry.name)) == session and (entry / "comm").read_text().strip() in COMPILERS:
+            if (
+                entry.name.isdigit()
+                and os.getsid(int(entry.name)) == session
+                and (entry / "comm").read_text().strip() in COMPILERS
+            ):
                 return True
         except OSError:  # gone meanwhile
             continue
@@ -454,7 +478,9 @@ def test_a_real_build_killed_midway_leaves_no_lock_and_no_library(tmp_path):
     """`python -m gpt2.generation.kernels` (make's set-up step) stopped by SIGTERM while it compiles."""
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path)}
     env.pop("GPT2_GEMV", None)
-    process = subprocess.Popen([sys.executable, "-m", "gpt2.generation.kernels"], stderr=subprocess.PIPE, env=env, start_new_session=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gpt2.generation.kernels"], stderr=subprocess.PIPE, env=env, start_new_session=True
+    )
     line = process.stderr.readline().decode()
     deadline = time.monotonic() + 120
     while not compiling(process.pid):  # the compiler is running (its process, in the command's session)
@@ -489,7 +515,10 @@ def test_build_failure_returns_none_and_says_so_once(fresh, monkeypatch, capsys)
     assert len(calls) == 1  # the failure is remembered
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 2 and lines[0].startswith("gpt2: compiling the decode kernel")
-    assert lines[1] == "gpt2: the decode kernel is unavailable, decoding uses oneDNN instead (Ninja is required to load C++ extensions)"
+    assert (
+        lines[1]
+        == "gpt2: the decode kernel is unavailable, decoding uses oneDNN instead (Ninja is required to load C++ extensions)"
+    )
 
 
 def test_disabled_by_environment(fresh, monkeypatch):

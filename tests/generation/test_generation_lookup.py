@@ -62,8 +62,12 @@ def small(tmp_path_factory):
     return hf, GPT2.from_pretrained(directory, device="cpu")
 
 
-COPIES = ["def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return", "The quick brown fox jumps over the lazy dog. The quick brown",
-          "1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4, 5,", "Hello"]  # fmt: skip
+COPIES = [
+    "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return",
+    "The quick brown fox jumps over the lazy dog. The quick brown",
+    "1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4, 5,",
+    "Hello",
+]
 
 
 def test_greedy_text_by_prompt_lookup_is_the_text_without_it_and_takes_several_tokens_a_pass(small):
@@ -71,8 +75,17 @@ def test_greedy_text_by_prompt_lookup_is_the_text_without_it_and_takes_several_t
     those without speculation, and lookup gets more than one token per pass of the model."""
     _, model = small
     plain = TextGeneration(model, ENC, COPIES, max_new_tokens=40, temperature=0, num_samples=2)
-    speculated = TextGeneration(model, ENC, COPIES, max_new_tokens=40, temperature=0, num_samples=2, speculative="ngram",
-                                prompt_lookup_min=1, draft_tokens=5)  # fmt: skip
+    speculated = TextGeneration(
+        model,
+        ENC,
+        COPIES,
+        max_new_tokens=40,
+        temperature=0,
+        num_samples=2,
+        speculative="ngram",
+        prompt_lookup_min=1,
+        draft_tokens=5,
+    )
     for generation in (plain, speculated):
         generation.engine = TorchEngine(model, 3)
         list(generation)
@@ -82,7 +95,9 @@ def test_greedy_text_by_prompt_lookup_is_the_text_without_it_and_takes_several_t
 
 def test_drafts_a_constraint_refuses_are_refused_and_the_text_is_the_constrained_greedy_text(small):
     _, model = small
-    options = dict(max_new_tokens=30, temperature=0, constraint=Constraint.regex(r"(ab|cd|[0-9]){4,30}"), repetition_penalty=1.1)
+    options = dict(
+        max_new_tokens=30, temperature=0, constraint=Constraint.regex(r"(ab|cd|[0-9]){4,30}"), repetition_penalty=1.1
+    )
     plain = TextGeneration(model, ENC, "abab 1212 abab", **options)
     speculated = TextGeneration(model, ENC, "abab 1212 abab", speculative="ngram", prompt_lookup_min=1, **options)
     assert list(speculated) == list(plain) and speculated.stats.proposed > 0
@@ -135,13 +150,16 @@ def test_sampling_by_prompt_lookup_under_a_constraint_follows_the_constrained_di
     assert decoder.stats.accepted > 0
 
 
-@pytest.mark.parametrize("args, param, message", [
-    (("tree",), "speculative", "unknown speculative method 'tree'"),
-    (("ngram", 2, 3), "prompt_lookup_min", "prompt_lookup_min (3) must not exceed prompt_lookup_max (2)"),
-    (("ngram", 0), "prompt_lookup_max", "prompt_lookup_max must be an integer from 1 up, got 0"),
-    ((None, 6), "prompt_lookup_max", "prompt_lookup_max and prompt_lookup_min set speculative='ngram'"),
-    (("ngram", 4, 2, object()), "draft", "draft and speculative='ngram' contradict"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "args, param, message",
+    [
+        (("tree",), "speculative", "unknown speculative method 'tree'"),
+        (("ngram", 2, 3), "prompt_lookup_min", "prompt_lookup_min (3) must not exceed prompt_lookup_max (2)"),
+        (("ngram", 0), "prompt_lookup_max", "prompt_lookup_max must be an integer from 1 up, got 0"),
+        ((None, 6), "prompt_lookup_max", "prompt_lookup_max and prompt_lookup_min set speculative='ngram'"),
+        (("ngram", 4, 2, object()), "draft", "draft and speculative='ngram' contradict"),
+    ],
+)
 def test_bad_speculation_settings_are_named(args, param, message):
     with pytest.raises(GPT2Error) as caught:
         lookup_of(*args)

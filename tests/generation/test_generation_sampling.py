@@ -8,20 +8,36 @@ import torch
 from scipy.stats import binomtest, chisquare
 
 from gpt2 import GPT2Error
-from gpt2.generation.sampling import (Sampling, filter_logits, mt19937_init_by_array, probabilities, row_probabilities, sample_next,
-                           sampling_of, seeded_generator, speculative_accept)  # fmt: skip
+from gpt2.generation.sampling import (
+    Sampling,
+    filter_logits,
+    mt19937_init_by_array,
+    probabilities,
+    row_probabilities,
+    sample_next,
+    sampling_of,
+    seeded_generator,
+    speculative_accept,
+)
 
 # ------------------------------------------------------------------ settings
 
 
-@pytest.mark.parametrize("settings, param, message", [
-    (dict(temperature=-1), "temperature", "temperature must be a finite number >= 0 \\(0 is greedy\\), got -1"),
-    (dict(temperature=float("nan")), "temperature", "temperature must be a finite number >= 0 \\(0 is greedy\\), got nan"),
-    (dict(top_k=0), "top_k", "top_k must be an integer from 1 up, got 0"),
-    (dict(top_k=2.5), "top_k", "top_k must be an integer from 1 up, got 2.5"),
-    (dict(top_p=0), "top_p", "top_p must be in \\(0, 1\\], got 0"),
-    (dict(top_p=1.5), "top_p", "top_p must be in \\(0, 1\\], got 1.5"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "settings, param, message",
+    [
+        (dict(temperature=-1), "temperature", "temperature must be a finite number >= 0 \\(0 is greedy\\), got -1"),
+        (
+            dict(temperature=float("nan")),
+            "temperature",
+            "temperature must be a finite number >= 0 \\(0 is greedy\\), got nan",
+        ),
+        (dict(top_k=0), "top_k", "top_k must be an integer from 1 up, got 0"),
+        (dict(top_k=2.5), "top_k", "top_k must be an integer from 1 up, got 2.5"),
+        (dict(top_p=0), "top_p", "top_p must be in \\(0, 1\\], got 0"),
+        (dict(top_p=1.5), "top_p", "top_p must be in \\(0, 1\\], got 1.5"),
+    ],
+)
 def test_a_sampling_is_checked_as_it_is_made_naming_the_setting(settings, param, message):
     with pytest.raises(GPT2Error, match=message) as caught:
         Sampling(**settings)
@@ -44,10 +60,16 @@ def test_a_top_k_over_the_vocabulary_is_refused_by_every_door_of_the_library_nam
     model = GPT2.from_pretrained("shakespeare_char", device="cpu")
     size = len(set(corpus_text("shakespeare")))  # its characters, counted in the corpus it learnt
     idx = torch.tensor([model.tokenizer.encode("ROMEO:")])
-    doors = {"GPT2.generate": lambda **top_k: model.generate(idx, 2, seed=0, **top_k),
-             "generate_text": lambda **top_k: generate_text(model, model.tokenizer, "ROMEO:", max_new_tokens=2, seed=0, **top_k)}
+    doors = {
+        "GPT2.generate": lambda **top_k: model.generate(idx, 2, seed=0, **top_k),
+        "generate_text": lambda **top_k: generate_text(
+            model, model.tokenizer, "ROMEO:", max_new_tokens=2, seed=0, **top_k
+        ),
+    }
     for door, call in doors.items():
-        with pytest.raises(GPT2Error, match=f"^top_k must be an integer from 1 to {size}, the model's vocabulary size, got 200$") as caught:
+        with pytest.raises(
+            GPT2Error, match=f"^top_k must be an integer from 1 to {size}, the model's vocabulary size, got 200$"
+        ) as caught:
             call(top_k=200)
         assert caught.value.param == "top_k", door
         call(top_k=size)
@@ -92,10 +114,17 @@ def test_filters_combine_top_k_first():
     assert (filter_logits(logits, top_k=3, top_p=0.7) > float("-inf")).tolist() == [[True, True, False, False]]
 
 
-@pytest.mark.parametrize("sampling", [
-    Sampling(temperature=1.0), Sampling(temperature=0.7), Sampling(temperature=1.5, top_k=5), Sampling(top_p=0.8),
-    Sampling(temperature=0.9, top_k=6, top_p=0.9),
-], ids=["t1", "t0.7", "topk", "topp", "all"])  # fmt: skip
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        Sampling(temperature=1.0),
+        Sampling(temperature=0.7),
+        Sampling(temperature=1.5, top_k=5),
+        Sampling(top_p=0.8),
+        Sampling(temperature=0.9, top_k=6, top_p=0.9),
+    ],
+    ids=["t1", "t0.7", "topk", "topp", "all"],
+)
 def test_sampled_frequencies_match_the_filtered_distribution(sampling):
     logits = torch.tensor([2.0, 1.5, 1.2, 1.0, 0.3, 0.0, -0.5, -1.0, -2.0, -3.0])
     target = torch.softmax(filter_logits(logits[None] / sampling.temperature, sampling.top_k, sampling.top_p)[0], -1)
@@ -133,7 +162,10 @@ def test_greedy_drafts_are_kept_while_they_are_the_argmax_then_the_argmax_follow
     generator = torch.Generator().manual_seed(0)
     state = generator.get_state()
     assert speculative_accept(one_hot(2, 5, 3, 7), one_hot(2, 5, 1), [2, 5, 1], generator) == (2, 3)
-    assert speculative_accept(one_hot(2, 5, 3, 7), one_hot(2, 5, 3), [2, 5, 3], generator) == (3, 7)  # all kept: p's last
+    assert speculative_accept(one_hot(2, 5, 3, 7), one_hot(2, 5, 3), [2, 5, 3], generator) == (
+        3,
+        7,
+    )  # all kept: p's last
     assert speculative_accept(one_hot(4), one_hot(4)[:0], [], generator) == (0, 4)  # no drafts: the model's token
     assert torch.equal(generator.get_state(), state)  # nothing was random
 
@@ -155,7 +187,10 @@ def test_the_first_token_follows_the_models_distribution_whatever_the_drafts():
     """Drafts drawn from q, kept or replaced by the rule: the token that comes first is drawn
     from p, not from q (a chi-square test tells them apart)."""
     target, proposal = np.array([0.05, 0.4, 0.05, 0.3, 0.2, 0, 0, 0]), np.array([0.3, 0.1, 0.2, 0.1, 0.05, 0.25, 0, 0])
-    p, q = torch.tensor(np.stack([target, np.full(8, 1 / 8)]), dtype=torch.float32), torch.tensor(proposal[None], dtype=torch.float32)
+    p, q = (
+        torch.tensor(np.stack([target, np.full(8, 1 / 8)]), dtype=torch.float32),
+        torch.tensor(proposal[None], dtype=torch.float32),
+    )
     generator = torch.Generator().manual_seed(2)
     firsts = []
     for draft in torch.multinomial(q[0], 20_000, replacement=True, generator=generator).tolist():
@@ -172,7 +207,10 @@ def test_the_first_token_follows_the_models_distribution_whatever_the_drafts():
 
 def test_seeds_below_2_32_are_torchs_own():
     for seed in (0, 1, 42, 2**32 - 1):
-        assert torch.equal(torch.rand(8, generator=seeded_generator(seed)), torch.rand(8, generator=torch.Generator().manual_seed(seed)))
+        assert torch.equal(
+            torch.rand(8, generator=seeded_generator(seed)),
+            torch.rand(8, generator=torch.Generator().manual_seed(seed)),
+        )
 
 
 def test_every_bit_of_a_64_bit_seed_counts():

@@ -38,7 +38,9 @@ def hf_patterns(hf, ids: list[int]) -> torch.Tensor:
 def hf_head_scores(hf, ids: list[int], kind: str) -> torch.Tensor:
     """(L, H): the issue's definition of `kind`, one query at a time, on transformers' patterns."""
     A = hf_patterns(hf, ids)
-    return torch.tensor([[head_score_written_out(A[l, h], ids, kind) for h in range(A.shape[1])] for l in range(A.shape[0])])
+    return torch.tensor(
+        [[head_score_written_out(A[l, h], ids, kind) for h in range(A.shape[1])] for l in range(A.shape[0])]
+    )
 
 
 @pytest.mark.parametrize("kind", HEAD_SCORES)
@@ -53,8 +55,13 @@ def hf_pieces(hf, ids: list[int], position: int) -> dict[str, torch.Tensor]:
     modules with hooks: each head through its rows of c_proj, c_proj's biases, each MLP, the
     embeddings; and that stream, before ln_f."""
     z, mlp, final = [], [], []
-    hooks = [block.attn.c_proj.register_forward_pre_hook(lambda m, args: z.append(args[0][0, position])) for block in hf.transformer.h]
-    hooks += [block.mlp.register_forward_hook(lambda m, args, out: mlp.append(out[0, position])) for block in hf.transformer.h]
+    hooks = [
+        block.attn.c_proj.register_forward_pre_hook(lambda m, args: z.append(args[0][0, position]))
+        for block in hf.transformer.h
+    ]
+    hooks += [
+        block.mlp.register_forward_hook(lambda m, args, out: mlp.append(out[0, position])) for block in hf.transformer.h
+    ]
     hooks.append(hf.transformer.ln_f.register_forward_pre_hook(lambda m, args: final.append(args[0][0, position])))
     with torch.no_grad():
         logits = hf(torch.tensor([ids])).logits[0, position]
@@ -62,12 +69,23 @@ def hf_pieces(hf, ids: list[int], position: int) -> dict[str, torch.Tensor]:
         hook.remove()
     H, C = hf.config.n_head, hf.config.n_embd
     d = C // H
-    heads = torch.stack([torch.stack([z[l][h * d:(h + 1) * d] @ block.attn.c_proj.weight[h * d:(h + 1) * d] for h in range(H)])
-                         for l, block in enumerate(hf.transformer.h)])  # fmt: skip
+    heads = torch.stack(
+        [
+            torch.stack([z[l][h * d : (h + 1) * d] @ block.attn.c_proj.weight[h * d : (h + 1) * d] for h in range(H)])
+            for l, block in enumerate(hf.transformer.h)
+        ]
+    )
     t = torch.tensor(ids)
     embed = hf.transformer.wte.weight[t[position]] + hf.transformer.wpe.weight[position % len(ids)]
     biases = torch.stack([block.attn.c_proj.bias for block in hf.transformer.h])
-    return {"heads": heads, "mlps": torch.stack(mlp), "embed": embed, "biases": biases, "final": final[0], "logits": logits}
+    return {
+        "heads": heads,
+        "mlps": torch.stack(mlp),
+        "embed": embed,
+        "biases": biases,
+        "final": final[0],
+        "logits": logits,
+    }
 
 
 def direct(hf, pieces: torch.Tensor, final: torch.Tensor, answer: int, other: int | None) -> torch.Tensor:
@@ -89,7 +107,9 @@ def test_logit_attribution_is_transformers_pieces_through_ln_f_and_sums_to_the_l
         assert torch.allclose(parts.heads.float(), direct(hf, p["heads"], p["final"], answer, other_id), atol=1e-4)
         assert torch.allclose(parts.mlps.float(), direct(hf, p["mlps"], p["final"], answer, other_id), atol=1e-4)
         assert abs(parts.embed - float(direct(hf, p["embed"], p["final"], answer, other_id))) < 1e-4
-        ln_f_bias = hf.transformer.ln_f.bias @ (hf.transformer.wte.weight[answer] - (0 if other_id is None else hf.transformer.wte.weight[other_id]))
+        ln_f_bias = hf.transformer.ln_f.bias @ (
+            hf.transformer.wte.weight[answer] - (0 if other_id is None else hf.transformer.wte.weight[other_id])
+        )
         expected_biases = torch.cat([direct(hf, p["biases"], p["final"], answer, other_id), ln_f_bias[None]])
         assert torch.allclose(parts.biases.float(), expected_biases, atol=1e-4)
     logit = float(p["logits"][answer] - (0 if other_id is None else p["logits"][other_id]))
@@ -98,25 +118,54 @@ def test_logit_attribution_is_transformers_pieces_through_ln_f_and_sums_to_the_l
     assert abs(summed - logit) < 1e-5
 
 
-@pytest.mark.parametrize("call, param, message", [
-    (lambda m: head_scores(m, [1, 2, 3], "copying"), "kind", "kind must be one of previous_token, duplicate_token, induction, got 'copying'"),
-    (lambda m: head_scores(m, [1, 2, 3], "induction"), "ids", "the text has no position a induction score looks at"),
-    (lambda m: logit_attribution(m, TEXT, " Mary Ann"), "answer", "answer must be one token, but ' Mary Ann' is 2"),
-    (lambda m: logit_attribution(m, TEXT, 50257), "answer", "answer must be a token id in 0..50256 or a string of one token, got 50257"),
-    (lambda m: logit_attribution(m, TEXT, " Mary", " John", position=99), "position", "position must be a whole number in 0..13"),
-    (lambda m: logit_attribution(m, list(range(65)), 1), None, "sequence of 65 tokens is longer than the model.s context of n_ctx=64"),
-    (lambda m: repeated_tokens(50, 65, start=50256), "start", "start must be a token id from 0 to 64, got 50256"),  # GPT-2's <|endoftext|>, a character model's 65
-    (lambda m: repeated_tokens(50, 65, start=-1), "start", "start must be a token id from 0 to 64, got -1"),
-    (lambda m: repeated_tokens(0, 65), "n", "n must be a positive integer, got 0"),
-    (lambda m: repeated_tokens(50, 0), "n_vocab", "n_vocab must be a positive integer, got 0"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "call, param, message",
+    [
+        (
+            lambda m: head_scores(m, [1, 2, 3], "copying"),
+            "kind",
+            "kind must be one of previous_token, duplicate_token, induction, got 'copying'",
+        ),
+        (
+            lambda m: head_scores(m, [1, 2, 3], "induction"),
+            "ids",
+            "the text has no position a induction score looks at",
+        ),
+        (lambda m: logit_attribution(m, TEXT, " Mary Ann"), "answer", "answer must be one token, but ' Mary Ann' is 2"),
+        (
+            lambda m: logit_attribution(m, TEXT, 50257),
+            "answer",
+            "answer must be a token id in 0..50256 or a string of one token, got 50257",
+        ),
+        (
+            lambda m: logit_attribution(m, TEXT, " Mary", " John", position=99),
+            "position",
+            "position must be a whole number in 0..13",
+        ),
+        (
+            lambda m: logit_attribution(m, list(range(65)), 1),
+            None,
+            "sequence of 65 tokens is longer than the model.s context of n_ctx=64",
+        ),
+        (
+            lambda m: repeated_tokens(50, 65, start=50256),
+            "start",
+            "start must be a token id from 0 to 64, got 50256",
+        ),  # GPT-2's <|endoftext|>, a character model's 65
+        (lambda m: repeated_tokens(50, 65, start=-1), "start", "start must be a token id from 0 to 64, got -1"),
+        (lambda m: repeated_tokens(0, 65), "n", "n must be a positive integer, got 0"),
+        (lambda m: repeated_tokens(50, 0), "n_vocab", "n_vocab must be a positive integer, got 0"),
+    ],
+)
 def test_bad_input_is_one_clear_error_naming_its_param(models, call, param, message):
     with pytest.raises(GPT2Error, match=message) as caught:
         call(models[1])
     assert caught.value.param == param
 
 
-@pytest.mark.parametrize("answer, other", [(" Mary", " Mary"), (" Mary", 5335), ([11, " Mary"], [5335, 11])])  # " Mary" is 5335
+@pytest.mark.parametrize(
+    "answer, other", [(" Mary", " Mary"), (" Mary", 5335), ([11, " Mary"], [5335, 11])]
+)  # " Mary" is 5335
 def test_an_answer_that_is_the_other_is_refused_naming_both(models, answer, other):
     """logit(answer) - logit(other) of one token is 0 whatever the model does (on a character
     model, " Mary" and " John" as their first characters are both " ")."""
@@ -148,12 +197,16 @@ def induction_2l_hf():
 
 
 @pytest.mark.parametrize("n, seed", PROBES)
-def test_a_2_layer_model_trained_here_has_an_induction_head_that_head_scores_finds(induction_2l, induction_2l_hf, n, seed):
+def test_a_2_layer_model_trained_here_has_an_induction_head_that_head_scores_finds(
+    induction_2l, induction_2l_hf, n, seed
+):
     ids = repeated_tokens(n, induction_2l.config.n_vocab, seed=seed)
     scores = head_scores(induction_2l, ids, "induction")
     assert torch.allclose(scores, hf_head_scores(induction_2l_hf, ids, "induction"), atol=1e-5)
     assert float(scores[1].max()) > float(scores[0].max()) + INDUCTION_MARGIN
-    assert float(head_scores(induction_2l, ids, "previous_token")[0].max()) > 0.9  # what it reads: layer 0's previous-token head
+    assert (
+        float(head_scores(induction_2l, ids, "previous_token")[0].max()) > 0.9
+    )  # what it reads: layer 0's previous-token head
 
 
 @pytest.mark.parametrize("n, seed", PROBES)
@@ -163,5 +216,7 @@ def test_zeroing_the_induction_head_raises_the_loss_on_the_repeated_half(inducti
     _, repeated = induction_losses(induction_2l, ids, n)
     zeroed = {"h.1.attn.z": lambda z: z.index_fill(0, torch.tensor([head]), 0.0)}  # z (H, T, d): that head's output
     _, ablated = induction_losses(induction_2l, ids, n, patch=zeroed)
-    assert repeated < math.log(induction_2l.config.n_vocab) - 1  # the repeat is foreseen: below uniform guessing's loss ...
+    assert (
+        repeated < math.log(induction_2l.config.n_vocab) - 1
+    )  # the repeat is foreseen: below uniform guessing's loss ...
     assert ablated > repeated + ABLATION_RISE  # ... and far less without that head

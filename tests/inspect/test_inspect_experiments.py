@@ -70,16 +70,32 @@ def test_ioi_prompts_name_io_once_and_s_twice(tiktoken_gpt2):
         clean, corrupted = tiktoken_gpt2.encode(p.text), tiktoken_gpt2.encode(p.corrupted)
         assert len(clean) == len(corrupted)  # patching needs the same length
         differ = [i for i, (a, b) in enumerate(zip(clean, corrupted)) if a != b]
-        assert len(differ) == 1 and clean[differ[0]] == tiktoken_gpt2.encode(p.s)[0] and corrupted[differ[0]] == tiktoken_gpt2.encode(p.io)[0]
+        assert (
+            len(differ) == 1
+            and clean[differ[0]] == tiktoken_gpt2.encode(p.s)[0]
+            and corrupted[differ[0]] == tiktoken_gpt2.encode(p.io)[0]
+        )
         assert differ[0] == max(i for i, t in enumerate(clean) if t == tiktoken_gpt2.encode(p.s)[0])  # the second S
 
 
 def test_ioi_demo_is_transformer_lens_eight_prompts():
     demo = ioi_prompts("demo")
     assert len(demo) == 8 and all(p.bos for p in demo)
-    assert (demo[0].text, demo[0].io, demo[0].s) == ("When John and Mary went to the shops, John gave the bag to", " Mary", " John")
-    assert (demo[1].text, demo[1].io, demo[1].s) == ("When John and Mary went to the shops, Mary gave the bag to", " John", " Mary")
-    assert (demo[7].text, demo[7].io, demo[7].s) == ("After Martin and Amy went to the park, Martin gave a drink to", " Amy", " Martin")
+    assert (demo[0].text, demo[0].io, demo[0].s) == (
+        "When John and Mary went to the shops, John gave the bag to",
+        " Mary",
+        " John",
+    )
+    assert (demo[1].text, demo[1].io, demo[1].s) == (
+        "When John and Mary went to the shops, Mary gave the bag to",
+        " John",
+        " Mary",
+    )
+    assert (demo[7].text, demo[7].io, demo[7].s) == (
+        "After Martin and Amy went to the park, Martin gave a drink to",
+        " Amy",
+        " Martin",
+    )
     assert demo[0].corrupted == demo[1].text  # the demo's corruption: the prompt with the answers swapped
 
 
@@ -120,7 +136,9 @@ def test_greater_than_metric_is_transformers_probability_difference(models, tikt
     expected = []
     for yy in START_YEARS:
         p = hf_last_logits(hf, tiktoken_gpt2.encode(greater_than_prompt(yy))).softmax(-1)
-        expected.append(sum(float(p[year_ids[y]]) for y in range(yy + 1, 100)) - sum(float(p[year_ids[y]]) for y in range(yy + 1)))
+        expected.append(
+            sum(float(p[year_ids[y]]) for y in range(yy + 1, 100)) - sum(float(p[year_ids[y]]) for y in range(yy + 1))
+        )
     result = run_experiment(ours, "greater-than", patch_prompts=2)
     assert result.metrics["prob_diff"] == pytest.approx(sum(expected) / len(expected), abs=1e-6)
 
@@ -128,7 +146,9 @@ def test_greater_than_metric_is_transformers_probability_difference(models, tikt
 def test_ioi_and_greater_than_need_gpt2s_tokenizer():
     model = GPT2(GPT2Config(n_vocab=64, n_ctx=32, n_embd=32, n_head=2, n_layer=2))  # no tokenizer
     for name in ("ioi", "greater-than"):
-        with pytest.raises(GPT2Error, match=f"the {name} experiment needs a model with GPT-2's tokenizer, and tiny-char has no"):
+        with pytest.raises(
+            GPT2Error, match=f"the {name} experiment needs a model with GPT-2's tokenizer, and tiny-char has no"
+        ):
             run_experiment(model, name, model_name="tiny-char")
     with pytest.raises(GPT2Error, match="unknown experiment 'ioj': the experiments are induction, ioi, greater-than"):
         run_experiment(model, "ioj")
@@ -162,7 +182,9 @@ def test_induction_losses_are_transformers_on_the_repeated_sequence(models):
     n = (64 - 1) // 2  # the context (64) holds <|endoftext|> and the two copies
     ids = repeated_tokens(n, 50257, seed=0, start=50256)
     with torch.no_grad():
-        losses = torch.nn.functional.cross_entropy(hf(torch.tensor([ids])).logits[0, :-1], torch.tensor(ids[1:]), reduction="none")
+        losses = torch.nn.functional.cross_entropy(
+            hf(torch.tensor([ids])).logits[0, :-1], torch.tensor(ids[1:]), reduction="none"
+        )
     result = run_experiment(ours, "induction")
     # loss[t] predicts ids[t + 1]: the first copy is ids[1..n], the repeat ids[n+1..2n]; each copy's first token left out
     assert result.metrics["loss_first_half"] == pytest.approx(float(losses[1:n].mean()), abs=1e-4)
@@ -179,6 +201,8 @@ def test_attribution_of_lists_of_tokens_sums_to_transformers_mean_logit_differen
     parts = logit_attribution(ours, ids, year_ids[33:], year_ids[:33])  # the years after 32 against the others
     expected = float(logits[year_ids[33:]].mean() - logits[year_ids[:33]].mean())
     assert parts.total == pytest.approx(expected, abs=1e-4)
-    assert float(parts.heads.sum() + parts.mlps.sum() + parts.biases.sum()) + parts.embed == pytest.approx(expected, abs=1e-4)
+    assert float(parts.heads.sum() + parts.mlps.sum() + parts.biases.sum()) + parts.embed == pytest.approx(
+        expected, abs=1e-4
+    )
     with pytest.raises(GPT2Error, match="answer must be a token or a non-empty list of tokens"):
         logit_attribution(ours, ids, [], year_ids[:33])

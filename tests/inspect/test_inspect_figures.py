@@ -40,7 +40,16 @@ def test_attention_panels_are_transformers_probabilities(models, tmp_path):
     assert len(panels) == 3
     for head, ax in enumerate(panels):
         assert (torch.tensor(ax.images[0].get_array()) - expected[head]).abs().max() < TOL
-        assert [label.get_text() for label in ax.get_yticklabels()] == ["The", "␣dog", "␣chased", "␣the", "␣cat", "␣up", "␣the", "␣tree"]
+        assert [label.get_text() for label in ax.get_yticklabels()] == [
+            "The",
+            "␣dog",
+            "␣chased",
+            "␣the",
+            "␣cat",
+            "␣up",
+            "␣the",
+            "␣tree",
+        ]
     save(fig, tmp_path / "a.png")
     image = matplotlib.image.imread(tmp_path / "a.png")
     assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 300
@@ -76,8 +85,11 @@ def test_next_token_bars_are_what_transformers_samples_from(models, temperature,
     position = 3
     with torch.no_grad():
         logits = hf(torch.tensor([t.ids])).logits[0, position][None]
-    warpers = LogitsProcessorList([TemperatureLogitsWarper(temperature)] + ([TopKLogitsWarper(top_k)] if top_k else [])
-                                  + ([TopPLogitsWarper(top_p)] if top_p else []))  # fmt: skip
+    warpers = LogitsProcessorList(
+        [TemperatureLogitsWarper(temperature)]
+        + ([TopKLogitsWarper(top_k)] if top_k else [])
+        + ([TopPLogitsWarper(top_p)] if top_p else [])
+    )
     after = torch.softmax(warpers(torch.tensor([t.ids[: position + 1]]), logits.clone())[0], -1)
     before = torch.softmax(logits[0], -1)
     fig = next_token(t, position, Sampling(temperature, top_k, top_p), bars=15)
@@ -89,8 +101,11 @@ def test_next_token_bars_are_what_transformers_samples_from(models, temperature,
 
 
 def test_head_scores_draws_a_heat_map_per_kind_with_each_value(tmp_path):
-    scores = {"previous_token": torch.rand(3, 5, generator=torch.Generator().manual_seed(0)),
-              "duplicate_token": torch.rand(3, 5, generator=torch.Generator().manual_seed(1)), "induction": None}  # fmt: skip
+    scores = {
+        "previous_token": torch.rand(3, 5, generator=torch.Generator().manual_seed(0)),
+        "duplicate_token": torch.rand(3, 5, generator=torch.Generator().manual_seed(1)),
+        "induction": None,
+    }
     fig = head_scores(scores, "head scores on a text")
     panels = [ax for ax in fig.axes if ax.get_title()]
     assert [ax.get_title() for ax in panels] == ["previous_token", "duplicate_token", "induction"]
@@ -111,7 +126,9 @@ def test_pictures_refuse_what_they_cannot_draw(models):
     t = trace(model, TEXT, names=["ln_f"])
     with pytest.raises(InvalidArgumentError, match=r"did not record h\.0\.attn\.pattern"):
         attention(t, 0)
-    with pytest.raises(InvalidArgumentError, match=r"position must be a whole number in 0\.\.7 \(or -8\.\.-1 from the end\), got 8"):
+    with pytest.raises(
+        InvalidArgumentError, match=r"position must be a whole number in 0\.\.7 \(or -8\.\.-1 from the end\), got 8"
+    ):
         next_token(trace(model, TEXT), 8, Sampling())
     with pytest.raises(InvalidArgumentError, match="temperature must be a finite number >= 0"):
         next_token(trace(model, TEXT), 0, Sampling(-1.0))

@@ -26,8 +26,16 @@ def pair(tmp_path_factory):
     random weights, drawn wider than GPT-2's (std 0.2, not 0.02) so that greedy decoding does
     not repeat one token, and activations stay of order 1 (std 0.4 takes the stream to 18, where
     float32's rounding alone is 1e-5)."""
-    hf = make_hf_model(0, vocab_size=VOCAB, n_positions=CTX, n_embd=N_EMBD, n_layer=N_LAYER, n_head=N_HEAD,
-                       attn_implementation="eager", initializer_range=0.2)  # fmt: skip
+    hf = make_hf_model(
+        0,
+        vocab_size=VOCAB,
+        n_positions=CTX,
+        n_embd=N_EMBD,
+        n_layer=N_LAYER,
+        n_head=N_HEAD,
+        attn_implementation="eager",
+        initializer_range=0.2,
+    )
     path = tmp_path_factory.mktemp("generating")
     hf.save_pretrained(path)
     return hf, GPT2.from_pretrained(path, device="cpu")
@@ -39,7 +47,9 @@ def assert_same_activations(got, expected, tol=1e-5):
         torch.testing.assert_close(got[name], expected[name], atol=tol, rtol=0, msg=lambda m, name=name: f"{name}: {m}")
 
 
-@pytest.mark.parametrize("sampling", [dict(temperature=0), dict(temperature=0.9, top_k=40, seed=7)], ids=["greedy", "sampled"])
+@pytest.mark.parametrize(
+    "sampling", [dict(temperature=0), dict(temperature=0.9, top_k=40, seed=7)], ids=["greedy", "sampled"]
+)
 def test_every_position_equals_one_trace_of_the_whole_text(pair, sampling):
     """The issue's criterion: prompt, then one position a step over the KV cache, gives what one
     pass over the prompt and the tokens generated gives, for every name (the full (H, T, T)
@@ -60,8 +70,15 @@ def test_tokens_hidden_states_and_attention_equal_transformers_generate(pair):
     never feeds back) within 1e-4."""
     hf, model = pair
     with torch.no_grad():
-        out = hf.generate(torch.tensor([PROMPT]), max_new_tokens=NEW, do_sample=False, output_hidden_states=True,
-                          output_attentions=True, return_dict_in_generate=True, pad_token_id=VOCAB - 1)  # fmt: skip
+        out = hf.generate(
+            torch.tensor([PROMPT]),
+            max_new_tokens=NEW,
+            do_sample=False,
+            output_hidden_states=True,
+            output_attentions=True,
+            return_dict_in_generate=True,
+            pad_token_id=VOCAB - 1,
+        )
     assert out.sequences.shape == (1, len(PROMPT) + NEW)  # no early <|endoftext|>: a full comparison
     got = trace_generation(model, PROMPT, NEW, temperature=0)
     assert got.ids == out.sequences[0].tolist()
@@ -79,8 +96,11 @@ def test_tokens_hidden_states_and_attention_equal_transformers_generate(pair):
             start += r.size(1)
 
 
-@pytest.mark.parametrize("sampling", [dict(temperature=1.0, seed=3), dict(temperature=0.7, top_p=0.9, seed=11),
-                                      dict(temperature=0)], ids=["seed", "top_p", "greedy"])  # fmt: skip
+@pytest.mark.parametrize(
+    "sampling",
+    [dict(temperature=1.0, seed=3), dict(temperature=0.7, top_p=0.9, seed=11), dict(temperature=0)],
+    ids=["seed", "top_p", "greedy"],
+)
 def test_tokens_are_generates_with_the_same_seed(pair, sampling):
     """The tokens are gpt2's own `generate`'s with the same settings and seed: the same loop
     draws from the same random stream (the traced pass's logits equal the fused pass's)."""
@@ -117,16 +137,19 @@ def test_a_generation_may_fill_the_context(pair):
     assert len(got.ids) == CTX and got.activations["h.1.attn.pattern"].shape == (N_HEAD, CTX, CTX)
 
 
-@pytest.mark.parametrize("args, kwargs, error, words", [
-    ((PROMPT, 0), {}, InvalidArgumentError, ["max_new_tokens", "0"]),
-    ((PROMPT, 1.5), {}, InvalidArgumentError, ["max_new_tokens", "1.5"]),
-    ((list(range(28)), 5), {}, ContextLengthError, ["28 tokens", "5 new tokens", "n_ctx=32"]),
-    ((list(range(33)), 1), {}, ContextLengthError, ["33", "32"]),
-    ((PROMPT, 4), {"names": ["h.9"]}, InvalidArgumentError, ["'h.9'"]),
-    ((PROMPT, 4), {"temperature": -1}, InvalidArgumentError, ["temperature"]),
-    ((PROMPT, 4), {"top_k": 98}, InvalidArgumentError, ["top_k"]),
-    ((PROMPT, 4), {"seed": -1}, InvalidArgumentError, ["seed"]),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "args, kwargs, error, words",
+    [
+        ((PROMPT, 0), {}, InvalidArgumentError, ["max_new_tokens", "0"]),
+        ((PROMPT, 1.5), {}, InvalidArgumentError, ["max_new_tokens", "1.5"]),
+        ((list(range(28)), 5), {}, ContextLengthError, ["28 tokens", "5 new tokens", "n_ctx=32"]),
+        ((list(range(33)), 1), {}, ContextLengthError, ["33", "32"]),
+        ((PROMPT, 4), {"names": ["h.9"]}, InvalidArgumentError, ["'h.9'"]),
+        ((PROMPT, 4), {"temperature": -1}, InvalidArgumentError, ["temperature"]),
+        ((PROMPT, 4), {"top_k": 98}, InvalidArgumentError, ["top_k"]),
+        ((PROMPT, 4), {"seed": -1}, InvalidArgumentError, ["seed"]),
+    ],
+)
 def test_bad_input(pair, args, kwargs, error, words):
     with pytest.raises(error) as e:
         trace_generation(pair[1], *args, **kwargs)

@@ -25,8 +25,13 @@ P = 3  # the one position where the corrupted input differs
 CORRUPTED = CLEAN[:P] + [77] + CLEAN[P + 1 :]
 T, D = len(CLEAN), N_EMBD // N_HEAD
 ANSWER, OTHER = 12, 40
-SHAPES = {"resid_pre": (N_LAYER, T), "attn_out": (N_LAYER, T), "mlp_out": (N_LAYER, T), "head": (N_LAYER, N_HEAD),
-          "head_pos": (N_LAYER, N_HEAD, T)}  # fmt: skip
+SHAPES = {
+    "resid_pre": (N_LAYER, T),
+    "attn_out": (N_LAYER, T),
+    "mlp_out": (N_LAYER, T),
+    "head": (N_LAYER, N_HEAD),
+    "head_pos": (N_LAYER, N_HEAD, T),
+}
 TOL = 1e-4
 
 
@@ -34,8 +39,16 @@ TOL = 1e-4
 def pair(tmp_path_factory):
     """transformers' model and gpt2's on the same random weights, drawn wide (std 0.4, not 0.02)
     so that the logits and the differences patching makes are of order 1, not 0.01."""
-    hf = make_hf_model(0, vocab_size=VOCAB, n_positions=CTX, n_embd=N_EMBD, n_layer=N_LAYER, n_head=N_HEAD,
-                       attn_implementation="eager", initializer_range=0.4)  # fmt: skip
+    hf = make_hf_model(
+        0,
+        vocab_size=VOCAB,
+        n_positions=CTX,
+        n_embd=N_EMBD,
+        n_layer=N_LAYER,
+        n_head=N_HEAD,
+        attn_implementation="eager",
+        initializer_range=0.4,
+    )
     path = tmp_path_factory.mktemp("patching")
     hf.save_pretrained(path)
     return hf, GPT2.from_pretrained(path, device="cpu")
@@ -44,15 +57,19 @@ def pair(tmp_path_factory):
 @pytest.fixture(scope="module")
 def grids(pair):
     """Each site's grid, logit_diff(ANSWER, OTHER), computed once."""
-    return {site: activation_patching(pair[1], CLEAN, CORRUPTED, logit_diff(ANSWER, OTHER), site, batch_size=5)
-            for site in SITES}  # fmt: skip
+    return {
+        site: activation_patching(pair[1], CLEAN, CORRUPTED, logit_diff(ANSWER, OTHER), site, batch_size=5)
+        for site in SITES
+    }
 
 
 def hf_logit_diff(hf, ids: list[int], hooks: list[tuple[str, str, object]] = ()) -> float:
     """transformers' logits[-1, ANSWER] - logits[-1, OTHER]; hooks: (module, "pre" or "post", hook)."""
     modules = dict(hf.named_modules())
-    handles = [modules[m].register_forward_pre_hook(h) if kind == "pre" else modules[m].register_forward_hook(h)
-               for m, kind, h in hooks]  # fmt: skip
+    handles = [
+        modules[m].register_forward_pre_hook(h) if kind == "pre" else modules[m].register_forward_hook(h)
+        for m, kind, h in hooks
+    ]
     try:
         with torch.no_grad():
             logits = hf(torch.tensor([ids])).logits[0]
@@ -103,9 +120,13 @@ def hf_index(site: str, entry: tuple) -> tuple[int, tuple]:
     return l, (t,)
 
 
-ENTRIES = {"resid_pre": [(0, P), (1, P), (1, T - 1)], "attn_out": [(0, P), (1, T - 1), (1, P + 1)],
-           "mlp_out": [(0, P), (1, T - 1), (0, T - 1)], "head": [(0, 1), (1, 2), (1, 3)],
-           "head_pos": [(0, 0, P), (1, 2, T - 1), (1, 3, P + 1)]}  # fmt: skip
+ENTRIES = {
+    "resid_pre": [(0, P), (1, P), (1, T - 1)],
+    "attn_out": [(0, P), (1, T - 1), (1, P + 1)],
+    "mlp_out": [(0, P), (1, T - 1), (0, T - 1)],
+    "head": [(0, 1), (1, 2), (1, 3)],
+    "head_pos": [(0, 0, P), (1, 2, T - 1), (1, 3, P + 1)],
+}
 
 
 @pytest.mark.parametrize("site", SITES)
@@ -128,13 +149,20 @@ def test_sanity_against_transformers_unpatched_runs(pair, grids):
     # the one token that differs, patched where it enters block 0: the whole clean input
     assert abs(float(resid[0, P]) - clean) < TOL
     # where clean == corrupted (the other tokens at block 0, every position before P at any site) nothing changes
-    unchanged = [resid[0, :P], resid[0, P + 1 :], resid[:, :P], grids["attn_out"][:, :P], grids["mlp_out"][:, :P],
-                 grids["head_pos"][..., :P]]  # fmt: skip
+    unchanged = [
+        resid[0, :P],
+        resid[0, P + 1 :],
+        resid[:, :P],
+        grids["attn_out"][:, :P],
+        grids["mlp_out"][:, :P],
+        grids["head_pos"][..., :P],
+    ]
     for values in unchanged:
         assert torch.allclose(values, torch.full_like(values, corrupted), atol=TOL)
     # normalised: corrupted -> 0, clean -> 1, and in between as transformers' runs place it
-    norm = activation_patching(model, CLEAN, CORRUPTED, normalised_logit_diff(model, CLEAN, CORRUPTED, ANSWER, OTHER),
-                               "resid_pre")  # fmt: skip
+    norm = activation_patching(
+        model, CLEAN, CORRUPTED, normalised_logit_diff(model, CLEAN, CORRUPTED, ANSWER, OTHER), "resid_pre"
+    )
     assert abs(float(norm[0, P]) - 1) < TOL and torch.allclose(norm[0, :P], torch.zeros(P), atol=TOL)
     expected = (hf_patched(hf, "resid_pre", 1, (T - 1,)) - corrupted) / (clean - corrupted)
     assert abs(float(norm[1, T - 1]) - expected) < TOL
@@ -158,21 +186,32 @@ def bad(ours, **changes):
     return activation_patching(**{**args, **changes})
 
 
-@pytest.mark.parametrize("changes, error, param, message", [
-    ({"site": "resid_post"}, InvalidArgumentError, "site",
-     "unknown site 'resid_post': the sites are resid_pre, attn_out, mlp_out, head, head_pos"),
-    ({"corrupted": CORRUPTED[:-1]}, InvalidArgumentError, "corrupted",
-     "clean and corrupted must have the same length: clean has 7 tokens, corrupted 6"),
-    ({"metric": lambda logits: "high"}, InputTypeError, "metric", "metric must return a number .*got str"),
-    ({"metric": lambda logits: logits[-1, :2]}, InputTypeError, "metric", r"got a tensor of shape \[2\]"),
-    ({"metric": lambda logits: None}, InputTypeError, "metric", "got NoneType"),
-    ({"metric": 3.0}, InputTypeError, "metric", "metric must be a function"),
-    ({"clean": list(range(CTX + 1))}, ContextLengthError, "clean", "clean: sequence of 17 tokens is longer than"),
-    ({"corrupted": [1] * (CTX + 1)}, ContextLengthError, "corrupted", "corrupted: sequence of 17 tokens is longer"),
-    ({"corrupted": "no tokenizer"}, InvalidArgumentError, "corrupted", "corrupted: this model has no tokenizer"),
-    ({"batch_size": 0}, InvalidArgumentError, "batch_size", "batch_size must be a positive integer"),
-    ({"model": "gpt2"}, InputTypeError, "model", "takes a GPT2 model"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "changes, error, param, message",
+    [
+        (
+            {"site": "resid_post"},
+            InvalidArgumentError,
+            "site",
+            "unknown site 'resid_post': the sites are resid_pre, attn_out, mlp_out, head, head_pos",
+        ),
+        (
+            {"corrupted": CORRUPTED[:-1]},
+            InvalidArgumentError,
+            "corrupted",
+            "clean and corrupted must have the same length: clean has 7 tokens, corrupted 6",
+        ),
+        ({"metric": lambda logits: "high"}, InputTypeError, "metric", "metric must return a number .*got str"),
+        ({"metric": lambda logits: logits[-1, :2]}, InputTypeError, "metric", r"got a tensor of shape \[2\]"),
+        ({"metric": lambda logits: None}, InputTypeError, "metric", "got NoneType"),
+        ({"metric": 3.0}, InputTypeError, "metric", "metric must be a function"),
+        ({"clean": list(range(CTX + 1))}, ContextLengthError, "clean", "clean: sequence of 17 tokens is longer than"),
+        ({"corrupted": [1] * (CTX + 1)}, ContextLengthError, "corrupted", "corrupted: sequence of 17 tokens is longer"),
+        ({"corrupted": "no tokenizer"}, InvalidArgumentError, "corrupted", "corrupted: this model has no tokenizer"),
+        ({"batch_size": 0}, InvalidArgumentError, "batch_size", "batch_size must be a positive integer"),
+        ({"model": "gpt2"}, InputTypeError, "model", "takes a GPT2 model"),
+    ],
+)
 def test_bad_input(pair, changes, error, param, message):
     with pytest.raises(error, match=message) as caught:
         bad(pair[1], **changes)
@@ -193,7 +232,10 @@ def test_bad_metric_arguments(pair):
 
 def test_a_metric_of_one_token_against_itself_is_refused_naming_both(pair):
     """logits[-1, a] - logits[-1, a] is 0 for every patch: a grid of zeros, said nowhere, before."""
-    for make in (lambda: logit_diff(ANSWER, ANSWER), lambda: normalised_logit_diff(pair[1], CLEAN, CORRUPTED, OTHER, OTHER)):
+    for make in (
+        lambda: logit_diff(ANSWER, ANSWER),
+        lambda: normalised_logit_diff(pair[1], CLEAN, CORRUPTED, OTHER, OTHER),
+    ):
         with pytest.raises(InvalidArgumentError, match="^answer and other are the same token") as caught:
             make()
         assert (caught.value.param, caught.value.also) == ("other", ("answer",))  # as gpt2 serve names them
@@ -279,21 +321,36 @@ def test_attribution_ranks_the_sites_as_patching_does_on_the_trained_model():
         assert spearmanr(real[:, P:].flatten(), estimate[:, P:].flatten()).statistic > 0.8, (site, measured)
 
 
-@pytest.mark.parametrize("changes, error, message", [
-    ({"metric": logit_diff(ANSWER, OTHER)}, None, None),  # the ready metrics differentiate
-    ({"metric": lambda logits: logits[-1, ANSWER].item()}, InputTypeError,
-     "metric must return a tensor computed from the logits, to differentiate .*got a float"),
-    ({"metric": lambda logits: logits[-1, ANSWER].detach()}, InputTypeError, "got a tensor with no gradient"),
-    ({"metric": lambda logits: "high"}, InputTypeError, "metric must return a number .*got str"),
-    ({"metric": lambda logits: logits[-1, :2]}, InputTypeError, r"got a tensor of shape \[2\]"),
-    ({"corrupted": CORRUPTED[:-1]}, InvalidArgumentError,
-     "clean and corrupted must have the same length: clean has 7 tokens, corrupted 6"),
-    ({"site": "resid_post"}, InvalidArgumentError, "unknown site 'resid_post': the sites are resid_pre, attn_out"),
-    ({"model": "gpt2"}, InputTypeError, "attribution_patching takes a GPT2 model"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "changes, error, message",
+    [
+        ({"metric": logit_diff(ANSWER, OTHER)}, None, None),  # the ready metrics differentiate
+        (
+            {"metric": lambda logits: logits[-1, ANSWER].item()},
+            InputTypeError,
+            "metric must return a tensor computed from the logits, to differentiate .*got a float",
+        ),
+        ({"metric": lambda logits: logits[-1, ANSWER].detach()}, InputTypeError, "got a tensor with no gradient"),
+        ({"metric": lambda logits: "high"}, InputTypeError, "metric must return a number .*got str"),
+        ({"metric": lambda logits: logits[-1, :2]}, InputTypeError, r"got a tensor of shape \[2\]"),
+        (
+            {"corrupted": CORRUPTED[:-1]},
+            InvalidArgumentError,
+            "clean and corrupted must have the same length: clean has 7 tokens, corrupted 6",
+        ),
+        ({"site": "resid_post"}, InvalidArgumentError, "unknown site 'resid_post': the sites are resid_pre, attn_out"),
+        ({"model": "gpt2"}, InputTypeError, "attribution_patching takes a GPT2 model"),
+    ],
+)
 def test_attribution_bad_input(pair, changes, error, message):
-    args = {"model": pair[1], "clean": CLEAN, "corrupted": CORRUPTED, "metric": lambda lg: lg[-1, ANSWER],
-            "site": "head", **changes}  # fmt: skip
+    args = {
+        "model": pair[1],
+        "clean": CLEAN,
+        "corrupted": CORRUPTED,
+        "metric": lambda lg: lg[-1, ANSWER],
+        "site": "head",
+        **changes,
+    }
     if error is None:
         attribution_patching(**args)
         return

@@ -36,16 +36,35 @@ def models(tmp_path_factory):
     return hf, GPT2.from_pretrained(directory, device="cpu"), directory
 
 
-def write_sae(directory, hook_name: str, architecture: str = "standard", normalize: str = "none", apply_b_dec: bool = True,
-              d_in: int = 32, new_format: bool = True, seed: int = 0) -> dict:  # fmt: skip
+def write_sae(
+    directory,
+    hook_name: str,
+    architecture: str = "standard",
+    normalize: str = "none",
+    apply_b_dec: bool = True,
+    d_in: int = 32,
+    new_format: bool = True,
+    seed: int = 0,
+) -> dict:
     """An SAE of random weights in SAELens's layout; its tensors returned."""
     g = torch.Generator().manual_seed(seed)
-    weights = {"W_enc": torch.randn(d_in, D_SAE, generator=g) * 0.3, "b_enc": torch.randn(D_SAE, generator=g) * 0.1,
-               "W_dec": torch.randn(D_SAE, d_in, generator=g) * 0.3, "b_dec": torch.randn(d_in, generator=g) * 0.1}  # fmt: skip
+    weights = {
+        "W_enc": torch.randn(d_in, D_SAE, generator=g) * 0.3,
+        "b_enc": torch.randn(D_SAE, generator=g) * 0.1,
+        "W_dec": torch.randn(D_SAE, d_in, generator=g) * 0.3,
+        "b_dec": torch.randn(d_in, generator=g) * 0.1,
+    }
     if architecture == "jumprelu":
         weights["threshold"] = torch.rand(D_SAE, generator=g) * 0.5
-    cfg = {"d_in": d_in, "d_sae": D_SAE, "dtype": "float32", "device": "cpu", "apply_b_dec_to_input": apply_b_dec,
-           "normalize_activations": normalize, "architecture": architecture}  # fmt: skip
+    cfg = {
+        "d_in": d_in,
+        "d_sae": D_SAE,
+        "dtype": "float32",
+        "device": "cpu",
+        "apply_b_dec_to_input": apply_b_dec,
+        "normalize_activations": normalize,
+        "architecture": architecture,
+    }
     if new_format:  # SAELens 6.x's SAEConfig.to_dict
         cfg |= {"reshape_activations": "none", "metadata": {"hook_name": hook_name, "sae_lens_version": "6.12.1"}}
     else:  # before 6.0: the hook at the top
@@ -59,13 +78,21 @@ def write_sae(directory, hook_name: str, architecture: str = "standard", normali
 def hf_activation(hf, ids: list[int], hook: str, layer: int) -> torch.Tensor:
     """(T, C): transformers' activation at a TransformerLens hook, read with a forward hook."""
     block, got = hf.transformer.h[layer], []
-    module, pre = {"hook_resid_pre": (block, True), "hook_resid_mid": (block.ln_2, True), "hook_resid_post": (block, False),
-                   "hook_attn_out": (block.attn, False), "hook_mlp_out": (block.mlp, False)}[hook]  # fmt: skip
+    module, pre = {
+        "hook_resid_pre": (block, True),
+        "hook_resid_mid": (block.ln_2, True),
+        "hook_resid_post": (block, False),
+        "hook_attn_out": (block.attn, False),
+        "hook_mlp_out": (block.mlp, False),
+    }[hook]
     if pre:  # the module's input: the stream entering the block, or the one ln_2 normalises (after attention)
-        handle = module.register_forward_pre_hook(lambda m, args, kwargs: got.append(args[0] if args else kwargs["hidden_states"]),
-                                                  with_kwargs=True)  # fmt: skip
+        handle = module.register_forward_pre_hook(
+            lambda m, args, kwargs: got.append(args[0] if args else kwargs["hidden_states"]), with_kwargs=True
+        )
     else:
-        handle = module.register_forward_hook(lambda m, args, out: got.append(out[0] if isinstance(out, tuple) else out))
+        handle = module.register_forward_hook(
+            lambda m, args, out: got.append(out[0] if isinstance(out, tuple) else out)
+        )
     with torch.no_grad():
         hf(torch.tensor([ids]))
     handle.remove()
@@ -108,8 +135,9 @@ CASES = [
 
 
 @pytest.mark.parametrize("hook_name, architecture, normalize, apply_b_dec, new_format", CASES)
-def test_sae_features_are_saelens_encoder_on_transformers_activations(models, tmp_path, hook_name, architecture, normalize,
-                                                                      apply_b_dec, new_format):  # fmt: skip
+def test_sae_features_are_saelens_encoder_on_transformers_activations(
+    models, tmp_path, hook_name, architecture, normalize, apply_b_dec, new_format
+):
     hf, ours, _ = models
     w = write_sae(tmp_path / "sae", hook_name, architecture, normalize, apply_b_dec, new_format=new_format)
     sae = load_sae(tmp_path / "sae")
@@ -140,16 +168,29 @@ def test_inspect_sae_prints_each_tokens_top_features(models, tmp_path, capsys):
     expected, _ = saelens_encode(hf_activation(hf, ids, "hook_resid_pre", 1), w, "none", True)
     assert main(["inspect", "--sae", str(tmp_path / "sae"), TEXT, "--model", str(model_dir)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["token", "top", "5", "features", "of", "blocks.1.hook_resid_pre", "(d_sae=48):", "id", "value"]
+    assert lines[0].split() == [
+        "token",
+        "top",
+        "5",
+        "features",
+        "of",
+        "blocks.1.hook_resid_pre",
+        "(d_sae=48):",
+        "id",
+        "value",
+    ]
     assert len(lines) == 1 + len(ids)
     for line, token_id, row in zip(lines[1:], ids, expected):
         assert line.startswith(repr(ours.tokenizer.decode([token_id])))
         best = row.topk(5)
         shown = [(int(i), float(v)) for i, v in zip(best.indices, best.values) if v > 0]
-        printed = line[line.index("  "):].split()
+        printed = line[line.index("  ") :].split()
         assert [int(i) for i in printed[::2]] == [i for i, _ in shown]
         assert [float(v) for v in printed[1::2]] == pytest.approx([v for _, v in shown], abs=1e-3)
-    assert main(["inspect", "--sae", str(tmp_path / "sae"), TEXT, "--model", str(model_dir), "--json", "--top-k", "3"]) == 0
+    assert (
+        main(["inspect", "--sae", str(tmp_path / "sae"), TEXT, "--model", str(model_dir), "--json", "--top-k", "3"])
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert out["ids"] == ids and out["hook_name"] == "blocks.1.hook_resid_pre"
     for row, exp in zip(out["features"], expected):
@@ -170,24 +211,47 @@ def broken(directory, what: str) -> None:
     elif what == "weights corrupt":
         (directory / "sae_weights.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}")
     else:
-        cfg |= {"width": {"d_in": 64}, "arch": {"architecture": "topk"}, "hook": {"metadata": {"hook_name": "blocks.0.hook_z"}},
-                "layer": {"metadata": {"hook_name": "blocks.2.hook_resid_pre"}}, "d_sae": {"d_sae": 47}}[what]  # fmt: skip
+        cfg |= {
+            "width": {"d_in": 64},
+            "arch": {"architecture": "topk"},
+            "hook": {"metadata": {"hook_name": "blocks.0.hook_z"}},
+            "layer": {"metadata": {"hook_name": "blocks.2.hook_resid_pre"}},
+            "d_sae": {"d_sae": 47},
+        }[what]
         (directory / "cfg.json").write_text(json.dumps(cfg))
 
 
-@pytest.mark.parametrize("what, message", [
-    ("missing", "gpt2: error: DIR is not a directory: an SAE is a directory holding cfg.json and sae_weights.safetensors"),
-    ("no cfg", "gpt2: error: DIR/cfg.json does not exist"),
-    ("no weights", "gpt2: error: DIR/sae_weights.safetensors does not exist"),
-    ("cfg not json", "gpt2: error: DIR/cfg.json is not valid JSON"),
-    ("weights corrupt", "gpt2: error: DIR/sae_weights.safetensors is truncated or corrupt"),
-    ("width", "gpt2: error: DIR/cfg.json: the SAE reads vectors of d_in=64, but the model's residual stream has n_embd=32"),
-    ("arch", "gpt2: error: DIR/cfg.json: architecture 'topk' is not one gpt2 reads: standard, jumprelu"),
-    ("hook", "gpt2: error: DIR/cfg.json: hook 'blocks.0.hook_z' is not one gpt2 reads: the hooks are blocks.L.{hook_resid_pre, "
-             "hook_resid_mid, hook_resid_post, hook_attn_out, hook_mlp_out}"),
-    ("layer", "gpt2: error: DIR/cfg.json: hook 'blocks.2.hook_resid_pre' is at block 2, but the model has blocks 0..1 (n_layer=2)"),
-    ("d_sae", "gpt2: error: DIR/sae_weights.safetensors: W_enc has shape [32, 48], but cfg.json's d_in=32 and d_sae=47 make it [32, 47]"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "what, message",
+    [
+        (
+            "missing",
+            "gpt2: error: DIR is not a directory: an SAE is a directory holding cfg.json and sae_weights.safetensors",
+        ),
+        ("no cfg", "gpt2: error: DIR/cfg.json does not exist"),
+        ("no weights", "gpt2: error: DIR/sae_weights.safetensors does not exist"),
+        ("cfg not json", "gpt2: error: DIR/cfg.json is not valid JSON"),
+        ("weights corrupt", "gpt2: error: DIR/sae_weights.safetensors is truncated or corrupt"),
+        (
+            "width",
+            "gpt2: error: DIR/cfg.json: the SAE reads vectors of d_in=64, but the model's residual stream has n_embd=32",
+        ),
+        ("arch", "gpt2: error: DIR/cfg.json: architecture 'topk' is not one gpt2 reads: standard, jumprelu"),
+        (
+            "hook",
+            "gpt2: error: DIR/cfg.json: hook 'blocks.0.hook_z' is not one gpt2 reads: the hooks are blocks.L.{hook_resid_pre, "
+            "hook_resid_mid, hook_resid_post, hook_attn_out, hook_mlp_out}",
+        ),
+        (
+            "layer",
+            "gpt2: error: DIR/cfg.json: hook 'blocks.2.hook_resid_pre' is at block 2, but the model has blocks 0..1 (n_layer=2)",
+        ),
+        (
+            "d_sae",
+            "gpt2: error: DIR/sae_weights.safetensors: W_enc has shape [32, 48], but cfg.json's d_in=32 and d_sae=47 make it [32, 47]",
+        ),
+    ],
+)
 def test_bad_sae_is_one_line_naming_the_file(models, tmp_path, capsys, what, message):
     _, ours, model_dir = models
     directory = tmp_path / "sae"
@@ -202,11 +266,14 @@ def test_bad_sae_is_one_line_naming_the_file(models, tmp_path, capsys, what, mes
         sae_features(ours, load_sae(directory), "a b")
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--walk"], "gpt2: error: --sae shows each token's SAE features: give it without --walk"),
-    (["--heads"], "gpt2: error: --sae shows each token's SAE features: give it without --heads"),
-    (["--top-k", "0"], "gpt2: error: --top-k must be a positive integer"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--walk"], "gpt2: error: --sae shows each token's SAE features: give it without --walk"),
+        (["--heads"], "gpt2: error: --sae shows each token's SAE features: give it without --heads"),
+        (["--top-k", "0"], "gpt2: error: --top-k must be a positive integer"),
+    ],
+)
 def test_inspect_sae_flags_it_does_not_take_are_one_line(models, tmp_path, capsys, argv, message):
     write_sae(tmp_path / "sae", "blocks.0.hook_resid_pre")
     code = main(["inspect", "--sae", str(tmp_path / "sae"), "a b", "--model", str(models[2]), *argv])

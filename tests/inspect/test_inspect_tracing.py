@@ -29,8 +29,15 @@ TOL = 1e-4
 
 def pair(tmp_path, n_layer: int, n_head: int, n_embd: int, seed: int = 0, vocab: int = 97):
     """transformers' model with eager attention and gpt2's, on the same random weights."""
-    hf = make_hf_model(seed, vocab_size=vocab, n_positions=32, n_embd=n_embd, n_layer=n_layer, n_head=n_head,
-                       attn_implementation="eager")  # fmt: skip
+    hf = make_hf_model(
+        seed,
+        vocab_size=vocab,
+        n_positions=32,
+        n_embd=n_embd,
+        n_layer=n_layer,
+        n_head=n_head,
+        attn_implementation="eager",
+    )
     hf.save_pretrained(tmp_path)
     return hf, GPT2.from_pretrained(tmp_path, device="cpu")
 
@@ -44,17 +51,22 @@ def hf_activations(hf, ids: list[int], hooks: dict | None = None) -> tuple[dict[
     def keep(name: str):
         return lambda module, args, out: acts.__setitem__(name, (out[0] if isinstance(out, tuple) else out)[0].clone())
 
-    handles = [modules["transformer.wte"].register_forward_hook(keep("wte")),
-               modules["transformer.wpe"].register_forward_hook(keep("wpe")),
-               modules["transformer.ln_f"].register_forward_hook(keep("ln_f"))]  # fmt: skip
+    handles = [
+        modules["transformer.wte"].register_forward_hook(keep("wte")),
+        modules["transformer.wpe"].register_forward_hook(keep("wpe")),
+        modules["transformer.ln_f"].register_forward_hook(keep("ln_f")),
+    ]
     for i in range(hf.config.n_layer):
         p = f"transformer.h.{i}"
         for step in ("ln_1", "attn.c_attn", "attn.c_proj", "ln_2", "mlp.c_fc", "mlp.act", "mlp.c_proj"):
             handles.append(modules[f"{p}.{step}"].register_forward_hook(keep(f"h.{i}.{step.replace('act', 'gelu')}")))
         handles.append(modules[p].register_forward_hook(keep(f"h.{i}")))
         # the heads' outputs side by side, as attn.c_proj receives them
-        handles.append(modules[f"{p}.attn.c_proj"].register_forward_pre_hook(
-            lambda module, args, i=i: acts.__setitem__(f"h.{i}.attn.z_merged", args[0][0].clone())))  # fmt: skip
+        handles.append(
+            modules[f"{p}.attn.c_proj"].register_forward_pre_hook(
+                lambda module, args, i=i: acts.__setitem__(f"h.{i}.attn.z_merged", args[0][0].clone())
+            )
+        )
     for name, hook in (hooks or {}).items():
         handles.append(modules[name].register_forward_hook(hook))
     try:
@@ -117,7 +129,9 @@ def test_logit_lens_equals_transformers_hidden_states_read_out(tmp_path, n_layer
     with torch.no_grad():
         for layer in range(n_layer + 1):  # transformers' hidden_states[layer] enters block `layer`
             # its last hidden state has ln_f applied already: the lens at n_layer is the logits
-            expected = hf.lm_head(hf.transformer.ln_f(out.hidden_states[layer]))[0] if layer < n_layer else out.logits[0]
+            expected = (
+                hf.lm_head(hf.transformer.ln_f(out.hidden_states[layer]))[0] if layer < n_layer else out.logits[0]
+            )
             assert (ours.logit_lens(layer) - expected).abs().max() < TOL, layer
             best = torch.softmax(expected, dim=-1).max(dim=-1)
             assert torch.equal(top_ids[layer], best.indices) and (probs[layer] - best.values).abs().max() < 1e-5, layer
@@ -127,7 +141,9 @@ def test_zeroing_an_mlp_equals_the_same_hook_in_transformers(tmp_path):
     hf, model = pair(tmp_path, 3, 4, 32)
     ids = random_ids(9)
     ours = trace(model, ids, patch={"h.1.mlp.c_proj": torch.zeros_like})
-    theirs, out = hf_activations(hf, ids, {"transformer.h.1.mlp": lambda module, args, output: torch.zeros_like(output)})
+    theirs, out = hf_activations(
+        hf, ids, {"transformer.h.1.mlp": lambda module, args, output: torch.zeros_like(output)}
+    )
     plain = trace(model, ids)
     assert (ours.logits - out.logits[0]).abs().max() < TOL
     assert (ours.activations["h.2.attn.pattern"] - theirs["h.2.attn.pattern"]).abs().max() < TOL
@@ -249,16 +265,23 @@ def test_next_token_report_equals_transformers_log_probabilities(tmp_path):
 
 def test_bad_input_gets_one_clear_error(tmp_path):
     _, model = pair(tmp_path, 2, 2, 16)
-    with pytest.raises(InvalidArgumentError, match=r"patch: unknown activation 'h\.2\.ln_1'; the names are wte, wpe, h\.\{i\}\.ln_1, .*\(i in 0\.\.1\), ln_f") as e:
+    with pytest.raises(
+        InvalidArgumentError,
+        match=r"patch: unknown activation 'h\.2\.ln_1'; the names are wte, wpe, h\.\{i\}\.ln_1, .*\(i in 0\.\.1\), ln_f",
+    ) as e:
         trace(model, [1, 2], patch={"h.2.ln_1": torch.zeros_like})
     assert e.value.param == "patch"
     with pytest.raises(InvalidArgumentError, match=r"names: unknown activation 'attn'"):
         trace(model, [1, 2], names=["attn"])
     with pytest.raises(InputTypeError, match="names must be a collection of activation names, got the string 'ln_f'"):
         trace(model, [1, 2], names="ln_f")
-    with pytest.raises(InvalidArgumentError, match=r"patch\['h\.0\.mlp\.gelu'\] must return a tensor of shape \[3, 64\], got \[3, 16\]"):
+    with pytest.raises(
+        InvalidArgumentError, match=r"patch\['h\.0\.mlp\.gelu'\] must return a tensor of shape \[3, 64\], got \[3, 16\]"
+    ):
         trace(model, [1, 2, 3], patch={"h.0.mlp.gelu": lambda x: x[:, :16]})
-    with pytest.raises(InvalidArgumentError, match=r"patch\['ln_f'\] must return a tensor of shape \[2, 16\], got NoneType"):
+    with pytest.raises(
+        InvalidArgumentError, match=r"patch\['ln_f'\] must return a tensor of shape \[2, 16\], got NoneType"
+    ):
         trace(model, [1, 2], patch={"ln_f": lambda x: None})
     with pytest.raises(ContextLengthError, match="33 tokens is longer than the model's context of n_ctx=32"):
         trace(model, [1] * 33)

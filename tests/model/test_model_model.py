@@ -51,7 +51,9 @@ def test_parameter_counts_equal_transformers(name):
     config = GPT2Config.from_name(name)
     with torch.device("meta"):  # shapes only: no memory for 1.5B parameters
         ours = GPT2(config).num_parameters()
-        theirs = GPT2LMHeadModel(HFConfig(n_embd=config.n_embd, n_layer=config.n_layer, n_head=config.n_head)).num_parameters()
+        theirs = GPT2LMHeadModel(
+            HFConfig(n_embd=config.n_embd, n_layer=config.n_layer, n_head=config.n_head)
+        ).num_parameters()
     assert ours == theirs
 
 
@@ -143,8 +145,14 @@ def test_softmax_equals_float64_on_extreme_logits(dtype):
     where a naive exp would overflow (1e4) or underflow to a row of zeros (-1e4)."""
     from scipy.special import softmax as softmax_float64
 
-    logits = torch.tensor([[1e4, 1e4, -1e4, 0.0], [-1e4, -1e4 + 1, -1e4 + 2, -1e4 + 3], [0.0, 1.0, 2.0, 3.0],
-                           [60000.0, -60000.0, 0.0, 5.0]]).to(dtype)  # fmt: skip
+    logits = torch.tensor(
+        [
+            [1e4, 1e4, -1e4, 0.0],
+            [-1e4, -1e4 + 1, -1e4 + 2, -1e4 + 3],
+            [0.0, 1.0, 2.0, 3.0],
+            [60000.0, -60000.0, 0.0, 5.0],
+        ]
+    ).to(dtype)
     p = softmax(logits)
     assert p.dtype == torch.float32 and torch.isfinite(p).all()
     expected = softmax_float64(logits.double().numpy(), axis=-1)
@@ -155,7 +163,9 @@ def test_softmax_equals_float64_on_extreme_logits(dtype):
 
 
 @pytest.mark.parametrize(
-    "options", [dict(positions="sinusoidal"), dict(activation="gelu"), dict(bias=False)], ids=["sinusoidal", "gelu", "nobias"]
+    "options",
+    [dict(positions="sinusoidal"), dict(activation="gelu"), dict(bias=False)],
+    ids=["sinusoidal", "gelu", "nobias"],
 )
 def test_other_options_equal_the_numpy_engine(options, tmp_path):
     torch.manual_seed(0)
@@ -220,12 +230,18 @@ def test_narrow_weights_on_the_cpu_compute_what_their_widened_values_give(dtype,
                 scale = module.scale
                 assert (scale is None) == (dtype != "int8")
                 if scale is not None:
-                    assert scale.shape == (module.weight.shape[1] if isinstance(module, Dense) else module.weight.shape[0],)
+                    assert scale.shape == (
+                        module.weight.shape[1] if isinstance(module, Dense) else module.weight.shape[0],
+                    )
                     assert module.weight.abs().max() == 127
-                if isinstance(module, Dense):  # stored (out, in), seen (in, out): a contiguous row per output for the kernel
+                if isinstance(
+                    module, Dense
+                ):  # stored (out, in), seen (in, out): a contiguous row per output for the kernel
                     assert module.weight.t().is_contiguous()
                 w = module.weight if isinstance(module, Dense) else module.weight.t()
-                wide.weight.copy_(widen(w, scale, torch.float32) if isinstance(module, Dense) else widen(w, scale, torch.float32).t())
+                wide.weight.copy_(
+                    widen(w, scale, torch.float32) if isinstance(module, Dense) else widen(w, scale, torch.float32).t()
+                )
         idx = torch.randint(0, 50257, (2, 20))
         assert max_diff(narrow(idx), widened(idx)) < 1e-4
         assert torch.equal(narrow.generate(idx, 15, temperature=0), widened.generate(idx, 15, temperature=0))
@@ -280,20 +296,23 @@ def test_empty_batch_and_wrong_shapes(tiny):
         tiny(torch.zeros(1, 4))
     with pytest.raises(InputTypeError, match="got list"):
         tiny([[1, 2, 3]])
-    with pytest.raises(InvalidArgumentError, match="targets must be a tensor shaped like idx \\[1, 4\\], got \\[1, 3\\]"):
+    with pytest.raises(
+        InvalidArgumentError, match="targets must be a tensor shaped like idx \\[1, 4\\], got \\[1, 3\\]"
+    ):
         tiny(torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 3, dtype=torch.long))
 
 
-@pytest.mark.parametrize("config, message", [
-    ("gpt2", "GPT2() takes a GPT2Config, got str; to load weights, use GPT2.from_pretrained('gpt2')"),
-    (None, "GPT2() takes a GPT2Config, got NoneType"),
-    ({"n_layer": 2}, "GPT2() takes a GPT2Config, got dict"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        ("gpt2", "GPT2() takes a GPT2Config, got str; to load weights, use GPT2.from_pretrained('gpt2')"),
+        (None, "GPT2() takes a GPT2Config, got NoneType"),
+        ({"n_layer": 2}, "GPT2() takes a GPT2Config, got dict"),
+    ],
+)
 def test_model_from_something_else_than_a_config(config, message):
     with pytest.raises(InputTypeError, match=re.escape(message)):
         GPT2(config)
-
-
 
 
 @pytest.fixture(scope="module")
@@ -322,7 +341,15 @@ def test_a_tracer_records_the_plain_pass_not_the_inference_kernels(tracer, trace
         else:
             import onnxruntime
 
-            torch.onnx.export(model, (example,), str(tmp_path / "m.onnx"), input_names=["idx"], dynamic_axes={"idx": {0: "b", 1: "t"}},
-                              dynamo=False)  # fmt: skip
-            got = torch.from_numpy(onnxruntime.InferenceSession(str(tmp_path / "m.onnx")).run(None, {"idx": other.numpy()})[0])
+            torch.onnx.export(
+                model,
+                (example,),
+                str(tmp_path / "m.onnx"),
+                input_names=["idx"],
+                dynamic_axes={"idx": {0: "b", 1: "t"}},
+                dynamo=False,
+            )
+            got = torch.from_numpy(
+                onnxruntime.InferenceSession(str(tmp_path / "m.onnx")).run(None, {"idx": other.numpy()})[0]
+            )
     assert (got - expected).abs().max() < 1e-4

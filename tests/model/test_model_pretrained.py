@@ -79,11 +79,14 @@ def test_the_zero_biases_and_position_table_saved_for_transformers_read_back(tmp
         loaded = GPT2.from_pretrained(tmp_path / name, device="cpu")
         assert loaded.config == model.config and set(hf_state_dict(loaded)) == set(tensors)
         assert (logits_of(loaded, IDX) - expected).abs().max() <= tolerance, name
-        assert np.abs(ReferenceModel.load(tmp_path / name)(IDX[0].numpy()) - expected[0].numpy()).max() < max(tolerance, 1e-4)
+        assert np.abs(ReferenceModel.load(tmp_path / name)(IDX[0].numpy()) - expected[0].numpy()).max() < max(
+            tolerance, 1e-4
+        )
 
 
 @pytest.mark.parametrize(
-    "options", [dict(bias=False), dict(positions="sinusoidal"), dict(bias=False, positions="sinusoidal", activation="gelu")],
+    "options",
+    [dict(bias=False), dict(positions="sinusoidal"), dict(bias=False, positions="sinusoidal", activation="gelu")],
     ids=["nobias", "sinusoidal", "all"],
 )
 def test_transformers_loads_every_option_with_nothing_newly_initialised(options, tmp_path):
@@ -103,12 +106,25 @@ def test_transformers_loads_every_option_with_nothing_newly_initialised(options,
         assert max_diff(theirs.eval()(idx).logits, model(idx)) < TOLERANCE
 
 
-@pytest.mark.parametrize("vocabulary, n_vocab, files, eos", [
-    ("gpt2", 50257, ["merges.txt", "tokenizer.json", "tokenizer_config.json", "vocab.json"], 50256),  # GPT-2's, assumed
-    ("padded", 50304, ["merges.txt", "tokenizer.json", "tokenizer_config.json", "vocab.json"], 50256),  # nanoGPT's 50304
-    ("char", 3, ["chars.json", "tokenizer.json", "tokenizer_config.json"], None),
-    ("unknown", 101, [], None),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "vocabulary, n_vocab, files, eos",
+    [
+        (
+            "gpt2",
+            50257,
+            ["merges.txt", "tokenizer.json", "tokenizer_config.json", "vocab.json"],
+            50256,
+        ),  # GPT-2's, assumed
+        (
+            "padded",
+            50304,
+            ["merges.txt", "tokenizer.json", "tokenizer_config.json", "vocab.json"],
+            50256,
+        ),  # nanoGPT's 50304
+        ("char", 3, ["chars.json", "tokenizer.json", "tokenizer_config.json"], None),
+        ("unknown", 101, [], None),
+    ],
+)
 def test_save_pretrained_writes_the_tokenizer_and_its_end_of_text_id(vocabulary, n_vocab, files, eos, tmp_path):
     from transformers import GPT2LMHeadModel
 
@@ -134,17 +150,24 @@ def test_transformers_pipeline_generates_what_we_generate(vocabulary, tmp_path):
     from gpt2.generation.generate import generate_text
     from gpt2.tokenizer import CharTokenizer
 
-    tokenizer = Tokenizer.gpt2() if vocabulary == "gpt2" else CharTokenizer.from_text("abcdefghijklmnopqrstuvwxyz ,.!?'\n")
+    tokenizer = (
+        Tokenizer.gpt2() if vocabulary == "gpt2" else CharTokenizer.from_text("abcdefghijklmnopqrstuvwxyz ,.!?'\n")
+    )
     positions = "sinusoidal" if vocabulary == "gpt2" else "learned"
     torch.manual_seed(0)
-    model = GPT2(GPT2Config(n_vocab=tokenizer.n_vocab, n_ctx=48, n_embd=32, n_head=2, n_layer=2, bias=False, positions=positions))
+    model = GPT2(
+        GPT2Config(n_vocab=tokenizer.n_vocab, n_ctx=48, n_embd=32, n_head=2, n_layer=2, bias=False, positions=positions)
+    )
     with torch.no_grad():  # away from the initial weights, whose greedy text is one token over and over
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.5)
     model.tokenizer = tokenizer
     model.save_pretrained(tmp_path)
-    generator = pipeline("text-generation", model=AutoModelForCausalLM.from_pretrained(tmp_path),
-                         tokenizer=AutoTokenizer.from_pretrained(tmp_path))  # fmt: skip
+    generator = pipeline(
+        "text-generation",
+        model=AutoModelForCausalLM.from_pretrained(tmp_path),
+        tokenizer=AutoTokenizer.from_pretrained(tmp_path),
+    )
     prompt = "hello, world. it's a"
     theirs = generator(prompt, max_new_tokens=24, do_sample=False)[0]["generated_text"]
     loaded = GPT2.from_pretrained(tmp_path, device="cpu")

@@ -11,7 +11,9 @@ from serve_fixtures import ENC, N_CTX, complete, post
 
 def test_a_directory_given_with_a_trailing_slash_is_served_without_it(char_server):
     client = char_server.client()
-    assert [m.id for m in client.models.list().data] == ["out-char"] and client.models.retrieve("out-char").id == "out-char"
+    assert [m.id for m in client.models.list().data] == ["out-char"] and client.models.retrieve(
+        "out-char"
+    ).id == "out-char"
     assert client.completions.create(model="out-char", prompt="A", max_tokens=2).model == "out-char"
 
 
@@ -26,7 +28,10 @@ def test_the_playground_is_served_at_the_root_unless_turned_off(models, server):
     assert card["max_model_len"] == N_CTX and card["num_parameters"] == sum(p.numel() for p in models[0].parameters())
     running = Running(lambda: (models[1], ENC), ui=False)
     try:
-        assert httpx.get(running.url + "/").status_code == 404 and httpx.get(running.url + "/ui/playground.js").status_code == 404
+        assert (
+            httpx.get(running.url + "/").status_code == 404
+            and httpx.get(running.url + "/ui/playground.js").status_code == 404
+        )
         assert post(running, {"prompt": "hi"}, "/v1/inspect").status_code == 200  # the API stays
     finally:
         running.stop()
@@ -38,7 +43,10 @@ def test_models_tokenize_detokenize_and_metrics(server, client):
     text = "Hello world, 🤗 and 中文<|endoftext|>"
     tokens = httpx.post(server.url + "/tokenize", json={"content": text}).json()["tokens"]
     assert tokens == ENC.encode(text, allowed_special="all") and tokens[-1] == 50256  # the special token, as vLLM's
-    assert httpx.post(server.url + "/tokenize", json={"prompt": text, "add_special_tokens": False}).json()["tokens"] == tokens
+    assert (
+        httpx.post(server.url + "/tokenize", json={"prompt": text, "add_special_tokens": False}).json()["tokens"]
+        == tokens
+    )
     assert httpx.post(server.url + "/detokenize", json={"tokens": tokens}).json() == {"content": text, "prompt": text}
     info = httpx.get(server.url + "/tokenizer_info").json()  # what lm-evaluation-harness's remote tokenizer reads
     assert info["eos_token"] == "<|endoftext|>" and info["model_max_length"] == N_CTX
@@ -46,8 +54,14 @@ def test_models_tokenize_detokenize_and_metrics(server, client):
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
     complete(client, prompt="Counting", max_tokens=4)
     metrics = httpx.get(server.url + "/metrics").text
-    for name in ("gpt2_requests_total{", "gpt2_prompt_tokens_total", "gpt2_generated_tokens_total", "gpt2_queue_length",
-                 "gpt2_batch_size", "gpt2_time_to_first_token_seconds_bucket"):  # fmt: skip
+    for name in (
+        "gpt2_requests_total{",
+        "gpt2_prompt_tokens_total",
+        "gpt2_generated_tokens_total",
+        "gpt2_queue_length",
+        "gpt2_batch_size",
+        "gpt2_time_to_first_token_seconds_bucket",
+    ):
         assert name in metrics
     assert 'gpt2_requests_total{endpoint="/v1/completions",status="200"}' in metrics
     post(server, {"prompt": "hi"}, "/v1/inspect")

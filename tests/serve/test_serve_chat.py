@@ -31,13 +31,18 @@ def test_a_chat_request_to_a_model_without_a_template_is_a_400_saying_how_to_add
 
 EOT = 50256
 ENDS_AT = 40  # the chat model's replies end with <|endoftext|> once the text reaches this position
-QUESTION = [{"role": "system", "content": "You answer briefly."}, {"role": "user", "content": "What is the capital of France?"}]
+QUESTION = [
+    {"role": "system", "content": "You answer briefly."},
+    {"role": "user", "content": "What is the capital of France?"},
+]
 # A ChatML-like template that refuses a conversation opened by the assistant (raise_exception, line 2)
-CHATML = ("{% for message in messages %}\n"
-          "{% if loop.first and message['role'] == 'assistant' %}{{ raise_exception('the assistant cannot speak first') }}{% endif %}\n"
-          "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + eos_token + '\\n' }}\n"
-          "{% endfor %}\n"
-          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")  # fmt: skip
+CHATML = (
+    "{% for message in messages %}\n"
+    "{% if loop.first and message['role'] == 'assistant' %}{{ raise_exception('the assistant cannot speak first') }}{% endif %}\n"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + eos_token + '\\n' }}\n"
+    "{% endfor %}\n"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +86,9 @@ def transformers_reply(chat_models, messages, max_new_tokens=60, **template):
     hf, _, hf_tokenizer, _ = chat_models
     ids = list(hf_tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False, **template))
     with torch.no_grad():
-        out = hf.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=EOT, pad_token_id=EOT)
+        out = hf.generate(
+            torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=EOT, pad_token_id=EOT
+        )
     new = out[0, len(ids) :].tolist()
     return new, hf_tokenizer.decode(new, skip_special_tokens=True), ids
 
@@ -90,7 +97,9 @@ def test_a_greedy_reply_is_transformers_greedy_generation_on_the_templates_ids(c
     from openai.types.chat import ChatCompletion
 
     new, text, prompt = transformers_reply(chat_models, QUESTION)
-    assert new[-1] == EOT and EOT not in new[:-1] and text.startswith(" ")  # the reply ends, and begins with the template's space
+    assert (
+        new[-1] == EOT and EOT not in new[:-1] and text.startswith(" ")
+    )  # the reply ends, and begins with the template's space
     response = chat_client.chat.completions.create(model="tiny", messages=QUESTION, temperature=0)
     choice = response.choices[0]
     # the content less the template's space after "Assistant:", which it writes back when the history returns
@@ -99,7 +108,9 @@ def test_a_greedy_reply_is_transformers_greedy_generation_on_the_templates_ids(c
     assert (response.usage.prompt_tokens, response.usage.completion_tokens) == (len(prompt), len(new))
     assert choice.logprobs is None and choice.index == 0
     raw = post(chat_server, {"messages": QUESTION, "temperature": 0}, "/v1/chat/completions").json()
-    assert ChatCompletion.model_validate(raw).choices[0].message.content == text[1:]  # every field as the client's types have it
+    assert (
+        ChatCompletion.model_validate(raw).choices[0].message.content == text[1:]
+    )  # every field as the client's types have it
 
 
 def test_a_template_in_tokenizer_config_json_without_tokenizer_files_is_the_models_own(chat_models, tmp_path):
@@ -147,10 +158,14 @@ def test_a_streamed_reply_joins_to_the_whole_one_in_openais_chunks(chat_server, 
 def test_n_replies_follow_the_one_seed_rule(chat_models, chat_client):
     hf, _, hf_tokenizer, _ = chat_models
     ids = list(hf_tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True, return_dict=False))
-    response = chat_client.chat.completions.create(model="tiny", messages=QUESTION, n=3, seed=8, max_completion_tokens=12, top_p=0.9)
+    response = chat_client.chat.completions.create(
+        model="tiny", messages=QUESTION, n=3, seed=8, max_completion_tokens=12, top_p=0.9
+    )
     assert [c.index for c in response.choices] == [0, 1, 2]
     for c in response.choices:  # reply k: transformers' sampling from seed 8 + k
-        theirs = hf_tokenizer.decode(transformers_sampled(hf, ids, 12, 8 + c.index, top_p=0.9), skip_special_tokens=True)
+        theirs = hf_tokenizer.decode(
+            transformers_sampled(hf, ids, 12, 8 + c.index, top_p=0.9), skip_special_tokens=True
+        )
         assert c.message.content == theirs.removeprefix(" ")
     assert len({c.message.content for c in response.choices}) == 3 and response.usage.completion_tokens == 36
 
@@ -159,11 +174,20 @@ def test_stop_strings_and_max_completion_tokens_end_a_reply(chat_models, chat_cl
     _, text, _ = transformers_reply(chat_models, QUESTION)
     stop = text[14:17]
     assert text.index(stop) > 5
-    response = chat_client.chat.completions.create(model="tiny", messages=QUESTION, temperature=0, stop=[stop, "never appears"])
-    assert response.choices[0].message.content == text[1 : text.index(stop)] and response.choices[0].finish_reason == "stop"
-    chunks = list(chat_client.chat.completions.create(model="tiny", messages=QUESTION, temperature=0, stop=stop, stream=True))
+    response = chat_client.chat.completions.create(
+        model="tiny", messages=QUESTION, temperature=0, stop=[stop, "never appears"]
+    )
+    assert (
+        response.choices[0].message.content == text[1 : text.index(stop)]
+        and response.choices[0].finish_reason == "stop"
+    )
+    chunks = list(
+        chat_client.chat.completions.create(model="tiny", messages=QUESTION, temperature=0, stop=stop, stream=True)
+    )
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == response.choices[0].message.content
-    response = chat_client.chat.completions.create(model="tiny", messages=QUESTION, temperature=0, max_completion_tokens=3)
+    response = chat_client.chat.completions.create(
+        model="tiny", messages=QUESTION, temperature=0, max_completion_tokens=3
+    )
     assert response.choices[0].finish_reason == "length" and response.usage.completion_tokens == 3
     assert text[1:].startswith(response.choices[0].message.content) and response.choices[0].message.content
 
@@ -172,9 +196,13 @@ def test_logprobs_and_top_logprobs_equal_transformers_log_softmax(chat_models, c
     new, _, prompt = transformers_reply(chat_models, QUESTION)
     with torch.no_grad():
         expected = torch.log_softmax(chat_models[0](torch.tensor([prompt + new])).logits[0].double(), dim=-1)
-    response = chat_client.chat.completions.create(model="tiny", messages=QUESTION, temperature=0, logprobs=True, top_logprobs=3)
+    response = chat_client.chat.completions.create(
+        model="tiny", messages=QUESTION, temperature=0, logprobs=True, top_logprobs=3
+    )
     content = response.choices[0].logprobs.content
-    assert len(content) == len(new) == response.usage.completion_tokens  # every token of the reply, its <|endoftext|> too
+    assert (
+        len(content) == len(new) == response.usage.completion_tokens
+    )  # every token of the reply, its <|endoftext|> too
     assert new[-1] == EOT and content[-1].token == "<|endoftext|>"  # by its name, as the tokens' alternatives have it
     for k, (entry, token) in enumerate(zip(content, new, strict=True)):
         at = expected[len(prompt) + k - 1]
@@ -183,7 +211,9 @@ def test_logprobs_and_top_logprobs_equal_transformers_log_softmax(chat_models, c
         top = at.topk(3)
         assert [t.token for t in entry.top_logprobs] == [ENC.decode([t]) for t in top.indices.tolist()]
         assert max(abs(t.logprob - v) for t, v in zip(entry.top_logprobs, top.values.tolist())) < 1e-4
-    streamed = chat_client.chat.completions.create(model="tiny", messages=QUESTION, temperature=0, logprobs=True, stream=True)
+    streamed = chat_client.chat.completions.create(
+        model="tiny", messages=QUESTION, temperature=0, logprobs=True, stream=True
+    )
     entries = [e for c in streamed for e in (c.choices[0].logprobs.content if c.choices[0].logprobs else [])]
     assert [(e.token, e.logprob) for e in entries] == [(e.token, e.logprob) for e in content]
     assert all(e.top_logprobs == [] for e in entries)  # logprobs without top_logprobs: the chosen token's alone
@@ -192,22 +222,42 @@ def test_logprobs_and_top_logprobs_equal_transformers_log_softmax(chat_models, c
 def test_response_format_json_schema_gives_a_reply_of_the_schema_through_the_openai_client(chat_client):
     """OpenAI's structured outputs on the chat route: the reply is JSON of the schema, ended "stop",
     whole and streamed alike; the reply's ending position (<|endoftext|> at ENDS_AT) does not cut it."""
-    schema = {"type": "object", "properties": {"city": {"enum": ["Paris", "Lyon", "Nice"]}, "sure": {"type": "boolean"}},
-              "required": ["city", "sure"], "additionalProperties": False}  # fmt: skip
+    schema = {
+        "type": "object",
+        "properties": {"city": {"enum": ["Paris", "Lyon", "Nice"]}, "sure": {"type": "boolean"}},
+        "required": ["city", "sure"],
+        "additionalProperties": False,
+    }
     fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}}
-    response = chat_client.chat.completions.create(model="tiny", messages=QUESTION, response_format=fmt, temperature=1.0, seed=3, n=4)
+    response = chat_client.chat.completions.create(
+        model="tiny", messages=QUESTION, response_format=fmt, temperature=1.0, seed=3, n=4
+    )
     for choice in response.choices:
         answer = json.loads(choice.message.content)
-        assert answer["city"] in ("Paris", "Lyon", "Nice") and isinstance(answer["sure"], bool) and choice.finish_reason == "stop"
-    chunks = list(chat_client.chat.completions.create(model="tiny", messages=QUESTION, response_format=fmt, temperature=1.0, seed=3,
-                                                      stream=True))  # fmt: skip
+        assert (
+            answer["city"] in ("Paris", "Lyon", "Nice")
+            and isinstance(answer["sure"], bool)
+            and choice.finish_reason == "stop"
+        )
+    chunks = list(
+        chat_client.chat.completions.create(
+            model="tiny", messages=QUESTION, response_format=fmt, temperature=1.0, seed=3, stream=True
+        )
+    )
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == response.choices[0].message.content
 
 
 def test_content_as_text_parts_reads_as_the_joined_text(chat_client):
-    parts = [QUESTION[0], {"role": "user", "content": [{"type": "text", "text": "What is the capital"},
-                                                        {"type": "text", "text": " of France?"}]}]  # fmt: skip
-    answer = lambda messages: chat_client.chat.completions.create(model="tiny", messages=messages, temperature=0, max_tokens=8)  # noqa: E731
+    parts = [
+        QUESTION[0],
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "What is the capital"}, {"type": "text", "text": " of France?"}],
+        },
+    ]
+    answer = lambda messages: chat_client.chat.completions.create(
+        model="tiny", messages=messages, temperature=0, max_tokens=8
+    )  # noqa: E731
     assert answer(parts).choices[0].message.content == answer(QUESTION).choices[0].message.content
 
 
@@ -221,11 +271,18 @@ def chatml_server(models):
 
 def test_a_template_given_to_the_server_renders_the_conversation(models, chat_models, chatml_server):
     hf_tokenizer = chat_models[2]
-    prompt = hf_tokenizer.apply_chat_template(QUESTION, chat_template=CHATML, add_generation_prompt=True, tokenize=False)
-    response = chatml_server.client().chat.completions.create(model="tiny", messages=QUESTION, temperature=0, max_tokens=10)
-    assert response.usage.prompt_tokens == len(hf_tokenizer.apply_chat_template(QUESTION, chat_template=CHATML, add_generation_prompt=True,
-                                                                                 return_dict=False))  # fmt: skip
-    assert response.choices[0].message.content == ours(models, prompt, max_new_tokens=10, temperature=0)[0]  # no prefix to take off
+    prompt = hf_tokenizer.apply_chat_template(
+        QUESTION, chat_template=CHATML, add_generation_prompt=True, tokenize=False
+    )
+    response = chatml_server.client().chat.completions.create(
+        model="tiny", messages=QUESTION, temperature=0, max_tokens=10
+    )
+    assert response.usage.prompt_tokens == len(
+        hf_tokenizer.apply_chat_template(QUESTION, chat_template=CHATML, add_generation_prompt=True, return_dict=False)
+    )
+    assert (
+        response.choices[0].message.content == ours(models, prompt, max_new_tokens=10, temperature=0)[0]
+    )  # no prefix to take off
 
 
 def test_a_template_given_overrides_the_models_own(chat_models):
@@ -233,36 +290,81 @@ def test_a_template_given_overrides_the_models_own(chat_models):
     running = Running(lambda: (model, model.tokenizer), chat_template=CHATML)
     try:
         response = running.client().chat.completions.create(model="tiny", messages=QUESTION, max_tokens=1)
-        assert response.usage.prompt_tokens == len(chat_models[2].apply_chat_template(QUESTION, chat_template=CHATML,
-                                                                                       add_generation_prompt=True, return_dict=False))  # fmt: skip
+        assert response.usage.prompt_tokens == len(
+            chat_models[2].apply_chat_template(
+                QUESTION, chat_template=CHATML, add_generation_prompt=True, return_dict=False
+            )
+        )
     finally:
         running.stop()
 
 
-LONG = [{"role": "user", "content": "word " * 120}]  # 126 tokens rendered with the generation prompt (transformers' count)
+LONG = [
+    {"role": "user", "content": "word " * 120}
+]  # 126 tokens rendered with the generation prompt (transformers' count)
 
 
 BAD_CHATS = [
-    ({"messages": [{"role": "tool", "content": "x"}]}, "messages", "messages[0].role must be one of system, user, assistant, got 'tool'"),
+    (
+        {"messages": [{"role": "tool", "content": "x"}]},
+        "messages",
+        "messages[0].role must be one of system, user, assistant, got 'tool'",
+    ),
     ({"messages": [{"role": "user", "content": 3}]}, "messages", "messages[0].content must be a string, got 3"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "messages",
-     "messages[0].content: this model reads text only"),
+    (
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+        "messages",
+        "messages[0].content: this model reads text only",
+    ),
     ({"messages": []}, "messages", "messages must be a non-empty list of messages"),
     ({}, "messages", "messages must be a non-empty list"),
     ({"messages": QUESTION, "logprobs": "yes"}, "logprobs", "logprobs must be true or false"),
     ({"messages": QUESTION, "top_logprobs": 2}, "top_logprobs", "top_logprobs needs logprobs set to true"),
-    ({"messages": QUESTION, "logprobs": True, "top_logprobs": 21}, "top_logprobs", "top_logprobs must be an integer from 0 to 20"),
-    ({"messages": QUESTION, "max_completion_tokens": 0}, "max_completion_tokens", "max_completion_tokens must be an integer from 1 to 128"),
+    (
+        {"messages": QUESTION, "logprobs": True, "top_logprobs": 21},
+        "top_logprobs",
+        "top_logprobs must be an integer from 0 to 20",
+    ),
+    (
+        {"messages": QUESTION, "max_completion_tokens": 0},
+        "max_completion_tokens",
+        "max_completion_tokens must be an integer from 1 to 128",
+    ),
     ({"messages": QUESTION, "echo": True}, "echo", "Unrecognized request argument supplied: echo"),
-    ({"messages": QUESTION, "frequency_penalty": 3}, "frequency_penalty", "frequency_penalty must be a number from -2 to 2, got 3"),
-    ({"messages": QUESTION, "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "object", "minProperties": "x"}}}},
-     "response_format", "response_format:"),
-    ({"messages": LONG, "max_tokens": 20}, "messages", "maximum context length is 128 tokens, however you requested 146 tokens (126 in "
-                                                       "the messages; 20 for the completion), 18 more than it holds"),
-    ({"messages": LONG * 2}, "messages", "however you requested 251 tokens (250 in the messages; 1 for the completion), 123 more than it holds"),
-    ({"messages": LONG, "max_completion_tokens": 500}, "messages", "(126 in the messages; 500 for the completion), 498 more than it holds: "
-                                                                   "the messages leave room for 2 tokens of completion"),  # not "from 1 to 128"
-]  # fmt: skip
+    (
+        {"messages": QUESTION, "frequency_penalty": 3},
+        "frequency_penalty",
+        "frequency_penalty must be a number from -2 to 2, got 3",
+    ),
+    (
+        {
+            "messages": QUESTION,
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"schema": {"type": "object", "minProperties": "x"}},
+            },
+        },
+        "response_format",
+        "response_format:",
+    ),
+    (
+        {"messages": LONG, "max_tokens": 20},
+        "messages",
+        "maximum context length is 128 tokens, however you requested 146 tokens (126 in "
+        "the messages; 20 for the completion), 18 more than it holds",
+    ),
+    (
+        {"messages": LONG * 2},
+        "messages",
+        "however you requested 251 tokens (250 in the messages; 1 for the completion), 123 more than it holds",
+    ),
+    (
+        {"messages": LONG, "max_completion_tokens": 500},
+        "messages",
+        "(126 in the messages; 500 for the completion), 498 more than it holds: "
+        "the messages leave room for 2 tokens of completion",
+    ),  # not "from 1 to 128"
+]
 
 
 @pytest.mark.parametrize("body, param, message", BAD_CHATS, ids=[f"{b[1]}{i}" for i, b in enumerate(BAD_CHATS)])
@@ -273,14 +375,22 @@ def test_a_bad_chat_request_gets_a_400_naming_the_field(chat_server, body, param
     assert error["type"] == "invalid_request_error"
 
 
-def test_a_conversation_past_the_context_and_a_template_that_fails_through_the_openai_client(chat_client, chatml_server):
-    with pytest.raises(openai.BadRequestError, match=r"maximum context length is 128 tokens.*18 more than it holds") as caught:
+def test_a_conversation_past_the_context_and_a_template_that_fails_through_the_openai_client(
+    chat_client, chatml_server
+):
+    with pytest.raises(
+        openai.BadRequestError, match=r"maximum context length is 128 tokens.*18 more than it holds"
+    ) as caught:
         chat_client.chat.completions.create(model="tiny", messages=LONG, max_tokens=20)
     assert caught.value.body["code"] == "context_length_exceeded"
-    with pytest.raises(openai.BadRequestError, match=r"failed to render \(line 2\): the assistant cannot speak first") as caught:
+    with pytest.raises(
+        openai.BadRequestError, match=r"failed to render \(line 2\): the assistant cannot speak first"
+    ) as caught:
         chatml_server.client().chat.completions.create(model="tiny", messages=[{"role": "assistant", "content": "Hi"}])
     assert caught.value.body["param"] == "messages"
-    assert chat_client.chat.completions.create(model="tiny", messages=QUESTION, max_tokens=2).usage.completion_tokens == 2
+    assert (
+        chat_client.chat.completions.create(model="tiny", messages=QUESTION, max_tokens=2).usage.completion_tokens == 2
+    )
 
 
 def test_a_model_whose_own_template_does_not_compile_serves_completions_and_refuses_chats(models):
@@ -288,7 +398,9 @@ def test_a_model_whose_own_template_does_not_compile_serves_completions_and_refu
     running = Running(lambda: (models[1], tokenizer))
     try:
         client = running.client()
-        with pytest.raises(openai.BadRequestError, match="the chat template of tiny is not a valid template: .* \\(line 1\\)"):
+        with pytest.raises(
+            openai.BadRequestError, match="the chat template of tiny is not a valid template: .* \\(line 1\\)"
+        ):
             client.chat.completions.create(model="tiny", messages=QUESTION)
         assert client.completions.create(model="tiny", prompt="Hi", max_tokens=2).usage.completion_tokens == 2
     finally:
@@ -303,23 +415,48 @@ def test_a_template_given_that_does_not_compile_fails_at_once():
     assert caught.value.param == "chat_template"
 
 
-def test_gpt2_serve_chat_template_overrides_and_its_bad_files_are_one_line(models, chatml_server, capsys, tmp_path, forks):
+def test_gpt2_serve_chat_template_overrides_and_its_bad_files_are_one_line(
+    models, chatml_server, capsys, tmp_path, forks
+):
     template = tmp_path / "chatml.jinja"
     template.write_text(CHATML, encoding="utf-8")
     process, url = gpt2_serve(forks, "--model", models[2], "--chat-template", str(template))
     try:
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
-        served = client.chat.completions.create(model=models[2], messages=QUESTION, temperature=0, max_tokens=10).choices[0]
-        expected = chatml_server.client().chat.completions.create(model="tiny", messages=QUESTION, temperature=0, max_tokens=10)
+        served = client.chat.completions.create(
+            model=models[2], messages=QUESTION, temperature=0, max_tokens=10
+        ).choices[0]
+        expected = chatml_server.client().chat.completions.create(
+            model="tiny", messages=QUESTION, temperature=0, max_tokens=10
+        )
         assert served.message.content == expected.choices[0].message.content
     finally:
         process.kill()
     (tmp_path / "bad.jinja").write_text("Hello\n{% for m in messages %}{{ m.content }}\n", encoding="utf-8")
     for path, message in [
-        (tmp_path / "nowhere.jinja", f"cannot read the chat template {tmp_path / 'nowhere.jinja'}: no such file (--chat-template)"),
-        (tmp_path / "bad.jinja", f"{tmp_path / 'bad.jinja'} is not a valid template: Unexpected end of template. Jinja was looking "
-                                 f"for the following tags: 'endfor' or 'else'. The innermost block that needs to be closed is "
-                                 f"'for'. (line 2) (--chat-template)"),
-    ]:  # fmt: skip  (before the model loads: a model that is not there is not found)
-        assert main(["serve", "--model", str(tmp_path / "no-model"), "--chat-template", str(path), "--port", str(free_port())]) == 2
+        (
+            tmp_path / "nowhere.jinja",
+            f"cannot read the chat template {tmp_path / 'nowhere.jinja'}: no such file (--chat-template)",
+        ),
+        (
+            tmp_path / "bad.jinja",
+            f"{tmp_path / 'bad.jinja'} is not a valid template: Unexpected end of template. Jinja was looking "
+            f"for the following tags: 'endfor' or 'else'. The innermost block that needs to be closed is "
+            f"'for'. (line 2) (--chat-template)",
+        ),
+    ]:  # before the model loads: a model that is not there is not found
+        assert (
+            main(
+                [
+                    "serve",
+                    "--model",
+                    str(tmp_path / "no-model"),
+                    "--chat-template",
+                    str(path),
+                    "--port",
+                    str(free_port()),
+                ]
+            )
+            == 2
+        )
         assert capsys.readouterr().err == f"gpt2: error: {message}\n"

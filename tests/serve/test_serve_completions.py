@@ -19,9 +19,28 @@ def test_greedy_text_equals_the_python_api_and_gpt2_generate(models, client, cap
     assert choice.finish_reason == "length" and choice.index == 0 and response.object == "text_completion"
     assert response.model == "tiny" and response.id.startswith("cmpl-")
     n_prompt = len(ENC.encode("The meaning of life is"))
-    assert (response.usage.prompt_tokens, response.usage.completion_tokens, response.usage.total_tokens) == (n_prompt, 20, n_prompt + 20)
+    assert (response.usage.prompt_tokens, response.usage.completion_tokens, response.usage.total_tokens) == (
+        n_prompt,
+        20,
+        n_prompt + 20,
+    )
     capsys.readouterr()
-    assert main(["generate", "The meaning of life is", "--model", models[2], "--max-new-tokens", "20", "--temperature", "0", "--no-stream"]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                "The meaning of life is",
+                "--model",
+                models[2],
+                "--max-new-tokens",
+                "20",
+                "--temperature",
+                "0",
+                "--no-stream",
+            ]
+        )
+        == 0
+    )
     assert capsys.readouterr().out == choice.text + "\n"
 
 
@@ -42,9 +61,14 @@ def test_n_choices_and_lists_of_prompts_follow_the_one_seed_rule(models, client)
     assert [c.index for c in response.choices] == list(range(6))
     for c in response.choices:
         prompt = prompts[c.index // 3]
-        assert c.text == ENC.decode(transformers_sampled(models[0], ENC.encode(prompt), 12, (2**64 - 2 + c.index) % 2**64, top_p=0.9))
+        assert c.text == ENC.decode(
+            transformers_sampled(models[0], ENC.encode(prompt), 12, (2**64 - 2 + c.index) % 2**64, top_p=0.9)
+        )
     assert len({c.text for c in response.choices}) == 6
-    assert response.choices[2].text == complete(client, prompt=prompts, n=3, max_tokens=12, seed=2**64 - 2, top_p=0.9).choices[2].text
+    assert (
+        response.choices[2].text
+        == complete(client, prompt=prompts, n=3, max_tokens=12, seed=2**64 - 2, top_p=0.9).choices[2].text
+    )
 
 
 def test_stop_strings_end_the_text_and_are_never_streamed(models, client):
@@ -112,9 +136,23 @@ def test_return_token_ids_gives_the_ids_generate_makes_whole_and_streamed(models
     whole = complete(client, prompt=prompt, max_tokens=12, temperature=0, extra_body={"return_token_ids": True})
     choice = whole.choices[0].model_dump()
     assert choice["prompt_token_ids"] == ENC.encode(prompt)
-    assert ENC.decode(choice["token_ids"]) == choice["text"] == expected and len(choice["token_ids"]) == whole.usage.completion_tokens
-    chunks = [c.choices[0].model_dump() for c in complete(client, prompt=prompt, max_tokens=12, temperature=0, stream=True,
-                                                          logprobs=2, extra_body={"return_token_ids": True}) if c.choices]  # fmt: skip
+    assert (
+        ENC.decode(choice["token_ids"]) == choice["text"] == expected
+        and len(choice["token_ids"]) == whole.usage.completion_tokens
+    )
+    chunks = [
+        c.choices[0].model_dump()
+        for c in complete(
+            client,
+            prompt=prompt,
+            max_tokens=12,
+            temperature=0,
+            stream=True,
+            logprobs=2,
+            extra_body={"return_token_ids": True},
+        )
+        if c.choices
+    ]
     assert chunks[0]["prompt_token_ids"] == ENC.encode(prompt) and all("prompt_token_ids" not in c for c in chunks[1:])
     assert [i for c in chunks for i in c["token_ids"]] == choice["token_ids"]
     for c in chunks:  # each chunk's ids are the tokens its log-probabilities list
@@ -123,11 +161,24 @@ def test_return_token_ids_gives_the_ids_generate_makes_whole_and_streamed(models
     assert "token_ids" not in plain and "prompt_token_ids" not in plain  # only when asked for
 
 
-PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
-          "properties": {"name": {"type": "string", "pattern": "^[A-Z][a-z]{1,7}$"}, "age": {"type": "integer", "minimum": 0, "maximum": 99}}}  # fmt: skip
+PERSON = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name", "age"],
+    "properties": {
+        "name": {"type": "string", "pattern": "^[A-Z][a-z]{1,7}$"},
+        "age": {"type": "integer", "minimum": 0, "maximum": 99},
+    },
+}
 
 
-CLOSING = {"1": 8.0, "92": 8.0, "1298": 8.0, "1600": 8.0, "20662": 8.0}  # '"', "}", '":', '",', '"}': a random model's strings end
+CLOSING = {
+    "1": 8.0,
+    "92": 8.0,
+    "1298": 8.0,
+    "1600": 8.0,
+    "20662": 8.0,
+}  # '"', "}", '":', '",', '"}': a random model's strings end
 
 
 def test_structured_outputs_through_the_openai_client_equal_the_python_api(models, client):
@@ -138,21 +189,29 @@ def test_structured_outputs_through_the_openai_client_equal_the_python_api(model
     fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
     response = complete(client, prompt="A person:", max_tokens=40, n=3, seed=5, extra_body={"response_format": fmt})
     texts = [c.text for c in response.choices]
-    assert texts == ours(models, "A person:", max_new_tokens=40, num_samples=3, seed=5, constraint=Constraint.json_schema(PERSON))
+    assert texts == ours(
+        models, "A person:", max_new_tokens=40, num_samples=3, seed=5, constraint=Constraint.json_schema(PERSON)
+    )
     assert all(json.loads(t)["age"] <= 99 for t in texts) and {c.finish_reason for c in response.choices} == {"stop"}
-    streamed = list(complete(client, prompt="A person:", max_tokens=40, seed=5, stream=True, extra_body={"response_format": fmt}))
+    streamed = list(
+        complete(client, prompt="A person:", max_tokens=40, seed=5, stream=True, extra_body={"response_format": fmt})
+    )
     assert "".join(c.choices[0].text for c in streamed) == texts[0] and streamed[-1].choices[0].finish_reason == "stop"
-    for extra, constraint in [({"structured_outputs": {"choice": ["yes", "no", "maybe 🤔"]}}, Constraint.choice(["yes", "no", "maybe 🤔"])),
-                              ({"structured_outputs": {"regex": "[0-9]{2}:[0-9]{2}"}}, Constraint.regex("[0-9]{2}:[0-9]{2}")),
-                              ({"structured_outputs": {"json": PERSON}}, Constraint.json_schema(PERSON)),
-                              ({"guided_json": json.dumps(PERSON)}, Constraint.json_schema(PERSON)),
-                              ({"guided_choice": ["left", "right"]}, Constraint.choice(["left", "right"])),
-                              ({"guided_regex": "[a-c]{3}"}, Constraint.regex("[a-c]{3}")),
-                              ({"guided_grammar": 'root ::= "x" [0-9]'}, Constraint.grammar('root ::= "x" [0-9]')),
-                              ({"response_format": {"type": "json_object"}, "logit_bias": CLOSING}, Constraint.json_object())]:  # fmt: skip
+    for extra, constraint in [
+        ({"structured_outputs": {"choice": ["yes", "no", "maybe 🤔"]}}, Constraint.choice(["yes", "no", "maybe 🤔"])),
+        ({"structured_outputs": {"regex": "[0-9]{2}:[0-9]{2}"}}, Constraint.regex("[0-9]{2}:[0-9]{2}")),
+        ({"structured_outputs": {"json": PERSON}}, Constraint.json_schema(PERSON)),
+        ({"guided_json": json.dumps(PERSON)}, Constraint.json_schema(PERSON)),
+        ({"guided_choice": ["left", "right"]}, Constraint.choice(["left", "right"])),
+        ({"guided_regex": "[a-c]{3}"}, Constraint.regex("[a-c]{3}")),
+        ({"guided_grammar": 'root ::= "x" [0-9]'}, Constraint.grammar('root ::= "x" [0-9]')),
+        ({"response_format": {"type": "json_object"}, "logit_bias": CLOSING}, Constraint.json_object()),
+    ]:
         got = complete(client, prompt="Q:", max_tokens=40, temperature=0.8, seed=1, extra_body=extra).choices[0]
         bias = {"logit_bias": {int(k): v for k, v in CLOSING.items()}} if "logit_bias" in extra else {}
-        assert got.text == ours(models, "Q:", max_new_tokens=40, temperature=0.8, seed=1, constraint=constraint, **bias)[0], extra
+        assert (
+            got.text == ours(models, "Q:", max_new_tokens=40, temperature=0.8, seed=1, constraint=constraint, **bias)[0]
+        ), extra
         assert got.finish_reason == "stop", extra
 
 
@@ -163,9 +222,26 @@ def test_a_document_max_tokens_cuts_ends_length(client):
 
 
 def test_logit_bias_and_penalties_equal_the_python_api(models, client):
-    request = dict(prompt="The cat sat on the mat. The cat", max_tokens=20, temperature=0, frequency_penalty=0.7, presence_penalty=0.3,
-                   logit_bias={"13": -100, "262": 2.5})  # fmt: skip
+    request = dict(
+        prompt="The cat sat on the mat. The cat",
+        max_tokens=20,
+        temperature=0,
+        frequency_penalty=0.7,
+        presence_penalty=0.3,
+        logit_bias={"13": -100, "262": 2.5},
+    )
     got = complete(client, **request, extra_body={"repetition_penalty": 1.2}).choices[0].text
-    expected = ours(models, request["prompt"], max_new_tokens=20, temperature=0, frequency_penalty=0.7, presence_penalty=0.3,
-                    logit_bias={13: -100, 262: 2.5}, repetition_penalty=1.2)[0]  # fmt: skip
-    assert got == expected and got != complete(client, prompt=request["prompt"], max_tokens=20, temperature=0).choices[0].text
+    expected = ours(
+        models,
+        request["prompt"],
+        max_new_tokens=20,
+        temperature=0,
+        frequency_penalty=0.7,
+        presence_penalty=0.3,
+        logit_bias={13: -100, 262: 2.5},
+        repetition_penalty=1.2,
+    )[0]
+    assert (
+        got == expected
+        and got != complete(client, prompt=request["prompt"], max_tokens=20, temperature=0).choices[0].text
+    )

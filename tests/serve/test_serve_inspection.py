@@ -13,7 +13,9 @@ from gpt2.serve import Limits
 
 
 def test_inspect_equals_transformers_attention_logprobs_and_logit_lens(models, server):
-    hf = make_hf_model(seed=5, vocab_size=50257, n_positions=N_CTX, n_embd=48, n_layer=2, n_head=3, attn_implementation="eager")
+    hf = make_hf_model(
+        seed=5, vocab_size=50257, n_positions=N_CTX, n_embd=48, n_layer=2, n_head=3, attn_implementation="eager"
+    )
     text = "The quick brown fox jumps over the lazy dog."
     ids = ENC.encode(text)
     answer = post(server, {"model": "tiny", "prompt": text, "top_k": 3}, "/v1/inspect").json()
@@ -22,10 +24,14 @@ def test_inspect_equals_transformers_attention_logprobs_and_logit_lens(models, s
         out = hf(torch.tensor([ids]), output_attentions=True, output_hidden_states=True)
     logprobs = torch.log_softmax(out.logits[0], dim=-1)  # (T, V)
     assert answer["logprobs"][0] is None
-    assert torch.allclose(torch.tensor(answer["logprobs"][1:]), logprobs[:-1].gather(-1, torch.tensor(ids[1:])[:, None])[:, 0], atol=1e-4)
+    assert torch.allclose(
+        torch.tensor(answer["logprobs"][1:]), logprobs[:-1].gather(-1, torch.tensor(ids[1:])[:, None])[:, 0], atol=1e-4
+    )
     for position, top in enumerate(answer["top_logprobs"]):
         best = logprobs[position].topk(3)
-        assert [e["id"] for e in top] == best.indices.tolist() and [e["token"] for e in top] == [api_token(e["id"]) for e in top]
+        assert [e["id"] for e in top] == best.indices.tolist() and [e["token"] for e in top] == [
+            api_token(e["id"]) for e in top
+        ]
         assert torch.allclose(torch.tensor([e["logprob"] for e in top]), best.values, atol=1e-4)
     attention = torch.tensor(answer["attention"])  # (L, H, T, T), rounded to 4 decimals
     assert attention.shape == (2, 3, len(ids), len(ids))
@@ -46,11 +52,17 @@ BAD_INSPECTIONS = [
     ({"prompt": "hi", "max_tokens": 3}, "max_tokens", "Unrecognized request argument supplied: max_tokens"),
     ({}, "prompt", "you must provide a prompt"),
     ({"prompt": [1, 50257]}, "prompt", "token id 50257 in prompt is out of range"),
-    ({"prompt": [15496] * 129}, "prompt", "This model's maximum context length is 128 tokens, however your prompt has 129"),
+    (
+        {"prompt": [15496] * 129},
+        "prompt",
+        "This model's maximum context length is 128 tokens, however your prompt has 129",
+    ),
 ]
 
 
-@pytest.mark.parametrize("body, param, message", BAD_INSPECTIONS, ids=[b[1] + str(i) for i, b in enumerate(BAD_INSPECTIONS)])
+@pytest.mark.parametrize(
+    "body, param, message", BAD_INSPECTIONS, ids=[b[1] + str(i) for i, b in enumerate(BAD_INSPECTIONS)]
+)
 def test_a_bad_inspection_gets_a_400_naming_the_field(server, body, param, message):
     response = post(server, body, "/v1/inspect")
     error = response.json()["error"]
@@ -59,12 +71,17 @@ def test_a_bad_inspection_gets_a_400_naming_the_field(server, body, param, messa
 
 
 def test_an_inspection_past_the_answer_bound_is_refused_saying_how_far_it_goes(models):
-    running = Running(lambda: (models[1], ENC), limits=Limits(max_inspect_cells=6 * 20 * 20))  # 2 layers x 3 heads: 20 tokens
+    running = Running(
+        lambda: (models[1], ENC), limits=Limits(max_inspect_cells=6 * 20 * 20)
+    )  # 2 layers x 3 heads: 20 tokens
     try:
         assert post(running, {"prompt": [15496] * 20}, "/v1/inspect").status_code == 200
         error = post(running, {"prompt": [15496] * 21}, "/v1/inspect").json()["error"]
         assert (error["param"], error["code"]) == ("prompt", "inspection_too_large")
-        assert "2 layers x 3 heads x 21 x 21 = 2,646 attention probabilities, over this server's limit of 2,400" in error["message"]
+        assert (
+            "2 layers x 3 heads x 21 x 21 = 2,646 attention probabilities, over this server's limit of 2,400"
+            in error["message"]
+        )
         assert "at most 20 tokens" in error["message"]
     finally:
         running.stop()

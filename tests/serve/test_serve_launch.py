@@ -23,7 +23,9 @@ def test_gpt2_serve_with_a_draft_model_and_its_refusals_in_one_line(models, draf
     process, url = gpt2_serve(forks, "--model", models[2], "--draft-model", draft_dir, "--draft-tokens", "2")
     try:
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
-        served = client.completions.create(model=models[2], prompt="Hello", max_tokens=12, temperature=0).choices[0].text
+        served = (
+            client.completions.create(model=models[2], prompt="Hello", max_tokens=12, temperature=0).choices[0].text
+        )
         assert served == ours(models, "Hello", max_new_tokens=12, temperature=0)[0]
         assert metric(url, "gpt2_draft_tokens_total") > 0
     finally:
@@ -32,15 +34,30 @@ def test_gpt2_serve_with_a_draft_model_and_its_refusals_in_one_line(models, draf
     CharTokenizer([chr(c) for c in range(32, 97)]).save(tmp_path)
     capsys.readouterr()
     for flags, message in [
-        (["--draft-model", str(tmp_path)], "--draft-model has a vocabulary of 65 tokens, the model 50,257: "
-                                           "a draft model must share the model's tokenizer"),
-        (["--draft-tokens", "3"], "--draft-tokens is the number of tokens a draft proposes: give --draft-model or --speculative ngram too"),
-        (["--draft-model", draft_dir, "--speculative", "ngram"], "--draft-model and --speculative ngram contradict: speculate with a "
-                                                                 "draft model or by prompt lookup, not both"),
-        (["--prompt-lookup-max", "6"], "--prompt-lookup-max and --prompt-lookup-min set --speculative ngram: give it too"),
-        (["--speculative", "ngram", "--prompt-lookup-min", "5"], "--prompt-lookup-min (5) must not exceed --prompt-lookup-max (4)"),
+        (
+            ["--draft-model", str(tmp_path)],
+            "--draft-model has a vocabulary of 65 tokens, the model 50,257: "
+            "a draft model must share the model's tokenizer",
+        ),
+        (
+            ["--draft-tokens", "3"],
+            "--draft-tokens is the number of tokens a draft proposes: give --draft-model or --speculative ngram too",
+        ),
+        (
+            ["--draft-model", draft_dir, "--speculative", "ngram"],
+            "--draft-model and --speculative ngram contradict: speculate with a "
+            "draft model or by prompt lookup, not both",
+        ),
+        (
+            ["--prompt-lookup-max", "6"],
+            "--prompt-lookup-max and --prompt-lookup-min set --speculative ngram: give it too",
+        ),
+        (
+            ["--speculative", "ngram", "--prompt-lookup-min", "5"],
+            "--prompt-lookup-min (5) must not exceed --prompt-lookup-max (4)",
+        ),
         (["--draft-model", draft_dir, "--draft-tokens", "0"], "--draft-tokens must be a positive integer, got 0"),
-    ]:  # fmt: skip  (refused before the port is taken: no "serving ... on" first)
+    ]:  # refused before the port is taken: no "serving ... on" first
         assert main(["serve", "--model", models[2], "--port", str(free_port()), *flags]) == 2
         assert capsys.readouterr().err == f"gpt2: error: {message}\n"
 
@@ -99,16 +116,29 @@ def test_gpt2_serve_stops_cleanly_on_a_signal_ending_requests_in_flight(models, 
 def test_gpt2_serve_special_as_text_no_ui_and_a_directory_with_a_trailing_slash(models, capsys, forks):
     """The flags reach the server: its greedy answer equals gpt2 generate --special-as-text's, the
     page is off, the answer bound is the one given; the id loses the slash."""
-    process, url = gpt2_serve(forks, "--model", models[2] + "/", "--special-as-text", "--no-ui", "--max-inspect-cells", "600")
+    process, url = gpt2_serve(
+        forks, "--model", models[2] + "/", "--special-as-text", "--no-ui", "--max-inspect-cells", "600"
+    )
     try:
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
         assert [m.id for m in client.models.list().data] == [models[2]]
-        served = client.completions.create(model=models[2], prompt=SPECIAL_PROMPT, max_tokens=12, temperature=0).choices[0].text
-        as_text, special = (gpt2_generate(capsys, models, SPECIAL_PROMPT, *flags) for flags in (["--special-as-text"], []))
+        served = (
+            client.completions.create(model=models[2], prompt=SPECIAL_PROMPT, max_tokens=12, temperature=0)
+            .choices[0]
+            .text
+        )
+        as_text, special = (
+            gpt2_generate(capsys, models, SPECIAL_PROMPT, *flags) for flags in (["--special-as-text"], [])
+        )
         assert served == as_text != special
         assert httpx.get(url + "/").status_code == 404
-        assert httpx.post(url + "/v1/inspect", json={"prompt": [1] * 10}, timeout=HANG).status_code == 200  # 2 x 3 x 10 x 10 = 600
-        assert "limit of 600" in httpx.post(url + "/v1/inspect", json={"prompt": [1] * 11}, timeout=HANG).json()["error"]["message"]
+        assert (
+            httpx.post(url + "/v1/inspect", json={"prompt": [1] * 10}, timeout=HANG).status_code == 200
+        )  # 2 x 3 x 10 x 10 = 600
+        assert (
+            "limit of 600"
+            in httpx.post(url + "/v1/inspect", json={"prompt": [1] * 11}, timeout=HANG).json()["error"]["message"]
+        )
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=60) == 130
         assert f"gpt2: serving {models[2]}/ on {url}/v1 (" in process.stderr.read()
@@ -174,10 +204,14 @@ def test_gpt2_serve_refuses_a_busy_port_and_a_missing_model_in_one_line(models, 
     assert main(["serve", "--max-batch-size", "0"]) == 2
     assert capsys.readouterr().err == "gpt2: error: --max-batch-size must be a positive integer, got 0\n"
     assert main(["serve", "--max-num-batched-tokens", "4"]) == 2
-    assert capsys.readouterr().err == ("gpt2: error: --max-num-batched-tokens must be at least "
-                                       "--max-batch-size (8), as each step decodes a token of every row; got 4\n")  # fmt: skip
+    assert capsys.readouterr().err == (
+        "gpt2: error: --max-num-batched-tokens must be at least "
+        "--max-batch-size (8), as each step decodes a token of every row; got 4\n"
+    )
     assert main(["serve", "--prefix-cache-mb", "-1"]) == 2
-    assert capsys.readouterr().err == "gpt2: error: --prefix-cache-mb must be a whole number of MB, 0 for none, got -1\n"
+    assert (
+        capsys.readouterr().err == "gpt2: error: --prefix-cache-mb must be a whole number of MB, 0 for none, got -1\n"
+    )
     assert main(["serve", "--port", "99999"]) == 2  # refused before the server says it serves
     assert capsys.readouterr().err == "gpt2: error: --port must be an integer from 0 to 65535, got 99999\n"
     assert main(["serve", "--cuda-graphs", "--device", "cpu"]) == 2
@@ -199,9 +233,23 @@ def test_a_batch_whose_kv_cache_cannot_fit_is_refused_before_the_port_is_taken(m
     The command is forked (tests/forks.py), its available memory patched in its own process."""
     needed = 64 * (2 * 2 * N_CTX * 48 * 4 + 3 * 50257 * 4)  # 64 rows: float32 keys and values of 2 layers, 48 wide
     port = free_port()
-    argv = [str(forks.python), "-c", MEMORY_LEFT, "10000000", "serve", "--model", models[2], "--port", str(port), "--max-batch-size", "64"]
+    argv = [
+        str(forks.python),
+        "-c",
+        MEMORY_LEFT,
+        "10000000",
+        "serve",
+        "--model",
+        models[2],
+        "--port",
+        str(port),
+        "--max-batch-size",
+        "64",
+    ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO / "src")}
     result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
-    assert result.stderr == (f"gpt2: error: a KV cache of 64 rows of {N_CTX} positions needs about {needed / 1e6:.1f} MB of "
-                             f"memory, but the CPU has 10.0 MB available: a smaller --max-batch-size\n")  # fmt: skip
+    assert result.stderr == (
+        f"gpt2: error: a KV cache of 64 rows of {N_CTX} positions needs about {needed / 1e6:.1f} MB of "
+        f"memory, but the CPU has 10.0 MB available: a smaller --max-batch-size\n"
+    )

@@ -24,7 +24,9 @@ from gpt2.model.model import GPT2
 ENC = Tokenizer.gpt2()
 EOT = ENC.eot_token
 N_CTX = 64
-TASKS = Path(__file__).resolve().parents[1] / "fixtures" / "lmeval"  # gpt2_endings: contexts scored with three endings each
+TASKS = (
+    Path(__file__).resolve().parents[1] / "fixtures" / "lmeval"
+)  # gpt2_endings: contexts scored with three endings each
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +77,9 @@ def test_lm_evals_slicing_of_one_generated_token_equals_transformers_loglikeliho
     prompts = [c + ENC.encode(continuation, allowed_special="all") for c, (_, continuation) in zip(contexts, PAIRS)]
     payload = LocalCompletionsAPI._create_payload(SimpleNamespace(model="tiny"), prompts, generate=False)
     assert (payload["echo"], payload["logprobs"], payload["max_tokens"]) == (True, 1, 1)
-    scored = LocalCompletionsAPI.parse_logprobs(completion(server, **payload), tokens=prompts, ctxlens=list(map(len, contexts)))
+    scored = LocalCompletionsAPI.parse_logprobs(
+        completion(server, **payload), tokens=prompts, ctxlens=list(map(len, contexts))
+    )
     generated_end = []
     for (loglikelihood, greedy), prompt, context in zip(scored, prompts, contexts, strict=True):
         logprobs = transformers_logprobs(hf, prompt)
@@ -94,8 +98,9 @@ def test_lm_evals_slicing_of_one_generated_token_equals_transformers_loglikeliho
 def lm_eval_samples(model: str, model_args: str) -> list[dict]:
     """lm-eval's per-sample results of the gpt2_endings task for one of its models, by doc."""
     tasks = TaskManager(include_path=str(TASKS), include_defaults=False)
-    results = lm_eval.simple_evaluate(model=model, model_args=model_args, tasks=["gpt2_endings"], task_manager=tasks,
-                                      log_samples=True)  # fmt: skip
+    results = lm_eval.simple_evaluate(
+        model=model, model_args=model_args, tasks=["gpt2_endings"], task_manager=tasks, log_samples=True
+    )
     return sorted(results["samples"]["gpt2_endings"], key=lambda sample: sample["doc_id"])
 
 
@@ -103,33 +108,44 @@ def test_lm_eval_local_completions_scores_each_sample_as_its_hf_model(ending_mod
     """lm-eval's local-completions against the server (its tokenizer the server's /tokenize, in
     requests of 3 prompts) and lm-eval's hf model on the same weights: every ending's
     loglikelihood within 1e-4, the same is-greedy."""
-    served = lm_eval_samples("local-completions", f"model=tiny,base_url={server.url}/v1/completions,max_length={N_CTX},batch_size=3")
+    served = lm_eval_samples(
+        "local-completions", f"model=tiny,base_url={server.url}/v1/completions,max_length={N_CTX},batch_size=3"
+    )
     local = lm_eval_samples("hf", f"pretrained={ending_model[2]},device=cpu,dtype=float32")
     docs = json.loads((TASKS / "endings.json").read_text(encoding="utf-8"))
     assert len(served) == len(local) == len(docs) and sum(len(doc["endings"]) for doc in docs) == 21
     for ours, theirs in zip(served, local):
         assert ours["arguments"] == theirs["arguments"]  # the same contexts and endings
-        for (ll, greedy), (expected, expected_greedy) in zip([r[0] for r in ours["resps"]], [r[0] for r in theirs["resps"]], strict=True):
+        for (ll, greedy), (expected, expected_greedy) in zip(
+            [r[0] for r in ours["resps"]], [r[0] for r in theirs["resps"]], strict=True
+        ):
             assert abs(ll - expected) < 1e-4 and greedy == expected_greedy, (ours["doc_id"], ll, expected)
 
 
 # ------------------------------------------------------------------ every token listed
 
-PROMPTS = ["The capital of France is", "Once upon a time"]  # the first's greedy text ends (" fraction." then the end), the second's runs on
+PROMPTS = [
+    "The capital of France is",
+    "Once upon a time",
+]  # the first's greedy text ends (" fraction." then the end), the second's runs on
 LISTS = ("tokens", "token_logprobs", "text_offset")
 
 
 def greedy_tokens(hf, prompt: list[int], max_new_tokens: int) -> list[int]:
     """transformers' greedy continuation, to its <|endoftext|> (kept) or max_new_tokens."""
     with torch.no_grad():
-        out = hf.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=EOT, pad_token_id=EOT)
+        out = hf.generate(
+            torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=EOT, pad_token_id=EOT
+        )
     return out[0, len(prompt) :].tolist()
 
 
 def streamed_lists(server, body: dict) -> dict[int, dict[str, list]]:
     """Each choice's logprobs lists and token_ids, its streamed chunks' joined, by index."""
     joined: dict[int, dict[str, list]] = {}
-    with httpx.stream("POST", server.url + "/v1/completions", json={"model": "tiny", "stream": True, **body}, timeout=60) as response:
+    with httpx.stream(
+        "POST", server.url + "/v1/completions", json={"model": "tiny", "stream": True, **body}, timeout=60
+    ) as response:
         for line in response.iter_lines():
             for c in json.loads(line.removeprefix("data: "))["choices"] if line.startswith("data: {") else []:
                 lists = joined.setdefault(c["index"], {key: [] for key in (*LISTS, "token_ids")})
@@ -150,13 +166,23 @@ def test_every_token_generated_is_listed_end_of_text_included_whole_and_streamed
     body = {"prompt": PROMPTS, "n": 2, "max_tokens": 8, "temperature": 0, "logprobs": 2, "return_token_ids": True}
     for echo in (False, True):
         whole = completion(server, echo=echo, **body)
-        assert whole["usage"]["completion_tokens"] == sum(len(c["token_ids"]) for c in whole["choices"]) == 2 * sum(map(len, expected))
+        assert (
+            whole["usage"]["completion_tokens"]
+            == sum(len(c["token_ids"]) for c in whole["choices"])
+            == 2 * sum(map(len, expected))
+        )
         for choice in whole["choices"]:
             prompt, new = prompts[choice["index"] // 2], expected[choice["index"] // 2]
             text = (PROMPTS[choice["index"] // 2] if echo else "") + ENC.decode([t for t in new if t != EOT])
-            assert choice["token_ids"] == new and choice["text"] == text and choice["finish_reason"] == ("stop" if EOT in new else "length")
+            assert (
+                choice["token_ids"] == new
+                and choice["text"] == text
+                and choice["finish_reason"] == ("stop" if EOT in new else "length")
+            )
             lp, logprobs = choice["logprobs"], transformers_logprobs(hf, prompt + new)
-            assert lp["tokens"][len(prompt) if echo else 0 :] == [ENC.decode([t]) for t in new]  # "<|endoftext|>" for the end
+            assert lp["tokens"][len(prompt) if echo else 0 :] == [
+                ENC.decode([t]) for t in new
+            ]  # "<|endoftext|>" for the end
             first = len(lp["tokens"]) - len(new)  # the generated tokens' entries follow an echoed prompt's
             for k, token in enumerate(new):
                 at = logprobs[len(prompt) - 1 + k]
@@ -166,7 +192,10 @@ def test_every_token_generated_is_listed_end_of_text_included_whole_and_streamed
                 assert lp["text_offset"][-1] == len(text) > lp["text_offset"][-2]
         streamed = streamed_lists(server, {"echo": echo, **body})
         for choice in whole["choices"]:
-            assert streamed[choice["index"]] == {"token_ids": choice["token_ids"], **{key: choice["logprobs"][key] for key in LISTS}}
+            assert streamed[choice["index"]] == {
+                "token_ids": choice["token_ids"],
+                **{key: choice["logprobs"][key] for key in LISTS},
+            }
 
 
 def test_a_stop_string_before_the_end_leaves_its_tokens_and_the_end_unlisted(server):

@@ -30,10 +30,17 @@ def test_a_prompt_beginning_as_an_earlier_one_reuses_its_blocks_with_the_same_lo
     prompts = [context + [100 + i, 200 + i] for i in range(3)]
     plain = Running(lambda: (models[1], ENC), limits=Limits(prefix_cache_mb=0))
     try:
+
         def logprobs(running, ids):
-            choice = complete(running.client(), prompt=ids, max_tokens=0, echo=True, logprobs=2, temperature=0).choices[0]
+            choice = complete(running.client(), prompt=ids, max_tokens=0, echo=True, logprobs=2, temperature=0).choices[
+                0
+            ]
             return choice.logprobs.token_logprobs[1:], choice.logprobs.top_logprobs[1:]
-        queries, hits = metric(server.url, "gpt2_prefix_cache_queries_total"), metric(server.url, "gpt2_prefix_cache_hits_total")
+
+        queries, hits = (
+            metric(server.url, "gpt2_prefix_cache_queries_total"),
+            metric(server.url, "gpt2_prefix_cache_hits_total"),
+        )
         for ids in prompts:
             (got, got_top), (want, want_top) = logprobs(server, ids), logprobs(plain, ids)
             assert max(abs(a - b) for a, b in zip(got, want)) < 1e-5
@@ -41,7 +48,9 @@ def test_a_prompt_beginning_as_an_earlier_one_reuses_its_blocks_with_the_same_lo
         assert metric(server.url, "gpt2_prefix_cache_queries_total") - queries == 3 * 42
         assert metric(server.url, "gpt2_prefix_cache_hits_total") - hits >= 2 * 32  # the later two: 2 blocks of 16 each
         assert metric(plain.url, "gpt2_prefix_cache_queries_total") == 0
-        config = models[1].config  # the context's 2 blocks at least: keys, values (each layer) and final hidden states of 16 tokens
+        config = models[
+            1
+        ].config  # the context's 2 blocks at least: keys, values (each layer) and final hidden states of 16 tokens
         assert metric(server.url, "gpt2_prefix_cache_bytes") >= 2 * 16 * config.n_embd * (2 * config.n_layer + 1) * 4
         assert metric(plain.url, "gpt2_prefix_cache_bytes") == 0
     finally:
@@ -50,8 +59,10 @@ def test_a_prompt_beginning_as_an_earlier_one_reuses_its_blocks_with_the_same_lo
 
 def test_concurrent_requests_equal_the_same_requests_one_at_a_time(models, server):
     """8 clients at once, greedy and seeded sampling mixed: each gets the answer it gets alone."""
-    requests = [dict(prompt=f"Request number {i} says", max_tokens=10 + 3 * i, temperature=0 if i % 2 else 0.8, seed=i)
-                for i in range(8)]  # fmt: skip
+    requests = [
+        dict(prompt=f"Request number {i} says", max_tokens=10 + 3 * i, temperature=0 if i % 2 else 0.8, seed=i)
+        for i in range(8)
+    ]
     client = server.client()
     alone = [complete(client, **r).choices[0].text for r in requests]
     with ThreadPoolExecutor(8) as pool:
@@ -89,7 +100,9 @@ def test_a_short_request_sent_during_a_long_one_finishes_first(models):
     still has most of its tokens to make (counted in steps, not seconds)."""
     running = Running(lambda: (models[1], ENC))
     scheduler = running.app.state.server.scheduler
-    stepper = Stepper(scheduler, lambda: any(row.tokens for row in scheduler.decoder.active))  # held after the first token
+    stepper = Stepper(
+        scheduler, lambda: any(row.tokens for row in scheduler.decoder.active)
+    )  # held after the first token
     try:
         long = complete(running.client(), prompt="A long story:", max_tokens=N_CTX - 10, temperature=0, stream=True)
         next(iter(long))  # the long request is being generated
@@ -105,7 +118,9 @@ def test_a_short_request_sent_during_a_long_one_finishes_first(models):
             assert short.result().choices[0].finish_reason == "length"
         rest = list(long)
         assert rest[-1].choices[0].finish_reason == "length" and len(long_row.tokens) == N_CTX - 10
-        assert made <= 2 and at_its_end[0] <= made + 5  # a step to take its prompt, three to make its tokens, one to see it end
+        assert (
+            made <= 2 and at_its_end[0] <= made + 5
+        )  # a step to take its prompt, three to make its tokens, one to see it end
     finally:
         stepper.run()
         running.stop()
@@ -164,7 +179,11 @@ def gauges(url: str) -> dict[str, float]:
     from prometheus_client.parser import text_string_to_metric_families
 
     names = ("gpt2_queue_length", "gpt2_batch_size", "gpt2_rows_in_flight")
-    return {f.name: f.samples[0].value for f in text_string_to_metric_families(httpx.get(url + "/metrics").text) if f.name in names}
+    return {
+        f.name: f.samples[0].value
+        for f in text_string_to_metric_families(httpx.get(url + "/metrics").text)
+        if f.name in names
+    }
 
 
 def wait_for_gauge(url: str, name: str, value: float, timeout: float) -> None:
@@ -209,7 +228,9 @@ def test_the_rows_of_clients_that_left_while_waiting_free_their_places_in_the_qu
     once a slot frees, so it holds no place of max_queue (a 429 for rows nobody waits for)."""
     running = Running(lambda: (models[1], ENC), limits=Limits(max_batch_size=1, max_queue=2))
     scheduler = running.app.state.server.scheduler
-    stepper = Stepper(scheduler, lambda: any(row.tokens for row in scheduler.decoder.active))  # held after the first token
+    stepper = Stepper(
+        scheduler, lambda: any(row.tokens for row in scheduler.decoder.active)
+    )  # held after the first token
     long = {"prompt": "A long answer:", "max_tokens": N_CTX - 10, "stream": True}
     try:
         with httpx.stream("POST", running.url + "/v1/completions", json=long, timeout=30) as first:
@@ -218,7 +239,9 @@ def test_the_rows_of_clients_that_left_while_waiting_free_their_places_in_the_qu
             long_row = scheduler.decoder.active[0]
             with contextlib.ExitStack() as stack:  # two clients wait, then leave before their first token
                 for _ in range(2):
-                    waiting = stack.enter_context(httpx.stream("POST", running.url + "/v1/completions", json={**long, "max_tokens": 5}))
+                    waiting = stack.enter_context(
+                        httpx.stream("POST", running.url + "/v1/completions", json={**long, "max_tokens": 5})
+                    )
                     assert waiting.status_code == 200
                 wait_for(lambda: len(scheduler.incoming) == 2)
                 stepper.allow()  # the loop takes them into its queue after this step
@@ -245,9 +268,13 @@ def test_a_client_that_leaves_the_queue_and_asks_again_at_once_is_not_refused(mo
     gate, step = threading.Event(), scheduler.decoder.step
     scheduler.decoder.step = lambda: gate.wait() and step()  # the loop stalls before its next step
     try:
-        with httpx.stream("POST", running.url + "/v1/completions", json={"prompt": "one", "max_tokens": 2, "stream": True}) as first:
+        with httpx.stream(
+            "POST", running.url + "/v1/completions", json={"prompt": "one", "max_tokens": 2, "stream": True}
+        ) as first:
             assert first.status_code == 200
-            row = wait_for(lambda: scheduler.decoder.waiting and scheduler.decoder.waiting[0])  # taken by the loop, held at the gate
+            row = wait_for(
+                lambda: scheduler.decoder.waiting and scheduler.decoder.waiting[0]
+            )  # taken by the loop, held at the gate
         wait_for(lambda: row.done)  # the server saw the client leave
         assert row in scheduler.decoder.waiting  # still queued: the loop has not stepped
         with ThreadPoolExecutor(1) as pool:
@@ -324,10 +351,17 @@ def test_a_server_with_a_draft_model_answers_what_it_answers_without(models, cli
         stop = expected.choices[0].text[5:9]
         request = dict(prompt="The meaning of life is", max_tokens=20, temperature=0, stop=[stop])
         whole = complete(drafted, **request).choices[0]
-        assert (whole.text, whole.finish_reason) == (expected.choices[0].text[: expected.choices[0].text.index(stop)], "stop")
+        assert (whole.text, whole.finish_reason) == (
+            expected.choices[0].text[: expected.choices[0].text.index(stop)],
+            "stop",
+        )
         chunks = list(complete(drafted, stream=True, **request))
-        assert "".join(c.choices[0].text for c in chunks) == whole.text and chunks[-1].choices[0].finish_reason == "stop"
-        assert 0 < metric(running.url, "gpt2_draft_accepted_tokens_total") < metric(running.url, "gpt2_draft_tokens_total")
+        assert (
+            "".join(c.choices[0].text for c in chunks) == whole.text and chunks[-1].choices[0].finish_reason == "stop"
+        )
+        assert (
+            0 < metric(running.url, "gpt2_draft_accepted_tokens_total") < metric(running.url, "gpt2_draft_tokens_total")
+        )
     finally:
         running.stop()
 
@@ -343,8 +377,14 @@ def test_a_server_speculating_by_prompt_lookup_answers_what_it_answers_without(m
         got, expected = complete(looked_up, **request), complete(client, **request)
         assert [(c.text, c.finish_reason) for c in got.choices] == [(c.text, c.finish_reason) for c in expected.choices]
         regex = {"structured_outputs": {"regex": "(a b |c d )+"}}
-        assert complete(looked_up, prompt="a b c d a b", max_tokens=12, temperature=0, extra_body=regex).choices[0].text == \
-            complete(client, prompt="a b c d a b", max_tokens=12, temperature=0, extra_body=regex).choices[0].text  # fmt: skip
-        assert 0 < metric(running.url, "gpt2_draft_accepted_tokens_total") <= metric(running.url, "gpt2_draft_tokens_total")
+        assert (
+            complete(looked_up, prompt="a b c d a b", max_tokens=12, temperature=0, extra_body=regex).choices[0].text
+            == complete(client, prompt="a b c d a b", max_tokens=12, temperature=0, extra_body=regex).choices[0].text
+        )
+        assert (
+            0
+            < metric(running.url, "gpt2_draft_accepted_tokens_total")
+            <= metric(running.url, "gpt2_draft_tokens_total")
+        )
     finally:
         running.stop()

@@ -35,7 +35,10 @@ def test_an_api_key_is_required_when_set(models):
         page = httpx.get(running.url + "/")  # the playground's files are open; the page asks for the key
         assert page.status_code == 200 and 'id="api-key"' in page.text
         assert httpx.get(running.url + "/ui/playground.js").status_code == 200
-        assert running.client(api_key="s3cret").completions.create(model="tiny", prompt="hi", max_tokens=2).choices[0].text is not None
+        assert (
+            running.client(api_key="s3cret").completions.create(model="tiny", prompt="hi", max_tokens=2).choices[0].text
+            is not None
+        )
         assert httpx.get(running.url + "/health").status_code == 200
     finally:
         running.stop()
@@ -63,7 +66,11 @@ def test_an_app_whose_batch_cannot_fit_fails_to_load_and_says_why(models, monkey
     from gpt2 import MemoryLimitError, devices
 
     monkeypatch.setattr(devices, "available_memory", lambda device: 1_000_000)
-    server = create_app(lambda: (models[1], ENC), "tiny", Limits(max_batch_size=4), load_in_background=False).state.server
-    with pytest.raises(MemoryLimitError, match=r"a KV cache of 4 rows of 128 positions needs about .*: a smaller max_batch_size$") as e:
+    server = create_app(
+        lambda: (models[1], ENC), "tiny", Limits(max_batch_size=4), load_in_background=False
+    ).state.server
+    with pytest.raises(
+        MemoryLimitError, match=r"a KV cache of 4 rows of 128 positions needs about .*: a smaller max_batch_size$"
+    ) as e:
         server.load_model()
     assert e.value.param == "max_batch_size"

@@ -7,7 +7,14 @@ import re
 
 import pytest
 
-from gpt2 import IncrementalDecoder, InputTypeError, InvalidArgumentError, TokenIdError, VocabularyError, VocabularyNotFoundError
+from gpt2 import (
+    IncrementalDecoder,
+    InputTypeError,
+    InvalidArgumentError,
+    TokenIdError,
+    VocabularyError,
+    VocabularyNotFoundError,
+)
 from gpt2.tokenizer import CharTokenizer, load_tokenizer
 
 
@@ -15,7 +22,12 @@ def test_char_tokenizer_takes_the_same_arguments():
     """No special tokens: "all" is none, so "<|endoftext|>" is its characters whatever the arguments."""
     char = CharTokenizer(sorted(set("a<|endoftext|>")))
     ids = [char.chars.index(c) for c in "a<|endoftext|>"]
-    for kwargs in [{}, {"allowed_special": "all"}, {"disallowed_special": ()}, {"allowed_special": set(), "disallowed_special": "all"}]:
+    for kwargs in [
+        {},
+        {"allowed_special": "all"},
+        {"disallowed_special": ()},
+        {"allowed_special": set(), "disallowed_special": "all"},
+    ]:
         assert char.encode("a<|endoftext|>", **kwargs) == ids
         assert char.encode_batch(["a<|endoftext|>"], **kwargs) == [ids]
     assert char.encode_ordinary("a<|endoftext|>") == ids and char.encode_ordinary_batch(["a<|endoftext|>"]) == [ids]
@@ -42,12 +54,15 @@ def test_char_tokenizer_streams_through_the_incremental_decoder():
     assert [decoder.add([i]) for i in [2, 0, 1]] == ["🎉", "a", "é"] and decoder.flush() == ""
 
 
-@pytest.mark.parametrize("chars, message", [
-    (["a", "bc"], "a character vocabulary holds single characters; entry 1 is 'bc'"),
-    (["a", 7], "entry 1 is 7"),
-    (["a", "b", "a"], "lists each character once; some are repeated"),
-    ([], "needs at least one character"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "chars, message",
+    [
+        (["a", "bc"], "a character vocabulary holds single characters; entry 1 is 'bc'"),
+        (["a", 7], "entry 1 is 7"),
+        (["a", "b", "a"], "lists each character once; some are repeated"),
+        ([], "needs at least one character"),
+    ],
+)
 def test_char_tokenizer_rejects_bad_vocabularies(chars, message):
     with pytest.raises(VocabularyError, match=re.escape(message)):
         CharTokenizer(chars)
@@ -55,16 +70,20 @@ def test_char_tokenizer_rejects_bad_vocabularies(chars, message):
 
 def test_char_tokenizer_rejects_unknown_characters_and_ids():
     char = CharTokenizer(list("abc"))
-    with pytest.raises(TokenIdError, match=re.escape("character 'z' at position 2 is not in this 3-character vocabulary")):
+    with pytest.raises(
+        TokenIdError, match=re.escape("character 'z' at position 2 is not in this 3-character vocabulary")
+    ):
         char.encode("abzc")
     with pytest.raises(InputTypeError, match="encode\\(\\) takes a str, got bytes"):
         char.encode(b"abc")
     with pytest.raises(InputTypeError, match="encode_batch\\(\\) takes a list of texts"):
         char.encode_batch("abc")
-    for ids, message in [([0, 3], "token id 3 at position 1 is out of range: ids are 0..2"),
-                         ([-1], "token id -1 at position 0 is out of range"),
-                         ([0, 1.5], "token ids must be integers; got 1.5 at position 1"),
-                         ([True], "got True at position 0")]:  # fmt: skip
+    for ids, message in [
+        ([0, 3], "token id 3 at position 1 is out of range: ids are 0..2"),
+        ([-1], "token id -1 at position 0 is out of range"),
+        ([0, 1.5], "token ids must be integers; got 1.5 at position 1"),
+        ([True], "got True at position 0"),
+    ]:
         with pytest.raises(TokenIdError, match=re.escape(message)):
             char.decode(ids)
 

@@ -22,7 +22,11 @@ CONVERSATIONS = [
         {"role": "user", "content": "And of Japan, 日本?"},
         {"role": "assistant", "content": "Tōkyō 東京 — surely.\n\nYes."},
     ],
-    [{"role": "user", "content": "  spaces  and\ttabs "}, {"role": "assistant", "content": ""}, {"role": "user", "content": "again"}],
+    [
+        {"role": "user", "content": "  spaces  and\ttabs "},
+        {"role": "assistant", "content": ""},
+        {"role": "user", "content": "again"},
+    ],
 ]
 # A ChatML-like template written as many on the Hub are: special tokens through {{ eos_token }},
 # {% generation %} around the reply, a loop variable, and tojson.
@@ -50,10 +54,13 @@ def hf_tokenizer(tmp_path_factory):
 def test_text_and_ids_equal_transformers(hf_tokenizer, source, index, add_generation_prompt):
     messages, template = CONVERSATIONS[index], ChatTemplate(source)
     variables = {"eos_token": "<|endoftext|>"}  # what transformers passes from the tokenizer's special tokens
-    expected_text = hf_tokenizer.apply_chat_template(messages, chat_template=source, tokenize=False, add_generation_prompt=add_generation_prompt)
+    expected_text = hf_tokenizer.apply_chat_template(
+        messages, chat_template=source, tokenize=False, add_generation_prompt=add_generation_prompt
+    )
     assert template.render(messages, add_generation_prompt, **variables) == expected_text
-    expected_ids = hf_tokenizer.apply_chat_template(messages, chat_template=source, add_generation_prompt=add_generation_prompt,
-                                                    return_dict=False)  # fmt: skip
+    expected_ids = hf_tokenizer.apply_chat_template(
+        messages, chat_template=source, add_generation_prompt=add_generation_prompt, return_dict=False
+    )
     assert template.encode(Tokenizer.gpt2(), messages, add_generation_prompt) == list(expected_ids)
 
 
@@ -61,7 +68,9 @@ def test_text_and_ids_equal_transformers(hf_tokenizer, source, index, add_genera
 @pytest.mark.parametrize("index", range(len(CONVERSATIONS)))
 def test_assistant_mask_equals_transformers(hf_tokenizer, source, index):
     messages, template = CONVERSATIONS[index], ChatTemplate(source)
-    expected = hf_tokenizer.apply_chat_template(messages, chat_template=source, return_dict=True, return_assistant_tokens_mask=True)
+    expected = hf_tokenizer.apply_chat_template(
+        messages, chat_template=source, return_dict=True, return_assistant_tokens_mask=True
+    )
     ids, mask = template.encode_with_mask(Tokenizer.gpt2(), messages)
     assert ids == list(expected["input_ids"])
     assert mask == list(expected["assistant_masks"])
@@ -79,7 +88,9 @@ def test_default_template_ends_each_reply_with_endoftext_and_masks_it():
 def test_the_template_travels_with_the_tokenizer(tmp_path, hf_tokenizer):
     gpt2 = Tokenizer.gpt2()
     carrying = gpt2.with_chat_template(DEFAULT_TEMPLATE)
-    assert gpt2.chat_template is None and carrying.chat_template == DEFAULT_TEMPLATE  # a copy: the shared one is untouched
+    assert (
+        gpt2.chat_template is None and carrying.chat_template == DEFAULT_TEMPLATE
+    )  # a copy: the shared one is untouched
     assert carrying.encode("Hello world") == gpt2.encode("Hello world")
     carrying.save_pretrained(tmp_path)
     assert json.loads((tmp_path / "tokenizer_config.json").read_text())["chat_template"] == DEFAULT_TEMPLATE
@@ -104,14 +115,20 @@ def test_pickling_keeps_the_template():
     assert pickle.loads(pickle.dumps(carrying)).chat_template == CHATML
 
 
-@pytest.mark.parametrize("messages, fragment", [
-    ("hello", "messages must be a non-empty list"),
-    ([], "messages must be a non-empty list"),
-    (["hi"], "messages[0] must be an object"),
-    ([{"role": "robot", "content": "hi"}], "messages[0].role must be one of system, user, assistant, got 'robot'"),
-    ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": 3}], "messages[1].content must be a string, got 3"),
-    ([{"role": "user", "content": None}], "messages[0].content must be a string, got None"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "messages, fragment",
+    [
+        ("hello", "messages must be a non-empty list"),
+        ([], "messages must be a non-empty list"),
+        (["hi"], "messages[0] must be an object"),
+        ([{"role": "robot", "content": "hi"}], "messages[0].role must be one of system, user, assistant, got 'robot'"),
+        (
+            [{"role": "user", "content": "hi"}, {"role": "assistant", "content": 3}],
+            "messages[1].content must be a string, got 3",
+        ),
+        ([{"role": "user", "content": None}], "messages[0].content must be a string, got None"),
+    ],
+)
 def test_bad_messages_are_named(messages, fragment):
     with pytest.raises(InvalidArgumentError, match=None) as e:
         check_messages(messages)
@@ -145,14 +162,27 @@ def test_read_conversations_gives_line_numbers_and_checked_messages(tmp_path):
     from gpt2.errors import DataError
     from gpt2.tokenizer.chat import read_conversations
 
-    lines = [json.dumps({"messages": CONVERSATIONS[0], "id": 7}), "", "  ",
-             json.dumps({"messages": [{"role": "user", "content": "Hi", "name": "ana"}, {"role": "assistant", "content": "Hello.", "weight": 1}]})]  # fmt: skip
+    lines = [
+        json.dumps({"messages": CONVERSATIONS[0], "id": 7}),
+        "",
+        "  ",
+        json.dumps(
+            {
+                "messages": [
+                    {"role": "user", "content": "Hi", "name": "ana"},
+                    {"role": "assistant", "content": "Hello.", "weight": 1},
+                ]
+            }
+        ),
+    ]
     (tmp_path / "chat.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
     assert list(read_conversations(tmp_path / "chat.jsonl", "chat.jsonl")) == [
         (1, CONVERSATIONS[0]),
         (4, [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]),  # other keys left out
     ]
-    (tmp_path / "bad.jsonl").write_text(lines[0] + '\n{"messages": [{"role": "user", "content": "Hi"}]}\n', encoding="utf-8")
+    (tmp_path / "bad.jsonl").write_text(
+        lines[0] + '\n{"messages": [{"role": "user", "content": "Hi"}]}\n', encoding="utf-8"
+    )
     with pytest.raises(DataError, match=r"^bad.jsonl, line 2: the conversation has no assistant message"):
         list(read_conversations(tmp_path / "bad.jsonl", "bad.jsonl"))
     (tmp_path / "empty.jsonl").write_text("\n", encoding="utf-8")
@@ -160,8 +190,11 @@ def test_read_conversations_gives_line_numbers_and_checked_messages(tmp_path):
         list(read_conversations(tmp_path / "empty.jsonl"))
 
 
-@pytest.mark.parametrize("source, prefix", [(DEFAULT_TEMPLATE, " "), (CHATML, ""), ("{{ raise_exception('no') }}", "")],
-                         ids=["default", "chatml", "failing"])  # fmt: skip
+@pytest.mark.parametrize(
+    "source, prefix",
+    [(DEFAULT_TEMPLATE, " "), (CHATML, ""), ("{{ raise_exception('no') }}", "")],
+    ids=["default", "chatml", "failing"],
+)
 def test_the_reply_prefix_is_what_the_template_writes_between_the_generation_prompt_and_a_reply(source, prefix):
     assert ChatTemplate(source).reply_prefix(Tokenizer.gpt2()) == prefix
 
@@ -175,7 +208,12 @@ def test_a_reply_streamed_loses_the_prefix_once_it_is_known_to_be_there():
         return out + [reply.add("", ended=True)]
 
     assert streamed(" ", [" Par", "is"]) == ["Par", "is", ""]
-    assert streamed(" ", ["", " ", "Paris"]) == ["", "", "Paris", ""]  # a half character, then the space alone: held back
+    assert streamed(" ", ["", " ", "Paris"]) == [
+        "",
+        "",
+        "Paris",
+        "",
+    ]  # a half character, then the space alone: held back
     assert streamed(" ", ["Paris", " is"]) == ["Paris", " is", ""]  # no prefix: the text as it is
     assert streamed("\n\n", ["\n", "\nHi"]) == ["", "Hi", ""]
     assert streamed(" ", [" "]) == ["", ""]  # a reply of the prefix alone is empty

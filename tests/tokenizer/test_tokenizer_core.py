@@ -57,7 +57,30 @@ def test_token_lookups_agree_with_tiktoken(enc, tiktoken_gpt2):
 
 def test_published_vector(enc):
     text = "Hello!! I'm Andrej Karpathy. It's 2022. w00t :D 🤗"
-    expected = [15496, 3228, 314, 1101, 10948, 73, 509, 5117, 10036, 13, 632, 338, 33160, 13, 266, 405, 83, 1058, 35, 12520, 97, 245]
+    expected = [
+        15496,
+        3228,
+        314,
+        1101,
+        10948,
+        73,
+        509,
+        5117,
+        10036,
+        13,
+        632,
+        338,
+        33160,
+        13,
+        266,
+        405,
+        83,
+        1058,
+        35,
+        12520,
+        97,
+        245,
+    ]
     assert enc.encode(text) == expected
     assert enc.decode(expected) == text
 
@@ -193,7 +216,13 @@ def test_ascii_pattern_splits_like_gpt2_pattern(text):
 # ------------------------------------------------------------------ special tokens
 
 
-SPECIAL_TEXTS = ["Hello world", "a<|endoftext|>b <|endoftext|>", "<|endoftext|>", "<|endoftext|><|endoftext|>x", "<|endoftext"]
+SPECIAL_TEXTS = [
+    "Hello world",
+    "a<|endoftext|>b <|endoftext|>",
+    "<|endoftext|>",
+    "<|endoftext|><|endoftext|>x",
+    "<|endoftext",
+]
 ALLOWED = [set(), frozenset(), {"<|endoftext|>"}, "all"]
 DISALLOWED = ["all", (), set(), {"<|endoftext|>"}, ["<|endoftext|>"]]
 
@@ -216,7 +245,9 @@ def test_special_token_text_follows_tiktoken(enc, tiktoken_gpt2, allowed, disall
         ours = _outcome(enc.encode, text, **kwargs)
         assert ours == _outcome(tiktoken_gpt2.encode, text, **kwargs), text
         if isinstance(ours, tuple):
-            with pytest.raises(GPT2Error, match="^Encountered text corresponding to disallowed special token '<|endoftext|>'"):
+            with pytest.raises(
+                GPT2Error, match="^Encountered text corresponding to disallowed special token '<|endoftext|>'"
+            ):
                 enc.encode(text, **kwargs)
     ours = _outcome(enc.encode_batch, SPECIAL_TEXTS, **kwargs)
     assert ours == _outcome(tiktoken_gpt2.encode_batch, SPECIAL_TEXTS, **kwargs)
@@ -247,7 +278,9 @@ def test_bad_allowed_special(enc):
         enc.encode("x", allowed_special={"<|startoftext|>"})
     with pytest.raises(InvalidArgumentError, match="allowed_special must be a set of special tokens or 'all'"):
         enc.encode("x", allowed_special="<|endoftext|>")
-    with pytest.raises(InvalidArgumentError, match=re.escape("disallowed_special: unknown special token(s) ['<|fim|>']")):
+    with pytest.raises(
+        InvalidArgumentError, match=re.escape("disallowed_special: unknown special token(s) ['<|fim|>']")
+    ):
         enc.encode("x", disallowed_special={"<|fim|>"})
     with pytest.raises(InvalidArgumentError, match="disallowed_special must be a set of special tokens or 'all'"):
         enc.encode_batch(["x"], disallowed_special="<|endoftext|>")
@@ -276,21 +309,30 @@ def test_decode_accepts_any_integer_sequence(enc):
     assert list(enc.decode_stream(torch.tensor(ids))) == ["Hello", " world"]
 
 
-@pytest.mark.parametrize("ids, message", [
-    (None, "decode() takes a list of token ids (ints), or a 1-D tensor or array of them, got NoneType"),
-    (15496, "decode() takes a sequence of token ids, got one int: use decode([15496])"),
-    ("Hello", "decode() takes token ids, not str: to get ids from text, use encode()"),
-    (b"Hello", "decode() takes token ids, not bytes"),
-    ("torch-2d", "decode() takes one sequence of ids (1-D), got 2-D ids of shape [1, 2]: pick one row, e.g. decode(ids[0])"),
-    ("numpy-2d", "got 2-D ids of shape [2, 1]: pick one row"),
-    ("torch-0d", "got 0-D ids of shape []: wrap one id in a list, decode([id])"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "ids, message",
+    [
+        (None, "decode() takes a list of token ids (ints), or a 1-D tensor or array of them, got NoneType"),
+        (15496, "decode() takes a sequence of token ids, got one int: use decode([15496])"),
+        ("Hello", "decode() takes token ids, not str: to get ids from text, use encode()"),
+        (b"Hello", "decode() takes token ids, not bytes"),
+        (
+            "torch-2d",
+            "decode() takes one sequence of ids (1-D), got 2-D ids of shape [1, 2]: pick one row, e.g. decode(ids[0])",
+        ),
+        ("numpy-2d", "got 2-D ids of shape [2, 1]: pick one row"),
+        ("torch-0d", "got 0-D ids of shape []: wrap one id in a list, decode([id])"),
+    ],
+)
 def test_decode_says_what_to_pass(enc, ids, message):
     import numpy as np
     import torch
 
-    ids = {"torch-2d": torch.tensor([[15496, 995]]), "numpy-2d": np.array([[15496], [995]]),
-           "torch-0d": torch.tensor(15496)}.get(ids, ids)  # fmt: skip
+    ids = {
+        "torch-2d": torch.tensor([[15496, 995]]),
+        "numpy-2d": np.array([[15496], [995]]),
+        "torch-0d": torch.tensor(15496),
+    }.get(ids, ids)
     with pytest.raises(InputTypeError, match=re.escape(message)):
         enc.decode(ids)
 
@@ -380,7 +422,10 @@ def test_decode_rejects_bad_ids(enc, ids, message):
 def test_encode_batch_rejects_bad_input(enc):
     with pytest.raises(InputTypeError, match="index 1"):
         enc.encode_batch(["ok", b"bytes"])
-    with pytest.raises(InputTypeError, match=re.escape("encode_batch() takes a list of texts, got one str: for one text, use encode(text)")):
+    with pytest.raises(
+        InputTypeError,
+        match=re.escape("encode_batch() takes a list of texts, got one str: for one text, use encode(text)"),
+    ):
         enc.encode_batch("Hello world")  # not 11 one-character texts
     with pytest.raises(InputTypeError, match="got one bytes"):
         enc.encode_batch(b"Hello")

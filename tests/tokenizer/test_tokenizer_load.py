@@ -95,7 +95,9 @@ def test_files_read_again_are_read_as_they_are_now(vocab_copy, enc, tmp_path_fac
     lines = (vocab_copy / "vocab.bpe").read_text(encoding="utf-8").splitlines()
     assert lines[-1] == "Ġg azed"  # GPT-2's last merge, which makes token 50255
     (vocab_copy / "vocab.bpe").write_text("\n".join(lines[:-1]) + "\n", encoding="utf-8")
-    assert Tokenizer.from_files(vocab_copy / "encoder.json", vocab_copy / "vocab.bpe").encode(" gazed") == enc.encode(" g") + enc.encode("azed")
+    assert Tokenizer.from_files(vocab_copy / "encoder.json", vocab_copy / "vocab.bpe").encode(" gazed") == enc.encode(
+        " g"
+    ) + enc.encode("azed")
 
 
 # ------------------------------------------------------------------ transformers' files
@@ -116,7 +118,12 @@ def hf_tokenizer(directory):
 def test_transformers_reads_the_saved_vocabulary_and_encodes_as_ours(kind, enc, corpus_text, tmp_path):
     ours = enc if kind == "gpt2" else Tokenizer.train(corpus_text[:100_000], 1000)
     ours.save_pretrained(tmp_path, model_max_length=64)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["merges.txt", "tokenizer.json", "tokenizer_config.json", "vocab.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "merges.txt",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "vocab.json",
+    ]
     theirs = hf_tokenizer(tmp_path)
     assert len(theirs) == ours.n_vocab and theirs.model_max_length == 64
     assert theirs.eos_token == theirs.bos_token == "<|endoftext|>" and theirs.eos_token_id == ours.eot_token
@@ -160,5 +167,10 @@ def test_save_pretrained_removes_another_tokenizers_files(enc, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["chars.json", "tokenizer.json", "tokenizer_config.json"]
     assert same_vocabulary(load_tokenizer(tmp_path), chars)
     enc.save_pretrained(tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["merges.txt", "tokenizer.json", "tokenizer_config.json", "vocab.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "merges.txt",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "vocab.json",
+    ]
     assert load_tokenizer(tmp_path).encode("Hello world") == [15496, 995]

@@ -72,7 +72,9 @@ def test_training_on_a_tiny_corpus_warns_and_stops():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trained = Tokenizer.train("abab abab", vocab_size=1000)
-    assert [w.category for w in caught if "ran out of pairs" in str(w.message)] == [GPT2Warning]  # gpt2's own: filterable as one
+    assert [w.category for w in caught if "ran out of pairs" in str(w.message)] == [
+        GPT2Warning
+    ]  # gpt2's own: filterable as one
     assert trained.n_vocab < 1000
     assert trained.decode(trained.encode("abab abba")) == "abab abba"
 

@@ -26,8 +26,17 @@ CPU = torch.device("cpu")
 
 
 def a_checkpoint(model: GPT2) -> dict:
-    return checkpoint_state(settings=TrainSettings(data="d").to_dict(), config=model.config, iteration=3, evaluated=2,
-                            best_val_loss=1.5, model=model.state_dict(), optimizer={}, scaler={}, rng=[rng_state(CPU)])  # fmt: skip
+    return checkpoint_state(
+        settings=TrainSettings(data="d").to_dict(),
+        config=model.config,
+        iteration=3,
+        evaluated=2,
+        best_val_loss=1.5,
+        model=model.state_dict(),
+        optimizer={},
+        scaler={},
+        rng=[rng_state(CPU)],
+    )
 
 
 def test_a_checkpoint_reads_back_with_its_model(tmp_path):
@@ -57,7 +66,10 @@ def test_a_failed_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
 
 
 def test_what_is_not_a_checkpoint_is_refused(tmp_path):
-    with pytest.raises(InvalidArgumentError, match=f"nothing to resume in {tmp_path}: it holds no checkpoint.pt .start a run without resume=True.") as e:
+    with pytest.raises(
+        InvalidArgumentError,
+        match=f"nothing to resume in {tmp_path}: it holds no checkpoint.pt .start a run without resume=True.",
+    ) as e:
         load_checkpoint(tmp_path)
     assert e.value.param == "resume"
     (tmp_path / CHECKPOINT).write_bytes(b"not a torch file")

@@ -27,8 +27,22 @@ from gpt2.training.distributed import start
 from gpt2.training.train import TaskEvaluation, read_log, train
 
 # grad_accum 4 splits into 2 micro-batches a process; eval_iters 3 does not split evenly.
-SETTINGS = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, batch_size=4, grad_accum=4, lr=3e-3, min_lr=3e-4, warmup_iters=5,
-                lr_decay_iters=20, eval_interval=10, eval_iters=3, device="cpu", compile="off")  # fmt: skip
+SETTINGS = dict(
+    n_layer=2,
+    n_head=2,
+    n_embd=32,
+    block_size=16,
+    batch_size=4,
+    grad_accum=4,
+    lr=3e-3,
+    min_lr=3e-4,
+    warmup_iters=5,
+    lr_decay_iters=20,
+    eval_interval=10,
+    eval_iters=3,
+    device="cpu",
+    compile="off",
+)
 ENV = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
 TOLERANCE = 1e-4
 
@@ -56,8 +70,17 @@ def torchrun_command(forks):
     as they reach a process of their own: the client passes them on."""
 
     def command(*args: str, nproc: int = 2) -> list[str]:
-        return [str(forks.python), "-c", "from torch.distributed.run import main; main()", "--standalone",
-                f"--nproc_per_node={nproc}", "--no-python", str(forks.command), "train", *args]  # fmt: skip
+        return [
+            str(forks.python),
+            "-c",
+            "from torch.distributed.run import main; main()",
+            "--standalone",
+            f"--nproc_per_node={nproc}",
+            "--no-python",
+            str(forks.command),
+            "train",
+            *args,
+        ]
 
     return command
 
@@ -67,8 +90,14 @@ def torchrun(torchrun_command):
     """The command run to its end, without progress bars: run(*args, nproc=2, check=True)."""
 
     def run(*args: str, nproc: int = 2, check: bool = True, **popen) -> subprocess.CompletedProcess:
-        result = subprocess.run(torchrun_command("--no-progress", *args, nproc=nproc), env=FORKED_ENV, capture_output=True,
-                                text=True, timeout=300, **popen)  # fmt: skip
+        result = subprocess.run(
+            torchrun_command("--no-progress", *args, nproc=nproc),
+            env=FORKED_ENV,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            **popen,
+        )
         if check:
             assert result.returncode == 0, result.stderr[-3000:]
         return result
@@ -79,7 +108,9 @@ def torchrun(torchrun_command):
 def curve(out: Path) -> tuple[dict[int, float], dict[int, float]]:
     """The training loss of each iteration and the validation loss of each evaluation."""
     records = read_log(out / "log.jsonl")
-    return {r["iter"]: r["loss"] for r in records if "loss" in r}, {r["iter"]: r["val_loss"] for r in records if "val_loss" in r}
+    return {r["iter"]: r["loss"] for r in records if "loss" in r}, {
+        r["iter"]: r["val_loss"] for r in records if "val_loss" in r
+    }
 
 
 def assert_same_curve(out: Path, reference: Path) -> None:
@@ -101,8 +132,16 @@ def assert_same_model(out: Path, reference: Path) -> None:
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
 def test_two_processes_follow_the_loss_curve_of_one(mode, char_data, one_process, tmp_path, torchrun):
     fsdp = ["--fsdp"] if mode == "fsdp" else []
-    result = torchrun("--data", str(char_data), "--out", str(tmp_path / "out"), *flags(max_iters=20, **SETTINGS), *fsdp,
-                      "--sample-prompt", "The")  # fmt: skip
+    result = torchrun(
+        "--data",
+        str(char_data),
+        "--out",
+        str(tmp_path / "out"),
+        *flags(max_iters=20, **SETTINGS),
+        *fsdp,
+        "--sample-prompt",
+        "The",
+    )
     assert_same_curve(tmp_path / "out", one_process)
     assert_same_model(tmp_path / "out", one_process)
     # rank 0 alone prints: one line an evaluation, one sample, one summary
@@ -137,14 +176,19 @@ def scored_one(gpt2_data, tmp_path_factory) -> tuple[Path, list[str]]:
     path = write_hellaswag(root / "hellaswag_val.jsonl", corpus_hellaswag(24))
     settings = dict(data=gpt2_data, eval_task_data=path, **SCORED)
     data = open_data(gpt2_data)
-    limit = next(n for n in range(24, 1, -1)
-                 if len(TaskEvaluation(TrainSettings(**settings, eval_task_limit=n), data, False).batches(32, 4 * 32)) % 2)
+    limit = next(
+        n
+        for n in range(24, 1, -1)
+        if len(TaskEvaluation(TrainSettings(**settings, eval_task_limit=n), data, False).batches(32, 4 * 32)) % 2
+    )
     train(root / "out", max_iters=4, eval_task_limit=limit, progress=False, **settings)
     return root / "out", flags(eval_task_data=path, eval_task_limit=limit, **SCORED)
 
 
 def hellaswag_scores(out: Path) -> list[tuple[int, float, float]]:
-    return [(r["iter"], r["hellaswag_acc"], r["hellaswag_acc_norm"]) for r in read_log(out / "log.jsonl") if "val_loss" in r]
+    return [
+        (r["iter"], r["hellaswag_acc"], r["hellaswag_acc_norm"]) for r in read_log(out / "log.jsonl") if "val_loss" in r
+    ]
 
 
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
@@ -211,9 +255,13 @@ def test_ctrl_c_stops_every_process_with_a_checkpoint(char_data, one_process, tm
     out = tmp_path / "out"
     settings = dict(SETTINGS, max_iters=20_000, lr_decay_iters=20, eval_interval=10_000)
     command = torchrun_command("--no-progress", "--data", str(char_data), "--out", str(out), *flags(**settings))
-    process = subprocess.Popen(command, env=FORKED_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=heed_ctrl_c)
+    process = subprocess.Popen(
+        command, env=FORKED_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=heed_ctrl_c
+    )
     deadline = time.monotonic() + 120
-    while len(curve(out)[0] if (out / "log.jsonl").exists() else {}) < 25:  # 25 steps logged, of 20,000: the run is under way
+    while (
+        len(curve(out)[0] if (out / "log.jsonl").exists() else {}) < 25
+    ):  # 25 steps logged, of 20,000: the run is under way
         assert time.monotonic() < deadline and process.poll() is None, "no 25 steps logged"
         time.sleep(0.05)
     process.send_signal(signal.SIGINT)  # what Ctrl-C sends torchrun, which passes it on to each process
@@ -225,11 +273,14 @@ def test_ctrl_c_stops_every_process_with_a_checkpoint(char_data, one_process, tm
     steps = curve(out)[0]
     assert sorted(steps) == list(range(stopped + 5))
     ref = curve(one_process)[0]
-    assert max(abs(steps[i] - ref[i]) for i in range(20)) < TOLERANCE  # the same run as ever, up to where the reference ends
+    assert (
+        max(abs(steps[i] - ref[i]) for i in range(20)) < TOLERANCE
+    )  # the same run as ever, up to where the reference ends
 
 
-def test_ctrl_c_in_an_evaluation_stops_every_process_at_the_same_batch(char_data, one_process, tmp_path, torchrun,
-                                                                        torchrun_command):  # fmt: skip
+def test_ctrl_c_in_an_evaluation_stops_every_process_at_the_same_batch(
+    char_data, one_process, tmp_path, torchrun, torchrun_command
+):
     """An evaluation of a million and one batches (shared unevenly: one process draws one more):
     Ctrl-C stops both processes within seconds at the same batch (were one to go on, the other
     would wait for it for ever), with the checkpoint of iteration 0, whose evaluation the resume
@@ -258,14 +309,22 @@ def test_a_diverged_run_stops_every_process_at_once(char_data, tmp_path, torchru
     logged step, none waiting on the others; rank 0 says so in one line and the files stay those
     of iteration 0's evaluation."""
     out = tmp_path / "out"
-    result = torchrun("--data", str(char_data), "--out", str(out), *flags(max_iters=20, **{**SETTINGS, "lr": 1e30}), check=False)
+    result = torchrun(
+        "--data", str(char_data), "--out", str(out), *flags(max_iters=20, **{**SETTINGS, "lr": 1e30}), check=False
+    )
     assert result.returncode != 0
-    assert result.stderr.count("gpt2: error: iter 1: the training loss is nan: training diverged") == 1, result.stderr[-3000:]
-    assert load_checkpoint(out)["iteration"] == 0 and all(torch.isfinite(t).all() for t in load_checkpoint(out)["model"].values())
+    assert result.stderr.count("gpt2: error: iter 1: the training loss is nan: training diverged") == 1, result.stderr[
+        -3000:
+    ]
+    assert load_checkpoint(out)["iteration"] == 0 and all(
+        torch.isfinite(t).all() for t in load_checkpoint(out)["model"].values()
+    )
 
 
 def test_grad_accum_must_divide_among_the_processes(char_data, tmp_path, torchrun):
-    result = torchrun("--data", str(char_data), "--out", str(tmp_path / "out"), *flags(**dict(SETTINGS, grad_accum=3)), check=False)
+    result = torchrun(
+        "--data", str(char_data), "--out", str(tmp_path / "out"), *flags(**dict(SETTINGS, grad_accum=3)), check=False
+    )
     assert result.returncode != 0
     message = "gpt2: error: --grad-accum 3 must be a multiple of the 2 processes"
     assert result.stderr.count(message) == 1  # every process finds it; rank 0 says it
@@ -274,7 +333,9 @@ def test_grad_accum_must_divide_among_the_processes(char_data, tmp_path, torchru
 
 def test_fsdp_needs_a_distributed_launch(char_data, tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("RANK", raising=False)
-    with pytest.raises(InvalidArgumentError, match="fsdp shards the model over the processes of a distributed launch: start") as e:
+    with pytest.raises(
+        InvalidArgumentError, match="fsdp shards the model over the processes of a distributed launch: start"
+    ) as e:
         train(tmp_path / "out", data=char_data, fsdp=True, progress=False, **SETTINGS)
     assert e.value.param == "fsdp"
     assert main(["train", "--data", str(char_data), "--out", str(tmp_path / "out"), "--fsdp", "--device", "cpu"]) == 2
@@ -288,7 +349,10 @@ def test_fsdp_needs_a_distributed_launch(char_data, tmp_path, capsys, monkeypatc
         (dict(RANK="one", WORLD_SIZE="2", LOCAL_RANK="0"), "environment variable RANK must be a whole number"),
         (dict(RANK="0", WORLD_SIZE="2"), "environment variable LOCAL_RANK must be a whole number"),
         (dict(RANK="2", WORLD_SIZE="2", LOCAL_RANK="0"), "RANK 2 is not below WORLD_SIZE 2"),
-        (dict(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="no"), "could not reach the other processes"),
+        (
+            dict(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="no"),
+            "could not reach the other processes",
+        ),
     ],
 )
 def test_a_bad_launch_environment_is_named(env, message, monkeypatch):
@@ -304,7 +368,13 @@ def test_a_bad_launch_environment_is_named(env, message, monkeypatch):
 def test_one_process_needs_no_group(monkeypatch):
     monkeypatch.delenv("RANK", raising=False)
     procs = start("cpu", timeout=5)
-    assert (procs.rank, procs.world, procs.device, procs.is_main, procs.grouped) == (0, 1, torch.device("cpu"), True, False)
+    assert (procs.rank, procs.world, procs.device, procs.is_main, procs.grouped) == (
+        0,
+        1,
+        torch.device("cpu"),
+        True,
+        False,
+    )
     assert procs.sum(torch.tensor([2.0, 3.0])).tolist() == [2.0, 3.0]
     assert procs.any(True) and not procs.any(False)
     assert procs.gather("x") == ["x"]
@@ -324,11 +394,27 @@ def test_a_lost_process_is_named_and_the_others_stop(how, char_data, tmp_path, f
     itself, not its client: it hangs): rank 0 stops within the timeout, naming rank 1."""
     settings = dict(SETTINGS, max_iters=100_000, eval_interval=100_000)
     env = {**FORKED_ENV, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
-    args = ["train", "--no-progress", "--data", str(char_data), "--out", str(tmp_path / "out"), "--timeout=3", *flags(**settings)]
+    args = [
+        "train",
+        "--no-progress",
+        "--data",
+        str(char_data),
+        "--out",
+        str(tmp_path / "out"),
+        "--timeout=3",
+        *flags(**settings),
+    ]
     pid_file = tmp_path / "rank1.pid"
-    ranks = [subprocess.Popen([str(forks.command), *args], env={**env, "RANK": str(r), "LOCAL_RANK": str(r), **pid},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for r, pid in ((0, {}), (1, {"FORKED_PID_FILE": str(pid_file)}))]  # fmt: skip
+    ranks = [
+        subprocess.Popen(
+            [str(forks.command), *args],
+            env={**env, "RANK": str(r), "LOCAL_RANK": str(r), **pid},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r, pid in ((0, {}), (1, {"FORKED_PID_FILE": str(pid_file)}))
+    ]
     try:
         log = tmp_path / "out" / "log.jsonl"
         deadline = time.monotonic() + 120
@@ -341,7 +427,9 @@ def test_a_lost_process_is_named_and_the_others_stop(how, char_data, tmp_path, f
             os.kill(int(pid_file.read_text()), signal.SIGSTOP)
         lost = time.monotonic()
         _, err = ranks[0].communicate(timeout=120)
-        assert time.monotonic() - lost < 3 + 10 + 30  # the timeout, the wait to hear from the others, a busy machine's slack (not 600 s)
+        assert (
+            time.monotonic() - lost < 3 + 10 + 30
+        )  # the timeout, the wait to hear from the others, a busy machine's slack (not 600 s)
     finally:
         if how == "hangs" and pid_file.exists():
             os.kill(int(pid_file.read_text()), signal.SIGCONT)

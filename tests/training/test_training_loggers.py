@@ -16,8 +16,19 @@ from gpt2.training.train import read_log, train
 
 pytestmark = pytest.mark.filterwarnings("ignore::gpt2.training.train.WarmupWarning")
 
-TINY = dict(n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=2, grad_accum=1, eval_interval=2, eval_iters=1,
-            log_interval=1, device="cpu", progress=False)  # fmt: skip
+TINY = dict(
+    n_layer=1,
+    n_head=2,
+    n_embd=16,
+    block_size=16,
+    batch_size=2,
+    grad_accum=1,
+    eval_interval=2,
+    eval_iters=1,
+    log_interval=1,
+    device="cpu",
+    progress=False,
+)
 
 
 @pytest.fixture
@@ -66,7 +77,10 @@ def wandb_run(directory: Path) -> tuple[str, dict, list[dict]]:
     once W&B's service has written them all (its exit record: wandb.finish() does not wait)."""
     [path] = directory.glob("run-*.wandb")
     deadline = time.monotonic() + 120  # a bound for a hang: a busy machine's service is slow to write
-    while not ((records := wandb_records(path)) and records[-1].WhichOneof("record_type") == "exit") and time.monotonic() < deadline:
+    while (
+        not ((records := wandb_records(path)) and records[-1].WhichOneof("record_type") == "exit")
+        and time.monotonic() < deadline
+    ):
         time.sleep(0.1)
     run_id, config, history = None, {}, []
     for record in records:
@@ -77,7 +91,9 @@ def wandb_run(directory: Path) -> tuple[str, dict, list[dict]]:
         elif kind == "config":
             config.update({item.key: json.loads(item.value_json) for item in record.config.update})
         elif kind == "history":
-            history.append({item.key or ".".join(item.nested_key): json.loads(item.value_json) for item in record.history.item})
+            history.append(
+                {item.key or ".".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+            )
     return run_id, config, history
 
 
@@ -105,7 +121,10 @@ def test_wandb_offline_and_tensorboard_get_what_log_jsonl_gets_and_a_resume_goes
     out, board = tmp_path / "out", tmp_path / "board"
     train(out, data=char_data, max_iters=4, wandb="tiny-project", wandb_run_name="first", tensorboard=board, **TINY)
     records = read_log(out / "log.jsonl")
-    assert records[0] == {"iter": 0, "settings": records[0]["settings"]} and records[0]["settings"]["wandb"] == "tiny-project"
+    assert (
+        records[0] == {"iter": 0, "settings": records[0]["settings"]}
+        and records[0]["settings"]["wandb"] == "tiny-project"
+    )
     [first] = offline_wandb.glob("offline-run-*")
     run_id, config, history = wandb_run(first)
     assert run_id == (out / "wandb-run-id").read_text().strip()
@@ -114,7 +133,9 @@ def test_wandb_offline_and_tensorboard_get_what_log_jsonl_gets_and_a_resume_goes
     rows = {row["_step"]: row for row in history}
     assert sorted(rows) == [0, 1, 2, 3, 4]
     for record in records[1:]:
-        assert {k: rows[record["iter"]][k] for k in record if k != "iter"} == {k: v for k, v in record.items() if k != "iter"}
+        assert {k: rows[record["iter"]][k] for k in record if k != "iter"} == {
+            k: v for k, v in record.items() if k != "iter"
+        }
     scalars = tensorboard_scalars(board)
     for key in ("loss", "lr", "val_loss", "train_loss", "tokens_per_s"):
         assert scalars[key] == pytest.approx(logged(out, key), rel=1e-6), key  # float32 in the event files
@@ -127,7 +148,9 @@ def test_wandb_offline_and_tensorboard_get_what_log_jsonl_gets_and_a_resume_goes
     train(out, resume=True, max_iters=8, progress=False)
     scalars = tensorboard_scalars(board)
     assert sorted(scalars["loss"]) == list(range(8)) and sorted(scalars["val_loss"]) == [0, 2, 4, 6, 8]
-    assert scalars["loss"] == pytest.approx(logged(out, "loss"), rel=1e-6) == resumed["loss"]  # resumes repeat the losses
+    assert (
+        scalars["loss"] == pytest.approx(logged(out, "loss"), rel=1e-6) == resumed["loss"]
+    )  # resumes repeat the losses
     later = [run for run in offline_wandb.glob("offline-run-*") if run != first]
     assert len(later) == 2
     for run in later:
@@ -141,7 +164,10 @@ def test_a_new_run_over_an_old_one_starts_a_new_wandb_run(char_data, tmp_path, o
     old = (out / "wandb-run-id").read_text()
     train(out, data=char_data, max_iters=1, wandb="tiny-project", overwrite=True, **TINY)
     assert (out / "wandb-run-id").read_text() != old
-    assert {wandb_run(d)[0] for d in offline_wandb.glob("offline-run-*")} == {old.strip(), (out / "wandb-run-id").read_text().strip()}
+    assert {wandb_run(d)[0] for d in offline_wandb.glob("offline-run-*")} == {
+        old.strip(),
+        (out / "wandb-run-id").read_text().strip(),
+    }
 
 
 @pytest.mark.parametrize("setting", ["wandb", "tensorboard"])
@@ -149,7 +175,9 @@ def test_a_logger_without_its_package_is_refused_before_the_run(char_data, tmp_p
     from gpt2 import MissingPackageError
 
     monkeypatch.setitem(__import__("sys").modules, setting, None)  # import wandb: ImportError
-    with pytest.raises(MissingPackageError, match=rf"^{setting} needs the {setting} package: pip install 'gpt2\[{setting}\]'$") as e:
+    with pytest.raises(
+        MissingPackageError, match=rf"^{setting} needs the {setting} package: pip install 'gpt2\[{setting}\]'$"
+    ) as e:
         train(tmp_path / "out", data=char_data, max_iters=2, **{setting: str(tmp_path / "x")}, **TINY)
     assert e.value.param == setting and not (tmp_path / "out").exists()
 

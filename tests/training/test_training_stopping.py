@@ -22,8 +22,10 @@ def test_a_signal_asks_for_a_stop_and_a_second_stops_at_once(signum):
         stop.check()  # no signal yet: goes on
         os.kill(os.getpid(), signum)
         assert stop.requested
-        assert said == ["gpt2: stopping at the next micro-batch or evaluation batch, with the checkpoint of the last "
-                        "completed iteration (once more to stop at once)"]  # fmt: skip
+        assert said == [
+            "gpt2: stopping at the next micro-batch or evaluation batch, with the checkpoint of the last "
+            "completed iteration (once more to stop at once)"
+        ]
         with pytest.raises(StopRequested):
             stop.check()
         with pytest.raises(KeyboardInterrupt):
@@ -36,7 +38,9 @@ def test_in_a_group_a_late_signal_is_a_request_until_the_group_is_left():
     own after another process's signal stopped them all: it may come after the loop, while the
     process leaves the group (destroy_process_group), where a KeyboardInterrupt would cut that
     short. A group's handlers stay until `release`: said once, never a KeyboardInterrupt."""
-    procs = SimpleNamespace(grouped=True, is_main=True, any=lambda flag: flag)  # a group's rank 0, as StopSignals sees it
+    procs = SimpleNamespace(
+        grouped=True, is_main=True, any=lambda flag: flag
+    )  # a group's rank 0, as StopSignals sees it
     stop, said = StopSignals(procs), []
     before = signal.getsignal(signal.SIGINT)
     try:
@@ -48,8 +52,10 @@ def test_in_a_group_a_late_signal_is_a_request_until_the_group_is_left():
         os.kill(os.getpid(), signal.SIGINT)  # after the loop: the process is leaving the group
         procs.grouped = False  # left it (destroy_process_group), still holding the handlers
         os.kill(os.getpid(), signal.SIGINT)
-        assert said == ["gpt2: stopping at the next micro-batch or evaluation batch, with the checkpoint of the last "
-                        "completed iteration"]  # fmt: skip
+        assert said == [
+            "gpt2: stopping at the next micro-batch or evaluation batch, with the checkpoint of the last "
+            "completed iteration"
+        ]
         assert signal.getsignal(signal.SIGINT) is not before
     finally:
         stop.release()

@@ -24,9 +24,26 @@ import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
 import gpt2.training.train
-from helpers import REPO, Watched, corpus_hellaswag, heed_ctrl_c, make_hf_model, replies_are_even_ids, write_conversations, write_hellaswag
-from gpt2 import (CheckpointError, ContextLengthError, DataError, GPT2Error, InvalidArgumentError, NonFiniteError, Tokenizer,
-                  UnwritablePathError)
+from helpers import (
+    REPO,
+    Watched,
+    corpus_hellaswag,
+    heed_ctrl_c,
+    make_hf_model,
+    replies_are_even_ids,
+    write_conversations,
+    write_hellaswag,
+)
+from gpt2 import (
+    CheckpointError,
+    ContextLengthError,
+    DataError,
+    GPT2Error,
+    InvalidArgumentError,
+    NonFiniteError,
+    Tokenizer,
+    UnwritablePathError,
+)
 from gpt2.checkpoints.config import GPT2Config
 from gpt2.data.tokens import get_batch, open_data, prepare
 from gpt2.evaluation.evaluate import hellaswag
@@ -51,8 +68,21 @@ from gpt2.training.train import (
 pytestmark = pytest.mark.filterwarnings("ignore::gpt2.training.train.WarmupWarning")
 
 # A model small enough to train for dozens of iterations in a second or two.
-TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, batch_size=4, grad_accum=2, lr=3e-3, min_lr=3e-4,
-            warmup_iters=5, eval_interval=10, eval_iters=2, log_interval=1, device="cpu")  # fmt: skip
+TINY = dict(
+    n_layer=2,
+    n_head=2,
+    n_embd=32,
+    block_size=16,
+    batch_size=4,
+    grad_accum=2,
+    lr=3e-3,
+    min_lr=3e-4,
+    warmup_iters=5,
+    eval_interval=10,
+    eval_iters=2,
+    log_interval=1,
+    device="cpu",
+)
 
 
 def losses(out: Path) -> dict[int, float]:
@@ -76,9 +106,13 @@ def nanogpt_lr(it, learning_rate, warmup_iters, lr_decay_iters, min_lr):
 @pytest.mark.parametrize("warmup, decay", [(100, 2000), (0, 50), (2000, 600_000), (10, 11)])
 def test_learning_rate_schedule_equals_nanogpt(warmup, decay):
     s = TrainSettings(data="unused", lr=1e-3, min_lr=1e-4, warmup_iters=warmup, lr_decay_iters=decay, max_iters=decay)
-    for it in sorted({0, 1, warmup - 1, warmup, warmup + 1, (warmup + decay) // 2, decay - 1, decay, decay + 1, 3 * decay}):
+    for it in sorted(
+        {0, 1, warmup - 1, warmup, warmup + 1, (warmup + decay) // 2, decay - 1, decay, decay + 1, 3 * decay}
+    ):
         if it >= 0:
-            assert learning_rate(it, s) == pytest.approx(nanogpt_lr(it, 1e-3, warmup, decay, 1e-4), rel=1e-12, abs=1e-15)
+            assert learning_rate(it, s) == pytest.approx(
+                nanogpt_lr(it, 1e-3, warmup, decay, 1e-4), rel=1e-12, abs=1e-15
+            )
     assert learning_rate(warmup, s) == pytest.approx(1e-3)  # the peak, once warm-up is over
     assert learning_rate(decay + 5, s) == 1e-4
 
@@ -105,7 +139,9 @@ def test_initial_loss_is_about_ln_of_the_vocabulary(char_data, tmp_path):
     assert first["iter"] == 0
     for split in ("train", "val"):
         ids = np.fromfile(char_data / f"{split}.bin", dtype=np.uint16)
-        batches = [get_batch(ids, 16, 4, seed=1337, iteration=0, micro_step=EVAL_STREAM + k) for k in range(TINY["eval_iters"])]
+        batches = [
+            get_batch(ids, 16, 4, seed=1337, iteration=0, micro_step=EVAL_STREAM + k) for k in range(TINY["eval_iters"])
+        ]
         repeats = float(np.mean([(x == y).float().mean() for x, y in batches]))  # targets equal to their input
         assert abs(first[f"{split}_loss"] - initial_loss(vocab, TINY["n_embd"], repeats)) < 0.1
     assert result.iteration == 1
@@ -140,7 +176,9 @@ def test_one_step_equals_transformers(gpt2_data, tmp_path):
     val = np.fromfile(gpt2_data / "val.bin", dtype=np.uint16)
     with torch.no_grad():
         batches = [get_batch(val, 16, 4, seed=7, iteration=0, micro_step=EVAL_STREAM + k) for k in range(2)]
-        expected = np.mean([float(F.cross_entropy(hf(vx).logits.flatten(0, 1).double(), vy.flatten())) for vx, vy in batches])
+        expected = np.mean(
+            [float(F.cross_entropy(hf(vx).logits.flatten(0, 1).double(), vy.flatten())) for vx, vy in batches]
+        )
     first_eval = next(r for r in read_log(tmp_path / "out" / "log.jsonl") if "val_loss" in r)
     assert first_eval["iter"] == 0 and abs(first_eval["val_loss"] - expected) < 1e-5
     loss.backward()
@@ -153,8 +191,10 @@ def test_one_step_equals_transformers(gpt2_data, tmp_path):
     # nanoGPT's optimizer by hand: AdamW, weight decay on 2-D parameters only, clipped gradients
     torch.nn.utils.clip_grad_norm_(hf.parameters(), 1.0)
     params = [p for n, p in hf.named_parameters()]
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]  # fmt: skip
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
     torch.optim.AdamW(groups, lr=3e-3, betas=(0.9, 0.95)).step()  # iteration 0's rate: no warm-up
     state = torch.load(tmp_path / "out" / "checkpoint.pt", weights_only=True)["model"]  # the weights after the step
     for name, p in hf.named_parameters():
@@ -186,20 +226,32 @@ def test_muon_updates_the_blocks_matrices_and_adamw_the_rest():
     model = GPT2(GPT2Config(n_vocab=65, n_ctx=16, n_layer=2, n_head=2, n_embd=32, bias=True))
     adamw, muon = make_optimizers(model, TrainSettings(data="unused", optimizer="muon"), torch.device("cpu"))
     names = {p: name for name, p in model.named_parameters()}
-    matrices = [f"transformer.h.{i}.{m}.weight" for i in (0, 1) for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")]
-    assert isinstance(muon, torch.optim.Muon) and sorted(names[p] for p in muon.param_groups[0]["params"]) == sorted(matrices)
+    matrices = [
+        f"transformer.h.{i}.{m}.weight"
+        for i in (0, 1)
+        for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
+    ]
+    assert isinstance(muon, torch.optim.Muon) and sorted(names[p] for p in muon.param_groups[0]["params"]) == sorted(
+        matrices
+    )
     decayed, not_decayed = ([names[p] for p in g["params"]] for g in adamw.param_groups)
     assert decayed == ["transformer.wte.weight", "transformer.wpe.weight"]
-    assert len(not_decayed) == 2 * 8 + 2 and all(name.endswith(("bias", "ln_1.weight", "ln_2.weight", "ln_f.weight")) for name in not_decayed)
+    assert len(not_decayed) == 2 * 8 + 2 and all(
+        name.endswith(("bias", "ln_1.weight", "ln_2.weight", "ln_f.weight")) for name in not_decayed
+    )
     (alone,) = make_optimizers(model, TrainSettings(data="unused"), torch.device("cpu"))  # adamw: every weight
     assert sum(len(g["params"]) for g in alone.param_groups) == len(names)
 
 
 def test_muon_lr_scales_the_schedule():
-    s = TrainSettings(data="unused", lr=1e-3, min_lr=1e-4, warmup_iters=10, max_iters=100, optimizer="muon", muon_lr=5e-3)
+    s = TrainSettings(
+        data="unused", lr=1e-3, min_lr=1e-4, warmup_iters=10, max_iters=100, optimizer="muon", muon_lr=5e-3
+    )
     for it in (0, 5, 10, 50, 99, 150):
         assert learning_rate(it, s, 5e-3) == pytest.approx(5 * nanogpt_lr(it, 1e-3, 10, 100, 1e-4), rel=1e-12)
-    assert learning_rate(150, s, s.lr) == learning_rate(150, s) == 1e-4  # the peak lr itself: the same numbers, bit for bit
+    assert (
+        learning_rate(150, s, s.lr) == learning_rate(150, s) == 1e-4
+    )  # the peak lr itself: the same numbers, bit for bit
 
 
 def test_a_muon_run_logs_muon_lr_beside_adamws_lr(char_data, tmp_path):
@@ -209,7 +261,9 @@ def test_a_muon_run_logs_muon_lr_beside_adamws_lr(char_data, tmp_path):
     settings = dict(TINY, grad_accum=1, warmup_iters=1, eval_interval=2, eval_iters=1)
     train(tmp_path / "out", data=char_data, max_iters=4, progress=False, optimizer="muon", muon_lr=6e-3, **settings)
     records = [r for r in read_log(tmp_path / "out" / "log.jsonl") if "lr" in r]
-    assert [r["iter"] for r in records if "loss" in r] == [0, 1, 2, 3] and [r["iter"] for r in records if "val_loss" in r] == [0, 2, 4]
+    assert [r["iter"] for r in records if "loss" in r] == [0, 1, 2, 3] and [
+        r["iter"] for r in records if "val_loss" in r
+    ] == [0, 2, 4]
     for r in records:
         assert r["lr"] == pytest.approx(nanogpt_lr(r["iter"], 3e-3, 1, 4, 3e-4), rel=1e-12)
         assert r["muon_lr"] == pytest.approx(nanogpt_lr(r["iter"], 6e-3, 1, 4, 3e-4 * 6e-3 / 3e-3), rel=1e-12)
@@ -223,23 +277,43 @@ def test_one_muon_step_equals_muon_written_out(gpt2_data, tmp_path):
     settings = dict(TINY, grad_accum=1, warmup_iters=0, weight_decay=0.1, grad_clip=1.0, seed=7, eval_interval=1000)
     for name in ("n_layer", "n_head", "n_embd"):
         settings.pop(name)
-    train(tmp_path / "out", data=gpt2_data, init=tmp_path / "init", max_iters=1, optimizer="muon", progress=False, **settings)
+    train(
+        tmp_path / "out",
+        data=gpt2_data,
+        init=tmp_path / "init",
+        max_iters=1,
+        optimizer="muon",
+        progress=False,
+        **settings,
+    )
     x, y = get_batch(np.fromfile(gpt2_data / "train.bin", dtype=np.uint16), 16, 4, seed=7, iteration=0, micro_step=0)
     model = GPT2.from_pretrained(tmp_path / "init", device="cpu", dropout=0.0).train()
     model(x, y)[1].backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     lr, muon_lr = 3e-3, 0.01  # TINY's, and Muon's by default
     matrices = {n for n, p in model.named_parameters() if n.startswith("transformer.h.") and p.dim() == 2}
-    expected = {n: (p * (1 - muon_lr * 0.1) - muon_lr * muon_update(p.grad)).detach()
-                for n, p in model.named_parameters() if n in matrices}  # fmt: skip
+    expected = {
+        n: (p * (1 - muon_lr * 0.1) - muon_lr * muon_update(p.grad)).detach()
+        for n, p in model.named_parameters()
+        if n in matrices
+    }
     rest = [p for n, p in model.named_parameters() if n not in matrices]
-    torch.optim.AdamW([{"params": [p for p in rest if p.dim() >= 2], "weight_decay": 0.1},
-                       {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95)).step()  # fmt: skip
+    torch.optim.AdamW(
+        [
+            {"params": [p for p in rest if p.dim() >= 2], "weight_decay": 0.1},
+            {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0},
+        ],
+        lr=lr,
+        betas=(0.9, 0.95),
+    ).step()
     expected |= {n: p.detach() for n, p in model.named_parameters() if n not in matrices}
     state = torch.load(tmp_path / "out" / "checkpoint.pt", weights_only=True)
     for name, p in expected.items():
         assert (state["model"][name] - p).abs().max() < 2e-6, name
-    moved = [float((state["model"][n] - p.detach()).abs().max()) for n, p in GPT2.from_pretrained(tmp_path / "init", device="cpu").named_parameters()]
+    moved = [
+        float((state["model"][n] - p.detach()).abs().max())
+        for n, p in GPT2.from_pretrained(tmp_path / "init", device="cpu").named_parameters()
+    ]
     assert min(moved) > 1e-4  # every weight moved: the tolerance above is far below a step
     assert {"momentum_buffer"} == set(state["optimizer"]["state"]["transformer.h.0.mlp.c_fc.weight"])
     assert {"step", "exp_avg", "exp_avg_sq"} == set(state["optimizer"]["state"]["transformer.wte.weight"])
@@ -261,19 +335,39 @@ def test_a_muon_run_resumes_bit_for_bit_and_keeps_its_optimizer(char_data, tmp_p
     from gpt2.cli import main
 
     capsys.readouterr()
-    assert main(["generate", "--model", str(tmp_path / "parts"), "--max-new-tokens", "5", "--seed", "1", "--device", "cpu", "To"]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                "--model",
+                str(tmp_path / "parts"),
+                "--max-new-tokens",
+                "5",
+                "--seed",
+                "1",
+                "--device",
+                "cpu",
+                "To",
+            ]
+        )
+        == 0
+    )
     assert capsys.readouterr().out.startswith("To")
 
 
 def test_muon_is_refused_under_fsdp_and_an_unknown_optimizer_is_named(char_data, tmp_path, capsys):
     from gpt2.cli import main
 
-    with pytest.raises(InvalidArgumentError, match="optimizer muon cannot run with fsdp: Muon orthogonalises each matrix whole") as e:
+    with pytest.raises(
+        InvalidArgumentError, match="optimizer muon cannot run with fsdp: Muon orthogonalises each matrix whole"
+    ) as e:
         train(tmp_path / "out", data=char_data, optimizer="muon", fsdp=True, progress=False, **TINY)
     assert (e.value.param, e.value.also) == ("optimizer", ("fsdp",))
     with pytest.raises(InvalidArgumentError, match="^optimizer must be one of adamw, muon, got 'sgd'$"):
         train(tmp_path / "out", data=char_data, optimizer="sgd", progress=False, **TINY)
-    with pytest.raises(InvalidArgumentError, match="muon_lr is the learning rate of optimizer muon, but optimizer is 'adamw'"):
+    with pytest.raises(
+        InvalidArgumentError, match="muon_lr is the learning rate of optimizer muon, but optimizer is 'adamw'"
+    ):
         train(tmp_path / "out", data=char_data, muon_lr=0.02, progress=False, **TINY)
     base = ["train", "--data", str(char_data), "--out", str(tmp_path / "out"), "--device", "cpu"]
     assert main([*base, "--optimizer", "muon", "--fsdp"]) == 2
@@ -281,7 +375,9 @@ def test_muon_is_refused_under_fsdp_and_an_unknown_optimizer_is_named(char_data,
     assert err.count("\n") == 1 and err.startswith("gpt2: error: --optimizer muon cannot run with fsdp (--fsdp)")
     assert main([*base, "--optimizer", "sgd"]) == 2
     err = capsys.readouterr().err.splitlines()[-1]
-    assert err.startswith("gpt2: error: argument --optimizer: invalid choice: 'sgd'") and "adamw" in err and "muon" in err
+    assert (
+        err.startswith("gpt2: error: argument --optimizer: invalid choice: 'sgd'") and "adamw" in err and "muon" in err
+    )
     assert not (tmp_path / "out").exists()
 
 
@@ -309,14 +405,26 @@ def test_resume_after_ctrl_c_equals_an_uninterrupted_run(char_data, tmp_path, fo
     to send it); the resume to 5 steps past the stop gives the losses of a run never stopped."""
     settings = dict(RESUMABLE, lr_decay_iters=200, eval_interval=50)
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in settings.items()]
-    command = [str(forks.command), "train", "--data", str(char_data), "--out", str(tmp_path / "parts"), "--max-iters=20000", *flags]
+    command = [
+        str(forks.command),
+        "train",
+        "--data",
+        str(char_data),
+        "--out",
+        str(tmp_path / "parts"),
+        "--max-iters=20000",
+        *flags,
+    ]
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               preexec_fn=heed_ctrl_c)  # fmt: skip
+    process = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=heed_ctrl_c
+    )
     log = tmp_path / "parts" / "log.jsonl"
     deadline = time.monotonic() + 120
     while len(losses(tmp_path / "parts") if log.exists() else {}) < 5:
-        assert time.monotonic() < deadline and process.poll() is None, process.stderr.read() if process.poll() is not None else ""
+        assert time.monotonic() < deadline and process.poll() is None, (
+            process.stderr.read() if process.poll() is not None else ""
+        )
         time.sleep(0.01)
     process.send_signal(signal.SIGINT)
     _, err = process.communicate(timeout=120)
@@ -344,7 +452,10 @@ def test_a_checkpoint_of_the_first_format_resumes(char_data, tmp_path):
     old = {k: v for k, v in state.items() if k not in ("rng", "optimizer")}
     later = ("fsdp", "timeout", "optimizer", "muon_lr")  # added with format 2, and since
     old["settings"] = {k: v for k, v in old["settings"].items() if k not in later}
-    torch.save({**old, "version": 1, "optimizer": optimizer.state_dict(), "rng_cpu": state["rng"][0]["cpu"], "rng_cuda": []}, path)
+    torch.save(
+        {**old, "version": 1, "optimizer": optimizer.state_dict(), "rng_cpu": state["rng"][0]["cpu"], "rng_cuda": []},
+        path,
+    )
     assert isinstance(next(iter(torch.load(path, weights_only=True)["optimizer"]["state"])), int)
     train(tmp_path / "parts", resume=True, max_iters=12, timeout=60.0, progress=False)
     assert losses(tmp_path / "parts") == losses(tmp_path / "whole")
@@ -398,7 +509,9 @@ def test_files_written_while_training_goes_on_hold_the_evaluations_state(char_da
 
 def test_a_checkpoint_that_cannot_be_written_stops_the_run_with_its_error(char_data, tmp_path, monkeypatch):
     def full(out, state):
-        raise CheckpointError(f"could not write {out / 'checkpoint.pt'}: No space left on device; the previous checkpoint is intact")
+        raise CheckpointError(
+            f"could not write {out / 'checkpoint.pt'}: No space left on device; the previous checkpoint is intact"
+        )
 
     monkeypatch.setattr(gpt2.training.train, "write_checkpoint", full)
     with pytest.raises(CheckpointError, match="No space left on device; the previous checkpoint is intact"):
@@ -414,7 +527,9 @@ def test_a_resumed_run_keeps_its_model(char_data, tmp_path):
         train(tmp_path / "out", resume=True, max_iters=4, lr=1.0, progress=False)
     assert e.value.param == "lr"
     with pytest.raises(InvalidArgumentError, match=re.escape("unknown training setting(s): learning_rate")):
-        train(tmp_path / "out", resume=True, learning_rate=1.0, progress=False)  # checked once, in train, as resumed_settings takes them
+        train(
+            tmp_path / "out", resume=True, learning_rate=1.0, progress=False
+        )  # checked once, in train, as resumed_settings takes them
 
 
 # ------------------------------------------------------------------ stopping
@@ -477,8 +592,9 @@ def test_a_stop_between_micro_batches_abandons_the_iteration(char_data, tmp_path
 
 
 @pytest.mark.parametrize("max_iters", [12, 8], ids=["middle", "last"])
-def test_a_stop_in_an_evaluation_abandons_it_and_the_resume_redoes_it(max_iters, char_data, tmp_path, monkeypatch, capsys,
-                                                                      one_thread):  # fmt: skip
+def test_a_stop_in_an_evaluation_abandons_it_and_the_resume_redoes_it(
+    max_iters, char_data, tmp_path, monkeypatch, capsys, one_thread
+):
     """SIGTERM in the first batch of the evaluation at iteration 8 (the run's last, or not): the
     checkpoint is iteration 8's, the evaluation is not logged, and the resume does it."""
     train(tmp_path / "whole", data=char_data, max_iters=max_iters, progress=False, **STOPPABLE)
@@ -494,8 +610,14 @@ def test_a_stop_in_an_evaluation_abandons_it_and_the_resume_redoes_it(max_iters,
     train(tmp_path / "parts", resume=True, progress=False)
     assert f"gpt2: resuming from iteration 8 (best val loss {state['best_val_loss']:.4f})\n" in capsys.readouterr().err
     assert losses(tmp_path / "parts") == losses(tmp_path / "whole")
-    evals = {run: [{k: r[k] for k in ("iter", "train_loss", "val_loss", "best")} for r in read_log(tmp_path / run / "log.jsonl")
-                   if "val_loss" in r] for run in ("parts", "whole")}  # fmt: skip
+    evals = {
+        run: [
+            {k: r[k] for k in ("iter", "train_loss", "val_loss", "best")}
+            for r in read_log(tmp_path / run / "log.jsonl")
+            if "val_loss" in r
+        ]
+        for run in ("parts", "whole")
+    }
     assert evals["parts"] == evals["whole"] and evals["parts"][-1]["iter"] == max_iters
 
 
@@ -507,7 +629,16 @@ def test_a_second_signal_stops_at_once(char_data, tmp_path, monkeypatch, capsys)
     out = tmp_path / "out"
     with monkeypatch.context() as m:
         draws = signal_during(m, signal.SIGTERM, lambda draws: draws[-1] == (6, 1), times=2)
-        command = ["train", "--data", str(char_data), "--out", str(out), "--no-progress", "--max-iters=10", *flags(**STOPPABLE)]
+        command = [
+            "train",
+            "--data",
+            str(char_data),
+            "--out",
+            str(out),
+            "--no-progress",
+            "--max-iters=10",
+            *flags(**STOPPABLE),
+        ]
         assert main(command) == 130
     assert draws[-1] == (6, 1)
     assert checkpoint(out)["iteration"] == 4  # the last evaluation's
@@ -527,7 +658,9 @@ def test_the_progress_bar_shows_micro_batches_and_evaluations(char_data, tmp_pat
     train(tmp_path / "out", data=char_data, max_iters=3, progress=True, **settings)
     captured = capsys.readouterr()
     err = captured.err
-    assert not re.search(r"^iter \d+: loss", captured.out, re.M)  # the steps' numbers are on the bar, not lines of their own
+    assert not re.search(
+        r"^iter \d+: loss", captured.out, re.M
+    )  # the steps' numbers are on the bar, not lines of their own
     frames = [frame.strip() for frame in err.replace("\n", "\r").split("\r") if frame.strip()]
     evaluating = [f.split(":")[0] for f in frames if f.startswith("evaluating")]
     assert evaluating[:6] == [f"evaluating {split} {k}/2" for split in ("train", "val") for k in range(3)]
@@ -545,8 +678,15 @@ def test_a_run_stops_within_seconds_of_a_signal_and_resumes_exactly(char_data, t
     settings = dict(STOPPABLE, lr_decay_iters=12)
     train(tmp_path / "whole", data=char_data, max_iters=12, progress=False, **settings)
     train(tmp_path / "parts", data=char_data, max_iters=6, progress=False, **settings)
-    command = [str(forks.command), "train", "--out", str(tmp_path / "parts"), "--resume", "--max-iters=12",
-               "--eval-iters=1000000"]  # fmt: skip
+    command = [
+        str(forks.command),
+        "train",
+        "--out",
+        str(tmp_path / "parts"),
+        "--resume",
+        "--max-iters=12",
+        "--eval-iters=1000000",
+    ]
     with open(tmp_path / "stdout", "w") as stdout:
         run = Watched(command, ENV, stdout)
         run.wait_for("evaluating train")  # at iteration 8
@@ -559,16 +699,35 @@ def test_a_run_stops_within_seconds_of_a_signal_and_resumes_exactly(char_data, t
     assert losses(tmp_path / "parts") == losses(tmp_path / "whole")
 
 
-def test_a_run_stops_within_seconds_of_sigterm_in_a_long_step_and_resumes_exactly(char_data, tmp_path, one_thread, forks):
+def test_a_run_stops_within_seconds_of_sigterm_in_a_long_step_and_resumes_exactly(
+    char_data, tmp_path, one_thread, forks
+):
     """A step of 300 micro-batches (a second or more): SIGTERM in iteration 1 ends the command
     before iteration 1 is done, and the bar counted the micro-batches meanwhile. The command is
     stopped (SIGSTOP) once step 0 is logged, so that where it is when the signal comes is known,
     however slow the machine is to send it."""
-    settings = dict(RESUMABLE, n_layer=1, n_embd=16, block_size=8, batch_size=2, grad_accum=300, warmup_iters=0, lr_decay_iters=2,
-                    eval_iters=1)  # fmt: skip
+    settings = dict(
+        RESUMABLE,
+        n_layer=1,
+        n_embd=16,
+        block_size=8,
+        batch_size=2,
+        grad_accum=300,
+        warmup_iters=0,
+        lr_decay_iters=2,
+        eval_iters=1,
+    )
     train(tmp_path / "whole", data=char_data, max_iters=2, progress=False, **settings)
-    command = [str(forks.command), "train", "--data", str(char_data), "--out", str(tmp_path / "parts"), "--max-iters=3",
-               *flags(**settings)]  # fmt: skip
+    command = [
+        str(forks.command),
+        "train",
+        "--data",
+        str(char_data),
+        "--out",
+        str(tmp_path / "parts"),
+        "--max-iters=3",
+        *flags(**settings),
+    ]
     pid_file = tmp_path / "pid"  # the forked command's own (tests/forks.py), for SIGSTOP, which would stop its client
 
     def frozen_then(signum: int) -> None:  # the signal while the command is stopped, then it runs on and takes it
@@ -584,7 +743,9 @@ def test_a_run_stops_within_seconds_of_sigterm_in_a_long_step_and_resumes_exactl
         pid = int(pid_file.read_text())
         os.kill(pid, signal.SIGSTOP)
         try:
-            assert sorted(losses(tmp_path / "parts")) == [0]  # stopped in iteration 1: its 300 micro-batches take a second
+            assert sorted(losses(tmp_path / "parts")) == [
+                0
+            ]  # stopped in iteration 1: its 300 micro-batches take a second
             seconds = run.stop(signal.SIGTERM, send=frozen_then)
         finally:
             with contextlib.suppress(ProcessLookupError):  # never left stopped, whatever failed
@@ -604,9 +765,12 @@ def test_a_run_stops_within_seconds_of_sigterm_in_a_long_step_and_resumes_exactl
 def test_a_warm_up_as_long_as_the_run_is_warned_about(char_data, tmp_path):
     settings = dict(TINY, warmup_iters=50, lr_decay_iters=100)
     last = nanogpt_lr(19, 3e-3, 50, 100, 3e-4)  # the last iteration's rate: 20/51 of lr
-    with pytest.warns(WarmupWarning, match=rf"warmup_iters 50 is not below max_iters 20: "
-                                           rf"the learning rate warms up for the whole run, from 5.9e-05 to {last:.2g} at its last "
-                                           rf"iteration \(39% of lr 0.003\), and never decays; pass a smaller warmup_iters") as caught:  # fmt: skip
+    with pytest.warns(
+        WarmupWarning,
+        match=rf"warmup_iters 50 is not below max_iters 20: "
+        rf"the learning rate warms up for the whole run, from 5.9e-05 to {last:.2g} at its last "
+        rf"iteration \(39% of lr 0.003\), and never decays; pass a smaller warmup_iters",
+    ) as caught:
         train(tmp_path / "out", data=char_data, max_iters=20, progress=False, **settings)
     warning = next(w.message for w in caught if isinstance(w.message, WarmupWarning))
     assert (warning.param, warning.also) == ("warmup_iters", ("max_iters", "lr"))
@@ -629,12 +793,17 @@ def finite_files(out: Path) -> int:
     return state["iteration"]
 
 
-@pytest.mark.parametrize("where, changes, said", [
-    ("a logged step", {}, "iter 1: the training loss is nan"),
-    ("an evaluation", {"log_interval": 100, "eval_interval": 4}, "iter 4: the train loss of its evaluation is nan"),
-    ("a stop", {"log_interval": 100}, "iter 3: the weights are not finite"),
-])  # fmt: skip
-def test_a_loss_that_is_not_a_number_stops_the_run_and_keeps_its_files(where, changes, said, char_data, tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    "where, changes, said",
+    [
+        ("a logged step", {}, "iter 1: the training loss is nan"),
+        ("an evaluation", {"log_interval": 100, "eval_interval": 4}, "iter 4: the train loss of its evaluation is nan"),
+        ("a stop", {"log_interval": 100}, "iter 3: the weights are not finite"),
+    ],
+)
+def test_a_loss_that_is_not_a_number_stops_the_run_and_keeps_its_files(
+    where, changes, said, char_data, tmp_path, monkeypatch
+):
     """lr 1e30: the first step makes every weight NaN. Found at the next logged step, the next
     evaluation, or a Ctrl-C's checkpoint (where no logged step came between), it stops the run
     naming the iteration and the learning rate; the files stay those of iteration 0's evaluation."""
@@ -658,19 +827,25 @@ def test_a_diverged_run_is_one_line_at_the_command_line_and_its_model_says_it_is
     command = ["train", "--data", str(char_data), "--out", str(out), "--no-progress", "--max-iters=8", *flags(**TINY)]
     assert main([*command, "--lr=1e30"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("gpt2: error: iter 1: the training loss is nan: training diverged, most likely because the learning "
-                          "rate is too high (--lr 1e+30, --warmup-iters 5)")  # fmt: skip
+    assert err.startswith(
+        "gpt2: error: iter 1: the training loss is nan: training diverged, most likely because the learning "
+        "rate is too high (--lr 1e+30, --warmup-iters 5)"
+    )
     assert err.endswith("pass --overwrite\n") and err.count("\n") == 1
     assert finite_files(out) == 0
     assert main(["generate", "--model", str(out), "ROMEO:", "--max-new-tokens", "3", "--no-stream"]) == 0
     warned = [line for line in capsys.readouterr().err.splitlines() if "initialisation" in line]
-    assert warned == [f"gpt2: warning: this model is its initialisation: {out} holds the random weights its training run started "
-                      f"from (saved at iteration 0, before any step), which write noise; train until an evaluation saves a better "
-                      f"one: resume its run with more iterations or more frequent evaluations, or, if its loss diverged, start "
-                      f"again with a lower learning rate"]  # fmt: skip
+    assert warned == [
+        f"gpt2: warning: this model is its initialisation: {out} holds the random weights its training run started "
+        f"from (saved at iteration 0, before any step), which write noise; train until an evaluation saves a better "
+        f"one: resume its run with more iterations or more frequent evaluations, or, if its loss diverged, start "
+        f"again with a lower learning rate"
+    ]
 
 
-def test_the_model_of_a_run_stopped_before_its_second_evaluation_says_it_is_its_initialisation(char_data, tmp_path, monkeypatch):
+def test_the_model_of_a_run_stopped_before_its_second_evaluation_says_it_is_its_initialisation(
+    char_data, tmp_path, monkeypatch
+):
     """Ctrl-C before the evaluation at 10: OUT's model is iteration 0's random weights, as its
     safetensors header says. Loading it warns, until the resume the warning suggests (a smaller
     eval_interval) saves a trained one; a fine-tuning run's iteration 0 (its --init's) is no noise."""
@@ -684,7 +859,9 @@ def test_the_model_of_a_run_stopped_before_its_second_evaluation_says_it_is_its_
         assert train(out, data=char_data, max_iters=20, progress=False, **settings).interrupted
     with safe_open(out / "model.safetensors", "pt") as f:
         assert f.metadata() == {"format": "pt", "gpt2_train_iteration": "0", "gpt2_train_from": "scratch"}
-    with pytest.warns(InitialisationWarning, match=rf"^this model is its initialisation: {re.escape(str(out))} holds the random"):
+    with pytest.warns(
+        InitialisationWarning, match=rf"^this model is its initialisation: {re.escape(str(out))} holds the random"
+    ):
         GPT2.from_pretrained(out, device="cpu")
     train(out, resume=True, eval_interval=5, max_iters=5, progress=False)
     with warnings.catch_warnings():
@@ -693,7 +870,9 @@ def test_the_model_of_a_run_stopped_before_its_second_evaluation_says_it_is_its_
         with monkeypatch.context() as m:
             signal_during(m, signal.SIGINT, lambda draws: draws[-1] == (1, 0))
             tuned = {k: v for k, v in settings.items() if k not in ("n_layer", "n_head", "n_embd")}  # the init's
-            assert train(tmp_path / "tuned", data=char_data, init=out, max_iters=20, progress=False, **tuned).interrupted
+            assert train(
+                tmp_path / "tuned", data=char_data, init=out, max_iters=20, progress=False, **tuned
+            ).interrupted
         with safe_open(tmp_path / "tuned" / "model.safetensors", "pt") as f:
             assert (f.metadata()["gpt2_train_iteration"], f.metadata()["gpt2_train_from"]) == ("0", "init")
         GPT2.from_pretrained(tmp_path / "tuned", device="cpu")
@@ -705,21 +884,39 @@ def test_without_a_bar_each_logged_step_is_a_line_as_nanogpt_prints_it(char_data
     from gpt2.cli import main
 
     out = tmp_path / "out"
-    assert main(["train", "--data", str(char_data), "--out", str(out), "--no-progress", "--max-iters=8",
-                 *flags(**{**TINY, "log_interval": 3})]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(char_data),
+                "--out",
+                str(out),
+                "--no-progress",
+                "--max-iters=8",
+                *flags(**{**TINY, "log_interval": 3}),
+            ]
+        )
+        == 0
+    )
     lines = [line for line in capsys.readouterr().out.splitlines() if re.match(r"iter \d+: loss", line)]
     logged = [r for r in read_log(out / "log.jsonl") if "loss" in r]
     assert [r["iter"] for r in logged] == [0, 3, 6, 7] and len(lines) == len(logged)
     for line, r in zip(lines, logged, strict=True):
         mfu = "" if "mfu" not in r else f", mfu {r['mfu']:.1%}"
-        assert line == f"iter {r['iter']}: loss {r['loss']:.4f}, time {r['ms']:.1f}ms, tok/s {r['tokens_per_s']:,.0f}{mfu}"
+        assert (
+            line == f"iter {r['iter']}: loss {r['loss']:.4f}, time {r['ms']:.1f}ms, tok/s {r['tokens_per_s']:,.0f}{mfu}"
+        )
 
 
 def test_a_resume_says_where_it_resumes_from_the_command_line(char_data, tmp_path, capsys):
     from gpt2.cli import main
 
     out = tmp_path / "out"
-    assert main(["train", "--data", str(char_data), "--out", str(out), "--no-progress", "--max-iters=8", *flags(**TINY)]) == 0
+    assert (
+        main(["train", "--data", str(char_data), "--out", str(out), "--no-progress", "--max-iters=8", *flags(**TINY)])
+        == 0
+    )
     best = checkpoint(out)["best_val_loss"]
     capsys.readouterr()
     assert main(["train", "--out", str(out), "--resume", "--max-iters=9", "--no-progress"]) == 0
@@ -750,8 +947,9 @@ def hellaswag_file(tmp_path) -> Path:
     return write_hellaswag(tmp_path / "hellaswag_val.jsonl", corpus_hellaswag(24))
 
 
-def test_hellaswag_at_each_evaluation_is_gpt2_evals_score_of_the_model_saved_there(gpt2_data, hellaswag_file, tmp_path,
-                                                                                   monkeypatch, capsys):  # fmt: skip
+def test_hellaswag_at_each_evaluation_is_gpt2_evals_score_of_the_model_saved_there(
+    gpt2_data, hellaswag_file, tmp_path, monkeypatch, capsys
+):
     """The log's acc and acc_norm at an evaluation are `gpt2.evaluation.evaluate.hellaswag`'s (the prefix-cached
     scoring of `gpt2 eval`) for the model saved there, over the first eval_task_limit examples;
     the line printed and the progress bar show acc_norm, a resume keeps scoring, and loss.png
@@ -764,7 +962,9 @@ def test_hellaswag_at_each_evaluation_is_gpt2_evals_score_of_the_model_saved_the
     out, examples = tmp_path / "out", read_hellaswag(hellaswag_file, limit=12)
     scores = []
     for max_iters in (2, 4):  # iteration 2's model is saved, then the resume saves iteration 4's
-        settings = dict(data=gpt2_data, eval_task_data=hellaswag_file, eval_task_limit=12, **SCORED) if max_iters == 2 else {}
+        settings = (
+            dict(data=gpt2_data, eval_task_data=hellaswag_file, eval_task_limit=12, **SCORED) if max_iters == 2 else {}
+        )
         train(out, resume=max_iters > 2, max_iters=max_iters, progress=True, **settings)
         record = [r for r in read_log(out / "log.jsonl") if "val_loss" in r][-1]
         assert record["iter"] == max_iters and record["best"]  # the model in OUT is this evaluation's
@@ -775,8 +975,11 @@ def test_hellaswag_at_each_evaluation_is_gpt2_evals_score_of_the_model_saved_the
         frames = [f.strip() for f in output.err.replace("\n", "\r").split("\r") if f.strip()]
         assert any(f.startswith("evaluating hellaswag 1/") for f in frames)
         assert f"hellaswag={record['hellaswag_acc_norm']:.4f}" in frames[-1]  # beside the steps' numbers, to the end
-        assert re.search(rf"iter {max_iters}: train loss [\d.]+, val loss [\d.]+, hellaswag {record['hellaswag_acc_norm']:.4f} "
-                         rf"\(best so far: saved\)\n", output.out)  # fmt: skip
+        assert re.search(
+            rf"iter {max_iters}: train loss [\d.]+, val loss [\d.]+, hellaswag {record['hellaswag_acc_norm']:.4f} "
+            rf"\(best so far: saved\)\n",
+            output.out,
+        )
     assert all(0 < score < 1 for score in scores)  # scores that a wrong choice of ending would change
     evals = [r for r in read_log(out / "log.jsonl") if "val_loss" in r]
     assert [r["iter"] for r in evals] == [0, 2, 4] and all("hellaswag_acc_norm" in r for r in evals)
@@ -784,11 +987,14 @@ def test_hellaswag_at_each_evaluation_is_gpt2_evals_score_of_the_model_saved_the
     figure = plot_losses(out / "log.jsonl", tmp_path / "loss.png")
     assert len(figure.axes) == 2  # the loss, and beside it HellaSwag
     acc_norm, acc, gpt2_124m = figure.axes[1].get_lines()
-    assert list(acc_norm.get_xdata()) == [0, 2, 4] and list(acc_norm.get_ydata()) == [r["hellaswag_acc_norm"] for r in evals]
+    assert list(acc_norm.get_xdata()) == [0, 2, 4] and list(acc_norm.get_ydata()) == [
+        r["hellaswag_acc_norm"] for r in evals
+    ]
     assert list(acc.get_ydata()) == [r["hellaswag_acc"] for r in evals]
     assert set(gpt2_124m.get_ydata()) == {0.2955}  # llm.c's acc_norm of OpenAI's 124M, for scale
     assert [t.get_text() for t in figure.axes[1].get_legend().get_texts()][0] == (
-        "acc_norm at each evaluation (every 2 iterations, eval_interval)")
+        "acc_norm at each evaluation (every 2 iterations, eval_interval)"
+    )
 
 
 def test_a_stop_while_hellaswag_is_scored_abandons_the_evaluation(gpt2_data, hellaswag_file, tmp_path, monkeypatch):
@@ -808,12 +1014,19 @@ def test_a_stop_while_hellaswag_is_scored_abandons_the_evaluation(gpt2_data, hel
 
     monkeypatch.setattr(gpt2.training.train, "score_continuations", score_continuations)
     result = train(tmp_path / "parts", max_iters=3, progress=False, **settings)
-    assert result.interrupted and (checkpoint(tmp_path / "parts")["iteration"], checkpoint(tmp_path / "parts")["evaluated"]) == (2, 0)
+    assert result.interrupted and (
+        checkpoint(tmp_path / "parts")["iteration"],
+        checkpoint(tmp_path / "parts")["evaluated"],
+    ) == (2, 0)
     assert len(calls) == batches + 2  # no batch after the stop
     train(tmp_path / "parts", resume=True, progress=False)
     keys = ("iter", "loss", "val_loss", "hellaswag_acc", "hellaswag_acc_norm")
-    logged = [[tuple(r.get(k) for k in keys) for r in read_log(out / "log.jsonl") if "settings" not in r]  # (a resume logs them again)
-              for out in (tmp_path / "parts", tmp_path / "whole")]  # fmt: skip
+    logged = [
+        [
+            tuple(r.get(k) for k in keys) for r in read_log(out / "log.jsonl") if "settings" not in r
+        ]  # (a resume logs them again)
+        for out in (tmp_path / "parts", tmp_path / "whole")
+    ]
     assert logged[0] == logged[1] and len(logged[0]) == 3 + 3  # 3 steps, evaluations at 0, 2, 3
 
 
@@ -849,16 +1062,22 @@ def test_char_model_trains_and_generates_from_the_command_line(char_data, tmp_pa
 
     out = tmp_path / "out"
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()]
-    assert main(["train", "--data", str(char_data), "--out", str(out), "--max-iters", "20", "--no-progress", *flags]) == 0
+    assert (
+        main(["train", "--data", str(char_data), "--out", str(out), "--max-iters", "20", "--no-progress", *flags]) == 0
+    )
     captured = capsys.readouterr()
     assert "iter 20: train loss" in captured.out + captured.err
-    assert main(["generate", "--model", str(out), "ROMEO:", "--max-new-tokens", "30", "--seed", "1", "--no-stream"]) == 0
+    assert (
+        main(["generate", "--model", str(out), "ROMEO:", "--max-new-tokens", "30", "--seed", "1", "--no-stream"]) == 0
+    )
     text = capsys.readouterr().out
     assert len(text.rstrip("\n")) == 30  # 30 new characters, one token each
 
 
 @pytest.mark.parametrize("vocabulary", ["char", "gpt2"])
-def test_transformers_loads_a_trained_model_and_generates_what_we_generate(vocabulary, char_data, gpt2_data, tmp_path, capsys):
+def test_transformers_loads_a_trained_model_and_generates_what_we_generate(
+    vocabulary, char_data, gpt2_data, tmp_path, capsys
+):
     """nanoGPT's defaults (no biases; here sinusoidal positions too for GPT-2's vocabulary): transformers
     loads OUT with its tokenizer, nothing newly initialised, and its greedy pipeline equals gpt2 generate."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
@@ -867,7 +1086,14 @@ def test_transformers_loads_a_trained_model_and_generates_what_we_generate(vocab
 
     out = tmp_path / "out"
     data = char_data if vocabulary == "char" else gpt2_data
-    train(out, data=data, max_iters=10, positions="learned" if vocabulary == "char" else "sinusoidal", progress=False, **TINY)
+    train(
+        out,
+        data=data,
+        max_iters=10,
+        positions="learned" if vocabulary == "char" else "sinusoidal",
+        progress=False,
+        **TINY,
+    )
     model, info = AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
     assert not any(info.values()), info
     generator = pipeline("text-generation", model=model, tokenizer=AutoTokenizer.from_pretrained(out))
@@ -925,20 +1151,35 @@ def test_fine_tuning_crops_the_context_and_checks_the_vocabulary(gpt2_data, char
     with pytest.raises(InvalidArgumentError, match="prepared with another tokenizer"):
         train(tmp_path / "char", data=char_data, init=tmp_path / "init", max_iters=3, progress=False, **settings)
     with pytest.raises(ContextLengthError, match="block_size 64 is over the context of the model"):
-        train(tmp_path / "long", data=gpt2_data, init=tmp_path / "init", max_iters=3, progress=False, **{**settings, "block_size": 64})
-    with pytest.raises(InvalidArgumentError, match="the architecture comes from the model being fine-tuned; drop n_layer"):
+        train(
+            tmp_path / "long",
+            data=gpt2_data,
+            init=tmp_path / "init",
+            max_iters=3,
+            progress=False,
+            **{**settings, "block_size": 64},
+        )
+    with pytest.raises(
+        InvalidArgumentError, match="the architecture comes from the model being fine-tuned; drop n_layer"
+    ):
         train(tmp_path / "x", data=gpt2_data, init=tmp_path / "init", n_layer=3, max_iters=3, progress=False)
 
 
 # ------------------------------------------------------------------ bad input
 
 
-@pytest.mark.parametrize("changes, message", [
-    (dict(min_lr=1.0), r"min_lr must be a number in \[0, 0.003\]"),  # the settings' own checks: tests/test_settings.py
-    (dict(n_embd=30, n_head=4), r"n_embd \(30\) must be divisible by n_head \(4\)"),
-    (dict(device="cuda:7" if torch.cuda.is_available() else "cuda"), "cuda"),
-    (dict(block_size=40_000), "too short|shorter"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (
+            dict(min_lr=1.0),
+            r"min_lr must be a number in \[0, 0.003\]",
+        ),  # the settings' own checks: tests/test_settings.py
+        (dict(n_embd=30, n_head=4), r"n_embd \(30\) must be divisible by n_head \(4\)"),
+        (dict(device="cuda:7" if torch.cuda.is_available() else "cuda"), "cuda"),
+        (dict(block_size=40_000), "too short|shorter"),
+    ],
+)
 def test_bad_settings_are_named(char_data, tmp_path, changes, message):
     with pytest.raises(GPT2Error, match=message):
         train(tmp_path / "out", data=char_data, progress=False, **{**TINY, "max_iters": 2, **changes})
@@ -959,7 +1200,9 @@ def test_an_unwritable_out_is_named_before_anything_is_loaded(char_data, tmp_pat
     assert not (tmp_path / "new" / "out").exists()
 
 
-def weights_and_activations(n_vocab: int, n_layer: int = 2, n_embd: int = 32, block: int = 16, batch: int = 4) -> tuple[int, int]:
+def weights_and_activations(
+    n_vocab: int, n_layer: int = 2, n_embd: int = 32, block: int = 16, batch: int = 4
+) -> tuple[int, int]:
     """The bytes a run of TINY's shape (no biases, learned positions) needs, written out: 16 a weight (float32, its
     gradient, AdamW's two moments); for each token of a micro-batch, 17 values of n_embd a layer kept for the backward
     pass (LayerNorms' inputs and outputs, q k v, attention's output, the MLP's 4C twice) and 4 of n_vocab (logits,
@@ -975,10 +1218,12 @@ def test_a_run_that_cannot_fit_is_refused_before_anything_is_made(char_data, tmp
     vocab = json.loads((char_data / "meta.json").read_text())["vocab_size"]
     states, activations = weights_and_activations(vocab)
     monkeypatch.setattr(devices, "available_memory", lambda device: 100_000)  # (a run takes a 200 MB workspace too)
-    message = (f"training needs about {(states + activations + 200e6) / 1e6:.1f} MB of memory, but the CPU has 100 kB available: "
-               f"lower batch_size (or block_size): a micro-batch of 4 windows of 16 tokens keeps about "
-               f"{activations / 1e3:.0f} kB of activations, {activations / 4e3:.0f} kB a window, beside "
-               f"{states / 1e3:.0f} kB for the weights, their gradients and AdamW's moments")  # fmt: skip
+    message = (
+        f"training needs about {(states + activations + 200e6) / 1e6:.1f} MB of memory, but the CPU has 100 kB available: "
+        f"lower batch_size (or block_size): a micro-batch of 4 windows of 16 tokens keeps about "
+        f"{activations / 1e3:.0f} kB of activations, {activations / 4e3:.0f} kB a window, beside "
+        f"{states / 1e3:.0f} kB for the weights, their gradients and AdamW's moments"
+    )
     with pytest.raises(MemoryLimitError, match=f"^{re.escape(message)}$") as e:
         train(tmp_path / "out", data=char_data, max_iters=1, progress=False, **TINY)
     assert (e.value.param, e.value.also) == ("batch_size", ("block_size",))
@@ -1003,7 +1248,9 @@ def test_out_is_protected(char_data, tmp_path):
     with pytest.raises(InvalidArgumentError, match="nothing to resume in"):
         train(tmp_path / "empty", resume=True, progress=False)
     train(tmp_path / "out", data=char_data, max_iters=1, progress=False, **TINY)
-    with pytest.raises(InvalidArgumentError, match="already holds a run: pass resume=True to continue it, or overwrite=True") as e:
+    with pytest.raises(
+        InvalidArgumentError, match="already holds a run: pass resume=True to continue it, or overwrite=True"
+    ) as e:
         train(tmp_path / "out", data=char_data, max_iters=1, progress=False, **TINY)
     assert (e.value.param, e.value.also) == ("resume", ("overwrite",))
     train(tmp_path / "out", data=char_data, max_iters=2, overwrite=True, progress=False, **TINY)
@@ -1021,7 +1268,9 @@ def test_train_command_errors_are_one_line(char_data, tmp_path, capsys):
     from gpt2.cli import main
 
     assert main(["train", "--data", str(char_data), "--out", str(tmp_path / "o"), "--batch-size", "0"]) == 2
-    assert capsys.readouterr().err == "gpt2: error: --batch-size must be a positive integer, got 0\n"  # the CLI names its flag
+    assert (
+        capsys.readouterr().err == "gpt2: error: --batch-size must be a positive integer, got 0\n"
+    )  # the CLI names its flag
     assert main(["train", "--out", str(tmp_path / "o")]) == 2
     assert "no data (--data): give data, the directory gpt2 prepare wrote" in capsys.readouterr().err
     assert main(["train", "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path / "o")]) == 2
@@ -1029,7 +1278,9 @@ def test_train_command_errors_are_one_line(char_data, tmp_path, capsys):
     assert err.count("\n") == 1 and "nowhere" in err
 
 
-def test_a_bad_eval_task_is_refused_before_anything_is_made(gpt2_data, char_data, hellaswag_file, tmp_path, monkeypatch, capsys):
+def test_a_bad_eval_task_is_refused_before_anything_is_made(
+    gpt2_data, char_data, hellaswag_file, tmp_path, monkeypatch, capsys
+):
     """Each is named before the run starts (nothing is left in OUT), and in one line at the
     command line, with its flag and exit status 2."""
     from gpt2.cli import main
@@ -1039,21 +1290,47 @@ def test_a_bad_eval_task_is_refused_before_anything_is_made(gpt2_data, char_data
     missing = tmp_path / "nowhere.jsonl"
     cases = [  # (changes, error, its message's start, the setting it names)
         (dict(eval_task="mmlu"), InvalidArgumentError, "eval_task must be one of hellaswag, got 'mmlu'", "eval_task"),
-        (dict(eval_task_limit=0), InvalidArgumentError, "eval_task_limit must be a positive integer, got 0", "eval_task_limit"),
+        (
+            dict(eval_task_limit=0),
+            InvalidArgumentError,
+            "eval_task_limit must be a positive integer, got 0",
+            "eval_task_limit",
+        ),
         (dict(eval_task_data=missing), DataError, f"{missing} does not exist", "eval_task_data"),
-        (dict(eval_task_data=lambada), DataError, f'{lambada}, line 1: expected {{"ctx": text, "endings": [texts], "label": index}} '
-                                                  "(HellaSwag's format), got keys ['text']", "eval_task_data"),
-        (dict(eval_task_data=None), DataError, f"hellaswag is not in the cache ({tmp_path / 'empty-cache' / 'hellaswag_val.jsonl'}) "
-                                               "and HF_HUB_OFFLINE is set; without a network, download it elsewhere and pass its "
-                                               "path as eval_task_data", "eval_task_data"),
-        (dict(data=char_data), InvalidArgumentError, "eval_task hellaswag needs a BPE tokenizer that writes any text (GPT-2's, as "
-                                                     f"llm.c scores it), but the data in {char_data} has a character-level one (",
-         "eval_task"),
-        (dict(eval_task=None, eval_task_limit=10), InvalidArgumentError, "eval_task_limit is a setting of eval_task, which is not "
-                                                                         "set: give eval_task too", "eval_task_limit"),
-    ]  # fmt: skip
+        (
+            dict(eval_task_data=lambada),
+            DataError,
+            f'{lambada}, line 1: expected {{"ctx": text, "endings": [texts], "label": index}} '
+            "(HellaSwag's format), got keys ['text']",
+            "eval_task_data",
+        ),
+        (
+            dict(eval_task_data=None),
+            DataError,
+            f"hellaswag is not in the cache ({tmp_path / 'empty-cache' / 'hellaswag_val.jsonl'}) "
+            "and HF_HUB_OFFLINE is set; without a network, download it elsewhere and pass its "
+            "path as eval_task_data",
+            "eval_task_data",
+        ),
+        (
+            dict(data=char_data),
+            InvalidArgumentError,
+            "eval_task hellaswag needs a BPE tokenizer that writes any text (GPT-2's, as "
+            f"llm.c scores it), but the data in {char_data} has a character-level one (",
+            "eval_task",
+        ),
+        (
+            dict(eval_task=None, eval_task_limit=10),
+            InvalidArgumentError,
+            "eval_task_limit is a setting of eval_task, which is not set: give eval_task too",
+            "eval_task_limit",
+        ),
+    ]
     for changes, error, message, param in cases:
-        settings = {**dict(data=gpt2_data, eval_task="hellaswag", eval_task_data=hellaswag_file, max_iters=1, **TINY), **changes}
+        settings = {
+            **dict(data=gpt2_data, eval_task="hellaswag", eval_task_data=hellaswag_file, max_iters=1, **TINY),
+            **changes,
+        }
         settings = {k: v for k, v in settings.items() if v is not None}
         with pytest.raises(error) as e:
             train(tmp_path / "out", progress=False, **settings)
@@ -1063,7 +1340,9 @@ def test_a_bad_eval_task_is_refused_before_anything_is_made(gpt2_data, char_data
         err, flag = capsys.readouterr().err, "--" + param.replace("_", "-")
         assert err.count("\n") == 1 and err.endswith("\n") and "Traceback" not in err, err
         if changes.get("eval_task") == "mmlu":  # argparse's choices
-            assert re.fullmatch(r"gpt2: error: argument --eval-task: invalid choice: 'mmlu' \(choose from '?hellaswag'?\).*\n", err)
+            assert re.fullmatch(
+                r"gpt2: error: argument --eval-task: invalid choice: 'mmlu' \(choose from '?hellaswag'?\).*\n", err
+            )
         else:  # the library's message, the setting named by its flag (in its place, or after the message)
             assert flag in err and param not in err.replace(str(tmp_path), ""), err
             as_named = re.sub(r"--([a-z0-9-]+)", lambda m: m[1].replace("-", "_"), err.replace(f" ({flag})", ""))
@@ -1075,10 +1354,15 @@ def test_a_bad_eval_task_is_refused_before_anything_is_made(gpt2_data, char_data
 
 # A template of GPT-2's own tokens, rendered the same by jinja2 alone and by transformers (no
 # whitespace for trim_blocks or lstrip_blocks to take).
-CHAT_TEMPLATE = ("{% for m in messages %}{{ m.role }}: {{ m.content }}{% if m.role == 'assistant' %}<|endoftext|>{% endif %}"
-                 "{{ '\\n' }}{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}")  # fmt: skip
-MESSAGES = [{"role": "user", "content": "Who wrote Hamlet?"}, {"role": "assistant", "content": "Shakespeare."},
-            {"role": "user", "content": "When?"}]  # fmt: skip
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m.role }}: {{ m.content }}{% if m.role == 'assistant' %}<|endoftext|>{% endif %}"
+    "{{ '\\n' }}{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"
+)
+MESSAGES = [
+    {"role": "user", "content": "Who wrote Hamlet?"},
+    {"role": "assistant", "content": "Shakespeare."},
+    {"role": "user", "content": "When?"},
+]
 
 
 @pytest.fixture(scope="module")
@@ -1095,7 +1379,9 @@ def chat_gpt2(gpt2_data, tmp_path_factory) -> Path:
 
 def plain_batch(data: Path, split: str, seed: int, micro_step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x, y of a batch without the mask, and which targets the mask marks (the even ids)."""
-    x, y = get_batch(np.fromfile(data / f"{split}.bin", dtype=np.uint16), 16, 4, seed=seed, iteration=0, micro_step=micro_step)
+    x, y = get_batch(
+        np.fromfile(data / f"{split}.bin", dtype=np.uint16), 16, 4, seed=seed, iteration=0, micro_step=micro_step
+    )
     return x, y, y % 2 == 0
 
 
@@ -1159,10 +1445,25 @@ def test_chat_data_without_its_mask_is_one_line_at_the_command_line(chat_char, t
     broken = tmp_path / "chat"
     shutil.copytree(chat_char, broken)
     (broken / "train.mask.bin").unlink()
-    assert main(["train", "--data", str(broken), "--out", str(tmp_path / "out"), "--no-progress", *flags(max_iters=1, **TINY)]) == 2
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(broken),
+                "--out",
+                str(tmp_path / "out"),
+                "--no-progress",
+                *flags(max_iters=1, **TINY),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
-    assert err == (f"gpt2: error: {broken / 'train.mask.bin'} is missing: meta.json says the data holds conversations (chat), "
-                   f"whose loss counts the targets the mask marks; prepare the data again\n")  # fmt: skip
+    assert err == (
+        f"gpt2: error: {broken / 'train.mask.bin'} is missing: meta.json says the data holds conversations (chat), "
+        f"whose loss counts the targets the mask marks; prepare the data again\n"
+    )
     assert not (tmp_path / "out").exists()
 
 
@@ -1173,8 +1474,11 @@ def test_the_template_goes_to_the_data_then_to_the_model():
         assert chat_template_for(data, None, "'m'") == CHAT_TEMPLATE
         assert chat_template_for(data, CHAT_TEMPLATE, "'m'") == CHAT_TEMPLATE
         assert chat_template_for(SimpleNamespace(chat_template=None), "{{ mine }}", "'m'") == "{{ mine }}"
-    with pytest.warns(ChatTemplateReplacedWarning, match="^the chat template of the model 'm' is replaced by the one the data in chat "
-                                                         "was rendered with: the model saved carries the data's$"):  # fmt: skip
+    with pytest.warns(
+        ChatTemplateReplacedWarning,
+        match="^the chat template of the model 'm' is replaced by the one the data in chat "
+        "was rendered with: the model saved carries the data's$",
+    ):
         assert chat_template_for(data, "{{ mine }}", "'m'") == CHAT_TEMPLATE
 
 
@@ -1212,7 +1516,9 @@ def test_fine_tuning_keeps_the_models_template_unless_the_data_has_its_own(gpt2_
 
 
 def save_hf(tmp_path: Path) -> Path:
-    make_hf_model(seed=1, vocab_size=50257, n_positions=16, n_embd=32, n_layer=1, n_head=2).save_pretrained(tmp_path / "hf")
+    make_hf_model(seed=1, vocab_size=50257, n_positions=16, n_embd=32, n_layer=1, n_head=2).save_pretrained(
+        tmp_path / "hf"
+    )
     return tmp_path / "hf"
 
 
@@ -1221,8 +1527,11 @@ def test_conversations_gpt2_prepare_wrote_train_on_their_replies(tmp_path):
     from gpt2.data.tokens import prepare_chat
     from gpt2.tokenizer.chat import DEFAULT_TEMPLATE
 
-    qa = [[{"role": "user", "content": f"What is {a} plus {b}?"}, {"role": "assistant", "content": f"{a + b}."}]
-          for a in range(8) for b in range(5)]  # fmt: skip
+    qa = [
+        [{"role": "user", "content": f"What is {a} plus {b}?"}, {"role": "assistant", "content": f"{a + b}."}]
+        for a in range(8)
+        for b in range(5)
+    ]
     prepare_chat([write_conversations(tmp_path / "qa.jsonl", qa)], tmp_path / "data", progress=False)
     data = open_data(tmp_path / "data")
     assert data.chat_template == DEFAULT_TEMPLATE and 0 < int(data.masks["train"].sum()) < len(data.train)

@@ -56,7 +56,8 @@ class GPT2Config:
         if self.n_embd % self.n_head:
             raise ConfigError(
                 f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}): each head gets n_embd / n_head dimensions",
-                "n_head", ("n_embd",),
+                "n_head",
+                ("n_embd",),
             )
         if not isinstance(self.dropout, (int, float)) or not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"dropout must be in [0, 1), got {self.dropout!r}")
@@ -71,7 +72,9 @@ class GPT2Config:
     def check_length(self, length: int) -> None:
         """Raise unless a sequence of `length` tokens fits this model's context."""
         if length > self.n_ctx:
-            raise ContextLengthError(f"sequence of {length} tokens is longer than the model's context of n_ctx={self.n_ctx} tokens")
+            raise ContextLengthError(
+                f"sequence of {length} tokens is longer than the model's context of n_ctx={self.n_ctx} tokens"
+            )
 
     def check_sequence(self, length: int, low: int, high: int) -> None:
         """Raise unless a sequence of `length` token ids, ranging over low..high, fits this model."""
@@ -135,7 +138,9 @@ class GPT2Config:
             raise ConfigError(f"{source}: model_type is {hf['model_type']!r}, not 'gpt2'")
         activation = hf.get("activation_function", "gelu_new")
         if activation not in _HF_ACTIVATIONS:
-            raise ConfigError(f"{source}: activation_function {activation!r} is not supported (use one of {', '.join(_HF_ACTIVATIONS)})")
+            raise ConfigError(
+                f"{source}: activation_function {activation!r} is not supported (use one of {', '.join(_HF_ACTIVATIONS)})"
+            )
         n_embd = hf.get("n_embd", 768)
         if hf.get("n_inner") not in (None, 4 * n_embd):
             raise ConfigError(f"{source}: n_inner is {hf['n_inner']}, but GPT-2's MLP is 4 * n_embd = {4 * n_embd}")

@@ -60,9 +60,13 @@ _HEAD_TIED = 1e-2  # how far an `output` tensor may be from token_embd, of its l
 # Hugging Face's modules in a block -> llama.cpp's tensor (a gguf.MODEL_TENSOR member), and whether
 # it is a linear layer (a Conv1D, whose (in, out) weight GGUF stores (out, in)).
 _LAYER = {
-    "ln_1": ("ATTN_NORM", False), "attn.c_attn": ("ATTN_QKV", True), "attn.c_proj": ("ATTN_OUT", True),
-    "ln_2": ("FFN_NORM", False), "mlp.c_fc": ("FFN_UP", True), "mlp.c_proj": ("FFN_DOWN", True),
-}  # fmt: skip
+    "ln_1": ("ATTN_NORM", False),
+    "attn.c_attn": ("ATTN_QKV", True),
+    "attn.c_proj": ("ATTN_OUT", True),
+    "ln_2": ("FFN_NORM", False),
+    "mlp.c_fc": ("FFN_UP", True),
+    "mlp.c_proj": ("FFN_DOWN", True),
+}
 
 
 def _gguf() -> Any:
@@ -93,8 +97,14 @@ def _layout(config: GPT2Config, gguf: Any) -> list[_Tensor]:
         _Tensor("transformer.wpe.weight", names[member.POS_EMBD] + ".weight", (config.n_ctx, C), False),
     ]
     # (out, in) of each module's weight; a norm's is (C,), and every bias is (out,)
-    shapes = {"ln_1": (C,), "attn.c_attn": (3 * C, C), "attn.c_proj": (C, C), "ln_2": (C,), "mlp.c_fc": (4 * C, C),
-              "mlp.c_proj": (C, 4 * C)}  # fmt: skip
+    shapes = {
+        "ln_1": (C,),
+        "attn.c_attn": (3 * C, C),
+        "attn.c_proj": (C, C),
+        "ln_2": (C,),
+        "mlp.c_fc": (4 * C, C),
+        "mlp.c_proj": (C, 4 * C),
+    }
     for i in range(config.n_layer):
         for module, (tensor, linear) in _LAYER.items():
             base, shape = names[getattr(member, tensor)].format(bid=i), shapes[module]
@@ -121,15 +131,24 @@ def is_gguf(path: str | os.PathLike) -> bool:
 def check_dtype(dtype: object) -> str:
     """The GGUF type the weights are written in: f32, f16 or q8_0."""
     if dtype not in DTYPES:
-        raise InvalidArgumentError(f"dtype must be one of {', '.join(DTYPES)} (the weights' type in the GGUF file), got {dtype!r}", "dtype")
+        raise InvalidArgumentError(
+            f"dtype must be one of {', '.join(DTYPES)} (the weights' type in the GGUF file), got {dtype!r}", "dtype"
+        )
     return dtype  # type: ignore[return-value]
 
 
 # ------------------------------------------------------------------ writing
 
 
-def write_gguf(config: GPT2Config, tensors: Mapping[str, Any], tokenizer: Tokenizer | CharTokenizer | None,
-               path: str | os.PathLike, dtype: str = "f32", *, name: str | None = None) -> Path:  # fmt: skip
+def write_gguf(
+    config: GPT2Config,
+    tensors: Mapping[str, Any],
+    tokenizer: Tokenizer | CharTokenizer | None,
+    path: str | os.PathLike,
+    dtype: str = "f32",
+    *,
+    name: str | None = None,
+) -> Path:
     """Write a model of `config` as llama.cpp's `gpt2` GGUF file at `path` (atomically: nothing is left
     there if it fails) and return the path. `tensors`: our names -> arrays (NumPy's, or anything
     `np.asarray` takes, e.g. `hf_state_dict`'s CPU tensors), in our layout; `tokenizer` None is GPT-2's
@@ -139,14 +158,21 @@ def write_gguf(config: GPT2Config, tensors: Mapping[str, Any], tokenizer: Tokeni
     dtype = check_dtype(dtype)
     tokenizer = _vocabulary_to_write(config, tokenizer)
     if config.activation != "gelu_tanh":
-        raise InvalidArgumentError(f"llama.cpp's gpt2 architecture computes GELU's tanh approximation (gelu_tanh), and this model "
-                                   f"uses the exact GELU ({config.activation!r}): llama.cpp would compute another function", "config")  # fmt: skip
+        raise InvalidArgumentError(
+            f"llama.cpp's gpt2 architecture computes GELU's tanh approximation (gelu_tanh), and this model "
+            f"uses the exact GELU ({config.activation!r}): llama.cpp would compute another function",
+            "config",
+        )
     gguf, path = _gguf(), Path(path)
     if path.is_dir():
         raise UnwritablePathError(f"cannot write {path}: {path} is a directory; give a file's path (model.gguf)")
     writable_directory(path.parent)  # before the work: an unwritable place fails at once
     arrays = [(t.gguf_name, *_encode(_array(config, tensors, t), t, dtype, gguf)) for t in _layout(config, gguf)]
-    file_type = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[dtype]
+    file_type = {
+        "f32": gguf.LlamaFileType.ALL_F32,
+        "f16": gguf.LlamaFileType.MOSTLY_F16,
+        "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+    }[dtype]
     with atomic_path(path) as tmp:
         writer = gguf.GGUFWriter(tmp, _architecture(gguf))
         try:
@@ -166,16 +192,24 @@ def _vocabulary_to_write(config: GPT2Config, tokenizer: Tokenizer | CharTokenize
     """The BPE vocabulary the file will hold (None: none), or InvalidArgumentError for one llama.cpp cannot read."""
     tokenizer = assumed_tokenizer(config.n_vocab) if tokenizer is None else tokenizer
     if isinstance(tokenizer, CharTokenizer):
-        raise InvalidArgumentError(f"llama.cpp's gpt2 architecture reads GPT-2's byte-level BPE vocabulary (tokenizer.ggml.model "
-                                   f"'gpt2', with an end-of-text id), and this model's is a character vocabulary of "
-                                   f"{tokenizer.n_vocab} characters, which it cannot hold", "tokenizer")  # fmt: skip
+        raise InvalidArgumentError(
+            f"llama.cpp's gpt2 architecture reads GPT-2's byte-level BPE vocabulary (tokenizer.ggml.model "
+            f"'gpt2', with an end-of-text id), and this model's is a character vocabulary of "
+            f"{tokenizer.n_vocab} characters, which it cannot hold",
+            "tokenizer",
+        )
     if tokenizer is None:
         return None
     if tokenizer.n_vocab > config.n_vocab:
-        raise InvalidArgumentError(f"the tokenizer has {tokenizer.n_vocab} ids, more than the model's vocabulary of {config.n_vocab}", "tokenizer")
+        raise InvalidArgumentError(
+            f"the tokenizer has {tokenizer.n_vocab} ids, more than the model's vocabulary of {config.n_vocab}",
+            "tokenizer",
+        )
     if not tokenizer.merges:
-        raise InvalidArgumentError("llama.cpp reads a byte-level BPE through its merges (tokenizer.ggml.merges), and this "
-                                   "vocabulary has none", "tokenizer")  # fmt: skip
+        raise InvalidArgumentError(
+            "llama.cpp reads a byte-level BPE through its merges (tokenizer.ggml.merges), and this vocabulary has none",
+            "tokenizer",
+        )
     return tokenizer
 
 
@@ -191,8 +225,11 @@ def _array(config: GPT2Config, tensors: Mapping[str, Any], tensor: _Tensor) -> n
     else:
         raise InvalidArgumentError(f"the tensors lack {tensor.name}, which a model of this config has", "tensors")
     if value.shape != tensor.ours:
-        raise InvalidArgumentError(f"tensor {tensor.name} has shape {list(value.shape)}, but the config (n_embd={config.n_embd}, "
-                                   f"n_vocab={config.n_vocab}, n_ctx={config.n_ctx}) needs {list(tensor.ours)}", "tensors")  # fmt: skip
+        raise InvalidArgumentError(
+            f"tensor {tensor.name} has shape {list(value.shape)}, but the config (n_embd={config.n_embd}, "
+            f"n_vocab={config.n_vocab}, n_ctx={config.n_ctx}) needs {list(tensor.ours)}",
+            "tensors",
+        )
     return np.ascontiguousarray(value.T if tensor.transposed else value)
 
 
@@ -210,8 +247,11 @@ def _encode(array: np.ndarray, tensor: _Tensor, dtype: str, gguf: Any) -> tuple[
     with np.errstate(over="ignore"):  # said below, in words
         half = array.astype(np.float16)
     if not np.isfinite(half).all() and np.isfinite(array).all():
-        raise InvalidArgumentError(f"tensor {tensor.name} has values beyond float16's range (largest {np.abs(array).max():.4g}, "
-                                   f"float16's 65504): write it with dtype f32", "dtype")  # fmt: skip
+        raise InvalidArgumentError(
+            f"tensor {tensor.name} has values beyond float16's range (largest {np.abs(array).max():.4g}, "
+            f"float16's 65504): write it with dtype f32",
+            "dtype",
+        )
     return half, types.F16
 
 
@@ -277,8 +317,10 @@ class GGUFFile:
     def _check_tied(self, head: np.ndarray, wte: np.ndarray, name: str) -> None:
         """An `output` head is read only as what GPT-2 has: token_embd itself (maybe in another type)."""
         if not np.allclose(head, wte, rtol=0.0, atol=_HEAD_TIED * float(np.abs(wte).max())):
-            raise CheckpointError(f"{self.path}: its head ({name}) is not its token embeddings (token_embd.weight); GPT-2 ties "
-                                  f"the two, and gpt2 reads no model with a head of its own")  # fmt: skip
+            raise CheckpointError(
+                f"{self.path}: its head ({name}) is not its token embeddings (token_embd.weight); GPT-2 ties "
+                f"the two, and gpt2 reads no model with a head of its own"
+            )
 
     def tokenizer(self) -> Tokenizer | None:
         """The vocabulary inside, a Tokenizer (`Tokenizer.gpt2()` itself where it is GPT-2's), with
@@ -292,10 +334,14 @@ class GGUFFile:
         if model in (NO_VOCABULARY, "no_vocab"):  # llama.cpp's two names for none
             return None
         if model != BPE:
-            raise CheckpointError(f"{self.path}: its tokenizer is llama.cpp's {model!r}, not GPT-2's byte-level BPE ({BPE!r})")
+            raise CheckpointError(
+                f"{self.path}: its tokenizer is llama.cpp's {model!r}, not GPT-2's byte-level BPE ({BPE!r})"
+            )
         if (pre := value(keys.PRE, PRE_TOKENIZER)) != PRE_TOKENIZER:
-            raise CheckpointError(f"{self.path}: its tokenizer splits text with llama.cpp's {pre!r} pre-tokenizer, not GPT-2's "
-                                  f"({PRE_TOKENIZER!r}), which gpt2's tokenizer is")  # fmt: skip
+            raise CheckpointError(
+                f"{self.path}: its tokenizer splits text with llama.cpp's {pre!r} pre-tokenizer, not GPT-2's "
+                f"({PRE_TOKENIZER!r}), which gpt2's tokenizer is"
+            )
         tokenizer = _bpe(value(keys.LIST), value(keys.TOKEN_TYPE, None), value(keys.MERGES), self.path)
         if tokenizer.n_vocab == Tokenizer.gpt2().n_vocab and same_vocabulary(tokenizer, Tokenizer.gpt2()):
             tokenizer = Tokenizer.gpt2()  # the shared instance
@@ -323,8 +369,10 @@ def open_gguf(path: str | os.PathLike) -> GGUFFile:
     metadata, stored = _read_header(path, gguf)
     architecture = _value(metadata, gguf.Keys.General.ARCHITECTURE, path)
     if architecture != _architecture(gguf):
-        raise CheckpointError(f"{path} is a GGUF file of llama.cpp's {architecture!r} architecture, not {_architecture(gguf)!r} "
-                              f"(GPT-2's): gpt2 reads GPT-2's only")  # fmt: skip
+        raise CheckpointError(
+            f"{path} is a GGUF file of llama.cpp's {architecture!r} architecture, not {_architecture(gguf)!r} "
+            f"(GPT-2's): gpt2 reads GPT-2's only"
+        )
     config = _config(metadata, path, gguf)
     _check_tensors(stored, config, path, gguf)
     _OPENED.clear()
@@ -340,7 +388,9 @@ def _read_header(path: Path, gguf: Any) -> tuple[dict[str, Any], dict[str, Any]]
     except OSError as e:
         raise CheckpointError(f"cannot read {path}: {e.strerror or e}") from None
     if magic != MAGIC:
-        raise CheckpointError(f"{path} is not a GGUF file: it does not begin with GGUF's magic bytes {MAGIC!r} (it begins {magic!r})")
+        raise CheckpointError(
+            f"{path} is not a GGUF file: it does not begin with GGUF's magic bytes {MAGIC!r} (it begins {magic!r})"
+        )
 
     class Reader(gguf.GGUFReader):
         """gguf's reader over a plain view of its memory map: it slices it a million times for GPT-2's
@@ -393,20 +443,33 @@ def _config(metadata: Mapping[str, Any], path: Path, gguf: Any) -> GPT2Config:
     """The config the metadata describes, with what GPT-2's architecture fixes checked."""
     llm, attention, arch = gguf.Keys.LLM, gguf.Keys.Attention, _architecture(gguf)
     key = lambda template: template.format(arch=arch)  # noqa: E731
-    n_embd, n_head = _integer(metadata, key(llm.EMBEDDING_LENGTH), path), _integer(metadata, key(attention.HEAD_COUNT), path)
+    n_embd, n_head = (
+        _integer(metadata, key(llm.EMBEDDING_LENGTH), path),
+        _integer(metadata, key(attention.HEAD_COUNT), path),
+    )
     if (kv := _integer(metadata, key(attention.HEAD_COUNT_KV), path, n_head)) != n_head:
-        raise CheckpointError(f"{path}: {key(attention.HEAD_COUNT_KV)} is {kv}, but GPT-2's attention has a key and value "
-                              f"head for each of its {n_head} heads")  # fmt: skip
+        raise CheckpointError(
+            f"{path}: {key(attention.HEAD_COUNT_KV)} is {kv}, but GPT-2's attention has a key and value "
+            f"head for each of its {n_head} heads"
+        )
     if (ff := _integer(metadata, key(llm.FEED_FORWARD_LENGTH), path, 4 * n_embd)) != 4 * n_embd:
-        raise CheckpointError(f"{path}: {key(llm.FEED_FORWARD_LENGTH)} is {ff}, but GPT-2's MLP is 4 * n_embd = {4 * n_embd}")
+        raise CheckpointError(
+            f"{path}: {key(llm.FEED_FORWARD_LENGTH)} is {ff}, but GPT-2's MLP is 4 * n_embd = {4 * n_embd}"
+        )
     n_vocab = _integer(metadata, key(llm.VOCAB_SIZE), path, None)  # as llama.cpp: the key, else the tokens
     if n_vocab is None:
         n_vocab = len(_value(metadata, gguf.Keys.Tokenizer.LIST, path))
     epsilon = _value(metadata, key(attention.LAYERNORM_EPS), path)
     if isinstance(epsilon, float):  # a float32: its shortest decimal, so that 1e-5 reads back as 1e-5
         epsilon = float(str(np.float32(epsilon)))
-    fields = {"n_vocab": n_vocab, "n_ctx": _integer(metadata, key(llm.CONTEXT_LENGTH), path), "n_embd": n_embd,
-              "n_head": n_head, "n_layer": _integer(metadata, key(llm.BLOCK_COUNT), path), "layer_norm_epsilon": epsilon}  # fmt: skip
+    fields = {
+        "n_vocab": n_vocab,
+        "n_ctx": _integer(metadata, key(llm.CONTEXT_LENGTH), path),
+        "n_embd": n_embd,
+        "n_head": n_head,
+        "n_layer": _integer(metadata, key(llm.BLOCK_COUNT), path),
+        "layer_norm_epsilon": epsilon,
+    }
     try:
         return GPT2Config(**fields)
     except ConfigError as e:
@@ -422,10 +485,14 @@ def _check_tensors(stored: Mapping[str, Any], config: GPT2Config, path: Path, gg
     described = f"n_layer={config.n_layer}, n_embd={config.n_embd}, n_vocab={config.n_vocab}, n_ctx={config.n_ctx}"
     for name, tensor in stored.items():
         if name not in layout:
-            raise CheckpointError(f"{path}: unexpected tensor {name!r}, which llama.cpp's gpt2 architecture does not have")
+            raise CheckpointError(
+                f"{path}: unexpected tensor {name!r}, which llama.cpp's gpt2 architecture does not have"
+            )
         dims, expected = [int(n) for n in tensor.shape], list(layout[name][::-1])
         if dims != expected:
-            raise CheckpointError(f"{path}: tensor {name!r} has shape {dims}, but the metadata ({described}) needs {expected}")
+            raise CheckpointError(
+                f"{path}: tensor {name!r} has shape {dims}, but the metadata ({described}) needs {expected}"
+            )
     missing = [name for name in required if name not in stored]
     if missing:
         more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
@@ -437,8 +504,10 @@ def _dequantize(tensor: Any, path: Path, gguf: Any) -> np.ndarray:
     try:
         values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
     except NotImplementedError:
-        raise CheckpointError(f"{path}: tensor {tensor.name!r} is of type {tensor.tensor_type.name}, which the gguf package "
-                              f"does not dequantize")  # fmt: skip
+        raise CheckpointError(
+            f"{path}: tensor {tensor.name!r} is of type {tensor.tensor_type.name}, which the gguf package "
+            f"does not dequantize"
+        )
     return np.array(values, dtype=np.float32)
 
 
@@ -449,7 +518,9 @@ def _bpe(tokens: Sequence[str], types: Sequence[int] | None, merges: Sequence[st
     types = list(types) if types is not None else [int(kinds.NORMAL)] * len(tokens)
     used = next((i for i, kind in enumerate(types) if kind == kinds.UNUSED), len(tokens))
     if any(kind != kinds.UNUSED for kind in types[used:]):
-        raise CheckpointError(f"{path}: token {used} is unused, yet tokens after it are not; unused ids come last (a vocabulary's padding)")
+        raise CheckpointError(
+            f"{path}: token {used} is unused, yet tokens after it are not; unused ids come last (a vocabulary's padding)"
+        )
     encoder: dict[bytes, int] = {}
     special: dict[str, int] = {}
     for i, (text, kind) in enumerate(zip(tokens[:used], types)):

@@ -67,6 +67,7 @@ def bfloat16_to_float32(bits: np.ndarray) -> np.ndarray:
 
 # --- crc32c (Castagnoli), as LevelDB stores it in each block trailer ----------------------------
 
+
 def _crc_of_byte(n: int) -> int:
     for _ in range(8):  # reflected polynomial 0x1EDC6F41
         n = (n >> 1) ^ 0x82F63B78 if n & 1 else n >> 1
@@ -87,6 +88,7 @@ def _masked_crc32c(data: bytes) -> int:
 
 
 # --- protobuf wire format ------------------------------------------------------------------------
+
 
 def _varint(buf: bytes, pos: int) -> tuple[int, int]:
     """Decode the base-128 varint at `pos`; return (value, position after it)."""
@@ -115,12 +117,12 @@ def _fields(buf: bytes) -> Iterator[tuple[int, int | bytes]]:
             width = 8 if wire == 1 else 4
             if pos + width > len(buf):
                 raise _Corrupt("a fixed-width protobuf field runs past the end of its message")
-            value, pos = int.from_bytes(buf[pos:pos + width], "little"), pos + width
+            value, pos = int.from_bytes(buf[pos : pos + width], "little"), pos + width
         elif wire == 2:  # length-delimited: bytes, string or sub-message
             length, pos = _varint(buf, pos)
             if pos + length > len(buf):
                 raise _Corrupt("a protobuf field runs past the end of its message")
-            value, pos = buf[pos:pos + length], pos + length
+            value, pos = buf[pos : pos + length], pos + length
         else:
             raise _Corrupt(f"a protobuf field has unsupported wire type {wire}")
         yield number, value
@@ -133,6 +135,7 @@ def _signed(value: int) -> int:
 
 # --- LevelDB table -------------------------------------------------------------------------------
 
+
 def _block(data: bytes, handle: bytes, pos: int = 0) -> bytes:
     """Contents of the block whose BlockHandle starts at handle[pos], after checking its trailer."""
     offset, pos = _varint(handle, pos)
@@ -142,9 +145,11 @@ def _block(data: bytes, handle: bytes, pos: int = 0) -> bytes:
         raise _Corrupt(f"a block at offset {offset} runs past the end of the file")
     contents, kind = data[offset:end], data[end]
     if kind != 0:
-        raise CheckpointError(f"a block is compressed (type {kind}), which this reader does not support; "
-                              "re-save the checkpoint with TensorFlow's default (uncompressed) settings")
-    if _masked_crc32c(data[offset:end + 1]) != int.from_bytes(data[end + 1:end + 5], "little"):
+        raise CheckpointError(
+            f"a block is compressed (type {kind}), which this reader does not support; "
+            "re-save the checkpoint with TensorFlow's default (uncompressed) settings"
+        )
+    if _masked_crc32c(data[offset : end + 1]) != int.from_bytes(data[end + 1 : end + 5], "little"):
         raise _Corrupt(f"the block at offset {offset} fails its crc32c check")
     return contents
 
@@ -164,9 +169,9 @@ def _entries(block: bytes) -> Iterator[tuple[bytes, bytes]]:
         value_len, pos = _varint(block, pos)
         if shared > len(key) or pos + non_shared + value_len > limit:
             raise _Corrupt("a block entry runs past the end of its block")
-        key = key[:shared] + block[pos:pos + non_shared]
+        key = key[:shared] + block[pos : pos + non_shared]
         pos += non_shared
-        yield key, block[pos:pos + value_len]
+        yield key, block[pos : pos + value_len]
         pos += value_len
 
 
@@ -195,8 +200,10 @@ def _read_index(index: Path) -> tuple[dict[int, int], dict[bytes, bytes]]:
     except (_Corrupt, IndexError, TypeError) as e:  # TypeError: a protobuf field holds bytes, not an int
         raise CheckpointError(f"{index} is corrupt ({e}); {_REDOWNLOAD}") from None
     if version.get(2, 0) > 1:  # min_consumer: this reader knows bundle version 1
-        raise CheckpointError(f"{index} needs tensor-bundle version {version[2]}, newer than the version 1 "
-                              "this reader understands; re-save it with tf.compat.v1.train.Saver")
+        raise CheckpointError(
+            f"{index} needs tensor-bundle version {version[2]}, newer than the version 1 "
+            "this reader understands; re-save it with tf.compat.v1.train.Saver"
+        )
     return header, entries
 
 
@@ -228,11 +235,15 @@ def _resolve_prefix(path: Path) -> Path:
         return named if Path(f"{named}.index").exists() else path / named.name
     indexes = sorted(path.glob("*.index"))
     if not indexes:
-        raise CheckpointNotFoundError(f"{path} holds no checkpoint (no `checkpoint` or *.index file); "
-                                      "download the model into it or pass the checkpoint's prefix")
+        raise CheckpointNotFoundError(
+            f"{path} holds no checkpoint (no `checkpoint` or *.index file); "
+            "download the model into it or pass the checkpoint's prefix"
+        )
     if len(indexes) > 1:
-        raise CheckpointError(f"{path} holds {len(indexes)} checkpoints and no `checkpoint` file naming one; "
-                              f"pass a prefix such as {indexes[0].with_suffix('')}")
+        raise CheckpointError(
+            f"{path} holds {len(indexes)} checkpoints and no `checkpoint` file naming one; "
+            f"pass a prefix such as {indexes[0].with_suffix('')}"
+        )
     return indexes[0].with_suffix("")
 
 
@@ -250,7 +261,7 @@ def read_tf_checkpoint(path: str | os.PathLike) -> dict[str, np.ndarray]:
         if entry.shard not in shards:
             # mmap cannot map an empty file; an empty shard only works if all its tensors are empty.
             shards[entry.shard] = np.memmap(entry.shard, np.uint8, "r") if entry.shard_size else np.empty(0, np.uint8)
-        array = shards[entry.shard][entry.offset:entry.offset + entry.size].view(entry.dtype).reshape(entry.dims)
+        array = shards[entry.shard][entry.offset : entry.offset + entry.size].view(entry.dtype).reshape(entry.dims)
         tensors[entry.name] = bfloat16_to_float32(array) if entry.bfloat16 else array
     return tensors
 
@@ -298,8 +309,9 @@ def _entries_of(path: str | os.PathLike) -> Iterator[_Entry]:
     if not index.is_file():
         if Path(path).is_dir():  # the prefix came from the directory's `checkpoint` file
             raise CheckpointNotFoundError(f"{index}: checkpoint index file not found; {_REDOWNLOAD}")
-        raise CheckpointNotFoundError(f"{path} is neither a checkpoint directory nor a prefix with a {index.name} "
-                                      "file beside it; check the path")
+        raise CheckpointNotFoundError(
+            f"{path} is neither a checkpoint directory nor a prefix with a {index.name} file beside it; check the path"
+        )
     header, entries = _read_index(index)
     num_shards, big_endian = header.get(1, 1), header.get(2, 0) == 1
     shard_sizes: dict[int, int] = {}
@@ -310,23 +322,35 @@ def _entries_of(path: str | os.PathLike) -> Iterator[_Entry]:
         except (_Corrupt, UnicodeDecodeError, TypeError) as e:
             raise CheckpointError(f"{index} is corrupt (entry {key[:40]!r}: {e}); {_REDOWNLOAD}") from None
         if sliced:
-            raise CheckpointError(f"{index}: tensor {name!r} is partitioned into slices, which this reader "
-                                  "does not support; re-save it as one unpartitioned variable")
+            raise CheckpointError(
+                f"{index}: tensor {name!r} is partitioned into slices, which this reader "
+                "does not support; re-save it as one unpartitioned variable"
+            )
         if dtype_enum not in _DTYPES:
-            raise CheckpointError(f"{index}: tensor {name!r} has TensorFlow dtype enum {dtype_enum}, which this reader "
-                                  "does not support (it reads float32/64, float16, bfloat16, int32, int64); "
-                                  "cast the variable before saving")
+            raise CheckpointError(
+                f"{index}: tensor {name!r} has TensorFlow dtype enum {dtype_enum}, which this reader "
+                "does not support (it reads float32/64, float16, bfloat16, int32, int64); "
+                "cast the variable before saving"
+            )
         dtype = np.dtype(_DTYPES[dtype_enum]).newbyteorder(">" if big_endian else "<")
-        if min(dims, default=0) < 0 or offset < 0 or size != dtype.itemsize * math.prod(dims) \
-                or not 0 <= shard_id < num_shards:
-            raise CheckpointError(f"{index} is corrupt (tensor {name!r} has shape {dims}, {size} bytes, "
-                                  f"shard {shard_id} of {num_shards}); {_REDOWNLOAD}")
+        if (
+            min(dims, default=0) < 0
+            or offset < 0
+            or size != dtype.itemsize * math.prod(dims)
+            or not 0 <= shard_id < num_shards
+        ):
+            raise CheckpointError(
+                f"{index} is corrupt (tensor {name!r} has shape {dims}, {size} bytes, "
+                f"shard {shard_id} of {num_shards}); {_REDOWNLOAD}"
+            )
         shard = Path(f"{prefix}.data-{shard_id:05d}-of-{num_shards:05d}")
         if shard_id not in shard_sizes:
             if not shard.is_file():
                 raise CheckpointNotFoundError(f"{shard}: checkpoint data file not found; {_REDOWNLOAD}")
             shard_sizes[shard_id] = shard.stat().st_size
         if offset + size > shard_sizes[shard_id]:
-            raise CheckpointError(f"{shard} is truncated: tensor {name!r} needs bytes {offset}..{offset + size} "
-                                  f"but the file has {shard_sizes[shard_id]}; {_REDOWNLOAD}")
+            raise CheckpointError(
+                f"{shard} is truncated: tensor {name!r} needs bytes {offset}..{offset + size} "
+                f"but the file has {shard_sizes[shard_id]}; {_REDOWNLOAD}"
+            )
         yield _Entry(name, dtype, dims, shard, shard_sizes[shard_id], offset, size, dtype_enum == _BFLOAT16)

@@ -35,7 +35,14 @@ from gpt2._hub import download_error, hub_file
 from gpt2.checkpoints.config import PRESETS, GPT2Config, sinusoidal_positions
 from gpt2.checkpoints.gguf import SUFFIX, GGUFFile, is_gguf, open_gguf
 from gpt2.checkpoints.tf_checkpoint import bfloat16_to_float32, iter_tf_checkpoint
-from gpt2.errors import CheckpointError, CheckpointNotFoundError, ConfigError, GPT2Warning, InputTypeError, UnknownModelError
+from gpt2.errors import (
+    CheckpointError,
+    CheckpointNotFoundError,
+    ConfigError,
+    GPT2Warning,
+    InputTypeError,
+    UnknownModelError,
+)
 from gpt2.examples import MODELS, model_directory
 from gpt2.tokenizer import CharTokenizer, Tokenizer, assumed_tokenizer, load_tokenizer, read_chat_template
 
@@ -83,8 +90,10 @@ class Checkpoint:
             template = None if assumed is None else read_chat_template(self.directory)
             return assumed if template is None else assumed.with_chat_template(template)
         if tokenizer.n_vocab > self.config.n_vocab:
-            raise CheckpointError(f"{self.directory}: the tokenizer has {tokenizer.n_vocab} ids, more than the model's "
-                                  f"vocabulary of {self.config.n_vocab}")  # fmt: skip
+            raise CheckpointError(
+                f"{self.directory}: the tokenizer has {tokenizer.n_vocab} ids, more than the model's "
+                f"vocabulary of {self.config.n_vocab}"
+            )
         return tokenizer
 
     @property
@@ -105,13 +114,19 @@ def expected_shapes(config: GPT2Config) -> dict[str, tuple[int, ...]]:
     if config.positions == "learned":
         shapes["transformer.wpe.weight"] = (config.n_ctx, C)
     layer = {
-        "ln_1.weight": (C,), "ln_1.bias": (C,),
-        "attn.c_attn.weight": (C, 3 * C), "attn.c_attn.bias": (3 * C,),
-        "attn.c_proj.weight": (C, C), "attn.c_proj.bias": (C,),
-        "ln_2.weight": (C,), "ln_2.bias": (C,),
-        "mlp.c_fc.weight": (C, 4 * C), "mlp.c_fc.bias": (4 * C,),
-        "mlp.c_proj.weight": (4 * C, C), "mlp.c_proj.bias": (C,),
-    }  # fmt: skip
+        "ln_1.weight": (C,),
+        "ln_1.bias": (C,),
+        "attn.c_attn.weight": (C, 3 * C),
+        "attn.c_attn.bias": (3 * C,),
+        "attn.c_proj.weight": (C, C),
+        "attn.c_proj.bias": (C,),
+        "ln_2.weight": (C,),
+        "ln_2.bias": (C,),
+        "mlp.c_fc.weight": (C, 4 * C),
+        "mlp.c_fc.bias": (4 * C,),
+        "mlp.c_proj.weight": (4 * C, C),
+        "mlp.c_proj.bias": (C,),
+    }
     for i in range(config.n_layer):
         for name, shape in layer.items():
             if config.bias or not name.endswith(".bias"):
@@ -146,7 +161,9 @@ def locate(name_or_path: str | os.PathLike) -> Checkpoint:
             f"got {type(name_or_path).__name__}"
         )
     if str(name_or_path) == "":
-        raise UnknownModelError(f"the model name is empty: give a released name ({', '.join(HUB_REPOS)}) or a directory")
+        raise UnknownModelError(
+            f"the model name is empty: give a released name ({', '.join(HUB_REPOS)}) or a directory"
+        )
     path = Path(name_or_path)
     if path.is_dir():
         return open_checkpoint(path)
@@ -154,7 +171,9 @@ def locate(name_or_path: str | os.PathLike) -> Checkpoint:
         file = open_gguf(path)
         return Checkpoint(path.parent, "gguf", file.config, file)
     if path.exists():
-        raise CheckpointError(f"{path} is a file; pass the directory that holds it (with config.json or hparams.json), or a .gguf file")
+        raise CheckpointError(
+            f"{path} is a file; pass the directory that holds it (with config.json or hparams.json), or a .gguf file"
+        )
     if path.suffix.lower() == SUFFIX:
         raise CheckpointNotFoundError(f"{path} does not exist")
     name = str(name_or_path)
@@ -200,10 +219,14 @@ def open_checkpoint(directory: Path) -> Checkpoint:
                 if fmt == "safetensors":
                     warn_if_initialisation(directory)
                 return Checkpoint(directory, fmt, config)
-        raise CheckpointNotFoundError(f"{directory} has config.json but neither model.safetensors nor pytorch_model.bin")
+        raise CheckpointNotFoundError(
+            f"{directory} has config.json but neither model.safetensors nor pytorch_model.bin"
+        )
     if (directory / "hparams.json").is_file():
         if not any(directory.glob("*.index")):
-            raise CheckpointNotFoundError(f"{directory} has hparams.json but no TensorFlow checkpoint (model.ckpt.index)")
+            raise CheckpointNotFoundError(
+                f"{directory} has hparams.json but no TensorFlow checkpoint (model.ckpt.index)"
+            )
         config = GPT2Config.from_openai_hparams(_read_json(directory / "hparams.json"), str(directory / "hparams.json"))
         return Checkpoint(directory, "tensorflow", config)
     raise CheckpointNotFoundError(
@@ -223,11 +246,16 @@ def warn_if_initialisation(directory: Path) -> None:
     metadata = safetensors_metadata(directory / "model.safetensors")
     if metadata.get(TRAINED_ITERATIONS) == "0" and metadata.get(TRAINED_FROM) == "scratch":
         # plain words, not train's parameters: every command and from_pretrained loads it, and none of them trains
-        warnings.warn(InitialisationWarning(f"this model is its initialisation: {directory} holds the random weights its training "
-                                            f"run started from (saved at iteration 0, before any step), which write noise; train "
-                                            f"until an evaluation saves a better one: resume its run with more iterations or more "
-                                            f"frequent evaluations, or, if its loss diverged, start again with a lower learning "
-                                            f"rate"), stacklevel=3)  # fmt: skip
+        warnings.warn(
+            InitialisationWarning(
+                f"this model is its initialisation: {directory} holds the random weights its training "
+                f"run started from (saved at iteration 0, before any step), which write noise; train "
+                f"until an evaluation saves a better one: resume its run with more iterations or more "
+                f"frequent evaluations, or, if its loss diverged, start again with a lower learning "
+                f"rate"
+            ),
+            stacklevel=3,
+        )
 
 
 # --------------------------------------------------------------------- reading
@@ -249,7 +277,9 @@ def iter_tensors(checkpoint: Checkpoint, framework: Literal["np", "pt"] = "np") 
             continue
         expected = shapes.get(name) or extras.get(name)
         if expected is None:
-            raise CheckpointError(f"{checkpoint.weights_path}: unexpected tensor {raw_name!r}; is this a GPT-2 checkpoint?")
+            raise CheckpointError(
+                f"{checkpoint.weights_path}: unexpected tensor {raw_name!r}; is this a GPT-2 checkpoint?"
+            )
         shape = tuple(tensor.shape)
         if checkpoint.format == "tensorflow" and len(shape) == 3 and shape[0] == 1:
             tensor, shape = tensor[0], shape[1:]  # OpenAI stored linear weights as 1x1 convolutions
@@ -281,14 +311,20 @@ def _check_transformers_only(checkpoint: Checkpoint, raw_name: str, name: str, t
     values = tensor if isinstance(tensor, np.ndarray) else tensor.float().numpy()  # a torch tensor, bfloat16 included
     config = checkpoint.config
     if name == "transformer.wpe.weight":
-        if not (np.abs(values - sinusoidal_positions(config.n_ctx, config.n_embd)) <= _TABLE_TOLERANCE).all():  # NaN fails too
-            raise CheckpointError(f"{checkpoint.weights_path}: tensor {raw_name!r} is not the sinusoidal position table that "
-                                  f"config.json's \"gpt2_positions\": \"sinusoidal\" calls for; if the model learned its "
-                                  f"positions (e.g. fine-tuned in transformers), set \"gpt2_positions\": \"learned\"")  # fmt: skip
+        if not (
+            np.abs(values - sinusoidal_positions(config.n_ctx, config.n_embd)) <= _TABLE_TOLERANCE
+        ).all():  # NaN fails too
+            raise CheckpointError(
+                f"{checkpoint.weights_path}: tensor {raw_name!r} is not the sinusoidal position table that "
+                f'config.json\'s "gpt2_positions": "sinusoidal" calls for; if the model learned its '
+                f'positions (e.g. fine-tuned in transformers), set "gpt2_positions": "learned"'
+            )
     elif np.any(values):
-        raise CheckpointError(f"{checkpoint.weights_path}: tensor {raw_name!r} is not zero, but config.json's \"gpt2_bias\": "
-                              f"false says the model has no biases; if it has (e.g. fine-tuned in transformers), set "
-                              f"\"gpt2_bias\": true")  # fmt: skip
+        raise CheckpointError(
+            f'{checkpoint.weights_path}: tensor {raw_name!r} is not zero, but config.json\'s "gpt2_bias": '
+            f"false says the model has no biases; if it has (e.g. fine-tuned in transformers), set "
+            f'"gpt2_bias": true'
+        )
 
 
 def read_tensors(name_or_path: str | os.PathLike) -> tuple[GPT2Config, dict[str, np.ndarray]]:
@@ -332,7 +368,9 @@ def _read_raw(checkpoint: Checkpoint, framework: str) -> Iterator[tuple[str, Any
                     raise
                 state = torch.load(path, map_location="cpu", weights_only=True)  # legacy, non-zip file
         except Exception as e:
-            raise CheckpointError(f"{path} is truncated or corrupt ({str(e).splitlines()[0]}); download or save it again") from None
+            raise CheckpointError(
+                f"{path} is truncated or corrupt ({str(e).splitlines()[0]}); download or save it again"
+            ) from None
         for name, tensor in state.items():
             yield name, tensor.numpy() if framework == "np" else tensor
     elif checkpoint.file is not None:
@@ -353,10 +391,17 @@ def _read_raw(checkpoint: Checkpoint, framework: str) -> Iterator[tuple[str, Any
 
 # safetensors dtype -> (numpy dtype, torch dtype name); numpy has no bfloat16 (see below).
 _SAFETENSORS_DTYPES = {
-    "F64": (np.float64, "float64"), "F32": (np.float32, "float32"), "F16": (np.float16, "float16"),
-    "BF16": (None, "bfloat16"), "I64": (np.int64, "int64"), "I32": (np.int32, "int32"),
-    "I16": (np.int16, "int16"), "I8": (np.int8, "int8"), "U8": (np.uint8, "uint8"), "BOOL": (np.bool_, "bool"),
-}  # fmt: skip
+    "F64": (np.float64, "float64"),
+    "F32": (np.float32, "float32"),
+    "F16": (np.float16, "float16"),
+    "BF16": (None, "bfloat16"),
+    "I64": (np.int64, "int64"),
+    "I32": (np.int32, "int32"),
+    "I16": (np.int16, "int16"),
+    "I8": (np.int8, "int8"),
+    "U8": (np.uint8, "uint8"),
+    "BOOL": (np.bool_, "bool"),
+}
 
 
 def _corrupt(path: Path, why: str) -> CheckpointError:
@@ -415,10 +460,15 @@ def read_safetensors(path: Path, framework: Literal["np", "pt"] = "np") -> Itera
             except (KeyError, TypeError, ValueError):
                 raise _corrupt(path, f"bad header entry for {name!r}: {info!r}") from None
             if data_start + end > file_size:
-                raise _corrupt(path, f"tensor {name!r} ends at byte {data_start + end}, past the end of the file ({file_size})")
+                raise _corrupt(
+                    path, f"tensor {name!r} ends at byte {data_start + end}, past the end of the file ({file_size})"
+                )
             itemsize = 2 if np_dtype is None else np.dtype(np_dtype).itemsize
             if end - begin != int(np.prod(shape)) * itemsize:
-                raise _corrupt(path, f"tensor {name!r} has {end - begin} bytes, which does not fit shape {shape} of {info['dtype']}")
+                raise _corrupt(
+                    path,
+                    f"tensor {name!r} has {end - begin} bytes, which does not fit shape {shape} of {info['dtype']}",
+                )
             f.seek(data_start + begin)
             if framework == "pt":
                 import torch
@@ -432,4 +482,3 @@ def read_safetensors(path: Path, framework: Literal["np", "pt"] = "np") -> Itera
             if framework == "np" and np_dtype is None:  # numpy has no bfloat16: widened to float32, exactly
                 tensor = bfloat16_to_float32(tensor)
             yield name, tensor
-

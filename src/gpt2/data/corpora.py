@@ -47,8 +47,11 @@ def record_texts(path: Path, text_field: str, on_bytes: Callable[[int], object] 
 
 
 def _missing_field(where: str, text_field: str, fields: Sequence[str]) -> DataError:
-    return DataError(f"{where} has no field {text_field!r}: its fields are {', '.join(map(str, fields)) or 'none'}; "
-                     f"give the one that holds the text as text_field", "text_field")  # fmt: skip
+    return DataError(
+        f"{where} has no field {text_field!r}: its fields are {', '.join(map(str, fields)) or 'none'}; "
+        f"give the one that holds the text as text_field",
+        "text_field",
+    )
 
 
 def _jsonl_texts(path: Path, text_field: str, on_bytes: Callable[[int], object]) -> Iterator[str]:
@@ -94,7 +97,10 @@ def _pyarrow_parquet(path: Path):
 
 def _text(value: object, where: str, text_field: str) -> str:
     if not isinstance(value, str):
-        raise DataError(f"{where}: the field {text_field!r} holds {type(value).__name__} {str(value)[:40]!r}, not text", "text_field")
+        raise DataError(
+            f"{where}: the field {text_field!r} holds {type(value).__name__} {str(value)[:40]!r}, not text",
+            "text_field",
+        )
     return value
 
 
@@ -151,14 +157,20 @@ def read_header(path: Path) -> tuple[np.dtype, int]:
     with open(path, "rb") as f:
         head = f.read(HEADER_BYTES)
     if len(head) < HEADER_BYTES:
-        raise DataError(f"{path} is not an llm.c token file: {len(head)} bytes, shorter than its {HEADER_BYTES}-byte header")
+        raise DataError(
+            f"{path} is not an llm.c token file: {len(head)} bytes, shorter than its {HEADER_BYTES}-byte header"
+        )
     magic, version, count = (int(v) for v in np.frombuffer(head, dtype="<i4")[:3])
     if magic not in (m for m, _ in HEADERS.values()):
-        raise DataError(f"{path} is not an llm.c token file: its magic number is {magic}, not "
-                        f"{HEADERS[1][0]} (GPT-2's, uint16 ids) or {HEADERS[7][0]} (Llama 3's, uint32 ids)")  # fmt: skip
+        raise DataError(
+            f"{path} is not an llm.c token file: its magic number is {magic}, not "
+            f"{HEADERS[1][0]} (GPT-2's, uint16 ids) or {HEADERS[7][0]} (Llama 3's, uint32 ids)"
+        )
     if HEADERS.get(version, (None,))[0] != magic:
-        raise DataError(f"{path}: llm.c token file version {version} (magic {magic}); only version 1 (magic "
-                        f"{HEADERS[1][0]}, uint16 ids) and version 7 (magic {HEADERS[7][0]}, uint32 ids) are read")  # fmt: skip
+        raise DataError(
+            f"{path}: llm.c token file version {version} (magic {magic}); only version 1 (magic "
+            f"{HEADERS[1][0]}, uint16 ids) and version 7 (magic {HEADERS[7][0]}, uint32 ids) are read"
+        )
     return HEADERS[version][1], count
 
 

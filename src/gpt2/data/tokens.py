@@ -46,7 +46,16 @@ import torch
 
 from gpt2._checks import int_between, is_integer, positive_int, real_between
 from gpt2._files import atomic_path, atomic_write_text, read_json_object, writable_directory
-from gpt2.data.corpora import HEADER_BYTES, SHARD_NAME, Shards, ShardWriter, dataset_texts, is_record_file, read_header, record_texts
+from gpt2.data.corpora import (
+    HEADER_BYTES,
+    SHARD_NAME,
+    Shards,
+    ShardWriter,
+    dataset_texts,
+    is_record_file,
+    read_header,
+    record_texts,
+)
 from gpt2.errors import ChatTemplateError, DataError, InputTypeError, InvalidArgumentError, TokenIdError
 from gpt2.examples import CORPORA, corpus_text
 from gpt2.tokenizer import CHARS_FILE, EOT, GPT2_VOCAB_DIR, CharTokenizer, Tokenizer, load_tokenizer, same_vocabulary
@@ -126,8 +135,10 @@ def find_documents(inputs: Sequence[str | os.PathLike], spool: Path, text_field:
             documents.append(Document(str(given), text, text.stat().st_size))
             continue
         else:
-            raise DataError(f"input {str(given)!r} does not exist: give text files, directories, - for standard input, "
-                            f"or a corpus gpt2 ships ({', '.join(CORPORA)})")  # fmt: skip
+            raise DataError(
+                f"input {str(given)!r} does not exist: give text files, directories, - for standard input, "
+                f"or a corpus gpt2 ships ({', '.join(CORPORA)})"
+            )
         for file in files:
             records = functools.partial(record_texts, file, text_field) if is_record_file(file) else None  # (on_bytes)
             documents.append(_once(Document(str(file), file, file.stat().st_size, records), seen))
@@ -146,8 +157,14 @@ def _once(document: Document, seen: dict[tuple[int, int], str]) -> Document:
     key = (info.st_dev, info.st_ino)
     if key in seen:
         first = seen[key]
-        same = f"{first!r} is given twice" if first == document.name else f"{document.name!r} and {first!r} are the same file"
-        raise DataError(f"{same}: give each file once (twice, its text could be in both the training and the validation split)")
+        same = (
+            f"{first!r} is given twice"
+            if first == document.name
+            else f"{document.name!r} and {first!r} are the same file"
+        )
+        raise DataError(
+            f"{same}: give each file once (twice, its text could be in both the training and the validation split)"
+        )
     seen[key] = document.name
     return document
 
@@ -164,7 +181,9 @@ def read_chunks(document: Document, on_bytes=lambda n: None, anywhere: bool = Fa
             try:
                 pending += decoder.decode(block, final=not block)
             except UnicodeDecodeError as e:
-                raise DataError(f"{document.name} is not UTF-8 text (byte {offset - held + e.start}: {e.reason})") from None
+                raise DataError(
+                    f"{document.name} is not UTF-8 text (byte {offset - held + e.start}: {e.reason})"
+                ) from None
             offset += len(block)
             on_bytes(len(block))
             if not block:
@@ -224,8 +243,9 @@ def make_tokenizer(spec: str, documents: list[Document], progress: bool) -> Toke
         raise DataError(f"cannot train a tokenizer: {e}") from None
 
 
-def encode_pieces(documents: list[Document], tokenizer, num_workers: int,
-                  on_bytes=lambda n: None) -> Iterator[tuple[int, list[int] | None]]:  # fmt: skip
+def encode_pieces(
+    documents: list[Document], tokenizer, num_workers: int, on_bytes=lambda n: None
+) -> Iterator[tuple[int, list[int] | None]]:
     """(document, ids) for each piece of every document in order (see `pieces`), and (document,
     None) where a record or a text file ends.
 
@@ -245,15 +265,18 @@ def encode_pieces(documents: list[Document], tokenizer, num_workers: int,
     yield from _encode_batch(batch, tokenizer, num_workers)
 
 
-def _encode_batch(batch: list[tuple[int, str | None]], tokenizer, num_workers: int) -> Iterator[tuple[int, list[int] | None]]:
+def _encode_batch(
+    batch: list[tuple[int, str | None]], tokenizer, num_workers: int
+) -> Iterator[tuple[int, list[int] | None]]:
     # a corpus's "<|endoftext|>" is its characters, as llm.c's encode_ordinary: documents end with the token
     encoded = iter(tokenizer.encode_ordinary_batch([p for _, p in batch if p is not None], num_workers=num_workers))
     for d, piece in batch:
         yield d, None if piece is None else next(encoded)
 
 
-def encode_documents(documents: list[Document], tokenizer, out: BinaryIO, dtype: np.dtype, progress: bool,
-                     num_workers: int) -> list[int]:  # fmt: skip
+def encode_documents(
+    documents: list[Document], tokenizer, out: BinaryIO, dtype: np.dtype, progress: bool, num_workers: int
+) -> list[int]:
     """Append every document's ids to `out`, each record or text file followed by <|endoftext|>
     (where the tokenizer has one); returns the number of ids of each document."""
     from tqdm.auto import tqdm
@@ -315,8 +338,11 @@ def split_documents(counts: list[int], val_fraction: float) -> Split:
         split = _split_by_documents(counts, min(max(round(val_fraction * n), 1), n - 1))
     for name, ranges in (("training", split.train), ("validation", split.val)):
         if sum(e - s for s, e in ranges) == 0:
-            raise DataError(f"a corpus of {n} tokens in {len(counts)} document(s) is too small to split with "
-                            f"val_fraction {val_fraction}: the {name} split would be empty", "val_fraction")  # fmt: skip
+            raise DataError(
+                f"a corpus of {n} tokens in {len(counts)} document(s) is too small to split with "
+                f"val_fraction {val_fraction}: the {name} split would be empty",
+                "val_fraction",
+            )
     return split
 
 
@@ -363,8 +389,15 @@ def prepare(
     val_fraction = real_between("val_fraction", val_fraction, 0, 1, open_low=True, open_high=True)
     num_workers = positive_int("num_workers", (os.cpu_count() or 1) if num_workers is None else num_workers)
     if shard_tokens is not None:
-        shard_tokens = int_between("shard_tokens", shard_tokens, 1, 2**31 - 1, "a positive whole number")  # llm.c's int32 count
-    named = {"text_field": text_field, "dataset_split": dataset_split, "dataset": dataset, "dataset_config": dataset_config}
+        shard_tokens = int_between(
+            "shard_tokens", shard_tokens, 1, 2**31 - 1, "a positive whole number"
+        )  # llm.c's int32 count
+    named = {
+        "text_field": text_field,
+        "dataset_split": dataset_split,
+        "dataset": dataset,
+        "dataset_config": dataset_config,
+    }
     for name, value in named.items():
         if (value is not None or name in ("text_field", "dataset_split")) and (not isinstance(value, str) or not value):
             raise InvalidArgumentError(f"{name} must be a non-empty string, got {value!r}", name)
@@ -378,9 +411,12 @@ def prepare(
             encoder, meta = _write_splits(documents, out, scratch, tokenizer, val_fraction, progress, num_workers)
         else:
             encoder, meta = _write_shards(documents, out, scratch, tokenizer, shard_tokens, progress, num_workers)
-    sources = {"inputs": [str(i) for i in inputs], "documents": len(documents),
-               **({"text_field": text_field} if any(d.records for d in documents) else {}),
-               **({} if dataset is None else {"dataset": dataset, "config": dataset_config, "split": dataset_split})}  # fmt: skip
+    sources = {
+        "inputs": [str(i) for i in inputs],
+        "documents": len(documents),
+        **({"text_field": text_field} if any(d.records for d in documents) else {}),
+        **({} if dataset is None else {"dataset": dataset, "config": dataset_config, "split": dataset_split}),
+    }
     return _finish(out, encoder, tokenizer, {**meta, "sources": sources}, overwrite)
 
 
@@ -401,7 +437,9 @@ def _scratch_in(out: Path, overwrite: bool) -> Iterator[Path]:
         raise
 
 
-def _finish(out: Path, encoder: Tokenizer | CharTokenizer, spec: str, meta: dict[str, Any], overwrite: bool) -> dict[str, Any]:
+def _finish(
+    out: Path, encoder: Tokenizer | CharTokenizer, spec: str, meta: dict[str, Any], overwrite: bool
+) -> dict[str, Any]:
     """Once the ids are in place: on an overwrite, remove what the new data does not have; then
     the tokenizer's files, and meta.json last (it vouches for the rest). Returns the meta written."""
     meta = {"format": FORMAT, "version": 1, "tokenizer": spec, "vocab_size": encoder.n_vocab, **meta}
@@ -413,8 +451,15 @@ def _finish(out: Path, encoder: Tokenizer | CharTokenizer, spec: str, meta: dict
     return meta
 
 
-def _write_splits(documents: list[Document], out: Path, scratch: Path, spec: str, val_fraction: float, progress: bool,
-                  num_workers: int) -> tuple[Tokenizer | CharTokenizer, dict[str, Any]]:  # fmt: skip
+def _write_splits(
+    documents: list[Document],
+    out: Path,
+    scratch: Path,
+    spec: str,
+    val_fraction: float,
+    progress: bool,
+    num_workers: int,
+) -> tuple[Tokenizer | CharTokenizer, dict[str, Any]]:
     """Encode every document into scratch/all.bin, then write out/train.bin and out/val.bin from it.
     Returns the tokenizer and what meta.json says of the ids."""
     encoder, dtype = _tokenizer_for(spec, documents, progress)
@@ -425,15 +470,23 @@ def _write_splits(documents: list[Document], out: Path, scratch: Path, spec: str
     train_tokens, val_tokens = (sum(e - s for s, e in ranges) for ranges in (split.train, split.val))
     cut = None if split.cut is None else {"document": documents[split.cut[0]].name, "val_tokens": split.cut[1]}
     return encoder, {
-        "dtype": dtype.name, "train_tokens": train_tokens, "val_tokens": val_tokens,
-        "split": {"val_fraction": val_fraction, "method": split.method, "seed": SPLIT_SEED,
-                  "actual_val_fraction": val_tokens / (train_tokens + val_tokens), "val_documents": split.val_documents,
-                  "cut": cut},  # the document split within (one at most), and how many of its ids validate
-    }  # fmt: skip
+        "dtype": dtype.name,
+        "train_tokens": train_tokens,
+        "val_tokens": val_tokens,
+        "split": {
+            "val_fraction": val_fraction,
+            "method": split.method,
+            "seed": SPLIT_SEED,
+            "actual_val_fraction": val_tokens / (train_tokens + val_tokens),
+            "val_documents": split.val_documents,
+            "cut": cut,
+        },  # the document split within (one at most), and how many of its ids validate
+    }
 
 
-def _write_shards(documents: list[Document], out: Path, scratch: Path, spec: str, shard_tokens: int, progress: bool,
-                  num_workers: int) -> tuple[Tokenizer | CharTokenizer, dict[str, Any]]:  # fmt: skip
+def _write_shards(
+    documents: list[Document], out: Path, scratch: Path, spec: str, shard_tokens: int, progress: bool, num_workers: int
+) -> tuple[Tokenizer | CharTokenizer, dict[str, Any]]:
     """Encode every document into llm.c's shards, written into `scratch` as each fills, then
     renamed into `out` together at the end: an interrupted prepare leaves no part of a corpus that
     would read as a whole one. Returns the tokenizer and what meta.json says of the ids."""
@@ -443,13 +496,23 @@ def _write_shards(documents: list[Document], out: Path, scratch: Path, spec: str
     n = encode_shards(documents, encoder, writer, progress, num_workers)
     writer.close()
     if writer.tokens["train"] == 0:
-        raise DataError(f"the corpus's {writer.tokens['val']:,} tokens fit in one shard of shard_tokens {shard_tokens:,}, "
-                        f"which validates (the first shard does): none is left to train on; use a smaller shard_tokens", "shard_tokens")  # fmt: skip
+        raise DataError(
+            f"the corpus's {writer.tokens['val']:,} tokens fit in one shard of shard_tokens {shard_tokens:,}, "
+            f"which validates (the first shard does): none is left to train on; use a smaller shard_tokens",
+            "shard_tokens",
+        )
     for file in writer.files:
         os.replace(file, out / file.name)  # whole files, renamed within one disk
-    files = {split: [f.name for f in writer.files if SHARD_NAME.fullmatch(f.name).group(2) == split] for split in ("val", "train")}
-    return encoder, {"dtype": dtype.name, "train_tokens": writer.tokens["train"], "val_tokens": writer.tokens["val"],
-                     "shards": {"name": name, "shard_tokens": shard_tokens, "documents": n, **files}}  # fmt: skip
+    files = {
+        split: [f.name for f in writer.files if SHARD_NAME.fullmatch(f.name).group(2) == split]
+        for split in ("val", "train")
+    }
+    return encoder, {
+        "dtype": dtype.name,
+        "train_tokens": writer.tokens["train"],
+        "val_tokens": writer.tokens["val"],
+        "shards": {"name": name, "shard_tokens": shard_tokens, "documents": n, **files},
+    }
 
 
 def _write_split_files(out: Path, scratch: Path, split: Split, kinds: dict[str, np.dtype]) -> None:
@@ -539,9 +602,11 @@ def prepare_chat(
     val_fraction = real_between("val_fraction", val_fraction, 0, 1, open_low=True, open_high=True)
     parse_tokenizer_spec(tokenizer)
     if tokenizer == "char":
-        raise InvalidArgumentError("the char tokenizer cannot hold a conversation: a chat template ends each reply with "
-                                   "<|endoftext|>, a special token a vocabulary of characters does not have; use gpt2 or bpe:N",
-                                   "tokenizer")  # fmt: skip
+        raise InvalidArgumentError(
+            "the char tokenizer cannot hold a conversation: a chat template ends each reply with "
+            "<|endoftext|>, a special token a vocabulary of characters does not have; use gpt2 or bpe:N",
+            "tokenizer",
+        )
     template = _chat_template(chat_template)
     out = Path(out)
     with _scratch_in(out, overwrite) as scratch:
@@ -558,7 +623,9 @@ def _chat_template(given: str | os.PathLike | ChatTemplate | None) -> ChatTempla
         return given
     if isinstance(given, (str, os.PathLike)):
         return ChatTemplate.from_file(given)
-    raise InputTypeError(f"chat_template is the path of a Jinja2 file or a ChatTemplate, got {given!r}", "chat_template")
+    raise InputTypeError(
+        f"chat_template is the path of a Jinja2 file or a ChatTemplate, got {given!r}", "chat_template"
+    )
 
 
 def split_conversations(counts: list[int], val_fraction: float) -> Split:
@@ -566,9 +633,11 @@ def split_conversations(counts: list[int], val_fraction: float) -> Split:
     of them (at least 1, at most n - 1), drawn with a fixed seed, validate."""
     n = len(counts)
     if n < 2:
-        raise DataError(f"{n} conversation{'s' * (n != 1)} cannot be split whole into training and validation: each split "
-                        f"needs one (val_fraction {val_fraction} of them validates, at least 1); give 2 or more",
-                        "val_fraction")  # fmt: skip
+        raise DataError(
+            f"{n} conversation{'s' * (n != 1)} cannot be split whole into training and validation: each split "
+            f"needs one (val_fraction {val_fraction} of them validates, at least 1); give 2 or more",
+            "val_fraction",
+        )
     n_val = min(max(round(val_fraction * n), 1), n - 1)
     validates = set(map(int, np.random.default_rng(SPLIT_SEED).permutation(n)[:n_val]))
     starts = [0, *itertools.accumulate(counts)]  # conversation c holds ids starts[c] .. starts[c + 1]
@@ -604,17 +673,30 @@ def _chat_tokenizer(spec: str, template: ChatTemplate, files: list[Document], pr
     vocab_size = parse_tokenizer_spec(spec)
     if vocab_size is None:
         return Tokenizer.gpt2()
-    names = special_token_names(Tokenizer.gpt2())  # a trained vocabulary's special tokens are GPT-2's: <|endoftext|> alone
-    texts = (piece for where, messages in _conversations(files)
-             for piece in _at(where, template.render, messages, **names).split(EOT) if piece)  # fmt: skip
+    names = special_token_names(
+        Tokenizer.gpt2()
+    )  # a trained vocabulary's special tokens are GPT-2's: <|endoftext|> alone
+    texts = (
+        piece
+        for where, messages in _conversations(files)
+        for piece in _at(where, template.render, messages, **names).split(EOT)
+        if piece
+    )
     try:
         return Tokenizer.train(texts, vocab_size, progress=progress)
     except InvalidArgumentError as e:
         raise DataError(f"cannot train a tokenizer: {e}") from None
 
 
-def _write_conversations(files: list[Document], out: Path, scratch: Path, template: ChatTemplate, spec: str,
-                         val_fraction: float, progress: bool) -> tuple[Tokenizer, dict[str, Any]]:  # fmt: skip
+def _write_conversations(
+    files: list[Document],
+    out: Path,
+    scratch: Path,
+    template: ChatTemplate,
+    spec: str,
+    val_fraction: float,
+    progress: bool,
+) -> tuple[Tokenizer, dict[str, Any]]:
     """Encode every conversation into scratch/all.bin and its mask into scratch/all.mask.bin,
     then cut both into out's splits. Returns the tokenizer and what meta.json says of the ids."""
     from tqdm.auto import tqdm
@@ -622,8 +704,11 @@ def _write_conversations(files: list[Document], out: Path, scratch: Path, templa
     encoder = _chat_tokenizer(spec, template, files, progress)
     dtype = ids_dtype(encoder.n_vocab)
     counts, replies, longest = [], 0, (0, "")
-    with open(scratch / "all.bin", "wb") as ids_file, open(scratch / "all.mask.bin", "wb") as mask_file, \
-            tqdm(unit="conv", desc="encoding", disable=not progress) as bar:  # fmt: skip
+    with (
+        open(scratch / "all.bin", "wb") as ids_file,
+        open(scratch / "all.mask.bin", "wb") as mask_file,
+        tqdm(unit="conv", desc="encoding", disable=not progress) as bar,
+    ):
         for where, messages in _conversations(files):
             ids, mask = _at(where, template.encode_with_mask, encoder, messages)
             ids_file.write(np.asarray(ids, dtype=dtype).tobytes())
@@ -633,21 +718,39 @@ def _write_conversations(files: list[Document], out: Path, scratch: Path, templa
             longest = (len(ids), where) if len(ids) > longest[0] else longest
             bar.update()
     if not replies:
-        raise DataError(f"{template.origin} marks no reply in {len(counts):,} conversations: the tokens to learn are those "
-                        f"inside {{% generation %}}...{{% endgeneration %}} blocks; put each assistant message in one", "chat_template")  # fmt: skip
+        raise DataError(
+            f"{template.origin} marks no reply in {len(counts):,} conversations: the tokens to learn are those "
+            f"inside {{% generation %}}...{{% endgeneration %}} blocks; put each assistant message in one",
+            "chat_template",
+        )
     split = split_conversations(counts, val_fraction)
     _write_split_files(out, scratch, split, {"": dtype, ".mask": MASK_DTYPE})
     mask = np.memmap(scratch / "all.mask.bin", dtype=MASK_DTYPE, mode="r")
-    mask_tokens = {name: sum(int(mask[s:e].sum()) for s, e in ranges) for name, ranges in (("train", split.train), ("val", split.val))}
+    mask_tokens = {
+        name: sum(int(mask[s:e].sum()) for s, e in ranges)
+        for name, ranges in (("train", split.train), ("val", split.val))
+    }
     del mask
     train_tokens, val_tokens = (sum(e - s for s, e in ranges) for ranges in (split.train, split.val))
     return encoder, {
-        "dtype": dtype.name, "train_tokens": train_tokens, "val_tokens": val_tokens,
-        "split": {"val_fraction": val_fraction, "method": "conversations", "seed": SPLIT_SEED,
-                  "actual_val_fraction": val_tokens / (train_tokens + val_tokens), "val_conversations": split.val_documents},
-        "chat": {"template": template.source, "conversations": {"train": len(counts) - split.val_documents, "val": split.val_documents},
-                 "mask_tokens": mask_tokens, "longest": longest[0], "longest_at": longest[1]},
-    }  # fmt: skip
+        "dtype": dtype.name,
+        "train_tokens": train_tokens,
+        "val_tokens": val_tokens,
+        "split": {
+            "val_fraction": val_fraction,
+            "method": "conversations",
+            "seed": SPLIT_SEED,
+            "actual_val_fraction": val_tokens / (train_tokens + val_tokens),
+            "val_conversations": split.val_documents,
+        },
+        "chat": {
+            "template": template.source,
+            "conversations": {"train": len(counts) - split.val_documents, "val": split.val_documents},
+            "mask_tokens": mask_tokens,
+            "longest": longest[0],
+            "longest_at": longest[1],
+        },
+    }
 
 
 # ------------------------------------------------------------------ reading prepared data
@@ -665,7 +768,9 @@ class TokenData:
     vocab_size: int
     tokenizer: Tokenizer | CharTokenizer | None
     meta: dict[str, Any] = field(default_factory=dict)
-    files: dict[str, Path] = field(default_factory=dict)  # split -> the file it came from (shards: DIR/NAME_train_*.bin)
+    files: dict[str, Path] = field(
+        default_factory=dict
+    )  # split -> the file it came from (shards: DIR/NAME_train_*.bin)
     shards: dict[str, list[Path]] = field(default_factory=dict)  # split -> its files, for data in several
     masks: dict[str, np.ndarray] = field(default_factory=dict)  # split -> uint8, 1 where an id is a target (chat data)
     chat_template: str | None = None  # the template chat data was rendered with (meta.json's chat.template)
@@ -673,19 +778,26 @@ class TokenData:
     def check_vocabulary(self, tokenizer: Tokenizer | CharTokenizer | None, n_vocab: int, model: str) -> None:
         """Raise unless a model of n_vocab ids that reads `tokenizer` (None: unknown) can read these ids."""
         if self.vocab_size > n_vocab:
-            raise InvalidArgumentError(f"the data in {self.directory} has a vocabulary of {self.vocab_size} ids, more than the "
-                                       f"{n_vocab} of the model {model}: prepare it with the model's tokenizer")  # fmt: skip
+            raise InvalidArgumentError(
+                f"the data in {self.directory} has a vocabulary of {self.vocab_size} ids, more than the "
+                f"{n_vocab} of the model {model}: prepare it with the model's tokenizer"
+            )
         if tokenizer is not None and self.tokenizer is not None and not same_vocabulary(tokenizer, self.tokenizer):
-            raise InvalidArgumentError(f"the data in {self.directory} was prepared with another tokenizer ({self.tokenizer!r}) than "
-                                       f"the model {model} reads ({tokenizer!r}): prepare it with the model's tokenizer")  # fmt: skip
+            raise InvalidArgumentError(
+                f"the data in {self.directory} was prepared with another tokenizer ({self.tokenizer!r}) than "
+                f"the model {model} reads ({tokenizer!r}): prepare it with the model's tokenizer"
+            )
 
     def check_block_size(self, block_size: int) -> None:
         """Raise unless each split holds a window of block_size + 1 ids (the inputs and their next ids)."""
         block_size = positive_int("block_size", block_size)
         for split, ids in (("train", self.train), ("val", self.val)):
             if len(ids) < block_size + 1:
-                raise DataError(f"{self.files[split]} holds {len(ids)} ids, too short for block_size {block_size}: "
-                                f"a window needs {block_size + 1}; use a smaller block_size or more text", "block_size")  # fmt: skip
+                raise DataError(
+                    f"{self.files[split]} holds {len(ids)} ids, too short for block_size {block_size}: "
+                    f"a window needs {block_size + 1}; use a smaller block_size or more text",
+                    "block_size",
+                )
 
 
 def open_data(path: str | os.PathLike) -> TokenData:
@@ -706,16 +818,22 @@ def open_data(path: str | os.PathLike) -> TokenData:
     elif not path.exists():
         raise DataError(f"data {str(path)!r} does not exist: give a directory gpt2 prepare wrote", "data")
     elif path.is_file():
-        raise DataError(f"{path} is a file, not prepared data: give the directory that holds train.bin and val.bin "
-                        f"(run gpt2 prepare), or one of llm.c's NAME_train.bin / NAME_val.bin files")  # fmt: skip
+        raise DataError(
+            f"{path} is a file, not prepared data: give the directory that holds train.bin and val.bin "
+            f"(run gpt2 prepare), or one of llm.c's NAME_train.bin / NAME_val.bin files"
+        )
     else:
-        raise DataError(f"{path} holds no prepared data: expected train.bin and val.bin (run gpt2 prepare), "
-                        f"llm.c's *_train.bin and *_val.bin, or llm.c's shards (NAME_val_000000.bin, NAME_train_000001.bin, ...)")  # fmt: skip
+        raise DataError(
+            f"{path} holds no prepared data: expected train.bin and val.bin (run gpt2 prepare), "
+            f"llm.c's *_train.bin and *_val.bin, or llm.c's shards (NAME_val_000000.bin, NAME_train_000001.bin, ...)"
+        )
     for split, ids in (("train", data.train), ("val", data.val)):
         for part, file in zip(ids.parts, data.shards[split]) if isinstance(ids, Shards) else [(ids, data.files[split])]:
             _check_ids(part, data.vocab_size, file)
     for split, mask in data.masks.items():
-        _check_mask(mask, data.directory / f"{split}.mask.bin", split, data.meta["chat"].get("mask_tokens", {}).get(split))
+        _check_mask(
+            mask, data.directory / f"{split}.mask.bin", split, data.meta["chat"].get("mask_tokens", {}).get(split)
+        )
     return data
 
 
@@ -724,7 +842,9 @@ def _memmap(path: Path, dtype: np.dtype, offset: int = 0) -> np.ndarray:
         raise DataError(f"{path} is missing")
     size = path.stat().st_size - offset
     if size % dtype.itemsize:
-        raise DataError(f"{path} holds {size} bytes, not a whole number of {dtype.name} ids ({dtype.itemsize} bytes each)")
+        raise DataError(
+            f"{path} holds {size} bytes, not a whole number of {dtype.name} ids ({dtype.itemsize} bytes each)"
+        )
     if size == 0:  # numpy cannot map an empty file
         empty = np.zeros(0, dtype=dtype)
         empty.flags.writeable = False
@@ -736,7 +856,9 @@ def _check_ids(ids: np.ndarray, vocab_size: int, path: Path, chunk: int = 1 << 2
     for start in range(0, len(ids), chunk):
         high = int(ids[start : start + chunk].max())
         if high >= vocab_size:
-            raise TokenIdError(f"{path} holds token id {high}, beyond its vocabulary of {vocab_size} ids (0..{vocab_size - 1})")
+            raise TokenIdError(
+                f"{path} holds token id {high}, beyond its vocabulary of {vocab_size} ids (0..{vocab_size - 1})"
+            )
 
 
 def _check_mask(mask: np.ndarray, path: Path, split: str, expected: object, chunk: int = 1 << 26) -> None:
@@ -745,20 +867,28 @@ def _check_mask(mask: np.ndarray, path: Path, split: str, expected: object, chun
     for start in range(0, len(mask), chunk):
         part = mask[start : start + chunk]
         if int(part.max()) > 1:
-            raise DataError(f"{path} holds the byte {int(part.max())}: a mask holds 1 (a target) or 0; prepare the data again")
+            raise DataError(
+                f"{path} holds the byte {int(part.max())}: a mask holds 1 (a target) or 0; prepare the data again"
+            )
         marked += int(np.count_nonzero(part))
     if marked == 0:
-        raise DataError(f"{path} marks no target: the loss would count nothing; give conversations with assistant turns")
+        raise DataError(
+            f"{path} marks no target: the loss would count nothing; give conversations with assistant turns"
+        )
     if expected is not None and marked != expected:
-        raise DataError(f"{path} marks {marked} targets, but meta.json says chat.mask_tokens.{split} = {expected!r}: "
-                        f"prepare the data again")  # fmt: skip
+        raise DataError(
+            f"{path} marks {marked} targets, but meta.json says chat.mask_tokens.{split} = {expected!r}: "
+            f"prepare the data again"
+        )
 
 
 def _open_ours(path: Path) -> TokenData:
     meta = read_json_object(path / "meta.json", DataError)
     if meta.get("format") != FORMAT or meta.get("version") != 1:
-        raise DataError(f"{path / 'meta.json'} is not gpt2 prepare's (format {meta.get('format')!r}, version "
-                        f"{meta.get('version')!r}; expected {FORMAT!r}, version 1): run gpt2 prepare")  # fmt: skip
+        raise DataError(
+            f"{path / 'meta.json'} is not gpt2 prepare's (format {meta.get('format')!r}, version "
+            f"{meta.get('version')!r}; expected {FORMAT!r}, version 1): run gpt2 prepare"
+        )
     if meta.get("dtype") not in ("uint16", "uint32"):
         raise DataError(f"{path / 'meta.json'}: dtype is {meta.get('dtype')!r}, not uint16 or uint32")
     dtype = np.dtype("<u2" if meta["dtype"] == "uint16" else "<u4")
@@ -767,42 +897,61 @@ def _open_ours(path: Path) -> TokenData:
     for split, parts in splits.items():
         where = _split_files(path, shards)[split]
         if parts[0].dtype != dtype:
-            raise DataError(f"{where} holds {parts[0].dtype.name} ids, but meta.json says {meta['dtype']}: prepare the data again")
+            raise DataError(
+                f"{where} holds {parts[0].dtype.name} ids, but meta.json says {meta['dtype']}: prepare the data again"
+            )
         if sum(map(len, parts)) != meta.get(f"{split}_tokens"):
-            raise DataError(f"{where} hold{'s' * (len(parts) == 1)} {sum(map(len, parts))} ids, but meta.json says "
-                            f"{split}_tokens = {meta.get(f'{split}_tokens')!r}: prepare the data again")  # fmt: skip
+            raise DataError(
+                f"{where} hold{'s' * (len(parts) == 1)} {sum(map(len, parts))} ids, but meta.json says "
+                f"{split}_tokens = {meta.get(f'{split}_tokens')!r}: prepare the data again"
+            )
     vocab_size = meta.get("vocab_size")
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
         raise DataError(f"{path / 'meta.json'}: vocab_size is {vocab_size!r}, not a positive integer")
     tokenizer = _our_tokenizer(path, meta.get("tokenizer"))
     if tokenizer is not None and tokenizer.n_vocab != vocab_size:
-        raise DataError(f"{path}: meta.json says vocab_size {vocab_size}, but its tokenizer has {tokenizer.n_vocab} ids")
+        raise DataError(
+            f"{path}: meta.json says vocab_size {vocab_size}, but its tokenizer has {tokenizer.n_vocab} ids"
+        )
     ids = {split: parts[0] if len(parts) == 1 else Shards(parts) for split, parts in splits.items()}
     files = _split_files(path, shards)
     masks, template = _our_chat(path, meta, ids, files)
-    return TokenData(path, "gpt2", ids["train"], ids["val"], vocab_size, tokenizer, meta, files, shards, masks, template)
+    return TokenData(
+        path, "gpt2", ids["train"], ids["val"], vocab_size, tokenizer, meta, files, shards, masks, template
+    )
 
 
-def _our_chat(path: Path, meta: dict[str, Any], ids: dict[str, np.ndarray | Shards],
-              files: dict[str, Path]) -> tuple[dict[str, np.ndarray], str | None]:  # fmt: skip
+def _our_chat(
+    path: Path, meta: dict[str, Any], ids: dict[str, np.ndarray | Shards], files: dict[str, Path]
+) -> tuple[dict[str, np.ndarray], str | None]:
     """The masks of conversations (train.mask.bin, val.mask.bin, each as long as its ids) and
     their template, where meta.json has "chat"; ({}, None) for other data."""
     if "chat" not in meta:
         return {}, None
     chat = meta["chat"]
-    if not isinstance(chat, dict) or not isinstance(chat.get("template"), str) or not isinstance(chat.get("mask_tokens", {}), dict):
-        raise DataError(f"{path / 'meta.json'}: chat is not an object with the template's text (chat.template) and "
-                        f"mask_tokens by split: prepare the data again")  # fmt: skip
+    if (
+        not isinstance(chat, dict)
+        or not isinstance(chat.get("template"), str)
+        or not isinstance(chat.get("mask_tokens", {}), dict)
+    ):
+        raise DataError(
+            f"{path / 'meta.json'}: chat is not an object with the template's text (chat.template) and "
+            f"mask_tokens by split: prepare the data again"
+        )
     masks = {}
     for split in ("train", "val"):
         file = path / f"{split}.mask.bin"
         if not file.is_file():
-            raise DataError(f"{file} is missing: meta.json says the data holds conversations (chat), whose loss counts the "
-                            f"targets the mask marks; prepare the data again")  # fmt: skip
+            raise DataError(
+                f"{file} is missing: meta.json says the data holds conversations (chat), whose loss counts the "
+                f"targets the mask marks; prepare the data again"
+            )
         masks[split] = _memmap(file, MASK_DTYPE)
         if len(masks[split]) != len(ids[split]):
-            raise DataError(f"{file} holds {len(masks[split])} mask bytes, but {files[split]} holds {len(ids[split])} ids: "
-                            f"a mask has a byte for each id; prepare the data again")  # fmt: skip
+            raise DataError(
+                f"{file} holds {len(masks[split])} mask bytes, but {files[split]} holds {len(ids[split])} ids: "
+                f"a mask has a byte for each id; prepare the data again"
+            )
     return masks, chat["template"]
 
 
@@ -811,8 +960,14 @@ def _our_shards(path: Path, meta: dict[str, Any]) -> dict[str, list[Path]]:
     shards = meta["shards"]
     names = {split: shards.get(split) if isinstance(shards, dict) else None for split in ("train", "val")}
     for split, listed in names.items():
-        if not isinstance(listed, list) or not listed or not all(isinstance(n, str) and SHARD_NAME.fullmatch(n) for n in listed):
-            raise DataError(f"{path / 'meta.json'}: shards.{split} is {listed!r}, not a list of shard files: prepare the data again")
+        if (
+            not isinstance(listed, list)
+            or not listed
+            or not all(isinstance(n, str) and SHARD_NAME.fullmatch(n) for n in listed)
+        ):
+            raise DataError(
+                f"{path / 'meta.json'}: shards.{split} is {listed!r}, not a list of shard files: prepare the data again"
+            )
     return {split: [path / name for name in listed] for split, listed in names.items()}
 
 
@@ -836,13 +991,21 @@ def read_nanogpt_meta(path: Path) -> CharTokenizer:
         with open(path, "rb") as f:
             meta = _DataOnlyUnpickler(f).load()
     except Exception as e:
-        raise DataError(f"{path} is not a plain-data pickle ({e}); pickles can run code, so only dicts, "
-                        f"lists, strings and numbers are read") from None  # fmt: skip
+        raise DataError(
+            f"{path} is not a plain-data pickle ({e}); pickles can run code, so only dicts, "
+            f"lists, strings and numbers are read"
+        ) from None
     itos = meta.get("itos") if isinstance(meta, dict) else None
     size = meta.get("vocab_size") if isinstance(meta, dict) else None
-    if (not isinstance(itos, dict) or not is_integer(size) or not all(is_integer(i) for i in itos)
-            or set(itos) != set(range(size))):  # fmt: skip
-        raise DataError(f"{path} is not nanoGPT's meta.pkl: expected {{'vocab_size': N, 'itos': {{0..N-1: char}}, 'stoi': ...}}")
+    if (
+        not isinstance(itos, dict)
+        or not is_integer(size)
+        or not all(is_integer(i) for i in itos)
+        or set(itos) != set(range(size))
+    ):
+        raise DataError(
+            f"{path} is not nanoGPT's meta.pkl: expected {{'vocab_size': N, 'itos': {{0..N-1: char}}, 'stoi': ...}}"
+        )
     try:
         return CharTokenizer([itos[i] for i in range(size)])
     except Exception as e:
@@ -877,15 +1040,23 @@ def _read_splits(directory: Path, files: dict[str, list[Path]]) -> dict[str, lis
         for file, ids in zip(files[split], splits[split]):
             by_dtype.setdefault(ids.dtype.name, []).append(file.name)
     if len(by_dtype) > 1:
-        said = " and ".join(f"{dtype} ids ({', '.join(names[:3])}{', ...' * (len(names) > 3)})" for dtype, names in by_dtype.items())
-        raise DataError(f"{directory} mixes llm.c token files of {said}: keep the files of one tokenizer in a directory")
+        said = " and ".join(
+            f"{dtype} ids ({', '.join(names[:3])}{', ...' * (len(names) > 3)})" for dtype, names in by_dtype.items()
+        )
+        raise DataError(
+            f"{directory} mixes llm.c token files of {said}: keep the files of one tokenizer in a directory"
+        )
     return splits
 
 
 def _split_files(directory: Path, files: dict[str, list[Path]]) -> dict[str, Path]:
     """The file of each split, as messages name it: DIR/NAME_train_*.bin for several shards."""
-    return {split: found[0] if len(found) == 1 else directory / f"{SHARD_NAME.fullmatch(found[0].name).group(1)}_{split}_*.bin"
-            for split, found in files.items()}  # fmt: skip
+    return {
+        split: found[0]
+        if len(found) == 1
+        else directory / f"{SHARD_NAME.fullmatch(found[0].name).group(1)}_{split}_*.bin"
+        for split, found in files.items()
+    }
 
 
 def _llmc_pair(path: Path) -> dict[str, Path]:
@@ -901,8 +1072,10 @@ def _llmc_pair(path: Path) -> dict[str, Path]:
 def _only_llmc_file(directory: Path, split: str) -> Path:
     found = sorted(directory.glob(f"*_{split}.bin"))
     if len(found) > 1:
-        raise DataError(f"{directory} holds several llm.c {split} files ({', '.join(p.name for p in found)}): "
-                        f"keep one, or give the path of one NAME_train.bin")  # fmt: skip
+        raise DataError(
+            f"{directory} holds several llm.c {split} files ({', '.join(p.name for p in found)}): "
+            f"keep one, or give the path of one NAME_train.bin"
+        )
     return found[0]
 
 
@@ -911,11 +1084,15 @@ def _llmc_shards(directory: Path) -> dict[str, list[Path]]:
     found = sorted(p for p in directory.glob("*.bin") if SHARD_NAME.fullmatch(p.name))
     names = sorted({SHARD_NAME.fullmatch(p.name).group(1) for p in found})
     if len(names) > 1:
-        raise DataError(f"{directory} holds the shards of several data sets ({', '.join(names)}): keep one in a directory")
+        raise DataError(
+            f"{directory} holds the shards of several data sets ({', '.join(names)}): keep one in a directory"
+        )
     files = {split: [p for p in found if SHARD_NAME.fullmatch(p.name).group(2) == split] for split in ("train", "val")}
     for split, shards in files.items():
         if not shards:
-            raise DataError(f"{directory} holds llm.c shards of {names[0]} but no {split} shard ({names[0]}_{split}_NNNNNN.bin)")
+            raise DataError(
+                f"{directory} holds llm.c shards of {names[0]} but no {split} shard ({names[0]}_{split}_NNNNNN.bin)"
+            )
     return files
 
 
@@ -923,20 +1100,38 @@ def _open_llmc(directory: Path, files: dict[str, list[Path]]) -> TokenData:
     """llm.c's token files, without gpt2 prepare's meta.json: GPT-2's ids (uint16, version 1)."""
     splits = _read_splits(directory, files)
     if splits["train"][0].dtype.itemsize != 2:
-        raise DataError(f"{_split_files(directory, files)['train']} holds llm.c's uint32 ids (version 7, Llama 3's), of a "
-                        f"vocabulary gpt2 does not know: read are GPT-2's uint16 ids, or data gpt2 prepare wrote (with its meta.json)")  # fmt: skip
+        raise DataError(
+            f"{_split_files(directory, files)['train']} holds llm.c's uint32 ids (version 7, Llama 3's), of a "
+            f"vocabulary gpt2 does not know: read are GPT-2's uint16 ids, or data gpt2 prepare wrote (with its meta.json)"
+        )
     ids = {split: parts[0] if len(parts) == 1 else Shards(parts) for split, parts in splits.items()}
-    return TokenData(directory, "llm.c", ids["train"], ids["val"], GPT2_VOCAB, Tokenizer.gpt2(), {},
-                     _split_files(directory, files), files)  # fmt: skip
+    return TokenData(
+        directory,
+        "llm.c",
+        ids["train"],
+        ids["val"],
+        GPT2_VOCAB,
+        Tokenizer.gpt2(),
+        {},
+        _split_files(directory, files),
+        files,
+    )
 
 
 # ------------------------------------------------------------------ batches
 
 
 def get_batch(
-    ids: np.ndarray, block_size: int, batch_size: int, *, seed: int, iteration: int, micro_step: int,
-    device: str | torch.device = "cpu", mask: np.ndarray | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    ids: np.ndarray,
+    block_size: int,
+    batch_size: int,
+    *,
+    seed: int,
+    iteration: int,
+    micro_step: int,
+    device: str | torch.device = "cpu",
+    mask: np.ndarray | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """x, y: (batch_size, block_size) int64 windows of ids at random offsets, y = x shifted by one;
     with a `mask` (a byte per id, TokenData.masks), y is IGNORE where the mask of y's id is 0.
 
@@ -947,7 +1142,9 @@ def get_batch(
     for name, value in (("seed", seed), ("iteration", iteration), ("micro_step", micro_step)):
         int_between(name, value, 0, 2**63 - 1, "a whole number")
     if len(ids) < block_size + 1:
-        raise DataError(f"{len(ids)} ids are too short for block_size {block_size}: a window needs {block_size + 1}", "block_size")
+        raise DataError(
+            f"{len(ids)} ids are too short for block_size {block_size}: a window needs {block_size + 1}", "block_size"
+        )
     if mask is not None and len(mask) != len(ids):
         raise InvalidArgumentError(f"mask holds {len(mask)} bytes for {len(ids)} ids: it needs one for each id", "mask")
     rng = np.random.default_rng([seed, iteration, micro_step])

@@ -35,7 +35,16 @@ from gpt2._files import read_text
 from gpt2.data.corpora import Shards
 from gpt2.data.tokens import IGNORE, TokenData, open_data
 from gpt2.errors import DataError, InvalidArgumentError
-from gpt2.evaluation.tasks import Choice, Completion, check_limit, check_task, read_hellaswag, read_lambada, read_wikitext, task_file
+from gpt2.evaluation.tasks import (
+    Choice,
+    Completion,
+    check_limit,
+    check_task,
+    read_hellaswag,
+    read_lambada,
+    read_wikitext,
+    task_file,
+)
 from gpt2.generation.engines import PrefixCache, TorchEngine, check_prefix_cache_mb
 from gpt2.model.model import GPT2
 from gpt2.tokenizer import CharTokenizer, Tokenizer
@@ -51,8 +60,9 @@ DEFAULT_PREFIX_CACHE_MB = 256  # contexts' KV blocks kept while scoring continua
 # ------------------------------------------------------------------ the one computation
 
 
-def target_log_probs(model: GPT2, idx: torch.Tensor, targets: torch.Tensor, *, greedy: bool = False
-                     ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+def target_log_probs(
+    model: GPT2, idx: torch.Tensor, targets: torch.Tensor, *, greedy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(targets[b, t] | idx[b, :t + 1]) wherever targets is not IGNORE, row by row: (M,) float32.
 
     idx, targets: (B, T) on the model's device. Logits are computed only where a target is
@@ -63,8 +73,9 @@ def target_log_probs(model: GPT2, idx: torch.Tensor, targets: torch.Tensor, *, g
     return scored_log_probs(model, model.trunk(idx)[keep], targets[keep], greedy=greedy)
 
 
-def scored_log_probs(model: GPT2, hidden: torch.Tensor, chosen: torch.Tensor, *, greedy: bool = False
-                     ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+def scored_log_probs(
+    model: GPT2, hidden: torch.Tensor, chosen: torch.Tensor, *, greedy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(chosen[m]) under the logits of hidden states (M, C): (M,) float32, and with
     `greedy` (M,) bools, whether each is the most likely id there."""
     log_probs, argmax = [], []
@@ -143,7 +154,9 @@ class Perplexity:
 def token_byte_lengths(tokenizer: Tokenizer | CharTokenizer) -> np.ndarray:
     """(n_vocab,) the UTF-8 bytes each id stands for; special tokens (<|endoftext|>) stand for none."""
     special = set(tokenizer.special_tokens.values())
-    return np.array([0 if i in special else len(tokenizer.decode_bytes([i])) for i in range(tokenizer.n_vocab)], dtype=np.int64)
+    return np.array(
+        [0 if i in special else len(tokenizer.decode_bytes([i])) for i in range(tokenizer.n_vocab)], dtype=np.int64
+    )
 
 
 def check_window(model: GPT2 | None, context: int | None, stride: int | None) -> tuple[int, int]:
@@ -162,9 +175,16 @@ def check_window(model: GPT2 | None, context: int | None, stride: int | None) ->
     return context, stride
 
 
-def perplexity(model: GPT2, ids: Sequence[int] | np.ndarray | Shards, *, context: int | None = None, stride: int | None = None,
-               batch_size: int = DEFAULT_BATCH_SIZE, tokenizer: Tokenizer | CharTokenizer | None = None,
-               progress: bool = False) -> Perplexity:  # fmt: skip
+def perplexity(
+    model: GPT2,
+    ids: Sequence[int] | np.ndarray | Shards,
+    *,
+    context: int | None = None,
+    stride: int | None = None,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    tokenizer: Tokenizer | CharTokenizer | None = None,
+    progress: bool = False,
+) -> Perplexity:
     """The loss of the model on `ids`, one stream, with sliding windows of `context` ids moved
     by `stride` (defaults: the model's context, and half of it), `batch_size` windows at a time.
     `tokenizer` (the ids' own) gives bits per byte."""
@@ -172,14 +192,25 @@ def perplexity(model: GPT2, ids: Sequence[int] | np.ndarray | Shards, *, context
     batch_size = check_batch_size(batch_size)
     ids = ids if isinstance(ids, Shards) else np.asarray(ids)  # shards are read a window at a time, never copied whole
     if ids.ndim != 1 or len(ids) < 2:
-        raise InvalidArgumentError(f"perplexity needs a stream of at least 2 ids (one to predict from, one to score), "
-                                   f"got {len(ids) if ids.ndim == 1 else list(ids.shape)}")  # fmt: skip
+        raise InvalidArgumentError(
+            f"perplexity needs a stream of at least 2 ids (one to predict from, one to score), "
+            f"got {len(ids) if ids.ndim == 1 else list(ids.shape)}"
+        )
     check_token_ids(int(ids.min()), int(ids.max()), model.config.n_vocab, whose="this model's ")
     windows = sliding_windows(len(ids), context, stride)
     byte_lengths = None if tokenizer is None else token_byte_lengths(tokenizer)
     total, scored, n_bytes = torch.zeros((), dtype=torch.float64, device=model.device), 0, 0
-    with _inference(model), tqdm(total=sum(w.end - w.score_from for w in windows), unit="tok", unit_scale=True,
-                                 desc="perplexity", disable=not progress, dynamic_ncols=True) as bar:  # fmt: skip
+    with (
+        _inference(model),
+        tqdm(
+            total=sum(w.end - w.score_from for w in windows),
+            unit="tok",
+            unit_scale=True,
+            desc="perplexity",
+            disable=not progress,
+            dynamic_ncols=True,
+        ) as bar,
+    ):
         for first in range(0, len(windows), batch_size):
             batch = windows[first : first + batch_size]
             idx, targets = _window_batch(ids, batch, model.device)
@@ -194,7 +225,9 @@ def perplexity(model: GPT2, ids: Sequence[int] | np.ndarray | Shards, *, context
     return Perplexity(scored, loss, math.exp(loss), bits_per_byte)
 
 
-def _window_batch(ids: np.ndarray, windows: Sequence[Window], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def _window_batch(
+    ids: np.ndarray, windows: Sequence[Window], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """idx, targets: (B, T) with T the longest window less one; a window's ids go in (the last
     one only as a target), its scored ids are targets, and shorter windows are padded on the right
     (causal attention never looks right, so the padding changes nothing before it)."""
@@ -207,14 +240,17 @@ def _window_batch(ids: np.ndarray, windows: Sequence[Window], device: torch.devi
     return torch.from_numpy(idx).to(device), torch.from_numpy(targets).to(device)
 
 
-def evaluate_text(model: GPT2, text: str, tokenizer: Tokenizer | CharTokenizer | None = None, **options: Any) -> Perplexity:
+def evaluate_text(
+    model: GPT2, text: str, tokenizer: Tokenizer | CharTokenizer | None = None, **options: Any
+) -> Perplexity:
     """Perplexity of a text, tokenized as one stream with `tokenizer` (default: the model's own).
     options: those of `perplexity`."""
     return _text_perplexity(model, text, tokenizer, "the text", options)
 
 
-def evaluate_file(model: GPT2, path: str | os.PathLike, tokenizer: Tokenizer | CharTokenizer | None = None,
-                  **options: Any) -> Perplexity:  # fmt: skip
+def evaluate_file(
+    model: GPT2, path: str | os.PathLike, tokenizer: Tokenizer | CharTokenizer | None = None, **options: Any
+) -> Perplexity:
     """Perplexity of a UTF-8 text file (see `evaluate_text`)."""
     path = Path(path)
     text = read_text(path, DataError)
@@ -223,8 +259,9 @@ def evaluate_file(model: GPT2, path: str | os.PathLike, tokenizer: Tokenizer | C
     return _text_perplexity(model, text, tokenizer, str(path), options)
 
 
-def _text_perplexity(model: GPT2, text: str, tokenizer: Tokenizer | CharTokenizer | None, what: str,
-                     options: dict[str, Any]) -> Perplexity:  # fmt: skip
+def _text_perplexity(
+    model: GPT2, text: str, tokenizer: Tokenizer | CharTokenizer | None, what: str, options: dict[str, Any]
+) -> Perplexity:
     tokenizer = _model_tokenizer(model, tokenizer)
     ids = tokenizer.encode_ordinary(text)  # <|endoftext|> in the text is its characters
     if len(ids) < 2:
@@ -260,7 +297,9 @@ def agreement(reference: GPT2, model: GPT2, ids: Sequence[int] | np.ndarray, con
     return Agreement(kl / count, same / count, count)
 
 
-def evaluate_data(model: GPT2, directory: str | os.PathLike | TokenData, split: str = "val", **options: Any) -> Perplexity:
+def evaluate_data(
+    model: GPT2, directory: str | os.PathLike | TokenData, split: str = "val", **options: Any
+) -> Perplexity:
     """Perplexity of a prepared directory's split (val.bin, or the val shards, by default), its ids one
     stream; `directory` may be the directory already opened (`open_data`, whose check reads every id)."""
     if split not in ("train", "val"):
@@ -276,10 +315,14 @@ def evaluate_data(model: GPT2, directory: str | os.PathLike | TokenData, split: 
 def _model_tokenizer(model: GPT2, tokenizer: Tokenizer | CharTokenizer | None) -> Tokenizer | CharTokenizer:
     tokenizer = model.tokenizer if tokenizer is None else tokenizer
     if tokenizer is None:
-        raise InvalidArgumentError(f"the model comes with no tokenizer and its vocabulary of {model.config.n_vocab} ids is "
-                                   f"not GPT-2's: pass the tokenizer its ids come from")  # fmt: skip
+        raise InvalidArgumentError(
+            f"the model comes with no tokenizer and its vocabulary of {model.config.n_vocab} ids is "
+            f"not GPT-2's: pass the tokenizer its ids come from"
+        )
     if tokenizer.n_vocab > model.config.n_vocab:
-        raise InvalidArgumentError(f"the tokenizer has {tokenizer.n_vocab} ids, more than the model's {model.config.n_vocab}")
+        raise InvalidArgumentError(
+            f"the tokenizer has {tokenizer.n_vocab} ids, more than the model's {model.config.n_vocab}"
+        )
     return tokenizer
 
 
@@ -296,10 +339,16 @@ class Score:
     greedy: bool
 
 
-def score_continuations(model: GPT2, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], *,
-                        batch_size: int = DEFAULT_BATCH_SIZE, progress: bool = False, desc: str = "scoring",
-                        example_of: Sequence[int] | None = None, prefix_cache_mb: int = DEFAULT_PREFIX_CACHE_MB
-                        ) -> list[Score]:  # fmt: skip
+def score_continuations(
+    model: GPT2,
+    pairs: Sequence[tuple[Sequence[int], Sequence[int]]],
+    *,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    progress: bool = False,
+    desc: str = "scoring",
+    example_of: Sequence[int] | None = None,
+    prefix_cache_mb: int = DEFAULT_PREFIX_CACHE_MB,
+) -> list[Score]:
     """Score each (context ids, continuation ids): the continuation's log-probability given the
     context. A pair longer than the model's context keeps its last n_ctx ids (lm-evaluation-harness
     does the same). Pairs run `batch_size` at a time, those of one context together, each
@@ -314,8 +363,13 @@ def score_continuations(model: GPT2, pairs: Sequence[tuple[Sequence[int], Sequen
     for i, (context, continuation) in enumerate(pairs):
         if not context or not continuation:
             raise InvalidArgumentError(f"pair {i}: a context and a continuation of at least one id each are needed")
-        check_token_ids(min(min(context), min(continuation)), max(max(context), max(continuation)), model.config.n_vocab,
-                        f" in pair {i}", "this model's ")  # fmt: skip
+        check_token_ids(
+            min(min(context), min(continuation)),
+            max(max(context), max(continuation)),
+            model.config.n_vocab,
+            f" in pair {i}",
+            "this model's ",
+        )
     if prefix_cache_mb:  # one context's pairs together; longest first
         order = sorted(range(len(pairs)), key=lambda i: (-len(pairs[i][0]), tuple(pairs[i][0]), -len(pairs[i][1])))
         longest = min(max(len(c) + len(x) for c, x in pairs) - 1, n_ctx)
@@ -325,7 +379,10 @@ def score_continuations(model: GPT2, pairs: Sequence[tuple[Sequence[int], Sequen
         order = sorted(range(len(pairs)), key=lambda i: -(len(pairs[i][0]) + len(pairs[i][1])))
     scores: list[Score | None] = [None] * len(pairs)
     unscored = Counter(range(len(pairs)) if example_of is None else example_of)  # example -> its pairs not yet scored
-    with _inference(model), tqdm(total=len(unscored), desc=desc, unit="example", disable=not progress, dynamic_ncols=True) as bar:
+    with (
+        _inference(model),
+        tqdm(total=len(unscored), desc=desc, unit="example", disable=not progress, dynamic_ncols=True) as bar,
+    ):
         for first in range(0, len(order), batch_size):
             rows = order[first : first + batch_size]
             # at most n_ctx + 1 ids of each: n_ctx in, the last n scored
@@ -358,8 +415,9 @@ def _padded_log_probs(model: GPT2, windows: list[list[int]], lengths: list[int])
     return target_log_probs(model, idx.to(model.device), targets.to(model.device), greedy=True)
 
 
-def _reusing_log_probs(model: GPT2, engine: TorchEngine, windows: list[list[int]], lengths: list[int]
-                       ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def _reusing_log_probs(
+    model: GPT2, engine: TorchEngine, windows: list[list[int]], lengths: list[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """As `_padded_log_probs`, each window in its slot of `engine` starting from the kept blocks of
     its context. The first window of each context in the batch goes first, and its context's
     blocks are kept, so that the others (its other continuations) start from them."""
@@ -392,8 +450,14 @@ def encode_pair(tokenizer: Tokenizer | CharTokenizer, context: str, continuation
     return head, whole[len(head) :]
 
 
-def lambada(model: GPT2, examples: Sequence[Completion], tokenizer: Tokenizer | CharTokenizer | None = None, *,
-            batch_size: int = DEFAULT_BATCH_SIZE, progress: bool = False) -> dict[str, Any]:  # fmt: skip
+def lambada(
+    model: GPT2,
+    examples: Sequence[Completion],
+    tokenizer: Tokenizer | CharTokenizer | None = None,
+    *,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    progress: bool = False,
+) -> dict[str, Any]:
     """LAMBADA as lm-evaluation-harness's lambada_openai: acc, the share of examples whose last
     word is the model's greedy continuation, id for id; perplexity, exp(-mean of the last word's
     summed log-probability)."""
@@ -401,23 +465,41 @@ def lambada(model: GPT2, examples: Sequence[Completion], tokenizer: Tokenizer | 
     pairs = [encode_pair(tokenizer, e.context, e.target) for e in examples]
     scores = score_continuations(model, pairs, batch_size=batch_size, progress=progress, desc="lambada")
     mean = sum(s.log_prob for s in scores) / len(scores)
-    return {"task": "lambada", "examples": len(scores), "acc": sum(s.greedy for s in scores) / len(scores),
-            "perplexity": math.exp(-mean)}  # fmt: skip
+    return {
+        "task": "lambada",
+        "examples": len(scores),
+        "acc": sum(s.greedy for s in scores) / len(scores),
+        "perplexity": math.exp(-mean),
+    }
 
 
-def hellaswag(model: GPT2, examples: Sequence[Choice], tokenizer: Tokenizer | CharTokenizer | None = None, *,
-              batch_size: int = DEFAULT_BATCH_SIZE, progress: bool = False) -> dict[str, Any]:  # fmt: skip
+def hellaswag(
+    model: GPT2,
+    examples: Sequence[Choice],
+    tokenizer: Tokenizer | CharTokenizer | None = None,
+    *,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    progress: bool = False,
+) -> dict[str, Any]:
     """HellaSwag in llm.c's completion style: each ending, " " + ending, is scored after the
     context's ids; acc picks the ending of least total loss, acc_norm the least loss per id."""
     tokenizer = _model_tokenizer(model, tokenizer)
     pairs, example_of = hellaswag_pairs(tokenizer, examples)
-    scores = score_continuations(model, pairs, batch_size=batch_size, progress=progress, desc="hellaswag", example_of=example_of)
+    scores = score_continuations(
+        model, pairs, batch_size=batch_size, progress=progress, desc="hellaswag", example_of=example_of
+    )
     right, right_norm = hellaswag_right(examples, [s.log_prob for s in scores], [s.n_ids for s in scores])
-    return {"task": "hellaswag", "examples": len(examples), "acc": right / len(examples), "acc_norm": right_norm / len(examples)}
+    return {
+        "task": "hellaswag",
+        "examples": len(examples),
+        "acc": right / len(examples),
+        "acc_norm": right_norm / len(examples),
+    }
 
 
-def hellaswag_pairs(tokenizer: Tokenizer | CharTokenizer, examples: Sequence[Choice]
-                    ) -> tuple[list[tuple[list[int], list[int]]], list[int]]:  # fmt: skip
+def hellaswag_pairs(
+    tokenizer: Tokenizer | CharTokenizer, examples: Sequence[Choice]
+) -> tuple[list[tuple[list[int], list[int]]], list[int]]:
     """(context ids, ids of " " + ending) for each ending of each example, example by example,
     and the example each pair is of."""
     pairs, example_of = [], []
@@ -441,14 +523,24 @@ def hellaswag_right(examples: Sequence[Choice], log_probs: Sequence[float], n_id
     return right, right_norm
 
 
-def wikitext2(model: GPT2, text: str, tokenizer: Tokenizer | CharTokenizer | None = None, **options: Any) -> dict[str, Any]:
+def wikitext2(
+    model: GPT2, text: str, tokenizer: Tokenizer | CharTokenizer | None = None, **options: Any
+) -> dict[str, Any]:
     """WikiText-2's test text (rows joined with "\\n\\n"), scored as any text (`evaluate_text`)."""
     return {"task": "wikitext2", **evaluate_text(model, text, tokenizer, **options).to_dict()}
 
 
-def run_task(model: GPT2, task: str, data: str | os.PathLike | None = None, *, limit: int | None = None,
-             context: int | None = None, stride: int | None = None, batch_size: int = DEFAULT_BATCH_SIZE,
-             progress: bool = False) -> dict[str, Any]:  # fmt: skip
+def run_task(
+    model: GPT2,
+    task: str,
+    data: str | os.PathLike | None = None,
+    *,
+    limit: int | None = None,
+    context: int | None = None,
+    stride: int | None = None,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    progress: bool = False,
+) -> dict[str, Any]:
     """Evaluate a task by name on its file (`data`, else the download, cached): the first
     `limit` examples (WikiText-2: rows), or all. context and stride apply to wikitext2."""
     check_task(task)
@@ -457,12 +549,17 @@ def run_task(model: GPT2, task: str, data: str | os.PathLike | None = None, *, l
     if task == "wikitext2":
         context, stride = check_window(model, context, stride)
     elif context is not None or stride is not None:
-        raise InvalidArgumentError(f"context and stride set the windows of a text; {task} scores each example whole",
-                                   "context" if context is not None else "stride", ("context", "stride"))  # fmt: skip
+        raise InvalidArgumentError(
+            f"context and stride set the windows of a text; {task} scores each example whole",
+            "context" if context is not None else "stride",
+            ("context", "stride"),
+        )
     _model_tokenizer(model, None)
     path = task_file(task, data, progress)
     if task == "lambada":
         return lambada(model, read_lambada(path, limit), batch_size=batch_size, progress=progress)
     if task == "hellaswag":
         return hellaswag(model, read_hellaswag(path, limit), batch_size=batch_size, progress=progress)
-    return wikitext2(model, read_wikitext(path, limit), context=context, stride=stride, batch_size=batch_size, progress=progress)
+    return wikitext2(
+        model, read_wikitext(path, limit), context=context, stride=stride, batch_size=batch_size, progress=progress
+    )

@@ -86,7 +86,9 @@ def read_lambada(path: str | os.PathLike, limit: int | None = None) -> list[Comp
     for number, record in _json_lines(path):
         text = record.get("text")
         if not isinstance(text, str):
-            raise DataError(f'{path}, line {number}: expected {{"text": "..."}} (LAMBADA\'s format), got keys {sorted(record)}')
+            raise DataError(
+                f'{path}, line {number}: expected {{"text": "..."}} (LAMBADA\'s format), got keys {sorted(record)}'
+            )
         if " " not in text.strip():
             raise DataError(f"{path}, line {number}: the text {text[:40]!r} has no space before a last word")
         context, word = text.rsplit(" ", 1)
@@ -101,12 +103,20 @@ def read_hellaswag(path: str | os.PathLike, limit: int | None = None) -> list[Ch
     path, examples = Path(path), []
     for number, record in _json_lines(path):
         ctx, endings, label = record.get("ctx"), record.get("endings"), record.get("label")
-        if not (isinstance(ctx, str) and isinstance(endings, list) and len(endings) >= 2
-                and all(isinstance(e, str) for e in endings)):  # fmt: skip
-            raise DataError(f'{path}, line {number}: expected {{"ctx": text, "endings": [texts], "label": index}} '
-                            f"(HellaSwag's format), got keys {sorted(record)}")  # fmt: skip
+        if not (
+            isinstance(ctx, str)
+            and isinstance(endings, list)
+            and len(endings) >= 2
+            and all(isinstance(e, str) for e in endings)
+        ):
+            raise DataError(
+                f'{path}, line {number}: expected {{"ctx": text, "endings": [texts], "label": index}} '
+                f"(HellaSwag's format), got keys {sorted(record)}"
+            )
         if not is_integer(label) or not 0 <= label < len(endings):
-            raise DataError(f"{path}, line {number}: label {label!r} is not the index of one of its {len(endings)} endings")
+            raise DataError(
+                f"{path}, line {number}: label {label!r} is not the index of one of its {len(endings)} endings"
+            )
         examples.append(Choice(ctx, tuple(endings), int(label)))
         if len(examples) == limit:
             break
@@ -138,9 +148,13 @@ def _parquet_rows(path: Path) -> list[str]:
     try:
         table = pq.read_table(path)
     except Exception as e:
-        raise DataError(f"{path} is not a readable parquet file: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+        raise DataError(
+            f"{path} is not a readable parquet file: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+        ) from None
     if "text" not in table.column_names:
-        raise DataError(f"{path} has no 'text' column (its columns: {', '.join(table.column_names)}): not WikiText's format")
+        raise DataError(
+            f"{path} has no 'text' column (its columns: {', '.join(table.column_names)}): not WikiText's format"
+        )
     rows = table.column("text").to_pylist()
     for number, row in enumerate(rows, 1):
         if not isinstance(row, str):
@@ -193,7 +207,9 @@ def _download(url: str, path: Path, task: str, progress: bool, param: str) -> No
     try:
         with urllib.request.urlopen(url, timeout=60) as response, atomic_path(path) as tmp, open(tmp, "wb") as out:
             size = int(response.headers.get("Content-Length") or 0) or None
-            with tqdm(total=size, unit="B", unit_scale=True, desc=f"downloading {path.name}", disable=not progress) as bar:
+            with tqdm(
+                total=size, unit="B", unit_scale=True, desc=f"downloading {path.name}", disable=not progress
+            ) as bar:
                 while chunk := response.read(1 << 20):
                     out.write(chunk)
                     bar.update(len(chunk))
@@ -206,5 +222,8 @@ def _hub_file(param: str) -> Path:
     try:
         return hub_file(WIKITEXT_REPO, WIKITEXT_FILE, repo_type="dataset")
     except OSError as e:  # offline, unreachable, not found: all end the same way
-        raise DataError(f"{download_error('wikitext2', WIKITEXT_REPO, e)}; "
-                        f"{_offline_hint(param)} (wiki.test.raw, or the hub's parquet file)", param) from None  # fmt: skip
+        raise DataError(
+            f"{download_error('wikitext2', WIKITEXT_REPO, e)}; "
+            f"{_offline_hint(param)} (wiki.test.raw, or the hub's parquet file)",
+            param,
+        ) from None

@@ -27,7 +27,10 @@ def export_gguf(model: GPT2, path: str | os.PathLike, dtype: str = "f32") -> Pat
     dtype = check_dtype(dtype)
     tensors = hf_state_dict(model)
     if tensors["transformer.wte.weight"].dtype == torch.int8:
-        raise InvalidArgumentError("an int8 model is not exported: its weights were quantised when it was loaded; load the "
-                                   "checkpoint with dtype float32 (or bfloat16) and export it with dtype q8_0", "model")  # fmt: skip
+        raise InvalidArgumentError(
+            "an int8 model is not exported: its weights were quantised when it was loaded; load the "
+            "checkpoint with dtype float32 (or bfloat16) and export it with dtype q8_0",
+            "model",
+        )
     arrays = {name: tensor.float().cpu().numpy() for name, tensor in tensors.items()}  # a narrow model's too
     return write_gguf(model.config, arrays, model.tokenizer, path, dtype)

@@ -44,10 +44,13 @@ class DecoderWithPast(nn.Module):
     def __init__(self, model: GPT2):
         super().__init__()
         self.model = model
-        self.scale = 1.0 / math.sqrt(model.config.n_embd // model.config.n_head)  # a constant of the graph, not a traced size
+        self.scale = 1.0 / math.sqrt(
+            model.config.n_embd // model.config.n_head
+        )  # a constant of the graph, not a traced size
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-                *past: torch.Tensor) -> tuple[torch.Tensor, ...]:  # fmt: skip
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, *past: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
         transformer = self.model.transformer
         T, P = input_ids.size(1), past[0].size(2)
         x = self.model.embed(input_ids) + transformer.wpe(position_ids)  # (B, T, C)
@@ -80,15 +83,23 @@ def export_onnx(model: GPT2, out: str | os.PathLike, quantize: str | None = None
     int8 in blocks of 32 (ONNX Runtime's MatMulNBits, at its accuracy level 4: `_quantize`). The
     directory appears whole or not at all. Returns it."""
     if quantize is not None and quantize not in QUANTIZE:
-        raise InvalidArgumentError(f"quantize must be one of {', '.join(QUANTIZE)} (or none), got {quantize!r}", "quantize")
+        raise InvalidArgumentError(
+            f"quantize must be one of {', '.join(QUANTIZE)} (or none), got {quantize!r}", "quantize"
+        )
     if model.dtype != torch.float32:
-        raise InvalidArgumentError(f"ONNX export takes a float32 model; this one's weights are {str(model.dtype).removeprefix('torch.')}: "
-                                   "load it with dtype='float32'", "dtype")  # fmt: skip
+        raise InvalidArgumentError(
+            f"ONNX export takes a float32 model; this one's weights are {str(model.dtype).removeprefix('torch.')}: "
+            "load it with dtype='float32'",
+            "dtype",
+        )
     size = model.num_parameters() * 4
     if size >= PROTOBUF_LIMIT:
-        raise InvalidArgumentError(f"this model's float32 weights are {size / 2**30:.1f} GiB, and an ONNX file holds at most 2 GiB "
-                                   f"(protobuf's limit; weights in files beside it are not written here): export it as GGUF "
-                                   f"(format='gguf'), or a model of up to {PROTOBUF_LIMIT // 4 / 1e6:.0f}M parameters", "format")  # fmt: skip
+        raise InvalidArgumentError(
+            f"this model's float32 weights are {size / 2**30:.1f} GiB, and an ONNX file holds at most 2 GiB "
+            f"(protobuf's limit; weights in files beside it are not written here): export it as GGUF "
+            f"(format='gguf'), or a model of up to {PROTOBUF_LIMIT // 4 / 1e6:.0f}M parameters",
+            "format",
+        )
     _packages(quantize)
     with atomic_directory(Path(out)) as directory:
         _write_graph(model, directory / "model.onnx")
@@ -102,11 +113,19 @@ def _write_graph(model: GPT2, path: Path) -> None:
     """Trace DecoderWithPast on a batch of 2, 3 new tokens after 2 past ones, every size dynamic."""
     config = model.config
     B, T, P, H, d = 2, 3, 2, config.n_head, config.n_embd // config.n_head
-    inputs = (torch.zeros(B, T, dtype=torch.long), torch.ones(B, P + T, dtype=torch.long), torch.arange(P, P + T).repeat(B, 1),
-              *[torch.zeros(B, H, P, d) for _ in range(2 * config.n_layer)])  # fmt: skip
+    inputs = (
+        torch.zeros(B, T, dtype=torch.long),
+        torch.ones(B, P + T, dtype=torch.long),
+        torch.arange(P, P + T).repeat(B, 1),
+        *[torch.zeros(B, H, P, d) for _ in range(2 * config.n_layer)],
+    )
     input_names, output_names = names(config.n_layer)
-    axes = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "total_sequence"},
-            "position_ids": {0: "batch", 1: "sequence"}, "logits": {0: "batch", 1: "sequence"}}  # fmt: skip
+    axes = {
+        "input_ids": {0: "batch", 1: "sequence"},
+        "attention_mask": {0: "batch", 1: "total_sequence"},
+        "position_ids": {0: "batch", 1: "sequence"},
+        "logits": {0: "batch", 1: "sequence"},
+    }
     axes.update({name: {0: "batch", 2: "past_sequence"} for name in input_names[3:]})
     axes.update({name: {0: "batch", 2: "total_sequence"} for name in output_names[1:]})
     was_training = model.training
@@ -118,8 +137,16 @@ def _write_graph(model: GPT2, path: Path) -> None:
             # as numbers, which here are the model's own (channels, heads), never the inputs'
             warnings.simplefilter("ignore", DeprecationWarning)
             warnings.simplefilter("ignore", torch.jit.TracerWarning)
-            torch.onnx.export(DecoderWithPast(model), inputs, str(path), input_names=input_names, output_names=output_names,
-                              dynamic_axes=axes, opset_version=OPSET, dynamo=False)  # fmt: skip
+            torch.onnx.export(
+                DecoderWithPast(model),
+                inputs,
+                str(path),
+                input_names=input_names,
+                output_names=output_names,
+                dynamic_axes=axes,
+                opset_version=OPSET,
+                dynamo=False,
+            )
     finally:
         model.train(was_training)
 
@@ -134,7 +161,9 @@ def _quantize(path: Path) -> None:
     import onnx
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
-    quantizer = MatMulNBitsQuantizer(onnx.load(str(path)), bits=8, block_size=INT8_BLOCK, is_symmetric=True, accuracy_level=4)
+    quantizer = MatMulNBitsQuantizer(
+        onnx.load(str(path)), bits=8, block_size=INT8_BLOCK, is_symmetric=True, accuracy_level=4
+    )
     chatter = logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer")  # a line per node at INFO
     level = chatter.level
     chatter.setLevel(logging.WARNING)

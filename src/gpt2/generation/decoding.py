@@ -44,7 +44,16 @@ from gpt2._checks import check_token_ids, is_integer, positive_int
 from gpt2.errors import ContextLengthError, GPT2Warning, InvalidArgumentError, NonFiniteError, warn
 from gpt2.generation.lookup import PromptLookup
 from gpt2.generation.processors import Processing
-from gpt2.generation.sampling import SEED_MAX, Sampling, check_seed, draw, row_probabilities, sample_next, seeded_generator, speculative_accept
+from gpt2.generation.sampling import (
+    SEED_MAX,
+    Sampling,
+    check_seed,
+    draw,
+    row_probabilities,
+    sample_next,
+    seeded_generator,
+    speculative_accept,
+)
 from gpt2.settings import DRAFT_TOKENS
 
 STOP, LENGTH = "stop", "length"  # why a row ended, in OpenAI's words
@@ -61,8 +70,13 @@ class Engine(Protocol):
     max_len: int  # positions a slot holds
     block_size: int | None  # tokens in a block of its prefix cache (None: it keeps none)
 
-    def extend(self, slots: Sequence[int], starts: Sequence[int], chunks: Sequence[Sequence[int]],
-               every_position: Sequence[bool] | None = None) -> list[torch.Tensor]:  # fmt: skip
+    def extend(
+        self,
+        slots: Sequence[int],
+        starts: Sequence[int],
+        chunks: Sequence[Sequence[int]],
+        every_position: Sequence[bool] | None = None,
+    ) -> list[torch.Tensor]:
         """Logits after each chunk of tokens, which continues slot slots[b] from position
         starts[b]: (V,) for each, or (T_b, V) for every position where every_position[b]."""
         ...
@@ -180,10 +194,24 @@ class Request:
     processing: Processing | None = None  # a constraint, penalties: each row starts its own state
 
     @classmethod
-    def build(cls, prompts: Sequence[list[int]], max_new_tokens: int, *, n_vocab: int, n_ctx: int, sampling: Sampling = Sampling(),
-              seed: int | None = None, n: int = 1, eos_token_id: int | None = None, logprobs: int | None = None,
-              echo_logprobs: bool = False, on_overflow: str = "slide", allow_zero: bool = False,
-              n_param: str = "n", processing: Processing | None = None) -> Request:  # fmt: skip
+    def build(
+        cls,
+        prompts: Sequence[list[int]],
+        max_new_tokens: int,
+        *,
+        n_vocab: int,
+        n_ctx: int,
+        sampling: Sampling = Sampling(),
+        seed: int | None = None,
+        n: int = 1,
+        eos_token_id: int | None = None,
+        logprobs: int | None = None,
+        echo_logprobs: bool = False,
+        on_overflow: str = "slide",
+        allow_zero: bool = False,
+        n_param: str = "n",
+        processing: Processing | None = None,
+    ) -> Request:
         """Check every part of a request, then hold it: each value once, here, on its way in from
         the front door (`n_param`: n's name there, num_samples in the text API). `allow_zero` lets
         max_new_tokens be 0 (the prompt only scored, as OpenAI's echo with max_tokens 0); past n_ctx
@@ -209,9 +237,20 @@ class Request:
 
     def rows(self) -> list[Row]:
         """The request's rows, prompt-major (n each); row i samples from seed + i."""
-        return [Row(ids, self.max_new_tokens, self.sampling, row_seed(self.seed, i * self.n + j), self.eos_token_id,
-                    self.logprobs, self.echo_logprobs, self.processing)
-                for i, ids in enumerate(self.prompts) for j in range(self.n)]  # fmt: skip
+        return [
+            Row(
+                ids,
+                self.max_new_tokens,
+                self.sampling,
+                row_seed(self.seed, i * self.n + j),
+                self.eos_token_id,
+                self.logprobs,
+                self.echo_logprobs,
+                self.processing,
+            )
+            for i, ids in enumerate(self.prompts)
+            for j in range(self.n)
+        ]
 
 
 def check_max_new_tokens(max_new_tokens: int, allow_zero: bool = False) -> int:
@@ -240,7 +279,9 @@ def start_of_text(ids: list[int], eot_token: int | None) -> list[int]:
     if ids:
         return ids
     if eot_token is None:
-        raise InvalidArgumentError("empty prompt: this model's vocabulary has no <|endoftext|> to start from; give a prompt", "prompt")
+        raise InvalidArgumentError(
+            "empty prompt: this model's vocabulary has no <|endoftext|> to start from; give a prompt", "prompt"
+        )
     return [eot_token]
 
 
@@ -325,15 +366,27 @@ class Decoder:
     verified the same way.
     """
 
-    def __init__(self, engine: Engine, max_batched_tokens: int | None = None, draft: Engine | None = None,
-                 draft_tokens: int = DRAFT_TOKENS, lookup: PromptLookup | None = None):  # fmt: skip
+    def __init__(
+        self,
+        engine: Engine,
+        max_batched_tokens: int | None = None,
+        draft: Engine | None = None,
+        draft_tokens: int = DRAFT_TOKENS,
+        lookup: PromptLookup | None = None,
+    ):
         self.engine = engine
-        self.max_batched_tokens = None if max_batched_tokens is None else positive_int("max_batched_tokens", max_batched_tokens)
+        self.max_batched_tokens = (
+            None if max_batched_tokens is None else positive_int("max_batched_tokens", max_batched_tokens)
+        )
         self.draft, self.draft_tokens, self.lookup = draft, check_draft_tokens(draft_tokens), lookup
         if draft is not None and draft.slots < engine.slots:
-            raise InvalidArgumentError(f"the draft's engine has {draft.slots} slots, fewer than the model's {engine.slots}", "draft")
+            raise InvalidArgumentError(
+                f"the draft's engine has {draft.slots} slots, fewer than the model's {engine.slots}", "draft"
+            )
         if draft is not None and lookup is not None:
-            raise InvalidArgumentError("speculate with a draft model or by prompt lookup, not both", "speculative", ("draft",))
+            raise InvalidArgumentError(
+                "speculate with a draft model or by prompt lookup, not both", "speculative", ("draft",)
+            )
         self.waiting: deque[Row] = deque()
         self.filling: list[Filling] = []
         self.active: list[Row] = []
@@ -359,7 +412,9 @@ class Decoder:
         events: list[tuple[Row, int | None]] = []
         chosen, computed = 0, len(self.active)  # rows from `chosen` on choose from self.logits; the engine's tokens
         speculating = self.draft is not None or self.lookup is not None
-        if speculating and self.active:  # `_speculate` verifies from each row's length: its slot may hold refused drafts
+        if (
+            speculating and self.active
+        ):  # `_speculate` verifies from each row's length: its slot may hold refused drafts
             counts = self._draft_counts()
             events, chosen, computed = self._speculate(counts), len(self.active), len(self.active) + sum(counts)
         elif self.active:
@@ -425,8 +480,14 @@ class Decoder:
                 fill.twin = last.twin or last  # rows of one prompt (n > 1): prefilled once
             else:
                 size = self.engine.block_size
-                fill.after = next((f for f in self.filling if size and f.window[:size] == fill.window[:size] and not f.after
-                                   and len(fill.window) > size), None)  # fmt: skip
+                fill.after = next(
+                    (
+                        f
+                        for f in self.filling
+                        if size and f.window[:size] == fill.window[:size] and not f.after and len(fill.window) > size
+                    ),
+                    None,
+                )
                 if fill.after is None:
                     self._reuse(fill)
             self.filling.append(fill)
@@ -454,8 +515,9 @@ class Decoder:
             budget = None if budget is None else budget - take
         if work:
             chunks = [fill.window[fill.filled : fill.filled + take] for fill, take in work]
-            outs = self.engine.extend([f.slot for f, _ in work], [f.filled for f, _ in work], chunks,
-                                      [f.row.echo_logprobs for f, _ in work])  # fmt: skip
+            outs = self.engine.extend(
+                [f.slot for f, _ in work], [f.filled for f, _ in work], chunks, [f.row.echo_logprobs for f, _ in work]
+            )
             self._mirror_fill(work)
             for (fill, take), out in zip(work, outs):
                 if fill.row.echo_logprobs:
@@ -474,7 +536,11 @@ class Decoder:
         fits = [fill for fill, _ in work if len(fill.window) <= self.draft.max_len]
         if fits:
             ends = [fill.filled + take for fill, take in work if len(fill.window) <= self.draft.max_len]
-            self.draft.extend([f.slot for f in fits], [f.drafted for f in fits], [f.window[f.drafted : end] for f, end in zip(fits, ends)])
+            self.draft.extend(
+                [f.slot for f in fits],
+                [f.drafted for f in fits],
+                [f.window[f.drafted : end] for f, end in zip(fits, ends)],
+            )
             for fill, end in zip(fits, ends):
                 fill.drafted = end
 
@@ -574,11 +640,15 @@ class Decoder:
             starts = [0 if slide else len(w) - 1 for w, slide in zip(windows, slides)]
             chunks = [w[-max_len:] if slide else w[-1:] + d for w, d, slide in zip(windows, drafts, slides)]
             outs = self.engine.extend(list(range(len(rows))), starts, chunks, [bool(d) for d in drafts])
-            logits = torch.cat([out if d else out[None] for out, d in zip(outs, drafts)]).float().cpu()  # (sum of k + 1, V)
+            logits = (
+                torch.cat([out if d else out[None] for out, d in zip(outs, drafts)]).float().cpu()
+            )  # (sum of k + 1, V)
         owners = [row for row, d in zip(rows, drafts) for _ in range(len(d) + 1)]
         check_finite(logits, owners)
         sizes = [len(d) + 1 for d in drafts]
-        scores = torch.cat([self._scores(row, row_logits, d) for row, row_logits, d in zip(rows, logits.split(sizes), drafts)])
+        scores = torch.cat(
+            [self._scores(row, row_logits, d) for row, row_logits, d in zip(rows, logits.split(sizes), drafts)]
+        )
         p = row_probabilities(scores, [row.sampling for row in owners]).split(sizes)  # the engine's distributions
         events = []
         for i, (row_logits, row_p) in enumerate(zip(logits.split(sizes), p)):
@@ -621,13 +691,21 @@ class Decoder:
             live = [i for i, k in enumerate(counts) if k > j]
             starts = [self.drafted[rows[i]] for i in live]
             chunks = [windows[i][start:] if j == 0 else drafts[i][-1:] for i, start in zip(live, starts)]
-            if j and live == list(range(len(live))):  # one token after the last pass's in slots 0..B-1: decode's fast step
+            if j and live == list(
+                range(len(live))
+            ):  # one token after the last pass's in slots 0..B-1: decode's fast step
                 logits = self.draft.decode(torch.tensor([chunk[0] for chunk in chunks])).float().cpu()  # (B, V)
             else:
                 logits = torch.stack(self.draft.extend(live, starts, chunks)).float().cpu()
             check_finite(logits, [rows[i] for i in live], "the draft model")
-            scores = torch.stack([logits[b] if rows[i].process is None else rows[i].process.scores(logits[b], rows[i].tokens + drafts[i])
-                                  for b, i in enumerate(live)])  # fmt: skip
+            scores = torch.stack(
+                [
+                    logits[b]
+                    if rows[i].process is None
+                    else rows[i].process.scores(logits[b], rows[i].tokens + drafts[i])
+                    for b, i in enumerate(live)
+                ]
+            )
             q = row_probabilities(scores, [rows[i].sampling for i in live])
             for i, start, chunk, row_q in zip(live, starts, chunks, q):
                 self.drafted[rows[i]] = start + len(chunk)
@@ -640,18 +718,23 @@ class Decoder:
                 row.process.rollback(n)
         return drafts, [torch.stack(q) if q else torch.zeros(0) for q in proposals]
 
-    def _verify(self, i: int, logits: torch.Tensor, p: torch.Tensor, drafts: list[int], q: torch.Tensor,
-                n: int) -> list[tuple[Row, int]]:  # fmt: skip
+    def _verify(
+        self, i: int, logits: torch.Tensor, p: torch.Tensor, drafts: list[int], q: torch.Tensor, n: int
+    ) -> list[tuple[Row, int]]:
         """Active row i takes the drafts the rule keeps and the token after them, up to its end.
         logits and p (k + 1, V): the engine's logits and distributions at its newest token and at
         each draft; q (k, V): the draft's; n: the length of its window before them."""
         row, k = self.active[i], len(drafts)
         kept, after = speculative_accept(p, q, drafts, row.generator)
-        if kept < k:  # its slot holds the drafts refused, past its tokens: only `extend` (from the row's length) may follow
+        if (
+            kept < k
+        ):  # its slot holds the drafts refused, past its tokens: only `extend` (from the row's length) may follow
             self.stale.add(row)
         else:
             self.stale.discard(row)
-        if k and self.draft is not None:  # the draft holds the window and drafts[:k - 1]: those past the first refused are not the row's
+        if (
+            k and self.draft is not None
+        ):  # the draft holds the window and drafts[:k - 1]: those past the first refused are not the row's
             self.drafted[row] = n + min(kept, k - 1)
         events = []
         for t, token in enumerate(drafts[:kept] + [after]):
@@ -685,8 +768,13 @@ def finish_reasons(events: Sequence[tuple[Row, int | None]]) -> list[str | None]
     return [row.finish_reason if last[id(row)] == e else None for e, (row, _) in enumerate(events)]
 
 
-def run(engine: Engine, rows: Sequence[Row], draft: Engine | None = None, draft_tokens: int = DRAFT_TOKENS,
-        lookup: PromptLookup | None = None) -> Decoder:  # fmt: skip
+def run(
+    engine: Engine,
+    rows: Sequence[Row],
+    draft: Engine | None = None,
+    draft_tokens: int = DRAFT_TOKENS,
+    lookup: PromptLookup | None = None,
+) -> Decoder:
     """Continue every row to its end, `engine.slots` at a time (speculatively with a `draft`
     engine or a prompt `lookup`: see Decoder). Returns the decoder, whose `stats` say how the drafts did."""
     decoder = Decoder(engine, draft=draft, draft_tokens=draft_tokens, lookup=lookup)

@@ -105,8 +105,15 @@ class KVCache:
         return slots * (2 * config.n_layer * max_len * config.n_embd * dtype.itemsize + 3 * config.n_vocab * 4)
 
     @staticmethod
-    def check_fits(config: GPT2Config, slots: int, max_len: int, device: torch.device, dtype: torch.dtype, hint: str,
-                   param: str | None = None) -> None:  # fmt: skip
+    def check_fits(
+        config: GPT2Config,
+        slots: int,
+        max_len: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        hint: str,
+        param: str | None = None,
+    ) -> None:
         """Refuse, before any of it is allocated, a cache the device cannot hold (`devices.check_fits`;
         `hint` says which setting to lower, `param` names it)."""
         needed = KVCache.bytes_needed(config, slots, max_len, dtype)
@@ -127,10 +134,16 @@ class KVCache:
         past and its own earlier new positions. Padding positions (t >= counts[b]) are computed
         and thrown away: they write no keys."""
         if max(s + n for s, n in zip(starts, counts)) > self.max_len:
-            raise ContextLengthError(f"the KV cache holds {self.max_len} positions; {max(s + n for s, n in zip(starts, counts))} do not fit")
-        for slot, start in zip(slots, starts):  # a chunk continues what its slot holds: past it, it would see stale keys
+            raise ContextLengthError(
+                f"the KV cache holds {self.max_len} positions; {max(s + n for s, n in zip(starts, counts))} do not fit"
+            )
+        for slot, start in zip(
+            slots, starts
+        ):  # a chunk continues what its slot holds: past it, it would see stale keys
             if start > self.lengths[slot]:
-                raise InvalidArgumentError(f"slot {slot} holds {self.lengths[slot]} positions: a chunk cannot start at {start}")
+                raise InvalidArgumentError(
+                    f"slot {slot} holds {self.lengths[slot]} positions: a chunk cannot start at {start}"
+                )
         B, T, device = len(slots), max(counts), self.device
         for slot, start, n in zip(slots, starts, counts):
             self.lengths[slot] = start + n
@@ -149,13 +162,21 @@ class KVCache:
         slots_t = torch.tensor(slots, device=device)
         contiguous = list(slots) == list(range(slots[0], slots[0] + B))  # then a slice: a view, not a gathered copy
         self._slot = None
-        self._extend = (slice(slots[0], slots[0] + B) if contiguous else slots_t, b, t_new, slots_t[b], absolute[b, t_new])
+        self._extend = (
+            slice(slots[0], slots[0] + B) if contiguous else slots_t,
+            b,
+            t_new,
+            slots_t[b],
+            absolute[b, t_new],
+        )
 
     def advance(self, B: int) -> list[int]:
         """Count one position more in each of slots 0..B-1; returns the new positions (their lengths before)."""
         lengths = self.lengths[:B]
         if max(lengths) >= self.max_len:
-            raise ContextLengthError(f"the KV cache holds {self.max_len} positions; slot {lengths.index(max(lengths))} is full")
+            raise ContextLengthError(
+                f"the KV cache holds {self.max_len} positions; slot {lengths.index(max(lengths))} is full"
+            )
         for b in range(B):
             self.lengths[b] += 1
         return lengths
@@ -251,8 +272,14 @@ class PrefixCache:
     (benchmarks/load.py). `reserved_bytes` is what the pool holds, `bytes` what its blocks use.
     """
 
-    def __init__(self, config: GPT2Config, max_bytes: int, block_size: int = 16, dtype: torch.dtype = torch.float32,
-                 device: str | torch.device = "cpu"):  # fmt: skip
+    def __init__(
+        self,
+        config: GPT2Config,
+        max_bytes: int,
+        block_size: int = 16,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+    ):
         self.block_size, self.max_bytes = block_size, max_bytes
         self.block_bytes = block_size * config.n_embd * (2 * config.n_layer + 1) * dtype.itemsize
         self.capacity = max_bytes // self.block_bytes  # blocks
@@ -298,7 +325,9 @@ class PrefixCache:
         parent, size, keys = 0, self.block_size, []
         if self.capacity == 0:
             return
-        for i in range(0, min(len(tokens) // size, self.capacity) * size, size):  # its first blocks, where all do not fit
+        for i in range(
+            0, min(len(tokens) // size, self.capacity) * size, size
+        ):  # its first blocks, where all do not fit
             key = (parent, tuple(tokens[i : i + size]))
             block = self.blocks.get(key)
             if block is None:
@@ -337,7 +366,9 @@ class PrefixCache:
 def check_prefix_cache_mb(mb: object) -> int:
     """The memory a prefix cache may take: a whole number of MB, 0 for none."""
     if not is_integer(mb) or mb < 0:
-        raise InvalidArgumentError(f"prefix_cache_mb must be a whole number of MB, 0 for none, got {mb!r}", "prefix_cache_mb")
+        raise InvalidArgumentError(
+            f"prefix_cache_mb must be a whole number of MB, 0 for none, got {mb!r}", "prefix_cache_mb"
+        )
     return int(mb)
 
 
@@ -355,8 +386,15 @@ class TorchEngine:
     slot's final hidden states are kept too, for the log-probabilities of a reused prompt.
     """
 
-    def __init__(self, model: Model, slots: int, max_len: int | None = None, use_cache: bool = True, graphs: bool | None = None,
-                 prefix_cache: PrefixCache | None = None):  # fmt: skip
+    def __init__(
+        self,
+        model: Model,
+        slots: int,
+        max_len: int | None = None,
+        use_cache: bool = True,
+        graphs: bool | None = None,
+        prefix_cache: PrefixCache | None = None,
+    ):
         self.model, self.slots = model, slots
         self.cache = KVCache.for_model(model, slots, max_len)
         self.max_len = self.cache.max_len
@@ -368,14 +406,21 @@ class TorchEngine:
         self.prefix_cache = prefix_cache if use_cache else None
         self.states = None  # (slots, max_len, C): each slot's final hidden states, where prompts' blocks are kept
         if self.prefix_cache is not None:
-            self.states = torch.zeros(slots, self.max_len, model.config.n_embd, device=model.device, dtype=model.compute_dtype)
+            self.states = torch.zeros(
+                slots, self.max_len, model.config.n_embd, device=model.device, dtype=model.compute_dtype
+            )
 
     def prefill(self, slot: int, tokens: Sequence[int], every_position: bool = False) -> torch.Tensor:
         """Logits after `tokens`, which fill `slot` (the last max_len of them): (V,), or (T, V)."""
         return self.extend([slot], [0], [list(tokens)[-self.max_len :]], [every_position])[0]
 
-    def extend(self, slots: Sequence[int], starts: Sequence[int], chunks: Sequence[Sequence[int]],
-               every_position: Sequence[bool] | None = None) -> list[torch.Tensor]:  # fmt: skip
+    def extend(
+        self,
+        slots: Sequence[int],
+        starts: Sequence[int],
+        chunks: Sequence[Sequence[int]],
+        every_position: Sequence[bool] | None = None,
+    ) -> list[torch.Tensor]:
         """Logits after each chunk of tokens, which continues slot slots[b] from position
         starts[b] (what the slot held from there on is dropped): (V,) for each chunk, or
         (T_b, V) for its every position where every_position[b]. The chunks run as few padded
@@ -392,7 +437,9 @@ class TorchEngine:
         out = self.model.unembed(torch.cat(states)).split([len(h) for h in states])
         return [o if e else o[0] for o, e in zip(out, every)]
 
-    def hidden(self, slots: Sequence[int], starts: Sequence[int], chunks: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+    def hidden(
+        self, slots: Sequence[int], starts: Sequence[int], chunks: Sequence[Sequence[int]]
+    ) -> list[torch.Tensor]:
         """The final hidden states (T_b, C) of each chunk, which continues slot slots[b] from
         position starts[b], as `extend` computes them (for a caller that unembeds them itself)."""
         hidden: list[torch.Tensor | None] = [None] * len(slots)
@@ -527,8 +574,15 @@ def kept_engine(model: Model) -> TorchEngine | None:
     return _GRAPHED.get(model)
 
 
-def model_engine(model: Model, slots: int, max_len: int, use_cache: bool = True, hint: str = "fewer rows at once",
-                 param: str | None = None, prefix_cache: PrefixCache | None = None) -> TorchEngine:  # fmt: skip
+def model_engine(
+    model: Model,
+    slots: int,
+    max_len: int,
+    use_cache: bool = True,
+    hint: str = "fewer rows at once",
+    param: str | None = None,
+    prefix_cache: PrefixCache | None = None,
+) -> TorchEngine:
     """An engine to decode up to `slots` rows of up to max_len positions with `model` (`GPT2.engine`).
 
     With CUDA graphs, one engine over the whole context is kept for the model (`kept_engine`) and
@@ -542,23 +596,44 @@ def model_engine(model: Model, slots: int, max_len: int, use_cache: bool = True,
     if graphed:
         _GRAPHED[model] = None  # its cache and graphs freed before the new ones are made
     n_ctx = model.config.n_ctx
-    KVCache.check_fits(model.config, slots, n_ctx if graphed else min(max_len, n_ctx), model.device, model.compute_dtype, hint, param)
+    KVCache.check_fits(
+        model.config, slots, n_ctx if graphed else min(max_len, n_ctx), model.device, model.compute_dtype, hint, param
+    )
     if not graphed:
         return TorchEngine(model, slots, max_len, use_cache, prefix_cache=prefix_cache)
     engine = _GRAPHED[model] = TorchEngine(weakref.proxy(model), slots, graphs=True, prefix_cache=prefix_cache)
     return engine
 
 
-def generate_ids(model: Model, idx: torch.Tensor, max_new_tokens: int, temperature: float, top_k: int | None,
-                 top_p: float | None, seed: int | None, *, eos_token_id: int | None, use_cache: bool, on_overflow: str,
-                 draft: Model | None, draft_tokens: int) -> torch.Tensor:  # fmt: skip
+def generate_ids(
+    model: Model,
+    idx: torch.Tensor,
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    seed: int | None,
+    *,
+    eos_token_id: int | None,
+    use_cache: bool,
+    on_overflow: str,
+    draft: Model | None,
+    draft_tokens: int,
+) -> torch.Tensor:
     """`GPT2.generate`, whose arguments these are: each row of idx (B, T), an integer tensor of
     token ids (the model checks it), continued by max_new_tokens tokens in the model's engine,
     speculatively with a `draft` model's beside it. Returns (B, T + new): a row that ended
     early is filled with eos_token_id from then on."""
-    request = Request.build(idx.tolist(), max_new_tokens, n_vocab=model.config.n_vocab, n_ctx=model.config.n_ctx,
-                            sampling=Sampling(temperature, top_k, top_p), seed=seed, eos_token_id=eos_token_id,
-                            on_overflow=on_overflow)  # fmt: skip
+    request = Request.build(
+        idx.tolist(),
+        max_new_tokens,
+        n_vocab=model.config.n_vocab,
+        n_ctx=model.config.n_ctx,
+        sampling=Sampling(temperature, top_k, top_p),
+        seed=seed,
+        eos_token_id=eos_token_id,
+        on_overflow=on_overflow,
+    )
     if draft is not None:
         check_draft(model, draft)
     check_draft_tokens(draft_tokens)
@@ -620,8 +695,10 @@ class DecodeGraphs:
         step = self.steps.get(size)
         if step is None:
             device = self.cache.device
-            step = self.steps[size] = FixedStep(torch.zeros(size, dtype=torch.long, device=device),
-                                                torch.zeros(size, 1, dtype=torch.long, device=device))  # fmt: skip
+            step = self.steps[size] = FixedStep(
+                torch.zeros(size, dtype=torch.long, device=device),
+                torch.zeros(size, 1, dtype=torch.long, device=device),
+            )
         # padding rows write past what their slots hold (a row filling there keeps its keys)
         spare = [min(self.cache.lengths[b], self.cache.max_len - 1) for b in range(B, size)]
         step.tokens.copy_(torch.tensor(tokens + [0] * (size - B)))
@@ -670,8 +747,13 @@ class NumpyEngine:
     def prefill(self, slot: int, tokens: Sequence[int], every_position: bool = False) -> torch.Tensor:
         return self.extend([slot], [0], [list(tokens)[-self.max_len :]], [every_position])[0]
 
-    def extend(self, slots: Sequence[int], starts: Sequence[int], chunks: Sequence[Sequence[int]],
-               every_position: Sequence[bool] | None = None) -> list[torch.Tensor]:  # fmt: skip
+    def extend(
+        self,
+        slots: Sequence[int],
+        starts: Sequence[int],
+        chunks: Sequence[Sequence[int]],
+        every_position: Sequence[bool] | None = None,
+    ) -> list[torch.Tensor]:
         every, out = every_position or [False] * len(slots), []
         for slot, start, chunk, e in zip(slots, starts, chunks, every):
             self.history[slot] = self.history[slot][:start] + list(chunk)
@@ -693,7 +775,9 @@ class NumpyEngine:
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
         for b, token in enumerate(tokens.tolist()):
             self.history[b].append(token)
-        return torch.from_numpy(np.stack([self.reference(self.history[b][-self.max_len :])[-1] for b in range(tokens.size(0))]))
+        return torch.from_numpy(
+            np.stack([self.reference(self.history[b][-self.max_len :])[-1] for b in range(tokens.size(0))])
+        )
 
     def move(self, src: int, dst: int) -> None:
         self.history[dst] = list(self.history[src])
@@ -709,7 +793,9 @@ def check_cuda_graphs(device: str | torch.device, engine: str = "torch", name: C
     `name` gives each setting (cuda_graphs, engine, device) as the caller's user knows it: the
     command line passes its flags."""
     if engine != "torch":
-        raise InvalidArgumentError(f"{name('cuda_graphs')} is for {name('engine')} torch on a CUDA GPU, not {name('engine')} {engine}")
+        raise InvalidArgumentError(
+            f"{name('cuda_graphs')} is for {name('engine')} torch on a CUDA GPU, not {name('engine')} {engine}"
+        )
     resolved = resolve_device(device)
     if resolved.type != "cuda":
         asked = f"{name('device')} is" if isinstance(device, torch.device) else f"{name('device')} {device} is"
@@ -720,21 +806,32 @@ def check_numpy_engine(device: str | torch.device, dtype: str | torch.dtype, nam
     """The NumPy-engine rule: the reference engine computes in float32 on the CPU ("auto" is
     the CPU for it). `name` as for `check_cuda_graphs`."""
     if str(device) not in ("auto", "cpu"):
-        raise InvalidArgumentError(f"{name('engine')} numpy runs on the CPU only, not on {name('device')} {device}: use {name('engine')} torch")
+        raise InvalidArgumentError(
+            f"{name('engine')} numpy runs on the CPU only, not on {name('device')} {device}: use {name('engine')} torch"
+        )
     if dtype not in ("float32", torch.float32):
         dtype = str(dtype).removeprefix("torch.")
-        raise InvalidArgumentError(f"{name('engine')} numpy computes in float32 only, not {name('dtype')} {dtype}: use {name('engine')} torch")
+        raise InvalidArgumentError(
+            f"{name('engine')} numpy computes in float32 only, not {name('dtype')} {dtype}: use {name('engine')} torch"
+        )
 
 
 def check_draft_config(config: GPT2Config, draft_config: GPT2Config) -> None:
     """What a draft model's configuration must meet, before either is loaded: the model's n_vocab."""
     if draft_config.n_vocab != config.n_vocab:
-        raise InvalidArgumentError(f"draft has a vocabulary of {draft_config.n_vocab:,} tokens, the model {config.n_vocab:,}: "
-                                   "a draft model must share the model's tokenizer", "draft")  # fmt: skip
+        raise InvalidArgumentError(
+            f"draft has a vocabulary of {draft_config.n_vocab:,} tokens, the model {config.n_vocab:,}: "
+            "a draft model must share the model's tokenizer",
+            "draft",
+        )
 
 
-def check_draft(model: Model | ReferenceModel, draft: Model | ReferenceModel, tokenizer: object = None,
-                draft_tokenizer: object = None) -> None:  # fmt: skip
+def check_draft(
+    model: Model | ReferenceModel,
+    draft: Model | ReferenceModel,
+    tokenizer: object = None,
+    draft_tokenizer: object = None,
+) -> None:
     """The speculative-decoding rule: a draft model proposes the model's own tokens, so it has the
     model's vocabulary (its n_vocab, and its tokenizer where both are known: by default each
     model's `tokenizer`), and it runs on the model's device (a NumPy model: the CPU)."""
@@ -743,8 +840,13 @@ def check_draft(model: Model | ReferenceModel, draft: Model | ReferenceModel, to
     tokenizer = getattr(model, "tokenizer", None) if tokenizer is None else tokenizer
     draft_tokenizer = getattr(draft, "tokenizer", None) if draft_tokenizer is None else draft_tokenizer
     if tokenizer is not None and draft_tokenizer is not None and not same_vocabulary(tokenizer, draft_tokenizer):
-        raise InvalidArgumentError(f"draft has another tokenizer than the model's (of {n_vocab:,} tokens too, but other "
-                                   "tokens or merges): a draft model must share the model's tokenizer", "draft")  # fmt: skip
+        raise InvalidArgumentError(
+            f"draft has another tokenizer than the model's (of {n_vocab:,} tokens too, but other "
+            "tokens or merges): a draft model must share the model's tokenizer",
+            "draft",
+        )
     device, draft_device = (getattr(m, "device", torch.device("cpu")) for m in (model, draft))
     if draft_device != device:
-        raise InvalidArgumentError(f"draft is on {draft_device}, the model on {device}: load both on one device", "draft")
+        raise InvalidArgumentError(
+            f"draft is on {draft_device}, the model on {device}: load both on one device", "draft"
+        )

@@ -104,15 +104,26 @@ class TextGeneration:
             check_draft(model, draft, tokenizer)
         self.draft_tokens = check_draft_tokens(draft_tokens)
         self.lookup = lookup_of(speculative, prompt_lookup_max, prompt_lookup_min, draft)
-        processing = processing_of(tokenizer, constraint, logit_bias, frequency_penalty, presence_penalty, repetition_penalty)
+        processing = processing_of(
+            tokenizer, constraint, logit_bias, frequency_penalty, presence_penalty, repetition_penalty
+        )
         prompt_list = [prompts] if isinstance(prompts, str) else list(prompts)
         if not prompt_list:
             raise InvalidArgumentError("no prompts: give at least one", "prompt")
         self.sampling = sampling_of(temperature, top_k, top_p, sampling)
-        request = Request.build([self._encode(tokenizer, prompt, allowed_special) for prompt in prompt_list], max_new_tokens,
-                                n_vocab=model.config.n_vocab, n_ctx=model.config.n_ctx, sampling=self.sampling, seed=seed,
-                                n=num_samples, n_param="num_samples", eos_token_id=tokenizer.eot_token,
-                                on_overflow=on_overflow, processing=processing)  # fmt: skip
+        request = Request.build(
+            [self._encode(tokenizer, prompt, allowed_special) for prompt in prompt_list],
+            max_new_tokens,
+            n_vocab=model.config.n_vocab,
+            n_ctx=model.config.n_ctx,
+            sampling=self.sampling,
+            seed=seed,
+            n=num_samples,
+            n_param="num_samples",
+            eos_token_id=tokenizer.eot_token,
+            on_overflow=on_overflow,
+            processing=processing,
+        )
         # the engines (and the memory they need) before the rows, so that errors come before any row is made
         self.engine = self._engine(model, request)
         self.draft = None if draft is None else self._engine(draft, request)
@@ -126,8 +137,12 @@ class TextGeneration:
     def _engine(model, request: Request):
         if isinstance(model, ReferenceModel):
             return NumpyEngine(model, request.slots)
-        return model.engine(request.slots, request.longest + request.max_new_tokens,
-                            hint="generate fewer samples at once: a smaller num_samples", param="num_samples")  # fmt: skip
+        return model.engine(
+            request.slots,
+            request.longest + request.max_new_tokens,
+            hint="generate fewer samples at once: a smaller num_samples",
+            param="num_samples",
+        )
 
     @staticmethod
     def _encode(tokenizer: Tokenizer, prompt: str, allowed_special: AbstractSet[str] | Literal["all"]) -> list[int]:
@@ -241,7 +256,9 @@ class TextRow:
             self.held = ""
             return text
         # keep back the longest tail that is the beginning of some stop string
-        keep = max((k for s in self.stop for k in range(1, min(len(s), len(text) + 1)) if text.endswith(s[:k])), default=0)
+        keep = max(
+            (k for s in self.stop for k in range(1, min(len(s), len(text) + 1)) if text.endswith(s[:k])), default=0
+        )
         self.held = text[len(text) - keep :] if keep else ""
         return text[: len(text) - keep]
 
@@ -255,7 +272,9 @@ def chat_max_new_tokens(max_new_tokens: int | None, n_ctx: int) -> int:
     if max_new_tokens is None:
         return max(1, min(CHAT_MAX_NEW_TOKENS, n_ctx // 2))
     positive_int("max_new_tokens", max_new_tokens)
-    return int_between("max_new_tokens", max_new_tokens, 1, n_ctx - 1, f"a number of tokens below the model's context ({n_ctx}), i.e.")
+    return int_between(
+        "max_new_tokens", max_new_tokens, 1, n_ctx - 1, f"a number of tokens below the model's context ({n_ctx}), i.e."
+    )
 
 
 class Chat:
@@ -275,14 +294,29 @@ class Chat:
     Sampling is temperature, top_k and top_p, or a `sampling` made already in their place.
     """
 
-    def __init__(self, model, tokenizer: Tokenizer, *, chat_template: ChatTemplate | str | None = None, system: str | None = None,
-                 max_new_tokens: int | None = None, temperature: float = 1.0, top_k: int | None = None,
-                 top_p: float | None = None, sampling: Sampling | None = None, seed: int | None = None):  # fmt: skip
+    def __init__(
+        self,
+        model,
+        tokenizer: Tokenizer,
+        *,
+        chat_template: ChatTemplate | str | None = None,
+        system: str | None = None,
+        max_new_tokens: int | None = None,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        sampling: Sampling | None = None,
+        seed: int | None = None,
+    ):
         source = tokenizer.chat_template if chat_template is None else chat_template
         if source is None:
-            raise InvalidArgumentError(f"the model's tokenizer has no chat template, so it cannot hold a conversation: {HOW_TO_ADD}",
-                                       "chat_template")  # fmt: skip
-        self.template = source if isinstance(source, ChatTemplate) else ChatTemplate(source, "the model's chat template")
+            raise InvalidArgumentError(
+                f"the model's tokenizer has no chat template, so it cannot hold a conversation: {HOW_TO_ADD}",
+                "chat_template",
+            )
+        self.template = (
+            source if isinstance(source, ChatTemplate) else ChatTemplate(source, "the model's chat template")
+        )
         if system is not None and not isinstance(system, str):
             raise InputTypeError(f"system must be a str or None, got {type(system).__name__}", "system")
         sampling = sampling_of(temperature, top_k, top_p, sampling)
@@ -305,14 +339,19 @@ class Chat:
         messages = [{"role": "system", "content": self.system}, {"role": "user", "content": ""}]
         length = len(self.tokenizer.encode(self._prompt(messages), allowed_special="all"))
         if length + room > n_ctx:
-            raise ContextLengthError(f"system does not fit: with it and an empty message the conversation is {length:,} tokens, "
-                                     f"and a reply of up to {room:,} tokens makes {length + room - n_ctx:,} more than the model's "
-                                     f"context of {n_ctx:,}: give a shorter system message, or a lower max_new_tokens",
-                                     "system", ("max_new_tokens",))  # fmt: skip
+            raise ContextLengthError(
+                f"system does not fit: with it and an empty message the conversation is {length:,} tokens, "
+                f"and a reply of up to {room:,} tokens makes {length + room - n_ctx:,} more than the model's "
+                f"context of {n_ctx:,}: give a shorter system message, or a lower max_new_tokens",
+                "system",
+                ("max_new_tokens",),
+            )
 
     def reset(self) -> None:
         """Forget the conversation (the system message stays)."""
-        self.messages: list[dict[str, str]] = [] if self.system is None else [{"role": "system", "content": self.system}]
+        self.messages: list[dict[str, str]] = (
+            [] if self.system is None else [{"role": "system", "content": self.system}]
+        )
 
     def reply(self, text: str) -> Iterator[str]:
         """The reply to the user's `text`, piece by piece (the context is fitted now: errors come
@@ -335,9 +374,12 @@ class Chat:
         n_ctx, room, kept = self.model.config.n_ctx, self.options["max_new_tokens"], list(messages)
         while (length := len(self.tokenizer.encode(self._prompt(kept), allowed_special="all"))) + room > n_ctx:
             if len(kept) - first == 1:
-                raise ContextLengthError(f"the message does not fit: the conversation is {length:,} tokens with it alone, and a reply "
-                                         f"of up to {room:,} tokens makes {length + room - n_ctx:,} more than the model's context of "
-                                         f"{n_ctx:,}: send a shorter message, or give a lower max_new_tokens", "max_new_tokens")  # fmt: skip
+                raise ContextLengthError(
+                    f"the message does not fit: the conversation is {length:,} tokens with it alone, and a reply "
+                    f"of up to {room:,} tokens makes {length + room - n_ctx:,} more than the model's context of "
+                    f"{n_ctx:,}: send a shorter message, or give a lower max_new_tokens",
+                    "max_new_tokens",
+                )
             del kept[first]  # the oldest turn: a message, and the replies that answered it
             while kept[first]["role"] == "assistant":
                 del kept[first]
@@ -345,7 +387,9 @@ class Chat:
         return kept
 
     def _stream(self, messages: list[dict[str, str]], seed: int | None) -> Iterator[str]:
-        generation = TextGeneration(self.model, self.tokenizer, self._prompt(messages), seed=seed, on_overflow="error", **self.options)
+        generation = TextGeneration(
+            self.model, self.tokenizer, self._prompt(messages), seed=seed, on_overflow="error", **self.options
+        )
         reply, said = ReplyText(self.prefix), ""
         for _, piece in generation:
             piece = reply.add(piece)

@@ -407,11 +407,19 @@ def _compiler() -> str:
 def cache_key() -> str:
     """A hash of everything that makes a build unfit for another process to load."""
     parts = [
-        _SOURCE, *_CFLAGS, *_LDFLAGS, _cpu_flags(),  # what is compiled, and for which CPU
-        sys.version, sys.implementation.cache_tag, sysconfig.get_config_var("EXT_SUFFIX") or "", platform.machine(),
-        torch.__version__, torch.version.git_version or "", str(torch.compiled_with_cxx11_abi()),
+        _SOURCE,
+        *_CFLAGS,
+        *_LDFLAGS,
+        _cpu_flags(),  # what is compiled, and for which CPU
+        sys.version,
+        sys.implementation.cache_tag,
+        sysconfig.get_config_var("EXT_SUFFIX") or "",
+        platform.machine(),
+        torch.__version__,
+        torch.version.git_version or "",
+        str(torch.compiled_with_cxx11_abi()),
         _compiler(),
-    ]  # fmt: skip
+    ]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
 
@@ -497,8 +505,10 @@ def _build_lock(path: Path) -> Iterator[None]:
             except BlockingIOError:
                 pid, started = _lock_holder(fd)
                 if time.time() - started > _BUILD_LIMIT:
-                    _note(f"process {pid} has held the decode kernel's build lock for over {_BUILD_LIMIT // 60} minutes; "
-                          f"compiling here without it")  # fmt: skip
+                    _note(
+                        f"process {pid} has held the decode kernel's build lock for over {_BUILD_LIMIT // 60} minutes; "
+                        f"compiling here without it"
+                    )
                     break
                 if not said:
                     _note(f"waiting for process {pid}, which is compiling the decode kernel")
@@ -540,8 +550,13 @@ def _extension() -> ModuleType | None:
     return _module
 
 
-def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gelu: str | None,
-         scale: torch.Tensor | None = None) -> torch.Tensor | None:  # fmt: skip
+def gemv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    gelu: str | None,
+    scale: torch.Tensor | None = None,
+) -> torch.Tensor | None:
     """(x @ weight) * scale + bias, then GELU if `gelu` names its form ("tanh" or "none", as
     F.gelu's `approximate`), in float32, for float32 CPU x (..., in) of at most 16 rows in all
     and weight (in, out), either contiguous or the transpose of a contiguous (out, in).
@@ -586,15 +601,22 @@ _onednn_linear = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise"
 _FEW_ROWS = 16  # up to this many rows, the decode kernel
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, gelu: str | None = None,
-           scale: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    gelu: str | None = None,
+    scale: torch.Tensor | None = None,
+) -> torch.Tensor:
     """x @ weight + bias, with weight (in, out), then GELU if `gelu` names its form
     ("tanh" or "none", as F.gelu's `approximate`). (..., in) -> (..., out).
 
     A weight narrower than x (weight-only bfloat16, float16, or int8 times `scale`, one per
     output) is read as is by the decode kernel at few rows; for many it is widened first.
     """
-    cpu_inference = x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_grad_enabled() and not tracing()
+    cpu_inference = (
+        x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_grad_enabled() and not tracing()
+    )
     if cpu_inference and x.numel() <= _FEW_ROWS * x.size(-1):
         y = gemv(x, weight, bias, gelu, scale)  # None where the kernel cannot serve
         if y is not None:
@@ -645,8 +667,9 @@ def quantize_int8(weight: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.T
     return q.to(torch.int8), scale
 
 
-def stored_matrix(weight: torch.Tensor, storage: torch.dtype, device: torch.device, dense: bool,
-                  weight_only: bool) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+def stored_matrix(
+    weight: torch.Tensor, storage: torch.dtype, device: torch.device, dense: bool, weight_only: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """A checkpoint's matrix as `linear` reads it, and its int8 scale (None unless `storage` is
     int8): a Dense layer's weight (in, out) (`dense`), or wte (V, C), in `storage` on `device`.
     A weight-only (narrow CPU) Dense weight is stored (out, in) and seen (in, out): the decode

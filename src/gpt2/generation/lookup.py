@@ -37,8 +37,11 @@ class PromptLookup:
         int_between("prompt_lookup_max", self.lookup_max, 1, None)
         int_between("prompt_lookup_min", self.lookup_min, 1, None)
         if self.lookup_min > self.lookup_max:
-            raise InvalidArgumentError(f"prompt_lookup_min ({self.lookup_min}) must not exceed prompt_lookup_max ({self.lookup_max})",
-                                       "prompt_lookup_min", ("prompt_lookup_max",))  # fmt: skip
+            raise InvalidArgumentError(
+                f"prompt_lookup_min ({self.lookup_min}) must not exceed prompt_lookup_max ({self.lookup_max})",
+                "prompt_lookup_min",
+                ("prompt_lookup_max",),
+            )
 
     def propose(self, tokens: Sequence[int], k: int) -> list[int]:
         """The k tokens that followed the latest earlier occurrence of the longest n-gram ending
@@ -67,18 +70,29 @@ class PromptLookup:
 SPECULATIVE = ("ngram",)  # speculation without a draft model: vLLM's method names
 
 
-def lookup_of(speculative: str | None, lookup_max: int = LOOKUP_MAX, lookup_min: int = LOOKUP_MIN,
-              draft: object = None) -> PromptLookup | None:  # fmt: skip
+def lookup_of(
+    speculative: str | None, lookup_max: int = LOOKUP_MAX, lookup_min: int = LOOKUP_MIN, draft: object = None
+) -> PromptLookup | None:
     """The prompt lookup of speculative="ngram" (None: no speculation, or a draft model's); checked."""
     if speculative is None:
         if (lookup_max, lookup_min) != (LOOKUP_MAX, LOOKUP_MIN):
-            raise InvalidArgumentError("prompt_lookup_max and prompt_lookup_min set speculative='ngram': give it too",
-                                       "prompt_lookup_max", ("prompt_lookup_min", "speculative"))  # fmt: skip
+            raise InvalidArgumentError(
+                "prompt_lookup_max and prompt_lookup_min set speculative='ngram': give it too",
+                "prompt_lookup_max",
+                ("prompt_lookup_min", "speculative"),
+            )
         return None
     if speculative not in SPECULATIVE:
-        raise InvalidArgumentError(f"unknown speculative method {speculative!r}: the one without a draft model is 'ngram' "
-                                   f"(for a draft model, give the model as draft)", "speculative", ("draft",))  # fmt: skip
+        raise InvalidArgumentError(
+            f"unknown speculative method {speculative!r}: the one without a draft model is 'ngram' "
+            f"(for a draft model, give the model as draft)",
+            "speculative",
+            ("draft",),
+        )
     if draft is not None:
-        raise InvalidArgumentError("draft and speculative='ngram' contradict: speculate with a draft model or by prompt lookup, not both",
-                                   "draft", ("speculative",))  # fmt: skip
+        raise InvalidArgumentError(
+            "draft and speculative='ngram' contradict: speculate with a draft model or by prompt lookup, not both",
+            "draft",
+            ("speculative",),
+        )
     return PromptLookup(lookup_max, lookup_min)

@@ -72,18 +72,30 @@ class Penalties:
             if not is_real(value) or not -PENALTY_LIMIT <= value <= PENALTY_LIMIT:
                 raise InvalidArgumentError(f"{name} must be a number from -2 to 2, got {value!r}", name)
         if not is_real(self.repetition_penalty) or self.repetition_penalty <= 0:
-            raise InvalidArgumentError(f"repetition_penalty must be a number above 0 (1 is none), got {self.repetition_penalty!r}",
-                                       "repetition_penalty")  # fmt: skip
+            raise InvalidArgumentError(
+                f"repetition_penalty must be a number above 0 (1 is none), got {self.repetition_penalty!r}",
+                "repetition_penalty",
+            )
 
     @classmethod
-    def make(cls, logit_bias: Mapping[int, float] | None = None, frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
-             repetition_penalty: float = 1.0) -> Penalties:  # fmt: skip
+    def make(
+        cls,
+        logit_bias: Mapping[int, float] | None = None,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        repetition_penalty: float = 1.0,
+    ) -> Penalties:
         """Penalties from a dict of biases (OpenAI's logit_bias, its keys ids or their text)."""
         return cls(check_logit_bias(logit_bias), frequency_penalty, presence_penalty, repetition_penalty)
 
     @property
     def any(self) -> bool:
-        return bool(self.logit_bias) or self.frequency_penalty != 0 or self.presence_penalty != 0 or self.repetition_penalty != 1
+        return (
+            bool(self.logit_bias)
+            or self.frequency_penalty != 0
+            or self.presence_penalty != 0
+            or self.repetition_penalty != 1
+        )
 
     def check_vocab(self, n_vocab: int) -> None:
         if self.logit_bias:
@@ -102,10 +114,13 @@ def check_logit_bias(logit_bias: Mapping[int, float] | None) -> tuple[tuple[int,
     for key, bias in logit_bias.items():
         token = int(key) if isinstance(key, str) and key.isascii() and key.isdigit() else key
         if not is_integer(token) or token < 0:
-            raise InvalidArgumentError(f"logit_bias keys must be token ids (whole numbers from 0), got {key!r}", "logit_bias")
+            raise InvalidArgumentError(
+                f"logit_bias keys must be token ids (whole numbers from 0), got {key!r}", "logit_bias"
+            )
         if not is_real(bias) or not -BIAS_LIMIT <= bias <= BIAS_LIMIT:
-            raise InvalidArgumentError(f"logit_bias values must be numbers from -100 to 100, got {bias!r} for token {token}",
-                                       "logit_bias")  # fmt: skip
+            raise InvalidArgumentError(
+                f"logit_bias values must be numbers from -100 to 100, got {bias!r} for token {token}", "logit_bias"
+            )
         pairs[int(token)] = float(bias)
     return tuple(sorted(pairs.items()))
 
@@ -126,7 +141,9 @@ class Constraint:
 
     def __post_init__(self) -> None:
         if self.kind not in CONSTRAINTS:
-            raise InvalidArgumentError(f"unknown constraint {self.kind!r}: the constraints are {', '.join(CONSTRAINTS)}", "constraint")
+            raise InvalidArgumentError(
+                f"unknown constraint {self.kind!r}: the constraints are {', '.join(CONSTRAINTS)}", "constraint"
+            )
         if self.kind == "json_object":
             return
         if self.kind == "choice":
@@ -146,7 +163,9 @@ class Constraint:
             except json.JSONDecodeError as e:
                 raise InvalidArgumentError(f"json_schema is not JSON: {e}", "json_schema") from None
         if not isinstance(schema, (Mapping, bool)):
-            raise InvalidArgumentError(f"json_schema must be a JSON object (a schema), got {type(schema).__name__}", "json_schema")
+            raise InvalidArgumentError(
+                f"json_schema must be a JSON object (a schema), got {type(schema).__name__}", "json_schema"
+            )
         return cls("json_schema", json.dumps(schema))  # its keys in order: properties come out in the order given
 
     @classmethod
@@ -204,7 +223,9 @@ def matcher_error(matcher) -> str:
 
 def one_line(message: str) -> str:
     """A compiler's message on one line, without the source lines and carets it points with."""
-    return " ".join(line.strip() for line in message.splitlines() if line.strip() and not re.match(r"\s*(\^|\d+ \|)", line))
+    return " ".join(
+        line.strip() for line in message.splitlines() if line.strip() and not re.match(r"\s*(\^|\d+ \|)", line)
+    )
 
 
 def one_constraint(**given: object) -> Constraint | None:
@@ -212,13 +233,20 @@ def one_constraint(**given: object) -> Constraint | None:
     json_object=True), where one is: two at once are an error naming both."""
     kinds = [kind for kind, value in given.items() if value not in (None, False)]
     if len(kinds) > 1:
-        raise InvalidArgumentError(f"one constraint at a time: {kinds[0]} and {kinds[1]} were both given", kinds[0], (kinds[1],))
+        raise InvalidArgumentError(
+            f"one constraint at a time: {kinds[0]} and {kinds[1]} were both given", kinds[0], (kinds[1],)
+        )
     if not kinds:
         return None
     kind, value = kinds[0], given[kinds[0]]
     if isinstance(value, Constraint):
         return value
-    makers = {"json_schema": Constraint.json_schema, "regex": Constraint.regex, "choice": Constraint.choice, "grammar": Constraint.grammar}
+    makers = {
+        "json_schema": Constraint.json_schema,
+        "regex": Constraint.regex,
+        "choice": Constraint.choice,
+        "grammar": Constraint.grammar,
+    }
     return Constraint.json_object() if kind == "json_object" else makers[kind](value)
 
 
@@ -269,8 +297,10 @@ def _refuse_unwritable(constraint: Constraint, definition: str, tokenizer: Token
         lacking = [chr(b) for b in np.flatnonzero(bits) if not encodable(tokenizer, chr(b))]
         begins = "must begin with " + " or ".join(map(repr, lacking)) if lacking else "cannot begin"
     has = f"no {lacking[0]!r}" if len(lacking) == 1 or forced else "none of them" if lacking else "no token for it"
-    raise InvalidArgumentError(f"{constraint.kind}: its text {begins}, and the model's vocabulary ({tokenizer.n_vocab} "
-                               f"tokens) has {has}", constraint.kind)  # fmt: skip
+    raise InvalidArgumentError(
+        f"{constraint.kind}: its text {begins}, and the model's vocabulary ({tokenizer.n_vocab} tokens) has {has}",
+        constraint.kind,
+    )
 
 
 _ll_tokenizers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -341,8 +371,9 @@ def compile_constraint(constraint: Constraint, tokenizer: Tokenizer) -> Compiled
     """`constraint` compiled for `tokenizer`, kept for the next request of the same constraint
     (the 64 most recent): a schema is compiled once, however many rows and requests hold to it."""
     if not isinstance(constraint, Constraint):
-        raise InputTypeError(f"constraint must be a gpt2.generation.processors.Constraint, got {type(constraint).__name__}",
-                             "constraint")  # fmt: skip
+        raise InputTypeError(
+            f"constraint must be a gpt2.generation.processors.Constraint, got {type(constraint).__name__}", "constraint"
+        )
     structured_package()
     kept = _compiled.setdefault(tokenizer, {})
     if constraint in kept:
@@ -409,7 +440,9 @@ class RowProcess:
         """The tokens (bool, the tokenizer's ids) the constraint allows next."""
         if self._allowed is None:
             bits = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)
-            self._allowed = torch.from_numpy(np.unpackbits(bits, bitorder="little")[: self.compiled.n_tokens].astype(bool))
+            self._allowed = torch.from_numpy(
+                np.unpackbits(bits, bitorder="little")[: self.compiled.n_tokens].astype(bool)
+            )
         return self._allowed
 
     @property
@@ -421,7 +454,9 @@ class RowProcess:
         """The row chose `token` (one the scores allowed)."""
         if self.matcher is not None:
             if not self.matcher.consume_token(token):
-                raise InvalidArgumentError(f"token {token} broke the constraint: {matcher_error(self.matcher)}", "constraint")
+                raise InvalidArgumentError(
+                    f"token {token} broke the constraint: {matcher_error(self.matcher)}", "constraint"
+                )
             self._allowed = None
 
     def try_advance(self, tokens: Sequence[int]) -> int:
@@ -439,8 +474,14 @@ class RowProcess:
             self._allowed = None
 
 
-def processing_of(tokenizer: Tokenizer, constraint: Constraint | None = None, logit_bias: Mapping[int, float] | None = None,
-                  frequency_penalty: float = 0.0, presence_penalty: float = 0.0, repetition_penalty: float = 1.0) -> Processing | None:  # fmt: skip
+def processing_of(
+    tokenizer: Tokenizer,
+    constraint: Constraint | None = None,
+    logit_bias: Mapping[int, float] | None = None,
+    frequency_penalty: float = 0.0,
+    presence_penalty: float = 0.0,
+    repetition_penalty: float = 1.0,
+) -> Processing | None:
     """A request's processing, checked (the constraint compiled for `tokenizer`); None where it has none."""
     penalties = Penalties.make(logit_bias, frequency_penalty, presence_penalty, repetition_penalty)
     compiled = None if constraint is None else compile_constraint(constraint, tokenizer)

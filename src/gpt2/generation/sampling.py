@@ -35,8 +35,9 @@ class Sampling:
 
     def __post_init__(self) -> None:
         if not is_real(self.temperature) or self.temperature < 0:
-            raise InvalidArgumentError(f"temperature must be a finite number >= 0 (0 is greedy), got {self.temperature!r}",
-                                       "temperature")  # fmt: skip
+            raise InvalidArgumentError(
+                f"temperature must be a finite number >= 0 (0 is greedy), got {self.temperature!r}", "temperature"
+            )
         if self.top_k is not None:
             check_top_k(self.top_k, None)
         if self.top_p is not None and (not is_real(self.top_p) or not 0 < self.top_p <= 1):
@@ -48,14 +49,17 @@ class Sampling:
             check_top_k(self.top_k, n_vocab)
 
 
-def sampling_of(temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-                sampling: Sampling | None = None) -> Sampling:  # fmt: skip
+def sampling_of(
+    temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None, sampling: Sampling | None = None
+) -> Sampling:
     """The Sampling of a call that takes either the three settings or a `sampling` made already
     (by a caller that checked them before a model loaded, as `gpt2 generate` does), not both."""
     if sampling is None:
         return Sampling(temperature, top_k, top_p)
     if not isinstance(sampling, Sampling):
-        raise InputTypeError(f"sampling must be a gpt2.generation.sampling.Sampling, got {type(sampling).__name__}", "sampling")
+        raise InputTypeError(
+            f"sampling must be a gpt2.generation.sampling.Sampling, got {type(sampling).__name__}", "sampling"
+        )
     if (temperature, top_k, top_p) != (1.0, None, None):
         raise InvalidArgumentError("give sampling, or temperature, top_k and top_p, not both", "sampling")
     return sampling
@@ -93,7 +97,9 @@ def probabilities(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
 def sample_next(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None = None) -> torch.Tensor:
     """The next token of each row: (B, V) logits -> (B,) ids."""
     if sampling.temperature == 0:  # the first of equal maxima: the lowest id
-        if logits.device.type == "cpu" and logits.dtype == torch.float32:  # NumPy's is vectorised: 5 us to torch's 45 here
+        if (
+            logits.device.type == "cpu" and logits.dtype == torch.float32
+        ):  # NumPy's is vectorised: 5 us to torch's 45 here
             return torch.from_numpy(logits.detach().numpy().argmax(-1))
         return logits.argmax(-1)
     return torch.multinomial(probabilities(logits, sampling), 1, generator=generator).squeeze(-1)
@@ -120,8 +126,9 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> int:
     return top if values[top] >= 1 else int(torch.multinomial(probs, 1, generator=generator))
 
 
-def speculative_accept(p: torch.Tensor, q: torch.Tensor, drafts: Sequence[int],
-                       generator: torch.Generator | None = None) -> tuple[int, int]:  # fmt: skip
+def speculative_accept(
+    p: torch.Tensor, q: torch.Tensor, drafts: Sequence[int], generator: torch.Generator | None = None
+) -> tuple[int, int]:
     """Speculative sampling's rule (Leviathan et al. 2023; Chen et al. 2023): which of k draft
     tokens to keep, and the token after them, so that the tokens follow the target's distribution
     exactly, whatever the draft's.
@@ -172,8 +179,11 @@ def seeded_generator(seed: int) -> torch.Generator:
         return generator.manual_seed(seed)
     state = bytearray(generator.get_state().numpy().tobytes())
     if len(state) != _TORCH_STATE_BYTES:
-        raise InvalidArgumentError(f"seeds from 2**32 up need torch's CPU generator state of {_TORCH_STATE_BYTES} bytes; "
-                                   f"this torch's has {len(state)}: use a seed below 2**32", "seed")  # fmt: skip
+        raise InvalidArgumentError(
+            f"seeds from 2**32 up need torch's CPU generator state of {_TORCH_STATE_BYTES} bytes; "
+            f"this torch's has {len(state)}: use a seed below 2**32",
+            "seed",
+        )
     words = np.array(mt19937_init_by_array([seed & 0xFFFFFFFF, seed >> 32]), dtype="<u8").tobytes()
     # the state: seed (u64), left (i32), seeded (i32), next (u64), then the twister's 624 words,
     # each stored as a u64; left = 1 makes the first draw twist, as it does after seeding

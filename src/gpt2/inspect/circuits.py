@@ -67,8 +67,11 @@ def head_scores(model: GPT2, ids: str | Sequence[int] | torch.Tensor, kind: str)
     ids, _ = token_ids(model, ids)
     weights, queries = score_masks(ids, kind)
     if not queries.any():
-        raise InvalidArgumentError(f"the text has no position a {kind} score looks at: give one whose tokens repeat "
-                                   "(e.g. a random sequence written twice)", "ids")  # fmt: skip
+        raise InvalidArgumentError(
+            f"the text has no position a {kind} score looks at: give one whose tokens repeat "
+            "(e.g. a random sequence written twice)",
+            "ids",
+        )
     n_layer = model.config.n_layer
     t = trace(model, ids, names=[f"h.{i}.attn.pattern" for i in range(n_layer)])
     patterns = torch.stack([t.activations[f"h.{i}.attn.pattern"].float().cpu() for i in range(n_layer)])  # (L, H, T, T)
@@ -133,13 +136,20 @@ def _token(model: GPT2, token: int | str, param: str) -> int:
         return ids[0]
     n_vocab = model.config.n_vocab
     if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < n_vocab:
-        raise InvalidArgumentError(f"{param} must be a token id in 0..{n_vocab - 1} or a string of one token, got {token!r}", param)
+        raise InvalidArgumentError(
+            f"{param} must be a token id in 0..{n_vocab - 1} or a string of one token, got {token!r}", param
+        )
     return token
 
 
 @torch.no_grad()
-def logit_attribution(model: GPT2, ids: str | Sequence[int] | torch.Tensor, answer: Tokens, other: Tokens | None = None,
-                      position: int = -1) -> LogitAttribution:  # fmt: skip
+def logit_attribution(
+    model: GPT2,
+    ids: str | Sequence[int] | torch.Tensor,
+    answer: Tokens,
+    other: Tokens | None = None,
+    position: int = -1,
+) -> LogitAttribution:
     """The direct logit attribution of the prediction after `position` (see the module's docstring).
     `answer` and `other` are each a token, or a list of tokens standing for their mean logit
     (greater-than's years after YY against the others)."""
@@ -148,17 +158,27 @@ def logit_attribution(model: GPT2, ids: str | Sequence[int] | torch.Tensor, answ
     check_position(position, T)
     a = _tokens(model, answer, "answer")
     o = None if other is None else _tokens(model, other, "other")
-    check_answer_and_other(a, o, token_text(model.tokenizer, a[0]) if model.tokenizer is not None and len(set(a)) == 1 else None)
-    names = ["wte", "wpe", f"h.{n_layer - 1}"] + [f"h.{i}.{step}" for i in range(n_layer) for step in ("attn.z", "mlp.c_proj")]
+    check_answer_and_other(
+        a, o, token_text(model.tokenizer, a[0]) if model.tokenizer is not None and len(set(a)) == 1 else None
+    )
+    names = ["wte", "wpe", f"h.{n_layer - 1}"] + [
+        f"h.{i}.{step}" for i in range(n_layer) for step in ("attn.z", "mlp.c_proj")
+    ]
     t = trace(model, ids, names=names)
-    act = {name: value[:, position] if name.endswith(".attn.z") else value[position]  # z: (H, T, d), the rest (T, C)
-           for name, value in t.activations.items()}  # fmt: skip
+    act = {
+        name: value[:, position] if name.endswith(".attn.z") else value[position]  # z: (H, T, d), the rest (T, C)
+        for name, value in t.activations.items()
+    }
     blocks = model.transformer.h
-    heads = torch.stack([_head_outputs(block.attn, act[f"h.{i}.attn.z"]) for i, block in enumerate(blocks)])  # (L, H, C)
+    heads = torch.stack(
+        [_head_outputs(block.attn, act[f"h.{i}.attn.z"]) for i, block in enumerate(blocks)]
+    )  # (L, H, C)
     zero = torch.zeros_like(act["wte"])
     biases = [zero if b.attn.c_proj.bias is None else b.attn.c_proj.bias.to(zero.dtype) for b in blocks]
     mlps = [act[f"h.{i}.mlp.c_proj"] for i in range(n_layer)]
-    pieces = torch.cat([heads.flatten(0, 1), torch.stack(mlps), (act["wte"] + act["wpe"])[None], torch.stack(biases)])  # (N, C)
+    pieces = torch.cat(
+        [heads.flatten(0, 1), torch.stack(mlps), (act["wte"] + act["wpe"])[None], torch.stack(biases)]
+    )  # (N, C)
     ln_f = model.transformer.ln_f
     x = act[f"h.{n_layer - 1}"]  # (C,): the sum of the pieces
     scale = (x.var(unbiased=False) + ln_f.eps).sqrt()
@@ -166,9 +186,13 @@ def logit_attribution(model: GPT2, ids: str | Sequence[int] | torch.Tensor, answ
     effects = _logit_effect(model, torch.cat([normed, (zero if ln_f.bias is None else ln_f.bias)[None]]), a, o).double()
     H = model.config.n_head
     n_heads = n_layer * H
-    return LogitAttribution(heads=effects[:n_heads].view(n_layer, H), mlps=effects[n_heads : n_heads + n_layer],
-                            embed=float(effects[n_heads + n_layer]), biases=effects[n_heads + n_layer + 1 :],
-                            total=float(effects.sum()))  # fmt: skip
+    return LogitAttribution(
+        heads=effects[:n_heads].view(n_layer, H),
+        mlps=effects[n_heads : n_heads + n_layer],
+        embed=float(effects[n_heads + n_layer]),
+        biases=effects[n_heads + n_layer + 1 :],
+        total=float(effects.sum()),
+    )
 
 
 def _head_outputs(attn: torch.nn.Module, z: torch.Tensor) -> torch.Tensor:
@@ -184,7 +208,9 @@ def _tokens(model: GPT2, tokens: Tokens, param: str) -> list[int]:
     """One token, or a non-empty list of them, as vocabulary ids."""
     if isinstance(tokens, (list, tuple)):
         if not tokens:
-            raise InvalidArgumentError(f"{param} must be a token or a non-empty list of tokens, got an empty list", param)
+            raise InvalidArgumentError(
+                f"{param} must be a token or a non-empty list of tokens, got an empty list", param
+            )
         return [_token(model, t, param) for t in tokens]
     return [_token(model, tokens, param)]
 

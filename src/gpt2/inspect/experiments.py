@@ -65,13 +65,78 @@ BABA_TEMPLATES = (
 ABBA_TEMPLATES = tuple(t.replace("[B] and [A]", "[A] and [B]", 1) for t in BABA_TEMPLATES)
 
 # Each one GPT-2 token after a space (tests/inspect/test_inspect_experiments.py checks it with tiktoken).
-NAMES = ("Michael", "Christopher", "Jessica", "Matthew", "Ashley", "Jennifer", "Joshua", "Amanda", "Daniel", "David",
-         "James", "Robert", "John", "Joseph", "Andrew", "Ryan", "Brandon", "Jason", "Justin", "Sarah", "William",
-         "Jonathan", "Stephanie", "Brian", "Nicole", "Nicholas", "Anthony", "Heather", "Eric", "Elizabeth", "Adam",
-         "Megan", "Melissa", "Kevin", "Steven", "Thomas", "Timothy", "Christina", "Kyle", "Rachel", "Laura", "Lauren",
-         "Amber", "Richard", "Amy", "Crystal", "Michelle", "Jeremy", "Benjamin", "Mark", "Emily", "Aaron", "Charles",
-         "Rebecca", "Jacob", "Stephen", "Patrick", "Sean", "Erin", "Kelly", "Nathan", "Paul", "Tyler", "Scott", "Mary",
-         "Lisa", "Alexander", "Jesse", "Katie", "Samuel")  # fmt: skip
+NAMES = (
+    "Michael",
+    "Christopher",
+    "Jessica",
+    "Matthew",
+    "Ashley",
+    "Jennifer",
+    "Joshua",
+    "Amanda",
+    "Daniel",
+    "David",
+    "James",
+    "Robert",
+    "John",
+    "Joseph",
+    "Andrew",
+    "Ryan",
+    "Brandon",
+    "Jason",
+    "Justin",
+    "Sarah",
+    "William",
+    "Jonathan",
+    "Stephanie",
+    "Brian",
+    "Nicole",
+    "Nicholas",
+    "Anthony",
+    "Heather",
+    "Eric",
+    "Elizabeth",
+    "Adam",
+    "Megan",
+    "Melissa",
+    "Kevin",
+    "Steven",
+    "Thomas",
+    "Timothy",
+    "Christina",
+    "Kyle",
+    "Rachel",
+    "Laura",
+    "Lauren",
+    "Amber",
+    "Richard",
+    "Amy",
+    "Crystal",
+    "Michelle",
+    "Jeremy",
+    "Benjamin",
+    "Mark",
+    "Emily",
+    "Aaron",
+    "Charles",
+    "Rebecca",
+    "Jacob",
+    "Stephen",
+    "Patrick",
+    "Sean",
+    "Erin",
+    "Kelly",
+    "Nathan",
+    "Paul",
+    "Tyler",
+    "Scott",
+    "Mary",
+    "Lisa",
+    "Alexander",
+    "Jesse",
+    "Katie",
+    "Samuel",
+)
 PLACES = ("store", "garden", "restaurant", "school", "hospital", "office", "house", "station")
 OBJECTS = ("ring", "kiss", "bone", "basketball", "computer", "necklace", "drink", "snack")
 
@@ -108,8 +173,11 @@ def ioi_prompts(form: str = "templates", per_template: int = 1, seed: int = 0) -
     `per_template` times with names, place and object drawn by `seed`; or `demo`, the 8 prompts
     of TransformerLens's demo."""
     if form == "demo":
-        return [IOIPrompt(text.format(s), io, s, text.format(io), bos=True)
-                for text, a, b in DEMO_SENTENCES for io, s in ((a, b), (b, a))]  # fmt: skip
+        return [
+            IOIPrompt(text.format(s), io, s, text.format(io), bos=True)
+            for text, a, b in DEMO_SENTENCES
+            for io, s in ((a, b), (b, a))
+        ]
     if form != "templates":
         raise InvalidArgumentError(f"form must be templates or demo, got {form!r}", "form")
     draw, prompts = random.Random(seed), []
@@ -118,8 +186,11 @@ def ioi_prompts(form: str = "templates", per_template: int = 1, seed: int = 0) -
             for template in (baba, abba):
                 io, s = draw.sample(NAMES, 2)
                 place, obj = draw.choice(PLACES), draw.choice(OBJECTS)
-                prompts.append(IOIPrompt(_fill(template, io, s, s, place, obj), f" {io}", f" {s}",
-                                         _fill(template, io, s, io, place, obj)))  # fmt: skip
+                prompts.append(
+                    IOIPrompt(
+                        _fill(template, io, s, s, place, obj), f" {io}", f" {s}", _fill(template, io, s, io, place, obj)
+                    )
+                )
     return prompts
 
 
@@ -166,20 +237,30 @@ def check_gpt2_tokenizer(model: GPT2, experiment: str, model_name: str = "the mo
     gpt2 = Tokenizer.gpt2()
     tokenizer = model.tokenizer
     probe = " ".join((*NAMES, *PLACES, *OBJECTS, *YEARS, greater_than_prompt(32)))
-    if not isinstance(tokenizer, Tokenizer) or tokenizer.n_vocab != gpt2.n_vocab or \
-            tokenizer.encode_ordinary(probe) != gpt2.encode_ordinary(probe):  # fmt: skip
+    if (
+        not isinstance(tokenizer, Tokenizer)
+        or tokenizer.n_vocab != gpt2.n_vocab
+        or tokenizer.encode_ordinary(probe) != gpt2.encode_ordinary(probe)
+    ):
         what = "no tokenizer" if tokenizer is None else f"a tokenizer of {tokenizer.n_vocab} tokens that is not GPT-2's"
-        raise InvalidArgumentError(f"the {experiment} experiment needs a model with GPT-2's tokenizer, and {model_name} "
-                                   f"has {what}", "model")  # fmt: skip
+        raise InvalidArgumentError(
+            f"the {experiment} experiment needs a model with GPT-2's tokenizer, and {model_name} has {what}", "model"
+        )
     return tokenizer
 
 
 def run_experiment(model: GPT2, name: str, model_name: str = "the model", **options) -> ExperimentResult:
     """Run experiment `name` (one of EXPERIMENTS) on the model; `options` go to its function
     (`ioi`, `greater_than`, `induction`)."""
-    runs: dict[str, Callable[..., ExperimentResult]] = {"ioi": ioi, "greater-than": greater_than, "induction": induction}
+    runs: dict[str, Callable[..., ExperimentResult]] = {
+        "ioi": ioi,
+        "greater-than": greater_than,
+        "induction": induction,
+    }
     if name not in runs:
-        raise InvalidArgumentError(f"unknown experiment {name!r}: the experiments are {', '.join(EXPERIMENTS)}", "experiment")
+        raise InvalidArgumentError(
+            f"unknown experiment {name!r}: the experiments are {', '.join(EXPERIMENTS)}", "experiment"
+        )
     if name != "induction":
         check_gpt2_tokenizer(model, name, model_name)
     return runs[name](model, **options)
@@ -199,19 +280,27 @@ def _spread(n: int, k: int) -> list[int]:
 
 def _normalised(grid: torch.Tensor, clean: float, corrupted: float) -> torch.Tensor:
     if clean == corrupted:
-        raise InvalidArgumentError(f"clean and corrupted prompts give the same metric ({clean:.6g}): patching has "
-                                   "nothing to normalise by", "model")  # fmt: skip
+        raise InvalidArgumentError(
+            f"clean and corrupted prompts give the same metric ({clean:.6g}): patching has nothing to normalise by",
+            "model",
+        )
     return (grid - corrupted) / (clean - corrupted)
 
 
 def _mean_attribution(parts: list[LogitAttribution]) -> LogitAttribution:
     n = len(parts)
-    return LogitAttribution(heads=sum(p.heads for p in parts) / n, mlps=sum(p.mlps for p in parts) / n,
-                            embed=sum(p.embed for p in parts) / n, biases=sum(p.biases for p in parts) / n,
-                            total=sum(p.total for p in parts) / n)  # fmt: skip
+    return LogitAttribution(
+        heads=sum(p.heads for p in parts) / n,
+        mlps=sum(p.mlps for p in parts) / n,
+        embed=sum(p.embed for p in parts) / n,
+        biases=sum(p.biases for p in parts) / n,
+        total=sum(p.total for p in parts) / n,
+    )
 
 
-def ioi(model: GPT2, form: str = "templates", per_template: int = 1, seed: int = 0, patch_prompts: int = 8) -> ExperimentResult:
+def ioi(
+    model: GPT2, form: str = "templates", per_template: int = 1, seed: int = 0, patch_prompts: int = 8
+) -> ExperimentResult:
     """IOI: the mean logit difference logit(IO) - logit(S) and IO probability over the prompts;
     head patching and direct logit attribution over `patch_prompts` of them, spread evenly."""
     tokenizer = model.tokenizer
@@ -238,9 +327,15 @@ def ioi(model: GPT2, form: str = "templates", per_template: int = 1, seed: int =
         parts.append(logit_attribution(model, clean_ids, io, s))
     n = len(grids)
     heads = _normalised(sum(grids) / n, sum(clean) / n, sum(corrupted) / n)
-    return ExperimentResult("ioi", {"logit_diff": sum(diffs) / len(diffs), "io_prob": sum(probs) / len(probs)}, heads,
-                            "head patching: share of the clean logit difference restored", _mean_attribution(parts),
-                            len(prompts), [f"patching and attribution over {n} of the {len(prompts)} prompts"])  # fmt: skip
+    return ExperimentResult(
+        "ioi",
+        {"logit_diff": sum(diffs) / len(diffs), "io_prob": sum(probs) / len(probs)},
+        heads,
+        "head patching: share of the clean logit difference restored",
+        _mean_attribution(parts),
+        len(prompts),
+        [f"patching and attribution over {n} of the {len(prompts)} prompts"],
+    )
 
 
 def greater_than(model: GPT2, patch_prompts: int = 8) -> ExperimentResult:
@@ -248,8 +343,10 @@ def greater_than(model: GPT2, patch_prompts: int = 8) -> ExperimentResult:
     1701 prompts) and direct logit attribution over `patch_prompts` of them, spread evenly."""
     tokenizer = model.tokenizer
     year_ids = [tokenizer.encode_ordinary(y)[0] for y in YEARS]
-    diffs = [probability_difference(_last_logits(model, tokenizer.encode_ordinary(greater_than_prompt(yy))), year_ids, yy)
-             for yy in START_YEARS]  # fmt: skip
+    diffs = [
+        probability_difference(_last_logits(model, tokenizer.encode_ordinary(greater_than_prompt(yy))), year_ids, yy)
+        for yy in START_YEARS
+    ]
     grids, clean, corrupted, parts = [], [], [], []
     corrupted_ids = tokenizer.encode_ordinary(greater_than_prompt(CORRUPTED_YEAR))
     for yy in (START_YEARS[i] for i in _spread(len(START_YEARS), patch_prompts)):
@@ -261,9 +358,15 @@ def greater_than(model: GPT2, patch_prompts: int = 8) -> ExperimentResult:
         parts.append(logit_attribution(model, clean_ids, year_ids[yy + 1 :], year_ids[: yy + 1]))  # mean logits
     n = len(grids)
     heads = _normalised(sum(grids) / n, sum(clean) / n, sum(corrupted) / n)
-    return ExperimentResult("greater-than", {"prob_diff": sum(diffs) / len(diffs)}, heads,
-                            "head patching: share of the clean probability difference restored", _mean_attribution(parts),
-                            len(START_YEARS), [f"patching and attribution over {n} of the {len(START_YEARS)} prompts"])  # fmt: skip
+    return ExperimentResult(
+        "greater-than",
+        {"prob_diff": sum(diffs) / len(diffs)},
+        heads,
+        "head patching: share of the clean probability difference restored",
+        _mean_attribution(parts),
+        len(START_YEARS),
+        [f"patching and attribution over {n} of the {len(START_YEARS)} prompts"],
+    )
 
 
 def induction_losses(model: GPT2, ids: list[int], half: int, patch: dict | None = None) -> tuple[float, float]:
@@ -287,9 +390,17 @@ def induction(model: GPT2, n: int = 50, seed: int = 0) -> ExperimentResult:
     start = tokenizer.eot_token if tokenizer is not None and tokenizer.eot_token is not None else None
     n = min(n, (n_ctx - (start is not None)) // 2)
     if n < 2:
-        raise InvalidArgumentError(f"the induction test needs a context of at least 4 tokens, the model's is {n_ctx}", "model")
+        raise InvalidArgumentError(
+            f"the induction test needs a context of at least 4 tokens, the model's is {n_ctx}", "model"
+        )
     ids = repeated_tokens(n, model.config.n_vocab if tokenizer is None else tokenizer.n_vocab, seed, start)
     first, repeated = induction_losses(model, ids, n)
     scores = head_scores(model, ids, "induction")
-    return ExperimentResult("induction", {"loss_first_half": first, "loss_repeated_half": repeated}, scores,
-                            f"induction score on {n} random tokens written twice", None, 1)  # fmt: skip
+    return ExperimentResult(
+        "induction",
+        {"loss_first_half": first, "loss_repeated_half": repeated},
+        scores,
+        f"induction score on {n} random tokens written twice",
+        None,
+        1,
+    )

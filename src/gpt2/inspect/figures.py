@@ -86,8 +86,15 @@ def logit_lens(trace: Trace) -> Any:
         for layer in range(n_layer + 1):
             for t in range(T):
                 text, p = shown(trace, int(best_ids[layer, t])), float(best_p[layer, t])
-                ax.text(t, layer, f"{text[:8]}\n{p:.0%}", ha="center", va="center", fontsize=6,
-                        color="black" if p > 0.5 else "white")  # fmt: skip
+                ax.text(
+                    t,
+                    layer,
+                    f"{text[:8]}\n{p:.0%}",
+                    ha="center",
+                    va="center",
+                    fontsize=6,
+                    color="black" if p > 0.5 else "white",
+                )
         ax.set_xticks(range(T), labels(trace), rotation=90, fontsize=7)
     ax.set_yticks(range(n_layer + 1), [f"block {i} in" for i in range(n_layer)] + ["output"], fontsize=7)
     ax.set_xlabel("position (the token read there)")
@@ -111,8 +118,11 @@ def next_token(trace: Trace, position: int, sampling: Sampling, bars: int = 12) 
     names = [shown(trace, i) for i in top]
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-    settings = ", ".join(f"{k}={v}" for k, v in (("temperature", sampling.temperature), ("top_k", sampling.top_k),
-                                                 ("top_p", sampling.top_p)) if v is not None)  # fmt: skip
+    settings = ", ".join(
+        f"{k}={v}"
+        for k, v in (("temperature", sampling.temperature), ("top_k", sampling.top_k), ("top_p", sampling.top_p))
+        if v is not None
+    )
     for ax, probs, title in ((axes[0], before, "the model's distribution (temperature 1)"), (axes[1], after, settings)):
         ax.bar(range(len(top)), probs[top].numpy(), color="tab:blue")
         ax.set_xticks(range(len(top)), names, rotation=60, fontsize=8)
@@ -135,8 +145,9 @@ def head_scores(scores: dict[str, torch.Tensor | None], title: str) -> Any:
     n_layer, n_head = shapes[0]
     plt = pyplot()
     size = (1.2 + 0.5 * n_head, 1.0 + 0.45 * n_layer)
-    fig, axes = plt.subplots(1, len(scores), figsize=(len(scores) * size[0] + 1.2, size[1] + 0.8), squeeze=False,
-                             layout="constrained")  # fmt: skip
+    fig, axes = plt.subplots(
+        1, len(scores), figsize=(len(scores) * size[0] + 1.2, size[1] + 0.8), squeeze=False, layout="constrained"
+    )
     image = None
     for ax, (kind, values) in zip(axes.flat, scores.items()):
         ax.set_title(kind, fontsize=10)
@@ -148,7 +159,15 @@ def head_scores(scores: dict[str, torch.Tensor | None], title: str) -> Any:
         if n_layer * n_head <= 256:  # small enough to print each cell's value
             for layer, row in enumerate(values.tolist()):
                 for head, v in enumerate(row):
-                    ax.text(head, layer, f"{v:.2f}", ha="center", va="center", fontsize=7, color="black" if v > 0.6 else "white")
+                    ax.text(
+                        head,
+                        layer,
+                        f"{v:.2f}",
+                        ha="center",
+                        va="center",
+                        fontsize=7,
+                        color="black" if v > 0.6 else "white",
+                    )
         ax.set_xticks(range(n_head))
         ax.set_yticks(range(n_layer))
         ax.set_xlabel("head")
@@ -196,8 +215,9 @@ def patching_grids(grids: dict[str, torch.Tensor], columns: list[str], xlabel: s
     n_layer = next(iter(values.values())).shape[0]
     bound = max(max(float(abs(v).max()) for v in values.values()), 1e-9)
     plt = pyplot()
-    fig, axes = plt.subplots(len(values), 1, figsize=(2.5 + 0.3 * len(columns), 1.2 + (1.2 + 0.35 * n_layer) * len(values)),
-                             squeeze=False)  # fmt: skip
+    fig, axes = plt.subplots(
+        len(values), 1, figsize=(2.5 + 0.3 * len(columns), 1.2 + (1.2 + 0.35 * n_layer) * len(values)), squeeze=False
+    )
     for ax, (name, v) in zip(axes[:, 0], values.items()):
         image = ax.imshow(v, cmap="RdBu", vmin=-bound, vmax=bound, aspect="auto")
         ax.set_xticks(range(len(columns)), columns, rotation=90, fontsize=7)
@@ -213,13 +233,19 @@ def patching_grids(grids: dict[str, torch.Tensor], columns: list[str], xlabel: s
 def attribution_bars(parts: Any, title: str, bars: int = 20) -> Any:
     """Direct logit attribution (`circuits.LogitAttribution`) as bars: the `bars` parts of
     largest effect among the heads ("L.H"), the MLPs, the embeddings and the biases together."""
-    effects = {f"{l}.{h}": float(parts.heads[l, h]) for l in range(parts.heads.shape[0]) for h in range(parts.heads.shape[1])}
+    effects = {
+        f"{l}.{h}": float(parts.heads[l, h]) for l in range(parts.heads.shape[0]) for h in range(parts.heads.shape[1])
+    }
     effects |= {f"mlp {l}": float(v) for l, v in enumerate(parts.mlps)}
     effects |= {"embed": float(parts.embed), "biases": float(parts.biases.sum())}
     shown_ = sorted(effects, key=lambda k: -abs(effects[k]))[:bars]
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(2 + 0.4 * len(shown_), 4))
-    ax.bar(range(len(shown_)), [effects[k] for k in shown_], color=["tab:blue" if effects[k] >= 0 else "tab:red" for k in shown_])
+    ax.bar(
+        range(len(shown_)),
+        [effects[k] for k in shown_],
+        color=["tab:blue" if effects[k] >= 0 else "tab:red" for k in shown_],
+    )
     ax.set_xticks(range(len(shown_)), shown_, rotation=60, fontsize=8)
     ax.axhline(0, color="black", linewidth=0.5)
     ax.set_ylabel("direct effect on the logit difference")

@@ -50,10 +50,19 @@ class GenerationTrace(Trace):
 
 
 @torch.no_grad()
-def trace_generation(model: GPT2, prompt: str | Sequence[int] | torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
-                     top_k: int | None = None, top_p: float | None = None, seed: int | None = None, *,
-                     eos_token_id: int | None = None, patch: Mapping[str, Patch] | None = None,
-                     names: Iterable[str] | None = None) -> GenerationTrace:  # fmt: skip
+def trace_generation(
+    model: GPT2,
+    prompt: str | Sequence[int] | torch.Tensor,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    *,
+    eos_token_id: int | None = None,
+    patch: Mapping[str, Patch] | None = None,
+    names: Iterable[str] | None = None,
+) -> GenerationTrace:
     """Continue `prompt` by max_new_tokens tokens, as `model.generate` does, and trace every
     position of the text: returns a GenerationTrace of T = T_prompt + new positions.
 
@@ -68,9 +77,16 @@ def trace_generation(model: GPT2, prompt: str | Sequence[int] | torch.Tensor, ma
     """
     tap = recorder(model, patch, names, "trace_generation")
     ids, _ = token_ids(model, prompt)
-    request = Request.build([ids], max_new_tokens, n_vocab=model.config.n_vocab, n_ctx=model.config.n_ctx,
-                            sampling=Sampling(temperature, top_k, top_p), seed=seed, eos_token_id=eos_token_id,
-                            on_overflow="error")  # fmt: skip
+    request = Request.build(
+        [ids],
+        max_new_tokens,
+        n_vocab=model.config.n_vocab,
+        n_ctx=model.config.n_ctx,
+        sampling=Sampling(temperature, top_k, top_p),
+        seed=seed,
+        eos_token_id=eos_token_id,
+        on_overflow="error",
+    )
     engine = TracedEngine(model, len(ids) + max_new_tokens, tap)
     (row,) = request.rows()
     run(engine, [row])
@@ -95,8 +111,13 @@ class TracedEngine:
         self.steps: list[dict[str, torch.Tensor]] = []
         self.logits: list[torch.Tensor] = []
 
-    def extend(self, slots: Sequence[int], starts: Sequence[int], chunks: Sequence[Sequence[int]],
-               every_position: Sequence[bool] | None = None) -> list[torch.Tensor]:  # fmt: skip
+    def extend(
+        self,
+        slots: Sequence[int],
+        starts: Sequence[int],
+        chunks: Sequence[Sequence[int]],
+        every_position: Sequence[bool] | None = None,
+    ) -> list[torch.Tensor]:
         (chunk,) = chunks  # the whole prompt into slot 0
         self.cache.begin_prefill(0, len(chunk))
         return [self._step(torch.tensor([list(chunk)]))[-1]]

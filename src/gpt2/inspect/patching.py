@@ -37,8 +37,13 @@ from gpt2.inspect.tracing import Tap, forward_steps, token_ids, trace
 from gpt2.model.model import GPT2
 
 SITES = ("resid_pre", "attn_out", "mlp_out", "head", "head_pos")
-AXES = {"resid_pre": ("layer", "position"), "attn_out": ("layer", "position"), "mlp_out": ("layer", "position"),
-        "head": ("layer", "head"), "head_pos": ("layer", "head", "position")}  # each site's grid, dimension by dimension
+AXES = {
+    "resid_pre": ("layer", "position"),
+    "attn_out": ("layer", "position"),
+    "mlp_out": ("layer", "position"),
+    "head": ("layer", "head"),
+    "head_pos": ("layer", "head", "position"),
+}  # each site's grid, dimension by dimension
 
 Metric = Callable[[torch.Tensor], float | torch.Tensor]  # logits (T, V) -> a number, or a tensor of one element
 Ids = str | Sequence[int] | torch.Tensor
@@ -46,8 +51,9 @@ Entry = tuple[str, tuple[int, ...]]  # an activation's name, and the index patch
 
 
 @torch.no_grad()
-def activation_patching(model: GPT2, clean: Ids, corrupted: Ids, metric: Metric, site: str,
-                        batch_size: int = 16) -> torch.Tensor:  # fmt: skip
+def activation_patching(
+    model: GPT2, clean: Ids, corrupted: Ids, metric: Metric, site: str, batch_size: int = 16
+) -> torch.Tensor:
     """The metric of the corrupted run with each activation of `site` taken from the clean
     run, one at a time: a float32 tensor shaped as the site's grid (see the module's docstring)."""
     clean_ids, corrupted_ids = _checked("activation_patching", model, clean, corrupted, metric, site)
@@ -102,8 +108,9 @@ def attribution_patching(model: GPT2, clean: Ids, corrupted: Ids, metric: Metric
     return (float(value.detach()) + torch.stack(estimates)).detach().cpu().view(shape)
 
 
-def _checked(function: str, model: GPT2, clean: Ids, corrupted: Ids, metric: Metric,
-             site: str) -> tuple[list[int], list[int]]:  # fmt: skip
+def _checked(
+    function: str, model: GPT2, clean: Ids, corrupted: Ids, metric: Metric, site: str
+) -> tuple[list[int], list[int]]:
     """The patchings' common checks: the model, the site, the metric and the two inputs' ids."""
     if not isinstance(model, GPT2):
         raise InputTypeError(f"{function} takes a GPT2 model, got {type(model).__name__}", "model")
@@ -113,8 +120,12 @@ def _checked(function: str, model: GPT2, clean: Ids, corrupted: Ids, metric: Met
         raise InputTypeError(f"metric must be a function of the logits (T, V), got {type(metric).__name__}", "metric")
     clean_ids, corrupted_ids = _ids(model, clean, "clean"), _ids(model, corrupted, "corrupted")
     if len(clean_ids) != len(corrupted_ids):
-        raise InvalidArgumentError(f"clean and corrupted must have the same length: clean has {len(clean_ids)} tokens, "
-                                   f"corrupted {len(corrupted_ids)}", "corrupted", also=("clean",))  # fmt: skip
+        raise InvalidArgumentError(
+            f"clean and corrupted must have the same length: clean has {len(clean_ids)} tokens, "
+            f"corrupted {len(corrupted_ids)}",
+            "corrupted",
+            also=("clean",),
+        )
     return clean_ids, corrupted_ids
 
 
@@ -129,14 +140,17 @@ def _ids(model: GPT2, ids: Ids, param: str) -> list[int]:
 def _grid(site: str, n_layer: int, n_head: int, T: int) -> tuple[tuple[int, ...], list[Entry]]:
     """The site's result shape, and for each of its entries (row-major) what one patched run replaces."""
     if site == "resid_pre":  # the stream entering block l: wte (+ wpe, the same in both runs) at l = 0
-        return (n_layer, T), [("wte" if l == 0 else f"h.{l - 1}", (t,)) for l, t in itertools.product(range(n_layer), range(T))]
+        return (n_layer, T), [
+            ("wte" if l == 0 else f"h.{l - 1}", (t,)) for l, t in itertools.product(range(n_layer), range(T))
+        ]
     if site in ("attn_out", "mlp_out"):
         step = "attn.c_proj" if site == "attn_out" else "mlp.c_proj"
         return (n_layer, T), [(f"h.{l}.{step}", (t,)) for l, t in itertools.product(range(n_layer), range(T))]
     if site == "head":  # z: (H, T, d)
         return (n_layer, n_head), [(f"h.{l}.attn.z", (h,)) for l, h in itertools.product(range(n_layer), range(n_head))]
-    return (n_layer, n_head, T), [(f"h.{l}.attn.z", (h, t))
-                                  for l, h, t in itertools.product(range(n_layer), range(n_head), range(T))]  # fmt: skip
+    return (n_layer, n_head, T), [
+        (f"h.{l}.attn.z", (h, t)) for l, h, t in itertools.product(range(n_layer), range(n_head), range(T))
+    ]
 
 
 def _patches(kept: dict[str, torch.Tensor], rows: list[Entry]) -> Tap:
@@ -171,8 +185,10 @@ def _differentiable(value: object) -> torch.Tensor:
     _number(value)  # a number of one element, or the error activation_patching gives
     if not isinstance(value, torch.Tensor) or not value.requires_grad:
         got = "a tensor with no gradient" if isinstance(value, torch.Tensor) else f"a {type(value).__name__}"
-        raise InputTypeError(f"metric must return a tensor computed from the logits, to differentiate "
-                             f"(as logit_diff's), got {got}", "metric")  # fmt: skip
+        raise InputTypeError(
+            f"metric must return a tensor computed from the logits, to differentiate (as logit_diff's), got {got}",
+            "metric",
+        )
     return value.reshape(())
 
 
@@ -207,6 +223,9 @@ def normalised_logit_diff(model: GPT2, clean: Ids, corrupted: Ids, answer: int, 
     low = float(diff(trace(model, _ids(model, corrupted, "corrupted"), names=()).logits))
     high = float(diff(trace(model, _ids(model, clean, "clean"), names=()).logits))
     if high == low:
-        raise InvalidArgumentError(f"clean and corrupted give the same logit difference ({high:.6g}): there is nothing "
-                                   f"to normalise by", "corrupted", also=("clean",))  # fmt: skip
+        raise InvalidArgumentError(
+            f"clean and corrupted give the same logit difference ({high:.6g}): there is nothing to normalise by",
+            "corrupted",
+            also=("clean",),
+        )
     return lambda logits: (diff(logits) - low) / (high - low)

@@ -97,8 +97,11 @@ class SAE:
         out = features.to(self.W_dec.dtype) @ self.W_dec + self.b_dec
         if self.normalize_activations in ("constant_norm_rescale", "layer_norm"):
             if x is None:
-                raise InvalidArgumentError(f"this SAE normalises its input ({self.normalize_activations}): give decode "
-                                           f"the activations x that were encoded, to undo it", "x")  # fmt: skip
+                raise InvalidArgumentError(
+                    f"this SAE normalises its input ({self.normalize_activations}): give decode "
+                    f"the activations x that were encoded, to undo it",
+                    "x",
+                )
             scale, shift = self._normalise(x.to(self.W_enc.device, self.W_enc.dtype))[1]
             out = out * scale + shift
         return out
@@ -108,25 +111,39 @@ class SAE:
         where = self.path / CFG if self.path is not None else "the SAE"
         n_embd, n_layer = model.config.n_embd, model.config.n_layer
         if self.d_in != n_embd:
-            raise InvalidArgumentError(f"{where}: the SAE reads vectors of d_in={self.d_in}, but the model's residual "
-                                       f"stream has n_embd={n_embd}: it was trained on another model", "sae")  # fmt: skip
+            raise InvalidArgumentError(
+                f"{where}: the SAE reads vectors of d_in={self.d_in}, but the model's residual "
+                f"stream has n_embd={n_embd}: it was trained on another model",
+                "sae",
+            )
         if not 0 <= self.layer < n_layer:
-            raise InvalidArgumentError(f"{where}: hook {self.hook_name!r} is at block {self.layer}, but the model has "
-                                       f"blocks 0..{n_layer - 1} (n_layer={n_layer})", "sae")  # fmt: skip
+            raise InvalidArgumentError(
+                f"{where}: hook {self.hook_name!r} is at block {self.layer}, but the model has "
+                f"blocks 0..{n_layer - 1} (n_layer={n_layer})",
+                "sae",
+            )
 
     def names(self) -> list[str]:
         """The trace's activations the SAE's input is made of."""
         L = self.layer
         pre = ["wte", "wpe"] if L == 0 else [f"h.{L - 1}"]
-        return {"hook_resid_pre": pre, "hook_resid_mid": [*pre, f"h.{L}.attn.c_proj"], "hook_resid_post": [f"h.{L}"],
-                "hook_attn_out": [f"h.{L}.attn.c_proj"], "hook_mlp_out": [f"h.{L}.mlp.c_proj"]}[self.hook]  # fmt: skip
+        return {
+            "hook_resid_pre": pre,
+            "hook_resid_mid": [*pre, f"h.{L}.attn.c_proj"],
+            "hook_resid_post": [f"h.{L}"],
+            "hook_attn_out": [f"h.{L}.attn.c_proj"],
+            "hook_mlp_out": [f"h.{L}.mlp.c_proj"],
+        }[self.hook]
 
     def input_of(self, t: Trace) -> torch.Tensor:
         """(T, C): the SAE's input, read from a trace that recorded `names()`."""
         missing = [name for name in self.names() if name not in t.activations]
         if missing:
-            raise InvalidArgumentError(f"the SAE's hook {self.hook_name!r} needs {', '.join(missing)}, which this trace "
-                                       f"did not record: trace with names including them", "trace")  # fmt: skip
+            raise InvalidArgumentError(
+                f"the SAE's hook {self.hook_name!r} needs {', '.join(missing)}, which this trace "
+                f"did not record: trace with names including them",
+                "trace",
+            )
         if self.hook == "hook_resid_mid":
             return t.residual(self.layer) + t.activations[f"h.{self.layer}.attn.c_proj"]
         if self.hook == "hook_resid_pre":
@@ -138,8 +155,9 @@ def parse_hook(hook_name: object, where: Path | str = "the SAE") -> tuple[int, s
     """A TransformerLens hook name, blocks.L.hook_resid_pre, as (L, "hook_resid_pre")."""
     match = re.fullmatch(r"blocks\.(\d+)\.(\w+)", hook_name) if isinstance(hook_name, str) else None
     if match is None or match[2] not in HOOKS:
-        raise CheckpointError(f"{where}: hook {hook_name!r} is not one gpt2 reads: the hooks are blocks.L.{{"
-                              f"{', '.join(HOOKS)}}}")  # fmt: skip
+        raise CheckpointError(
+            f"{where}: hook {hook_name!r} is not one gpt2 reads: the hooks are blocks.L.{{{', '.join(HOOKS)}}}"
+        )
     return int(match[1]), match[2]
 
 
@@ -147,7 +165,9 @@ def load_sae(directory: str | Path, device: str | torch.device = "cpu") -> SAE:
     """The SAE SAELens saved in `directory` (cfg.json + sae_weights.safetensors), on `device`."""
     directory = Path(directory)
     if not directory.is_dir():
-        raise CheckpointNotFoundError(f"{directory} is not a directory: an SAE is a directory holding {CFG} and {WEIGHTS}")
+        raise CheckpointNotFoundError(
+            f"{directory} is not a directory: an SAE is a directory holding {CFG} and {WEIGHTS}"
+        )
     cfg_path, weights_path = directory / CFG, directory / WEIGHTS
     for path in (cfg_path, weights_path):
         if not path.is_file():
@@ -158,7 +178,9 @@ def load_sae(directory: str | Path, device: str | torch.device = "cpu") -> SAE:
     layer, hook = parse_hook(hook_name, cfg_path)
     architecture = cfg.get("architecture", "standard")
     if architecture not in ARCHITECTURES:
-        raise CheckpointError(f"{cfg_path}: architecture {architecture!r} is not one gpt2 reads: {', '.join(ARCHITECTURES)}")
+        raise CheckpointError(
+            f"{cfg_path}: architecture {architecture!r} is not one gpt2 reads: {', '.join(ARCHITECTURES)}"
+        )
     norm = cfg.get("normalize_activations", "none")
     norm = ("expected_average_only_in" if norm else "none") if isinstance(norm, bool) else norm  # SAELens before 6.0
     if norm not in NORMALISATIONS:
@@ -168,8 +190,20 @@ def load_sae(directory: str | Path, device: str | torch.device = "cpu") -> SAE:
         raise CheckpointError(f"{cfg_path}: apply_b_dec_to_input must be true or false, got {apply_b_dec!r}")
     weights = _read_weights(weights_path, cfg, cfg_path, architecture)
     weights = {name: w.to(device, torch.float32) for name, w in weights.items()}
-    return SAE(weights["W_enc"], weights["b_enc"], weights["W_dec"], weights["b_dec"], weights.get("threshold"),
-               hook_name, layer, hook, architecture, apply_b_dec, norm, directory)  # fmt: skip
+    return SAE(
+        weights["W_enc"],
+        weights["b_enc"],
+        weights["W_dec"],
+        weights["b_dec"],
+        weights.get("threshold"),
+        hook_name,
+        layer,
+        hook,
+        architecture,
+        apply_b_dec,
+        norm,
+        directory,
+    )
 
 
 def _read_weights(path: Path, cfg: dict, cfg_path: Path, architecture: str) -> dict[str, torch.Tensor]:
@@ -186,8 +220,10 @@ def _read_weights(path: Path, cfg: dict, cfg_path: Path, architecture: str) -> d
         if name not in weights:
             raise CheckpointError(f"{path} has no tensor {name!r} (a {architecture} SAE has {', '.join(shapes)})")
         if list(weights[name].shape) != shape:
-            raise CheckpointError(f"{path}: {name} has shape {list(weights[name].shape)}, but {cfg_path.name}'s "
-                                  f"d_in={d_in} and d_sae={d_sae} make it {shape}")  # fmt: skip
+            raise CheckpointError(
+                f"{path}: {name} has shape {list(weights[name].shape)}, but {cfg_path.name}'s "
+                f"d_in={d_in} and d_sae={d_sae} make it {shape}"
+            )
     return {name: weights[name] for name in shapes}
 
 
@@ -215,4 +251,7 @@ def top_features(features: torch.Tensor, k: int = 5) -> list[list[tuple[int, flo
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise InvalidArgumentError(f"k must be a positive whole number, got {k!r}", "k")
     best = features.float().topk(min(k, features.size(-1)), dim=-1)
-    return [[(i, v) for i, v in zip(ids, values) if v > 0] for ids, values in zip(best.indices.tolist(), best.values.tolist())]
+    return [
+        [(i, v) for i, v in zip(ids, values) if v > 0]
+        for ids, values in zip(best.indices.tolist(), best.values.tolist())
+    ]

@@ -43,8 +43,22 @@ from gpt2.errors import InputTypeError, InvalidArgumentError
 from gpt2.model.model import GPT2, Cache, attention_scores, merge_heads
 
 # Each block's steps, in the order the pass takes them ("" is the block's output, h.{i}).
-BLOCK_STEPS = ("ln_1", "attn.c_attn", "attn.q", "attn.k", "attn.v", "attn.scores", "attn.pattern", "attn.z",
-               "attn.c_proj", "ln_2", "mlp.c_fc", "mlp.gelu", "mlp.c_proj", "")  # fmt: skip
+BLOCK_STEPS = (
+    "ln_1",
+    "attn.c_attn",
+    "attn.q",
+    "attn.k",
+    "attn.v",
+    "attn.scores",
+    "attn.pattern",
+    "attn.z",
+    "attn.c_proj",
+    "ln_2",
+    "mlp.c_fc",
+    "mlp.gelu",
+    "mlp.c_proj",
+    "",
+)
 # Steps recorded only when `names` asks for them: per head, they are large or redundant.
 ON_REQUEST = frozenset({"attn.q", "attn.k", "attn.v", "attn.scores", "attn.z"})
 
@@ -77,13 +91,19 @@ class Trace:
         """(T, C): the residual stream entering block `layer` (0..n_layer; n_layer: leaving the last)."""
         n_layer = self.model.config.n_layer
         if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer <= n_layer:
-            raise InvalidArgumentError(f"layer must be a whole number in 0..{n_layer} (the blocks' inputs, then the last "
-                                       f"block's output), got {layer!r}", "layer")  # fmt: skip
+            raise InvalidArgumentError(
+                f"layer must be a whole number in 0..{n_layer} (the blocks' inputs, then the last "
+                f"block's output), got {layer!r}",
+                "layer",
+            )
         needed = ["wte", "wpe"] if layer == 0 else [f"h.{layer - 1}"]
         missing = [name for name in needed if name not in self.activations]
         if missing:
-            raise InvalidArgumentError(f"the residual stream entering block {layer} needs {' and '.join(missing)}, which "
-                                       f"this trace did not record: trace with names including it", "layer")  # fmt: skip
+            raise InvalidArgumentError(
+                f"the residual stream entering block {layer} needs {' and '.join(missing)}, which "
+                f"this trace did not record: trace with names including it",
+                "layer",
+            )
         return self.activations["wte"] + self.activations["wpe"] if layer == 0 else self.activations[f"h.{layer - 1}"]
 
     @torch.no_grad()
@@ -95,8 +115,12 @@ class Trace:
 
 
 @torch.no_grad()
-def trace(model: GPT2, ids: str | Sequence[int] | torch.Tensor, patch: Mapping[str, Patch] | None = None,
-          names: Iterable[str] | None = None) -> Trace:  # fmt: skip
+def trace(
+    model: GPT2,
+    ids: str | Sequence[int] | torch.Tensor,
+    patch: Mapping[str, Patch] | None = None,
+    names: Iterable[str] | None = None,
+) -> Trace:
     """Run `model` on one sequence and record its steps.
 
     ids: a 1-D sequence of token ids, or a string the model's tokenizer encodes.
@@ -112,8 +136,9 @@ def trace(model: GPT2, ids: str | Sequence[int] | torch.Tensor, patch: Mapping[s
     return Trace(ids, tokens, logits, tap.activations, model)
 
 
-def recorder(model: GPT2, patch: Mapping[str, Patch] | None = None, names: Iterable[str] | None = None,
-             caller: str = "trace") -> Recorder:  # fmt: skip
+def recorder(
+    model: GPT2, patch: Mapping[str, Patch] | None = None, names: Iterable[str] | None = None, caller: str = "trace"
+) -> Recorder:
     """The tap of a traced pass of `model`, its `patch` and `names` checked as `trace` takes them."""
     if not isinstance(model, GPT2):
         raise InputTypeError(f"{caller} takes a GPT2 model, got {type(model).__name__}", "model")
@@ -123,7 +148,9 @@ def recorder(model: GPT2, patch: Mapping[str, Patch] | None = None, names: Itera
     _check_names("patch", n_layer, patch)
     for name, fn in patch.items():
         if not callable(fn):
-            raise InputTypeError(f"patch[{name!r}] must be a function of the activation, got {type(fn).__name__}", "patch")
+            raise InputTypeError(
+                f"patch[{name!r}] must be a function of the activation, got {type(fn).__name__}", "patch"
+            )
     return Recorder(record, patch)
 
 
@@ -134,16 +161,20 @@ def _check_names(param: str, n_layer: int, names: Iterable[str]) -> set[str]:
     unknown = sorted(names - set(activation_names(n_layer)))
     if unknown:
         blocks = ", ".join(f"h.{{i}}.{step}" if step else "h.{i}" for step in BLOCK_STEPS)
-        raise InvalidArgumentError(f"{param}: unknown activation {unknown[0]!r}; the names are wte, wpe, {blocks} "
-                                   f"(i in 0..{n_layer - 1}), ln_f", param)  # fmt: skip
+        raise InvalidArgumentError(
+            f"{param}: unknown activation {unknown[0]!r}; the names are wte, wpe, {blocks} "
+            f"(i in 0..{n_layer - 1}), ln_f",
+            param,
+        )
     return names
 
 
 def check_position(position: int, T: int) -> None:
     """Raise unless `position` picks one of T positions (from the end where negative)."""
     if isinstance(position, bool) or not isinstance(position, int) or not -T <= position < T:
-        raise InvalidArgumentError(f"position must be a whole number in 0..{T - 1} (or -{T}..-1 from the end), got {position!r}",
-                                   "position")  # fmt: skip
+        raise InvalidArgumentError(
+            f"position must be a whole number in 0..{T - 1} (or -{T}..-1 from the end), got {position!r}", "position"
+        )
 
 
 def token_ids(model: GPT2, ids: str | Sequence[int] | torch.Tensor) -> tuple[list[int], list[str] | None]:
@@ -156,7 +187,9 @@ def token_ids(model: GPT2, ids: str | Sequence[int] | torch.Tensor) -> tuple[lis
         ids = tokenizer.encode_ordinary(ids)  # <|endoftext|> in the text is its characters
     elif isinstance(ids, torch.Tensor):
         if ids.dim() != 1 or ids.dtype.is_floating_point or ids.dtype == torch.bool:
-            raise InvalidArgumentError(f"ids must be 1-D token ids, got a {ids.dtype} tensor of shape {list(ids.shape)}", "ids")
+            raise InvalidArgumentError(
+                f"ids must be 1-D token ids, got a {ids.dtype} tensor of shape {list(ids.shape)}", "ids"
+            )
         ids = ids.tolist()
     elif not isinstance(ids, Sequence) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
         raise InputTypeError(f"ids must be a string or a 1-D sequence of token ids, got {type(ids).__name__}", "ids")
@@ -181,8 +214,9 @@ class Recorder:
             new = self.patch[name](x[0].clone())  # a copy: a patch that edits in place edits only its own
             if not isinstance(new, torch.Tensor) or new.shape != x.shape[1:]:
                 got = list(new.shape) if isinstance(new, torch.Tensor) else type(new).__name__
-                raise InvalidArgumentError(f"patch[{name!r}] must return a tensor of shape {list(x.shape[1:])}, "
-                                           f"got {got}", "patch")  # fmt: skip
+                raise InvalidArgumentError(
+                    f"patch[{name!r}] must return a tensor of shape {list(x.shape[1:])}, got {got}", "patch"
+                )
             x = new.to(x.device, x.dtype)[None]
         if name in self.record:
             self.activations[name] = x[0]
@@ -210,8 +244,9 @@ def forward_steps(model: GPT2, idx: torch.Tensor, tap: Tap, cache: Cache | None 
     return model.unembed(tap("ln_f", t.ln_f(x)))
 
 
-def _attention(attn: torch.nn.Module, x: torch.Tensor, tap: Tap, name: str, cache: Cache | None = None,
-               layer: int = 0) -> torch.Tensor:  # fmt: skip
+def _attention(
+    attn: torch.nn.Module, x: torch.Tensor, tap: Tap, name: str, cache: Cache | None = None, layer: int = 0
+) -> torch.Tensor:
     """(B, T, C) -> (B, T, C), with softmax(q k^T / sqrt(d)) v written out to keep the pattern."""
     q, k, v = attn.heads(tap(f"{name}.c_attn", attn.c_attn(x)))  # 3 x (B, H, T, d)
     q, k, v = tap(f"{name}.q", q), tap(f"{name}.k", k), tap(f"{name}.v", v)
@@ -219,7 +254,9 @@ def _attention(attn: torch.nn.Module, x: torch.Tensor, tap: Tap, name: str, cach
     if cache is not None:
         k, v = cache.update(layer, k, v)  # (B, H, S, d): the cached positions' and these
         mask = cache.mask
-    pattern = tap(f"{name}.pattern", torch.softmax(tap(f"{name}.scores", attention_scores(q, k, mask)), dim=-1))  # (B, H, T, S)
+    pattern = tap(
+        f"{name}.pattern", torch.softmax(tap(f"{name}.scores", attention_scores(q, k, mask)), dim=-1)
+    )  # (B, H, T, S)
     z = tap(f"{name}.z", pattern @ v)  # (B, H, T, d)
     return attn.c_proj(merge_heads(z))
 
@@ -239,8 +276,10 @@ def logit_lens_top(trace: Trace) -> tuple[torch.Tensor, torch.Tensor]:
     (n_layer + 1, T), row `layer` read from the stream entering block `layer` (the last row: the
     output). One layer's (T, V) distribution at a time, and the trace's own logits for the last."""
     n_layer = trace.model.config.n_layer
-    best = [torch.softmax((trace.logits if layer == n_layer else trace.logit_lens(layer)).float(), dim=-1).max(dim=-1)
-            for layer in range(n_layer + 1)]  # fmt: skip
+    best = [
+        torch.softmax((trace.logits if layer == n_layer else trace.logit_lens(layer)).float(), dim=-1).max(dim=-1)
+        for layer in range(n_layer + 1)
+    ]
     return torch.stack([b.values for b in best]).cpu(), torch.stack([b.indices for b in best]).cpu()
 
 
@@ -257,10 +296,17 @@ def next_token_report(trace: Trace, k: int = 5) -> dict:
     ranks = 1 + (logprobs[:-1] > given[:, None]).sum(-1)
     best = logprobs.topk(k, dim=-1)
     decode = (lambda i: trace.model.tokenizer.decode([i])) if trace.model.tokenizer is not None else (lambda i: None)
-    top = [[{"token": decode(i), "id": i, "logprob": lp} for i, lp in zip(ids, lps)]
-           for ids, lps in zip(best.indices.tolist(), best.values.tolist())]  # fmt: skip
-    return {"tokens": trace.tokens, "ids": trace.ids, "logprobs": [None, *given.tolist()],
-            "ranks": [None, *ranks.tolist()], "top": top}  # fmt: skip
+    top = [
+        [{"token": decode(i), "id": i, "logprob": lp} for i, lp in zip(ids, lps)]
+        for ids, lps in zip(best.indices.tolist(), best.values.tolist())
+    ]
+    return {
+        "tokens": trace.tokens,
+        "ids": trace.ids,
+        "logprobs": [None, *given.tolist()],
+        "ranks": [None, *ranks.tolist()],
+        "top": top,
+    }
 
 
 # What each step computes, as the seeds write it: the walkthrough's middle column.
@@ -291,8 +337,10 @@ def walkthrough(trace: Trace, k: int = 5) -> list[str]:
     steps); then the logits and the distribution of the next token."""
     T = len(trace.ids)
     shown = " ".join(repr(t) for t in trace.tokens) if trace.tokens is not None else ""
-    lines = [f"{'tokens':<18} ids = {trace.ids}  {shown}",
-             f"{'':<18} (T = {T}; values are of the last position, head 0 for per-head steps)"]  # fmt: skip
+    lines = [
+        f"{'tokens':<18} ids = {trace.ids}  {shown}",
+        f"{'':<18} (T = {T}; values are of the last position, head 0 for per-head steps)",
+    ]
     for name in activation_names(trace.model.config.n_layer):
         if name not in trace.activations:
             continue
@@ -304,9 +352,15 @@ def walkthrough(trace: Trace, k: int = 5) -> list[str]:
             x = trace.activations["wte"] + value
             lines.append(_walk_line("x", x, "wte[ids] + wpe[pos]: the residual stream entering block 0", x[-1]))
         else:
-            math_ = STEP_MATH[step] if step != "mlp.gelu" or trace.model.config.activation == "gelu_tanh" else "GELU(c_fc), exact: u Phi(u)"
+            math_ = (
+                STEP_MATH[step]
+                if step != "mlp.gelu" or trace.model.config.activation == "gelu_tanh"
+                else "GELU(c_fc), exact: u Phi(u)"
+            )
             lines.append(_walk_line(name, value, math_, last))
-    lines.append(_walk_line("logits", trace.logits, "ln_f @ wte^T: a score for every token of the vocabulary", trace.logits[-1]))
+    lines.append(
+        _walk_line("logits", trace.logits, "ln_f @ wte^T: a score for every token of the vocabulary", trace.logits[-1])
+    )
     report = next_token_report(trace, k)
     after = token_label(trace.tokens[-1] if trace.tokens is not None else None, trace.ids[-1])
     lines.append(f"{'softmax':<18} the next token after {after}: {alternatives(report['top'][-1])}")

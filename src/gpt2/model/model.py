@@ -31,7 +31,14 @@ from torch.utils.checkpoint import checkpoint
 from gpt2._checks import check_token_ids
 from gpt2.checkpoints.config import GPT2Config
 from gpt2.errors import ContextLengthError, InputTypeError, InvalidArgumentError
-from gpt2.generation.engines import PrefixCache, TorchEngine, check_cuda_graphs, generate_ids, model_engine, set_cuda_graphs
+from gpt2.generation.engines import (
+    PrefixCache,
+    TorchEngine,
+    check_cuda_graphs,
+    generate_ids,
+    model_engine,
+    set_cuda_graphs,
+)
 from gpt2.generation.kernels import attend, linear, tracing, widen
 from gpt2.model.pretrained import hf_state_dict, open_pretrained, save_pretrained, sinusoidal_positions
 from gpt2.settings import DRAFT_TOKENS
@@ -102,8 +109,9 @@ class CausalSelfAttention(nn.Module):
         y = self.attend(q, k, v, mask, counts)  # (B, H, T, C/H)
         return self.resid_dropout(self.c_proj(merge_heads(y)))
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-               counts: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, counts: torch.Tensor | None
+    ) -> torch.Tensor:
         """softmax(q k^T / sqrt(d) + mask) v, by the kernel that serves here: q (B, H, T, d), k and v (B, H, S, d)."""
         if tracing():  # a tracer records plain ops: the softmax written out, no kernel, no size read as a bool
             return attention(q, k, v, mask, self.attn_dropout)
@@ -114,7 +122,9 @@ class CausalSelfAttention(nn.Module):
             y = attend(q, k, v, counts)  # decoding: our kernel, ~2x torch's attention here (None where it can't serve)
         if y is None and self.use_sdpa:
             dropout = self.dropout if self.training else 0.0
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=mask is None and T > 1)
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=mask is None and T > 1
+            )
         elif y is None:
             y = attention(q, k, v, mask, self.attn_dropout)
         return y
@@ -135,7 +145,11 @@ def merge_heads(y: torch.Tensor) -> torch.Tensor:
 
 
 def attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None, dropout: nn.Module | None = None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    dropout: nn.Module | None = None,
 ) -> torch.Tensor:
     """softmax(q k^T / sqrt(d) + mask) v, written out. q: (B, H, T, d); k, v: (B, H, S, d).
 
@@ -176,7 +190,9 @@ class MLP(nn.Module):
         self.approximate = "tanh" if config.activation == "gelu_tanh" else "none"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = linear(x, self.c_fc.weight, self.c_fc.bias, gelu=self.approximate, scale=self.c_fc.scale)  # c_fc, GELU: one pass
+        h = linear(
+            x, self.c_fc.weight, self.c_fc.bias, gelu=self.approximate, scale=self.c_fc.scale
+        )  # c_fc, GELU: one pass
         return self.dropout(self.c_proj(h))
 
 
@@ -215,7 +231,11 @@ class GPT2(nn.Module):
 
     def __init__(self, config: GPT2Config):
         if not isinstance(config, GPT2Config):
-            hint = f"; to load weights, use GPT2.from_pretrained({config!r})" if isinstance(config, (str, os.PathLike)) else ""
+            hint = (
+                f"; to load weights, use GPT2.from_pretrained({config!r})"
+                if isinstance(config, (str, os.PathLike))
+                else ""
+            )
             raise InputTypeError(f"GPT2() takes a GPT2Config, got {type(config).__name__}{hint}")
         super().__init__()
         self.config = config
@@ -225,13 +245,17 @@ class GPT2(nn.Module):
         # Built on the meta device (from_pretrained), the weights are left uninitialised: torch
         # initialises a meta tensor through its Python reference ops, importing torch._dynamo (1.4 s).
         init = torch.get_default_device().type != "meta"
-        self.transformer = nn.ModuleDict(dict(
-            wte=embedding(config.n_vocab, config.n_embd, init),
-            wpe=embedding(config.n_ctx, config.n_embd, init) if learned else SinusoidalPositions(config.n_ctx, config.n_embd),
-            drop=nn.Dropout(config.dropout),
-            h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
-            ln_f=nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon, bias=config.bias),
-        ))  # fmt: skip
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=embedding(config.n_vocab, config.n_embd, init),
+                wpe=embedding(config.n_ctx, config.n_embd, init)
+                if learned
+                else SinusoidalPositions(config.n_ctx, config.n_embd),
+                drop=nn.Dropout(config.dropout),
+                h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+                ln_f=nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon, bias=config.bias),
+            )
+        )
         self.transformer.wte.register_buffer("scale", None, persistent=False)  # (V,) for int8 weights
         if init:
             self.apply(self._init_weights)
@@ -273,7 +297,9 @@ class GPT2(nn.Module):
             shape = list(targets.shape) if isinstance(targets, torch.Tensor) else type(targets).__name__
             raise InvalidArgumentError(f"targets must be a tensor shaped like idx {list(idx.shape)}, got {shape}")
         targets = targets.reshape(-1).to(logits.device)
-        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets, ignore_index=ignore_index, reduction="sum")
+        loss = F.cross_entropy(
+            logits.float().view(-1, logits.size(-1)), targets, ignore_index=ignore_index, reduction="sum"
+        )
         return logits, loss / (targets != ignore_index).sum().clamp(min=1)
 
     def trunk(self, idx: torch.Tensor, cache: Cache | None = None) -> torch.Tensor:
@@ -338,14 +364,28 @@ class GPT2(nn.Module):
         follow this model's distribution, as without it, though not the same random draws.
         """
         check_idx(idx)
-        return generate_ids(self, idx, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id=eos_token_id,
-                            use_cache=use_cache, on_overflow=on_overflow, draft=draft, draft_tokens=draft_tokens)  # fmt: skip
+        return generate_ids(
+            self,
+            idx,
+            max_new_tokens,
+            temperature,
+            top_k,
+            top_p,
+            seed,
+            eos_token_id=eos_token_id,
+            use_cache=use_cache,
+            on_overflow=on_overflow,
+            draft=draft,
+            draft_tokens=draft_tokens,
+        )
 
     def _check_input(self, idx: torch.Tensor, check_ids: bool = True) -> None:
         check_idx(idx)
         B, T = idx.shape
         if B == 0 or T == 0:
-            raise InvalidArgumentError(f"idx is empty (shape {list(idx.shape)}): give at least one token in each of at least one sequence")
+            raise InvalidArgumentError(
+                f"idx is empty (shape {list(idx.shape)}): give at least one token in each of at least one sequence"
+            )
         self.config.check_length(T)
         if check_ids:  # reads two values back from the device
             check_token_ids(int(idx.min()), int(idx.max()), self.config.n_vocab, whose="this model's ")
@@ -357,7 +397,7 @@ class GPT2(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def set_attention(self, implementation: str) -> GPT2:
-        """"sdpa" (PyTorch's fused attention) or "math" (the explicit masked softmax)."""
+        """ "sdpa" (PyTorch's fused attention) or "math" (the explicit masked softmax)."""
         if implementation not in ("sdpa", "math"):
             raise InvalidArgumentError(f"attention implementation must be 'sdpa' or 'math', got {implementation!r}")
         for block in self.transformer.h:
@@ -372,8 +412,15 @@ class GPT2(nn.Module):
         set_cuda_graphs(self, bool(enabled))
         return self
 
-    def engine(self, slots: int, max_len: int, use_cache: bool = True, hint: str = "fewer rows at once",
-               param: str | None = None, prefix_cache: PrefixCache | None = None) -> TorchEngine:  # fmt: skip
+    def engine(
+        self,
+        slots: int,
+        max_len: int,
+        use_cache: bool = True,
+        hint: str = "fewer rows at once",
+        param: str | None = None,
+        prefix_cache: PrefixCache | None = None,
+    ) -> TorchEngine:
         """An engine to decode up to `slots` rows of up to max_len positions. With CUDA graphs,
         one engine over the whole context is kept and reused (replaced by a larger one when more
         slots are asked for), so each batch-size bucket is captured once, not at every call.
@@ -398,8 +445,14 @@ class GPT2(nn.Module):
     # ------------------------------------------------------- loading, saving
 
     @classmethod
-    def from_pretrained(cls, name_or_path: str | os.PathLike, *, device: str | torch.device = "auto",
-                        dtype: str | torch.dtype = "float32", dropout: float | None = None) -> GPT2:  # fmt: skip
+    def from_pretrained(
+        cls,
+        name_or_path: str | os.PathLike,
+        *,
+        device: str | torch.device = "auto",
+        dtype: str | torch.dtype = "float32",
+        dropout: float | None = None,
+    ) -> GPT2:
         """Load OpenAI's weights: a released name (gpt2, gpt2-medium, gpt2-large, gpt2-xl),
         a Hugging Face directory, a directory of OpenAI's original TensorFlow release, or a
         GGUF file of llama.cpp's gpt2 architecture (f32, f16, q8_0: `checkpoints.gguf`).
@@ -435,7 +488,9 @@ class GPT2(nn.Module):
         """Shrink the context to `n_ctx` positions (nanoGPT's crop_block_size): fine-tuning on
         shorter blocks keeps the first n_ctx rows of the position table."""
         if not 1 <= n_ctx <= self.config.n_ctx:
-            raise ContextLengthError(f"block size {n_ctx} must be from 1 to the model's context of n_ctx={self.config.n_ctx}")
+            raise ContextLengthError(
+                f"block size {n_ctx} must be from 1 to the model's context of n_ctx={self.config.n_ctx}"
+            )
         wpe = self.transformer.wpe
         if isinstance(wpe, SinusoidalPositions):
             wpe.weight = wpe.weight[:n_ctx]
@@ -445,8 +500,12 @@ class GPT2(nn.Module):
         self.config = self.config.replace(n_ctx=n_ctx)
         return self
 
-    def save_pretrained(self, directory: str | os.PathLike, tensors: dict[str, torch.Tensor] | None = None,
-                        metadata: dict[str, str] | None = None) -> None:  # fmt: skip
+    def save_pretrained(
+        self,
+        directory: str | os.PathLike,
+        tensors: dict[str, torch.Tensor] | None = None,
+        metadata: dict[str, str] | None = None,
+    ) -> None:
         """Write `config.json` + `model.safetensors` in Hugging Face's GPT-2 layout, and the tokenizer.
 
         transformers loads the result: `AutoModelForCausalLM.from_pretrained(directory)` with nothing

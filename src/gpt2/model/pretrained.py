@@ -84,8 +84,13 @@ class Pretrained:
         return self.checkpoint.load_tokenizer()
 
 
-def open_pretrained(name_or_path: str | os.PathLike, *, device: str | torch.device = "auto",
-                    dtype: str | torch.dtype = "float32", dropout: float | None = None) -> Pretrained:  # fmt: skip
+def open_pretrained(
+    name_or_path: str | os.PathLike,
+    *,
+    device: str | torch.device = "auto",
+    dtype: str | torch.dtype = "float32",
+    dropout: float | None = None,
+) -> Pretrained:
     """A released name (gpt2, gpt2-medium, gpt2-large, gpt2-xl), a Hugging Face directory, or a
     directory of OpenAI's TensorFlow release, opened to load on `device` in `dtype`
     (`GPT2.from_pretrained`); `dropout` replaces the checkpoint's."""
@@ -104,8 +109,13 @@ def hf_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     return {name: p.detach() for name, p in model.named_parameters()}
 
 
-def save_pretrained(directory: str | os.PathLike, config: GPT2Config, tensors: dict[str, torch.Tensor],
-                    tokenizer: Tokenizer | CharTokenizer | None, metadata: dict[str, str] | None = None) -> None:  # fmt: skip
+def save_pretrained(
+    directory: str | os.PathLike,
+    config: GPT2Config,
+    tensors: dict[str, torch.Tensor],
+    tokenizer: Tokenizer | CharTokenizer | None,
+    metadata: dict[str, str] | None = None,
+) -> None:
     """Write the weights `tensors` (`hf_state_dict`) of a model of `config` as `config.json` +
     `model.safetensors` in Hugging Face's GPT-2 layout, and the tokenizer (`GPT2.save_pretrained`).
 
@@ -116,8 +126,10 @@ def save_pretrained(directory: str | os.PathLike, config: GPT2Config, tensors: d
     into the safetensors header beside its "format".
     """
     if tensors["transformer.wte.weight"].dtype == torch.int8:
-        raise InvalidArgumentError("an int8 model is not saved: its weights were quantised when it was loaded; load the "
-                                   "checkpoint with dtype float32 (or bfloat16) to save it")  # fmt: skip
+        raise InvalidArgumentError(
+            "an int8 model is not saved: its weights were quantised when it was loaded; load the "
+            "checkpoint with dtype float32 (or bfloat16) to save it"
+        )
     directory = writable_directory(directory)
     tensors = {name: t.contiguous().cpu() for name, t in tensors.items()}
     dtype = tensors["transformer.ln_f.weight"].dtype  # of the vectors (a narrow CPU model keeps them in float32)

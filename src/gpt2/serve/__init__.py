@@ -33,5 +33,17 @@ from gpt2.serve.completions import ChoiceStream, CompletionResponse
 from gpt2.serve.launch import check_port, listen, serve
 from gpt2.serve.protocol import CompletionRequest, Limits, RequestError, parse_completion
 
-__all__ = ["ChatResponse", "ChoiceStream", "CompletionRequest", "CompletionResponse", "Limits", "RequestError", "check_port", "create_app",
-           "listen", "parse_chat", "parse_completion", "serve"]  # fmt: skip
+__all__ = [
+    "ChatResponse",
+    "ChoiceStream",
+    "CompletionRequest",
+    "CompletionResponse",
+    "Limits",
+    "RequestError",
+    "check_port",
+    "create_app",
+    "listen",
+    "parse_chat",
+    "parse_completion",
+    "serve",
+]

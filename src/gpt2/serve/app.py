@@ -33,10 +33,17 @@ from gpt2.tokenizer import Tokenizer
 from gpt2.tokenizer.chat import ChatTemplate
 
 
-def create_app(load: Callable[[], tuple[GPT2, Tokenizer]], model_id: str, limits: Limits = Limits(), *,
-               allowed_special: AllowedSpecial = "all", load_in_background: bool = True, ui: bool = True,
-               load_draft: Callable[[], tuple[GPT2, Tokenizer]] | None = None,
-               chat_template: ChatTemplate | str | None = None) -> FastAPI:  # fmt: skip
+def create_app(
+    load: Callable[[], tuple[GPT2, Tokenizer]],
+    model_id: str,
+    limits: Limits = Limits(),
+    *,
+    allowed_special: AllowedSpecial = "all",
+    load_in_background: bool = True,
+    ui: bool = True,
+    load_draft: Callable[[], tuple[GPT2, Tokenizer]] | None = None,
+    chat_template: ChatTemplate | str | None = None,
+) -> FastAPI:
     """The server's ASGI app; `load` returns the model and its tokenizer, in a thread of its own
     once the app starts (/health answers 503 until it has), or, with `load_in_background`
     False, when the caller runs `app.state.server.load_model()`: `serve` does, in the main
@@ -78,7 +85,9 @@ def _add_error_handlers(app: FastAPI) -> None:
         return e.response()
 
     @app.exception_handler(RequestValidationError)
-    async def refused_body(request: Request, e: RequestValidationError) -> JSONResponse:  # a body its route's model refuses
+    async def refused_body(
+        request: Request, e: RequestValidationError
+    ) -> JSONResponse:  # a body its route's model refuses
         body_model = request.scope["route"].body_model  # the route's (a ModelRoute's)
         return body_model.refusal(e.errors(), e.body, request.app.state.server.bounds()).response()
 
@@ -95,8 +104,20 @@ def _add_error_handlers(app: FastAPI) -> None:
         return RequestError(500, f"internal error: {type(e).__name__}: {e}", kind="server_error").response()
 
 
-ENDPOINTS = ("/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions", "/v1/inspect", "/v1/circuits", "/tokenize",
-             "/detokenize", "/tokenizer_info", "/ui", "/")  # fmt: skip
+ENDPOINTS = (
+    "/health",
+    "/metrics",
+    "/v1/models",
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/v1/inspect",
+    "/v1/circuits",
+    "/tokenize",
+    "/detokenize",
+    "/tokenizer_info",
+    "/ui",
+    "/",
+)
 
 
 class _CountRequests:
@@ -160,8 +181,15 @@ def _add_model_routes(app: FastAPI, server: Server) -> None:
         server.check_ready()
         eot = server.tokenizer.eot_token
         special = None if eot is None else server.tokenizer.decode([eot])
-        return JSONResponse({"tokenizer_class": type(server.tokenizer).__name__, "eos_token": special, "bos_token": special,
-                             "pad_token": None, "model_max_length": server.model.config.n_ctx})  # fmt: skip
+        return JSONResponse(
+            {
+                "tokenizer_class": type(server.tokenizer).__name__,
+                "eos_token": special,
+                "bos_token": special,
+                "pad_token": None,
+                "model_max_length": server.model.config.n_ctx,
+            }
+        )
 
 
 # /tokenize and /detokenize speak both llama.cpp's fields ("content") and vLLM's ("prompt"),

@@ -38,7 +38,9 @@ def server_template(request: Request) -> ChatTemplate:
 
 
 @router.post("/v1/chat/completions")
-async def chat_completions(body: ChatBody, request: Request, template: Annotated[ChatTemplate, Depends(server_template)]) -> Response:
+async def chat_completions(
+    body: ChatBody, request: Request, template: Annotated[ChatTemplate, Depends(server_template)]
+) -> Response:
     server: Server = request.app.state.server
     completion = parse_chat(body, template, server.tokenizer, server.bounds())
     return await answer(server, request, completion, partial(ChatResponse, reply_prefix=server.reply_prefix))
@@ -53,18 +55,32 @@ def parse_chat(body: ChatBody, template: ChatTemplate, tokenizer: Tokenizer, bou
     logprobs = (body.top_logprobs or 0) if body.logprobs else None  # the alternatives per token (None: no logprobs)
     try:
         messages = [message.as_dict() for message in body.messages]
-        prompt = decoding.start_of_text(template.encode(tokenizer, messages, add_generation_prompt=True), tokenizer.eot_token)
+        prompt = decoding.start_of_text(
+            template.encode(tokenizer, messages, add_generation_prompt=True), tokenizer.eot_token
+        )
     except ChatTemplateError as e:
         raise RequestError(400, str(e), "messages") from None
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     if max_tokens is None:  # up to the context, and at least one token, so that a full context is refused
         max_tokens = max(bounds.n_ctx - len(prompt), 1)
-    within_context([prompt], max_tokens, bounds.n_ctx, "messages")  # before max_tokens' bound, n_ctx: this names the room left
+    within_context(
+        [prompt], max_tokens, bounds.n_ctx, "messages"
+    )  # before max_tokens' bound, n_ctx: this names the room left
     body = body.within(bounds)
     # every part is checked above: Request.build would check them again
-    request = decoding.Request([prompt], max_tokens, body.sampling(), body.seed, body.n, tokenizer.eot_token, logprobs,
-                               processing=body.processing(tokenizer, bounds.n_vocab))  # fmt: skip
-    return CompletionRequest(request.prompts, request.rows(), body.stops(), body.stream, False, logprobs, body.include_usage)
+    request = decoding.Request(
+        [prompt],
+        max_tokens,
+        body.sampling(),
+        body.seed,
+        body.n,
+        tokenizer.eot_token,
+        logprobs,
+        processing=body.processing(tokenizer, bounds.n_vocab),
+    )
+    return CompletionRequest(
+        request.prompts, request.rows(), body.stops(), body.stream, False, logprobs, body.include_usage
+    )
 
 
 def chat_logprobs(tokenizer: Tokenizer, entries: list[TokenLogprob]) -> dict:
@@ -73,7 +89,9 @@ def chat_logprobs(tokenizer: Tokenizer, entries: list[TokenLogprob]) -> dict:
     def token(t: int, logprob: float) -> dict:
         return {"token": token_text(tokenizer, t), "logprob": logprob, "bytes": list(tokenizer.decode_bytes([t]))}
 
-    return {"content": [{**token(e.token, e.logprob), "top_logprobs": [token(t, lp) for t, lp in e.top]} for e in entries]}
+    return {
+        "content": [{**token(e.token, e.logprob), "top_logprobs": [token(t, lp) for t, lp in e.top]} for e in entries]
+    }
 
 
 @dataclass
@@ -90,8 +108,15 @@ class ChatResponse(CompletionResponse):
         return None if entries is None else chat_logprobs(choice.tokenizer, entries)
 
     def whole(self) -> dict:
-        choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text.removeprefix(self.reply_prefix)},
-                    "logprobs": self._logprobs(c, c.logprobs), "finish_reason": c.finish_reason} for c in self.choices]  # fmt: skip
+        choices = [
+            {
+                "index": c.index,
+                "message": {"role": "assistant", "content": c.text.removeprefix(self.reply_prefix)},
+                "logprobs": self._logprobs(c, c.logprobs),
+                "finish_reason": c.finish_reason,
+            }
+            for c in self.choices
+        ]
         return self.body(choices)
 
     def chunks(self, choice: ChoiceStream, piece: str) -> list[dict]:

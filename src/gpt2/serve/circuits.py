@@ -66,7 +66,9 @@ async def head(body: HeadBody, request: Request) -> Response:
     body.within(server.bounds())
     ids = read_text(server, body.prompt, "prompt")
     check_cells(len(ids), server.model, server.limits)  # the scores read every head's pattern
-    return await _answer(server, lambda: head_report(server.model, server.tokenizer, ids, body.layer, body.head, body.top_k))
+    return await _answer(
+        server, lambda: head_report(server.model, server.tokenizer, ids, body.layer, body.head, body.top_k)
+    )
 
 
 @router.post("/patching")
@@ -74,11 +76,16 @@ async def patching(body: PatchingBody, request: Request) -> Response:
     server: Server = request.app.state.server
     clean, corrupted = read_text(server, body.clean, "clean"), read_text(server, body.corrupted, "corrupted")
     if len(clean) != len(corrupted):
-        raise RequestError(400, f"clean and corrupted must have the same length: clean has {len(clean)} tokens, "
-                           f"corrupted {len(corrupted)}", "corrupted")  # fmt: skip
+        raise RequestError(
+            400,
+            f"clean and corrupted must have the same length: clean has {len(clean)} tokens, corrupted {len(corrupted)}",
+            "corrupted",
+        )
     check_patching_work(body.site, len(clean), server.model, server.limits)
     answer, other = read_answers(server, body.answer, body.other)
-    return await _answer(server, lambda: patching_report(server.model, server.tokenizer, clean, corrupted, body.site, answer, other))
+    return await _answer(
+        server, lambda: patching_report(server.model, server.tokenizer, clean, corrupted, body.site, answer, other)
+    )
 
 
 @router.post("/attribution")
@@ -110,7 +117,9 @@ def read_token(server: Server, token: str | int, param: str) -> int:
         check_token_ids(token, token, server.model.config.n_vocab, f" in {param}", param=param)
         return token
     if token == "":
-        raise RequestError(400, f"{param} is empty: give one token's text (such as \" Mary\"), its id, or null for the default", param)
+        raise RequestError(
+            400, f'{param} is empty: give one token\'s text (such as " Mary"), its id, or null for the default', param
+        )
     ids = encode_text(server.tokenizer, token, server.allowed_special, param)
     if len(ids) != 1:
         raise RequestError(400, f"{param} must be one token, but {token!r} is {len(ids)}: {ids}", param)
@@ -119,7 +128,9 @@ def read_token(server: Server, token: str | int, param: str) -> int:
 
 def read_answers(server: Server, answer: str | int | None, other: str | int | None) -> tuple[int | None, int | None]:
     """The ids of a request's answer and other (None: the route's default), two different tokens where both are given."""
-    answer, other = (None if t is None else read_token(server, t, name) for t, name in ((answer, "answer"), (other, "other")))
+    answer, other = (
+        None if t is None else read_token(server, t, name) for t, name in ((answer, "answer"), (other, "other"))
+    )
     if answer is not None:
         check_two_tokens(server.tokenizer, answer, other)
     return answer, other
@@ -142,9 +153,14 @@ def check_patching_work(site: str, T: int, model: GPT2, limits: Limits) -> None:
     tokens, limit = k * T**power, limits.max_patching_tokens
     if tokens > limit:
         most = limit // k if power == 1 else math.isqrt(limit // k)
-        raise RequestError(400, f"patching {site} over {T} tokens runs the model {tokens // T:,} times over {T} tokens = "
-                           f"{tokens:,} tokens, over this server's limit of {limit:,} (max_patching_tokens): at most "
-                           f"{most} tokens for this site and model", "clean", "patching_too_large")  # fmt: skip
+        raise RequestError(
+            400,
+            f"patching {site} over {T} tokens runs the model {tokens // T:,} times over {T} tokens = "
+            f"{tokens:,} tokens, over this server's limit of {limit:,} (max_patching_tokens): at most "
+            f"{most} tokens for this site and model",
+            "clean",
+            "patching_too_large",
+        )
 
 
 # ------------------------------------------------------------------ the experiments
@@ -156,7 +172,10 @@ def _token(tokenizer: Tokenizer, i: int) -> dict:
 
 def all_head_scores(model: GPT2, ids: list[int]) -> dict[str, list[list[float]] | None]:
     """Each kind's (n_layer, n_head) scores as lists; None for a kind the text gives no position to."""
-    return {kind: head_scores(model, ids, kind).tolist() if score_masks(ids, kind)[1].any() else None for kind in HEAD_SCORES}
+    return {
+        kind: head_scores(model, ids, kind).tolist() if score_masks(ids, kind)[1].any() else None
+        for kind in HEAD_SCORES
+    }
 
 
 def scores_report(model: GPT2, tokenizer: Tokenizer, ids: list[int]) -> dict:
@@ -166,7 +185,10 @@ def scores_report(model: GPT2, tokenizer: Tokenizer, ids: list[int]) -> dict:
 
 def head_report(model: GPT2, tokenizer: Tokenizer, ids: list[int], layer: int, head: int, top_k: int) -> dict:
     """The answer of /v1/circuits/head (see the module's docstring)."""
-    scores = {kind: None if all_heads is None else all_heads[layer][head] for kind, all_heads in all_head_scores(model, ids).items()}
+    scores = {
+        kind: None if all_heads is None else all_heads[layer][head]
+        for kind, all_heads in all_head_scores(model, ids).items()
+    }
 
     def ablate(z: torch.Tensor) -> torch.Tensor:  # (H, T, d), the pass's own copy
         z[head] = 0
@@ -177,32 +199,69 @@ def head_report(model: GPT2, tokenizer: Tokenizer, ids: list[int], layer: int, h
     top = before.topk(top_k).indices.tolist()
     top += [i for i in after.topk(top_k).indices.tolist() if i not in top]  # the tokens the ablation brings up too
     next_ = [{**_token(tokenizer, i), "before": float(before[i]), "after": float(after[i])} for i in top]
-    return {"tokens": [token_text(tokenizer, i) for i in ids], "ids": ids, "layer": layer, "head": head, "scores": scores,
-            "next": next_}  # fmt: skip
+    return {
+        "tokens": [token_text(tokenizer, i) for i in ids],
+        "ids": ids,
+        "layer": layer,
+        "head": head,
+        "scores": scores,
+        "next": next_,
+    }
 
 
-def patching_report(model: GPT2, tokenizer: Tokenizer, clean: list[int], corrupted: list[int], site: str,
-                    answer: int | None, other: int | None) -> dict:  # fmt: skip
+def patching_report(
+    model: GPT2,
+    tokenizer: Tokenizer,
+    clean: list[int],
+    corrupted: list[int],
+    site: str,
+    answer: int | None,
+    other: int | None,
+) -> dict:
     """The answer of /v1/circuits/patching: the grid, and the metric of the clean and corrupted runs."""
     clean_logits, corrupted_logits = (trace(model, ids, names=()).logits for ids in (clean, corrupted))
-    defaulted = [f"{name}: the {run} run's top token" for name, run, given in (("answer", "clean", answer), ("other", "corrupted", other))
-                 if given is None]  # fmt: skip
+    defaulted = [
+        f"{name}: the {run} run's top token"
+        for name, run, given in (("answer", "clean", answer), ("other", "corrupted", other))
+        if given is None
+    ]
     answer = int(clean_logits[-1].argmax()) if answer is None else answer
     other = int(corrupted_logits[-1].argmax()) if other is None else other
     check_two_tokens(tokenizer, answer, other, "; ".join(defaulted))
     metric = logit_diff(answer, other)
     grid = activation_patching(model, clean, corrupted, metric, site)
-    run = lambda ids, logits: {"tokens": [token_text(tokenizer, i) for i in ids], "ids": ids, "logit_diff": float(metric(logits))}  # noqa: E731
-    return {"site": site, "axes": list(AXES[site]), "clean": run(clean, clean_logits), "corrupted": run(corrupted, corrupted_logits),
-            "answer": _token(tokenizer, answer), "other": _token(tokenizer, other), "grid": grid.tolist()}  # fmt: skip
+    run = lambda ids, logits: {
+        "tokens": [token_text(tokenizer, i) for i in ids],
+        "ids": ids,
+        "logit_diff": float(metric(logits)),
+    }  # noqa: E731
+    return {
+        "site": site,
+        "axes": list(AXES[site]),
+        "clean": run(clean, clean_logits),
+        "corrupted": run(corrupted, corrupted_logits),
+        "answer": _token(tokenizer, answer),
+        "other": _token(tokenizer, other),
+        "grid": grid.tolist(),
+    }
 
 
-def attribution_report(model: GPT2, tokenizer: Tokenizer, ids: list[int], answer: int | None, other: int | None) -> dict:
+def attribution_report(
+    model: GPT2, tokenizer: Tokenizer, ids: list[int], answer: int | None, other: int | None
+) -> dict:
     """The answer of /v1/circuits/attribution: `logit_attribution`'s parts at the last position."""
     if answer is None:
         answer = int(trace(model, ids, names=()).logits[-1].argmax())
         check_two_tokens(tokenizer, answer, other, "answer: the top token")
     parts = logit_attribution(model, ids, answer, other)
-    return {"tokens": [token_text(tokenizer, i) for i in ids], "ids": ids, "answer": _token(tokenizer, answer),
-            "other": None if other is None else _token(tokenizer, other), "heads": parts.heads.tolist(),
-            "mlps": parts.mlps.tolist(), "embed": parts.embed, "biases": parts.biases.tolist(), "total": parts.total}  # fmt: skip
+    return {
+        "tokens": [token_text(tokenizer, i) for i in ids],
+        "ids": ids,
+        "answer": _token(tokenizer, answer),
+        "other": None if other is None else _token(tokenizer, other),
+        "heads": parts.heads.tolist(),
+        "mlps": parts.mlps.tolist(),
+        "embed": parts.embed,
+        "biases": parts.biases.tolist(),
+        "total": parts.total,
+    }

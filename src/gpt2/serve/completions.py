@@ -40,8 +40,13 @@ class ChoiceStream:
         self.done = False
         self.finish_reason: str | None = None
         self.tokens = 0  # generated tokens this choice took (the row may have made one more)
-        self.token_ids: list[int] | None = [] if request.return_token_ids else None  # those tokens, for vLLM's return_token_ids
-        self.ids_sent, self.prompt_ids_sent = 0, False  # token_ids streamed so far; prompt_token_ids, with the first chunk
+        self.token_ids: list[int] | None = (
+            [] if request.return_token_ids else None
+        )  # those tokens, for vLLM's return_token_ids
+        self.ids_sent, self.prompt_ids_sent = (
+            0,
+            False,
+        )  # token_ids streamed so far; prompt_token_ids, with the first chunk
 
     def add(self, token: int | None, reason: str | None) -> str:
         """The text the row's new token (None: none) releases, `reason` saying whether the row
@@ -58,7 +63,9 @@ class ChoiceStream:
         if taken and self.token_ids is not None:
             self.token_ids.append(token)
         piece += self.text_row.follow(token, reason is not None)
-        if taken and self.logprobs is not None:  # every token taken, <|endoftext|> too: lm-eval takes the last entry for the one generated
+        if (
+            taken and self.logprobs is not None
+        ):  # every token taken, <|endoftext|> too: lm-eval takes the last entry for the one generated
             if token == self.tokenizer.eot_token:  # it writes no text: its entry stands at the text's end
                 self.offset = len(self.text) + len(piece)
             k = len(self.logprobs) - (len(self.row.prompt) if self.row.echo_logprobs else 0)
@@ -128,8 +135,12 @@ def completion_logprobs(tokenizer: Tokenizer, entries: list[TokenLogprob]) -> di
         alternatives.setdefault(token_text(tokenizer, entry.token), entry.logprob)
         return alternatives
 
-    return {"tokens": [token_text(tokenizer, e.token) for e in entries], "token_logprobs": [e.logprob for e in entries],
-            "top_logprobs": [top(e) for e in entries], "text_offset": [e.offset for e in entries]}  # fmt: skip
+    return {
+        "tokens": [token_text(tokenizer, e.token) for e in entries],
+        "token_logprobs": [e.logprob for e in entries],
+        "top_logprobs": [top(e) for e in entries],
+        "text_offset": [e.offset for e in entries],
+    }
 
 
 @dataclass
@@ -150,7 +161,13 @@ class CompletionResponse:
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
     def body(self, choices: list[dict], usage: bool = True, kind: str | None = None) -> dict:
-        body = {"id": self.id, "object": kind or self.object, "created": self.created, "model": self.model_id, "choices": choices}
+        body = {
+            "id": self.id,
+            "object": kind or self.object,
+            "created": self.created,
+            "model": self.model_id,
+            "choices": choices,
+        }
         if usage:
             body["usage"] = self.usage()
         return body
@@ -182,13 +199,17 @@ router = APIRouter(route_class=ModelRoute)
 @router.post("/v1/completions")
 async def completions(body: CompletionBody, request: Request) -> Response:
     server: Server = request.app.state.server
-    return await answer(server, request, parse_completion(body, server.tokenizer, server.bounds(), server.allowed_special))
+    return await answer(
+        server, request, parse_completion(body, server.tokenizer, server.bounds(), server.allowed_special)
+    )
 
 
 Respond = Callable[[str, CompletionRequest, list[ChoiceStream]], CompletionResponse]  # (model id, request, choices)
 
 
-async def answer(server: Server, request: Request, completion: CompletionRequest, respond: Respond = CompletionResponse) -> Response:
+async def answer(
+    server: Server, request: Request, completion: CompletionRequest, respond: Respond = CompletionResponse
+) -> Response:
     """Submit a completion's rows and answer with their text: whole, or streamed as it comes, in
     the format of `respond`'s response."""
     started, loop, events = time.perf_counter(), asyncio.get_running_loop(), asyncio.Queue()
@@ -219,8 +240,9 @@ async def listen_for_disconnect(request: Request, events: asyncio.Queue) -> None
     events.put_nowait(GONE)
 
 
-async def pieces(server: Server, request: Request, response: CompletionResponse, events: asyncio.Queue,
-                 started: float) -> AsyncGenerator[tuple[ChoiceStream, str], None]:  # fmt: skip
+async def pieces(
+    server: Server, request: Request, response: CompletionResponse, events: asyncio.Queue, started: float
+) -> AsyncGenerator[tuple[ChoiceStream, str], None]:
     """Yield (choice, piece) as tokens arrive, until every choice has ended. The rows end as soon
     as the client leaves, streaming or waiting for the whole answer, so that they free their slots."""
     by_row = {choice.row: choice for choice in response.choices}
@@ -245,7 +267,9 @@ async def pieces(server: Server, request: Request, response: CompletionResponse,
             choice.row.end(CANCELLED)  # a no-op for rows that ended; frees the slots of the others
 
 
-async def sse(response: CompletionResponse, stream: AsyncGenerator[tuple[ChoiceStream, str], None]) -> AsyncIterator[str]:
+async def sse(
+    response: CompletionResponse, stream: AsyncGenerator[tuple[ChoiceStream, str], None]
+) -> AsyncIterator[str]:
     """Server-Sent Events: the response's chunks as text comes, each choice's last with its
     finish_reason; the usage, if asked; then [DONE]."""
     try:

@@ -49,8 +49,9 @@ async def inspect(body: InspectBody, request: Request) -> Response:
     return Response(content, media_type="application/json")
 
 
-def parse_inspect(body: InspectBody, tokenizer: Tokenizer, model: GPT2, limits: Limits,
-                  allowed_special: AllowedSpecial = "all") -> InspectRequest:  # fmt: skip
+def parse_inspect(
+    body: InspectBody, tokenizer: Tokenizer, model: GPT2, limits: Limits, allowed_special: AllowedSpecial = "all"
+) -> InspectRequest:
     """The request of a /v1/inspect body that FastAPI has checked against `InspectBody`: one
     prompt (text or ids) within the context, and an answer within the limit."""
     prompts = parse_prompts(body.prompt, tokenizer, model.config.n_vocab, allowed_special)
@@ -65,8 +66,13 @@ def parse_inspect(body: InspectBody, tokenizer: Tokenizer, model: GPT2, limits: 
 def check_context(ids: list[int], n_ctx: int, param: str = "prompt") -> None:
     """Refuse a text past the model's context, in OpenAI's words (`param`: the field that holds it)."""
     if len(ids) > n_ctx:
-        raise RequestError(400, f"This model's maximum context length is {n_ctx} tokens, however your {param} has "
-                           f"{len(ids)} tokens. Please reduce your {param}.", param, "context_length_exceeded")  # fmt: skip
+        raise RequestError(
+            400,
+            f"This model's maximum context length is {n_ctx} tokens, however your {param} has "
+            f"{len(ids)} tokens. Please reduce your {param}.",
+            param,
+            "context_length_exceeded",
+        )
 
 
 def check_cells(T: int, model: GPT2, limits: Limits) -> None:
@@ -76,10 +82,14 @@ def check_cells(T: int, model: GPT2, limits: Limits) -> None:
     cells, limit = heads * T**2, limits.max_inspect_cells
     if cells > limit:
         most = math.isqrt(limit // heads)
-        raise RequestError(400, f"inspecting {T} tokens gives {config.n_layer} layers x {config.n_head} heads x "
-                           f"{T} x {T} = {cells:,} attention probabilities, over this server's limit of "
-                           f"{limit:,} (max_inspect_cells): at most {most} tokens for this model", "prompt",
-                           "inspection_too_large")  # fmt: skip
+        raise RequestError(
+            400,
+            f"inspecting {T} tokens gives {config.n_layer} layers x {config.n_head} heads x "
+            f"{T} x {T} = {cells:,} attention probabilities, over this server's limit of "
+            f"{limit:,} (max_inspect_cells): at most {most} tokens for this model",
+            "prompt",
+            "inspection_too_large",
+        )
 
 
 def inspection(model: GPT2, tokenizer: Tokenizer, request: InspectRequest) -> dict:
@@ -97,13 +107,26 @@ def inspection(model: GPT2, tokenizer: Tokenizer, request: InspectRequest) -> di
     looked = trace(model, request.ids, names=["wte", "wpe", *(f"h.{i}" for i in range(n_layer)), *patterns])
     text = lambda i: token_text(tokenizer, i)  # noqa: E731
     report = next_token_report(looked, request.top_k)
-    top = [[{"token": text(e["id"]), "id": e["id"], "logprob": e["logprob"]} for e in position] for position in report["top"]]
-    attention = torch.stack([looked.activations[name] for name in patterns]).double()  # (L, H, T, T); in float64, 4 decimals print as 4
+    top = [
+        [{"token": text(e["id"]), "id": e["id"], "logprob": e["logprob"]} for e in position]
+        for position in report["top"]
+    ]
+    attention = torch.stack(
+        [looked.activations[name] for name in patterns]
+    ).double()  # (L, H, T, T); in float64, 4 decimals print as 4
     probs, ids = logit_lens_top(looked)  # (L + 1, T) each
-    lens = [[{"token": text(i), "id": i, "prob": p} for i, p in zip(row_ids, row_probs)] for row_ids, row_probs in
-            zip(ids.tolist(), probs.tolist())]  # fmt: skip
-    return {"tokens": [text(i) for i in request.ids], "ids": request.ids, "logprobs": report["logprobs"], "top_logprobs": top,
-            "attention": attention.round(decimals=DECIMALS).cpu().tolist(), "logit_lens": lens}  # fmt: skip
+    lens = [
+        [{"token": text(i), "id": i, "prob": p} for i, p in zip(row_ids, row_probs)]
+        for row_ids, row_probs in zip(ids.tolist(), probs.tolist())
+    ]
+    return {
+        "tokens": [text(i) for i in request.ids],
+        "ids": request.ids,
+        "logprobs": report["logprobs"],
+        "top_logprobs": top,
+        "attention": attention.round(decimals=DECIMALS).cpu().tolist(),
+        "logit_lens": lens,
+    }
 
 
 def inspection_json(model: GPT2, tokenizer: Tokenizer, request: InspectRequest) -> bytes:

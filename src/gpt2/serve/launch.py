@@ -51,10 +51,20 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(load: Callable[[], tuple[GPT2, Tokenizer]], model_id: str, host: str = "127.0.0.1", port: int = 8000,
-          limits: Limits = Limits(), log_level: str = "info", *, allowed_special: AllowedSpecial = "all",
-          on_listen: Callable[[str], None] | None = None, ui: bool = True,
-          load_draft: Callable[[], tuple[GPT2, Tokenizer]] | None = None, chat_template: ChatTemplate | str | None = None) -> None:  # fmt: skip
+def serve(
+    load: Callable[[], tuple[GPT2, Tokenizer]],
+    model_id: str,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    limits: Limits = Limits(),
+    log_level: str = "info",
+    *,
+    allowed_special: AllowedSpecial = "all",
+    on_listen: Callable[[str], None] | None = None,
+    ui: bool = True,
+    load_draft: Callable[[], tuple[GPT2, Tokenizer]] | None = None,
+    chat_template: ChatTemplate | str | None = None,
+) -> None:
     """Serve until Ctrl-C or SIGTERM: the app of `create_app` on uvicorn, one log line per request.
 
     Once the port listens, `on_listen` gets the API's URL (http://host:port/v1) and the model
@@ -67,8 +77,16 @@ def serve(load: Callable[[], tuple[GPT2, Tokenizer]], model_id: str, host: str =
     uvicorn's own `run`. A load that fails stops the server and raises its error. `ui` serves
     the playground at /; `load_draft`, a draft model for speculative decoding; `chat_template`,
     the template of /v1/chat/completions in place of the model's own (see `create_app`)."""
-    app = create_app(load, model_id, limits, allowed_special=allowed_special, load_in_background=False, ui=ui,
-                     load_draft=load_draft, chat_template=chat_template)  # fmt: skip
+    app = create_app(
+        load,
+        model_id,
+        limits,
+        allowed_special=allowed_special,
+        load_in_background=False,
+        ui=ui,
+        load_draft=load_draft,
+        chat_template=chat_template,
+    )
     sock = listen(host, port)
     if on_listen is not None:
         on_listen(f"http://{f'[{host}]' if ':' in host else host}:{sock.getsockname()[1]}/v1")

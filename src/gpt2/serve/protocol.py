@@ -30,7 +30,14 @@ from gpt2.generation.decoding import Request, Row, check_draft_tokens, start_of_
 from gpt2.generation.engines import KVCache, check_prefix_cache_mb
 from gpt2.generation.generate import check_stop
 from gpt2.generation.lookup import PromptLookup, lookup_of
-from gpt2.generation.processors import Constraint, Penalties, Processing, check_logit_bias, compile_constraint, one_constraint
+from gpt2.generation.processors import (
+    Constraint,
+    Penalties,
+    Processing,
+    check_logit_bias,
+    compile_constraint,
+    one_constraint,
+)
 from gpt2.generation.sampling import SEED_MAX, Sampling
 from gpt2.inspect.patching import SITES
 from gpt2.settings import DRAFT_TOKENS, LOOKUP_MAX, LOOKUP_MIN
@@ -58,8 +65,12 @@ class Limits:
     # activation, each of the whole text): 2^14 is the 124M model's resid_pre grid up to 36 tokens
     max_patching_tokens: int = 1 << 14
     api_key: str | None = None
-    draft_tokens: int = DRAFT_TOKENS  # tokens a draft model (or prompt lookup) proposes per step, where the server speculates
-    speculative: str | None = None  # "ngram": prompt lookup drafts, from each row's own tokens (`gpt2.generation.lookup`)
+    draft_tokens: int = (
+        DRAFT_TOKENS  # tokens a draft model (or prompt lookup) proposes per step, where the server speculates
+    )
+    speculative: str | None = (
+        None  # "ngram": prompt lookup drafts, from each row's own tokens (`gpt2.generation.lookup`)
+    )
     prompt_lookup_max: int = LOOKUP_MAX
     prompt_lookup_min: int = LOOKUP_MIN
 
@@ -71,16 +82,26 @@ class Limits:
         return lookup_of(self.speculative, self.prompt_lookup_max, self.prompt_lookup_min)
 
     def check(self) -> None:
-        for name in ("max_batch_size", "max_num_batched_tokens", "max_queue", "max_n", "max_body_bytes", "max_inspect_cells",
-                     "max_patching_tokens"):
+        for name in (
+            "max_batch_size",
+            "max_num_batched_tokens",
+            "max_queue",
+            "max_n",
+            "max_body_bytes",
+            "max_inspect_cells",
+            "max_patching_tokens",
+        ):
             positive_int(name, getattr(self, name))
         check_prefix_cache_mb(self.prefix_cache_mb)
         check_draft_tokens(self.draft_tokens)
         lookup_of(self.speculative, self.prompt_lookup_max, self.prompt_lookup_min)
         if self.max_num_batched_tokens < self.max_batch_size:
-            raise InvalidArgumentError(f"max_num_batched_tokens must be at least max_batch_size ({self.max_batch_size}), as each "
-                                       f"step decodes a token of every row; got {self.max_num_batched_tokens}", "max_num_batched_tokens",
-                                       ("max_batch_size",))  # fmt: skip
+            raise InvalidArgumentError(
+                f"max_num_batched_tokens must be at least max_batch_size ({self.max_batch_size}), as each "
+                f"step decodes a token of every row; got {self.max_num_batched_tokens}",
+                "max_num_batched_tokens",
+                ("max_batch_size",),
+            )
         if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key.strip()):
             raise InvalidArgumentError("api_key must be non-empty text", "api_key")
 
@@ -95,8 +116,15 @@ BATCH_HINT = "a smaller max_batch_size"
 class RequestError(Exception):
     """A request the server refuses: an HTTP status and OpenAI's error body naming the field."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error", headers: dict[str, str] | None = None):  # fmt: skip
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        kind: str = "invalid_request_error",
+        headers: dict[str, str] | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
         self.headers = headers or {}
@@ -195,8 +223,12 @@ class Body(BaseModel):
     def refuse(cls, name: str, value: object, bounds: Bounds) -> RequestError:
         """A 400 for the field `name`, given `value`, in its words (its `Says`)."""
         field = cls.model_fields[name]
-        says, low, high, up_to = _metadata(field, Says), _metadata(field, annotated_types.Ge), _metadata(field, annotated_types.Le), \
-            _metadata(field, UpTo)  # fmt: skip
+        says, low, high, up_to = (
+            _metadata(field, Says),
+            _metadata(field, annotated_types.Ge),
+            _metadata(field, annotated_types.Le),
+            _metadata(field, UpTo),
+        )
         low = None if low is None else low.ge
         high = getattr(bounds, up_to.name) if up_to is not None else None if high is None else high.le
         return RequestError(400, says.say(name, value, bounds, low, high), says.param or name)
@@ -224,7 +256,9 @@ def _prompt_refused(prompt: object, bounds: Bounds) -> str:
     if isinstance(prompt, list) and prompt:
         for item in prompt:
             if isinstance(item, list) and item and all(is_integer(t) for t in item):
-                check_token_ids(min(item), max(item), bounds.n_vocab, " in prompt", param="prompt")  # raises for a negative id
+                check_token_ids(
+                    min(item), max(item), bounds.n_vocab, " in prompt", param="prompt"
+                )  # raises for a negative id
             elif not isinstance(item, str):
                 return f"each prompt must be a string or a non-empty list of token ids, got {item!r:.40}"
     return "prompt must be a string, a list of strings, a list of token ids or a list of lists of ids"
@@ -245,10 +279,14 @@ def _messages_refused(messages: object, bounds: Bounds) -> str:
         content = message.get("content") if isinstance(message, dict) else None
         for part in content if isinstance(content, list) else []:
             if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
-                return (f"messages[{i}].content: this model reads text only, as a string or "
-                        f'[{{"type": "text", "text": "..."}}] parts; got the part {part!r:.60}')  # fmt: skip
+                return (
+                    f"messages[{i}].content: this model reads text only, as a string or "
+                    f'[{{"type": "text", "text": "..."}}] parts; got the part {part!r:.60}'
+                )
     if isinstance(messages, list):  # content given as parts is text once joined
-        messages = [{**m, "content": ""} if isinstance(m, dict) and isinstance(m.get("content"), list) else m for m in messages]
+        messages = [
+            {**m, "content": ""} if isinstance(m, dict) and isinstance(m.get("content"), list) else m for m in messages
+        ]
     check_messages(messages)  # raises
     return "messages must be a non-empty list of messages"
 
@@ -282,15 +320,20 @@ class ResponseFormat(BaseModel):
     def constraint(self) -> Constraint | None:
         if self.type == "json_schema":
             if self.json_schema is None:
-                raise RequestError(400, 'response_format of type json_schema needs "json_schema": {"name": ..., "schema": {...}}',
-                                   "response_format")  # fmt: skip
+                raise RequestError(
+                    400,
+                    'response_format of type json_schema needs "json_schema": {"name": ..., "schema": {...}}',
+                    "response_format",
+                )
             return _made("response_format", Constraint.json_schema, self.json_schema.schema_)
         return Constraint.json_object() if self.type == "json_object" else None
 
 
 def _format_refused(value: object, bounds: Bounds) -> str:
-    return ('response_format must be {"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema": '
-            f'{{"name": ..., "schema": {{...}}, "strict": true}}}}, got {value!r:.80}')  # fmt: skip
+    return (
+        'response_format must be {"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema": '
+        f'{{"name": ..., "schema": {{...}}, "strict": true}}}}, got {value!r:.80}'
+    )
 
 
 class StructuredOutputs(BaseModel):
@@ -304,16 +347,27 @@ class StructuredOutputs(BaseModel):
     json_object: bool | None = None
 
     def constraints(self) -> list[tuple[str, Constraint | None]]:
-        given = {"json_schema": self.json_, "regex": self.regex, "choice": self.choice, "grammar": self.grammar,
-                 "json_object": self.json_object}  # fmt: skip
+        given = {
+            "json_schema": self.json_,
+            "regex": self.regex,
+            "choice": self.choice,
+            "grammar": self.grammar,
+            "json_object": self.json_object,
+        }
         if sum(value not in (None, False) for value in given.values()) > 1:
-            raise RequestError(400, "structured_outputs: one of json, regex, choice, grammar, json_object at a time", "structured_outputs")
+            raise RequestError(
+                400,
+                "structured_outputs: one of json, regex, choice, grammar, json_object at a time",
+                "structured_outputs",
+            )
         return [("structured_outputs", _made("structured_outputs", one_constraint, **given))]
 
 
 def _structured_refused(value: object, bounds: Bounds) -> str:
-    return ('structured_outputs must be an object of one of "json" (a schema), "regex", "choice" (a list of strings), '
-            f'"grammar" (Lark or GBNF) or "json_object": true, got {value!r:.80}')  # fmt: skip
+    return (
+        'structured_outputs must be an object of one of "json" (a schema), "regex", "choice" (a list of strings), '
+        f'"grammar" (Lark or GBNF) or "json_object": true, got {value!r:.80}'
+    )
 
 
 def _made(field: str, make: Callable[..., Constraint | None], *args: object, **kwargs: object) -> Constraint | None:
@@ -355,20 +409,27 @@ class Sampled(Body):
     model: str | None = None
     n: Annotated[int | None, UpTo("max_n"), INTEGER] = Field(1, ge=1)
     stop: Annotated[StopString | Annotated[list[StopString], Field(max_length=4)] | None, Says(_stop_refused)] = None
-    temperature: Annotated[float | None, Says("temperature must be a finite number >= 0 (0 is greedy), got {value!r}")] = \
-        Field(1.0, ge=0, allow_inf_nan=False)  # fmt: skip
-    top_p: Annotated[float | None, Says("top_p must be in (0, 1], got {value!r}")] = Field(1.0, gt=0, le=1, allow_inf_nan=False)
+    temperature: Annotated[
+        float | None, Says("temperature must be a finite number >= 0 (0 is greedy), got {value!r}")
+    ] = Field(1.0, ge=0, allow_inf_nan=False)
+    top_p: Annotated[float | None, Says("top_p must be in (0, 1], got {value!r}")] = Field(
+        1.0, gt=0, le=1, allow_inf_nan=False
+    )
     top_k: Annotated[int | None, UpTo("n_vocab"), Says(_top_k_refused)] = Field(None, ge=1)  # ours, not OpenAI's
-    seed: Annotated[int | None, Says("{name} must be a whole number from {low} to {high}, got {value!r}")] = \
-        Field(None, ge=0, le=SEED_MAX)  # choice i samples from seed + i  # fmt: skip
+    seed: Annotated[int | None, Says("{name} must be a whole number from {low} to {high}, got {value!r}")] = Field(
+        None, ge=0, le=SEED_MAX
+    )  # choice i samples from seed + i
     stream: Annotated[bool | None, FLAG] = False
-    stream_options: Annotated[StreamOptions | None, Says('stream_options must be an object like {{"include_usage": true}}')] = None
+    stream_options: Annotated[
+        StreamOptions | None, Says('stream_options must be an object like {{"include_usage": true}}')
+    ] = None
     user: Annotated[str | None, Says("{name} must be a string, got {value!r}")] = None
     presence_penalty: Annotated[float | None, PENALTY] = Field(0.0, ge=-2, le=2, allow_inf_nan=False)
     frequency_penalty: Annotated[float | None, PENALTY] = Field(0.0, ge=-2, le=2, allow_inf_nan=False)
     logit_bias: Annotated[dict[str, float] | None, Says(_bias_refused)] = None  # OpenAI's: {"50256": -100}
-    repetition_penalty: Annotated[float | None, Says("{name} must be a number above 0 (1 is none), got {value!r}")] = \
-        Field(1.0, gt=0, allow_inf_nan=False)  # vLLM's and transformers': multiplicative  # fmt: skip
+    repetition_penalty: Annotated[float | None, Says("{name} must be a number above 0 (1 is none), got {value!r}")] = (
+        Field(1.0, gt=0, allow_inf_nan=False)
+    )  # vLLM's and transformers': multiplicative
     # structured outputs: OpenAI's response_format, vLLM's structured_outputs and its older guided_* fields (one at most)
     response_format: Annotated[ResponseFormat | None, Says(_format_refused)] = None
     structured_outputs: Annotated[StructuredOutputs | None, Says(_structured_refused)] = None
@@ -384,7 +445,9 @@ class Sampled(Body):
         """The body's constraint, compiled for `tokenizer`, with its logit bias and penalties (None: none)."""
         field, constraint = self.constraint()
         try:
-            penalties = Penalties.make(self.logit_bias, self.frequency_penalty, self.presence_penalty, self.repetition_penalty)
+            penalties = Penalties.make(
+                self.logit_bias, self.frequency_penalty, self.presence_penalty, self.repetition_penalty
+            )
             penalties.check_vocab(n_vocab)
         except GPT2Error as e:
             raise RequestError.invalid(e) from None
@@ -397,20 +460,30 @@ class Sampled(Body):
 
     def constraint(self) -> tuple[str | None, Constraint | None]:
         """The body's constraint and the field that gave it; two at once are a 400 naming the second."""
-        given = [(name, c) for name, c in [("response_format", self.response_format and self.response_format.constraint()),
-                                            *(self.structured_outputs.constraints() if self.structured_outputs else []),
-                                            *self._guided()] if c is not None]  # fmt: skip
+        given = [
+            (name, c)
+            for name, c in [
+                ("response_format", self.response_format and self.response_format.constraint()),
+                *(self.structured_outputs.constraints() if self.structured_outputs else []),
+                *self._guided(),
+            ]
+            if c is not None
+        ]
         if len(given) > 1:
-            raise RequestError(400, f"one structured output at a time: {given[0][0]} and {given[1][0]} were both given", given[1][0])
+            raise RequestError(
+                400, f"one structured output at a time: {given[0][0]} and {given[1][0]} were both given", given[1][0]
+            )
         return given[0] if given else (None, None)
 
     def _guided(self) -> list[tuple[str, Constraint | None]]:
         """vLLM's older guided_* fields."""
         try:
-            return [("guided_json", None if self.guided_json is None else Constraint.json_schema(self.guided_json)),
-                    ("guided_regex", None if self.guided_regex is None else Constraint.regex(self.guided_regex)),
-                    ("guided_choice", None if self.guided_choice is None else Constraint.choice(self.guided_choice)),
-                    ("guided_grammar", None if self.guided_grammar is None else Constraint.grammar(self.guided_grammar))]  # fmt: skip
+            return [
+                ("guided_json", None if self.guided_json is None else Constraint.json_schema(self.guided_json)),
+                ("guided_regex", None if self.guided_regex is None else Constraint.regex(self.guided_regex)),
+                ("guided_choice", None if self.guided_choice is None else Constraint.choice(self.guided_choice)),
+                ("guided_grammar", None if self.guided_grammar is None else Constraint.grammar(self.guided_grammar)),
+            ]
         except GPT2Error as e:
             raise RequestError(400, str(e), "guided_" + {"json_schema": "json"}.get(e.param, e.param)) from None
 
@@ -430,7 +503,9 @@ class CompletionBody(Sampled):
     logprobs: Annotated[int | None, INTEGER] = Field(None, ge=0, le=5)
     echo: Annotated[bool | None, FLAG] = False
     return_token_ids: Annotated[bool | None, FLAG] = False  # vLLM's: each choice's token_ids and prompt_token_ids
-    best_of: Annotated[int | None, Says("best_of is not supported by this server (other than equal to n)")] = Field(None, ge=1)
+    best_of: Annotated[int | None, Says("best_of is not supported by this server (other than equal to n)")] = Field(
+        None, ge=1
+    )
     suffix: Annotated[str | None, UNSUPPORTED] = Field(None, max_length=0)
 
 
@@ -440,7 +515,9 @@ class ChatBody(Sampled):
 
     messages: Annotated[list[Message], Field(min_length=1), Says(_messages_refused)]
     max_completion_tokens: Annotated[int | None, UpTo("n_ctx"), INTEGER] = Field(None, ge=1)
-    max_tokens: Annotated[int | None, UpTo("n_ctx"), INTEGER] = Field(None, ge=1)  # OpenAI's older name of the one above
+    max_tokens: Annotated[int | None, UpTo("n_ctx"), INTEGER] = Field(
+        None, ge=1
+    )  # OpenAI's older name of the one above
     logprobs: Annotated[bool | None, FLAG] = False
     top_logprobs: Annotated[int | None, INTEGER] = Field(None, ge=0, le=20)  # alternatives per token, with logprobs
 
@@ -456,7 +533,10 @@ class InspectBody(Body):
 OneText = str | TokenIds  # one prompt: text, or its ids
 TEXT = Says("{name} must be a string or a non-empty list of token ids, got {value!r:.40}")
 # a token of the answer: its text (one token, " Mary") or its id; null: the circuits route's default
-Token = Annotated[str | Annotated[int, Field(ge=0)] | None, Says("{name} must be a token's text (one token) or its id, got {value!r:.40}")]
+Token = Annotated[
+    str | Annotated[int, Field(ge=0)] | None,
+    Says("{name} must be a token's text (one token) or its id, got {value!r:.40}"),
+]
 
 
 class ScoresBody(Body):
@@ -485,8 +565,10 @@ class PatchingBody(Body):
     model: str | None = None
     clean: Annotated[OneText, TEXT]
     corrupted: Annotated[OneText, TEXT]
-    site: Annotated[Literal[SITES] | None, Says(lambda value, bounds: f"unknown site {value!r:.40}: the sites are {', '.join(SITES)}")] = \
-        "resid_pre"  # fmt: skip
+    site: Annotated[
+        Literal[SITES] | None,
+        Says(lambda value, bounds: f"unknown site {value!r:.40}: the sites are {', '.join(SITES)}"),
+    ] = "resid_pre"
     answer: Token = None
     other: Token = None
 
@@ -550,21 +632,41 @@ class CompletionRequest:
 AllowedSpecial = AbstractSet[str] | Literal["all"]  # Tokenizer.encode's: special tokens read as such in text
 
 
-def parse_completion(body: CompletionBody, tokenizer: Tokenizer, bounds: Bounds,
-                     allowed_special: AllowedSpecial = "all") -> CompletionRequest:  # fmt: skip
+def parse_completion(
+    body: CompletionBody, tokenizer: Tokenizer, bounds: Bounds, allowed_special: AllowedSpecial = "all"
+) -> CompletionRequest:
     """The rows of a /v1/completions body that FastAPI has checked against `CompletionBody`, once
     its prompts are read and within the model's bounds. A refusal is a RequestError, or a
     GPT2Error whose `param` names the field (`RequestError.invalid`)."""
     prompts = parse_prompts(body.prompt, tokenizer, bounds.n_vocab, allowed_special)
-    within_context(prompts, body.max_tokens, bounds.n_ctx)  # before max_tokens' bound, n_ctx: this names the prompt's room
+    within_context(
+        prompts, body.max_tokens, bounds.n_ctx
+    )  # before max_tokens' bound, n_ctx: this names the prompt's room
     body = body.within(bounds)
     if body.best_of is not None and body.best_of != body.n:
         raise RequestError(400, "best_of is not supported by this server (other than equal to n)", "best_of")
     # every part is checked above: Request.build would check them again
-    request = Request(prompts, body.max_tokens, body.sampling(), body.seed, body.n, tokenizer.eot_token, body.logprobs,
-                      body.echo and body.logprobs is not None, body.processing(tokenizer, bounds.n_vocab))  # fmt: skip
-    return CompletionRequest(request.prompts, request.rows(), body.stops(), body.stream, body.echo, body.logprobs, body.include_usage,
-                             body.return_token_ids)  # fmt: skip
+    request = Request(
+        prompts,
+        body.max_tokens,
+        body.sampling(),
+        body.seed,
+        body.n,
+        tokenizer.eot_token,
+        body.logprobs,
+        body.echo and body.logprobs is not None,
+        body.processing(tokenizer, bounds.n_vocab),
+    )
+    return CompletionRequest(
+        request.prompts,
+        request.rows(),
+        body.stops(),
+        body.stream,
+        body.echo,
+        body.logprobs,
+        body.include_usage,
+        body.return_token_ids,
+    )
 
 
 def within_context(prompts: list[list[int]], max_tokens: int, n_ctx: int, param: str = "prompt") -> None:
@@ -576,13 +678,22 @@ def within_context(prompts: list[list[int]], max_tokens: int, n_ctx: int, param:
         return
     where, what = ("the messages", "messages") if param == "messages" else ("your prompt", "prompt")
     room = n_ctx - longest
-    left = f"{where} leave{'' if param == 'messages' else 's'} " + (f"room for {room:,} token{'s' * (room != 1)} of completion" if room > 0 else "no room")
-    raise RequestError(400, f"This model's maximum context length is {n_ctx:,} tokens, however you requested {asked:,} tokens "
-                       f"({longest:,} in {where}; {max_tokens:,} for the completion), {asked - n_ctx:,} more than it holds: "
-                       f"{left}. Please reduce your {what} or completion length.", param, "context_length_exceeded")  # fmt: skip
+    left = f"{where} leave{'' if param == 'messages' else 's'} " + (
+        f"room for {room:,} token{'s' * (room != 1)} of completion" if room > 0 else "no room"
+    )
+    raise RequestError(
+        400,
+        f"This model's maximum context length is {n_ctx:,} tokens, however you requested {asked:,} tokens "
+        f"({longest:,} in {where}; {max_tokens:,} for the completion), {asked - n_ctx:,} more than it holds: "
+        f"{left}. Please reduce your {what} or completion length.",
+        param,
+        "context_length_exceeded",
+    )
 
 
-def parse_prompts(prompt: str | list, tokenizer: Tokenizer, n_vocab: int, allowed_special: AllowedSpecial = "all") -> list[list[int]]:
+def parse_prompts(
+    prompt: str | list, tokenizer: Tokenizer, n_vocab: int, allowed_special: AllowedSpecial = "all"
+) -> list[list[int]]:
     """The ids of a checked prompt (`Prompt`: a string, a list of strings, a list of ids, or a
     list of lists of ids), each id within the vocabulary."""
     if isinstance(prompt, str) or all(is_integer(t) for t in prompt):
@@ -599,7 +710,9 @@ def parse_prompts(prompt: str | list, tokenizer: Tokenizer, n_vocab: int, allowe
     return prompts
 
 
-def encode_text(tokenizer: Tokenizer, text: str, allowed_special: AllowedSpecial, param: str, where: str = "") -> list[int]:
+def encode_text(
+    tokenizer: Tokenizer, text: str, allowed_special: AllowedSpecial, param: str, where: str = ""
+) -> list[int]:
     """The ids of a request's text; a character the vocabulary lacks (a character model's) is a 400 naming it."""
     try:
         return tokenizer.encode(text, allowed_special=allowed_special, disallowed_special=())  # the rest is text

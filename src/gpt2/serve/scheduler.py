@@ -34,16 +34,28 @@ class Metrics:
         self.queue = Gauge("gpt2_queue_length", "rows waiting for a slot in the batch", registry=r)
         self.batch = Gauge("gpt2_batch_size", "rows decoded at the last step", registry=r)
         # prompt tokens looked up in the prefix cache, and found there (vLLM's prefix_cache_queries, _hits)
-        self.prefix_cache_queries = Counter("gpt2_prefix_cache_queries", "prompt tokens looked up in the prefix cache", registry=r)
-        self.prefix_cache_hits = Counter("gpt2_prefix_cache_hits", "prompt tokens found in the prefix cache", registry=r)
-        self.prefix_cache_bytes = Gauge("gpt2_prefix_cache_bytes", "memory the prefix cache's blocks hold (at most the server's prefix_cache_mb)",
-                                        registry=r)  # fmt: skip
+        self.prefix_cache_queries = Counter(
+            "gpt2_prefix_cache_queries", "prompt tokens looked up in the prefix cache", registry=r
+        )
+        self.prefix_cache_hits = Counter(
+            "gpt2_prefix_cache_hits", "prompt tokens found in the prefix cache", registry=r
+        )
+        self.prefix_cache_bytes = Gauge(
+            "gpt2_prefix_cache_bytes",
+            "memory the prefix cache's blocks hold (at most the server's prefix_cache_mb)",
+            registry=r,
+        )
         # the two above miss the rows whose prompts are going in (and those not yet taken): this
         # one is 0 exactly when the loop holds no row, as it is once idle
-        self.in_flight = Gauge("gpt2_rows_in_flight", "rows the loop holds: waiting, filling their prompts or decoding",
-                               registry=r)  # fmt: skip
-        self.ttft = Histogram("gpt2_time_to_first_token_seconds", "from a completion request to its first token", registry=r,
-                              buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))  # fmt: skip
+        self.in_flight = Gauge(
+            "gpt2_rows_in_flight", "rows the loop holds: waiting, filling their prompts or decoding", registry=r
+        )
+        self.ttft = Histogram(
+            "gpt2_time_to_first_token_seconds",
+            "from a completion request to its first token",
+            registry=r,
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+        )
         # speculative decoding's, as vLLM's spec_decode_num_draft_tokens and num_accepted_tokens
         self.draft_tokens = Counter("gpt2_draft_tokens", "tokens a draft model proposed", registry=r)
         self.accepted_tokens = Counter("gpt2_draft_accepted_tokens", "draft tokens the model kept", registry=r)
@@ -60,15 +72,23 @@ class Scheduler:
     or with limits.speculative "ngram", by prompt lookup)."""
 
     def __init__(self, model: GPT2, limits: Limits, metrics: Metrics, draft: GPT2 | None = None):
-        def engine(m: GPT2, prefix_cache: PrefixCache | None = None) -> Engine:  # a KV cache of the whole context for each row
-            return m.engine(limits.max_batch_size, model.config.n_ctx, hint=BATCH_HINT, param="max_batch_size",
-                            prefix_cache=prefix_cache)  # fmt: skip
+        def engine(
+            m: GPT2, prefix_cache: PrefixCache | None = None
+        ) -> Engine:  # a KV cache of the whole context for each row
+            return m.engine(
+                limits.max_batch_size,
+                model.config.n_ctx,
+                hint=BATCH_HINT,
+                param="max_batch_size",
+                prefix_cache=prefix_cache,
+            )
 
         self.limits, self.metrics = limits, metrics
         prefix = None  # the model's prompts' blocks (the draft computes its own: it is cheap)
         if limits.prefix_cache_mb:
-            prefix = PrefixCache(model.config, limits.prefix_cache_mb << 20, dtype=model.compute_dtype,
-                                 device=model.device)  # fmt: skip
+            prefix = PrefixCache(
+                model.config, limits.prefix_cache_mb << 20, dtype=model.compute_dtype, device=model.device
+            )
         self.counted = (0, 0)  # the prefix cache's queries and hits, as the metrics have them
         self.decoder = self._decoder(engine(model, prefix), None if draft is None else engine(draft))
         self.incoming: list[tuple[Row, Listener]] = []
@@ -83,18 +103,28 @@ class Scheduler:
             if self.closed:
                 raise RequestError(503, "the server is shutting down", kind="server_error")
             if len(rows) > self.limits.max_queue:
-                raise RequestError(400, f"the request asks for {len(rows)} rows (prompts times n), over the {self.limits.max_queue} "
-                                   f"that may wait at once (the server's max_queue)", "n")  # fmt: skip
+                raise RequestError(
+                    400,
+                    f"the request asks for {len(rows)} rows (prompts times n), over the {self.limits.max_queue} "
+                    f"that may wait at once (the server's max_queue)",
+                    "n",
+                )
             if self._waiting() + len(rows) > self.limits.max_queue:
-                raise RequestError(429, f"the server is busy: {self.limits.max_queue} rows wait already; retry shortly",
-                                   kind="server_error", headers={"Retry-After": "1"})  # fmt: skip
+                raise RequestError(
+                    429,
+                    f"the server is busy: {self.limits.max_queue} rows wait already; retry shortly",
+                    kind="server_error",
+                    headers={"Retry-After": "1"},
+                )
             self.incoming += [(row, listener) for row in rows]
             self.wake.notify()
 
     def _waiting(self) -> int:
         """Rows waiting for a slot, less those whose clients left (they leave the queue at the next
         step): a client that leaves and asks again at once is not refused for its own old row."""
-        waiting = [row for row, _ in self.incoming] + list(self.decoder.waiting)  # list(): one step of the loop's thread
+        waiting = [row for row, _ in self.incoming] + list(
+            self.decoder.waiting
+        )  # list(): one step of the loop's thread
         return sum(not row.done for row in waiting)
 
     def close(self) -> None:
@@ -152,7 +182,9 @@ class Scheduler:
         decoder = self.decoder
         self.metrics.batch.set(len(decoder.active))
         self.metrics.queue.set(len(decoder.waiting))
-        self.metrics.in_flight.set(len(self.incoming) + len(decoder.waiting) + len(decoder.filling) + len(decoder.active))
+        self.metrics.in_flight.set(
+            len(self.incoming) + len(decoder.waiting) + len(decoder.filling) + len(decoder.active)
+        )
 
     def _fail(self, message: str) -> None:
         """Every row in flight ends with an error (its route ends the row, after the tokens before it)."""

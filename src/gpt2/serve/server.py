@@ -31,9 +31,15 @@ from gpt2.tokenizer.chat import ChatTemplate, how_to_add
 class Server:
     """The state behind the routes: the model (loading while the routes answer), its scheduler, metrics."""
 
-    def __init__(self, load: Callable[[], tuple[GPT2, Tokenizer]], model_id: str, limits: Limits,
-                 allowed_special: AllowedSpecial = "all", load_draft: Callable[[], tuple[GPT2, Tokenizer]] | None = None,
-                 chat_template: ChatTemplate | None = None):  # fmt: skip
+    def __init__(
+        self,
+        load: Callable[[], tuple[GPT2, Tokenizer]],
+        model_id: str,
+        limits: Limits,
+        allowed_special: AllowedSpecial = "all",
+        load_draft: Callable[[], tuple[GPT2, Tokenizer]] | None = None,
+        chat_template: ChatTemplate | None = None,
+    ):
         # the server's template: the one given, else the model's own once it has loaded (None: none)
         self.chat_template, self.template_given = chat_template, chat_template is not None
         self.template_error: ChatTemplateError | None = None  # the model's own, where it does not compile
@@ -61,7 +67,9 @@ class Server:
         to it get 503 (and after a failure, which is also raised, naming the error)."""
         try:
             self.model, self.tokenizer = self.load()
-            self.tokenizer.encode("", allowed_special=self.allowed_special)  # a bad allowed_special fails now, not every request
+            self.tokenizer.encode(
+                "", allowed_special=self.allowed_special
+            )  # a bad allowed_special fails now, not every request
             self._take_models_template()
             draft = None
             if self.load_draft is not None:
@@ -92,8 +100,12 @@ class Server:
         if self.chat_template is None:
             # for whoever started the server, by its flag (create_app's chat_template, in Python)
             give = "start the server with gpt2 serve --chat-template FILE"
-            raise RequestError(400, f"the model {self.model_id} has no chat template, so it cannot answer a conversation "
-                               f"(/v1/completions continues a text): {how_to_add(give)}", "messages")  # fmt: skip
+            raise RequestError(
+                400,
+                f"the model {self.model_id} has no chat template, so it cannot answer a conversation "
+                f"(/v1/completions continues a text): {how_to_add(give)}",
+                "messages",
+            )
         return self.chat_template
 
     def stop(self) -> None:
@@ -113,14 +125,19 @@ class Server:
 
     def check_model(self, name: object) -> None:
         if name is not None and name != self.model_id:
-            raise RequestError(404, f"The model `{name}` does not exist; this server serves `{self.model_id}`", "model",
-                               "model_not_found")  # fmt: skip
+            raise RequestError(
+                404,
+                f"The model `{name}` does not exist; this server serves `{self.model_id}`",
+                "model",
+                "model_not_found",
+            )
 
     def check_key(self, request: Request) -> None:
         key = self.limits.api_key
         if key is not None and not hmac.compare_digest(request.headers.get("authorization", ""), f"Bearer {key}"):
-            raise RequestError(401, "Incorrect or missing API key: send the header Authorization: Bearer KEY",
-                               code="invalid_api_key")  # fmt: skip
+            raise RequestError(
+                401, "Incorrect or missing API key: send the header Authorization: Bearer KEY", code="invalid_api_key"
+            )
 
     async def read_json(self, request: Request) -> tuple[bytes, object]:
         """The request body, read up to the size limit, and its JSON."""
@@ -169,7 +186,9 @@ def _as_json(request: Request, raw: bytes) -> Request:
     """The request again, its body (read already) given once more and labelled JSON, which
     FastAPI then reads into the route's model; the rest of the connection (a client that
     leaves) as it was."""
-    headers = [(k, v) for k, v in request.scope["headers"] if k != b"content-type"] + [(b"content-type", b"application/json")]
+    headers = [(k, v) for k, v in request.scope["headers"] if k != b"content-type"] + [
+        (b"content-type", b"application/json")
+    ]
     given = False
 
     async def receive() -> dict:

@@ -68,8 +68,13 @@ class CharTokenizer(CarriesChatTemplate):
     def special_tokens(self) -> dict[str, int]:
         return {}
 
-    def encode(self, text: str, *, allowed_special: AbstractSet[str] | Literal["all"] = frozenset(),
-               disallowed_special: Collection[str] | Literal["all"] = "all") -> list[int]:  # fmt: skip
+    def encode(
+        self,
+        text: str,
+        *,
+        allowed_special: AbstractSet[str] | Literal["all"] = frozenset(),
+        disallowed_special: Collection[str] | Literal["all"] = "all",
+    ) -> list[int]:
         """One id per character. `Tokenizer.encode`'s arguments, for code that takes either: with no
         special tokens, "all" is none, and "<|endoftext|>" is its characters (if the vocabulary has them)."""
         check_text("encode", text)
@@ -82,12 +87,19 @@ class CharTokenizer(CarriesChatTemplate):
             return [self._ids[c] for c in text]
         except KeyError:
             position = next(i for i, c in enumerate(text) if c not in self._ids)
-            raise TokenIdError(f"character {text[position]!r} at position {position} is not in this "
-                               f"{self.n_vocab}-character vocabulary") from None  # fmt: skip
+            raise TokenIdError(
+                f"character {text[position]!r} at position {position} is not in this "
+                f"{self.n_vocab}-character vocabulary"
+            ) from None
 
-    def encode_batch(self, texts: Iterable[str], *, num_workers: int | None = None,
-                     allowed_special: AbstractSet[str] | Literal["all"] = frozenset(),
-                     disallowed_special: Collection[str] | Literal["all"] = "all") -> list[list[int]]:  # fmt: skip
+    def encode_batch(
+        self,
+        texts: Iterable[str],
+        *,
+        num_workers: int | None = None,
+        allowed_special: AbstractSet[str] | Literal["all"] = frozenset(),
+        disallowed_special: Collection[str] | Literal["all"] = "all",
+    ) -> list[list[int]]:
         """`encode` each text, in this process: a lookup per character gains nothing from workers."""
         texts = check_texts(texts)
         special_sets((), allowed_special, disallowed_special)

@@ -43,14 +43,18 @@ DEFAULT_TEMPLATE = DEFAULT_TEMPLATE_PATH.read_text(encoding="utf-8")
 
 def how_to_add(give: str) -> str:
     """What to do about a model without a chat template; `give` says how to give one where it is read."""
-    return (f"{give} (a Jinja2 file; gpt2's default is {DEFAULT_TEMPLATE_PATH}), or fine-tune the model on conversations "
-            "prepared with one, which keeps it in tokenizer_config.json")  # fmt: skip
+    return (
+        f"{give} (a Jinja2 file; gpt2's default is {DEFAULT_TEMPLATE_PATH}), or fine-tune the model on conversations "
+        "prepared with one, which keeps it in tokenizer_config.json"
+    )
 
 
 HOW_TO_ADD = how_to_add("give one with chat_template")  # the command line names its flag
 
 # The (start, end) character spans of the {% generation %} blocks of the render under way.
-_replies: contextvars.ContextVar[tuple[list[str], list[tuple[int, int]]] | None] = contextvars.ContextVar("_replies", default=None)
+_replies: contextvars.ContextVar[tuple[list[str], list[tuple[int, int]]] | None] = contextvars.ContextVar(
+    "_replies", default=None
+)
 
 
 class _Generation(jinja2.ext.Extension):
@@ -78,13 +82,16 @@ def _raise_exception(message: str) -> None:
     raise jinja2.TemplateError(message)
 
 
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None, sort_keys: bool = False) -> str:
+def _tojson(
+    value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None, sort_keys: bool = False
+) -> str:
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
 def _environment() -> jinja2.Environment:
-    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                                      extensions=[_Generation, jinja2.ext.loopcontrols])  # fmt: skip
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[_Generation, jinja2.ext.loopcontrols]
+    )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     return env
@@ -110,7 +117,9 @@ class ChatTemplate:
         try:
             self._template = _environment().from_string(source)
         except jinja2.TemplateSyntaxError as e:
-            raise ChatTemplateError(f"{origin} is not a valid template: {e.message} (line {e.lineno})", "chat_template") from None
+            raise ChatTemplateError(
+                f"{origin} is not a valid template: {e.message} (line {e.lineno})", "chat_template"
+            ) from None
 
     @classmethod
     def from_file(cls, path: str | os.PathLike) -> ChatTemplate:
@@ -125,20 +134,25 @@ class ChatTemplate:
     def __repr__(self) -> str:
         return f"ChatTemplate({self.origin})"
 
-    def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = False, **variables: Any) -> str:
+    def render(
+        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = False, **variables: Any
+    ) -> str:
         """The conversation as text; `add_generation_prompt` ends it where the assistant's reply begins.
         `variables` are more names the template may read (`encode` gives the special tokens')."""
         return self._render(messages, add_generation_prompt, variables)[0]
 
-    def _render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool,
-                variables: Mapping[str, Any]) -> tuple[str, list[tuple[int, int]]]:  # fmt: skip
+    def _render(
+        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool, variables: Mapping[str, Any]
+    ) -> tuple[str, list[tuple[int, int]]]:
         """The text, and the (start, end) character spans of its replies."""
         messages = check_messages(messages)
         pieces: list[str] = []
         spans: list[tuple[int, int]] = []
         token = _replies.set((pieces, spans))
         try:
-            for piece in self._template.generate(messages=messages, add_generation_prompt=add_generation_prompt, **variables):
+            for piece in self._template.generate(
+                messages=messages, add_generation_prompt=add_generation_prompt, **variables
+            ):
                 pieces.append(piece)
         except Exception as e:  # a template is a program: any error in it is the template's
             line = _template_line(e)
@@ -148,14 +162,20 @@ class ChatTemplate:
             _replies.reset(token)
         return "".join(pieces), spans
 
-    def encode(self, tokenizer: Tokenizer | CharTokenizer, messages: Sequence[Mapping[str, Any]],
-               add_generation_prompt: bool = False) -> list[int]:  # fmt: skip
+    def encode(
+        self,
+        tokenizer: Tokenizer | CharTokenizer,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = False,
+    ) -> list[int]:
         """The conversation's ids, as transformers' `apply_chat_template(tokenize=True)` gives them:
         the text rendered with the tokenizer's special tokens, then encoded with them allowed."""
         text, _ = self._render(messages, add_generation_prompt, special_token_names(tokenizer))
         return tokenizer.encode(text, allowed_special="all")
 
-    def encode_with_mask(self, tokenizer: Tokenizer | CharTokenizer, messages: Sequence[Mapping[str, Any]]) -> tuple[list[int], list[int]]:
+    def encode_with_mask(
+        self, tokenizer: Tokenizer | CharTokenizer, messages: Sequence[Mapping[str, Any]]
+    ) -> tuple[list[int], list[int]]:
         """The conversation's ids and a mask of them, 1 on the tokens that cover a reply (a
         `{% generation %}` block), as transformers' `return_assistant_tokens_mask` gives it."""
         text, spans = self._render(messages, False, special_token_names(tokenizer))
@@ -238,15 +258,21 @@ def check_messages(messages: Any, *, training: bool = False) -> list[dict[str, s
     checked = []
     for i, message in enumerate(messages):
         if not isinstance(message, Mapping):
-            raise InvalidArgumentError(f"messages[{i}] must be an object with a role and a content, got {_shown(message)}", "messages")
+            raise InvalidArgumentError(
+                f"messages[{i}] must be an object with a role and a content, got {_shown(message)}", "messages"
+            )
         role, content = message.get("role"), message.get("content")
         if role not in ROLES:
-            raise InvalidArgumentError(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {_shown(role)}", "messages")
+            raise InvalidArgumentError(
+                f"messages[{i}].role must be one of {', '.join(ROLES)}, got {_shown(role)}", "messages"
+            )
         if not isinstance(content, str):
             raise InvalidArgumentError(f"messages[{i}].content must be a string, got {_shown(content)}", "messages")
         checked.append({"role": role, "content": content})
     if training and not any(m["role"] == "assistant" for m in checked):
-        raise InvalidArgumentError("the conversation has no assistant message: nothing in it to learn to reply", "messages")
+        raise InvalidArgumentError(
+            "the conversation has no assistant message: nothing in it to learn to reply", "messages"
+        )
     return checked
 
 
@@ -268,8 +294,11 @@ def read_conversations(path: str | os.PathLike, name: str | None = None) -> Iter
             except (json.JSONDecodeError, UnicodeDecodeError) as e:
                 raise DataError(f"{where}: not a JSON object ({e})") from None
             if not isinstance(record, dict) or "messages" not in record:
-                got = f"an object with the keys {', '.join(map(str, record)) or 'none'}" if isinstance(record, dict) else \
-                    f"a JSON {type(record).__name__}"  # fmt: skip
+                got = (
+                    f"an object with the keys {', '.join(map(str, record)) or 'none'}"
+                    if isinstance(record, dict)
+                    else f"a JSON {type(record).__name__}"
+                )
                 raise DataError(f'{where}: a conversation is an object {{"messages": [...]}}, got {got}')
             try:
                 messages = check_messages(record["messages"], training=True)
@@ -279,15 +308,19 @@ def read_conversations(path: str | os.PathLike, name: str | None = None) -> Iter
             found = True
             yield number, messages
     if not found:
-        raise DataError(f'{name} holds no conversations: give one a line, {{"messages": [{{"role": ..., "content": ...}}, ...]}}')
+        raise DataError(
+            f'{name} holds no conversations: give one a line, {{"messages": [{{"role": ..., "content": ...}}, ...]}}'
+        )
 
 
 def _check_weights(messages: list[Mapping[str, Any]], where: str) -> None:
     """OpenAI's "weight": 0 leaves a reply out of training; gpt2 learns every reply, so only 1 is taken."""
     for i, message in enumerate(messages):
         if message.get("weight", 1) != 1:
-            raise DataError(f"{where}: messages[{i}].weight is {_shown(message['weight'])}: every reply is learned (weight 1); "
-                            f"leave out the key, or the conversation")  # fmt: skip
+            raise DataError(
+                f"{where}: messages[{i}].weight is {_shown(message['weight'])}: every reply is learned (weight 1); "
+                f"leave out the key, or the conversation"
+            )
 
 
 def _shown(value: Any) -> str:

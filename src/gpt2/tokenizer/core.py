@@ -169,7 +169,9 @@ class Tokenizer(CarriesChatTemplate):
             self._decoder[i] = name.encode("utf-8")
         for b in range(256):
             if bytes([b]) not in self._encoder:
-                raise VocabularyError(f"byte 0x{b:02x} ({to_file_form(bytes([b]))!r}) is not a token; every byte must be")
+                raise VocabularyError(
+                    f"byte 0x{b:02x} ({to_file_form(bytes([b]))!r}) is not a token; every byte must be"
+                )
         self._merge_ranks: dict[tuple[bytes, bytes], int] = {}
         for rank, (left, right) in enumerate(merges):
             for token in (left, right, left + right):
@@ -289,8 +291,13 @@ class Tokenizer(CarriesChatTemplate):
 
     # ---------------------------------------------------------------- encoding
 
-    def encode(self, text: str, *, allowed_special: AbstractSet[str] | Literal["all"] = frozenset(),
-               disallowed_special: Collection[str] | Literal["all"] = "all") -> list[int]:  # fmt: skip
+    def encode(
+        self,
+        text: str,
+        *,
+        allowed_special: AbstractSet[str] | Literal["all"] = frozenset(),
+        disallowed_special: Collection[str] | Literal["all"] = "all",
+    ) -> list[int]:
         """Token ids of `text`, with tiktoken's rule for text that spells a special token
         (e.g. "<|endoftext|>"): a token `allowed_special` names ("all": every one) becomes its
         id; one `disallowed_special` names ("all", the default: every one not allowed) raises
@@ -307,9 +314,14 @@ class Tokenizer(CarriesChatTemplate):
         check_text("encode_ordinary", text)
         return self._encode_ordinary(text)
 
-    def encode_batch(self, texts: Iterable[str], *, num_workers: int | None = None,
-                     allowed_special: AbstractSet[str] | Literal["all"] = frozenset(),
-                     disallowed_special: Collection[str] | Literal["all"] = "all") -> list[list[int]]:  # fmt: skip
+    def encode_batch(
+        self,
+        texts: Iterable[str],
+        *,
+        num_workers: int | None = None,
+        allowed_special: AbstractSet[str] | Literal["all"] = frozenset(),
+        disallowed_special: Collection[str] | Literal["all"] = "all",
+    ) -> list[list[int]]:
         """`encode` each text, in `num_workers` processes (default: one per core)."""
         texts = check_texts(texts)
         allowed, disallowed = special_sets(self._special_tokens, allowed_special, disallowed_special)
@@ -444,9 +456,7 @@ class Tokenizer(CarriesChatTemplate):
         if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
             raise InputTypeError(f"vocab_size must be an integer, got {vocab_size!r}")
         if vocab_size < 257:
-            raise InvalidArgumentError(
-                f"vocab_size must be at least 257 (256 byte tokens and {EOT}), got {vocab_size}"
-            )
+            raise InvalidArgumentError(f"vocab_size must be at least 257 (256 byte tokens and {EOT}), got {vocab_size}")
         pieces = count_pieces(corpus, _pretokenize)
         merges = learn_merges([(_utf8(piece), n) for piece, n in pieces.items()], vocab_size - 257, progress)
         if len(merges) < vocab_size - 257:
@@ -476,7 +486,9 @@ def id_list(ids: Iterable[int]) -> list[int] | tuple[int, ...]:
         hint = "wrap one id in a list, decode([id])" if ndim == 0 else "pick one row, e.g. decode(ids[0])"
         raise InputTypeError(f"decode() takes one sequence of ids (1-D), got {ndim}-D ids of shape {shape}: {hint}")
     if hasattr(ids, "__index__"):
-        raise InputTypeError(f"decode() takes a sequence of token ids, got one {type(ids).__name__}: use decode([{ids!r}])")
+        raise InputTypeError(
+            f"decode() takes a sequence of token ids, got one {type(ids).__name__}: use decode([{ids!r}])"
+        )
     try:
         return list(ids)
     except TypeError:
@@ -530,8 +542,10 @@ def check_text(function: str, text: object) -> None:
 
 def check_texts(texts: Iterable[str]) -> list[str]:
     if isinstance(texts, (str, bytes, bytearray)):
-        raise InputTypeError(f"encode_batch() takes a list of texts, got one {type(texts).__name__}: "
-                             f"for one text, use encode(text) or encode_batch([text])")  # fmt: skip
+        raise InputTypeError(
+            f"encode_batch() takes a list of texts, got one {type(texts).__name__}: "
+            f"for one text, use encode(text) or encode_batch([text])"
+        )
     texts = list(texts)
     for i, text in enumerate(texts):
         if not isinstance(text, str):
@@ -539,8 +553,11 @@ def check_texts(texts: Iterable[str]) -> list[str]:
     return texts
 
 
-def special_sets(special_tokens: Iterable[str], allowed_special: AbstractSet[str] | Literal["all"],
-                 disallowed_special: Collection[str] | Literal["all"]) -> tuple[frozenset[str], frozenset[str]]:  # fmt: skip
+def special_sets(
+    special_tokens: Iterable[str],
+    allowed_special: AbstractSet[str] | Literal["all"],
+    disallowed_special: Collection[str] | Literal["all"],
+) -> tuple[frozenset[str], frozenset[str]]:
     """(allowed, disallowed) special tokens, as tiktoken's `encode` reads its two arguments:
     "all" allowed is every special token; "all" disallowed, every one not allowed. A name the
     vocabulary lacks is refused (tiktoken ignores it)."""
@@ -556,8 +573,9 @@ def _token_names(param: str, names: object, special: frozenset[str]) -> frozense
         raise InvalidArgumentError(f"{param} must be a set of special tokens or 'all', got {names!r}", param)
     unknown = set(names) - special
     if unknown:
-        raise InvalidArgumentError(f"{param}: unknown special token(s) {sorted(unknown)}; "
-                                   f"this vocabulary has {sorted(special)}", param)  # fmt: skip
+        raise InvalidArgumentError(
+            f"{param}: unknown special token(s) {sorted(unknown)}; this vocabulary has {sorted(special)}", param
+        )
     return frozenset(names)
 
 

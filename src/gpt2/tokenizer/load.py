@@ -29,8 +29,18 @@ EOT = "<|endoftext|>"  # GPT-2's one special token, an entry of its encoder.json
 GPT2_VOCAB_DIR = Path(__file__).parent / "vocab"  # OpenAI's encoder.json and vocab.bpe, as released
 CHARS_FILE = "chars.json"
 # The files a directory's tokenizer is read from: by `load_tokenizer`, and by transformers' AutoTokenizer.
-TOKENIZER_FILES = ("encoder.json", "vocab.bpe", "vocab.json", "merges.txt", CHARS_FILE, "tokenizer.json", "tokenizer_config.json",
-                   "special_tokens_map.json", "added_tokens.json", "chat_template.jinja")  # fmt: skip
+TOKENIZER_FILES = (
+    "encoder.json",
+    "vocab.bpe",
+    "vocab.json",
+    "merges.txt",
+    CHARS_FILE,
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+)
 
 Encoder = Mapping[bytes, int]  # an ordinary token's bytes -> its id
 Merges = Sequence[tuple[bytes, bytes]]  # in rank order
@@ -81,7 +91,9 @@ def files_digest(*paths: str | os.PathLike) -> bytes:
     return digest.digest()
 
 
-def read_openai_files(encoder_json: str | os.PathLike, vocab_bpe: str | os.PathLike) -> tuple[dict[bytes, int], list[tuple[bytes, bytes]], dict[str, int]]:
+def read_openai_files(
+    encoder_json: str | os.PathLike, vocab_bpe: str | os.PathLike
+) -> tuple[dict[bytes, int], list[tuple[bytes, bytes]], dict[str, int]]:
     """(token bytes -> id, merges in rank order, special token -> id) of OpenAI's two files;
     <|endoftext|> is the one special token. Raises VocabularyError naming the file and line at fault."""
     encoder_json, vocab_bpe = Path(encoder_json), Path(vocab_bpe)
@@ -127,11 +139,15 @@ def _read_merges(vocab_bpe: Path) -> list[tuple[bytes, bytes]]:
     return merges
 
 
-def save_openai_files(directory: str | os.PathLike, encoder: Encoder, merges: Merges, special: Mapping[str, int]) -> None:
+def save_openai_files(
+    directory: str | os.PathLike, encoder: Encoder, merges: Merges, special: Mapping[str, int]
+) -> None:
     """Write `encoder.json` and `vocab.bpe` into `directory` (created if needed), atomically."""
     directory = writable_directory(directory)
     atomic_write_text(directory / "encoder.json", json.dumps(_file_vocabulary(encoder, special)))
-    atomic_write_text(directory / "vocab.bpe", "#version: 0.2\n" + "".join(line + "\n" for line in _merge_lines(merges)))
+    atomic_write_text(
+        directory / "vocab.bpe", "#version: 0.2\n" + "".join(line + "\n" for line in _merge_lines(merges))
+    )
 
 
 def _file_vocabulary(encoder: Encoder, special: Mapping[str, int]) -> dict[str, int]:
@@ -156,7 +172,7 @@ def read_chars_file(path: str | os.PathLike) -> list:
         raise VocabularyNotFoundError(f"vocabulary file not found: {path}")
     data = read_json_object(path, VocabularyError, 'a JSON object {"chars": [...]}')
     if not isinstance(data.get("chars"), list):
-        raise VocabularyError(f"{path} must hold a list of characters under \"chars\"")
+        raise VocabularyError(f'{path} must hold a list of characters under "chars"')
     return data["chars"]
 
 
@@ -179,16 +195,38 @@ def pretrained_bpe_files(encoder: Encoder, merges: Merges, special: Mapping[str,
     vocabulary, merge_lines = _file_vocabulary(encoder, special), _merge_lines(merges)
     added = sorted(special.items(), key=lambda item: item[1])
     pipeline = {
-        "version": "1.0", "truncation": None, "padding": None,
-        "added_tokens": [{"id": i, "content": name, "single_word": False, "lstrip": False, "rstrip": False,
-                          "normalized": False, "special": True} for name, i in added],
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [
+            {
+                "id": i,
+                "content": name,
+                "single_word": False,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+                "special": True,
+            }
+            for name, i in added
+        ],
         "normalizer": None,
         "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
         "post_processor": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": True},
         "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
-        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "", "end_of_word_suffix": "",
-                  "fuse_unk": False, "byte_fallback": False, "ignore_merges": False, "vocab": vocabulary, "merges": merge_lines},
-    }  # fmt: skip
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": "",
+            "end_of_word_suffix": "",
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": False,
+            "vocab": vocabulary,
+            "merges": merge_lines,
+        },
+    }
     return {
         "vocab.json": json.dumps(vocabulary, ensure_ascii=False),
         "merges.txt": "#version: 0.2\n" + "".join(line + "\n" for line in merge_lines),
@@ -196,32 +234,52 @@ def pretrained_bpe_files(encoder: Encoder, merges: Merges, special: Mapping[str,
     }
 
 
-def save_pretrained_bpe(directory: str | os.PathLike, files: Mapping[str, str], chat_template: str | None,
-                        model_max_length: int | None) -> None:  # fmt: skip
+def save_pretrained_bpe(
+    directory: str | os.PathLike, files: Mapping[str, str], chat_template: str | None, model_max_length: int | None
+) -> None:
     """A byte-level BPE vocabulary as Hugging Face's GPT-2 directories hold it (`Tokenizer.save_pretrained`):
     `files` from `pretrained_bpe_files`, and its tokenizer_config.json."""
-    config = {"tokenizer_class": "GPT2Tokenizer", "bos_token": EOT, "eos_token": EOT, "unk_token": EOT,
-              "add_prefix_space": False, "clean_up_tokenization_spaces": False, "errors": "replace",
-              **chat_template_entry(chat_template)}  # fmt: skip
+    config = {
+        "tokenizer_class": "GPT2Tokenizer",
+        "bos_token": EOT,
+        "eos_token": EOT,
+        "unk_token": EOT,
+        "add_prefix_space": False,
+        "clean_up_tokenization_spaces": False,
+        "errors": "replace",
+        **chat_template_entry(chat_template),
+    }
     _write_pretrained(directory, dict(files), config, model_max_length)
 
 
-def save_pretrained_chars(directory: str | os.PathLike, chars: Sequence[str], chat_template: str | None,
-                          model_max_length: int | None) -> None:  # fmt: skip
+def save_pretrained_chars(
+    directory: str | os.PathLike, chars: Sequence[str], chat_template: str | None, model_max_length: int | None
+) -> None:
     """A character vocabulary as `chars.json` and a `tokenizer.json` (`CharTokenizer.save_pretrained`)."""
     pipeline = {
-        "version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [],
+        "normalizer": None,
         "pre_tokenizer": {"type": "Split", "pattern": {"Regex": r"[\s\S]"}, "behavior": "Isolated", "invert": False},
         "post_processor": None,
         "decoder": {"type": "Fuse"},
-        "model": {"type": "WordLevel", "vocab": {c: i for i, c in enumerate(chars)}, "unk_token": "<unknown character>"},
-    }  # fmt: skip
+        "model": {
+            "type": "WordLevel",
+            "vocab": {c: i for i, c in enumerate(chars)},
+            "unk_token": "<unknown character>",
+        },
+    }
     files = {
         CHARS_FILE: _chars_json(chars),
         "tokenizer.json": json.dumps(pipeline, ensure_ascii=False),
     }
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,
-              **chat_template_entry(chat_template)}  # fmt: skip
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "clean_up_tokenization_spaces": False,
+        **chat_template_entry(chat_template),
+    }
     _write_pretrained(directory, files, config, model_max_length)
 
 
@@ -242,11 +300,15 @@ def read_chat_template(directory: str | os.PathLike) -> str | None:
         return None
     source = read_json_object(config, VocabularyError).get("chat_template")
     if source is not None and not isinstance(source, str):
-        raise VocabularyError(f"{config}: chat_template must be one template's text; named templates (a list) are not supported")
+        raise VocabularyError(
+            f"{config}: chat_template must be one template's text; named templates (a list) are not supported"
+        )
     return source
 
 
-def _write_pretrained(directory: str | os.PathLike, files: dict[str, str], config: dict, model_max_length: int | None) -> None:
+def _write_pretrained(
+    directory: str | os.PathLike, files: dict[str, str], config: dict, model_max_length: int | None
+) -> None:
     """Write a tokenizer's files and its `tokenizer_config.json` into `directory` (created if needed),
     each atomically, and remove the other tokenizer files there, so that no reader finds a stale one."""
     directory = writable_directory(directory)

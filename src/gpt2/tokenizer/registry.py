@@ -41,7 +41,9 @@ def assumed_tokenizer(n_vocab: int) -> Tokenizer | None:
     return Tokenizer.gpt2() if n_vocab == Tokenizer.gpt2().n_vocab else None
 
 
-def load_tokenizer(directory: str | os.PathLike, kind: Literal["bpe", "char"] | None = None) -> Tokenizer | CharTokenizer | None:
+def load_tokenizer(
+    directory: str | os.PathLike, kind: Literal["bpe", "char"] | None = None
+) -> Tokenizer | CharTokenizer | None:
     """The tokenizer saved in a directory: encoder.json + vocab.bpe (OpenAI's names), vocab.json +
     merges.txt (Hugging Face's names for the same files), or chars.json; None if none is there.
     `kind` looks for one kind's files only: "bpe" (the pairs) or "char" (chars.json).

@@ -34,7 +34,9 @@ def count_pieces(corpus: str | Iterable[str], pretokenize: Callable[[str], Itera
     return counts
 
 
-def learn_merges(words: Iterable[tuple[bytes, int]], n_merges: int, progress: bool = False) -> list[tuple[bytes, bytes]]:
+def learn_merges(
+    words: Iterable[tuple[bytes, int]], n_merges: int, progress: bool = False
+) -> list[tuple[bytes, bytes]]:
     """Up to `n_merges` merges, in the order learned, from (word's bytes, frequency) pairs; fewer
     if the words run out of pairs first. No merge crosses from one word into the next."""
     from tqdm.auto import tqdm

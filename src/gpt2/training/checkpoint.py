@@ -28,9 +28,19 @@ VERSION = 2
 RngState = dict[str, torch.Tensor | None]  # {"cpu": torch's CPU generator, "cuda": the device's, or None}
 
 
-def checkpoint_state(*, settings: dict[str, Any], config: GPT2Config, iteration: int, evaluated: int, best_val_loss: float,
-                     model: dict[str, torch.Tensor], optimizer: dict[str, Any], scaler: dict[str, Any],
-                     rng: list[RngState], chat_template: str | None = None) -> dict[str, Any]:  # fmt: skip
+def checkpoint_state(
+    *,
+    settings: dict[str, Any],
+    config: GPT2Config,
+    iteration: int,
+    evaluated: int,
+    best_val_loss: float,
+    model: dict[str, torch.Tensor],
+    optimizer: dict[str, Any],
+    scaler: dict[str, Any],
+    rng: list[RngState],
+    chat_template: str | None = None,
+) -> dict[str, Any]:
     """The checkpoint of a run: `model` and `optimizer` whole (gathered from every process), `rng`
     each process's random state, by rank, `chat_template` the template the model carries (the
     data's or the init model's: a resume keeps it, whether or not the init model is still there)."""
@@ -65,13 +75,18 @@ def load_checkpoint(out: Path) -> dict[str, Any]:
     """The checkpoint in OUT, checked to be one of ours (either version)."""
     path = out / CHECKPOINT
     if not path.is_file():
-        raise InvalidArgumentError(f"nothing to resume in {out}: it holds no {CHECKPOINT} (start a run without resume=True)", "resume")
+        raise InvalidArgumentError(
+            f"nothing to resume in {out}: it holds no {CHECKPOINT} (start a run without resume=True)", "resume"
+        )
     try:
         # never runs code from the file; mapped, not read: the processes of a node share one copy
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:
-        raise CheckpointError(f"{path} cannot be read ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
-                              f"start again with overwrite=True", "overwrite") from None  # fmt: skip
+        raise CheckpointError(
+            f"{path} cannot be read ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+            f"start again with overwrite=True",
+            "overwrite",
+        ) from None
     if not isinstance(state, dict) or state.get("format") != FORMAT or state.get("version") not in (1, 2):
         raise CheckpointError(f"{path} is not a checkpoint of gpt2 train")
     return state
@@ -89,7 +104,9 @@ def model_from_checkpoint(state: dict[str, Any]) -> GPT2:
     return model
 
 
-def load_optimizer(state: dict[str, Any], procs: Processes, model: GPT2, optimizers: list[torch.optim.Optimizer]) -> None:
+def load_optimizer(
+    state: dict[str, Any], procs: Processes, model: GPT2, optimizers: list[torch.optim.Optimizer]
+) -> None:
     """Give `optimizers` the checkpoint's state: version 1's (AdamW's alone) by parameter index,
     version 2's by parameter name (through `procs`, which shares it out over the processes under FSDP)."""
     if state["version"] == 1:

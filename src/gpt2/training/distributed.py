@@ -57,8 +57,10 @@ def launched() -> bool:
 def _env_int(name: str) -> int:
     value = os.environ.get(name)
     if value is None or not value.strip().isdigit():
-        raise DistributedError(f"environment variable {name} must be a whole number for a distributed launch, got {value!r}"
-                               " (start with torchrun, which sets it)")  # fmt: skip
+        raise DistributedError(
+            f"environment variable {name} must be a whole number for a distributed launch, got {value!r}"
+            " (start with torchrun, which sets it)"
+        )
     return int(value)
 
 
@@ -213,9 +215,14 @@ class Processes:
             who = f"rank{'s' * (len(silent) > 1)} {', '.join(map(str, silent))} of {self.world} stopped answering (died, or hangs)"
         else:
             return None  # everyone answers: not a lost process
-        cause = re.sub(r"^\[[^\]]*\]\s*", "", str(error).strip().splitlines()[0])[:120]  # without gloo's source location
-        return DistributedError(f"{who}, so rank {self.rank} stops too (a collective waits at most timeout {self.timeout:g} s; "
-                                f"the backend said: {cause})", "timeout")  # fmt: skip
+        cause = re.sub(r"^\[[^\]]*\]\s*", "", str(error).strip().splitlines()[0])[
+            :120
+        ]  # without gloo's source location
+        return DistributedError(
+            f"{who}, so rank {self.rank} stops too (a collective waits at most timeout {self.timeout:g} s; "
+            f"the backend said: {cause})",
+            "timeout",
+        )
 
     def _silent_ranks(self) -> list[int] | None:
         """The ranks that do not check in with the store within ANSWER_WAIT seconds (None: the store is gone)."""
@@ -258,7 +265,9 @@ def _copied(state: Any, device: torch.device) -> Any:
 
 def _is_collective_error(error: BaseException) -> bool:
     message = str(error)
-    return isinstance(error, dist.DistError) or (isinstance(error, RuntimeError) and ("gloo" in message or "NCCL" in message))
+    return isinstance(error, dist.DistError) or (
+        isinstance(error, RuntimeError) and ("gloo" in message or "NCCL" in message)
+    )
 
 
 def start(device: str, timeout: float = DIST_TIMEOUT) -> Processes:
@@ -277,10 +286,18 @@ def start(device: str, timeout: float = DIST_TIMEOUT) -> Processes:
     try:
         store, rank, world = next(dist.rendezvous("env://", rank, world, timeout=timedelta(seconds=timeout)))
     except (RuntimeError, ValueError) as e:
-        raise DistributedError(f"rank {rank}: could not reach the other processes at {os.environ.get('MASTER_ADDR')}:"
-                               f"{os.environ.get('MASTER_PORT')} ({str(e).splitlines()[0][:200]})") from None  # fmt: skip
+        raise DistributedError(
+            f"rank {rank}: could not reach the other processes at {os.environ.get('MASTER_ADDR')}:"
+            f"{os.environ.get('MASTER_PORT')} ({str(e).splitlines()[0][:200]})"
+        ) from None
     backend = "nccl" if resolved.type == "cuda" else "gloo"
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timedelta(seconds=timeout),
-                            device_id=resolved if backend == "nccl" else None)  # fmt: skip
+    dist.init_process_group(
+        backend,
+        store=store,
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=timeout),
+        device_id=resolved if backend == "nccl" else None,
+    )
     control = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout)) if backend == "nccl" else None
     return Processes(resolved, rank, world, timeout, store, control)

@@ -52,11 +52,15 @@ class WandbLogger:
     def __init__(self, s: TrainSettings, out: Path, resumed: bool):
         wandb = _package("wandb", "wandb")
         id_file = out / WANDB_ID
-        run_id = id_file.read_text(encoding="utf-8").strip() if resumed and id_file.is_file() else None  # None: a new run
+        run_id = (
+            id_file.read_text(encoding="utf-8").strip() if resumed and id_file.is_file() else None
+        )  # None: a new run
         try:
             self.run = wandb.init(project=s.wandb, name=s.wandb_run_name, id=run_id, resume="allow", config=s.to_dict())
         except wandb.errors.Error as e:  # not logged in, no network, ...: W&B's own words
-            raise InvalidArgumentError(f"wandb: Weights & Biases could not start the run: {' '.join(str(e).split())}", "wandb") from None
+            raise InvalidArgumentError(
+                f"wandb: Weights & Biases could not start the run: {' '.join(str(e).split())}", "wandb"
+            ) from None
         atomic_write_text(id_file, self.run.id + "\n")
 
     def log(self, record: dict[str, Any]) -> None:

@@ -60,8 +60,10 @@ class StopSignals:
             first, self.requested = not self.requested, True
             if first and looping and self.procs.is_main:
                 again = "" if grouped else " (once more to stop at once)"
-                say(f"gpt2: stopping at the next micro-batch or evaluation batch, with the checkpoint of the last "
-                    f"completed iteration{again}")  # fmt: skip
+                say(
+                    f"gpt2: stopping at the next micro-batch or evaluation batch, with the checkpoint of the last "
+                    f"completed iteration{again}"
+                )
 
         self.release()
         self._previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}

@@ -122,10 +122,16 @@ def warn_about_warmup(s: TrainSettings) -> None:
         last = learning_rate(s.max_iters - 1, s)
         share = 100 * last / s.lr
         percent = f"{share:.0f}%" if share >= 1 else f"{share:.1g}%"
-        warnings.warn(WarmupWarning(f"warmup_iters {s.warmup_iters} is not below max_iters {s.max_iters}: the learning rate "
-                                    f"warms up for the whole run, from {learning_rate(0, s):.2g} to {last:.2g} at its last "
-                                    f"iteration ({percent} of lr {s.lr:g}), and never decays; pass a smaller warmup_iters",
-                                    "warmup_iters", ("max_iters", "lr")), stacklevel=2)  # fmt: skip
+        warnings.warn(
+            WarmupWarning(
+                f"warmup_iters {s.warmup_iters} is not below max_iters {s.max_iters}: the learning rate "
+                f"warms up for the whole run, from {learning_rate(0, s):.2g} to {last:.2g} at its last "
+                f"iteration ({percent} of lr {s.lr:g}), and never decays; pass a smaller warmup_iters",
+                "warmup_iters",
+                ("max_iters", "lr"),
+            ),
+            stacklevel=2,
+        )
 
 
 def flops_per_token(model: GPT2) -> float:
@@ -154,9 +160,16 @@ def make_optimizers(model: GPT2, s: TrainSettings, device: torch.device) -> list
     fused = {"fused": True} if fused_adamw_available(device) else {}
     optimizers: list[torch.optim.Optimizer] = [torch.optim.AdamW(groups, lr=s.lr, betas=(s.beta1, s.beta2), **fused)]
     if muon:
-        optimizers.append(torch.optim.Muon(muon, lr=peak_lr(s, muon=True),
-                                           weight_decay=s.weight_decay, momentum=0.95, nesterov=True,
-                                           adjust_lr_fn="match_rms_adamw"))  # fmt: skip
+        optimizers.append(
+            torch.optim.Muon(
+                muon,
+                lr=peak_lr(s, muon=True),
+                weight_decay=s.weight_decay,
+                momentum=0.95,
+                nesterov=True,
+                adjust_lr_fn="match_rms_adamw",
+            )
+        )
     return optimizers
 
 
@@ -177,7 +190,9 @@ def build_model(s: TrainSettings, data: TokenData) -> GPT2:
     data.check_vocabulary(model.tokenizer, model.config.n_vocab, repr(s.init))
     if s.block_size is not None:
         if s.block_size > model.config.n_ctx:
-            raise ContextLengthError(f"block_size {s.block_size} is over the context of the model {s.init!r} (n_ctx={model.config.n_ctx})")
+            raise ContextLengthError(
+                f"block_size {s.block_size} is over the context of the model {s.init!r} (n_ctx={model.config.n_ctx})"
+            )
         model.crop_context(s.block_size)
     return model
 
@@ -188,9 +203,14 @@ def chat_template_for(data: TokenData, earlier: str | None, model: str) -> str |
     if data.chat_template is None:
         return earlier
     if earlier is not None and earlier != data.chat_template:
-        warnings.warn(ChatTemplateReplacedWarning(f"the chat template of the model {model} is replaced by the one the data in "
-                                                  f"{data.directory} was rendered with: the model saved carries the data's", "init"),
-                      stacklevel=2)  # fmt: skip
+        warnings.warn(
+            ChatTemplateReplacedWarning(
+                f"the chat template of the model {model} is replaced by the one the data in "
+                f"{data.directory} was rendered with: the model saved carries the data's",
+                "init",
+            ),
+            stacklevel=2,
+        )
     return data.chat_template
 
 
@@ -213,8 +233,9 @@ class TrainingMemory(NamedTuple):
         return self.states + self.activations + WORKSPACE
 
 
-def training_memory(config: GPT2Config, s: TrainSettings, device: torch.device, compute: torch.dtype,
-                    world: int = 1) -> TrainingMemory:  # fmt: skip
+def training_memory(
+    config: GPT2Config, s: TrainSettings, device: torch.device, compute: torch.dtype, world: int = 1
+) -> TrainingMemory:
     """What one process of a run holds at its peak, estimated: the weights with their gradients
     and AdamW's two moments, one micro-batch's activations, and a workspace.
     benchmarks/memory.py checks it against the peak of real runs.
@@ -241,15 +262,19 @@ def training_memory(config: GPT2Config, s: TrainSettings, device: torch.device, 
     return TrainingMemory(states, s.batch_size * T * per_token)
 
 
-def check_training_memory(config: GPT2Config, s: TrainSettings, procs: distributed.Processes, compute: torch.dtype) -> None:
+def check_training_memory(
+    config: GPT2Config, s: TrainSettings, procs: distributed.Processes, compute: torch.dtype
+) -> None:
     """Refuse, before anything is allocated, a run the device cannot hold (a warning if it may not)."""
     needed = training_memory(config, s, procs.device, compute, procs.world)
     states, activations = needed.states, needed.activations
     sharing = procs.sharing_memory  # on the CPU, the processes of this machine: each needs as much
     each = f" in each of the {sharing} processes on this machine" if sharing > 1 else ""
-    hint = (f"lower batch_size (or block_size): a micro-batch of {s.batch_size:,} windows of {config.n_ctx:,} tokens "
-            f"keeps about {format_bytes(activations)} of activations{each}, {format_bytes(activations / s.batch_size)} a window, "
-            f"beside {format_bytes(states)} for the weights, their gradients and AdamW's moments")  # fmt: skip
+    hint = (
+        f"lower batch_size (or block_size): a micro-batch of {s.batch_size:,} windows of {config.n_ctx:,} tokens "
+        f"keeps about {format_bytes(activations)} of activations{each}, {format_bytes(activations / s.batch_size)} a window, "
+        f"beside {format_bytes(states)} for the weights, their gradients and AdamW's moments"
+    )
     check_fits(needed.total * sharing, procs.device, "training", hint, "batch_size", ("block_size",))
 
 
@@ -349,11 +374,16 @@ def check_task_tokenizer(task: str, data: TokenData) -> None:
     which knows only its corpus's characters, does not."""
     if isinstance(data.tokenizer, Tokenizer):
         return
-    has = (f"a character-level one ({data.tokenizer.n_vocab} characters), which knows only its corpus's characters"
-           if isinstance(data.tokenizer, CharTokenizer) else "none of its own")  # fmt: skip
-    raise InvalidArgumentError(f"eval_task {task} needs a BPE tokenizer that writes any text (GPT-2's, as llm.c scores it), but the "
-                               f"data in {data.directory} has {has}: train on data prepared with tokenizer gpt2, or drop eval_task",
-                               "eval_task")  # fmt: skip
+    has = (
+        f"a character-level one ({data.tokenizer.n_vocab} characters), which knows only its corpus's characters"
+        if isinstance(data.tokenizer, CharTokenizer)
+        else "none of its own"
+    )
+    raise InvalidArgumentError(
+        f"eval_task {task} needs a BPE tokenizer that writes any text (GPT-2's, as llm.c scores it), but the "
+        f"data in {data.directory} has {has}: train on data prepared with tokenizer gpt2, or drop eval_task",
+        "eval_task",
+    )
 
 
 class Trainer:
@@ -365,11 +395,18 @@ class Trainer:
     def __init__(self, s: TrainSettings, out: Path, *, progress: bool = True, state: dict[str, Any] | None = None):
         self.s, self.out, self.progress = s, out, progress
         if s.fsdp and not distributed.launched():
-            raise InvalidArgumentError("fsdp shards the model over the processes of a distributed launch: "
-                                       "start the run under torchrun, one process a GPU", "fsdp")  # fmt: skip
+            raise InvalidArgumentError(
+                "fsdp shards the model over the processes of a distributed launch: "
+                "start the run under torchrun, one process a GPU",
+                "fsdp",
+            )
         self.logger: Loggers | None = None  # rank 0's, from the loop's start: log.jsonl, W&B, TensorBoard
         self.data = open_data(s.data)
-        self.task = None if s.eval_task is None else TaskEvaluation(s, self.data, progress and os.environ.get("RANK", "0") == "0")
+        self.task = (
+            None
+            if s.eval_task is None
+            else TaskEvaluation(s, self.data, progress and os.environ.get("RANK", "0") == "0")
+        )
         self.procs = distributed.start(s.device, s.timeout)  # this process's rank of world; its device
         try:
             self._build(state)
@@ -381,8 +418,11 @@ class Trainer:
         s = self.s
         self.rank, self.world, self.device = self.procs.rank, self.procs.world, self.procs.device
         if s.grad_accum % self.world:
-            raise InvalidArgumentError(f"grad_accum {s.grad_accum} must be a multiple of the {self.world} processes: "
-                                       f"each takes an equal share of a step's micro-batches", "grad_accum")  # fmt: skip
+            raise InvalidArgumentError(
+                f"grad_accum {s.grad_accum} must be a multiple of the {self.world} processes: "
+                f"each takes an equal share of a step's micro-batches",
+                "grad_accum",
+            )
         self.precision: Precision = training_precision(self.device, s.dtype)
         check_training_memory(planned_config(s, self.data, state), s, self.procs, self.precision.compute)
         enable_tf32(self.device)
@@ -394,7 +434,9 @@ class Trainer:
         model.checkpoint_activations = s.checkpoint_activations
         self.model = model.to(self.device).train()
         self.tokenizer = self._tokenizer(model, state)
-        self.task_batches = [] if self.task is None else self.task.batches(model.config.n_ctx, s.batch_size * model.config.n_ctx)
+        self.task_batches = (
+            [] if self.task is None else self.task.batches(model.config.n_ctx, s.batch_size * model.config.n_ctx)
+        )
         self.forward = self.procs.wrap(self.model, fsdp=s.fsdp, compiled=should_compile(s.compile, self.device))
         self.optimizers = make_optimizers(self.model, s, self.device)  # after wrap: under FSDP they update the shards
         self.scaler = self.precision.scaler()
@@ -426,7 +468,11 @@ class Trainer:
                 warnings.simplefilter("ignore", ChatTemplateReplacedWarning)
                 template = chat_template_for(self.data, earlier, whose)
         tokenizer = self.data.tokenizer
-        return tokenizer if tokenizer is None or template == tokenizer.chat_template else tokenizer.with_chat_template(template)
+        return (
+            tokenizer
+            if tokenizer is None or template == tokenizer.chat_template
+            else tokenizer.with_chat_template(template)
+        )
 
     @property
     def is_main(self) -> bool:
@@ -456,7 +502,9 @@ class Trainer:
             self.writer.finish()  # whatever stopped the run, the files of the last evaluation are whole
             if isinstance(e, NonFiniteError):  # raised in every process at once (_diverged): none leaves before
                 self.procs.barrier()  # rank 0's files are whole (torchrun ends the others when one process exits)
-            failure = self.procs.failure(e) if isinstance(e, Exception) else None  # another process died or hangs: say which
+            failure = (
+                self.procs.failure(e) if isinstance(e, Exception) else None
+            )  # another process died or hangs: say which
             if failure is not None:
                 raise failure from None
             raise
@@ -467,8 +515,14 @@ class Trainer:
             self._begin()
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=s.max_iters, initial=self.iteration, unit="iter", desc="training",
-                   disable=not (self.progress and self.is_main), dynamic_ncols=True)  # fmt: skip
+        bar = tqdm(
+            total=s.max_iters,
+            initial=self.iteration,
+            unit="iter",
+            desc="training",
+            disable=not (self.progress and self.is_main),
+            dynamic_ncols=True,
+        )
         with self.stop.handled(lambda text: self.bar.write(text, file=sys.stderr)), bar:
             self.bar = Progress(bar)
             for it in range(self.iteration, s.max_iters + 1):
@@ -506,8 +560,11 @@ class Trainer:
         warn_about_warmup(self.s)
         if self.data.masks:
             marked, n = int(self.data.masks["train"].sum(dtype="int64")), len(self.data.train)
-            print(f"gpt2: training on conversations: the loss counts the replies only, the {marked:,} of {n:,} training "
-                  f"tokens their mask marks", file=sys.stderr)  # fmt: skip
+            print(
+                f"gpt2: training on conversations: the loss counts the replies only, the {marked:,} of {n:,} training "
+                f"tokens their mask marks",
+                file=sys.stderr,
+            )
         if self.resumed:
             best = "no evaluation yet" if math.isinf(self.best_val_loss) else f"best val loss {self.best_val_loss:.4f}"
             print(f"gpt2: resuming from iteration {self.iteration} ({best})", file=sys.stderr)
@@ -537,12 +594,19 @@ class Trainer:
         every process raises it at once (the losses checked are sums over all of them)."""
         s = self.s
         rates = f"lr={s.lr:g}" + (f", muon_lr={peak_lr(s, muon=True):g}" if s.optimizer == "muon" else "")
-        kept = (f"the files in {self.out} are those of the evaluation at iteration {self.evaluated}, not overwritten"
-                if self.evaluated >= 0 else f"nothing was saved in {self.out}")  # fmt: skip
+        kept = (
+            f"the files in {self.out} are those of the evaluation at iteration {self.evaluated}, not overwritten"
+            if self.evaluated >= 0
+            else f"nothing was saved in {self.out}"
+        )
         also = ("muon_lr",) * (s.optimizer == "muon") + ("warmup_iters", "overwrite")
-        return NonFiniteError(f"iter {self.iteration}: {what}: training diverged, most likely because the learning rate is too "
-                              f"high ({rates}, warmup_iters={s.warmup_iters}); {kept}; to start again with a lower lr, pass "
-                              f"overwrite=True", "lr", also)  # fmt: skip
+        return NonFiniteError(
+            f"iter {self.iteration}: {what}: training diverged, most likely because the learning rate is too "
+            f"high ({rates}, warmup_iters={s.warmup_iters}); {kept}; to start again with a lower lr, pass "
+            f"overwrite=True",
+            "lr",
+            also,
+        )
 
     # -------------------------------------------------------------- the step
 
@@ -557,8 +621,16 @@ class Trainer:
         share = range(self.rank, s.grad_accum, self.world)  # this process's micro-batches: 1 in `world`
         for i, micro in enumerate(share):
             self.stop.check()
-            x, y = get_batch(self.data.train, self.model.config.n_ctx, s.batch_size, seed=s.seed, iteration=it,
-                             micro_step=micro, device=self.device, mask=self.data.masks.get("train"))  # fmt: skip
+            x, y = get_batch(
+                self.data.train,
+                self.model.config.n_ctx,
+                s.batch_size,
+                seed=s.seed,
+                iteration=it,
+                micro_step=micro,
+                device=self.device,
+                mask=self.data.masks.get("train"),
+            )
             with self.procs.gradient_sync(micro == share[-1]):  # averaged over the processes after the last
                 with self.precision.autocast():
                     _, loss = self.forward(x, y, check_ids=False)  # ids were checked when the data was opened
@@ -609,7 +681,10 @@ class Trainer:
         shared out over the processes (under FSDP each runs as many: all take part in each one)."""
         self.model.eval()
         try:
-            losses = {split: self._split_loss(split, ids) for split, ids in (("train", self.data.train), ("val", self.data.val))}
+            losses = {
+                split: self._split_loss(split, ids)
+                for split, ids in (("train", self.data.train), ("val", self.data.val))
+            }
         finally:
             self.model.train()
         self.bar.show("training", force=True)
@@ -633,15 +708,25 @@ class Trainer:
         total = torch.zeros(2, dtype=torch.float64, device=self.device)  # summed loss, ids scored
         self.bar.show(f"evaluating {split} 0/{s.eval_iters}", force=True)
         for k in self._my_batches(s.eval_iters):
-            x, y = get_batch(ids, self.model.config.n_ctx, s.batch_size, seed=s.seed, iteration=0,
-                             micro_step=EVAL_STREAM + k % s.eval_iters, device=self.device, mask=self.data.masks.get(split))  # fmt: skip
+            x, y = get_batch(
+                ids,
+                self.model.config.n_ctx,
+                s.batch_size,
+                seed=s.seed,
+                iteration=0,
+                micro_step=EVAL_STREAM + k % s.eval_iters,
+                device=self.device,
+                mask=self.data.masks.get(split),
+            )
             with self.precision.autocast():
                 loss, n = loss_sum(self.model, x, y)  # gpt2 eval's computation
             if k < s.eval_iters:
                 total += torch.stack([loss, torch.tensor(float(n), dtype=torch.float64, device=self.device)])
             self.bar.show(f"evaluating {split} {min(k + self.world, s.eval_iters)}/{s.eval_iters}")
         loss, count = self.procs.sum(total).tolist()
-        if count and not math.isfinite(loss):  # the same sum in every process: all stop here, before any file is written
+        if count and not math.isfinite(
+            loss
+        ):  # the same sum in every process: all stop here, before any file is written
             raise self._diverged(f"the {split} loss of its evaluation is {loss}")
         return loss / count if count else math.nan
 
@@ -659,14 +744,21 @@ class Trainer:
         for k in self._my_batches(n):
             pairs = [task.pairs[i] for i in batches[k % n]]
             with self.precision.autocast():
-                got = score_continuations(self.model, pairs, batch_size=len(pairs), prefix_cache_mb=0)  # one forward pass
+                got = score_continuations(
+                    self.model, pairs, batch_size=len(pairs), prefix_cache_mb=0
+                )  # one forward pass
             if k < n:
-                scores[batches[k]] = torch.tensor([[g.log_prob, g.n_ids] for g in got], dtype=torch.float64, device=self.device)
+                scores[batches[k]] = torch.tensor(
+                    [[g.log_prob, g.n_ids] for g in got], dtype=torch.float64, device=self.device
+                )
             self.bar.show(f"evaluating {task.name} {min(k + self.world, n)}/{n}")
         log_probs, n_ids = self.procs.sum(scores).T.tolist()
         right, right_norm = hellaswag_right(task.examples, log_probs, n_ids)
         self.bar.show("training", force=True)
-        return {f"{task.name}_acc": right / len(task.examples), f"{task.name}_acc_norm": right_norm / len(task.examples)}
+        return {
+            f"{task.name}_acc": right / len(task.examples),
+            f"{task.name}_acc_norm": right_norm / len(task.examples),
+        }
 
     def evaluate_and_save(self, it: int) -> None:
         """Evaluate, then log it, keep the model if it is the best so far, sample, save the checkpoint and plot."""
@@ -674,8 +766,14 @@ class Trainer:
         scores = self.score_task()
         self.evaluated = it
         improved = losses["val"] < self.best_val_loss
-        record = {"iter": it, "train_loss": losses["train"], "val_loss": losses["val"], **scores, **self.rates(it),
-                  "best": improved}  # fmt: skip
+        record = {
+            "iter": it,
+            "train_loss": losses["train"],
+            "val_loss": losses["val"],
+            **scores,
+            **self.rates(it),
+            "best": improved,
+        }
         weights = self.procs.model_state(self.model)  # gathered once (under FSDP, by every process) for both files
         if improved:
             self.best_val_loss = losses["val"]
@@ -694,7 +792,9 @@ class Trainer:
         self.bar.write(line + (" (best so far: saved)" if improved else ""))
         if "sample" in record:
             self.bar.write(f"sample: {self.s.sample_prompt}{record['sample']}")
-        self.writer.write(lambda: self.write_files(weights if improved else None, state, it))  # copies: training goes on
+        self.writer.write(
+            lambda: self.write_files(weights if improved else None, state, it)
+        )  # copies: training goes on
 
     def write_files(self, best: dict[str, torch.Tensor] | None, state: dict[str, Any], it: int) -> None:
         """Rank 0's files of an evaluation at iteration `it` (in the writer's thread): the model, if
@@ -710,10 +810,18 @@ class Trainer:
         top_k = min(TOP_K, self.model.config.n_vocab)
         with warnings.catch_warnings():  # past the block size the context slides, as expected here
             warnings.simplefilter("ignore", ContextOverflowWarning)
-            text = generate_text(self.model, self.tokenizer, prompt, max_new_tokens=max_new_tokens, temperature=TEMPERATURE,
-                                 top_k=top_k, seed=self.s.seed)[0]  # fmt: skip
+            text = generate_text(
+                self.model,
+                self.tokenizer,
+                prompt,
+                max_new_tokens=max_new_tokens,
+                temperature=TEMPERATURE,
+                top_k=top_k,
+                seed=self.s.seed,
+            )[0]
         self.model.train()
         return text
+
     # -------------------------------------------------------------- files
 
     def save_model(self, weights: dict[str, torch.Tensor], it: int) -> None:
@@ -742,15 +850,27 @@ class Trainer:
         rng = self.procs.gather(rng_state(self.device))
         if not self.is_main:
             return None
-        return checkpoint_state(settings=self.s.to_dict(), config=self.model.config, iteration=self.iteration,
-                                evaluated=self.evaluated, best_val_loss=self.best_val_loss, model=model,
-                                optimizer=optimizer, scaler=self.scaler.state_dict(), rng=rng,
-                                chat_template=None if self.tokenizer is None else self.tokenizer.chat_template)  # fmt: skip
+        return checkpoint_state(
+            settings=self.s.to_dict(),
+            config=self.model.config,
+            iteration=self.iteration,
+            evaluated=self.evaluated,
+            best_val_loss=self.best_val_loss,
+            model=model,
+            optimizer=optimizer,
+            scaler=self.scaler.state_dict(),
+            rng=rng,
+            chat_template=None if self.tokenizer is None else self.tokenizer.chat_template,
+        )
 
     def _restore(self, state: dict[str, Any]) -> None:
         load_optimizer(state, self.procs, self.model, self.optimizers)
         self.scaler.load_state_dict(state["scaler"])
-        self.iteration, self.evaluated, self.best_val_loss = state["iteration"], state["evaluated"], state["best_val_loss"]
+        self.iteration, self.evaluated, self.best_val_loss = (
+            state["iteration"],
+            state["evaluated"],
+            state["best_val_loss"],
+        )
         rng = process_rng(state, self.rank, self.device)
         if rng is not None:  # a process added on resume keeps the seed it started from
             set_rng_state(rng, self.device)
@@ -769,7 +889,7 @@ def _trim_log(path: Path, iteration: int, evaluated: int) -> None:
 
 
 def _how_often(iterations: list[int], param: str) -> str:
-    """"(every 10 iterations, log_interval)": how often a log's records come, from their commonest
+    """ "(every 10 iterations, log_interval)": how often a log's records come, from their commonest
     gap (the interval they were written at; the last iteration's comes off the beat)."""
     gaps = Counter(b - a for a, b in zip(iterations, iterations[1:]) if b > a)
     if not gaps:
@@ -798,7 +918,9 @@ def plot_losses(log: Path, png: Path, note=print) -> Any:
     ax = axes[0, 0]
     if steps:
         label = f"train loss of a step {_how_often([r['iter'] for r in steps], 'log_interval')}"
-        ax.plot([r["iter"] for r in steps], [r["loss"] for r in steps], color="tab:blue", alpha=0.25, lw=0.8, label=label)
+        ax.plot(
+            [r["iter"] for r in steps], [r["loss"] for r in steps], color="tab:blue", alpha=0.25, lw=0.8, label=label
+        )
     how_often = _how_often([r["iter"] for r in evals], "eval_interval")
     for key, color in (("train_loss", "tab:blue"), ("val_loss", "tab:orange")):
         label = f"{key.split('_')[0]} loss at each evaluation {how_often}"
@@ -817,10 +939,28 @@ def plot_losses(log: Path, png: Path, note=print) -> Any:
 def _plot_hellaswag(ax: Any, scored: list[dict[str, Any]], how_often: str) -> None:
     """HellaSwag's acc_norm (and acc, faint) at each evaluation, with OpenAI's 124M for scale."""
     iters = [r["iter"] for r in scored]
-    ax.plot(iters, [r["hellaswag_acc_norm"] for r in scored], "o-", color="tab:green",
-            label=f"acc_norm at each evaluation {how_often}")  # fmt: skip
-    ax.plot(iters, [r["hellaswag_acc"] for r in scored], "o-", color="tab:green", alpha=0.3, label="acc (least total loss, not per token)")
-    ax.axhline(HELLASWAG_GPT2, color="tab:red", ls="--", lw=1, label=f"OpenAI's GPT-2 124M: {HELLASWAG_GPT2} (all 10,042 examples)")
+    ax.plot(
+        iters,
+        [r["hellaswag_acc_norm"] for r in scored],
+        "o-",
+        color="tab:green",
+        label=f"acc_norm at each evaluation {how_often}",
+    )
+    ax.plot(
+        iters,
+        [r["hellaswag_acc"] for r in scored],
+        "o-",
+        color="tab:green",
+        alpha=0.3,
+        label="acc (least total loss, not per token)",
+    )
+    ax.axhline(
+        HELLASWAG_GPT2,
+        color="tab:red",
+        ls="--",
+        lw=1,
+        label=f"OpenAI's GPT-2 124M: {HELLASWAG_GPT2} (all 10,042 examples)",
+    )
     ax.set_xlabel("iteration")
     ax.set_ylabel("HellaSwag accuracy")
     ax.grid(alpha=0.3)
@@ -836,8 +976,11 @@ def check_out(out: Path, resume: bool, overwrite: bool) -> None:
         raise InvalidArgumentError("resume and overwrite contradict each other: pick one", "resume", ("overwrite",))
     holds_run = any((out / name).exists() for name in (CHECKPOINT, LOG, "model.safetensors"))
     if holds_run and not (resume or overwrite):
-        raise InvalidArgumentError(f"{out} already holds a run: pass resume=True to continue it, or overwrite=True to start over",
-                                   "resume", ("overwrite",))  # fmt: skip
+        raise InvalidArgumentError(
+            f"{out} already holds a run: pass resume=True to continue it, or overwrite=True to start over",
+            "resume",
+            ("overwrite",),
+        )
 
 
 def make_out(out: Path, overwrite: bool) -> bool:
@@ -854,8 +997,9 @@ def make_out(out: Path, overwrite: bool) -> bool:
     return made
 
 
-def train(out: str | os.PathLike, *, resume: bool = False, overwrite: bool = False, progress: bool = True,
-          **settings: Any) -> TrainResult:  # fmt: skip
+def train(
+    out: str | os.PathLike, *, resume: bool = False, overwrite: bool = False, progress: bool = True, **settings: Any
+) -> TrainResult:
     """Train (or fine-tune) a model on prepared data, writing everything into `out`.
 
     settings: the fields of TrainSettings (data=... is required for a new run). With resume,
@@ -870,8 +1014,11 @@ def train(out: str | os.PathLike, *, resume: bool = False, overwrite: bool = Fal
         s = resumed_settings(state["settings"], settings)
         left = s.max_iters - state["iteration"]  # 0 with the last evaluation still to do: stopped during it
         if left < 0 or (left == 0 and state["evaluated"] == state["iteration"]):
-            raise InvalidArgumentError(f"the run in {out} already did its {state['iteration']} iterations: "
-                                       f"pass a larger max_iters to train further", "max_iters")  # fmt: skip
+            raise InvalidArgumentError(
+                f"the run in {out} already did its {state['iteration']} iterations: "
+                f"pass a larger max_iters to train further",
+                "max_iters",
+            )
     else:
         if settings.get("data") is None:
             raise InvalidArgumentError("no data: give data, the directory gpt2 prepare wrote", "data")
