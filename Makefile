@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test bench clean kernel browser
+.PHONY: demo test lint bench clean kernel browser
 
 # torch is pinned first: here pip takes a local CPU build in seconds, where an unpinned
 # torch would pull a multi-GB CUDA build. Elsewhere, pass TORCH="..." for the build you want (README).
@@ -51,8 +51,14 @@ browser:
 # Python keeps its bytecode (__pycache__) even where the environment says not to
 # (PYTHONDONTWRITEBYTECODE, set on some CI images): the tests start many Python processes that
 # import gpt2, and each would compile its source anew (0.6-0.8 s).
-test: $(VENV)/.installed-dev kernel browser
+test: $(VENV)/.installed-dev kernel browser lint
 	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=20
+
+# ruff keeps the house's habits (pyproject.toml's [tool.ruff]): the tests run only where both pass.
+# `$(BIN)/ruff format .` and `$(BIN)/ruff check --fix .` make them pass.
+lint: $(VENV)/.installed-dev
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 bench: $(VENV)/.installed-dev kernel
 	$(BIN)/python benchmarks/tokenizer.py

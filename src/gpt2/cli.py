@@ -322,7 +322,8 @@ def _generation_bar(args: argparse.Namespace, rows: int):
 
 
 def _allowed_special(args: argparse.Namespace) -> frozenset[str] | str:
-    """<|endoftext|> in a prompt: the special token, as OpenAI's API reads it, or with --special-as-text its characters."""
+    """<|endoftext|> in a prompt: the special token, as OpenAI's API reads it, or with --special-as-text its
+    characters."""
     return frozenset() if args.special_as_text else "all"
 
 
@@ -548,11 +549,15 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
     if "shards" in meta:
         shards = meta["shards"]
         said = (
-            f"{meta['train_tokens']:,} training tokens in {len(shards['train'])} shard{'s' * (len(shards['train']) != 1)} and "
+            f"{meta['train_tokens']:,} training tokens in {len(shards['train'])} "
+            f"shard{'s' * (len(shards['train']) != 1)} and "
             f"{meta['val_tokens']:,} validation tokens in {shards['val'][0]} ({shards['documents']:,} documents)"
         )
     else:
-        said = f"{meta['train_tokens']:,} training and {meta['val_tokens']:,} validation tokens ({_validation(meta['split'])})"
+        said = (
+            f"{meta['train_tokens']:,} training and {meta['val_tokens']:,} validation tokens "
+            f"({_validation(meta['split'])})"
+        )
     print(
         f"gpt2: {said} of a {meta['vocab_size']:,}-token vocabulary ({meta['tokenizer']}) in {args.out}",
         file=sys.stderr,
@@ -595,10 +600,11 @@ def _prepare_chat(args: argparse.Namespace) -> int:
     )
     chat, split = meta["chat"], meta["split"]
     print(
-        f"gpt2: {chat['conversations']['train']:,} training and {chat['conversations']['val']:,} validation conversations "
-        f"({meta['train_tokens']:,} and {meta['val_tokens']:,} tokens, {chat['mask_tokens']['train']:,} and "
-        f"{chat['mask_tokens']['val']:,} of them in replies; {split['actual_val_fraction']:.2%} for validation; the longest "
-        f"{chat['longest']:,} tokens) of a {meta['vocab_size']:,}-token vocabulary ({meta['tokenizer']}) in {args.out}",
+        f"gpt2: {chat['conversations']['train']:,} training and {chat['conversations']['val']:,} "
+        f"validation conversations ({meta['train_tokens']:,} and {meta['val_tokens']:,} tokens, "
+        f"{chat['mask_tokens']['train']:,} and {chat['mask_tokens']['val']:,} of them in replies; "
+        f"{split['actual_val_fraction']:.2%} for validation; the longest {chat['longest']:,} tokens) "
+        f"of a {meta['vocab_size']:,}-token vocabulary ({meta['tokenizer']}) in {args.out}",
         file=sys.stderr,
     )
     return 0
@@ -653,7 +659,6 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     import json
 
     from gpt2.evaluation import evaluate
-    from gpt2.evaluation.tasks import check_limit
 
     if args.task is None and (args.file is None) == (args.data is None):
         raise _UsageError(
@@ -1010,7 +1015,8 @@ def _heads_input(model, tokenizer, text: str | None, repeat: int | None) -> tupl
     if length > n_ctx:
         most = (n_ctx - (start is not None)) // 2
         raise _UsageError(
-            f"--repeat {repeat} makes a sequence of {length} tokens ({'<|endoftext|>, then ' if start is not None else ''}"
+            f"--repeat {repeat} makes a sequence of {length} tokens "
+            f"({'<|endoftext|>, then ' if start is not None else ''}"
             f"{repeat} random tokens twice), longer than the model's context of n_ctx={n_ctx}: "
             f"give --repeat {most} or less"
         )
@@ -1024,7 +1030,8 @@ _COLOURS = ((0.3, 34), (0.05, 178), (0.005, 208), (0.0, 196))
 
 def _token_lines(report: dict, color: bool) -> list[str]:
     """Each token, the probability the model gave it and its rank, and what it expected instead."""
-    from gpt2.inspect.tracing import alternatives, token_label as shown
+    from gpt2.inspect.tracing import alternatives
+    from gpt2.inspect.tracing import token_label as shown
 
     tokens = report["tokens"] or [None] * len(report["ids"])
     width = max(12, *(len(shown(t, i)) for t, i in zip(tokens, report["ids"])))
@@ -1276,7 +1283,10 @@ def _add_serve_parser(commands) -> None:
     serve = commands.add_parser(
         "serve",
         help="an OpenAI-compatible HTTP server (needs the serve extra)",
-        description="Serve a model over HTTP with OpenAI's completions and chat completions APIs, batching the requests in flight.",
+        description=(
+            "Serve a model over HTTP with OpenAI's completions and chat completions APIs, batching "
+            "the requests in flight."
+        ),
         epilog=SERVE_EXAMPLES,
         formatter_class=_HelpFormatter,
     )
@@ -1530,7 +1540,10 @@ def _add_train_parser(commands) -> None:
     model.add_argument(
         "--activation",
         choices=ACTIVATIONS,
-        help="the MLP's GELU: tanh approximation or exact (default: gelu_tanh with --config, as GPT-2; gelu otherwise, as nanoGPT)",
+        help=(
+            "the MLP's GELU: tanh approximation or exact (default: gelu_tanh with --config, as GPT-2; gelu "
+            "otherwise, as nanoGPT)"
+        ),
     )
     model.add_argument("--init", help="fine-tune this model: a released name or a model directory")
     model.add_argument(
@@ -1644,7 +1657,10 @@ def _add_export_parser(commands) -> None:
     export = commands.add_parser(
         "export",
         help="write a model as ONNX (ONNX Runtime, transformers.js) or GGUF (llama.cpp)",
-        description="Write a model where GPT-2 is deployed: ONNX with the KV cache (optimum's names), or GGUF (llama.cpp's gpt2).",
+        description=(
+            "Write a model where GPT-2 is deployed: ONNX with the KV cache (optimum's names), or GGUF "
+            "(llama.cpp's gpt2)."
+        ),
         epilog=EXPORT_EXAMPLES,
         formatter_class=_HelpFormatter,
     )
@@ -1890,7 +1906,9 @@ def _add_prepare_parser(commands) -> None:
     prepare = commands.add_parser(
         "prepare",
         help="tokenize text files into training data (train.bin, val.bin, meta.json)",
-        description="Tokenize text into DIR: train.bin and val.bin (nanoGPT's format), meta.json and the tokenizer's files.",
+        description=(
+            "Tokenize text into DIR: train.bin and val.bin (nanoGPT's format), meta.json and the tokenizer's files."
+        ),
         epilog=PREPARE_EXAMPLES,
         formatter_class=_HelpFormatter,
     )
@@ -2001,9 +2019,10 @@ def parser_flags(parser: argparse.ArgumentParser, command: str) -> dict[str, str
 def with_flags(said: Exception | Warning, flags: dict[str, str]) -> str:
     """An error's or warning's message as the command line says it: each parameter it concerns (its
     `param`, then its `also`) named by its flag. A name written as code (`max_iters`, `resume=True`,
-    `optimizer='muon'`, `lr=0.1`: "--lr 0.1"), or a plain word where a name stands (opening the message, or after a flag and
-    "and", "or" or a comma) becomes the flag: "--max-iters must be ...", "pass --resume", "--resume and
-    --overwrite contradict"; a plain word within a sentence keeps its sense, the flag after it ("no data (--data)");
+    `optimizer='muon'`, `lr=0.1`: "--lr 0.1"), or a plain word where a name stands (opening the message, or
+    after a flag and "and", "or" or a comma) becomes the flag: "--max-iters must be ...", "pass --resume",
+    "--resume and --overwrite contradict"; a plain word within a sentence keeps its sense, the flag after it
+    ("no data (--data)");
     a message that names neither ends with the flag. A recipe's errors keep the names, its keys."""
     message = str(said)
     names = [n for n in dict.fromkeys((getattr(said, "param", None), *getattr(said, "also", ()))) if n in flags]
@@ -2013,14 +2032,14 @@ def with_flags(said: Exception | Warning, flags: dict[str, str]) -> str:
         for n in sorted(names, key=mentioned.get):  # in the order the message names them: "--context and --stride"
             message = re.sub(
                 rf"{word[n]}=(?:True\b|'([^']*)'|([-+.\w]+))",
-                lambda m: " ".join(filter(None, (flags[n], m[1], m[2]))),
+                lambda m, n=n: " ".join(filter(None, (flags[n], m[1], m[2]))),
                 message,
             )
             if "_" in n:  # never an English word: every mention
                 message = re.sub(word[n], flags[n], message)
             else:
                 message = re.sub(
-                    rf"(^|--[a-z0-9-]+(?:,| and| or) ){word[n]}", lambda m: m.group(1) + flags[n], message, count=1
+                    rf"(^|--[a-z0-9-]+(?:,| and| or) ){word[n]}", lambda m, n=n: m.group(1) + flags[n], message, count=1
                 )
     for n in names:
         if flags[n] not in message:

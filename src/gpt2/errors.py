@@ -86,7 +86,8 @@ class DataError(GPT2Error, ValueError):
 
 
 class UnwritablePathError(GPT2Error, OSError):
-    """A file or directory cannot be written: a read-only file system, no permission, a file where a directory is needed."""
+    """A file or directory cannot be written: a read-only file system, no permission, a file where a directory is
+    needed."""
 
 
 class DistributedError(GPT2Error, RuntimeError):
@@ -119,7 +120,8 @@ class GPT2Warning(Concerning, UserWarning):
 
 
 PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep  # gpt2's own source files
-WRAPPERS = "contextlib.py"  # the frames decorators add around gpt2's functions: contextlib's, torch.no_grad's (its _contextlib.py)
+# the frames decorators add around gpt2's functions: contextlib's, torch.no_grad's (its _contextlib.py)
+WRAPPERS = "contextlib.py"
 
 
 def warn(message: str | Warning, category: type[Warning] | None = None) -> None:

@@ -190,7 +190,8 @@ class ReferenceModel:
         inputs = np.asarray(inputs)
         if inputs.ndim != 1 or inputs.size == 0 or inputs.dtype.kind not in "iu":
             raise InvalidArgumentError(
-                f"inputs must be a non-empty sequence of integer token ids, got shape {list(inputs.shape)} of {inputs.dtype}"
+                "inputs must be a non-empty sequence of integer token ids, "
+                f"got shape {list(inputs.shape)} of {inputs.dtype}"
             )
         self.config.check_sequence(len(inputs), int(inputs.min()), int(inputs.max()))
         activation = gelu if self.config.activation == "gelu_tanh" else gelu_exact

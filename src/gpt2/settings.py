@@ -32,7 +32,8 @@ WEIGHT_DTYPES = ("float32", "bfloat16", "float16")
 INFERENCE_DTYPES = (*WEIGHT_DTYPES, "int8")
 # The tokens a draft model proposes per step, by default, in speculative decoding (decoding.Decoder).
 DRAFT_TOKENS = 4
-# Prompt-lookup speculation (lookup.PromptLookup): the longest and the shortest n-grams matched, by default (vLLM's prompt_lookup_max/min).
+# Prompt-lookup speculation (lookup.PromptLookup): the longest and the shortest n-grams matched, by default
+# (vLLM's prompt_lookup_max/min).
 LOOKUP_MAX = 4
 LOOKUP_MIN = 2
 # How gpt2 generate, gpt2 chat (and inspect's picture) and a training run's samples sample, by default: the

@@ -55,7 +55,8 @@ class GPT2Config:
             setattr(self, name, positive_int(name, getattr(self, name), ConfigError))  # a NumPy int becomes an int
         if self.n_embd % self.n_head:
             raise ConfigError(
-                f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}): each head gets n_embd / n_head dimensions",
+                f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}): "
+                "each head gets n_embd / n_head dimensions",
                 "n_head",
                 ("n_embd",),
             )
@@ -139,7 +140,8 @@ class GPT2Config:
         activation = hf.get("activation_function", "gelu_new")
         if activation not in _HF_ACTIVATIONS:
             raise ConfigError(
-                f"{source}: activation_function {activation!r} is not supported (use one of {', '.join(_HF_ACTIVATIONS)})"
+                f"{source}: activation_function {activation!r} is not supported "
+                f"(use one of {', '.join(_HF_ACTIVATIONS)})"
             )
         n_embd = hf.get("n_embd", 768)
         if hf.get("n_inner") not in (None, 4 * n_embd):

@@ -426,7 +426,8 @@ def _value(metadata: Mapping[str, Any], key: str, path: Path, default: Any = _RE
 
 
 def _integer(metadata: Mapping[str, Any], key: str, path: Path, default: Any = _REQUIRED) -> Any:
-    """An integer key, or one per layer (llama.cpp's get_key_or_arr) with the same value in each: GPT-2's layers are alike."""
+    """An integer key, or one per layer (llama.cpp's get_key_or_arr) with the same value in each: GPT-2's layers
+    are alike."""
     if key not in metadata:
         return _value(metadata, key, path, default)
     value = metadata[key]
@@ -503,11 +504,11 @@ def _dequantize(tensor: Any, path: Path, gguf: Any) -> np.ndarray:
     """A tensor's values as float32, in an array of its own (nothing keeps the file mapped)."""
     try:
         values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
-    except NotImplementedError:
+    except NotImplementedError as error:
         raise CheckpointError(
             f"{path}: tensor {tensor.name!r} is of type {tensor.tensor_type.name}, which the gguf package "
             f"does not dequantize"
-        )
+        ) from error
     return np.array(values, dtype=np.float32)
 
 
@@ -519,7 +520,8 @@ def _bpe(tokens: Sequence[str], types: Sequence[int] | None, merges: Sequence[st
     used = next((i for i, kind in enumerate(types) if kind == kinds.UNUSED), len(tokens))
     if any(kind != kinds.UNUSED for kind in types[used:]):
         raise CheckpointError(
-            f"{path}: token {used} is unused, yet tokens after it are not; unused ids come last (a vocabulary's padding)"
+            f"{path}: token {used} is unused, yet tokens after it are not; "
+            "unused ids come last (a vocabulary's padding)"
         )
     encoder: dict[bytes, int] = {}
     special: dict[str, int] = {}

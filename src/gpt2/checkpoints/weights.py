@@ -157,7 +157,8 @@ def locate(name_or_path: str | os.PathLike) -> Checkpoint:
     """Find a checkpoint: a local directory, a GGUF file, a released name (downloaded once), or a model gpt2 ships."""
     if not isinstance(name_or_path, (str, os.PathLike)):
         raise InputTypeError(
-            f"a model is a released name ({', '.join(HUB_REPOS)}), one gpt2 ships ({', '.join(MODELS)}) or a directory path, "
+            f"a model is a released name ({', '.join(HUB_REPOS)}), one gpt2 ships ({', '.join(MODELS)}) "
+            f"or a directory path, "
             f"got {type(name_or_path).__name__}"
         )
     if str(name_or_path) == "":
@@ -335,7 +336,7 @@ def read_tensors(name_or_path: str | os.PathLike) -> tuple[GPT2Config, dict[str,
 
 
 def _describe(config: GPT2Config) -> str:
-    return f"n_layer={config.n_layer}, n_head={config.n_head}, n_embd={config.n_embd}, n_vocab={config.n_vocab}, n_ctx={config.n_ctx}"
+    return ", ".join(f"{name}={getattr(config, name)}" for name in ("n_layer", "n_head", "n_embd", "n_vocab", "n_ctx"))
 
 
 def _canonical_name(raw: str, fmt: Format) -> str | None:

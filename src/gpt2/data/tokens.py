@@ -317,7 +317,9 @@ class Split:
 
     train: list[tuple[int, int]]
     val: list[tuple[int, int]]
-    method: str  # "tail": one document, cut; "documents": whole documents, and the tail of at most one; "conversations": whole ones only
+    # "tail": one document, cut; "documents": whole documents, and the tail of at most one;
+    # "conversations": whole ones only
+    method: str
     val_documents: int = 0  # documents (or conversations) that validate whole
     cut: tuple[int, int] | None = None  # (document, its ids that validate): the one split within, if any
 
@@ -1063,7 +1065,7 @@ def _llmc_pair(path: Path) -> dict[str, Path]:
     """Both splits, given one of llm.c's files (NAME_train.bin or NAME_val.bin)."""
     name = LLMC_NAME.fullmatch(path.name).group(1)
     files = {split: path.with_name(f"{name}_{split}.bin") for split in ("train", "val")}
-    for split, file in files.items():
+    for file in files.values():
         if not file.is_file():
             raise DataError(f"{file} is missing: llm.c's data is a pair of files, {name}_train.bin and {name}_val.bin")
     return files
@@ -1102,7 +1104,8 @@ def _open_llmc(directory: Path, files: dict[str, list[Path]]) -> TokenData:
     if splits["train"][0].dtype.itemsize != 2:
         raise DataError(
             f"{_split_files(directory, files)['train']} holds llm.c's uint32 ids (version 7, Llama 3's), of a "
-            f"vocabulary gpt2 does not know: read are GPT-2's uint16 ids, or data gpt2 prepare wrote (with its meta.json)"
+            f"vocabulary gpt2 does not know: read are GPT-2's uint16 ids, "
+            f"or data gpt2 prepare wrote (with its meta.json)"
         )
     ids = {split: parts[0] if len(parts) == 1 else Shards(parts) for split, parts in splits.items()}
     return TokenData(

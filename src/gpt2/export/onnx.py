@@ -26,8 +26,8 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from gpt2._files import atomic_directory
 from gpt2._checks import require_package
+from gpt2._files import atomic_directory
 from gpt2.errors import InvalidArgumentError
 from gpt2.model.model import GPT2, merge_heads
 from gpt2.model.pretrained import save_config_and_tokenizer

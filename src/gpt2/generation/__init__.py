@@ -12,6 +12,6 @@
     generate  text in, text out, streamed: `generate_text`, `stream_text`, `Chat`
 
 Imports run one way inside: `decoding` builds on `sampling`, `processors` and `lookup`,
-`engines` on `decoding`, `generate` on all of them; `kernels` stands alone. None of them imports `gpt2.model`: an engine drives any
-model through its methods (`engines.Model`).
+`engines` on `decoding`, `generate` on all of them; `kernels` stands alone. None of them imports
+`gpt2.model`: an engine drives any model through its methods (`engines.Model`).
 """

@@ -179,8 +179,8 @@ class Request:
     """A checked generation request: prompts, how to continue them, and n rows for each.
 
     `GPT2.generate` and `gpt2.generation.generate.TextGeneration` each build one with `Request.build`
-    (`gpt2 serve` makes one of a body it has checked), make an engine of `slots` rows (whose memory is checked then), and
-    then the rows, prompt-major: row i samples from seed + i.
+    (`gpt2 serve` makes one of a body it has checked), make an engine of `slots` rows (whose memory is checked
+    then), and then the rows, prompt-major: row i samples from seed + i.
     """
 
     prompts: list[list[int]]

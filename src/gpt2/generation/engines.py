@@ -676,8 +676,8 @@ class DecodeGraphs:
     position, and attends over the whole preallocated cache through a mask built from those
     positions (`KVCache.begin_fixed_decode`). B rows run in the bucket of the next power of
     two (at most the cache's slots); padding rows decode token 0 into the first free position
-    of the slots past B (where rows may be filling: what they hold stays). A bucket is captured at its first step, after two warm-up
-    runs of that very step (writing the same keys and values again changes nothing); where
+    of the slots past B (where rows may be filling: what they hold stays). A bucket is captured at its
+    first step, after two warm-up runs of that very step (writing the same keys and values again changes nothing); where
     capture fails, decoding goes on without graphs, with a warning. Off the GPU the same
     fixed steps run without capture: slower than plain decoding, a check of this path.
     """

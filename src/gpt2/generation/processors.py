@@ -6,8 +6,8 @@ biases and penalties decode side by side in one batch.
 
     for a row, before it chooses:                          # logits (V,), the model's
         scores = logits + logit_bias                       # OpenAI's: -100 bans, +100 forces
-        scores[seen] = scores / r where > 0, else * r      # transformers' repetition_penalty r, over prompt and new tokens
-        scores -= count * frequency_penalty + (count > 0) * presence_penalty   # counts over the new tokens (OpenAI's, vLLM's)
+        scores[seen] = scores / r where > 0, else * r      # transformers' repetition_penalty r, prompt and new tokens
+        scores -= count * frequency_penalty + (count > 0) * presence_penalty  # new tokens' counts (OpenAI's, vLLM's)
         scores[not allowed] = -inf                         # the constraint's mask at the row's state
         then temperature, top-k, top-p (`sampling`)
 
@@ -48,7 +48,8 @@ log = logging.getLogger(__name__)
 
 # The structured outputs a row can be held to, by their names in OpenAI's and vLLM's APIs.
 CONSTRAINTS = ("json_schema", "json_object", "regex", "choice", "grammar")
-# JSON as json.dumps writes it: no whitespace but these separators (vLLM's disable_any_whitespace, with json.dumps' separators)
+# JSON as json.dumps writes it: no whitespace but these separators (vLLM's disable_any_whitespace, with json.dumps'
+# separators)
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 BIAS_LIMIT = 100.0  # OpenAI's logit_bias: from -100 to 100
 PENALTY_LIMIT = 2.0  # OpenAI's frequency and presence penalties: from -2 to 2
@@ -187,7 +188,8 @@ class Constraint:
 
     @classmethod
     def grammar(cls, text: str) -> Constraint:
-        """A sentence of a grammar: Lark (llguidance's dialect, `start:` its first rule) or llama.cpp's GBNF (`root ::=`)."""
+        """A sentence of a grammar: Lark (llguidance's dialect, `start:` its first rule) or llama.cpp's GBNF
+        (`root ::=`)."""
         return cls("grammar", text)
 
     @classmethod
@@ -197,7 +199,8 @@ class Constraint:
         return cls.json_schema(text) if kind == "json_schema" else cls(kind, text)
 
     def definition(self) -> str:
-        """llguidance's grammar for this constraint (a compiler's error as an InvalidArgumentError naming the constraint)."""
+        """llguidance's grammar for this constraint (a compiler's error as an InvalidArgumentError naming the
+        constraint)."""
         from llguidance import LLMatcher, grammar_from
 
         try:

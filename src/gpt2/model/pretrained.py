@@ -17,9 +17,9 @@ from __future__ import annotations
 import json
 import math
 import os
-from pathlib import Path
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn as nn

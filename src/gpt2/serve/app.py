@@ -2,7 +2,8 @@
 OpenAI's error bodies.
 
 Endpoints: /health, /metrics, /v1/models, /v1/completions, /v1/chat/completions, /v1/inspect,
-/v1/circuits/{scores,head,patching,attribution}, /tokenize, /detokenize and /tokenizer_info; and the playground, a page at / with its files under /ui;
+/v1/circuits/{scores,head,patching,attribution}, /tokenize, /detokenize and /tokenizer_info; and the playground, a
+page at / with its files under /ui;
 /openapi.json and /docs describe them. A route's body is declared by its model in
 `gpt2.serve.protocol` and checked by FastAPI; /v1/completions, /v1/chat/completions,
 /v1/inspect and /v1/circuits/... have their modules' routers, and a completion is served by

@@ -4,7 +4,8 @@ the circuits experiments of `gpt2.inspect` on the served model, for the playgrou
     /v1/circuits/scores       {"prompt"}
       -> {"tokens", "ids", "scores": {kind: [layer][head] scores, or null}}
     /v1/circuits/head         {"prompt", "layer", "head", "top_k"}
-      -> {"tokens", "ids", "layer", "head", "scores": {kind: score or null}, "next": [{"token", "id", "before", "after"}]}
+      -> {"tokens", "ids", "layer", "head", "scores": {kind: score or null},
+          "next": [{"token", "id", "before", "after"}]}
     /v1/circuits/patching     {"clean", "corrupted", "site", "answer", "other"}
       -> {"site", "axes", "clean", "corrupted", "answer", "other", "grid"}
     /v1/circuits/attribution  {"prompt", "answer", "other"}
@@ -127,7 +128,8 @@ def read_token(server: Server, token: str | int, param: str) -> int:
 
 
 def read_answers(server: Server, answer: str | int | None, other: str | int | None) -> tuple[int | None, int | None]:
-    """The ids of a request's answer and other (None: the route's default), two different tokens where both are given."""
+    """The ids of a request's answer and other (None: the route's default), two different tokens where both are
+    given."""
     answer, other = (
         None if t is None else read_token(server, t, name) for t, name in ((answer, "answer"), (other, "other"))
     )
@@ -230,11 +232,10 @@ def patching_report(
     check_two_tokens(tokenizer, answer, other, "; ".join(defaulted))
     metric = logit_diff(answer, other)
     grid = activation_patching(model, clean, corrupted, metric, site)
-    run = lambda ids, logits: {
-        "tokens": [token_text(tokenizer, i) for i in ids],
-        "ids": ids,
-        "logit_diff": float(metric(logits)),
-    }  # noqa: E731
+
+    def run(ids: list[int], logits) -> dict:
+        return {"tokens": [token_text(tokenizer, i) for i in ids], "ids": ids, "logit_diff": float(metric(logits))}
+
     return {
         "site": site,
         "axes": list(AXES[site]),

@@ -311,7 +311,8 @@ class JsonSchemaFormat(BaseModel):
 
 
 class ResponseFormat(BaseModel):
-    """OpenAI's response_format: {"type": "text"}, {"type": "json_object"}, or {"type": "json_schema", "json_schema": {...}}."""
+    """OpenAI's response_format: {"type": "text"}, {"type": "json_object"}, or
+    {"type": "json_schema", "json_schema": {...}}."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
     type: Literal["text", "json_object", "json_schema"]
@@ -430,7 +431,8 @@ class Sampled(Body):
     repetition_penalty: Annotated[float | None, Says("{name} must be a number above 0 (1 is none), got {value!r}")] = (
         Field(1.0, gt=0, allow_inf_nan=False)
     )  # vLLM's and transformers': multiplicative
-    # structured outputs: OpenAI's response_format, vLLM's structured_outputs and its older guided_* fields (one at most)
+    # structured outputs: OpenAI's response_format, vLLM's structured_outputs and its older guided_* fields (one at
+    # most)
     response_format: Annotated[ResponseFormat | None, Says(_format_refused)] = None
     structured_outputs: Annotated[StructuredOutputs | None, Says(_structured_refused)] = None
     guided_json: Annotated[dict | str | None, Says("{name} must be a JSON schema (an object or its text)")] = None

@@ -212,7 +212,8 @@ class Processes:
         if silent is None:
             who = "the rendezvous store does not answer (its host, rank 0 or torchrun's agent, is gone)"
         elif silent:
-            who = f"rank{'s' * (len(silent) > 1)} {', '.join(map(str, silent))} of {self.world} stopped answering (died, or hangs)"
+            ranks = f"rank{'s' * (len(silent) > 1)} {', '.join(map(str, silent))}"
+            who = f"{ranks} of {self.world} stopped answering (died, or hangs)"
         else:
             return None  # everyone answers: not a lost process
         cause = re.sub(r"^\[[^\]]*\]\s*", "", str(error).strip().splitlines()[0])[

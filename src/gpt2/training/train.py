@@ -272,7 +272,8 @@ def check_training_memory(
     each = f" in each of the {sharing} processes on this machine" if sharing > 1 else ""
     hint = (
         f"lower batch_size (or block_size): a micro-batch of {s.batch_size:,} windows of {config.n_ctx:,} tokens "
-        f"keeps about {format_bytes(activations)} of activations{each}, {format_bytes(activations / s.batch_size)} a window, "
+        f"keeps about {format_bytes(activations)} of activations{each}, "
+        f"{format_bytes(activations / s.batch_size)} a window, "
         f"beside {format_bytes(states)} for the weights, their gradients and AdamW's moments"
     )
     check_fits(needed.total * sharing, procs.device, "training", hint, "batch_size", ("block_size",))
