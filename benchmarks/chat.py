@@ -1,4 +1,5 @@
-"""Fine-tuning a chat model at the 124M shape: accuracy on held-out questions before and after, and the time each step takes.
+"""Fine-tuning a chat model at the 124M shape: accuracy on held-out questions before and after, \
+and the time each step takes.
 
 The conversations are tests/helpers.py's questions about three digits ("What is the middle digit
 of 4 0 7?"), rendered with gpt2's default template and GPT-2's tokenizer (--quick: the end-to-end test's
@@ -20,12 +21,11 @@ import time
 from pathlib import Path
 
 import torch
-
 from _common import print_table  # (and tests/ on the path)
 from helpers import Running, conversation, digit_questions, write_conversations
 
 from gpt2.checkpoints.config import GPT2Config
-from gpt2.data.tokens import prepare_chat
+from gpt2.data.chat import prepare_chat
 from gpt2.model.model import GPT2
 from gpt2.tokenizer import load_tokenizer
 from gpt2.tokenizer.chat import DEFAULT_TEMPLATE

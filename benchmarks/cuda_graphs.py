@@ -17,7 +17,6 @@ import sys
 import tempfile
 
 import torch
-
 from _common import print_table, timed
 
 SHAPES = {"124m": dict(n_embd=768, n_layer=12, n_head=12), "xl": dict(n_embd=1600, n_layer=48, n_head=25)}
@@ -73,10 +72,10 @@ def measure(shape: str, rounds: int) -> list[tuple[str, ...]]:
             )
             mask = torch.ones_like(idx)
             runs = {
-                "eager": synchronized(lambda: eager.generate(idx, NEW_TOKENS, temperature=0)),
-                "graphs": synchronized(lambda: graphed.generate(idx, NEW_TOKENS, temperature=0)),
+                "eager": synchronized(lambda idx=idx: eager.generate(idx, NEW_TOKENS, temperature=0)),
+                "graphs": synchronized(lambda idx=idx: graphed.generate(idx, NEW_TOKENS, temperature=0)),
                 "transformers": synchronized(
-                    lambda: hf.generate(
+                    lambda idx=idx, mask=mask: hf.generate(
                         idx, max_new_tokens=NEW_TOKENS, do_sample=False, attention_mask=mask, pad_token_id=50256
                     )
                 ),
@@ -89,7 +88,7 @@ def measure(shape: str, rounds: int) -> list[tuple[str, ...]]:
                     times[name].append(timed(run, 1)[0])
             rate = {name: batch * NEW_TOKENS / statistics.median(t) for name, t in times.items()}
             # the first token is the prompt's prefill, eager in both: graphs replay the steps after it
-            ttft = timed(synchronized(lambda: graphed.generate(idx, 1, temperature=0)), rounds)[0]
+            ttft = timed(synchronized(lambda idx=idx: graphed.generate(idx, 1, temperature=0)), rounds)[0]
             rows.append(
                 (
                     f"{shape}, batch {batch}",
@@ -114,7 +113,8 @@ def main() -> int:
         return 1
     rows = [row for shape in args.shapes.split(",") for row in measure(shape, args.rounds)]
     print(
-        f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, bfloat16, 16-token prompt, {NEW_TOKENS} new greedy tokens\n"
+        f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, bfloat16, 16-token prompt, "
+        f"{NEW_TOKENS} new greedy tokens\n"
     )
     print_table(
         [

@@ -46,7 +46,10 @@ def leave(running, n: int, stream: bool) -> tuple[float, float]:
     in_flight = running.app.state.server.metrics.in_flight
     host, port = running.url.removeprefix("http://").split(":")
     body = json.dumps({"prompt": "The history of", "max_tokens": 1000, "n": n, "stream": stream}).encode()
-    head = f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    head = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
     client = socket.create_connection((host, int(port)))
     client.sendall(head.encode() + body)
     wait(lambda: len(scheduler.decoder.active) == n and all(row.tokens for row in scheduler.decoder.active))

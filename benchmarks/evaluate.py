@@ -27,7 +27,6 @@ import tempfile
 import time
 
 import torch
-
 from _common import corpus, print_table
 
 
@@ -121,9 +120,10 @@ def hellaswag_shaped(examples: int, batch_size: int, rounds: int) -> None:
     _, directory = random_124m()
     model = GPT2.from_pretrained(directory, device="cpu")
     g = torch.Generator().manual_seed(0)
-    ids = lambda lo, hi: torch.randint(
-        0, 50256, (int(torch.randint(lo, hi + 1, (1,), generator=g)),), generator=g
-    ).tolist()  # noqa: E731
+
+    def ids(lo, hi):
+        return torch.randint(0, 50256, (int(torch.randint(lo, hi + 1, (1,), generator=g)),), generator=g).tolist()
+
     pairs = [(context, ids(15, 30)) for context in (ids(60, 100) for _ in range(examples)) for _ in range(4)]
     times: dict[int, list[float]] = {256: [], 0: []}
     scores = {}

@@ -74,7 +74,6 @@ def ours(directory: str, dtype: str, new: int) -> tuple[list[int], float, float]
 
 
 def onnxruntime_loop(path: str, new: int) -> tuple[list[int], float, float]:
-    import numpy as np
     import onnxruntime as ort
 
     session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
@@ -191,14 +190,17 @@ def main() -> None:
     import torch
 
     print(
-        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}, "
-        f"onnxruntime {__import__('onnxruntime').__version__}; {'quick: a 2-layer model' if args.quick else 'the 124M shape'}; "
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+        f"torch {torch.__version__}, "
+        f"onnxruntime {__import__('onnxruntime').__version__}; "
+        f"{'quick: a 2-layer model' if args.quick else 'the 124M shape'}; "
         f"batch 1, a 16-token prompt, {new} greedy tokens; {rounds} round(s), medians\n"
     )
     reference = results["gpt2 float32"][0]["tokens"]
     base = statistics.median(r["rate"] for r in results["gpt2 float32"])
     print(
-        "| configuration | decode tokens/s | against gpt2 float32 | prompt (ms) | peak memory above the libraries (MB) | "
+        "| configuration | decode tokens/s | against gpt2 float32 | prompt (ms) | "
+        "peak memory above the libraries (MB) | "
         "greedy tokens equal gpt2 float32's |"
     )
     print("|---|---|---|---|---|---|")
@@ -206,7 +208,8 @@ def main() -> None:
         rate = statistics.median(r["rate"] for r in runs)
         equal = sum(a == b for a, b in zip(runs[0]["tokens"], reference))
         print(
-            f"| {config} | {rate:.1f} | {rate / base:.2f}x | {statistics.median(r['prompt_s'] for r in runs) * 1e3:.0f} | "
+            f"| {config} | {rate:.1f} | {rate / base:.2f}x | "
+            f"{statistics.median(r['prompt_s'] for r in runs) * 1e3:.0f} | "
             f"{statistics.median(r['peak_mb'] for r in runs):.0f} | {equal} of {len(reference)} |"
         )
 

@@ -126,7 +126,8 @@ def generation(rounds: int) -> None:
             tps[name].append(run(kernel)[0])
 
     print(
-        f"\n2. Generation: random GPT-2 124M, fp32, prompt 16 tokens, {new} new greedy tokens, {torch.get_num_threads()} threads"
+        f"\n2. Generation: random GPT-2 124M, fp32, prompt 16 tokens, {new} new greedy tokens, "
+        f"{torch.get_num_threads()} threads"
     )
     print(f"   greedy tokens identical with and without gemv: {same}/{new}")
     for name, values in tps.items():

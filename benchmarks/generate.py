@@ -20,7 +20,6 @@ import subprocess
 import sys
 
 import torch
-
 from _common import print_table, random_124m, timed
 
 N_PARAMS = 124_439_808
@@ -49,7 +48,8 @@ if sys.argv[3] == "gpt2":
 else:
     from transformers import GPT2LMHeadModel
     model = GPT2LMHeadModel.from_pretrained(sys.argv[1]).eval()
-    run = lambda: model.generate(idx, max_new_tokens=128, do_sample=False, attention_mask=torch.ones_like(idx), pad_token_id=50256)
+    run = lambda: model.generate(idx, max_new_tokens=128, do_sample=False, attention_mask=torch.ones_like(idx), \
+pad_token_id=50256)
 with torch.inference_mode():
     run()
 print(status("VmHWM"))
@@ -80,8 +80,8 @@ def decode_rows(models: dict, hf, rounds: int, bandwidth: float) -> tuple[list[t
 
     for batch in (1, 8):
         idx = torch.randint(0, 50257, (batch, 16), generator=gen)
-        runs = {dtype: (lambda m=m: m.generate(idx, 128, temperature=0)) for dtype, m in models.items()}
-        runs["transformers"] = lambda: hf_generate(idx)
+        runs = {dtype: (lambda m=m, idx=idx: m.generate(idx, 128, temperature=0)) for dtype, m in models.items()}
+        runs["transformers"] = lambda idx=idx: hf_generate(idx)
         outputs = {name: run() for name, run in runs.items()}  # warm-up, and parity
         assert torch.equal(outputs["float32"], outputs["transformers"]), "greedy tokens differ from transformers"
         times = {name: [] for name in runs}
@@ -126,8 +126,8 @@ def main() -> None:
         for T in (512, 1024):
             idx = torch.randint(0, 50257, (1, T), generator=gen)
             ours(idx), hf(idx)  # warm-up
-            t_ours = timed(lambda: ours(idx), args.rounds)[0]
-            t_hf = timed(lambda: hf(idx), args.rounds)[0]
+            t_ours = timed(lambda idx=idx: ours(idx), args.rounds)[0]
+            t_hf = timed(lambda idx=idx: hf(idx), args.rounds)[0]
             rows.append(
                 (
                     f"prefill {T} tokens (one forward pass, all logits)",
@@ -138,7 +138,7 @@ def main() -> None:
                     "",
                 )
             )
-            t_cached = timed(lambda: TorchEngine(ours, 1, T).prefill(0, idx[0].tolist()), args.rounds)[0]
+            t_cached = timed(lambda T=T, idx=idx: TorchEngine(ours, 1, T).prefill(0, idx[0].tolist()), args.rounds)[0]
             rows.append(
                 (
                     f"  prefill {T} tokens into the KV cache (last logits only)",
@@ -165,7 +165,8 @@ def main() -> None:
 
     ceiling = bandwidth / WEIGHT_BYTES
     print(
-        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}, "
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+        f"torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads; transformers {__import__('transformers').__version__}\n"
     )
     print_table(
@@ -181,7 +182,8 @@ def main() -> None:
     )
     print(
         f"\nmemory read bandwidth (sum of a 1 GiB tensor): {bandwidth / 1e9:.1f} GB/s; weights read per token: "
-        f"{WEIGHT_BYTES / 1e6:.0f} MB; ceiling {ceiling:.1f} tok/s; batch-1 decode reaches {decode_rate / ceiling:.0%} of it "
+        f"{WEIGHT_BYTES / 1e6:.0f} MB; ceiling {ceiling:.1f} tok/s; "
+        f"batch-1 decode reaches {decode_rate / ceiling:.0%} of it "
         f"({decode_rate * WEIGHT_BYTES / 1e9:.1f} GB/s of weights)"
     )
 

@@ -21,7 +21,6 @@ import tempfile
 import time
 
 import torch
-
 from _common import print_table
 
 

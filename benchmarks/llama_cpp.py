@@ -81,10 +81,10 @@ def main() -> None:
         for _ in range(args.rounds):
             for dtype, path in files.items():
                 for name, run in [
-                    (f"llama.cpp {dtype}", lambda: llama_cpp(args.node_modules, path, args.tokens)),
+                    (f"llama.cpp {dtype}", lambda path=path: llama_cpp(args.node_modules, path, args.tokens)),
                     (
                         f"gpt2 {dtype} file, {'float32' if dtype == 'f32' else 'int8'}",
-                        lambda: dict(
+                        lambda path=path, dtype=dtype: dict(
                             zip(
                                 ("tokens", "rate", "prompt_s"),
                                 ours(str(path), "float32" if dtype == "f32" else "int8", args.tokens),
@@ -96,7 +96,8 @@ def main() -> None:
     import torch
 
     print(
-        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}; "
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+        f"torch {torch.__version__}; "
         f"the 124M shape; batch 1, a 16-token prompt, {args.tokens} greedy tokens; {args.rounds} round(s), medians\n"
     )
     reference = runs["gpt2 f32 file, float32"][0]["tokens"]
@@ -105,7 +106,8 @@ def main() -> None:
     for name, results in runs.items():
         equal = sum(a == b for a, b in zip(results[0]["tokens"], reference))
         print(
-            f"| {name} | {statistics.median(r['rate'] for r in results):.1f} | {statistics.median(r['prompt_s'] for r in results) * 1e3:.0f} | "
+            f"| {name} | {statistics.median(r['rate'] for r in results):.1f} | "
+            f"{statistics.median(r['prompt_s'] for r in results) * 1e3:.0f} | "
             f"{equal} of {len(reference)} |"
         )
 

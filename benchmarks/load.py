@@ -17,7 +17,8 @@ After each round, once its clients are done, /metrics must show no rows in fligh
 filling or decoding) within a few seconds, and the server's RSS is read (/proc/PID/status);
 after rounds 2..R it must stay within a tolerance of its value after round 1 (round 1 is the
 warm-up: first-time allocations land there), less the bytes the prefix cache holds (from
-/metrics): the cache grows by design, as prompts come, up to --prefix-cache-mb. The server's log must hold no traceback and no
+/metrics): the cache grows by design, as prompts come, up to --prefix-cache-mb. \
+The server's log must hold no traceback and no
 ERROR line, and no request may get a 500. The script stops the server (SIGTERM) and exits 1
 if any check fails.
 """
@@ -42,7 +43,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-
 from _common import print_table
 
 REPO = Path(__file__).resolve().parents[1]
@@ -496,8 +496,10 @@ def memory_verdict(rounds: list[Round], tolerance: float, tolerance_mb: float) -
     ok = worst <= allowed
     steps = ", ".join(f"{g / 1e6:+.1f} MB" for g in growth)
     return ok, (
-        f"memory growth across rounds: RSS less the prefix cache after rounds 2..{len(rounds)} against round 1 ({mb(first)}): {steps}; "
-        f"allowed +{allowed / 1e6:.1f} MB (max of {tolerance:.0%} and {tolerance_mb:g} MB): {'no growth' if ok else 'GROWTH'}"
+        f"memory growth across rounds: RSS less the prefix cache after rounds 2..{len(rounds)} "
+        f"against round 1 ({mb(first)}): {steps}; "
+        f"allowed +{allowed / 1e6:.1f} MB (max of {tolerance:.0%} and {tolerance_mb:g} MB): "
+        f"{'no growth' if ok else 'GROWTH'}"
     )
 
 
@@ -526,9 +528,12 @@ def report(
     import torch
 
     print(
-        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}; "
-        f"model: {args.shape} shape ({shape['n_layer']} layers, {shape['n_embd']} wide, context {shape['n_ctx']}), random weights; "
-        f"gpt2 serve --max-batch-size {args.max_batch_size} --prefix-cache-mb {args.prefix_cache_mb}; {args.clients} clients, {args.rounds} rounds of {args.seconds:g} s\n"
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+        f"torch {torch.__version__}; "
+        f"model: {args.shape} shape ({shape['n_layer']} layers, {shape['n_embd']} wide, context {shape['n_ctx']}), "
+        "random weights; "
+        f"gpt2 serve --max-batch-size {args.max_batch_size} --prefix-cache-mb {args.prefix_cache_mb}; "
+        f"{args.clients} clients, {args.rounds} rounds of {args.seconds:g} s\n"
     )
     print_table(
         [

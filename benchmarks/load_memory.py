@@ -98,7 +98,8 @@ def main() -> None:
         if args.tf_checkpoint:  # transformers cannot read these without TensorFlow
             load, forward = peak_bytes(LOADERS["gpt2 GPT2.from_pretrained"], args.tf_checkpoint)
             print(
-                f"| gpt2 GPT2.from_pretrained | TensorFlow model.ckpt | {load / 1e6:.0f} MB | {load / WEIGHT_BYTES:.2f}x "
+                f"| gpt2 GPT2.from_pretrained | TensorFlow model.ckpt | {load / 1e6:.0f} MB | "
+                f"{load / WEIGHT_BYTES:.2f}x "
                 f"| {forward / 1e6:.0f} MB | {forward / WEIGHT_BYTES:.2f}x |"
             )
 

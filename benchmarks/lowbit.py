@@ -21,7 +21,8 @@ DTYPES = ("float32", "bfloat16", "float16", "int8")
 
 
 def accuracy(iters: int) -> list[list[str]]:
-    from gpt2.data.tokens import open_data, prepare
+    from gpt2.data.files import open_data
+    from gpt2.data.text import prepare
     from gpt2.evaluation.evaluate import agreement, evaluate_data
     from gpt2.model.model import GPT2
     from gpt2.training.train import train

@@ -3,8 +3,8 @@
     .venv/bin/python benchmarks/memory.py
 
 gpt2 refuses a size whose estimate is over 1.25 times the memory available, and warns over 1x
-(`gpt2.devices.check_fits`): the estimates (`gpt2.training.train.training_memory`,
-`gpt2.generation.engines.KVCache.bytes_needed`) should sit near the truth, and above it rather than below.
+(`gpt2.devices.check_fits`): the estimates (`gpt2.training.plan.training_memory`,
+`gpt2.generation.caches.KVCache.bytes_needed`) should sit near the truth, and above it rather than below.
 Each case runs in a process of its own: the resident memory just before the work, against its
 peak (VmHWM) after it, is what the work took. Memory, not time: a busy machine does not skew it.
 """
@@ -22,10 +22,11 @@ from _common import print_table
 TRAIN = """
 import json, sys, torch
 import matplotlib.pyplot  # loaded before the baseline: the plot is not what is measured
-from gpt2.data.tokens import open_data
+from gpt2.data.files import open_data
 from gpt2.devices import resolve_device
 from gpt2.settings import TrainSettings
-from gpt2.training.train import planned_config, train, training_memory
+from gpt2.training.plan import planned_config, training_memory
+from gpt2.training.train import train
 torch.set_num_threads(1)
 data, out, settings = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 def status(field):
@@ -52,7 +53,8 @@ def status(field):
 model.generate(idx[:1], 2)  # the first call's one-off allocations are not the cache's
 before = status("VmRSS")
 model.generate(idx, new, temperature=0)
-print(json.dumps({"estimate": KVCache.bytes_needed(model.config, rows, 16 + new, torch.float32), "used": status("VmHWM") - before}))
+print(json.dumps({"estimate": KVCache.bytes_needed(model.config, rows, 16 + new, torch.float32), \
+"used": status("VmHWM") - before}))
 """
 
 # (n_layer, n_head, n_embd, block_size, batch_size, vocabulary, dropout, checkpoint_activations)

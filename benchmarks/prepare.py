@@ -26,7 +26,7 @@ from _common import corpus, print_table, timed
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from helpers import VOCAB, tiktoken_from_files  # noqa: E402
 
-from gpt2.data.tokens import prepare  # noqa: E402
+from gpt2.data.text import prepare  # noqa: E402
 
 
 def main() -> None:

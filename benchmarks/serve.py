@@ -47,7 +47,6 @@ from pathlib import Path
 
 import httpx
 import torch
-
 from _common import print_table, random_124m
 
 REPO = Path(__file__).resolve().parents[1]
@@ -219,12 +218,13 @@ def main() -> None:
     concurrent, par_rate = summary(f"gpt2 serve, {args.clients} clients at once", par_walls, par_runs)
     hf_rate = hf_tokens / statistics.median(hf_walls)
     print(
-        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}; "
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+        f"torch {torch.__version__}; "
         f"transformers {__import__('transformers').__version__}; {args.rounds} rounds, medians\n"
     )
     print_table(
         [
-            "requests (16-token prompts, greedy, {} new tokens each)".format(args.max_tokens),
+            f"requests (16-token prompts, greedy, {args.max_tokens} new tokens each)",
             "total tokens/s",
             "time to first token",
             "tokens/s per client",
@@ -335,7 +335,8 @@ def check(results: dict[str, dict[str, list]]) -> None:
 def report(results: dict[str, dict[str, list]], rounds: int) -> None:
     ms = lambda s: f"{s * 1000:.0f} ms"  # noqa: E731
     print(
-        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}; "
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+        f"torch {torch.__version__}; "
         f"{rounds} rounds; answers equal across servers\n"
     )
     header = ["server"] + list(results)

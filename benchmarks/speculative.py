@@ -1,6 +1,7 @@
 """Speculative decoding on the CPU: a 2-layer draft for an 8-layer model, both trained on the same text.
 
-    .venv/bin/python benchmarks/speculative.py [--quick] [--draft-tokens 2,3,4,6] [--max-tokens 96] [--rounds 3] [--iters 600]
+    .venv/bin/python benchmarks/speculative.py [--quick] [--draft-tokens 2,3,4,6] [--max-tokens 96]
+        [--rounds 3] [--iters 600]
 
 1. The corpus (tinyshakespeare from ../shared, else the tests' fallback) is prepared by
    characters, and two models of the same width are trained on it with the same recipe and
@@ -32,9 +33,9 @@ import time
 from pathlib import Path
 
 import torch
-
 from _common import corpus, print_table
-from gpt2.data.tokens import prepare
+
+from gpt2.data.text import prepare
 from gpt2.generation.decoding import Row, run
 from gpt2.generation.sampling import Sampling
 from gpt2.model.model import GPT2
@@ -159,7 +160,8 @@ def main() -> None:
         rows = measure(model, draft, ks, chosen, new, rounds)
 
     print(
-        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}; "
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+        f"torch {torch.__version__}; "
         f"{rounds} round(s), medians\n"
     )
     width = f"{recipe['n_embd']} wide, {recipe['n_head']} heads, block {recipe['block_size']}"

@@ -34,8 +34,8 @@ import time
 from pathlib import Path
 
 import torch
-
 from _common import print_table, random_124m, timed
+
 from gpt2 import Tokenizer
 from gpt2.generation.decoding import Row, run
 from gpt2.generation.lookup import PromptLookup
@@ -161,7 +161,8 @@ def libraries(model: GPT2, repeat: int) -> None:
         ]
         rows.append([name, f"{times['vocabulary'] * 1e3:.0f} ms", f"{times['compile'] * 1e3:.2f} ms", *per_token])
     print(
-        f"DOCUMENT: {len(ids)} tokens; a decode step of the model: {step[1]:.1f} ms at batch 1, {step[8]:.1f} ms at batch 8\n"
+        f"DOCUMENT: {len(ids)} tokens; a decode step of the model: {step[1]:.1f} ms at batch 1, "
+        f"{step[8]:.1f} ms at batch 8\n"
     )
     print_table(
         [
@@ -182,7 +183,8 @@ def libraries(model: GPT2, repeat: int) -> None:
 def decode(
     model: GPT2, prompts: list[list[int]], new: int, sampling: Sampling, processing=None, lookup=None, seed: int = 0
 ):
-    """Rows of `prompts` continued by `new` tokens at once: (rows, seconds, decoder stats); the engine allocated untimed."""
+    """Rows of `prompts` continued by `new` tokens at once: (rows, seconds, decoder stats); the engine
+    allocated untimed."""
     rows = [
         Row(
             p,
@@ -229,7 +231,8 @@ def cost(model: GPT2, new: int, rounds: int) -> None:
             ]
         )
     print(
-        f"SCHEMA compiled: {first * 1e3:.0f} ms the first time (the vocabulary read with it), {again * 1e6:.0f} us again (cached)\n"
+        f"SCHEMA compiled: {first * 1e3:.0f} ms the first time (the vocabulary read with it), "
+        f"{again * 1e6:.0f} us again (cached)\n"
     )
     print_table(
         [
@@ -310,7 +313,7 @@ def lookup(model: GPT2, echo: GPT2, trained: GPT2 | None, new: int, rounds: int,
     )
     copying = [
         ENC.encode(f"{passage}\n\nIn short: {passage[:60]}"),
-        ENC.encode(f"def area(w, h):\n    return w * h\n\n\ndef area(w, h):"),
+        ENC.encode("def area(w, h):\n    return w * h\n\n\ndef area(w, h):"),
     ]
     rows = lookup_rows(model, f"{name}, greedy, prompts that repeat", copying, new, Sampling(0), rounds)
     rows += lookup_rows(model, f"{name}, sampled (T 1), the same prompts", copying, new, Sampling(1.0), rounds)
@@ -348,8 +351,9 @@ def main() -> None:
     args = parser.parse_args()
     new, rounds = args.tokens or (16 if args.quick else 128), args.rounds or (1 if args.quick else 3)
     if args.quick:
-        from helpers import make_hf_model
         import tempfile
+
+        from helpers import make_hf_model
 
         directory = tempfile.mkdtemp()
         hf = make_hf_model(vocab_size=ENC.n_vocab, n_positions=256, n_embd=64, n_layer=2, n_head=2)
@@ -361,7 +365,8 @@ def main() -> None:
     model = GPT2.from_pretrained(directory, device="cpu")
     trained = GPT2.from_pretrained(FIXTURE, device="cpu") if FIXTURE.exists() else None
     print(
-        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}; "
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+        f"torch {torch.__version__}; "
         f"model: {shape}; {rounds} round(s), medians\n"
     )
     ll_tokenizer(ENC)  # read once

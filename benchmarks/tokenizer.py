@@ -20,11 +20,11 @@ import tracemalloc
 from pathlib import Path
 
 import tiktoken
+from _common import corpus, print_table, timed
 from tiktoken.load import data_gym_to_mergeable_bpe_ranks
 from tiktoken_ext.openai_public import r50k_pat_str
 
 import gpt2.tokenizer.core as tokenizer_core
-from _common import corpus, print_table, timed
 from gpt2 import Tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -105,10 +105,10 @@ def main() -> None:
     for copies in (1, 4):
         texts = text.split("\n\n") * copies
         ours.encode_batch(texts, num_workers=workers)  # start the workers and warm their caches
-        batch_ours, batch_ids = timed(lambda: ours.encode_batch(texts, num_workers=workers), 5)
-        batch_ref, batch_ref_ids = timed(lambda: ref.encode_ordinary_batch(texts, num_threads=workers), 5)
+        batch_ours, batch_ids = timed(lambda texts=texts: ours.encode_batch(texts, num_workers=workers), 5)
+        batch_ref, batch_ref_ids = timed(lambda texts=texts: ref.encode_ordinary_batch(texts, num_threads=workers), 5)
         assert batch_ids == batch_ref_ids
-        serial, _ = timed(lambda: ours.encode_batch(texts, num_workers=1), 5)
+        serial, _ = timed(lambda texts=texts: ours.encode_batch(texts, num_workers=1), 5)
         size = f"{len(texts):,} texts, {mb * copies:.1f} MB"
         rows.append(
             (
@@ -137,7 +137,10 @@ def main() -> None:
     rows.append(
         (
             "piece cache after 150,000 distinct words",
-            f"{len(fresh._cache):,} entries (cap {tokenizer_core._CACHE_MAX_ENTRIES:,}), {current / 2**20:.1f} MiB held",
+            (
+                f"{len(fresh._cache):,} entries (cap {tokenizer_core._CACHE_MAX_ENTRIES:,}), "
+                f"{current / 2**20:.1f} MiB held"
+            ),
             "",
             "",
         )

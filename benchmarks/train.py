@@ -51,14 +51,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
 from _common import print_table
+
 from gpt2.checkpoints.config import GPT2Config
 from gpt2.devices import peak_flops
 from gpt2.examples import corpus_text
 from gpt2.model.model import GPT2
 from gpt2.settings import MUON_LR
-from gpt2.training.train import flops_per_token, read_log
+from gpt2.training.loggers import read_log
+from gpt2.training.plan import flops_per_token
 
 REPO = Path(__file__).resolve().parents[1]
 ANCHOR = REPO.parent / "shared" / "anchors" / "nanoGPT"
@@ -209,12 +210,14 @@ if which == "nanogpt":
     import re
     ms = [float(m) for m in re.findall(r"iter \\d+: loss [\\d.]+, time ([\\d.]+)ms", log.getvalue())]
 else:
-    from gpt2.training.train import train, read_log
+    from gpt2.training.loggers import read_log
+    from gpt2.training.train import train
     settings = json.loads(sys.argv[4])
     train("ours-out", progress=False, **settings)
     ms = [r["ms"] for r in read_log(__import__("pathlib").Path("ours-out/log.jsonl")) if "ms" in r]
 import torch
-peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() \
+else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 print(json.dumps({"ms": statistics.median(ms[2:]), "peak_bytes": peak}))
 """
 

@@ -25,7 +25,6 @@ import tempfile
 from pathlib import Path
 
 import torch
-
 from _common import print_table, random_124m
 
 WORKER = """
@@ -51,7 +50,8 @@ cases = [("float32", 1, 200)] if kind == "tiny" else [(d, b, 128) for d in ("flo
 for dtype, batch, tokens in cases:
     model = GPT2.from_pretrained(path, device="cpu", dtype=dtype)
     idx = torch.randint(0, model.config.n_vocab, (batch, 16), generator=torch.Generator().manual_seed(0))
-    out[f"decode {tokens} tokens, {dtype}, batch {batch}"] = timed(lambda: model.generate(idx, tokens, temperature=0), batch * tokens)
+    out[f"decode {tokens} tokens, {dtype}, batch {batch}"] = timed(lambda: model.generate(idx, tokens, temperature=0), \
+batch * tokens)
 if kind != "tiny":
     model = GPT2.from_pretrained(path, device="cpu")
     idx = torch.randint(0, model.config.n_vocab, (1, 512), generator=torch.Generator().manual_seed(0))

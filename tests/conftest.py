@@ -14,7 +14,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from forks import Forks  # noqa: E402
 from helpers import REPO, SMALL, VOCAB, corpus, make_hf_model, tiktoken_from_files  # noqa: E402
-from gpt2.data.tokens import prepare  # noqa: E402
+
+from gpt2.data.text import prepare  # noqa: E402
 
 # The served models and servers of tests/serve/test_serve_*.py, each started once per test run.
 pytest_plugins = ["serve_fixtures"]

@@ -26,7 +26,8 @@ SERVER = r"""
 import atexit, json, os, select, signal, socket, struct, sys, threading, traceback
 import torch._dynamo  # imported by an optimizer's first step
 import matplotlib.backends.backend_agg, matplotlib.figure  # loss.png
-import gpt2.cli, gpt2.data, gpt2.evaluation.evaluate, gpt2.generation.generate, gpt2.inspect, gpt2.model.pretrained, gpt2.training.train
+import gpt2.cli, gpt2.data, gpt2.evaluation.evaluate, gpt2.generation.generate, gpt2.inspect
+import gpt2.model.pretrained, gpt2.training.train
 
 
 def receive(connection):
@@ -74,7 +75,8 @@ def serve(connection):
     os.environ.update(command["env"])
     if (pid := os.fork()) == 0:
         connection.close()
-        if path := os.environ.get("FORKED_PID_FILE"):  # for a signal only the command may get (SIGSTOP stops its client)
+        # for a signal only the command may get (SIGSTOP stops its client)
+        if path := os.environ.get("FORKED_PID_FILE"):
             with open(path, "w") as f:
                 f.write(str(os.getpid()))
         signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a new interpreter
@@ -113,7 +115,9 @@ CLIENT = r"""
 import json, os, signal, socket, struct, sys
 connection = socket.socket(socket.AF_UNIX)
 connection.connect({socket!r})
-request = json.dumps({{"program": {program!r}, "argv": sys.argv[1:], "cwd": os.getcwd(), "env": dict(os.environ)}}).encode()
+request = json.dumps(
+    {{"program": {program!r}, "argv": sys.argv[1:], "cwd": os.getcwd(), "env": dict(os.environ)}}
+).encode()
 socket.send_fds(connection, [struct.pack("!Q", len(request)) + request], [0, 1, 2])
 for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
     signal.signal(signum, lambda signum, frame: connection.send(bytes([signum])))

@@ -7,14 +7,13 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import time
 
 import httpx
 import pytest
-
 from forks import Forks
 from helpers import REPO, Running, heed_ctrl_c, make_hf_model, perturbed
+
 from gpt2 import Tokenizer
 from gpt2.cli import main
 from gpt2.generation.generate import generate_text

@@ -9,11 +9,15 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+from helpers import REPO, Watched, head_score_written_out, heed_ctrl_c, make_hf_model, write_conversations
 
 from gpt2.cli import main
-from helpers import REPO, Watched, head_score_written_out, heed_ctrl_c, make_hf_model, write_conversations
+
+if TYPE_CHECKING:
+    import torch
 
 HELLO = "Hello!! I'm Andrej Karpathy. It's 2022. w00t :D 🤗"
 HELLO_IDS = "15496 3228 314 1101 10948 73 509 5117 10036 13 632 338 33160 13 266 405 83 1058 35 12520 97 245"
@@ -44,7 +48,7 @@ def test_count(capsys):
 
 
 def test_stdin_keeps_newlines_and_crlf(capsys, monkeypatch):
-    code, out, _ = run(capsys, "tokenize", "-", stdin="a\r\nb\n".encode(), monkeypatch=monkeypatch)
+    code, out, _ = run(capsys, "tokenize", "-", stdin=b"a\r\nb\n", monkeypatch=monkeypatch)
     assert code == 0
     from gpt2 import Tokenizer
 
@@ -103,7 +107,7 @@ def test_stdin_that_is_not_utf8(capsys, monkeypatch):
 def test_console_script_runs_as_a_process():
     result = subprocess.run(
         [sys.executable, "-m", "gpt2", "tokenize", "--count", "-"],
-        input="Hello world".encode(),
+        input=b"Hello world",
         capture_output=True,
         timeout=60,
     )
@@ -186,9 +190,8 @@ def test_generate_numpy_engine_agrees(capsys, model_dir):
 @pytest.fixture(scope="module")
 def draft_dir(model_dir, tmp_path_factory):
     """A draft of model_dir's vocabulary, which agrees with it often, not always."""
-    from transformers import GPT2LMHeadModel
-
     from helpers import perturbed
+    from transformers import GPT2LMHeadModel
 
     directory = tmp_path_factory.mktemp("draft")
     perturbed(GPT2LMHeadModel.from_pretrained(model_dir), 0.5).save_pretrained(directory)
@@ -671,7 +674,7 @@ def test_ctrl_c_without_streaming_prints_what_was_generated(model_dir, forks, tm
 # ------------------------------------------------------------------ gpt2 inspect
 
 
-def hf_log_probabilities(model_dir: str, ids: list[int]) -> "torch.Tensor":
+def hf_log_probabilities(model_dir: str, ids: list[int]) -> torch.Tensor:
     import torch
     from transformers import GPT2LMHeadModel
 
@@ -1080,8 +1083,8 @@ def test_prepare_from_stdin_refuses_to_overwrite_and_shows_examples(tmp_path, ca
     with pytest.raises(SystemExit):
         main(["prepare", "--help"])
     assert (
-        "\nexamples:\n  gpt2 prepare shakespeare --out data/shakespeare_char --tokenizer char   # tinyshakespeare, shipped in gpt2\n"
-        in capsys.readouterr().out
+        "\nexamples:\n  gpt2 prepare shakespeare --out data/shakespeare_char --tokenizer char   "
+        "# tinyshakespeare, shipped in gpt2\n" in capsys.readouterr().out
     )
 
 
@@ -1237,8 +1240,9 @@ def test_prepare_chat_flags_that_do_not_go_together(tmp_path, capsys, args, mess
 
 
 def test_prepare_and_train_into_an_unwritable_out_say_so_in_one_line(tmp_path, forks):
-    """One case each (a process costs seconds): tests/test_files.py, test_data_tokens.py and test_training_train.py hold the others."""
-    from gpt2.data.tokens import prepare
+    """One case each (a process costs seconds): tests/test_files.py, test_data_tokens.py and
+    test_training_train.py hold the others."""
+    from gpt2.data.text import prepare
 
     (tmp_path / "in.txt").write_text(
         "First Citizen:\nBefore we proceed any further, hear me speak.\n" * 20, encoding="utf-8"
@@ -1350,14 +1354,14 @@ def test_eval_prints_a_line_per_measure(capsys, model_dir, text_file):
 def test_eval_prepared_data_and_tasks(capsys, model_dir, tmp_path, text_file, monkeypatch):
     import json
 
-    import gpt2.data.tokens
+    import gpt2.data.files
     import gpt2.evaluation.evaluate
 
     assert main(["prepare", str(text_file), "--out", str(tmp_path / "d"), "--no-progress"]) == 0
     opened = []  # open_data reads every id to check it: the directory is opened once, before the model loads
     counted = lambda path: opened.append(path) or open_data(path)  # noqa: E731
-    open_data = gpt2.data.tokens.open_data
-    monkeypatch.setattr(gpt2.data.tokens, "open_data", counted)
+    open_data = gpt2.data.files.open_data
+    monkeypatch.setattr(gpt2.data.files, "open_data", counted)
     monkeypatch.setattr(gpt2.evaluation.evaluate, "open_data", counted)
     code, out, _ = run(capsys, "eval", "--data", str(tmp_path / "d"), "--model", model_dir, "--json")
     assert code == 0 and json.loads(out)["tokens"] > 0 and opened == [str(tmp_path / "d")]
@@ -1484,9 +1488,10 @@ def test_generate_warns_of_samples_that_may_not_fit_and_goes_on(capsys, model_di
 
 
 def test_train_refuses_a_batch_no_machine_holds_in_one_line(capsys, tmp_path, monkeypatch):
-    """--batch-size 100000000 once ran 90 s and was killed by the kernel at 24 GB: now refused before anything is made."""
+    """--batch-size 100000000 once ran 90 s and was killed by the kernel at 24 GB: now refused before
+    anything is made."""
     import gpt2.training.train
-    from gpt2.data.tokens import prepare
+    from gpt2.data.text import prepare
 
     (tmp_path / "input.txt").write_text("To be, or not to be, that is the question.\n" * 50, encoding="utf-8")
     prepare([tmp_path / "input.txt"], tmp_path / "data", "char", progress=False)
@@ -1522,7 +1527,7 @@ def test_train_refuses_a_batch_no_machine_holds_in_one_line(capsys, tmp_path, mo
 
 def test_the_cli_adds_the_flags_of_the_parameters_a_message_names(capsys, tmp_path):
     """The library's messages name its parameters (resume, max_iters); the command line adds the flag of each."""
-    from gpt2.data.tokens import prepare
+    from gpt2.data.text import prepare
 
     (tmp_path / "in.txt").write_text(
         "First Citizen:\nBefore we proceed any further, hear me speak.\n" * 20, encoding="utf-8"
@@ -1653,7 +1658,7 @@ def test_a_bound_that_needs_the_model_names_the_flag_once_it_has_loaded(capsys, 
 
 
 def test_no_library_message_names_a_flag_of_the_cli():
-    """Only cli.py speaks of gpt2's flags: the library names its parameters, and the CLI names their flags."""
+    """Only gpt2.cli speaks of gpt2's flags: the library names its parameters, and the CLI names their flags."""
     import argparse
     import ast
 
@@ -1669,11 +1674,12 @@ def test_no_library_message_names_a_flag_of_the_cli():
         if flag.startswith("--")
     }
     assert {"--max-iters", "--overwrite", "--max-batch-size", "--version"} <= flags
-    # the C compiler's flag, asked of the compiler; the server's flag, in the 400 of chat without a template (no CLI between)
+    # the C compiler's flag, asked of the compiler; the server's flag, in the 400 of chat without a template
+    # (no CLI between)
     not_messages = {("kernels.py", "--version"), ("server.py", "--chat-template")}
     found = []
     for path in sorted((REPO / "src" / "gpt2").rglob("*.py")):
-        if path.name == "cli.py":
+        if path.parent.name == "cli":  # the command line's own package
             continue
         tree = ast.parse(path.read_text(encoding="utf-8"))
         documented = [
@@ -1697,7 +1703,7 @@ def test_no_library_message_names_a_flag_of_the_cli():
 @pytest.fixture
 def recipe_dir(tmp_path, monkeypatch):
     """A directory with prepared characters in data/ and a recipe of a tiny run, gpt2 running in it."""
-    from gpt2.data.tokens import prepare
+    from gpt2.data.text import prepare
 
     (tmp_path / "in.txt").write_text(
         "First Citizen:\nBefore we proceed any further, hear me speak.\n" * 20, encoding="utf-8"
@@ -1712,7 +1718,7 @@ def recipe_dir(tmp_path, monkeypatch):
 
 
 def test_train_takes_a_recipe_and_the_flags_given_override_it(capsys, recipe_dir):
-    from gpt2.training.train import read_log
+    from gpt2.training.loggers import read_log
 
     code, _, err = run(capsys, "train", "--recipe", "tiny.toml", "--max-iters", "2", "--no-progress")
     assert code == 0 and "its model in out-tiny " in err
@@ -1796,7 +1802,8 @@ def chat_dir(tmp_path_factory):
 
 
 def transformers_chat_reply(chat_dir, messages, n):
-    """transformers' greedy reply of n tokens on apply_chat_template's ids, less the default template's space after "Assistant:"."""
+    """transformers' greedy reply of n tokens on apply_chat_template's ids, less the default template's
+    space after "Assistant:"."""
     import torch
 
     _, hf, tokenizer = chat_dir
@@ -1915,8 +1922,8 @@ def test_gpt2_chat_refusals_are_one_line(chat_dir, model_dir, capsys, monkeypatc
     for argv, message in [
         (
             ["--model", model_dir],
-            "the model's tokenizer has no chat template, so it cannot hold a conversation: give one with --chat-template "
-            "(a Jinja2 file",
+            "the model's tokenizer has no chat template, so it cannot hold a conversation: "
+            "give one with --chat-template (a Jinja2 file",
         ),
         (
             ["--model", str(tmp_path / "no-model"), "--chat-template", str(tmp_path / "bad.jinja")],
@@ -1935,6 +1942,6 @@ def test_a_constraint_the_shipped_character_model_cannot_write_is_one_line(capsy
     code, out, err = run(capsys, "generate", "--model", "shakespeare_char", "A:", *flags, "--no-stream")
     assert (code, out) == (2, "")
     assert (
-        err
-        == f"gpt2: error: {flags[0]}: its text must begin {lacking}, and the model's vocabulary (65 tokens) has no '{{'\n"
+        err == f"gpt2: error: {flags[0]}: its text must begin {lacking}, "
+        "and the model's vocabulary (65 tokens) has no '{'\n"
     )

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 from helpers import REPO, make_hf_model
+
 from gpt2.examples import corpus_text
 
 DEMO = REPO / "scripts" / "demo.py"

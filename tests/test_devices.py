@@ -8,8 +8,7 @@ import warnings
 import pytest
 import torch
 
-from gpt2 import InvalidArgumentError, MemoryLimitError
-from gpt2 import devices
+from gpt2 import InvalidArgumentError, MemoryLimitError, devices
 from gpt2.devices import WeightFormat, process_device, resolve_device, resolve_dtype, training_precision, weight_format
 
 

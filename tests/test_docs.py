@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from forks import Forks
 from helpers import REPO, corpus
-from gpt2.cli import REFERENCES, build_parser
+
+from gpt2.cli.main import REFERENCES, build_parser
 
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 RUN = ("sh", "bash", "console", "python")  # the blocks that are code; others (a tree, a table) are text
@@ -357,7 +357,7 @@ def sandbox(root: Path, hf_home: Path, page: Path, forks: Forks) -> tuple[Path, 
 
 def shorter(text: str) -> str:
     for pattern, value in SHORTER:
-        text = pattern.sub(lambda m: f"{m.group(1)}{value(int(m.group(2)))}", text)
+        text = pattern.sub(lambda m, value=value: f"{m.group(1)}{value(int(m.group(2)))}", text)
     return text
 
 

@@ -11,12 +11,12 @@ import subprocess
 import numpy as np
 import pytest
 import torch
+from helpers import REPO
 from transformers import GPT2LMHeadModel
 
-from helpers import REPO
 from gpt2 import GPT2
 from gpt2.cli import main
-from gpt2.data.tokens import prepare
+from gpt2.data.text import prepare
 from gpt2.errors import DataError, UnknownModelError
 from gpt2.examples import MODELS, corpus_text, model_directory
 

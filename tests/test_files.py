@@ -147,7 +147,7 @@ def test_models_and_vocabularies_are_not_saved_into_an_unwritable_directory(tmp_
         "CharTokenizer.save": CharTokenizer(["a", "b"]).save,
     }
     for path, reason in unwritable_paths(tmp_path):
-        for name, save in writers.items():
+        for save in writers.values():
             with pytest.raises(UnwritablePathError, match=f"^cannot write into {re.escape(f'{path}: {reason}')}$"):
                 save(path)
 

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import Running, conversation, digit_questions, write_conversations
 
 from gpt2.checkpoints.config import GPT2Config
-from gpt2.data.tokens import prepare_chat
+from gpt2.data.chat import prepare_chat
 from gpt2.model.model import GPT2
 from gpt2.tokenizer import load_tokenizer
 from gpt2.tokenizer.chat import DEFAULT_TEMPLATE
 from gpt2.training.train import train
-from helpers import Running, conversation, digit_questions, write_conversations
 
 N_CTX = 64
 HELD_OUT = digit_questions(60, seed=1, held_out=True)
@@ -68,7 +68,8 @@ def ask(client, question: str, **options):
 
 
 def accuracy(directory, chat_template: str | None = None, questions: int = len(HELD_OUT)) -> tuple[float, list]:
-    """The share of the first `questions` held-out ones answered right, served with the model's own template or `chat_template`."""
+    """The share of the first `questions` held-out ones answered right, served with the model's own
+    template or `chat_template`."""
     model = GPT2.from_pretrained(directory, device="cpu")
     server = Running(lambda: (model, model.tokenizer), chat_template=chat_template)
     try:

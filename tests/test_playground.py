@@ -23,10 +23,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from helpers import REPO, Running, make_ending_model, make_hf_model
 from playwright import sync_api as playwright
 from playwright.sync_api import expect
 
-from helpers import REPO, Running, make_ending_model, make_hf_model
 from gpt2 import Tokenizer
 from gpt2.model.model import GPT2
 from gpt2.serve import Limits
@@ -118,7 +118,8 @@ class Watched:
     def tokens(self) -> list[dict]:
         return self.page.eval_on_selector_all(
             "#completion .token",
-            "els => els.map(e => ({id: Number(e.dataset.tokenId), logprob: Number(e.dataset.logprob), text: e.textContent}))",
+            "els => els.map(e => ({id: Number(e.dataset.tokenId), logprob: Number(e.dataset.logprob), "
+            "text: e.textContent}))",
         )
 
     def close(self) -> None:
@@ -253,7 +254,8 @@ def thumbnail_pixels(page, n_head: int) -> list[list[list[float]]]:
             for (let q = 0; q < T; q++) {
                 const row = [];
                 for (let k = 0; k < T; k++) {
-                    const px = Math.floor((x + (k + 0.5) * cell) * scale), py = Math.floor((y + (q + 0.5) * cell) * scale);
+                    const px = Math.floor((x + (k + 0.5) * cell) * scale);
+                    const py = Math.floor((y + (q + 0.5) * cell) * scale);
                     row.push((255 - ctx.getImageData(px, py, 1, 1).data[0]) / 247);
                 }
                 rows.push(row);
@@ -317,7 +319,8 @@ def title_differs(page, h: int, text: str) -> int:
         const title = Number(d.title), columns = Number(d.columns);
         const x = (h % columns) * (panel + gap), y = Math.floor(h / columns) * (panel + title + gap);
         const width = Math.round(panel * scale), height = Math.round(title * scale);
-        const shown = canvas.getContext('2d').getImageData(Math.round(x * scale), Math.round(y * scale), width, height).data;
+        const shown = canvas.getContext('2d')
+            .getImageData(Math.round(x * scale), Math.round(y * scale), width, height).data;
         const probe = Object.assign(document.createElement('canvas'), {width, height}).getContext('2d');
         probe.scale(scale, scale);
         probe.fillStyle = '#fff';
@@ -363,7 +366,8 @@ def test_the_heads_are_a_heat_map_layers_by_heads_coloured_by_the_chosen_score(g
         page.get_by_label("Colour by").select_option(kind)
         expect(legend).to_contain_text(f"{words} score")
         reds = buttons.evaluate_all(
-            "els => els.map(e => [Number(e.dataset.layer), Number(e.dataset.head), getComputedStyle(e).backgroundColor])"
+            "els => els.map(e => [Number(e.dataset.layer), Number(e.dataset.head), "
+            "getComputedStyle(e).backgroundColor])"
         )
         for layer, head, colour in reds:
             red = int(re.match(r"rgb\((\d+),", colour).group(1))
@@ -378,7 +382,8 @@ def test_the_logit_lens_shows_the_top_token_of_every_layer_at_every_position(gen
     answer = inspection(served, generated)
     cells = generated.page.eval_on_selector_all(
         "#lens td",
-        "els => els.map(e => [Number(e.dataset.layer), Number(e.dataset.position), Number(e.dataset.tokenId), e.textContent])",
+        "els => els.map(e => [Number(e.dataset.layer), Number(e.dataset.position), Number(e.dataset.tokenId), "
+        "e.textContent])",
     )
     lens = answer["logit_lens"]
     assert len(cells) == len(lens) * len(answer["ids"])

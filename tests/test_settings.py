@@ -9,8 +9,8 @@ import subprocess
 import sys
 
 import pytest
-
 from helpers import REPO
+
 from gpt2 import InvalidArgumentError, RecipeError, RecipeNotFoundError
 from gpt2.checkpoints.config import GPT2Config
 from gpt2.settings import (

@@ -20,7 +20,7 @@ class Concerning:
     its message names (every one it names as an argument: the command line can then say each as
     its flag). The server answers `param` as OpenAI's `param` field; the command line names the
     flag that sets each in its place ("--max-iters must be ...", "pass --resume"), since messages
-    name no flags (`gpt2.cli.with_flags`)."""
+    name no flags (`gpt2.cli.flags.with_flags`)."""
 
     def __init__(self, message: str = "", param: str | None = None, also: tuple[str, ...] = ()):
         super().__init__(message)

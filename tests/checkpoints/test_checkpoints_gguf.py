@@ -18,16 +18,17 @@ import numpy as np
 import pytest
 import torch
 from gguf import (
+    MODEL_ARCH,
+    MODEL_TENSOR,
+    MODEL_TENSORS,
+    TENSOR_NAMES,
     GGMLQuantizationType,
     GGUFReader,
     GGUFValueType,
     GGUFWriter,
     Keys,
-    MODEL_ARCH,
-    MODEL_TENSOR,
-    MODEL_TENSORS,
-    TENSOR_NAMES,
 )
+from helpers import REPO, VOCAB, corpus, logits_of, make_hf_model
 
 from gpt2 import (
     CheckpointError,
@@ -45,7 +46,6 @@ from gpt2.export.gguf import export_gguf
 from gpt2.inspect.circuits import repeated_tokens
 from gpt2.model.model import GPT2
 from gpt2.tokenizer import CharTokenizer, same_vocabulary
-from helpers import REPO, VOCAB, corpus, logits_of, make_hf_model
 
 ARCH = "gpt2"
 CONFIG = dict(vocab_size=304, n_positions=32, n_embd=64, n_layer=2, n_head=2)  # 4 ids past the tokenizer's 300
@@ -334,7 +334,8 @@ def test_what_llama_cpps_gpt2_cannot_hold_is_refused_with_the_reason(tmp_path, t
         (
             lambda: write_gguf(GPT2Config(n_vocab=300, **small), huge, tokenizer, tmp_path / "x.gguf", "f16"),
             "dtype",
-            "tensor transformer.wte.weight has values beyond float16's range (largest 1e+05, float16's 65504): write it with dtype f32",
+            "tensor transformer.wte.weight has values beyond float16's range (largest 1e+05, float16's 65504): "
+            "write it with dtype f32",
         ),
     ]
     for call, param, message in cases:
@@ -405,9 +406,10 @@ def test_bad_files_are_one_clear_error_naming_the_file(files, tmp_path):
             source, tmp_path / "llama.gguf", "llama"
         ): "is a GGUF file of llama.cpp's 'llama' architecture, not 'gpt2'",
         rewritten(source, tmp_path / "missing.gguf", drop="blk.1.ffn_up.weight"): "lacks tensor(s) blk.1.ffn_up.weight",
-        rewritten(
-            source, tmp_path / "shape.gguf", tensors={"position_embd.weight": np.zeros((33, 64), np.float32)}
-        ): "tensor 'position_embd.weight' has shape [64, 33], but the metadata (n_layer=2, n_embd=64, n_vocab=304, n_ctx=32) needs [64, 32]",
+        rewritten(source, tmp_path / "shape.gguf", tensors={"position_embd.weight": np.zeros((33, 64), np.float32)}): (
+            "tensor 'position_embd.weight' has shape [64, 33], "
+            "but the metadata (n_layer=2, n_embd=64, n_vocab=304, n_ctx=32) needs [64, 32]"
+        ),
         rewritten(
             source, tmp_path / "extra.gguf", tensors={"blk.0.attn_q.weight": np.zeros((64, 64), np.float32)}
         ): "unexpected tensor 'blk.0.attn_q.weight'",

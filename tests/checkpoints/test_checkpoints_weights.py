@@ -9,9 +9,9 @@ import time
 import numpy as np
 import pytest
 import torch
+from helpers import REPO, logits_of, make_hf_model, nanogpt_model
 from safetensors.torch import load_file, save_file
 
-from helpers import REPO, SMALL, logits_of, make_hf_model, nanogpt_model
 from gpt2 import CheckpointError, CheckpointNotFoundError, ConfigError, InputTypeError, Tokenizer, UnknownModelError
 from gpt2.checkpoints.config import GPT2Config
 from gpt2.checkpoints.weights import locate, read_tensors
@@ -194,7 +194,8 @@ def test_config_that_does_not_fit_the_tensors(hf_dir):
     (hf_dir / "config.json").write_text(json.dumps(config))
     with pytest.raises(
         CheckpointError,
-        match="tensor 'transformer.h.0.attn.c_attn.bias' has shape \\[144\\], but the config \\(.*n_embd=60.*\\) needs \\[180\\]",
+        match="tensor 'transformer.h.0.attn.c_attn.bias' has shape \\[144\\], "
+        "but the config \\(.*n_embd=60.*\\) needs \\[180\\]",
     ):
         GPT2.from_pretrained(hf_dir)
 

@@ -14,13 +14,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
 from helpers import REPO, corpus
+
 from gpt2 import DataError, Tokenizer
 from gpt2.cli import main
-from gpt2.data import tokens as data_module
+from gpt2.data import text as text_module
+from gpt2.data.batches import get_batch
 from gpt2.data.corpora import Shards, record_texts
-from gpt2.data.tokens import get_batch, open_data, prepare
+from gpt2.data.files import open_data
+from gpt2.data.text import prepare
 
 EOT = 50256
 MAGIC = {np.uint16: (20240520, 1), np.uint32: (20240801, 7)}  # llm.c's data_common.py, HEADERS_INFO
@@ -135,7 +137,7 @@ def test_records_into_train_bin_and_val_bin_each_end_with_eot(tmp_path, tiktoken
 def test_memory_does_not_grow_with_the_corpus(tmp_path, monkeypatch):
     import gpt2.tokenizer.core as tokenizer_core
 
-    monkeypatch.setattr(data_module, "CHUNK_BYTES", 20_000)  # batches of ~20 kB of text
+    monkeypatch.setattr(text_module, "CHUNK_BYTES", 20_000)  # batches of ~20 kB of text
     monkeypatch.setattr(tokenizer_core, "_CACHE_MAX_ENTRIES", 500)  # the tokenizer's cache of pieces: full at once
     peaks = []
     for n in (1, 4):
@@ -219,6 +221,7 @@ def test_shards_are_sliced_as_their_concatenation():
 
 def test_evaluating_shards_equals_evaluating_their_stream(fineweb):
     from helpers import make_hf_model
+
     from gpt2.evaluation.evaluate import evaluate_data, perplexity
     from gpt2.model.model import GPT2
 
@@ -322,7 +325,8 @@ def test_a_dataset_by_name_offline_fails_at_once_in_one_line(tmp_path, monkeypat
         and out == ""
         and err.count("\n") == 1
         and err.startswith(
-            "gpt2: error: cannot read the dataset (--dataset) 'HuggingFaceFW/fineweb' (config 'sample-10BT', split 'train'): "
+            "gpt2: error: cannot read the dataset (--dataset) 'HuggingFaceFW/fineweb' "
+            "(config 'sample-10BT', split 'train'): "
         )
     )
     assert (

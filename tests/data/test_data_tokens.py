@@ -12,13 +12,16 @@ import sys
 import numpy as np
 import pytest
 import torch
+from helpers import VOCAB, corpus, tiktoken_from_files, write_chat_data, write_conversations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import VOCAB, corpus, tiktoken_from_files, write_chat_data, write_conversations
 from gpt2 import DataError, InvalidArgumentError, TokenIdError, Tokenizer, UnwritablePathError
-from gpt2.data import tokens as data_module
-from gpt2.data.tokens import Split, get_batch, ids_dtype, open_data, prepare, prepare_chat, split_documents
+from gpt2.data import text as text_module
+from gpt2.data.batches import get_batch
+from gpt2.data.chat import prepare_chat
+from gpt2.data.files import Split, ids_dtype, open_data
+from gpt2.data.text import prepare, split_documents
 from gpt2.tokenizer import CharTokenizer
 
 EOT = 50256
@@ -80,7 +83,7 @@ ADVERSARIAL = "a \n\nb\n\n\nc's \n  don't\nI'll\n\n 123\n456\r\nx\n\u3000\ny!\n?
 
 @pytest.mark.parametrize("text", [ADVERSARIAL, corpus()[1][:300_000]], ids=["adversarial", "corpus"])
 def test_chunks_never_change_the_ids(tmp_path, monkeypatch, tiktoken_gpt2, text):
-    monkeypatch.setattr(data_module, "CHUNK_BYTES", 97)  # thousands of chunks, cut wherever they may be
+    monkeypatch.setattr(text_module, "CHUNK_BYTES", 97)  # thousands of chunks, cut wherever they may be
     (tmp_path / "doc.txt").write_text(text, encoding="utf-8")
     prepare([tmp_path / "doc.txt"], tmp_path / "out", val_fraction=0.5, progress=False)
     got = read_ids(tmp_path / "out" / "train.bin") + read_ids(tmp_path / "out" / "val.bin")
@@ -88,14 +91,14 @@ def test_chunks_never_change_the_ids(tmp_path, monkeypatch, tiktoken_gpt2, text)
 
 
 def test_safe_cuts_are_where_the_pretokenizer_cuts():
-    from gpt2.tokenizer import GPT2_PATTERN
-
     import regex
+
+    from gpt2.tokenizer import GPT2_PATTERN
 
     text = ADVERSARIAL + corpus()[1][:20_000]
     pieces = regex.findall(GPT2_PATTERN, text)
     boundaries = set(np.cumsum([len(p) for p in pieces]).tolist())
-    cuts = [m.start() for m in data_module._SAFE_CUT.finditer(text)]
+    cuts = [m.start() for m in text_module._SAFE_CUT.finditer(text)]
     assert cuts and set(cuts) <= boundaries
 
 
@@ -110,7 +113,7 @@ def test_bpe_data_equals_its_own_tokenizer(tmp_path):
 
 
 def test_standard_input_is_a_document(tmp_path, monkeypatch):
-    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO("to be or not to be".encode())))
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"to be or not to be")))
     prepare(["-"], tmp_path / "out", "char", val_fraction=0.5, progress=False)
     chars = sorted(set("to be or not to be"))
     ids = read_ids(tmp_path / "out" / "train.bin") + read_ids(tmp_path / "out" / "val.bin")
@@ -334,10 +337,10 @@ def test_chunks_of_whitespace_and_contraction_soup_encode_as_the_whole(text, chu
     from pathlib import Path
 
     with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as mp:
-        mp.setattr(data_module, "CHUNK_BYTES", chunk_bytes)
+        mp.setattr(text_module, "CHUNK_BYTES", chunk_bytes)
         path = Path(tmp) / "doc.txt"
         path.write_text(text, encoding="utf-8", newline="")
-        chunks = list(data_module.read_chunks(data_module.Document("doc.txt", path, path.stat().st_size)))
+        chunks = list(text_module.read_chunks(text_module.Document("doc.txt", path, path.stat().st_size)))
     assert "".join(chunks) == text and all(chunks)
     assert sum((_reference().encode_ordinary(c) for c in chunks), []) == _reference().encode_ordinary(text)
 
@@ -345,9 +348,9 @@ def test_chunks_of_whitespace_and_contraction_soup_encode_as_the_whole(text, chu
 def test_a_multi_megabyte_document_through_small_chunks(tmp_path, monkeypatch, tiktoken_gpt2):
     text = (ADVERSARIAL + corpus()[1][:700_000] + "日本語のテキスト\n") * 3
     (tmp_path / "doc.txt").write_text(text, encoding="utf-8")
-    monkeypatch.setattr(data_module, "CHUNK_BYTES", 8192)
-    document = data_module.find_documents([tmp_path / "doc.txt"], tmp_path / "unused")[0]
-    assert document.size > 2_000_000 and sum(1 for _ in data_module.read_chunks(document)) > 200
+    monkeypatch.setattr(text_module, "CHUNK_BYTES", 8192)
+    document = text_module.find_documents([tmp_path / "doc.txt"], tmp_path / "unused")[0]
+    assert document.size > 2_000_000 and sum(1 for _ in text_module.read_chunks(document)) > 200
     prepare([tmp_path / "doc.txt"], tmp_path / "out", val_fraction=0.25, progress=False)
     got = np.concatenate([np.fromfile(tmp_path / "out" / f, dtype="<u2") for f in ("train.bin", "val.bin")])
     assert got.tolist() == tiktoken_gpt2.encode_ordinary(text) + [EOT]
@@ -356,7 +359,7 @@ def test_a_multi_megabyte_document_through_small_chunks(tmp_path, monkeypatch, t
 def test_a_document_with_no_safe_cut_is_read_whole(tmp_path, monkeypatch, tiktoken_gpt2):
     text = "日本語" * 5000 + "\n" + "x" * 3000  # one long piece: the pre-tokenizer never cuts it either
     (tmp_path / "doc.txt").write_text(text, encoding="utf-8")
-    monkeypatch.setattr(data_module, "CHUNK_BYTES", 100)
+    monkeypatch.setattr(text_module, "CHUNK_BYTES", 100)
     prepare([tmp_path / "doc.txt"], tmp_path / "out", val_fraction=0.5, progress=False)
     got = read_ids(tmp_path / "out" / "train.bin") + read_ids(tmp_path / "out" / "val.bin")
     assert got == tiktoken_gpt2.encode_ordinary(text) + [EOT]
@@ -383,7 +386,7 @@ def test_one_worker_writes_the_same_files(tmp_path):
     assert {k: meta["split"][k] for k in ("val_fraction", "method", "seed")} == {
         "val_fraction": 0.2,
         "method": "documents",
-        "seed": data_module.SPLIT_SEED,
+        "seed": text_module.SPLIT_SEED,
     }
     assert meta["val_tokens"] == round(0.2 * n) and meta["split"]["actual_val_fraction"] == meta["val_tokens"] / n
     assert meta["format"] == "gpt2-prepared" and meta["version"] == 1 and meta["vocab_size"] == 50257
@@ -454,7 +457,7 @@ def test_several_documents_split_at_the_fraction_with_at_most_one_cut(tmp_path, 
         # What the split should be, worked out here: whole documents in the drawn order while they
         # fit in round(F * n) ids, then the tail of the next one; each split keeps the documents' order.
         target, whole, cut = round(fraction * n), [], None
-        for d in np.random.default_rng(data_module.SPLIT_SEED).permutation(5).tolist():
+        for d in np.random.default_rng(text_module.SPLIT_SEED).permutation(5).tolist():
             if sum(len(ids[w]) for w in whole) + len(ids[d]) > target:
                 cut = (d, target - sum(len(ids[w]) for w in whole))
                 break
@@ -473,7 +476,7 @@ def test_several_documents_split_at_the_fraction_with_at_most_one_cut(tmp_path, 
         assert meta["split"] == {
             "val_fraction": fraction,
             "method": "documents",
-            "seed": data_module.SPLIT_SEED,
+            "seed": text_module.SPLIT_SEED,
             "actual_val_fraction": len(val) / n,
             "val_documents": len(whole),
             "cut": {"document": str(tmp_path / "in" / f"{cut[0]}.txt"), "val_tokens": cut[1]},
@@ -609,7 +612,7 @@ def test_a_failed_prepare_keeps_the_older_data_and_leaves_nothing_behind(tmp_pat
         out.write(b"\x01\x00" * 1000)  # half-way through, Ctrl-C
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(data_module, "encode_documents", interrupted)
+    monkeypatch.setattr(text_module, "encode_documents", interrupted)
     with pytest.raises(KeyboardInterrupt):
         prepare([tmp_path / "doc.txt"], tmp_path / "out", "char", overwrite=True, progress=False)
     assert {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()} == before
@@ -742,7 +745,7 @@ def test_many_documents_through_the_worker_pool(tmp_path, monkeypatch, tiktoken_
     for i, doc in enumerate(docs):
         (tmp_path / "in" / f"{i:02d}.txt").parent.mkdir(exist_ok=True)
         (tmp_path / "in" / f"{i:02d}.txt").write_text(doc, encoding="utf-8", newline="")
-    monkeypatch.setattr(data_module, "CHUNK_BYTES", 700)  # batches of several documents, documents over several batches
+    monkeypatch.setattr(text_module, "CHUNK_BYTES", 700)  # batches of several documents, documents over several batches
     monkeypatch.setattr(tokenizer_pool, "_PARALLEL_MIN_CHARS", 0)  # and every batch through the worker processes
     meta = prepare([tmp_path / "in"], tmp_path / "out", val_fraction=0.2, progress=False, num_workers=2)
     expected = [tiktoken_gpt2.encode_ordinary(doc) + [EOT] for doc in docs]
@@ -962,7 +965,8 @@ def test_chat_data_of_several_files_and_standard_input(tmp_path, monkeypatch):
 
 
 def test_chat_bpe_keeps_endoftext_a_special_token(tmp_path):
-    """A vocabulary trained on conversations learns no merge of <|endoftext|>'s text: it is the vocabulary's special token."""
+    """A vocabulary trained on conversations learns no merge of <|endoftext|>'s text: it is the
+    vocabulary's special token."""
     from gpt2.tokenizer import load_tokenizer
     from gpt2.tokenizer.chat import DEFAULT_TEMPLATE
 
@@ -978,7 +982,7 @@ def test_chat_bpe_keeps_endoftext_a_special_token(tmp_path):
 
 
 def test_split_conversations_is_whole_conversations():
-    from gpt2.data.tokens import split_conversations
+    from gpt2.data.chat import split_conversations
 
     counts = [3, 4, 5, 2, 7, 1]
     split = split_conversations(counts, 0.34)  # 2 of 6 validate
@@ -1068,7 +1072,8 @@ def chat_error_cases(tmp_path) -> list[tuple[dict, type, str]]:
         (
             dict(inputs=[chat], chat_template=jinja("no-replies.jinja")),
             DataError,
-            f"{jinja('no-replies.jinja')} marks no reply in 3 conversations: the tokens to learn are those inside {{% generation %}}",
+            f"{jinja('no-replies.jinja')} marks no reply in 3 conversations: "
+            "the tokens to learn are those inside {% generation %}",
         ),
         (
             dict(inputs=[chat, str(tmp_path / "empty.jsonl")]),
@@ -1078,8 +1083,8 @@ def chat_error_cases(tmp_path) -> list[tuple[dict, type, str]]:
         (
             dict(inputs=[str(tmp_path / "one.jsonl")]),
             DataError,
-            "1 conversation cannot be split whole into training and validation: each split needs one (val_fraction 0.1 of them "
-            "validates, at least 1); give 2 or more",
+            "1 conversation cannot be split whole into training and validation: "
+            "each split needs one (val_fraction 0.1 of them validates, at least 1); give 2 or more",
         ),
         (dict(inputs=[chat], tokenizer="char"), InvalidArgumentError, "the char tokenizer cannot hold a conversation"),
         (

@@ -10,8 +10,9 @@ import math
 import numpy as np
 import pytest
 import torch
+from helpers import corpus, make_hf_model
 
-from gpt2.data.tokens import prepare
+from gpt2.data.text import prepare
 from gpt2.errors import GPT2Error
 from gpt2.evaluation.evaluate import (
     Window,
@@ -30,7 +31,6 @@ from gpt2.examples import model_directory
 from gpt2.generation.engines import TorchEngine
 from gpt2.model.model import GPT2
 from gpt2.tokenizer import CharTokenizer
-from helpers import corpus, make_hf_model
 
 THE = 262  # " the" in GPT-2's vocabulary
 
@@ -420,7 +420,7 @@ def trained(tmp_path_factory):
 @pytest.fixture(scope="module")
 def float32(trained):
     """The model in float32, its validation ids and perplexity: what each narrower copy is held to."""
-    from gpt2.data.tokens import open_data
+    from gpt2.data.files import open_data
     from gpt2.evaluation.evaluate import evaluate_data
 
     directory, data = trained

@@ -7,8 +7,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
-
 from helpers import make_hf_model
+
 from gpt2 import Tokenizer
 from gpt2.cli import main
 from gpt2.errors import GPT2Error, UnwritablePathError

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-
-import numpy as np
 import pytest
 import torch
-
 from helpers import chi_square_p, exact_distribution, make_hf_model, perturbed, transformers_sampled
+
 from gpt2 import Tokenizer
 from gpt2.errors import GPT2Error
+from gpt2.generation.caches import PrefixCache
 from gpt2.generation.decoding import LENGTH, STOP, Decoder, Request, Row, row_seed, run, start_of_text
-from gpt2.generation.engines import PrefixCache, TorchEngine
+from gpt2.generation.engines import TorchEngine
 from gpt2.generation.generate import TextGeneration, generate_text
 from gpt2.generation.sampling import Sampling
 from gpt2.model.model import GPT2

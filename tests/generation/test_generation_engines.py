@@ -10,14 +10,13 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 import torch
-
 from helpers import make_hf_model
+
 from gpt2 import InvalidArgumentError, MemoryLimitError, Tokenizer, devices
 from gpt2.checkpoints.config import GPT2Config
+from gpt2.generation.caches import Block, PrefixCache
 from gpt2.generation.decoding import Row, run
 from gpt2.generation.engines import (
-    Block,
-    PrefixCache,
     TorchEngine,
     check_cuda_graphs,
     check_numpy_engine,

@@ -6,8 +6,8 @@ import warnings
 
 import pytest
 import torch
-
 from helpers import make_hf_model, perturbed
+
 from gpt2 import (
     ContextLengthError,
     GPT2Warning,
@@ -167,7 +167,8 @@ def test_empty_prompt_starts_from_end_of_text(small):
 
 
 def test_end_of_text_written_in_a_prompt_is_the_special_token_unless_read_as_text(small):
-    """allowed_special="all" by default, as OpenAI's API, gpt2 generate and gpt2 serve; frozenset() reads its characters."""
+    """allowed_special="all" by default, as OpenAI's API, gpt2 generate and gpt2 serve; frozenset() reads
+    its characters."""
     hf, model = small
     prompt = "The end.<|endoftext|>A new story"
     special = ENC.encode("The end.") + [50256] + ENC.encode("A new story")
@@ -188,7 +189,7 @@ def test_end_of_text_written_in_a_prompt_is_the_special_token_unless_read_as_tex
 
 
 def test_gpt2s_warnings_are_silenced_by_one_filter(small):
-    from gpt2.generation.engines import CUDAGraphWarning
+    from gpt2.generation.graphs import CUDAGraphWarning
 
     _, model = small
     with warnings.catch_warnings(record=True) as caught:
@@ -483,7 +484,8 @@ def chat_model(tmp_path_factory):
 
 
 def hf_chat_reply(chat_model, messages, n):
-    """transformers' greedy reply of n tokens on its apply_chat_template ids, less the default template's space after "Assistant:"."""
+    """transformers' greedy reply of n tokens on its apply_chat_template ids, less the default template's
+    space after "Assistant:"."""
     hf, _, hf_tokenizer = chat_model
     ids = hf_tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
     new = hf_greedy(hf, torch.tensor([ids]), n)[0, len(ids) :].tolist()
@@ -533,9 +535,10 @@ def test_the_oldest_turns_are_left_out_to_fit_the_context(chat_model):
 
     hf_tokenizer = chat_model[2]
     chat = Chat(chat_model[1], chat_model[1].tokenizer, system="S.", max_new_tokens=10, temperature=0)
-    fits = lambda messages: (
-        len(hf_tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)) + 10 <= 64
-    )  # noqa: E731
+
+    def fits(messages):
+        return len(hf_tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)) + 10 <= 64
+
     for turn in range(4):  # each message is 14 tokens rendered ("User: " + 12 words + "\n"), 64 positions in all
         history = [*chat.messages, {"role": "user", "content": "word " * 11 + str(turn)}]
         "".join(chat.reply(history[-1]["content"]))

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-
 from helpers import make_hf_model
+
 from gpt2.generation import kernels
 from gpt2.generation.kernels import gemv, linear, quantize_int8
 from gpt2.model.model import GPT2
@@ -515,9 +515,9 @@ def test_build_failure_returns_none_and_says_so_once(fresh, monkeypatch, capsys)
     assert len(calls) == 1  # the failure is remembered
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 2 and lines[0].startswith("gpt2: compiling the decode kernel")
-    assert (
-        lines[1]
-        == "gpt2: the decode kernel is unavailable, decoding uses oneDNN instead (Ninja is required to load C++ extensions)"
+    assert lines[1] == (
+        "gpt2: the decode kernel is unavailable, decoding uses oneDNN instead "
+        "(Ninja is required to load C++ extensions)"
     )
 
 

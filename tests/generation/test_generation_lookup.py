@@ -8,9 +8,8 @@ import random
 
 import numpy as np
 import pytest
-import torch
-
 from helpers import chi_square_p, exact_distribution, make_hf_model
+
 from gpt2 import Tokenizer
 from gpt2.errors import GPT2Error
 from gpt2.generation.decoding import Decoder, Row, run

@@ -10,9 +10,9 @@ import sys
 
 import pytest
 import torch
+from helpers import make_hf_model, perturbed
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from helpers import make_hf_model, perturbed
 from gpt2 import Tokenizer
 from gpt2.errors import GPT2Error, MissingPackageError, TokenIdError
 from gpt2.generation.decoding import LENGTH, STOP, Decoder, Row
@@ -81,8 +81,8 @@ SCHEMA = {
         "ok": {"type": "boolean"},
     },
 }
-# The longest document SCHEMA allows, written as the constraint writes JSON (json.dumps' separators, no other whitespace):
-# a token is at least a byte, so no document needs more tokens than this has bytes.
+# The longest document SCHEMA allows, written as the constraint writes JSON (json.dumps' separators, no other
+# whitespace): a token is at least a byte, so no document needs more tokens than this has bytes.
 LONGEST = json.dumps({"name": "abcdef", "age": 120, "tags": ["bb", "bb", "bb"], "ok": False})
 
 

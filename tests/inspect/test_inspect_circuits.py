@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import head_score_written_out, make_hf_model
 
 from gpt2 import GPT2Error
 from gpt2.inspect.circuits import HEAD_SCORES, head_scores, logit_attribution, repeated_tokens
 from gpt2.inspect.experiments import induction_losses
 from gpt2.model.model import GPT2
-from helpers import head_score_written_out, make_hf_model
 
 CONFIG = dict(vocab_size=50257, n_positions=64, n_embd=32, n_layer=2, n_head=4)
 TEXT = "When Mary and John went to the store, John gave a drink to"
@@ -179,7 +179,8 @@ def test_an_answer_that_is_the_other_is_refused_naming_both(models, answer, othe
 INDUCTION_2L = Path(__file__).parents[1] / "fixtures" / "induction_2l"  # written by tests/fixtures/make_induction_2l.py
 PROBES = [(16, 1), (12, 2), (20, 3)]  # (n, seed) of repeated_tokens: not the probe the training printed (seed 0)
 # Measured on these probes: the best layer-1 head (1.1) scores 0.95-0.97, every layer-0 head at most 0.07, so the
-# margin is 0.90-0.92; zeroing head 1.1 takes the repeated half's loss from 1.3-2.6 to 6.3-7.1 (the other head: -0.15..+0.08).
+# margin is 0.90-0.92; zeroing head 1.1 takes the repeated half's loss from 1.3-2.6 to 6.3-7.1
+# (the other head: -0.15..+0.08).
 INDUCTION_MARGIN = 0.5
 ABLATION_RISE = 3.0
 

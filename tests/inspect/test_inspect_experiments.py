@@ -8,6 +8,7 @@ import re
 
 import pytest
 import torch
+from helpers import make_hf_model
 
 from gpt2 import GPT2Config, GPT2Error
 from gpt2.cli import main
@@ -25,8 +26,6 @@ from gpt2.inspect.experiments import (
     run_experiment,
 )
 from gpt2.model.model import GPT2
-
-from helpers import make_hf_model
 
 
 @pytest.fixture(scope="module")
@@ -186,7 +185,8 @@ def test_induction_losses_are_transformers_on_the_repeated_sequence(models):
             hf(torch.tensor([ids])).logits[0, :-1], torch.tensor(ids[1:]), reduction="none"
         )
     result = run_experiment(ours, "induction")
-    # loss[t] predicts ids[t + 1]: the first copy is ids[1..n], the repeat ids[n+1..2n]; each copy's first token left out
+    # loss[t] predicts ids[t + 1]: the first copy is ids[1..n], the repeat ids[n+1..2n];
+    # each copy's first token left out
     assert result.metrics["loss_first_half"] == pytest.approx(float(losses[1:n].mean()), abs=1e-4)
     assert result.metrics["loss_repeated_half"] == pytest.approx(float(losses[n + 1 : 2 * n].mean()), abs=1e-4)
 

@@ -259,18 +259,17 @@ def hf_attribution(hf, site: str) -> torch.Tensor:
     modules = dict(hf.named_modules())
     estimates = []
     for l in range(N_LAYER):
-        seen = {}
+        seen, run = {}, ["clean"]  # run[0]: the run the hook reads, set below
 
-        def read(module_, args, out=None):
-            seen[run] = get(args, out)
+        def read(module_, args, out=None, seen=seen, run=run):
+            seen[run[0]] = get(args, out)
 
         target = modules[module.format(l=l)]
         handle = target.register_forward_pre_hook(read) if kind == "pre" else target.register_forward_hook(read)
         try:
-            run = "clean"
             with torch.no_grad():
                 hf(torch.tensor([CLEAN]))
-            run = "corrupted"
+            run[0] = "corrupted"
             logits = hf(torch.tensor([CORRUPTED])).logits[0]
         finally:
             handle.remove()

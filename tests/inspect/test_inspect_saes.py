@@ -15,13 +15,13 @@ import json
 
 import pytest
 import torch
+from helpers import make_hf_model
 from safetensors.torch import save_file
 
 from gpt2 import GPT2Error
 from gpt2.cli import main
 from gpt2.inspect import load_sae, sae_features, top_features, trace
 from gpt2.model.model import GPT2
-from helpers import make_hf_model
 
 CONFIG = dict(vocab_size=50257, n_positions=64, n_embd=32, n_layer=2, n_head=4)
 TEXT = "When Mary and John went to the store, John gave a drink to"
@@ -234,21 +234,24 @@ def broken(directory, what: str) -> None:
         ("weights corrupt", "gpt2: error: DIR/sae_weights.safetensors is truncated or corrupt"),
         (
             "width",
-            "gpt2: error: DIR/cfg.json: the SAE reads vectors of d_in=64, but the model's residual stream has n_embd=32",
+            "gpt2: error: DIR/cfg.json: the SAE reads vectors of d_in=64, "
+            "but the model's residual stream has n_embd=32",
         ),
         ("arch", "gpt2: error: DIR/cfg.json: architecture 'topk' is not one gpt2 reads: standard, jumprelu"),
         (
             "hook",
-            "gpt2: error: DIR/cfg.json: hook 'blocks.0.hook_z' is not one gpt2 reads: the hooks are blocks.L.{hook_resid_pre, "
-            "hook_resid_mid, hook_resid_post, hook_attn_out, hook_mlp_out}",
+            "gpt2: error: DIR/cfg.json: hook 'blocks.0.hook_z' is not one gpt2 reads: "
+            "the hooks are blocks.L.{hook_resid_pre, hook_resid_mid, hook_resid_post, hook_attn_out, hook_mlp_out}",
         ),
         (
             "layer",
-            "gpt2: error: DIR/cfg.json: hook 'blocks.2.hook_resid_pre' is at block 2, but the model has blocks 0..1 (n_layer=2)",
+            "gpt2: error: DIR/cfg.json: hook 'blocks.2.hook_resid_pre' is at block 2, "
+            "but the model has blocks 0..1 (n_layer=2)",
         ),
         (
             "d_sae",
-            "gpt2: error: DIR/sae_weights.safetensors: W_enc has shape [32, 48], but cfg.json's d_in=32 and d_sae=47 make it [32, 47]",
+            "gpt2: error: DIR/sae_weights.safetensors: W_enc has shape [32, 48], "
+            "but cfg.json's d_in=32 and d_sae=47 make it [32, 47]",
         ),
     ],
 )

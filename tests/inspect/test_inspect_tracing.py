@@ -267,7 +267,8 @@ def test_bad_input_gets_one_clear_error(tmp_path):
     _, model = pair(tmp_path, 2, 2, 16)
     with pytest.raises(
         InvalidArgumentError,
-        match=r"patch: unknown activation 'h\.2\.ln_1'; the names are wte, wpe, h\.\{i\}\.ln_1, .*\(i in 0\.\.1\), ln_f",
+        match=r"patch: unknown activation 'h\.2\.ln_1'; "
+        r"the names are wte, wpe, h\.\{i\}\.ln_1, .*\(i in 0\.\.1\), ln_f",
     ) as e:
         trace(model, [1, 2], patch={"h.2.ln_1": torch.zeros_like})
     assert e.value.param == "patch"
@@ -308,6 +309,9 @@ def test_import_gpt2_then_gpt2_inspect_trace(tmp_path):
     import subprocess
     import sys
 
-    code = "import gpt2, sys; assert 'torch' not in sys.modules; print(gpt2.inspect.trace.__name__, gpt2.inspect.Trace.__name__)"
+    code = (
+        "import gpt2, sys; assert 'torch' not in sys.modules; "
+        "print(gpt2.inspect.trace.__name__, gpt2.inspect.Trace.__name__)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.split() == ["trace", "Trace"], out.stderr

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-
 from helpers import make_hf_model
+
 from gpt2 import ContextLengthError, InputTypeError, InvalidArgumentError, TokenIdError
 from gpt2.checkpoints.config import GPT2Config
 from gpt2.devices import resolve_dtype

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import logits_of, make_hf_model, nanogpt_model
 from safetensors.torch import load_file, save_file
 
-from helpers import SMALL, logits_of, make_hf_model, nanogpt_model
 from gpt2 import InvalidArgumentError
 from gpt2.checkpoints.config import GPT2Config
 from gpt2.checkpoints.weights import read_tensors

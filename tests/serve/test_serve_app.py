@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import httpx
-
 from helpers import Running
 from serve_fixtures import ENC, N_CTX, complete, post
 

@@ -10,9 +10,9 @@ import httpx
 import openai
 import pytest
 import torch
-
 from helpers import Running, make_hf_model, transformers_sampled
 from serve_fixtures import ENC, HANG, N_CTX, free_port, gpt2_serve, ours, post
+
 from gpt2 import Tokenizer
 from gpt2.cli import main
 from gpt2.model.model import GPT2
@@ -38,7 +38,8 @@ QUESTION = [
 # A ChatML-like template that refuses a conversation opened by the assistant (raise_exception, line 2)
 CHATML = (
     "{% for message in messages %}\n"
-    "{% if loop.first and message['role'] == 'assistant' %}{{ raise_exception('the assistant cannot speak first') }}{% endif %}\n"
+    "{% if loop.first and message['role'] == 'assistant' %}"
+    "{{ raise_exception('the assistant cannot speak first') }}{% endif %}\n"
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + eos_token + '\\n' }}\n"
     "{% endfor %}\n"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
@@ -255,9 +256,10 @@ def test_content_as_text_parts_reads_as_the_joined_text(chat_client):
             "content": [{"type": "text", "text": "What is the capital"}, {"type": "text", "text": " of France?"}],
         },
     ]
-    answer = lambda messages: chat_client.chat.completions.create(
-        model="tiny", messages=messages, temperature=0, max_tokens=8
-    )  # noqa: E731
+
+    def answer(messages):
+        return chat_client.chat.completions.create(model="tiny", messages=messages, temperature=0, max_tokens=8)
+
     assert answer(parts).choices[0].message.content == answer(QUESTION).choices[0].message.content
 
 

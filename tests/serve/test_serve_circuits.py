@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from helpers import make_hf_model
 from serve_fixtures import ENC, N_CTX, post
 
@@ -207,7 +206,8 @@ BAD_CIRCUITS = [
         "patching",
         {"clean": [15496] * 91, "corrupted": [995] * 91},
         "clean",
-        "runs the model 182 times over 91 tokens = 16,562 tokens, over this server's limit of 16,384 (max_patching_tokens): at most 90",
+        "runs the model 182 times over 91 tokens = 16,562 tokens, "
+        "over this server's limit of 16,384 (max_patching_tokens): at most 90",
     ),
     (
         "patching",
@@ -225,13 +225,15 @@ BAD_CIRCUITS = [
         "patching",
         {"clean": "a b", "corrupted": "c d", "answer": " Mary", "other": " Mary"},
         "other",
-        "answer and other are the same token, ' Mary' (id 5335): logit(answer) - logit(other) is 0 whatever the model does",
+        "answer and other are the same token, ' Mary' (id 5335): "
+        "logit(answer) - logit(other) is 0 whatever the model does",
     ),
     (
         "patching",
         {"clean": "a b", "corrupted": "a b"},
         "other",  # one text twice: both runs' top token is the same
-        "; answer: the clean run's top token; other: the corrupted run's top token): logit(answer) - logit(other) is 0 whatever the model does",
+        "; answer: the clean run's top token; other: the corrupted run's top token): "
+        "logit(answer) - logit(other) is 0 whatever the model does",
     ),
     (
         "patching",

@@ -1,14 +1,15 @@
 """`gpt2 serve`'s completions (gpt2.serve.completions), through OpenAI's own client: answers equal
-transformers', the Python API's and gpt2 generate's, whole or streamed, with stop strings, log-probabilities and token ids."""
+transformers', the Python API's and gpt2 generate's, whole or streamed, with stop strings, \
+log-probabilities and token ids."""
 
 from __future__ import annotations
 
 import json
 
 import torch
-
 from helpers import transformers_sampled
 from serve_fixtures import ENC, api_token, complete, ours
+
 from gpt2.cli import main
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from helpers import Running, make_hf_model
 from serve_fixtures import ENC, N_CTX, api_token, post
+
 from gpt2.errors import GPT2Error
 from gpt2.serve import Limits
 

@@ -12,9 +12,9 @@ import sys
 import httpx
 import openai
 import pytest
-
 from helpers import REPO, Watched, make_hf_model
 from serve_fixtures import HANG, N_CTX, SPECIAL_PROMPT, free_port, gpt2_generate, gpt2_serve, metric, ours
+
 from gpt2.cli import main
 from gpt2.tokenizer import CharTokenizer
 

@@ -14,10 +14,10 @@ import httpx
 import lm_eval
 import pytest
 import torch
+from helpers import Running, make_ending_model
 from lm_eval.models.openai_completions import LocalCompletionsAPI
 from lm_eval.tasks import TaskManager
 
-from helpers import Running, make_ending_model
 from gpt2 import Tokenizer
 from gpt2.model.model import GPT2
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
-
 from helpers import Running
 from serve_fixtures import ENC, SPECIAL_PROMPT, complete, gpt2_generate, ours, post
+
 from gpt2.errors import GPT2Error
 from gpt2.serve import Limits
 
@@ -300,9 +300,9 @@ BOUNDS = (
 
 def test_openapi_json_describes_every_field_each_route_accepts_with_its_bounds(server):
     spec = httpx.get(server.url + "/openapi.json").json()
-    resolve = lambda schema: (
-        spec["components"]["schemas"][schema["$ref"].split("/")[-1]] if "$ref" in schema else schema
-    )  # noqa: E731
+
+    def resolve(schema):
+        return spec["components"]["schemas"][schema["$ref"].split("/")[-1]] if "$ref" in schema else schema
 
     def bounds(schema: dict) -> dict:  # the field's, and those of the types it may be (anyOf, a list's items)
         found = {

@@ -14,9 +14,9 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 import torch
-
 from helpers import Running
 from serve_fixtures import ENC, N_CTX, complete, metric, ours, post
+
 from gpt2.model.model import GPT2
 from gpt2.serve import Limits
 
@@ -131,7 +131,10 @@ def send_and_stay(url: str, body: dict) -> socket.socket:
     host, port = url.removeprefix("http://").split(":")
     payload = json.dumps(body).encode()
     sock = socket.create_connection((host, int(port)))
-    head = f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
+    head = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(payload)}\r\n\r\n"
+    )
     sock.sendall(head.encode() + payload)
     return sock
 

@@ -8,9 +8,9 @@ import threading
 import httpx
 import openai
 import pytest
-
 from helpers import Running
 from serve_fixtures import ENC, post
+
 from gpt2.serve import Limits, create_app
 
 

@@ -42,7 +42,8 @@ CHATML = (
 
 @pytest.fixture(scope="module")
 def hf_tokenizer(tmp_path_factory):
-    """transformers' tokenizer for GPT-2's vocabulary, read from the files our save_pretrained writes, with the default template."""
+    """transformers' tokenizer for GPT-2's vocabulary, read from the files our save_pretrained writes,
+    with the default template."""
     directory = tmp_path_factory.mktemp("tokenizer")
     Tokenizer.gpt2().with_chat_template(DEFAULT_TEMPLATE).save_pretrained(directory)
     return transformers.AutoTokenizer.from_pretrained(directory)

@@ -1,4 +1,5 @@
-"""gpt2.tokenizer.core, GPT-2's byte-level BPE, against tiktoken's GPT-2 encoding (an independent Rust implementation)."""
+"""gpt2.tokenizer.core, GPT-2's byte-level BPE, against tiktoken's GPT-2 encoding \
+(an independent Rust implementation)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,11 @@ import unicodedata
 
 import pytest
 import regex
+from helpers import VOCAB, stdlib_sources, tiktoken_from_files
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import gpt2.tokenizer.core as tokenizer_core
-from helpers import VOCAB, stdlib_sources, tiktoken_from_files
 from gpt2 import (
     DisallowedSpecialTokenError,
     GPT2Error,

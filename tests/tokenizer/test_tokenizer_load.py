@@ -8,8 +8,8 @@ import json
 import re
 
 import pytest
-
 from helpers import VOCAB
+
 from gpt2 import Tokenizer, VocabularyError, VocabularyNotFoundError
 from gpt2.tokenizer import CharTokenizer, load_tokenizer, same_vocabulary
 

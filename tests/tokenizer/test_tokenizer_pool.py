@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from helpers import VOCAB
 
 import gpt2.tokenizer.pool as tokenizer_pool
-from helpers import VOCAB
 from gpt2 import DisallowedSpecialTokenError, Tokenizer
 
 

@@ -4,8 +4,8 @@ Hugging Face's, chars.json), against tiktoken."""
 from __future__ import annotations
 
 import pytest
-
 from helpers import VOCAB
+
 from gpt2 import Tokenizer, VocabularyError, VocabularyNotFoundError
 from gpt2.tokenizer import CharTokenizer, load_tokenizer
 

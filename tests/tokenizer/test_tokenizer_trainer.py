@@ -6,9 +6,9 @@ import warnings
 from collections import Counter
 
 import pytest
+from helpers import tiktoken_from_files
 
 import gpt2.tokenizer.core as tokenizer_core
-from helpers import tiktoken_from_files
 from gpt2 import GPT2Warning, InputTypeError, InvalidArgumentError, Tokenizer
 
 

@@ -9,22 +9,23 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
-
 from helpers import REPO, Watched, corpus_hellaswag, heed_ctrl_c, replies_are_even_ids, write_hellaswag
+
 from gpt2 import DistributedError, InvalidArgumentError
 from gpt2.cli import main
-from gpt2.data.tokens import open_data
+from gpt2.data.files import open_data
 from gpt2.model.model import GPT2
 from gpt2.settings import TrainSettings
 from gpt2.training.checkpoint import load_checkpoint
 from gpt2.training.distributed import start
-from gpt2.training.train import TaskEvaluation, read_log, train
+from gpt2.training.loggers import read_log
+from gpt2.training.plan import TaskEvaluation
+from gpt2.training.train import train
 
 # grad_accum 4 splits into 2 micro-batches a process; eval_iters 3 does not split evenly.
 SETTINGS = dict(

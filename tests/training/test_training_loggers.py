@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from gpt2 import InvalidArgumentError
-from gpt2.training.train import read_log, train
+from gpt2.training.loggers import read_log
+from gpt2.training.train import train
 
-pytestmark = pytest.mark.filterwarnings("ignore::gpt2.training.train.WarmupWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::gpt2.training.optim.WarmupWarning")
 
 TINY = dict(
     n_layer=1,

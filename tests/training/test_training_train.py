@@ -10,7 +10,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 import warnings
@@ -21,9 +20,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-import gpt2.training.train
 from helpers import (
     REPO,
     Watched,
@@ -34,6 +30,9 @@ from helpers import (
     write_conversations,
     write_hellaswag,
 )
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+import gpt2.training.train
 from gpt2 import (
     CheckpointError,
     ContextLengthError,
@@ -45,27 +44,21 @@ from gpt2 import (
     UnwritablePathError,
 )
 from gpt2.checkpoints.config import GPT2Config
-from gpt2.data.tokens import get_batch, open_data, prepare
+from gpt2.data.batches import get_batch
+from gpt2.data.files import open_data
+from gpt2.data.text import prepare
 from gpt2.evaluation.evaluate import hellaswag
 from gpt2.evaluation.tasks import read_hellaswag
 from gpt2.model.model import GPT2
 from gpt2.settings import TrainSettings
-from gpt2.training.train import (
-    EVAL_STREAM,
-    ChatTemplateReplacedWarning,
-    TaskEvaluation,
-    Trainer,
-    WarmupWarning,
-    chat_template_for,
-    learning_rate,
-    make_optimizers,
-    plot_losses,
-    read_log,
-    train,
-)
+from gpt2.training.curves import plot_losses
+from gpt2.training.loggers import read_log
+from gpt2.training.optim import WarmupWarning, learning_rate, make_optimizers
+from gpt2.training.plan import ChatTemplateReplacedWarning, TaskEvaluation, chat_template_for
+from gpt2.training.train import EVAL_STREAM, Trainer, train
 
 # Runs of a few iterations are shorter than TINY's warm-up on purpose: its warning is tested once, below.
-pytestmark = pytest.mark.filterwarnings("ignore::gpt2.training.train.WarmupWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::gpt2.training.optim.WarmupWarning")
 
 # A model small enough to train for dozens of iterations in a second or two.
 TINY = dict(
@@ -1219,7 +1212,8 @@ def test_a_run_that_cannot_fit_is_refused_before_anything_is_made(char_data, tmp
     states, activations = weights_and_activations(vocab)
     monkeypatch.setattr(devices, "available_memory", lambda device: 100_000)  # (a run takes a 200 MB workspace too)
     message = (
-        f"training needs about {(states + activations + 200e6) / 1e6:.1f} MB of memory, but the CPU has 100 kB available: "
+        f"training needs about {(states + activations + 200e6) / 1e6:.1f} MB of memory, "
+        "but the CPU has 100 kB available: "
         f"lower batch_size (or block_size): a micro-batch of 4 windows of 16 tokens keeps about "
         f"{activations / 1e3:.0f} kB of activations, {activations / 4e3:.0f} kB a window, beside "
         f"{states / 1e3:.0f} kB for the weights, their gradients and AdamW's moments"
@@ -1523,8 +1517,9 @@ def save_hf(tmp_path: Path) -> Path:
 
 
 def test_conversations_gpt2_prepare_wrote_train_on_their_replies(tmp_path):
-    """End to end: gpt2 prepare --chat's files (the default template) train, and the model saved carries the template."""
-    from gpt2.data.tokens import prepare_chat
+    """End to end: gpt2 prepare --chat's files (the default template) train, and the model saved carries
+    the template."""
+    from gpt2.data.chat import prepare_chat
     from gpt2.tokenizer.chat import DEFAULT_TEMPLATE
 
     qa = [

@@ -2,14 +2,19 @@
 
     corpora  records streamed from JSON Lines, Parquet and Hugging Face datasets, and llm.c's
              shards written and read as one stream
-    tokens   `prepare` and `prepare_chat` (text to train.bin and val.bin, conversations with
-             their replies' mask), `open_data` (ours, nanoGPT's and llm.c's files read back),
-             and the batches training draws
+    files    the token files' format: a prepared directory written atomically (train.bin and
+             val.bin, their masks, meta.json, the tokenizer's files), and `open_data`, which reads
+             ours, nanoGPT's and llm.c's back
+    text     `prepare`: text to token files, documents read in chunks, encoded, split by documents
+    chat     `prepare_chat`: conversations to token files, with their replies' mask
+    batches  `get_batch`: the windows training draws
 
-`tokens` builds on `corpora`. `from gpt2.data import prepare, prepare_chat` is the library's
-door (docs/prepare.md); the rest is imported from its module.
+`files` builds on `corpora`, `text` on `files`, `chat` on both; `batches` stands alone.
+`from gpt2.data import prepare, prepare_chat` is the library's door (docs/prepare.md); the rest
+is imported from its module.
 """
 
-from gpt2.data.tokens import prepare, prepare_chat
+from gpt2.data.chat import prepare_chat
+from gpt2.data.text import prepare
 
 __all__ = ["prepare", "prepare_chat"]

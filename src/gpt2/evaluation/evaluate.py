@@ -32,8 +32,9 @@ from tqdm.auto import tqdm
 
 from gpt2._checks import check_batch_size, check_token_ids, int_between
 from gpt2._files import read_text
+from gpt2.data.batches import IGNORE
 from gpt2.data.corpora import Shards
-from gpt2.data.tokens import IGNORE, TokenData, open_data
+from gpt2.data.files import TokenData, open_data
 from gpt2.errors import DataError, InvalidArgumentError
 from gpt2.evaluation.tasks import (
     Choice,
@@ -45,7 +46,8 @@ from gpt2.evaluation.tasks import (
     read_wikitext,
     task_file,
 )
-from gpt2.generation.engines import PrefixCache, TorchEngine, check_prefix_cache_mb
+from gpt2.generation.caches import PrefixCache, check_prefix_cache_mb
+from gpt2.generation.engines import TorchEngine
 from gpt2.model.model import GPT2
 from gpt2.tokenizer import CharTokenizer, Tokenizer
 
@@ -352,7 +354,7 @@ def score_continuations(
     """Score each (context ids, continuation ids): the continuation's log-probability given the
     context. A pair longer than the model's context keeps its last n_ctx ids (lm-evaluation-harness
     does the same). Pairs run `batch_size` at a time, those of one context together, each
-    context's KV blocks kept (`gpt2.generation.engines.PrefixCache`, up to `prefix_cache_mb`, least recently
+    context's KV blocks kept (`gpt2.generation.caches.PrefixCache`, up to `prefix_cache_mb`, least recently
     used out first), so that its other continuations (HellaSwag's four endings) compute only
     what follows them. With prefix_cache_mb 0, pairs run longest first, padded on the right.
     The progress bar counts examples, each done once all its pairs are: `example_of[i]` is pair

@@ -7,11 +7,14 @@
     kernels   the CPU decode kernels (`python -m gpt2.generation.kernels` compiles them) and the
               linear layer's dispatch, the narrow (bfloat16, float16, int8) weights it reads
     decoding  the token loop: rows in the slots of an engine, prefilled together and in chunks
-    engines   what turns a model into logits for that loop: the KV cache, the prefix cache, the
-              torch engine and its CUDA graphs, the NumPy engine
+    caches    what an engine keeps of its rows: the `Model` it drives, the KV cache, the prefix cache
+    graphs    decoding steps captured and replayed as CUDA graphs
+    engines   what turns a model into logits for that loop: the torch engine, the NumPy engine, the
+              engine each model keeps, which engine runs where
     generate  text in, text out, streamed: `generate_text`, `stream_text`, `Chat`
 
-Imports run one way inside: `decoding` builds on `sampling`, `processors` and `lookup`,
-`engines` on `decoding`, `generate` on all of them; `kernels` stands alone. None of them imports
-`gpt2.model`: an engine drives any model through its methods (`engines.Model`).
+Imports run one way inside: `decoding` builds on `sampling`, `processors` and `lookup`, `graphs`
+on `caches`, `engines` on `decoding`, `caches` and `graphs`, `generate` on all of them; `kernels`
+stands alone. None of them imports `gpt2.model`: an engine drives any model through its methods
+(`caches.Model`).
 """

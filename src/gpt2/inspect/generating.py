@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
+from gpt2.generation.caches import KVCache
 from gpt2.generation.decoding import Request, run
-from gpt2.generation.engines import KVCache
 from gpt2.generation.sampling import Sampling
 from gpt2.inspect.tracing import Patch, Recorder, Trace, forward_steps, recorder, token_ids
 from gpt2.model.model import GPT2

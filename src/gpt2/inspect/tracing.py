@@ -227,7 +227,7 @@ def forward_steps(model: GPT2, idx: torch.Tensor, tap: Tap, cache: Cache | None 
     """The seeds' forward pass, step by step: idx (B, T) -> logits (B, T, V). tap(name, x) is
     given each step (x: (B, ...)) and returns the value the pass goes on with.
 
-    With a KV cache whose step has begun (`gpt2.generation.engines.KVCache.begin_prefill` or
+    With a KV cache whose step has begun (`gpt2.generation.caches.KVCache.begin_prefill` or
     `begin_decode`), as `GPT2.trunk` takes one: idx holds the new positions only; their
     positions come from the cache, their keys and values join it, and each attends to the
     keys of the positions before it there. The taps see the new positions only (scores and

@@ -31,21 +31,15 @@ from torch.utils.checkpoint import checkpoint
 from gpt2._checks import check_token_ids
 from gpt2.checkpoints.config import GPT2Config
 from gpt2.errors import ContextLengthError, InputTypeError, InvalidArgumentError
-from gpt2.generation.engines import (
-    PrefixCache,
-    TorchEngine,
-    check_cuda_graphs,
-    generate_ids,
-    model_engine,
-    set_cuda_graphs,
-)
+from gpt2.generation.caches import PrefixCache
+from gpt2.generation.engines import TorchEngine, check_cuda_graphs, generate_ids, model_engine, set_cuda_graphs
 from gpt2.generation.kernels import attend, linear, tracing, widen
 from gpt2.model.pretrained import hf_state_dict, open_pretrained, save_pretrained, sinusoidal_positions
 from gpt2.settings import DRAFT_TOKENS
 
 
 class Cache(Protocol):
-    """What the forward pass asks of a KV cache (`gpt2.generation.engines.KVCache` is one), for the step
+    """What the forward pass asks of a KV cache (`gpt2.generation.caches.KVCache` is one), for the step
     it has begun: the new positions, which keys each query sees, and a place for the new keys."""
 
     positions: torch.Tensor  # (T,) or (B, 1): the new positions' ids
@@ -405,7 +399,7 @@ class GPT2(nn.Module):
         return self
 
     def use_cuda_graphs(self, enabled: bool = True) -> GPT2:
-        """Decode by replaying CUDA graphs (`gpt2.generation.engines.DecodeGraphs`): off by default, as it
+        """Decode by replaying CUDA graphs (`gpt2.generation.graphs.DecodeGraphs`): off by default, as it
         has not yet been measured on a GPU; on a CUDA device only."""
         if enabled:
             check_cuda_graphs(self.device)
@@ -425,7 +419,7 @@ class GPT2(nn.Module):
         one engine over the whole context is kept and reused (replaced by a larger one when more
         slots are asked for), so each batch-size bucket is captured once, not at every call.
         A KV cache the device cannot hold is refused first, `hint` saying what to lower (`param`).
-        With a `prefix_cache`, prompts' blocks are kept and reused (`gpt2.generation.engines.PrefixCache`)."""
+        With a `prefix_cache`, prompts' blocks are kept and reused (`gpt2.generation.caches.PrefixCache`)."""
         return model_engine(self, slots, max_len, use_cache, hint, param, prefix_cache)
 
     @property

@@ -26,8 +26,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from gpt2._checks import check_token_ids, check_top_k, is_integer, positive_int
 from gpt2.checkpoints.config import GPT2Config
 from gpt2.errors import GPT2Error, InvalidArgumentError
+from gpt2.generation.caches import KVCache, check_prefix_cache_mb
 from gpt2.generation.decoding import Request, Row, check_draft_tokens, start_of_text
-from gpt2.generation.engines import KVCache, check_prefix_cache_mb
 from gpt2.generation.generate import check_stop
 from gpt2.generation.lookup import PromptLookup, lookup_of
 from gpt2.generation.processors import (

@@ -14,8 +14,8 @@ from collections.abc import Callable, Sequence
 import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from gpt2.generation.caches import PrefixCache
 from gpt2.generation.decoding import Decoder, Engine, Row, finish_reasons
-from gpt2.generation.engines import PrefixCache
 from gpt2.model.model import GPT2
 from gpt2.serve.protocol import BATCH_HINT, Limits, RequestError
 

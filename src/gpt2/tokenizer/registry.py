@@ -2,7 +2,7 @@
 `gpt2 prepare --tokenizer` takes), the directory it was saved in, or a model's vocabulary size.
 
 `Tokenizer.gpt2()` is the shared instance of GPT-2's own vocabulary; `char` and `bpe:N` are learned
-from a corpus (`gpt2.data.tokens.make_tokenizer`), so a name is checked here before any file is read.
+from a corpus (`gpt2.data.text.make_tokenizer`), so a name is checked here before any file is read.
 """
 
 from __future__ import annotations

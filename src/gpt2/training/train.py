@@ -37,41 +37,29 @@ import os
 import sys
 import time
 import warnings
-from collections import Counter
 from collections.abc import Iterator
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
-from gpt2._files import BackgroundWriter, atomic_path, atomic_write_text, writable_directory
-from gpt2.checkpoints.config import GPT2Config
-from gpt2.checkpoints.weights import TRAINED_FROM, TRAINED_ITERATIONS, expected_shapes, read_config
-from gpt2.data.tokens import TokenData, get_batch, open_data
-from gpt2.devices import (
-    Precision,
-    check_fits,
-    enable_tf32,
-    format_bytes,
-    fused_adamw_available,
-    peak_flops,
-    should_compile,
-    training_precision,
-)
-from gpt2.errors import ContextLengthError, DataError, GPT2Warning, InvalidArgumentError, NonFiniteError
-from gpt2.evaluation.evaluate import hellaswag_pairs, hellaswag_right, loss_sum, score_continuations
-from gpt2.evaluation.tasks import read_hellaswag, task_file
+from gpt2._files import BackgroundWriter, atomic_write_text, writable_directory
+from gpt2.checkpoints.weights import TRAINED_FROM, TRAINED_ITERATIONS
+from gpt2.data.batches import get_batch
+from gpt2.data.files import open_data
+from gpt2.devices import Precision, enable_tf32, peak_flops, should_compile, training_precision
+from gpt2.errors import InvalidArgumentError, NonFiniteError
+from gpt2.evaluation.evaluate import hellaswag_right, loss_sum, score_continuations
 from gpt2.generation.decoding import ContextOverflowWarning
 from gpt2.generation.generate import generate_text
 from gpt2.model.model import GPT2
-from gpt2.settings import MUON_LR, TEMPERATURE, TOP_K, TrainSettings, check_setting_names, resumed_settings
+from gpt2.settings import TEMPERATURE, TOP_K, TrainSettings, check_setting_names, resumed_settings
 from gpt2.tokenizer import CharTokenizer, Tokenizer
 from gpt2.training import distributed
 from gpt2.training.checkpoint import (
     CHECKPOINT,
-    checkpoint_config,
     checkpoint_state,
     load_checkpoint,
     load_optimizer,
@@ -81,205 +69,23 @@ from gpt2.training.checkpoint import (
     set_rng_state,
     write_checkpoint,
 )
+from gpt2.training.curves import plot_losses
 from gpt2.training.loggers import WANDB_ID, Loggers, check_loggers, open_loggers, read_log
+from gpt2.training.optim import learning_rate, make_optimizers, peak_lr, warn_about_warmup
+from gpt2.training.plan import (
+    ChatTemplateReplacedWarning,
+    TaskEvaluation,
+    build_model,
+    chat_template_for,
+    check_training_memory,
+    flops_per_token,
+    planned_config,
+)
 from gpt2.training.stopping import StopRequested, StopSignals
 
 LOG = "log.jsonl"
 PLOT = "loss.png"
 EVAL_STREAM = 1 << 32  # evaluation batches use micro-steps from here on: never a training batch's seed
-WORKSPACE = 200_000_000  # bytes a run takes whatever its size (benchmarks/memory.py: 180 to 230 MB on a CPU)
-# HellaSwag's acc_norm of OpenAI's 124M on all 10,042 examples, completion style (llm.c; docs/eval.md)
-HELLASWAG_GPT2 = 0.2955
-
-
-class ChatTemplateReplacedWarning(GPT2Warning):
-    """The model fine-tuned on conversations had a chat template of its own, not the one the data
-    was rendered with: the model saved carries the data's, whose turns it learns."""
-
-
-class WarmupWarning(GPT2Warning):
-    """The learning rate's warm-up lasts the whole run (warmup_iters >= max_iters): it never reaches
-    lr, and never decays."""
-
-
-def learning_rate(it: int, s: TrainSettings, peak: float | None = None) -> float:
-    """nanoGPT's schedule: linear warm-up over warmup_iters, then cosine decay to min_lr at lr_decay_iters.
-    `peak`: the schedule of a learning rate that tops at `peak` instead of lr (Muon's, muon_lr), the
-    same curve scaled (down to min_lr * peak / lr)."""
-    lr, min_lr = (s.lr, s.min_lr) if peak is None else (peak, s.min_lr * (peak / s.lr))
-    if it < s.warmup_iters:
-        return lr * (it + 1) / (s.warmup_iters + 1)
-    if it >= s.lr_decay_iters:
-        return min_lr
-    decay_ratio = (it - s.warmup_iters) / (s.lr_decay_iters - s.warmup_iters)  # 0 .. 1
-    return min_lr + 0.5 * (1.0 + math.cos(math.pi * decay_ratio)) * (lr - min_lr)
-
-
-def warn_about_warmup(s: TrainSettings) -> None:
-    """A WarmupWarning where the warm-up is as long as the run: nanoGPT's default 2000 iterations
-    suit its 600,000, not a short run (a warning, not an error: a short run may be resumed longer)."""
-    if s.warmup_iters >= s.max_iters:
-        last = learning_rate(s.max_iters - 1, s)
-        share = 100 * last / s.lr
-        percent = f"{share:.0f}%" if share >= 1 else f"{share:.1g}%"
-        warnings.warn(
-            WarmupWarning(
-                f"warmup_iters {s.warmup_iters} is not below max_iters {s.max_iters}: the learning rate "
-                f"warms up for the whole run, from {learning_rate(0, s):.2g} to {last:.2g} at its last "
-                f"iteration ({percent} of lr {s.lr:g}), and never decays; pass a smaller warmup_iters",
-                "warmup_iters",
-                ("max_iters", "lr"),
-            ),
-            stacklevel=2,
-        )
-
-
-def flops_per_token(model: GPT2) -> float:
-    """Forward and backward FLOPs a token costs (PaLM's appendix B, as nanoGPT's estimate_mfu):
-    6 per weight (the position table excluded: a lookup) plus attention's 12 L C T."""
-    config = model.config
-    weights = sum(p.numel() for name, p in model.named_parameters() if not name.startswith("transformer.wpe"))
-    return 6 * weights + 12 * config.n_layer * config.n_embd * config.n_ctx
-
-
-def make_optimizers(model: GPT2, s: TrainSettings, device: torch.device) -> list[torch.optim.Optimizer]:
-    """The run's optimizers, stepped together. adamw: AdamW alone, with weight decay on the 2-D
-    parameters only (matrices and embeddings, not biases or LayerNorms): nanoGPT's
-    configure_optimizers, with the fused update on CPUs too (one pass over each tensor instead of
-    several). muon: torch's Muon for the blocks' matrices (c_attn, c_proj, c_fc: the hidden layers
-    it is made for) and AdamW as above for the rest: embeddings, biases, LayerNorms. Muon's update
-    is scaled to the size of AdamW's (Moonshot's match_rms_adamw, the same whichever way round a
-    matrix is stored), at its own learning rate (muon_lr) on the same schedule (docs/train.md)."""
-    params = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
-    muon = [p for name, p in params if s.optimizer == "muon" and name.startswith("transformer.h.") and p.dim() == 2]
-    rest = [p for _, p in params if not any(p is q for q in muon)]
-    groups = [
-        {"params": [p for p in rest if p.dim() >= 2], "weight_decay": s.weight_decay},
-        {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0},
-    ]
-    fused = {"fused": True} if fused_adamw_available(device) else {}
-    optimizers: list[torch.optim.Optimizer] = [torch.optim.AdamW(groups, lr=s.lr, betas=(s.beta1, s.beta2), **fused)]
-    if muon:
-        optimizers.append(
-            torch.optim.Muon(
-                muon,
-                lr=peak_lr(s, muon=True),
-                weight_decay=s.weight_decay,
-                momentum=0.95,
-                nesterov=True,
-                adjust_lr_fn="match_rms_adamw",
-            )
-        )
-    return optimizers
-
-
-def peak_lr(s: TrainSettings, muon: bool) -> float:
-    """The top of the learning rate's schedule: lr, or muon_lr (default MUON_LR) for Muon's matrices."""
-    return (MUON_LR if s.muon_lr is None else s.muon_lr) if muon else s.lr
-
-
-# ------------------------------------------------------------------ the model
-
-
-def build_model(s: TrainSettings, data: TokenData) -> GPT2:
-    """A new model (weights drawn from torch's generator: seed it first) or the `init` model,
-    whose vocabulary must be the data's."""
-    if s.init is None:
-        return GPT2(s.model_config(data.vocab_size))
-    model = GPT2.from_pretrained(s.init, device="cpu", dropout=s.dropout)  # with the tokenizer saved beside it
-    data.check_vocabulary(model.tokenizer, model.config.n_vocab, repr(s.init))
-    if s.block_size is not None:
-        if s.block_size > model.config.n_ctx:
-            raise ContextLengthError(
-                f"block_size {s.block_size} is over the context of the model {s.init!r} (n_ctx={model.config.n_ctx})"
-            )
-        model.crop_context(s.block_size)
-    return model
-
-
-def chat_template_for(data: TokenData, earlier: str | None, model: str) -> str | None:
-    """The chat template the trained model carries: the data's, whose turns it learns (with a
-    ChatTemplateReplacedWarning where `earlier`, the model's own, differs), else the model's own."""
-    if data.chat_template is None:
-        return earlier
-    if earlier is not None and earlier != data.chat_template:
-        warnings.warn(
-            ChatTemplateReplacedWarning(
-                f"the chat template of the model {model} is replaced by the one the data in "
-                f"{data.directory} was rendered with: the model saved carries the data's",
-                "init",
-            ),
-            stacklevel=2,
-        )
-    return data.chat_template
-
-
-def planned_config(s: TrainSettings, data: TokenData, state: dict[str, Any] | None) -> GPT2Config:
-    """The architecture a run will train, known before any weight is made or read."""
-    if state is not None:
-        return checkpoint_config(state)
-    if s.init is None:
-        return s.model_config(data.vocab_size)
-    config = read_config(s.init)
-    return config if s.block_size is None else config.replace(n_ctx=min(s.block_size, config.n_ctx))
-
-
-class TrainingMemory(NamedTuple):
-    states: int  # bytes of the weights, their gradients and AdamW's moments
-    activations: int  # bytes one micro-batch keeps for the backward pass
-
-    @property
-    def total(self) -> int:
-        return self.states + self.activations + WORKSPACE
-
-
-def training_memory(
-    config: GPT2Config, s: TrainSettings, device: torch.device, compute: torch.dtype, world: int = 1
-) -> TrainingMemory:
-    """What one process of a run holds at its peak, estimated: the weights with their gradients
-    and AdamW's two moments, one micro-batch's activations, and a workspace.
-    benchmarks/memory.py checks it against the peak of real runs.
-
-    Weights: float32, 16 bytes each with the rest (FSDP shares them out over the processes; DDP
-    keeps a bucketed copy of the gradients, 4 more). Activations, those a micro-batch keeps for
-    the backward pass, for each of its tokens:
-      - each layer's 17 C values: the input and output of both LayerNorms, q, k and v, attention's
-        output, the MLP's 4 C before and after its GELU (4 bytes each, 2 under 16-bit autocast);
-        with activation checkpointing, each layer's input and one layer's 17 C;
-      - the logits, their log-probabilities and the gradients of both: 4 V float32;
-      - with dropout on a CPU, whose fused attention does not drop, each layer's attention
-        scores, probabilities and mask, T per head (16 bytes each);
-    and WORKSPACE bytes whatever the size (torch's first backward pass, oneDNN's buffers): in `total`.
-    """
-    C, L, T, H = config.n_embd, config.n_layer, config.n_ctx, config.n_head
-    weights = sum(math.prod(shape) for shape in expected_shapes(config).values())
-    states = 16 * weights // (world if s.fsdp else 1) + (4 * weights if world > 1 and not s.fsdp else 0)
-    per_value = 2 if compute in (torch.bfloat16, torch.float16) else 4
-    layers = (L * C + 17 * C) if s.checkpoint_activations else L * 17 * C
-    per_token = layers * per_value + 16 * config.n_vocab
-    if s.dropout > 0 and device.type != "cuda":
-        per_token += L * H * T * 16
-    return TrainingMemory(states, s.batch_size * T * per_token)
-
-
-def check_training_memory(
-    config: GPT2Config, s: TrainSettings, procs: distributed.Processes, compute: torch.dtype
-) -> None:
-    """Refuse, before anything is allocated, a run the device cannot hold (a warning if it may not)."""
-    needed = training_memory(config, s, procs.device, compute, procs.world)
-    states, activations = needed.states, needed.activations
-    sharing = procs.sharing_memory  # on the CPU, the processes of this machine: each needs as much
-    each = f" in each of the {sharing} processes on this machine" if sharing > 1 else ""
-    hint = (
-        f"lower batch_size (or block_size): a micro-batch of {s.batch_size:,} windows of {config.n_ctx:,} tokens "
-        f"keeps about {format_bytes(activations)} of activations{each}, "
-        f"{format_bytes(activations / s.batch_size)} a window, "
-        f"beside {format_bytes(states)} for the weights, their gradients and AdamW's moments"
-    )
-    check_fits(needed.total * sharing, procs.device, "training", hint, "batch_size", ("block_size",))
-
-
-# ------------------------------------------------------------------ a run
 
 
 @dataclass
@@ -338,53 +144,6 @@ class Progress:
     def write(self, text: str, **kwargs: Any) -> None:
         """A line above the bar (printed even where the bar is not drawn)."""
         self.bar.write(text, **kwargs)
-
-
-class TaskEvaluation:
-    """The benchmark a run scores at each evaluation (eval_task: HellaSwag, as llm.c and
-    build-nanogpt score it while GPT-2 trains), with `gpt2 eval --task`'s scoring. Its examples
-    are read and tokenized once, before the run starts: a file that is missing or not the
-    task's, or data whose tokenizer cannot read them, stops the run before its first iteration."""
-
-    def __init__(self, s: TrainSettings, data: TokenData, progress: bool):
-        self.name = s.eval_task
-        check_task_tokenizer(s.eval_task, data)
-        path = task_file(s.eval_task, s.eval_task_data, progress, param="eval_task_data")
-        try:
-            self.examples = read_hellaswag(path, s.eval_task_limit)
-        except DataError as e:  # the file is the eval_task_data setting's (or its download's)
-            raise DataError(str(e), "eval_task_data") from None
-        self.pairs, _ = hellaswag_pairs(data.tokenizer, self.examples)  # (context ids, ending ids), 4 an example
-
-    def batches(self, n_ctx: int, ids: int) -> list[list[int]]:
-        """The pairs' indices in batches of at most `ids` positions, padding included, longest
-        first (a training micro-batch's: scoring, without gradients, fits wherever training does)."""
-        length = [min(len(c) + len(x), n_ctx + 1) - 1 for c, x in self.pairs]  # positions in the forward pass
-        batches, batch = [], []
-        for i in sorted(range(len(self.pairs)), key=lambda i: -length[i]):
-            if batch and (len(batch) + 1) * length[batch[0]] > ids:
-                batches.append(batch)
-                batch = []
-            batch.append(i)
-        return batches + [batch]
-
-
-def check_task_tokenizer(task: str, data: TokenData) -> None:
-    """Refuse a task the data's tokenizer cannot write: HellaSwag's text is any English, which a
-    byte-level BPE tokenizer (GPT-2's, or a bpe:N one) encodes whole and a character vocabulary,
-    which knows only its corpus's characters, does not."""
-    if isinstance(data.tokenizer, Tokenizer):
-        return
-    has = (
-        f"a character-level one ({data.tokenizer.n_vocab} characters), which knows only its corpus's characters"
-        if isinstance(data.tokenizer, CharTokenizer)
-        else "none of its own"
-    )
-    raise InvalidArgumentError(
-        f"eval_task {task} needs a BPE tokenizer that writes any text (GPT-2's, as llm.c scores it), but the "
-        f"data in {data.directory} has {has}: train on data prepared with tokenizer gpt2, or drop eval_task",
-        "eval_task",
-    )
 
 
 class Trainer:
@@ -877,9 +636,6 @@ class Trainer:
             set_rng_state(rng, self.device)
 
 
-# ------------------------------------------------------------------ log and plot
-
-
 def _trim_log(path: Path, iteration: int, evaluated: int) -> None:
     """Keep the records of the iterations done before `iteration` (and its evaluation, if done):
     a run that resumes from a checkpoint logs the later ones again."""
@@ -887,88 +643,6 @@ def _trim_log(path: Path, iteration: int, evaluated: int) -> None:
         return
     kept = [r for r in read_log(path) if r["iter"] < iteration or ("val_loss" in r and r["iter"] <= evaluated)]
     atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
-
-
-def _how_often(iterations: list[int], param: str) -> str:
-    """ "(every 10 iterations, log_interval)": how often a log's records come, from their commonest
-    gap (the interval they were written at; the last iteration's comes off the beat)."""
-    gaps = Counter(b - a for a, b in zip(iterations, iterations[1:]) if b > a)
-    if not gaps:
-        return f"({param})"
-    gap = min(gaps, key=lambda g: (-gaps[g], g))
-    return f"(every iteration, {param})" if gap == 1 else f"(every {gap:,} iterations, {param})"
-
-
-def plot_losses(log: Path, png: Path, note=print) -> Any:
-    """Training loss at each logged step (faint) and the evaluations' train and validation losses,
-    against iterations; beside them, as llm.c's plots, HellaSwag's accuracies where the run scored
-    it. Returns the matplotlib figure drawn, or None without matplotlib."""
-    try:
-        from matplotlib.figure import Figure  # not pyplot: no global state (it draws in the writer's thread), no window
-    except ImportError:
-        if not getattr(plot_losses, "warned", False):
-            note("gpt2: note: loss.png needs matplotlib: pip install 'gpt2[train]'")
-            plot_losses.warned = True
-        return None
-    records = read_log(log)
-    steps = [r for r in records if "loss" in r]
-    evals = [r for r in records if "val_loss" in r]
-    scored = [r for r in evals if "hellaswag_acc_norm" in r]
-    fig = Figure(figsize=(15 if scored else 8, 5))
-    axes = fig.subplots(1, 2 if scored else 1, squeeze=False)
-    ax = axes[0, 0]
-    if steps:
-        label = f"train loss of a step {_how_often([r['iter'] for r in steps], 'log_interval')}"
-        ax.plot(
-            [r["iter"] for r in steps], [r["loss"] for r in steps], color="tab:blue", alpha=0.25, lw=0.8, label=label
-        )
-    how_often = _how_often([r["iter"] for r in evals], "eval_interval")
-    for key, color in (("train_loss", "tab:blue"), ("val_loss", "tab:orange")):
-        label = f"{key.split('_')[0]} loss at each evaluation {how_often}"
-        ax.plot([r["iter"] for r in evals], [r[key] for r in evals], "o-", color=color, label=label)
-    ax.set_xlabel("iteration")
-    ax.set_ylabel("loss (nats per token)")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    if scored:
-        _plot_hellaswag(axes[0, 1], scored, how_often)
-    with atomic_path(png) as tmp:
-        fig.savefig(tmp, format="png", dpi=100, bbox_inches="tight")  # drawn by Agg, matplotlib's canvas for files
-    return fig
-
-
-def _plot_hellaswag(ax: Any, scored: list[dict[str, Any]], how_often: str) -> None:
-    """HellaSwag's acc_norm (and acc, faint) at each evaluation, with OpenAI's 124M for scale."""
-    iters = [r["iter"] for r in scored]
-    ax.plot(
-        iters,
-        [r["hellaswag_acc_norm"] for r in scored],
-        "o-",
-        color="tab:green",
-        label=f"acc_norm at each evaluation {how_often}",
-    )
-    ax.plot(
-        iters,
-        [r["hellaswag_acc"] for r in scored],
-        "o-",
-        color="tab:green",
-        alpha=0.3,
-        label="acc (least total loss, not per token)",
-    )
-    ax.axhline(
-        HELLASWAG_GPT2,
-        color="tab:red",
-        ls="--",
-        lw=1,
-        label=f"OpenAI's GPT-2 124M: {HELLASWAG_GPT2} (all 10,042 examples)",
-    )
-    ax.set_xlabel("iteration")
-    ax.set_ylabel("HellaSwag accuracy")
-    ax.grid(alpha=0.3)
-    ax.legend()
-
-
-# ------------------------------------------------------------------ the entry point
 
 
 def check_out(out: Path, resume: bool, overwrite: bool) -> None:

@@ -1,0 +1,348 @@
+"""`gpt2 generate`: text continued by a model, streamed, with its sampling, structured outputs and speculative
+decoding flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from gpt2.cli.common import (
+    HelpFormatter,
+    UsageError,
+    command_line_text,
+    read_stdin,
+    whole_number,
+    without_final_newline,
+)
+from gpt2.cli.options import (
+    add_cuda_graphs_flag,
+    add_draft_flags,
+    add_inference_device_flags,
+    add_no_progress_flag,
+    add_sampling_flags,
+    add_special_as_text_flag,
+    allowed_special,
+    check_cuda_graph_flags,
+    check_device,
+    draft_tokens_need_a_draft,
+    draft_tokens_of,
+    load_model,
+    model_configs,
+    read_sampling,
+    with_top_k,
+)
+from gpt2.settings import MAX_NEW_TOKENS
+
+
+def _check_generate_args(args: argparse.Namespace) -> str:
+    """What can be checked before a model is loaded (every flag but --top-k's bound, the
+    vocabulary; the draft model's configuration, not its weights), `args.sampling` made of the
+    sampling flags; returns the prompt."""
+    from gpt2._checks import positive_int
+    from gpt2.generation.decoding import check_max_new_tokens
+    from gpt2.generation.generate import check_stop
+
+    if args.prompt is None:
+        raise UsageError('no prompt: give one (e.g. gpt2 generate "Once upon a time"), or - to read standard input')
+    args.sampling = read_sampling(args)
+    check_max_new_tokens(args.max_new_tokens)
+    positive_int("num_samples", args.num_samples)
+    check_stop(args.stop)
+    check_device(args)
+    check_cuda_graph_flags(args)
+    _check_draft_tokens(args)
+    if args.draft is not None:
+        model_configs(args)
+    args.structured = _structured(args)
+    if args.prompt == "-":
+        return without_final_newline(read_stdin())
+    return command_line_text(args.prompt, "the prompt given on the command line")
+
+
+def _structured(args: argparse.Namespace) -> dict:
+    """The library's keywords of the constraint flags (--json-schema, --json-object, --regex,
+    --choice, --grammar: one at most, its file read), the logit bias and penalties, and --speculative
+    ngram's, checked before the model loads (a constraint compiles once the tokenizer is there)."""
+    from gpt2.generation.lookup import lookup_of
+    from gpt2.generation.processors import Constraint, Penalties, one_constraint
+
+    files = {
+        kind: None if path is None else Constraint.from_file(kind, path)
+        for kind, path in (("json_schema", args.json_schema), ("grammar", args.grammar))
+    }
+    constraint = one_constraint(**files, json_object=args.json_object, regex=args.regex, choice=args.choice)
+    bias = dict(_logit_bias(item) for item in args.logit_bias or [])
+    Penalties.make(bias, args.frequency_penalty, args.presence_penalty, args.repetition_penalty)  # checked now
+    lookup_of(args.speculative, args.prompt_lookup_max, args.prompt_lookup_min, args.draft)
+    return {
+        "constraint": constraint,
+        "logit_bias": bias or None,
+        "frequency_penalty": args.frequency_penalty,
+        "presence_penalty": args.presence_penalty,
+        "repetition_penalty": args.repetition_penalty,
+        "speculative": args.speculative,
+        "prompt_lookup_max": args.prompt_lookup_max,
+        "prompt_lookup_min": args.prompt_lookup_min,
+    }
+
+
+def _logit_bias(item: str) -> tuple[int, float]:
+    """One --logit-bias ID=BIAS."""
+    token, _, bias = item.partition("=")
+    try:
+        return int(token), float(bias)
+    except ValueError:
+        raise UsageError(
+            f"--logit-bias takes ID=BIAS, a token id and a number from -100 to 100 (e.g. 50256=-100), got {item!r}"
+        ) from None
+
+
+def _check_draft_tokens(args: argparse.Namespace) -> None:
+    if args.draft_tokens is not None:
+        from gpt2.generation.decoding import check_draft_tokens
+
+        draft_tokens_need_a_draft(args)
+        check_draft_tokens(args.draft_tokens)
+
+
+def _load_draft(args: argparse.Namespace, model, tokenizer):
+    """The draft model of --draft-model (None without one), checked against the model."""
+    if args.draft is None:
+        return None
+    from gpt2.generation.engines import check_draft
+
+    draft, draft_tokenizer = load_model(args, args.draft)
+    check_draft(model, draft, tokenizer, draft_tokenizer)
+    return draft
+
+
+def cmd(args: argparse.Namespace) -> int:
+    from gpt2.generation.generate import TextGeneration
+
+    prompt = _check_generate_args(args)
+    model, tokenizer = load_model(args)
+    draft = _load_draft(args, model, tokenizer)
+    started = time.perf_counter()
+    generation = TextGeneration(
+        model,
+        tokenizer,
+        prompt,
+        max_new_tokens=args.max_new_tokens,
+        sampling=with_top_k(args.sampling, model),
+        seed=args.seed,
+        num_samples=args.num_samples,
+        stop=args.stop,
+        on_overflow=args.on_overflow,
+        allowed_special=allowed_special(args),
+        draft=draft,
+        **draft_tokens_of(args),
+        **args.structured,
+    )
+    bar = _generation_bar(args, len(generation.rows))
+    samples = _Samples(sys.stdout, prompt, generation, args.stream, bar)
+    try:
+        with bar:  # closed (its last line drawn) before what follows is printed
+            for row, piece in generation:
+                bar.update(generation.tokens_generated - bar.n)
+                samples.add(row, piece)
+    except BaseException as e:
+        samples.close(interrupted=True)  # Ctrl-C keeps what was generated, streamed or not
+        if isinstance(e, KeyboardInterrupt):
+            _summary(generation.tokens_generated, started)
+        raise
+    samples.close()
+    _summary(generation.tokens_generated, started)
+    return 0
+
+
+def _generation_bar(args: argparse.Namespace, rows: int):
+    """A progress bar on stderr of the new tokens and their rate, as prepare, eval and train show
+    theirs (--no-progress: none), for a generation not streamed, which shows nothing else until it
+    ends; a streamed one shows itself."""
+    from tqdm.auto import tqdm
+
+    return tqdm(
+        total=rows * args.max_new_tokens,
+        unit="tok",
+        desc="generating",
+        disable=args.stream or not args.progress,
+        dynamic_ncols=True,
+    )
+
+
+class _Samples:
+    """Prints the samples of one batch one after another: the first streams as it comes, the
+    others are held until those before them are printed, then stream on. With stream False,
+    each is printed (without the prompt) once it is done."""
+
+    def __init__(self, out, prompt: str, generation, stream: bool, bar=None):
+        self.out, self.prompt, self.generation, self.stream, self.bar = out, prompt, generation, stream, bar
+        self.n = len(generation.rows)
+        self.texts = [""] * self.n
+        self.shown = 0  # the sample being printed
+        self.begun = False  # its header (and prompt) printed
+        self.written = 0  # characters of its text printed so far
+
+    def add(self, row: int, piece: str) -> None:
+        self.texts[row] += piece
+        while self.shown < self.n and self.generation.finish_reasons[self.shown] is not None:
+            self._write_shown(ended=True)
+        if self.stream and self.shown < self.n:
+            self._write_shown()  # the sample under way, so far
+
+    def close(self, interrupted: bool = False) -> None:
+        """Every sample has ended, or generation stopped (`interrupted`): print what is left, in
+        order (after an interruption, only the samples begun)."""
+        while self.shown < self.n:
+            if interrupted and not self.begun and not self.texts[self.shown]:
+                self.shown += 1
+                continue
+            self._write_shown(ended=True)
+
+    def _write_shown(self, ended: bool = False) -> None:
+        if self.bar is not None and not self.bar.disable:  # a sample done while the bar is drawn: written above it
+            with self.bar.external_write_mode(file=self.out):
+                self._write(ended)
+        else:
+            self._write(ended)
+
+    def _write(self, ended: bool) -> None:
+        text = self.texts[self.shown]
+        if not self.begun:
+            header = f"{'=' * 20} sample {self.shown + 1} of {self.n} {'=' * 20}\n" if self.n > 1 else ""
+            self.out.write(header + (self.prompt if self.stream else ""))
+            self.begun = True
+        if self.stream or ended:
+            self.out.write(text[self.written :])
+            self.written = len(text)
+        if ended:
+            self.out.write("\n")
+            self.shown, self.begun, self.written = self.shown + 1, False, 0
+        self.out.flush()
+
+
+def _summary(generated: int, started: float) -> None:
+    elapsed = time.perf_counter() - started
+    tokens = "1 token" if generated == 1 else f"{generated} tokens"
+    print(f"[gpt2: {tokens} in {elapsed:.1f} s, {generated / max(elapsed, 1e-9):.1f} tokens/s]", file=sys.stderr)
+
+
+EXAMPLES = """\
+examples:
+  gpt2 generate "Alan Turing theorized that" --max-new-tokens 40 --temperature 0
+  gpt2 generate "Once upon a time" --seed 42 --top-p 0.9 --stop $'\\n\\n'
+  echo "The meaning of life is" | gpt2 generate - --num-samples 3 --no-stream
+  gpt2 generate "Hello" --model path/to/weights --device cuda --dtype bfloat16
+
+A prompt read from standard input loses one final newline, so that the model continues
+its last line.
+"""
+
+
+def _add_structured_flags(parser: argparse.ArgumentParser) -> None:
+    """The constraint flags (one at most), the logit bias and the penalties."""
+    constraint = parser.add_mutually_exclusive_group()
+    constraint.add_argument(
+        "--json-schema", metavar="FILE", help="structured output: a JSON document valid against this JSON schema"
+    )
+    constraint.add_argument("--json-object", action="store_true", help="structured output: any JSON object")
+    constraint.add_argument(
+        "--regex", metavar="R", help="structured output: text that this regular expression matches, whole"
+    )
+    constraint.add_argument(
+        "--choice", action="append", metavar="TEXT", help="structured output: one of these texts (repeatable)"
+    )
+    constraint.add_argument(
+        "--grammar", metavar="FILE", help="structured output: a sentence of this grammar (Lark or llama.cpp's GBNF)"
+    )
+    parser.add_argument(
+        "--logit-bias",
+        action="append",
+        metavar="ID=BIAS",
+        help="add BIAS (-100 to 100: -100 bans the token, 100 forces it) to token ID's logit (repeatable)",
+    )
+    parser.add_argument(
+        "--frequency-penalty",
+        type=float,
+        default=0.0,
+        metavar="X",
+        help="-2 to 2: lower each token's logit by X times its count in the new text, as OpenAI's (default: 0)",
+    )
+    parser.add_argument(
+        "--presence-penalty",
+        type=float,
+        default=0.0,
+        metavar="X",
+        help="-2 to 2: lower the logit of each token already in the new text by X, as OpenAI's (default: 0)",
+    )
+    parser.add_argument(
+        "--repetition-penalty",
+        type=float,
+        default=1.0,
+        metavar="R",
+        help="above 0: divide (multiply, where negative) the logits of tokens in the prompt or the new text by R, "
+        "as transformers' (default: 1, none)",
+    )
+
+
+def add_parser(commands) -> None:
+    generate = commands.add_parser(
+        "generate",
+        help="continue a prompt with GPT-2, streaming the text",
+        description="Continue a prompt with GPT-2. The text streams as it is generated; a summary goes to stderr.",
+        epilog=EXAMPLES,
+        formatter_class=HelpFormatter,
+    )
+    generate.add_argument("prompt", nargs="?", help="the prompt, or - to read it from standard input")
+    generate.add_argument(
+        "--model",
+        default="gpt2",
+        help="gpt2, gpt2-medium, gpt2-large, gpt2-xl (downloaded once), "
+        "shakespeare_char (shipped: a small model of Shakespeare's characters, offline), "
+        "or a local directory (Hugging Face's or OpenAI's release) (default: gpt2)",
+    )
+    generate.add_argument(
+        "--max-new-tokens",
+        type=whole_number,
+        default=MAX_NEW_TOKENS,
+        help=f"tokens to generate (default: {MAX_NEW_TOKENS})",
+    )
+    add_sampling_flags(generate)
+    generate.add_argument(
+        "--seed",
+        type=whole_number,
+        default=None,
+        help="0 to 2**64-1: the same seed gives the same text; sample i uses seed + i, "
+        "as in the Python API and the server (default: random)",
+    )
+    generate.add_argument("--num-samples", type=whole_number, default=1, help="continuations to generate (default: 1)")
+    generate.add_argument(
+        "--stop", action="append", metavar="TEXT", help="end a continuation before this text (repeatable)"
+    )
+    add_special_as_text_flag(generate, "the prompt")
+    add_inference_device_flags(generate)
+    add_cuda_graphs_flag(generate)
+    generate.add_argument(
+        "--engine",
+        default="torch",
+        choices=["torch", "numpy"],
+        help="torch (with a KV cache) or numpy (the reference engine: no cache, slow, for checking) (default: torch)",
+    )
+    add_draft_flags(generate)
+    _add_structured_flags(generate)
+    generate.add_argument(
+        "--on-overflow",
+        default="slide",
+        choices=["slide", "error"],
+        help="past the model's context: keep the last n_ctx tokens, or stop with an error (default: slide)",
+    )
+    generate.add_argument(
+        "--no-stream",
+        dest="stream",
+        action="store_false",
+        help="print the continuation, without the prompt, once it is done (a progress bar shows it under way)",
+    )
+    add_no_progress_flag(generate)
+    generate.set_defaults(func=cmd)

@@ -1,0 +1,192 @@
+"""`gpt2 serve`: OpenAI's completions and chat completions APIs over HTTP (gpt2.serve)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from gpt2.cli.common import HelpFormatter, UsageError, whole_number
+from gpt2.cli.options import (
+    add_chat_template_flag,
+    add_cuda_graphs_flag,
+    add_draft_flags,
+    add_inference_device_flags,
+    add_special_as_text_flag,
+    allowed_special,
+    check_cuda_graph_flags,
+    draft_tokens_need_a_draft,
+    draft_tokens_of,
+    load_model,
+    model_configs,
+    read_chat_template,
+)
+
+
+def cmd(args: argparse.Namespace) -> int:
+    from gpt2.devices import resolve_device, weight_format
+
+    try:
+        from gpt2.serve import Limits, serve
+    except ModuleNotFoundError as e:
+        if e.name not in ("fastapi", "pydantic", "starlette", "uvicorn", "prometheus_client"):
+            raise
+        raise UsageError(
+            f"gpt2 serve needs the serve extra ({e.name} is not installed): pip install 'gpt2[serve]'"
+        ) from None
+
+    draft_tokens_need_a_draft(args)
+    from gpt2.generation.lookup import lookup_of
+
+    lookup_of(args.speculative, args.prompt_lookup_max, args.prompt_lookup_min, args.draft)  # not with --draft-model
+    chat_template = read_chat_template(args)  # a bad file fails now, before the model loads
+    inspect_limits = {
+        name: getattr(args, name)
+        for name in ("max_inspect_cells", "max_patching_tokens")
+        if getattr(args, name) is not None
+    }
+    limits = Limits(
+        max_batch_size=args.max_batch_size,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        prefix_cache_mb=args.prefix_cache_mb,
+        max_queue=args.max_queue,
+        max_n=args.max_n,
+        api_key=args.api_key,
+        speculative=args.speculative,
+        prompt_lookup_max=args.prompt_lookup_max,
+        prompt_lookup_min=args.prompt_lookup_min,
+        **inspect_limits,
+        **draft_tokens_of(args),
+    )  # checked as made, --draft-tokens with them
+    device = resolve_device(args.device)
+    form = weight_format(args.dtype, device)  # bad flags fail now, not once the server listens (--port: when it would)
+    check_cuda_graph_flags(args)
+    for config in model_configs(args):
+        limits.check_memory(config, device, form.compute)
+
+    def listening(url: str) -> None:
+        page = "" if args.no_ui else f"; the playground on {url.removesuffix('/v1')}/"
+        print(
+            f"gpt2: serving {args.model} on {url}{page} (loading the model; GET /health answers 200 once it has)",
+            file=sys.stderr,
+        )
+
+    load_draft = None if args.draft is None else lambda: load_model(args, args.draft)
+    serve(
+        lambda: load_model(args),
+        args.model,
+        args.host,
+        args.port,
+        limits,
+        allowed_special=allowed_special(args),
+        on_listen=listening,
+        ui=not args.no_ui,
+        load_draft=load_draft,
+        chat_template=chat_template,
+    )
+    return 0
+
+
+EXAMPLES = """\
+examples:
+  gpt2 serve                                        # gpt2 on http://127.0.0.1:8000/v1
+  gpt2 serve --model out-char --port 8080 --max-batch-size 16
+  GPT2_API_KEY=secret gpt2 serve --model gpt2-medium --host 0.0.0.0
+  curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \\
+      -d '{"model": "gpt2", "prompt": "Alan Turing theorized that", "max_tokens": 20, "temperature": 0}'
+
+OpenAI's completions API (/v1/completions, /v1/models) and, for a model with a chat template (its
+own or --chat-template), its chat completions API (/v1/chat/completions), /v1/inspect (attention and the logit
+lens of a prompt), llama.cpp's /tokenize and /detokenize, /health and Prometheus' /metrics; and
+the playground, a page at / (open http://127.0.0.1:8000/ in a browser). Requests share one
+batch: each joins it at the next token and leaves it when it ends. Ctrl-C or SIGTERM stops the
+server; requests in flight get an error.
+"""
+
+
+def add_parser(commands) -> None:
+    serve = commands.add_parser(
+        "serve",
+        help="an OpenAI-compatible HTTP server (needs the serve extra)",
+        description=(
+            "Serve a model over HTTP with OpenAI's completions and chat completions APIs, batching "
+            "the requests in flight."
+        ),
+        epilog=EXAMPLES,
+        formatter_class=HelpFormatter,
+    )
+    serve.add_argument(
+        "--model",
+        default="gpt2",
+        help="a released name or a local directory, as for generate; "
+        "also the model's id in the API, less a trailing slash (default: gpt2)",
+    )
+    serve.add_argument(
+        "--host", default="127.0.0.1", help="the address to listen on; 0.0.0.0 for every interface (default: 127.0.0.1)"
+    )
+    serve.add_argument("--port", type=whole_number, default=8000, help="(default: 8000)")
+    add_inference_device_flags(serve)
+    add_cuda_graphs_flag(serve)
+    add_special_as_text_flag(serve, "string prompts and /tokenize's text")
+    add_draft_flags(serve)
+    serve.add_argument(
+        "--max-batch-size",
+        type=whole_number,
+        default=8,
+        metavar="N",
+        help="requests' rows decoded together; each holds a KV cache of the model's context (default: 8)",
+    )
+    serve.add_argument(
+        "--max-num-batched-tokens",
+        type=whole_number,
+        default=512,
+        metavar="N",
+        help="tokens computed in one step, as vLLM's: prompts go in within it, a long one in chunks over "
+        "several steps, so that the streams running keep flowing (default: 512)",
+    )
+    serve.add_argument(
+        "--prefix-cache-mb",
+        type=whole_number,
+        default=512,
+        metavar="MB",
+        help="memory for the KV blocks of prompts kept for later prompts that begin the same way (a shared "
+        "system prompt, few-shot examples, a context scored with several endings); the least recently "
+        "used go first; 0 keeps none (default: 512)",
+    )
+    serve.add_argument(
+        "--max-queue",
+        type=whole_number,
+        default=64,
+        metavar="N",
+        help="rows that may wait for a place in the batch; past it, requests get 429 (default: 64)",
+    )
+    serve.add_argument(
+        "--max-n",
+        type=whole_number,
+        default=16,
+        metavar="N",
+        help="the largest n (choices) of a request (default: 16)",
+    )
+    serve.add_argument(
+        "--max-inspect-cells",
+        type=whole_number,
+        metavar="N",
+        help="the most attention probabilities (layers x heads x tokens x tokens) one /v1/inspect answer "
+        "holds; about 6.5 bytes each in JSON (default: 4194304, 170 tokens of the 124M model)",
+    )
+    serve.add_argument(
+        "--max-patching-tokens",
+        type=whole_number,
+        metavar="N",
+        help="the most tokens one /v1/circuits/patching request runs through the model, a run of the whole "
+        "text per patched activation (default: 16384: the 124M model's resid_pre grid up to 36 tokens)",
+    )
+    serve.add_argument("--no-ui", action="store_true", help="serve the API alone, without the playground page at /")
+    add_chat_template_flag(serve, "/v1/chat/completions' conversations")
+    serve.add_argument(
+        "--api-key",
+        default=os.environ.get("GPT2_API_KEY"),
+        metavar="KEY",
+        help="require the header Authorization: Bearer KEY (default: $GPT2_API_KEY, else none)",
+    )
+    serve.set_defaults(func=cmd, engine="torch")
