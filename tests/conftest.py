@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 # Tests run tiny models, on which torch's threads only wait on each other: on 2 cores, two threads
-# ran tests/test_cli.py 2x slower, and 7x when another process was busy. Set before torch is imported, so
-# this process and every command the tests start run on one thread (docs/devices.md).
+# ran the command line's tests (tests/cli/) 2x slower, and 7x when another process was busy. Set before
+# torch is imported, so this process and every command the tests start run on one thread (docs/devices.md).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from forks import Forks  # noqa: E402

@@ -157,6 +157,34 @@ def make_hf_model(seed: int = 0, **config):
     return model
 
 
+def ours_from_hf(hf, directory: Path):
+    """transformers' model `hf` saved in `directory`, and gpt2's model loaded from there, on the CPU."""
+    from gpt2.model.model import GPT2
+
+    hf.save_pretrained(directory)
+    return GPT2.from_pretrained(directory, device="cpu")
+
+
+def hf_and_ours(directory: Path, seed: int = 0, **config):
+    """(transformers' model, gpt2's on the same weights): `make_hf_model(seed, **config)`, saved in
+    `directory` and loaded from there by gpt2 (`ours_from_hf`)."""
+    hf = make_hf_model(seed, **config)
+    return hf, ours_from_hf(hf, directory)
+
+
+def positions_written_out(n_ctx: int, n_embd: int) -> np.ndarray:
+    """The positions of "Attention Is All You Need" (3.5), one value at a time, in float64: PE(t, 2i)
+    = sin(t / 10000^(2i / C)), PE(t, 2i + 1) = cos(t / 10000^(2i / C)); an odd C ends on a sine."""
+    import math
+
+    return np.array(
+        [
+            [(math.sin if c % 2 == 0 else math.cos)(t / 10000 ** ((c - c % 2) / n_embd)) for c in range(n_embd)]
+            for t in range(n_ctx)
+        ]
+    )
+
+
 def head_score_written_out(A, ids: list[int], kind: str) -> float:
     """Issue 38's definitions of the head scores, one query at a time, on one head's attention
     pattern A (T, T): previous_token, duplicate_token or induction."""
@@ -317,6 +345,14 @@ class Running:
         self.thread.join(timeout=30)
 
 
+def serving(model, tokenizer, model_id: str = "tiny", **options):
+    """A server fixture's body (`yield from serving(...)`): a `Running` server of `model` and
+    `tokenizer`, yielded, then stopped."""
+    running = Running(lambda: (model, tokenizer), model_id, **options)
+    yield running
+    running.stop()
+
+
 QUESTIONS = {  # a question about digits, and its answer
     "first": (lambda d: f"What is the first digit of {' '.join(d)}?", lambda d: d[0]),
     "middle": (lambda d: f"What is the middle digit of {' '.join(d)}?", lambda d: d[1]),
@@ -354,7 +390,6 @@ def transformers_sampled(hf, ids: list[int], max_new_tokens: int, seed: int, **s
     import torch
 
     sampling.setdefault("top_k", 0)
-    idx = torch.tensor([ids])
     with torch.random.fork_rng(devices=[]), torch.no_grad():  # the global generator as it was, after
         if seed < 2**32:
             torch.manual_seed(seed)
@@ -364,16 +399,80 @@ def transformers_sampled(hf, ids: list[int], max_new_tokens: int, seed: int, **s
             state[:24] = struct.pack("<QiiQ", seed, 1, 1, 0)  # left 1: the first draw twists, as after seeding
             state[24 : 24 + 624 * 8] = key.astype("<u8").tobytes()
             torch.set_rng_state(torch.frombuffer(state, dtype=torch.uint8))
+        return transformers_continuation(hf, ids, max_new_tokens, do_sample=True, **sampling)
+
+
+def transformers_greedy(hf, ids: list[int], max_new_tokens: int, **options) -> list[int]:
+    """transformers' greedy continuation of `ids` (its generate(do_sample=False), ending at its eos
+    token); `options` more of generate's (a logits_processor, a repetition_penalty)."""
+    return transformers_continuation(hf, ids, max_new_tokens, do_sample=False, **options)
+
+
+def transformers_continuation(hf, ids: list[int], max_new_tokens: int, **options) -> list[int]:
+    """The new tokens of transformers' generate after `ids`, which ends at the model's eos token."""
+    import torch
+
+    idx = torch.tensor([ids])
+    with torch.no_grad():
         out = hf.generate(
             idx,
             max_new_tokens=max_new_tokens,
-            do_sample=True,
             attention_mask=torch.ones_like(idx),
             eos_token_id=hf.config.eos_token_id,
             pad_token_id=hf.config.eos_token_id,
-            **sampling,
+            **options,
         )
     return out[0, len(ids) :].tolist()
+
+
+class PenaltiesWrittenOut:
+    """A logits processor for transformers' generate (logits_processor=[...]): OpenAI's logit_bias,
+    frequency_penalty and presence_penalty, and transformers' repetition rule, written out on
+    transformers' input_ids, in that order: the repetition rule over the prompt and the new tokens,
+    the other penalties counting the tokens after the prompt (as vLLM counts them)."""
+
+    def __init__(
+        self, prompt_length: int, bias: dict[int, float], frequency: float, presence: float, repetition: float
+    ):
+        self.n, self.bias, self.frequency, self.presence = prompt_length, bias, frequency, presence
+        self.repetition = repetition
+
+    def __call__(self, input_ids, scores):
+        scores = scores.clone()
+        for token, bias in self.bias.items():
+            scores[0, token] += bias
+        for token in set(input_ids[0].tolist()):
+            value = scores[0, token]
+            scores[0, token] = value * self.repetition if value < 0 else value / self.repetition
+        for token in set(input_ids[0, self.n :].tolist()):
+            count = (input_ids[0, self.n :] == token).sum()
+            scores[0, token] -= count * self.frequency + self.presence
+        return scores
+
+
+class ConstraintWrittenOut:
+    """A logits processor for transformers' generate: llguidance's matcher of `grammar` over
+    `lltokenizer` (llguidance's view of a vocabulary, e.g. of tiktoken's encoding), fed the tokens
+    after the prompt, leaves the tokens it allows next and -inf elsewhere. At the end of the text
+    it allows only the eos token, at which transformers' generate stops."""
+
+    def __init__(self, lltokenizer, grammar: str, prompt_length: int):
+        from llguidance import LLMatcher
+
+        self.matcher, self.n, self.fed = LLMatcher(lltokenizer, grammar, log_level=0), prompt_length, 0
+        assert not self.matcher.is_error(), self.matcher.get_error()
+
+    def __call__(self, input_ids, scores):
+        import torch
+
+        for token in input_ids[0, self.n + self.fed :].tolist():
+            assert self.matcher.consume_token(token), self.matcher.get_error()
+            self.fed += 1
+        allowed = torch.from_numpy(np.frombuffer(self.matcher.compute_logit_bias(), dtype=np.uint8) > 0)
+        scores = scores.clone()
+        scores[0, : len(allowed)] = scores[0, : len(allowed)].masked_fill(~allowed, -float("inf"))
+        scores[0, len(allowed) :] = -float("inf")
+        return scores
 
 
 def filtered(logits: np.ndarray, temperature: float, top_k: int | None, top_p: float | None) -> np.ndarray:

@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 from forks import Forks
-from helpers import REPO, Running, heed_ctrl_c, make_hf_model, perturbed
+from helpers import REPO, heed_ctrl_c, hf_and_ours, make_hf_model, perturbed, serving
 
 from gpt2 import Tokenizer
 from gpt2.cli import main
@@ -28,16 +28,13 @@ HANG = 60  # seconds: a request's timeout, only a bound for a hang (httpx's defa
 @pytest.fixture(scope="session")
 def models(tmp_path_factory):
     directory = tmp_path_factory.mktemp("served")
-    hf = make_hf_model(seed=5, vocab_size=50257, n_positions=N_CTX, n_embd=48, n_layer=2, n_head=3)
-    hf.save_pretrained(directory)
-    return hf, GPT2.from_pretrained(directory, device="cpu"), str(directory)
+    hf, ours = hf_and_ours(directory, seed=5, vocab_size=50257, n_positions=N_CTX, n_embd=48, n_layer=2, n_head=3)
+    return hf, ours, str(directory)
 
 
 @pytest.fixture(scope="session")
 def server(models):
-    running = Running(lambda: (models[1], ENC))
-    yield running
-    running.stop()
+    yield from serving(models[1], ENC)
 
 
 @pytest.fixture(scope="session")
@@ -86,9 +83,7 @@ def char_server(tmp_path_factory):
     make_hf_model(vocab_size=65, n_positions=32, n_embd=32, n_layer=1, n_head=2).save_pretrained(directory)
     CharTokenizer([chr(c) for c in range(32, 97)]).save(directory)
     model = GPT2.from_pretrained(directory, device="cpu")
-    running = Running(lambda: (model, model.tokenizer), model_id="out-char/")
-    yield running
-    running.stop()
+    yield from serving(model, model.tokenizer, "out-char/")
 
 
 def api_token(i: int) -> str:

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import re
 import sys
 
 import numpy as np
 import pytest
 
 from gpt2 import ConfigError, GPT2Config, GPT2Error, InvalidArgumentError
-from gpt2._checks import int_between, is_integer, is_real, positive_int, require_package
-from gpt2.errors import MissingPackageError
+from gpt2._checks import int_between, is_integer, is_real, one_token, positive_int, require_package
+from gpt2.errors import InputTypeError, MissingPackageError, TokenIdError
+from gpt2.tokenizer import CharTokenizer, Tokenizer
 
 
 def test_integers_and_reals():
@@ -59,3 +61,37 @@ def test_a_missing_optional_package_names_the_extra_that_brings_it(monkeypatch):
     ) as caught:
         require_package("onnx", "export", "ONNX export needs", "format")
     assert caught.value.param == "format"
+
+
+def test_one_token_reads_an_id_or_the_text_of_one_token(tiktoken_gpt2):
+    """The answer of a logit difference, as the API, the server and the CLI take it: an id, or a text
+    tiktoken encodes to one id (the id expected is tiktoken's)."""
+    gpt2 = Tokenizer.gpt2()
+    for text in (" Mary", "Hello", " the", "\n"):
+        (expected,) = tiktoken_gpt2.encode_ordinary(text)
+        assert one_token(text, gpt2, 50257, "answer") == expected
+    assert (
+        one_token(np.int64(17), gpt2, 50257, "answer") == 17 and type(one_token(np.int64(17), gpt2, 50257, "x")) is int
+    )
+    assert one_token("<|endoftext|>", gpt2, 50257, "answer", "all") == 50256  # the special token where allowed
+    refused = [
+        (
+            " Mary Ann",
+            None,
+            InvalidArgumentError,
+            "answer must be one token of the model's vocabulary, but ' Mary Ann' is 2: ",
+        ),
+        ("<|endoftext|>", None, InvalidArgumentError, "answer must be one token of the model's vocabulary, but "),
+        ("", None, InvalidArgumentError, "answer is empty: give one token's text"),
+        (50257, None, TokenIdError, "token id 50257 in answer is out of range: ids are 0..50256"),
+        (-1, None, TokenIdError, "token id -1 in answer is out of range"),
+        (True, None, InputTypeError, "answer must be a token id or a string of one token, got bool"),
+        (2.0, None, InputTypeError, "answer must be a token id or a string of one token, got float"),
+        (" x", "none", InvalidArgumentError, "this model has no tokenizer to read answer's text with: give its id"),
+        ("z", "chars", TokenIdError, "answer: character 'z' at position 0 is not in this 2-character vocabulary"),
+    ]
+    for token, tokenizer, error, message in refused:
+        given = {None: gpt2, "none": None, "chars": CharTokenizer(["a", "b"])}[tokenizer]
+        with pytest.raises(error, match=re.escape(message)) as raised:
+            one_token(token, given, 50257, "answer")
+        assert raised.value.param == "answer"

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from helpers import REPO, Running, make_ending_model, make_hf_model
+from helpers import REPO, Running, hf_and_ours, make_ending_model, serving
 from playwright import sync_api as playwright
 from playwright.sync_api import expect
 
@@ -70,16 +70,13 @@ def served_model(tmp_path_factory) -> tuple[GPT2, Tokenizer, str]:
         model = GPT2.from_pretrained(directory, device="cpu")
         return model, model.tokenizer, Path(directory).name
     directory = tmp_path_factory.mktemp("playground")
-    make_hf_model(seed=7, vocab_size=50257, n_positions=128, n_embd=48, n_layer=2, n_head=3).save_pretrained(directory)
-    return GPT2.from_pretrained(directory, device="cpu"), Tokenizer.gpt2(), "tiny"
+    _, model = hf_and_ours(directory, seed=7, vocab_size=50257, n_positions=128, n_embd=48, n_layer=2, n_head=3)
+    return model, Tokenizer.gpt2(), "tiny"
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    model, tokenizer, name = served_model(tmp_path_factory)
-    running = Running(lambda: (model, tokenizer), name)
-    yield running
-    running.stop()
+    yield from serving(*served_model(tmp_path_factory))
 
 
 class Watched:

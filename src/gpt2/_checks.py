@@ -12,8 +12,9 @@ import math
 import numbers
 from collections.abc import Sequence
 from types import ModuleType
+from typing import AbstractSet, Any, Literal
 
-from gpt2.errors import InvalidArgumentError, MissingPackageError, TokenIdError
+from gpt2.errors import InputTypeError, InvalidArgumentError, MissingPackageError, TokenIdError
 
 
 def is_integer(value: object) -> bool:
@@ -95,6 +96,36 @@ def check_token_ids(
         raise TokenIdError(
             f"token id {low if low < 0 else high}{where} is out of range: {whose}ids are 0..{n_vocab - 1}", param
         )
+
+
+def one_token(
+    token: object,
+    tokenizer: Any,
+    n_vocab: int,
+    param: str,
+    allowed_special: AbstractSet[str] | Literal["all"] = frozenset(),
+) -> int:
+    """A token given as its id, or as its text, which must be one token of the vocabulary (" Mary"): an
+    answer, a logit difference's other side. The text is encoded with `allowed_special` read as special
+    tokens, the rest as text (`<|endoftext|>` is its characters unless allowed)."""
+    if isinstance(token, str):
+        if token == "":
+            raise InvalidArgumentError(f'{param} is empty: give one token\'s text (such as " Mary") or its id', param)
+        if tokenizer is None:
+            raise InvalidArgumentError(f"this model has no tokenizer to read {param}'s text with: give its id", param)
+        try:
+            ids = tokenizer.encode(token, allowed_special=allowed_special, disallowed_special=())
+        except TokenIdError as e:  # a character a character vocabulary lacks
+            raise TokenIdError(f"{param}: {e}", param) from None
+        if len(ids) != 1:
+            raise InvalidArgumentError(
+                f"{param} must be one token of the model's vocabulary, but {token!r} is {len(ids)}: {ids}", param
+            )
+        return ids[0]
+    if not is_integer(token):
+        raise InputTypeError(f"{param} must be a token id or a string of one token, got {type(token).__name__}", param)
+    check_token_ids(int(token), int(token), n_vocab, f" in {param}", param=param)
+    return int(token)
 
 
 def check_answer_and_other(

@@ -102,14 +102,16 @@ def test_safe_cuts_are_where_the_pretokenizer_cuts():
     assert cuts and set(cuts) <= boundaries
 
 
-def test_bpe_data_equals_its_own_tokenizer(tmp_path):
+def test_bpe_data_equals_tiktoken_on_the_trained_vocabulary(tmp_path):
+    """The ids of a trained vocabulary are tiktoken's encoding with its files (which tiktoken checks
+    follow GPT-2's layout): 256 bytes, the 43 merges, <|endoftext|> last, at 299."""
     text = corpus()[1][:50_000]
     (tmp_path / "doc.txt").write_text(text, encoding="utf-8")
     meta = prepare([tmp_path / "doc.txt"], tmp_path / "out", "bpe:300", progress=False)
-    trained = Tokenizer.from_files(tmp_path / "out" / "encoder.json", tmp_path / "out" / "vocab.bpe")
-    assert meta["vocab_size"] == trained.n_vocab == 300
+    reference = tiktoken_from_files(tmp_path / "out" / "encoder.json", tmp_path / "out" / "vocab.bpe", eot=299)
+    assert meta["vocab_size"] == reference.n_vocab == 300
     got = read_ids(tmp_path / "out" / "train.bin") + read_ids(tmp_path / "out" / "val.bin")
-    assert got == trained.encode(text) + [trained.eot_token]
+    assert got == reference.encode_ordinary(text) + [299]
 
 
 def test_standard_input_is_a_document(tmp_path, monkeypatch):

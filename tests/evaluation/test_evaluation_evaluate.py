@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from helpers import corpus, make_hf_model
+from helpers import corpus, make_hf_model, ours_from_hf
 
 from gpt2.data.text import prepare
 from gpt2.errors import GPT2Error
@@ -39,9 +39,7 @@ THE = 262  # " the" in GPT-2's vocabulary
 def hf_and_ours(tmp_path_factory):
     """A random GPT-2 of GPT-2's vocabulary (context 64) in transformers and in ours, same weights."""
     hf = make_hf_model(vocab_size=50257, n_positions=64, n_embd=32, n_layer=2, n_head=4)
-    directory = tmp_path_factory.mktemp("model")
-    hf.save_pretrained(directory)
-    return hf, GPT2.from_pretrained(directory, device="cpu")
+    return hf, ours_from_hf(hf, tmp_path_factory.mktemp("model"))
 
 
 @pytest.fixture(scope="module")
@@ -53,9 +51,7 @@ def leaning(tmp_path_factory):
         wte = hf.transformer.wte.weight
         wte[THE] *= 3
         hf.transformer.ln_f.bias.add_(2 * wte[THE] / wte[THE].norm() * math.sqrt(32))
-    directory = tmp_path_factory.mktemp("leaning")
-    hf.save_pretrained(directory)
-    return hf, GPT2.from_pretrained(directory, device="cpu")
+    return hf, ours_from_hf(hf, tmp_path_factory.mktemp("leaning"))
 
 
 def guide_perplexity(hf, ids: list[int], max_length: int, stride: int) -> tuple[float, int]:
@@ -364,7 +360,7 @@ def test_run_task_reads_the_given_file_and_limits_it(leaning, tmp_path):
     ],
 )
 def test_bad_windows_are_named(hf_and_ours, options, message):
-    """In the library's words, naming the parameter (`gpt2 eval` adds its flag: tests/test_cli.py)."""
+    """In the library's words, naming the parameter (`gpt2 eval` adds its flag: tests/cli/test_cli_eval.py)."""
     _, ours = hf_and_ours
     with pytest.raises(GPT2Error) as error:
         perplexity(ours, [1, 2, 3], **options)

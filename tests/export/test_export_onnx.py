@@ -1,4 +1,4 @@
-"""ONNX export with the KV cache: ONNX Runtime's logits equal ours, greedy text through its cache
+"""ONNX export with the KV cache: ONNX Runtime's logits equal transformers', greedy text through its cache
 equals gpt2 generate's, int8 agrees on the top token; bad input is one line."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
-from helpers import make_hf_model
+from helpers import hf_and_ours, logits_of
 
 from gpt2 import Tokenizer
 from gpt2.cli import main
@@ -22,12 +22,11 @@ ENC = Tokenizer.gpt2()
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    """A small model of GPT-2's vocabulary, ours, and its ONNX export's session."""
+    """A small model of GPT-2's vocabulary, ours, and its ONNX export's session; transformers' model last."""
     directory = tmp_path_factory.mktemp("model")
-    make_hf_model(seed=2, vocab_size=50257, n_positions=64, n_embd=48, n_layer=3, n_head=3).save_pretrained(directory)
-    model = GPT2.from_pretrained(directory, device="cpu")
+    hf, model = hf_and_ours(directory, seed=2, vocab_size=50257, n_positions=64, n_embd=48, n_layer=3, n_head=3)
     out = export_onnx(model, tmp_path_factory.mktemp("export") / "onnx")
-    return model, ort.InferenceSession(str(out / "model.onnx")), directory, out
+    return model, ort.InferenceSession(str(out / "model.onnx")), directory, out, hf
 
 
 def empty_past(model: GPT2, batch: int) -> dict[str, np.ndarray]:
@@ -53,7 +52,7 @@ def run(
 
 
 def test_the_graph_has_optimums_names_and_its_files_are_beside_it(exported):
-    model, session, _, out = exported
+    model, session, _, out, _ = exported
     inputs = [i.name for i in session.get_inputs()]
     assert inputs[:3] == ["input_ids", "attention_mask", "position_ids"] and inputs[3:5] == [
         "past_key_values.0.key",
@@ -73,18 +72,18 @@ def test_the_graph_has_optimums_names_and_its_files_are_beside_it(exported):
 
 
 @pytest.mark.parametrize("length", [1, 7, 64])
-def test_logits_equal_ours(exported, length):
-    model, session, _, _ = exported
+def test_logits_equal_transformers(exported, length):
+    """ONNX Runtime's logits of the export equal transformers' on the weights it was made from."""
+    model, session, _, _, hf = exported
     ids = torch.randint(0, 50257, (2, length), generator=torch.Generator().manual_seed(length))
     logits, _ = run(session, ids.numpy(), np.ones((2, length), np.int64), empty_past(model, 2))
-    with torch.no_grad():
-        assert np.abs(logits - model(ids).numpy()).max() < 1e-4
+    assert np.abs(logits - logits_of(hf, ids).numpy()).max() < 1e-4
 
 
 def test_a_left_padded_batch_and_its_next_step_equal_each_row_alone(exported):
     """Prompts of 5 and 9 tokens, the shorter left-padded (attention_mask 0): each row's logits, and
     those of one more token through the returned cache, equal ours on the row alone."""
-    model, session, _, _ = exported
+    model, session, _, _, _ = exported
     prompts = [ENC.encode("The cat sat."), ENC.encode("Once upon a time there was a dog")]
     width = max(map(len, prompts))
     ids = np.array([[0] * (width - len(p)) + p for p in prompts])
@@ -100,7 +99,7 @@ def test_a_left_padded_batch_and_its_next_step_equal_each_row_alone(exported):
 
 
 def test_greedy_text_through_onnx_runtimes_cache_is_gpt2_generates(exported, capsys):
-    model, session, directory, _ = exported
+    model, session, directory, _, _ = exported
     prompt = ENC.encode("The meaning of life is")
     ids, past, new = np.array([prompt]), empty_past(model, 1), []
     mask = np.ones((1, len(prompt)), np.int64)
@@ -142,7 +141,7 @@ def test_int8_agrees_with_ours_on_the_top_token_of_the_shipped_trained_model(tmp
 
 
 def test_bad_exports_are_one_line_and_leave_nothing(exported, tmp_path, capsys, monkeypatch):
-    model, _, directory, _ = exported
+    model, _, directory, _, _ = exported
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "notes.txt").write_text("mine")
     for flags, message in [
@@ -174,7 +173,7 @@ def test_bad_exports_are_one_line_and_leave_nothing(exported, tmp_path, capsys, 
 
 
 def test_a_failed_export_leaves_no_directory(exported, tmp_path, monkeypatch):
-    model, _, _, _ = exported
+    model = exported[0]
     monkeypatch.setattr(torch.onnx, "export", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("the exporter broke")))
     with pytest.raises(RuntimeError, match="the exporter broke"):
         export_onnx(model, tmp_path / "out")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import chi_square_p, exact_distribution, make_hf_model, perturbed, transformers_sampled
+from helpers import chi_square_p, exact_distribution, hf_and_ours, make_hf_model, perturbed, transformers_sampled
 
 from gpt2 import Tokenizer
 from gpt2.errors import GPT2Error
@@ -22,10 +22,9 @@ GREEDY, SAMPLED = Sampling(temperature=0), Sampling(temperature=1.0, top_k=50)
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     """transformers' model (the reference) and ours, on the same random weights of GPT-2's vocabulary."""
-    directory = tmp_path_factory.mktemp("decoding")
-    hf = make_hf_model(seed=3, vocab_size=50257, n_positions=48, n_embd=48, n_layer=2, n_head=3)
-    hf.save_pretrained(directory)
-    return hf, GPT2.from_pretrained(directory, device="cpu")
+    return hf_and_ours(
+        tmp_path_factory.mktemp("decoding"), seed=3, vocab_size=50257, n_positions=48, n_embd=48, n_layer=2, n_head=3
+    )
 
 
 def prompt(i: int, length: int) -> list[int]:

@@ -6,7 +6,7 @@ import warnings
 
 import pytest
 import torch
-from helpers import make_hf_model, perturbed
+from helpers import hf_and_ours, make_hf_model, perturbed
 
 from gpt2 import (
     ContextLengthError,
@@ -26,12 +26,6 @@ from gpt2.model.pretrained import hf_state_dict
 from gpt2.reference import ReferenceModel
 
 ENC = Tokenizer.gpt2()
-
-
-def hf_and_ours(tmp_path, seed=0, **config):
-    hf = make_hf_model(seed=seed, **config)
-    hf.save_pretrained(tmp_path)
-    return hf, GPT2.from_pretrained(tmp_path, device="cpu")
 
 
 def hf_greedy(hf, idx, n, attention_mask=None):

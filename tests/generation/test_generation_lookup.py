@@ -8,7 +8,7 @@ import random
 
 import numpy as np
 import pytest
-from helpers import chi_square_p, exact_distribution, make_hf_model
+from helpers import chi_square_p, exact_distribution, hf_and_ours
 
 from gpt2 import Tokenizer
 from gpt2.errors import GPT2Error
@@ -18,7 +18,6 @@ from gpt2.generation.generate import TextGeneration
 from gpt2.generation.lookup import PromptLookup, lookup_of
 from gpt2.generation.processors import Constraint, processing_of
 from gpt2.generation.sampling import Sampling
-from gpt2.model.model import GPT2
 from gpt2.tokenizer.char import CharTokenizer
 
 ENC = Tokenizer.gpt2()
@@ -55,10 +54,9 @@ def test_proposals_equal_the_definition_on_random_sequences():
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("lookup")
-    hf = make_hf_model(seed=4, vocab_size=50257, n_positions=128, n_embd=48, n_layer=2, n_head=3)
-    hf.save_pretrained(directory)
-    return hf, GPT2.from_pretrained(directory, device="cpu")
+    return hf_and_ours(
+        tmp_path_factory.mktemp("lookup"), seed=4, vocab_size=50257, n_positions=128, n_embd=48, n_layer=2, n_head=3
+    )
 
 
 COPIES = [
@@ -108,10 +106,16 @@ V, PROMPT, N_RUNS = 8, [3, 1, 4, 3, 1, 4, 3, 1], 4000
 @pytest.fixture(scope="module")
 def peaked(tmp_path_factory):
     """transformers' model of 8 tokens, peaked (large weights), and ours."""
-    directory = tmp_path_factory.mktemp("peaked")
-    hf = make_hf_model(seed=1, vocab_size=V, n_positions=16, n_embd=16, n_layer=1, n_head=2, initializer_range=0.5)
-    hf.save_pretrained(directory)
-    return hf, GPT2.from_pretrained(directory, device="cpu")
+    return hf_and_ours(
+        tmp_path_factory.mktemp("peaked"),
+        seed=1,
+        vocab_size=V,
+        n_positions=16,
+        n_embd=16,
+        n_layer=1,
+        n_head=2,
+        initializer_range=0.5,
+    )
 
 
 def sampled(model, sampling: Sampling, lookup: PromptLookup | None, processing=None) -> tuple[np.ndarray, Decoder]:

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 import torch
-from helpers import make_hf_model, perturbed
-from transformers import LogitsProcessor, LogitsProcessorList
+from helpers import PenaltiesWrittenOut, hf_and_ours, make_hf_model, perturbed
+from transformers import LogitsProcessorList
 
 from gpt2 import Tokenizer
 from gpt2.errors import GPT2Error, MissingPackageError, TokenIdError
@@ -36,10 +36,9 @@ ENC = Tokenizer.gpt2()
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
     """transformers' model and ours, on the same random weights of GPT-2's vocabulary."""
-    directory = tmp_path_factory.mktemp("processors")
-    hf = make_hf_model(seed=5, vocab_size=50257, n_positions=128, n_embd=48, n_layer=2, n_head=3)
-    hf.save_pretrained(directory)
-    return hf, GPT2.from_pretrained(directory, device="cpu")
+    return hf_and_ours(
+        tmp_path_factory.mktemp("processors"), seed=5, vocab_size=50257, n_positions=128, n_embd=48, n_layer=2, n_head=3
+    )
 
 
 def rows_of(model, prompt: str, **options) -> TextGeneration:
@@ -336,34 +335,6 @@ def test_a_draft_model_under_a_constraint_gives_the_greedy_text_without_it(small
 # ------------------------------------------------------------------ logit bias and penalties: transformers' rules
 
 
-class WrittenOut(LogitsProcessor):
-    """OpenAI's logit_bias, frequency_penalty and presence_penalty, and transformers' repetition
-    rule, written out on transformers' input_ids: the penalties count the tokens after the prompt."""
-
-    def __init__(
-        self, prompt_length: int, bias: dict[int, float], frequency: float, presence: float, repetition: float
-    ):
-        self.n, self.bias, self.frequency, self.presence, self.repetition = (
-            prompt_length,
-            bias,
-            frequency,
-            presence,
-            repetition,
-        )
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        scores = scores.clone()
-        for token, bias in self.bias.items():
-            scores[0, token] += bias
-        for token in set(input_ids[0].tolist()):
-            value = scores[0, token]
-            scores[0, token] = value * self.repetition if value < 0 else value / self.repetition
-        for token in set(input_ids[0, self.n :].tolist()):
-            count = (input_ids[0, self.n :] == token).sum()
-            scores[0, token] -= count * self.frequency + self.presence
-        return scores
-
-
 PENALTY_CASES = [
     ({"frequency_penalty": 0.8}, {"logits_processor": (0.0, 0.8, 0.0, 1.0)}),
     ({"presence_penalty": 1.5}, {"logits_processor": (0.0, 0.0, 1.5, 1.0)}),
@@ -393,7 +364,7 @@ def test_greedy_text_with_penalties_equals_transformers_with_the_same_rule(small
     if "logits_processor" in theirs:
         bias, frequency, presence, repetition = theirs.pop("logits_processor")
         theirs["logits_processor"] = LogitsProcessorList(
-            [WrittenOut(len(prompt), bias or {}, frequency, presence, repetition)]
+            [PenaltiesWrittenOut(len(prompt), bias or {}, frequency, presence, repetition)]
         )
     idx = torch.tensor([prompt])
     out = hf.generate(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import head_score_written_out, make_hf_model
+from helpers import head_score_written_out, hf_and_ours
 
 from gpt2 import GPT2Error
 from gpt2.inspect.circuits import HEAD_SCORES, head_scores, logit_attribution, repeated_tokens
@@ -22,10 +22,7 @@ TEXT = "When Mary and John went to the store, John gave a drink to"
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    hf = make_hf_model(seed=3, **CONFIG)
-    directory = tmp_path_factory.mktemp("circuits")
-    hf.save_pretrained(directory)
-    return hf, GPT2.from_pretrained(directory, device="cpu")
+    return hf_and_ours(tmp_path_factory.mktemp("circuits"), seed=3, **CONFIG)
 
 
 def hf_patterns(hf, ids: list[int]) -> torch.Tensor:
@@ -131,11 +128,15 @@ def test_logit_attribution_is_transformers_pieces_through_ln_f_and_sums_to_the_l
             "ids",
             "the text has no position a induction score looks at",
         ),
-        (lambda m: logit_attribution(m, TEXT, " Mary Ann"), "answer", "answer must be one token, but ' Mary Ann' is 2"),
+        (
+            lambda m: logit_attribution(m, TEXT, " Mary Ann"),
+            "answer",
+            "answer must be one token of the model's vocabulary, but ' Mary Ann' is 2",
+        ),
         (
             lambda m: logit_attribution(m, TEXT, 50257),
             "answer",
-            "answer must be a token id in 0..50256 or a string of one token, got 50257",
+            "token id 50257 in answer is out of range: ids are 0..50256",
         ),
         (
             lambda m: logit_attribution(m, TEXT, " Mary", " John", position=99),

@@ -8,7 +8,7 @@ import re
 
 import pytest
 import torch
-from helpers import make_hf_model
+from helpers import hf_and_ours
 
 from gpt2 import GPT2Config, GPT2Error
 from gpt2.cli import main
@@ -31,10 +31,9 @@ from gpt2.model.model import GPT2
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     """transformers' tiny GPT-2 of GPT-2's vocabulary, and ours on its weights (GPT-2's tokenizer)."""
-    hf = make_hf_model(seed=5, vocab_size=50257, n_positions=64, n_embd=32, n_layer=2, n_head=2)
     directory = tmp_path_factory.mktemp("experiments")
-    hf.save_pretrained(directory)
-    return hf, GPT2.from_pretrained(directory, device="cpu"), str(directory)
+    hf, ours = hf_and_ours(directory, seed=5, vocab_size=50257, n_positions=64, n_embd=32, n_layer=2, n_head=2)
+    return hf, ours, str(directory)
 
 
 # ------------------------------------------------------------------ the data

@@ -7,13 +7,12 @@ from __future__ import annotations
 import matplotlib.image
 import pytest
 import torch
-from helpers import make_hf_model
+from helpers import hf_and_ours
 
 from gpt2 import InvalidArgumentError
 from gpt2.generation.sampling import Sampling
-from gpt2.inspect.figures import attention, head_scores, logit_lens, next_token, save
+from gpt2.inspect.figures import attention, head_grids, logit_lens, next_token, save
 from gpt2.inspect.tracing import trace
-from gpt2.model.model import GPT2
 
 TOL = 1e-4
 
@@ -21,10 +20,9 @@ TOL = 1e-4
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     """transformers' model (eager attention) and gpt2's, GPT-2's vocabulary, the same random weights."""
-    hf = make_hf_model(0, n_positions=32, n_embd=48, n_layer=2, n_head=3, attn_implementation="eager")
-    path = tmp_path_factory.mktemp("model")
-    hf.save_pretrained(path)
-    return hf, GPT2.from_pretrained(path, device="cpu")
+    return hf_and_ours(
+        tmp_path_factory.mktemp("model"), n_positions=32, n_embd=48, n_layer=2, n_head=3, attn_implementation="eager"
+    )
 
 
 TEXT = "The dog chased the cat up the tree"
@@ -100,13 +98,13 @@ def test_next_token_bars_are_what_transformers_samples_from(models, temperature,
     assert fig._suptitle.get_text() == "the next token after position 3 (␣the)"
 
 
-def test_head_scores_draws_a_heat_map_per_kind_with_each_value(tmp_path):
+def test_head_grids_draws_a_heat_map_per_kind_with_each_value(tmp_path):
     scores = {
         "previous_token": torch.rand(3, 5, generator=torch.Generator().manual_seed(0)),
         "duplicate_token": torch.rand(3, 5, generator=torch.Generator().manual_seed(1)),
         "induction": None,
     }
-    fig = head_scores(scores, "head scores on a text")
+    fig = head_grids(scores, "head scores on a text")
     panels = [ax for ax in fig.axes if ax.get_title()]
     assert [ax.get_title() for ax in panels] == ["previous_token", "duplicate_token", "induction"]
     for ax, values in zip(panels[:2], scores.values()):
@@ -121,6 +119,19 @@ def test_head_scores_draws_a_heat_map_per_kind_with_each_value(tmp_path):
     assert height > 150 and width > 2.5 * height  # three panels side by side
 
 
+def test_head_grids_signed_is_one_scale_symmetric_about_zero(tmp_path):
+    """An experiment's per-head effects (a logit difference): red and blue about 0, the largest effect the bound."""
+    grids = {"effect": torch.tensor([[0.5, -2.0], [1.0, 0.25]]), "other": torch.tensor([[0.1, 0.0], [0.0, 1.5]])}
+    fig = head_grids(grids, "an experiment", signed=True, label="")
+    panels = [ax for ax in fig.axes if ax.get_title()]
+    assert [ax.get_title() for ax in panels] == ["effect", "other"]
+    for ax in panels:
+        assert ax.images[0].get_clim() == (-2.0, 2.0) and ax.images[0].get_cmap().name == "RdBu"
+    cells = {(round(t.get_position()[1]), round(t.get_position()[0])): t.get_text() for t in panels[0].texts}
+    assert cells == {(0, 0): "0.50", (0, 1): "-2.00", (1, 0): "1.00", (1, 1): "0.25"}
+    save(fig, tmp_path / "e.png")
+
+
 def test_pictures_refuse_what_they_cannot_draw(models):
     _, model = models
     t = trace(model, TEXT, names=["ln_f"])
@@ -133,4 +144,4 @@ def test_pictures_refuse_what_they_cannot_draw(models):
     with pytest.raises(InvalidArgumentError, match="temperature must be a finite number >= 0"):
         next_token(trace(model, TEXT), 0, Sampling(-1.0))
     with pytest.raises(InvalidArgumentError, match="no kind has scores to draw"):
-        head_scores({"induction": None}, "nothing")
+        head_grids({"induction": None}, "nothing")

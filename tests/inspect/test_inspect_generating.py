@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import make_hf_model
+from helpers import hf_and_ours, transformers_greedy, transformers_sampled
 
 from gpt2 import InputTypeError, InvalidArgumentError
 from gpt2.errors import ContextLengthError
 from gpt2.inspect.generating import trace_generation
 from gpt2.inspect.tracing import activation_names, trace
-from gpt2.model.model import GPT2
 
 VOCAB, CTX, N_EMBD, N_LAYER, N_HEAD = 97, 32, 32, 2, 4
 PROMPT = [5, 17, 60, 3, 42, 17, 88]
@@ -26,8 +25,8 @@ def pair(tmp_path_factory):
     random weights, drawn wider than GPT-2's (std 0.2, not 0.02) so that greedy decoding does
     not repeat one token, and activations stay of order 1 (std 0.4 takes the stream to 18, where
     float32's rounding alone is 1e-5)."""
-    hf = make_hf_model(
-        0,
+    return hf_and_ours(
+        tmp_path_factory.mktemp("generating"),
         vocab_size=VOCAB,
         n_positions=CTX,
         n_embd=N_EMBD,
@@ -36,9 +35,6 @@ def pair(tmp_path_factory):
         attn_implementation="eager",
         initializer_range=0.2,
     )
-    path = tmp_path_factory.mktemp("generating")
-    hf.save_pretrained(path)
-    return hf, GPT2.from_pretrained(path, device="cpu")
 
 
 def assert_same_activations(got, expected, tol=1e-5):
@@ -101,11 +97,17 @@ def test_tokens_hidden_states_and_attention_equal_transformers_generate(pair):
     [dict(temperature=1.0, seed=3), dict(temperature=0.7, top_p=0.9, seed=11), dict(temperature=0)],
     ids=["seed", "top_p", "greedy"],
 )
-def test_tokens_are_generates_with_the_same_seed(pair, sampling):
-    """The tokens are gpt2's own `generate`'s with the same settings and seed: the same loop
-    draws from the same random stream (the traced pass's logits equal the fused pass's)."""
-    model = pair[1]
-    expected = model.generate(torch.tensor([PROMPT]), NEW, **sampling)[0, len(PROMPT) :].tolist()
+def test_tokens_are_transformers_generates_with_the_same_seed(pair, sampling):
+    """The tokens are transformers' `generate`'s on the same weights with the same settings: its
+    draws from torch's generator seeded as gpt2 documents a seed (helpers.transformers_sampled),
+    or, greedy, its argmax; so the traced loop draws from the same stream as gpt2's `generate`."""
+    hf, model = pair
+    if sampling["temperature"] == 0:
+        expected = transformers_greedy(hf, PROMPT, NEW)
+    else:
+        options = {name: value for name, value in sampling.items() if name != "seed"}
+        expected = transformers_sampled(hf, PROMPT, NEW, sampling["seed"], **options)
+    assert len(expected) == NEW  # no early end: a full comparison
     assert trace_generation(model, PROMPT, NEW, **sampling).new_ids == expected
 
 

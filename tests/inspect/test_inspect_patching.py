@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import make_hf_model
+from helpers import hf_and_ours
 from scipy.stats import spearmanr
 
 from gpt2 import InputTypeError, InvalidArgumentError
@@ -39,8 +39,8 @@ TOL = 1e-4
 def pair(tmp_path_factory):
     """transformers' model and gpt2's on the same random weights, drawn wide (std 0.4, not 0.02)
     so that the logits and the differences patching makes are of order 1, not 0.01."""
-    hf = make_hf_model(
-        0,
+    return hf_and_ours(
+        tmp_path_factory.mktemp("patching"),
         vocab_size=VOCAB,
         n_positions=CTX,
         n_embd=N_EMBD,
@@ -49,9 +49,6 @@ def pair(tmp_path_factory):
         attn_implementation="eager",
         initializer_range=0.4,
     )
-    path = tmp_path_factory.mktemp("patching")
-    hf.save_pretrained(path)
-    return hf, GPT2.from_pretrained(path, device="cpu")
 
 
 @pytest.fixture(scope="module")

@@ -15,13 +15,12 @@ import json
 
 import pytest
 import torch
-from helpers import make_hf_model
+from helpers import hf_and_ours
 from safetensors.torch import save_file
 
 from gpt2 import GPT2Error
 from gpt2.cli import main
 from gpt2.inspect import load_sae, sae_features, top_features, trace
-from gpt2.model.model import GPT2
 
 CONFIG = dict(vocab_size=50257, n_positions=64, n_embd=32, n_layer=2, n_head=4)
 TEXT = "When Mary and John went to the store, John gave a drink to"
@@ -30,10 +29,8 @@ D_SAE = 48
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    hf = make_hf_model(seed=5, **CONFIG)
     directory = tmp_path_factory.mktemp("saes-model")
-    hf.save_pretrained(directory)
-    return hf, GPT2.from_pretrained(directory, device="cpu"), directory
+    return (*hf_and_ours(directory, seed=5, **CONFIG), directory)
 
 
 def write_sae(

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from helpers import make_hf_model
+from helpers import hf_and_ours
 
 from gpt2 import InputTypeError, InvalidArgumentError
 from gpt2.checkpoints.config import GPT2Config
@@ -29,7 +29,8 @@ TOL = 1e-4
 
 def pair(tmp_path, n_layer: int, n_head: int, n_embd: int, seed: int = 0, vocab: int = 97):
     """transformers' model with eager attention and gpt2's, on the same random weights."""
-    hf = make_hf_model(
+    return hf_and_ours(
+        tmp_path,
         seed,
         vocab_size=vocab,
         n_positions=32,
@@ -38,8 +39,6 @@ def pair(tmp_path, n_layer: int, n_head: int, n_embd: int, seed: int = 0, vocab:
         n_head=n_head,
         attn_implementation="eager",
     )
-    hf.save_pretrained(tmp_path)
-    return hf, GPT2.from_pretrained(tmp_path, device="cpu")
 
 
 def hf_activations(hf, ids: list[int], hooks: dict | None = None) -> tuple[dict[str, torch.Tensor], object]:

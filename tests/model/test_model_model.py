@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import make_hf_model
+from helpers import hf_and_ours, logits_of, make_hf_model, ours_from_hf, positions_written_out
 
 from gpt2 import ContextLengthError, InputTypeError, InvalidArgumentError, TokenIdError
 from gpt2.checkpoints.config import GPT2Config
@@ -25,11 +25,6 @@ CONFIGS = [
     dict(vocab_size=64, n_positions=40, n_embd=56, n_layer=5, n_head=7),
     dict(vocab_size=300, n_positions=8, n_embd=16, n_layer=1, n_head=1),
 ]
-
-
-def ours_from_hf(hf_model, tmp_path) -> GPT2:
-    hf_model.save_pretrained(tmp_path)
-    return GPT2.from_pretrained(tmp_path, device="cpu")
 
 
 def max_diff(a, b) -> float:
@@ -167,18 +162,41 @@ def test_softmax_equals_float64_on_extreme_logits(dtype):
     [dict(positions="sinusoidal"), dict(activation="gelu"), dict(bias=False)],
     ids=["sinusoidal", "gelu", "nobias"],
 )
-def test_other_options_equal_the_numpy_engine(options, tmp_path):
+def test_other_options_equal_transformers_made_so_and_the_numpy_engine(options, tmp_path):
+    """Options transformers' GPT-2 lacks, each put into transformers' model (loaded from ours) by
+    the test itself: fixed sinusoidal positions (its wpe set to the formula written out), the
+    exact GELU (transformers' "gelu", torch's erf GELU, in each block), no biases (each bias,
+    the LayerNorms' too, zeroed). Ours, saved and loaded, and the NumPy engine's logits equal that model's."""
+    from transformers import GPT2LMHeadModel
+    from transformers.activations import ACT2FN
+
     torch.manual_seed(0)
     config = GPT2Config(n_vocab=90, n_ctx=20, n_embd=24, n_head=3, n_layer=2, **options)
     model = GPT2(config).eval()
+    with torch.no_grad():  # off their initial values (LayerNorms at 1, biases at 0), wide enough that GELUs differ
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
     model.save_pretrained(tmp_path)
     loaded = GPT2.from_pretrained(tmp_path, device="cpu")
     assert loaded.config == config
+    theirs = GPT2LMHeadModel.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        if "positions" in options:
+            theirs.transformer.wpe.weight.copy_(torch.from_numpy(positions_written_out(20, 24)))
+        if "activation" in options:
+            for block in theirs.transformer.h:
+                block.mlp.act = ACT2FN["gelu"]
+        if "bias" in options:
+            for name, p in theirs.named_parameters():
+                if name.endswith(".bias"):  # the Linears' and the LayerNorms', as nanoGPT's bias=False
+                    p.zero_()
     idx = torch.randint(0, 90, (1, 20))
+    expected = logits_of(theirs, idx)
     with torch.no_grad():
         logits = model(idx)
         assert max_diff(loaded(idx), logits) == 0.0
-    assert max_diff(ReferenceModel.load(tmp_path)(idx[0].numpy()), logits[0]) < TOLERANCE
+    assert max_diff(logits, expected) < TOLERANCE
+    assert max_diff(ReferenceModel.load(tmp_path)(idx[0].numpy()), expected[0]) < TOLERANCE
     if not config.bias:
         assert not any(name.endswith("bias") for name, _ in model.named_parameters())
 
@@ -317,10 +335,9 @@ def test_model_from_something_else_than_a_config(config, message):
 
 @pytest.fixture(scope="module")
 def traceable(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("traced")
-    hf = make_hf_model(seed=1, vocab_size=96, n_positions=32, n_embd=32, n_layer=2, n_head=2)
-    hf.save_pretrained(directory)
-    return hf, GPT2.from_pretrained(directory, device="cpu")
+    return hf_and_ours(
+        tmp_path_factory.mktemp("traced"), seed=1, vocab_size=96, n_positions=32, n_embd=32, n_layer=2, n_head=2
+    )
 
 
 @pytest.mark.parametrize("tracer", ["torch.jit.trace", "torch.export", "torch.onnx.export (TorchScript)"])

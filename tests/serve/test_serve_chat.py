@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 import torch
-from helpers import Running, make_hf_model, transformers_sampled
+from helpers import Running, make_hf_model, serving, transformers_sampled
 from serve_fixtures import ENC, HANG, N_CTX, free_port, gpt2_serve, ours, post
 
 from gpt2 import Tokenizer
@@ -71,10 +71,7 @@ def chat_models(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def chat_server(chat_models):
-    model = chat_models[1]
-    running = Running(lambda: (model, model.tokenizer))
-    yield running
-    running.stop()
+    yield from serving(chat_models[1], chat_models[1].tokenizer)
 
 
 @pytest.fixture(scope="module")

@@ -213,7 +213,7 @@ BAD_CIRCUITS = [
         "patching",
         {"clean": "a b", "corrupted": "c d", "answer": " Mary Mary"},
         "answer",
-        "answer must be one token, but ' Mary Mary' is 2",
+        "answer must be one token of the model's vocabulary, but ' Mary Mary' is 2",
     ),
     (
         "patching",

@@ -6,20 +6,24 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
-from helpers import transformers_sampled
+from helpers import ConstraintWrittenOut, PenaltiesWrittenOut, transformers_greedy, transformers_sampled
+from llguidance import LLMatcher, grammar_from
 from serve_fixtures import ENC, api_token, complete, ours
+from transformers import LogitsProcessorList
 
 from gpt2.cli import main
 
 
-def test_greedy_text_equals_the_python_api_and_gpt2_generate(models, client, capsys):
+def test_greedy_text_equals_transformers_and_gpt2_generate(models, client, capsys, tiktoken_gpt2):
     response = complete(client, prompt="The meaning of life is", max_tokens=20, temperature=0)
     choice = response.choices[0]
-    assert choice.text == ours(models, "The meaning of life is", max_new_tokens=20, temperature=0)[0]
+    expected = tiktoken_gpt2.decode(transformers_greedy(models[0], tiktoken_gpt2.encode("The meaning of life is"), 20))
+    assert choice.text == expected
     assert choice.finish_reason == "length" and choice.index == 0 and response.object == "text_completion"
     assert response.model == "tiny" and response.id.startswith("cmpl-")
-    n_prompt = len(ENC.encode("The meaning of life is"))
+    n_prompt = len(tiktoken_gpt2.encode("The meaning of life is"))
     assert (response.usage.prompt_tokens, response.usage.completion_tokens, response.usage.total_tokens) == (
         n_prompt,
         20,
@@ -42,7 +46,7 @@ def test_greedy_text_equals_the_python_api_and_gpt2_generate(models, client, cap
         )
         == 0
     )
-    assert capsys.readouterr().out == choice.text + "\n"
+    assert capsys.readouterr().out == expected + "\n"
 
 
 def test_streamed_pieces_join_to_the_whole_text(client):
@@ -182,37 +186,67 @@ CLOSING = {
 }  # '"', "}", '":', '",', '"}': a random model's strings end
 
 
-def test_structured_outputs_through_the_openai_client_equal_the_python_api(models, client):
-    """OpenAI's response_format and vLLM's structured_outputs and guided_* fields (extra_body to the
-    client): every choice holds to its constraint and equals the Python API's constraint= text."""
-    from gpt2.generation.processors import Constraint
+# JSON as the API writes it: json.dumps' separators, no other whitespace (vLLM's disable_any_whitespace)
+JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
+
+@pytest.fixture(scope="module")
+def lltokenizer(tiktoken_gpt2):
+    """llguidance's view of tiktoken's GPT-2 encoding, for constraints written out on transformers' generate."""
+    from llguidance.tiktoken import lltokenizer_from_encoding
+
+    return lltokenizer_from_encoding(tiktoken_gpt2)
+
+
+def constrained(models, encoding, lltokenizer, grammar, prompt, max_tokens, seed, bias=None, **sampling) -> str:
+    """transformers' text sampled from seed `seed` (helpers.transformers_sampled), each token held to
+    llguidance's `grammar` (after `bias`, OpenAI's logit_bias, is added), decoded by tiktoken."""
+    ids = encoding.encode(prompt)
+    processors = [PenaltiesWrittenOut(len(ids), bias, 0.0, 0.0, 1.0)] if bias else []
+    processors.append(ConstraintWrittenOut(lltokenizer, grammar, len(ids)))
+    new = transformers_sampled(
+        models[0], ids, max_tokens, seed, logits_processor=LogitsProcessorList(processors), **sampling
+    )
+    return encoding.decode([t for t in new if t != encoding.eot_token])
+
+
+def test_structured_outputs_through_the_openai_client_equal_transformers_under_llguidance(
+    models, client, tiktoken_gpt2, lltokenizer
+):
+    """OpenAI's response_format and vLLM's structured_outputs and guided_* fields (extra_body to the
+    client): every choice holds to its constraint and is the text transformers samples from the
+    same seed (choice i from seed + i) with llguidance's matcher of that constraint masking each
+    step, over tiktoken's vocabulary."""
     fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
     response = complete(client, prompt="A person:", max_tokens=40, n=3, seed=5, extra_body={"response_format": fmt})
     texts = [c.text for c in response.choices]
-    assert texts == ours(
-        models, "A person:", max_new_tokens=40, num_samples=3, seed=5, constraint=Constraint.json_schema(PERSON)
-    )
+    person = LLMatcher.grammar_from_json_schema(PERSON, defaults=JSON)
+    reference = (models, tiktoken_gpt2, lltokenizer)
+    assert texts == [constrained(*reference, person, "A person:", 40, 5 + i) for i in range(3)]
     assert all(json.loads(t)["age"] <= 99 for t in texts) and {c.finish_reason for c in response.choices} == {"stop"}
     streamed = list(
         complete(client, prompt="A person:", max_tokens=40, seed=5, stream=True, extra_body={"response_format": fmt})
     )
     assert "".join(c.choices[0].text for c in streamed) == texts[0] and streamed[-1].choices[0].finish_reason == "stop"
-    for extra, constraint in [
-        ({"structured_outputs": {"choice": ["yes", "no", "maybe 🤔"]}}, Constraint.choice(["yes", "no", "maybe 🤔"])),
-        ({"structured_outputs": {"regex": "[0-9]{2}:[0-9]{2}"}}, Constraint.regex("[0-9]{2}:[0-9]{2}")),
-        ({"structured_outputs": {"json": PERSON}}, Constraint.json_schema(PERSON)),
-        ({"guided_json": json.dumps(PERSON)}, Constraint.json_schema(PERSON)),
-        ({"guided_choice": ["left", "right"]}, Constraint.choice(["left", "right"])),
-        ({"guided_regex": "[a-c]{3}"}, Constraint.regex("[a-c]{3}")),
-        ({"guided_grammar": 'root ::= "x" [0-9]'}, Constraint.grammar('root ::= "x" [0-9]')),
-        ({"response_format": {"type": "json_object"}, "logit_bias": CLOSING}, Constraint.json_object()),
+    for extra, grammar in [
+        (
+            {"structured_outputs": {"choice": ["yes", "no", "maybe 🤔"]}},
+            grammar_from("lark", 'start: "yes" | "no" | "maybe 🤔"'),
+        ),
+        ({"structured_outputs": {"regex": "[0-9]{2}:[0-9]{2}"}}, grammar_from("regex", "[0-9]{2}:[0-9]{2}")),
+        ({"structured_outputs": {"json": PERSON}}, person),
+        ({"guided_json": json.dumps(PERSON)}, person),
+        ({"guided_choice": ["left", "right"]}, grammar_from("lark", 'start: "left" | "right"')),
+        ({"guided_regex": "[a-c]{3}"}, grammar_from("regex", "[a-c]{3}")),
+        ({"guided_grammar": 'root ::= "x" [0-9]'}, grammar_from("gbnf", 'root ::= "x" [0-9]')),
+        (
+            {"response_format": {"type": "json_object"}, "logit_bias": CLOSING},
+            LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON),
+        ),
     ]:
         got = complete(client, prompt="Q:", max_tokens=40, temperature=0.8, seed=1, extra_body=extra).choices[0]
-        bias = {"logit_bias": {int(k): v for k, v in CLOSING.items()}} if "logit_bias" in extra else {}
-        assert (
-            got.text == ours(models, "Q:", max_new_tokens=40, temperature=0.8, seed=1, constraint=constraint, **bias)[0]
-        ), extra
+        bias = {int(k): v for k, v in CLOSING.items()} if "logit_bias" in extra else None
+        assert got.text == constrained(*reference, grammar, "Q:", 40, 1, bias, temperature=0.8), extra
         assert got.finish_reason == "stop", extra
 
 
@@ -222,7 +256,9 @@ def test_a_document_max_tokens_cuts_ends_length(client):
     assert choice.finish_reason == "length" and choice.text.startswith('{"name": "')
 
 
-def test_logit_bias_and_penalties_equal_the_python_api(models, client):
+def test_logit_bias_and_penalties_equal_transformers_with_the_same_rule(models, client, tiktoken_gpt2):
+    """OpenAI's logit_bias, frequency and presence penalties and transformers' repetition_penalty
+    (extra_body) give transformers' greedy text with those rules written out as a logits processor."""
     request = dict(
         prompt="The cat sat on the mat. The cat",
         max_tokens=20,
@@ -232,16 +268,10 @@ def test_logit_bias_and_penalties_equal_the_python_api(models, client):
         logit_bias={"13": -100, "262": 2.5},
     )
     got = complete(client, **request, extra_body={"repetition_penalty": 1.2}).choices[0].text
-    expected = ours(
-        models,
-        request["prompt"],
-        max_new_tokens=20,
-        temperature=0,
-        frequency_penalty=0.7,
-        presence_penalty=0.3,
-        logit_bias={13: -100, 262: 2.5},
-        repetition_penalty=1.2,
-    )[0]
+    ids = tiktoken_gpt2.encode(request["prompt"])
+    rules = PenaltiesWrittenOut(len(ids), {13: -100, 262: 2.5}, frequency=0.7, presence=0.3, repetition=1.2)
+    new = transformers_greedy(models[0], ids, 20, logits_processor=LogitsProcessorList([rules]))
+    expected = tiktoken_gpt2.decode([t for t in new if t != tiktoken_gpt2.eot_token])
     assert (
         got == expected
         and got != complete(client, prompt=request["prompt"], max_tokens=20, temperature=0).choices[0].text

@@ -14,7 +14,7 @@ import httpx
 import lm_eval
 import pytest
 import torch
-from helpers import Running, make_ending_model
+from helpers import make_ending_model, serving
 from lm_eval.models.openai_completions import LocalCompletionsAPI
 from lm_eval.tasks import TaskManager
 
@@ -39,9 +39,7 @@ def ending_model(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(ending_model):
-    running = Running(lambda: (ending_model[1], ENC))
-    yield running
-    running.stop()
+    yield from serving(ending_model[1], ENC)
 
 
 def transformers_logprobs(hf, ids: list[int]) -> torch.Tensor:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import openai
 import pytest
@@ -10,7 +12,10 @@ from helpers import Running
 from serve_fixtures import ENC, SPECIAL_PROMPT, complete, gpt2_generate, ours, post
 
 from gpt2.errors import GPT2Error
+from gpt2.generation.processors import Penalties
+from gpt2.generation.sampling import Sampling
 from gpt2.serve import Limits
+from gpt2.serve.protocol import CompletionBody
 
 
 def test_prompts_as_token_ids(models, client):
@@ -166,6 +171,34 @@ def test_a_bad_request_gets_a_400_naming_the_field_and_the_server_keeps_serving(
     assert response.status_code == 400 and error["param"] == param and message in error["message"]
     assert error["type"] == "invalid_request_error" and "code" in error
     assert httpx.get(server.url + "/health").status_code == 200
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("temperature", -0.5),
+        ("temperature", "hot"),
+        ("temperature", float("inf")),  # JSON's Infinity, which Python's json reads
+        ("top_p", 1.5),
+        ("presence_penalty", 2.5),
+        ("frequency_penalty", -3),
+        ("repetition_penalty", 0),
+    ],
+)
+def test_sampling_values_are_checked_once_by_what_uses_them(server, field, value):
+    """The server's refusal of a sampling value is Sampling's or Penalties' own, word for word (of the
+    number as the body's float holds it): the request's model keeps no second copy of their bounds."""
+    if not isinstance(value, str):  # a number: the body's model takes it, leaving its check to the owner
+        assert getattr(CompletionBody.model_validate({"prompt": "hi", field: value}), field) == value
+    owner = Sampling if field in ("temperature", "top_p") else Penalties
+    with pytest.raises(GPT2Error) as refused:
+        owner(**{field: float(value) if isinstance(value, int) else value})
+    body = json.dumps({"prompt": "hi", field: value})  # allow_nan: inf as Infinity
+    response = httpx.post(
+        server.url + "/v1/completions", content=body, headers={"content-type": "application/json"}, timeout=60
+    )
+    error = response.json()["error"]
+    assert (response.status_code, error["param"], error["message"]) == (400, field, str(refused.value))
 
 
 def test_a_request_past_the_context_is_refused_in_openais_words_and_code(server):

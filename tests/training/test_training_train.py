@@ -14,7 +14,6 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -31,6 +30,7 @@ from helpers import (
     write_hellaswag,
 )
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+from training_helpers import CHAT_TEMPLATE, nanogpt_lr
 
 import gpt2.training.train
 from gpt2 import (
@@ -53,8 +53,8 @@ from gpt2.model.model import GPT2
 from gpt2.settings import TrainSettings
 from gpt2.training.curves import plot_losses
 from gpt2.training.loggers import read_log
-from gpt2.training.optim import WarmupWarning, learning_rate, make_optimizers
-from gpt2.training.plan import ChatTemplateReplacedWarning, TaskEvaluation, chat_template_for
+from gpt2.training.optim import WarmupWarning, make_optimizers
+from gpt2.training.plan import ChatTemplateReplacedWarning, TaskEvaluation
 from gpt2.training.train import EVAL_STREAM, Trainer, train
 
 # Runs of a few iterations are shorter than TINY's warm-up on purpose: its warning is tested once, below.
@@ -83,31 +83,6 @@ def losses(out: Path) -> dict[int, float]:
 
 
 # ------------------------------------------------------------------ the recipe
-
-
-def nanogpt_lr(it, learning_rate, warmup_iters, lr_decay_iters, min_lr):
-    """nanoGPT's get_lr (train.py), written out here as the independent reference."""
-    if it < warmup_iters:
-        return learning_rate * (it + 1) / (warmup_iters + 1)
-    if it > lr_decay_iters:
-        return min_lr
-    decay_ratio = (it - warmup_iters) / (lr_decay_iters - warmup_iters)
-    coeff = 0.5 * (1.0 + math.cos(math.pi * decay_ratio))
-    return min_lr + coeff * (learning_rate - min_lr)
-
-
-@pytest.mark.parametrize("warmup, decay", [(100, 2000), (0, 50), (2000, 600_000), (10, 11)])
-def test_learning_rate_schedule_equals_nanogpt(warmup, decay):
-    s = TrainSettings(data="unused", lr=1e-3, min_lr=1e-4, warmup_iters=warmup, lr_decay_iters=decay, max_iters=decay)
-    for it in sorted(
-        {0, 1, warmup - 1, warmup, warmup + 1, (warmup + decay) // 2, decay - 1, decay, decay + 1, 3 * decay}
-    ):
-        if it >= 0:
-            assert learning_rate(it, s) == pytest.approx(
-                nanogpt_lr(it, 1e-3, warmup, decay, 1e-4), rel=1e-12, abs=1e-15
-            )
-    assert learning_rate(warmup, s) == pytest.approx(1e-3)  # the peak, once warm-up is over
-    assert learning_rate(decay + 5, s) == 1e-4
 
 
 def initial_loss(n_vocab: int, n_embd: int, repeats: float, std: float = 0.02) -> float:
@@ -213,38 +188,6 @@ def muon_update(grad: torch.Tensor, momentum: float = 0.95) -> torch.Tensor:
         gram = x @ x.T
         x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)  # a x + (b gram + c gram^2) x
     return (x if wide else x.T).float() * 0.2 * math.sqrt(max(grad.shape))
-
-
-def test_muon_updates_the_blocks_matrices_and_adamw_the_rest():
-    model = GPT2(GPT2Config(n_vocab=65, n_ctx=16, n_layer=2, n_head=2, n_embd=32, bias=True))
-    adamw, muon = make_optimizers(model, TrainSettings(data="unused", optimizer="muon"), torch.device("cpu"))
-    names = {p: name for name, p in model.named_parameters()}
-    matrices = [
-        f"transformer.h.{i}.{m}.weight"
-        for i in (0, 1)
-        for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
-    ]
-    assert isinstance(muon, torch.optim.Muon) and sorted(names[p] for p in muon.param_groups[0]["params"]) == sorted(
-        matrices
-    )
-    decayed, not_decayed = ([names[p] for p in g["params"]] for g in adamw.param_groups)
-    assert decayed == ["transformer.wte.weight", "transformer.wpe.weight"]
-    assert len(not_decayed) == 2 * 8 + 2 and all(
-        name.endswith(("bias", "ln_1.weight", "ln_2.weight", "ln_f.weight")) for name in not_decayed
-    )
-    (alone,) = make_optimizers(model, TrainSettings(data="unused"), torch.device("cpu"))  # adamw: every weight
-    assert sum(len(g["params"]) for g in alone.param_groups) == len(names)
-
-
-def test_muon_lr_scales_the_schedule():
-    s = TrainSettings(
-        data="unused", lr=1e-3, min_lr=1e-4, warmup_iters=10, max_iters=100, optimizer="muon", muon_lr=5e-3
-    )
-    for it in (0, 5, 10, 50, 99, 150):
-        assert learning_rate(it, s, 5e-3) == pytest.approx(5 * nanogpt_lr(it, 1e-3, 10, 100, 1e-4), rel=1e-12)
-    assert (
-        learning_rate(150, s, s.lr) == learning_rate(150, s) == 1e-4
-    )  # the peak lr itself: the same numbers, bit for bit
 
 
 def test_a_muon_run_logs_muon_lr_beside_adamws_lr(char_data, tmp_path):
@@ -1346,12 +1289,6 @@ def test_a_bad_eval_task_is_refused_before_anything_is_made(
 
 # ------------------------------------------------------------------ fine-tuning on conversations
 
-# A template of GPT-2's own tokens, rendered the same by jinja2 alone and by transformers (no
-# whitespace for trim_blocks or lstrip_blocks to take).
-CHAT_TEMPLATE = (
-    "{% for m in messages %}{{ m.role }}: {{ m.content }}{% if m.role == 'assistant' %}<|endoftext|>{% endif %}"
-    "{{ '\\n' }}{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"
-)
 MESSAGES = [
     {"role": "user", "content": "Who wrote Hamlet?"},
     {"role": "assistant", "content": "Shakespeare."},
@@ -1459,21 +1396,6 @@ def test_chat_data_without_its_mask_is_one_line_at_the_command_line(chat_char, t
         f"whose loss counts the targets the mask marks; prepare the data again\n"
     )
     assert not (tmp_path / "out").exists()
-
-
-def test_the_template_goes_to_the_data_then_to_the_model():
-    data = SimpleNamespace(chat_template=CHAT_TEMPLATE, directory=Path("chat"))
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert chat_template_for(data, None, "'m'") == CHAT_TEMPLATE
-        assert chat_template_for(data, CHAT_TEMPLATE, "'m'") == CHAT_TEMPLATE
-        assert chat_template_for(SimpleNamespace(chat_template=None), "{{ mine }}", "'m'") == "{{ mine }}"
-    with pytest.warns(
-        ChatTemplateReplacedWarning,
-        match="^the chat template of the model 'm' is replaced by the one the data in chat "
-        "was rendered with: the model saved carries the data's$",
-    ):
-        assert chat_template_for(data, "{{ mine }}", "'m'") == CHAT_TEMPLATE
 
 
 def test_a_model_trained_on_conversations_carries_their_template(chat_gpt2, tmp_path):

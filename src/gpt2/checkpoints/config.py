@@ -183,12 +183,11 @@ class GPT2Config:
 
 
 def sinusoidal_positions(n_ctx: int, n_embd: int) -> np.ndarray:
-    """(n_ctx, C): sin on even channels, cos on odd ones, wavelengths from 2 pi to 10000 * 2 pi; the
-    table a model of sinusoidal positions adds, as its files hold it for transformers and llama.cpp."""
+    """(n_ctx, C): PE[t, 2i] = sin(t / 10000^(2i/C)), PE[t, 2i+1] = cos(t / 10000^(2i/C)), wavelengths from
+    2 pi to 10000 * 2 pi: the table a model of sinusoidal positions adds (its fixed positions), and which its
+    files hold as wpe for transformers and llama.cpp. Computed in float64, returned as float32."""
+    angle = np.arange(n_ctx)[:, None] / 10000.0 ** (np.arange(0, n_embd, 2) / n_embd)  # (n_ctx, ceil(C / 2))
     table = np.zeros((n_ctx, n_embd))
-    for i in range(0, n_embd, 2):
-        angle = np.arange(n_ctx) / 10000.0 ** (i / n_embd)
-        table[:, i] = np.sin(angle)
-        if i + 1 < n_embd:
-            table[:, i + 1] = np.cos(angle)
+    table[:, 0::2] = np.sin(angle)
+    table[:, 1::2] = np.cos(angle[:, : n_embd // 2])
     return table.astype(np.float32)

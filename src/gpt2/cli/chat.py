@@ -13,6 +13,7 @@ from gpt2.cli.options import (
     add_chat_template_flag,
     add_cuda_graphs_flag,
     add_inference_device_flags,
+    add_model_flag,
     add_sampling_flags,
     check_cuda_graph_flags,
     check_device,
@@ -114,9 +115,7 @@ def add_parser(commands) -> None:
         epilog=EXAMPLES,
         formatter_class=HelpFormatter,
     )
-    chat.add_argument(
-        "--model", default="gpt2", help="a released name or a local directory, as for generate (default: gpt2)"
-    )
+    add_model_flag(chat)
     add_chat_template_flag(chat, "the conversation")
     chat.add_argument("--system", metavar="TEXT", help="a system message that opens the conversation (default: none)")
     chat.add_argument(

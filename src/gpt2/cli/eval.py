@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from gpt2.cli.common import HelpFormatter, UsageError, command_line_text, whole_number
-from gpt2.cli.options import add_inference_device_flags, add_no_progress_flag, check_device, load_model
+from gpt2.cli.options import add_inference_device_flags, add_model_flag, add_no_progress_flag, check_device, load_model
 
 
 def cmd(args: argparse.Namespace) -> int:
@@ -92,7 +92,7 @@ def add_parser(commands) -> None:
     ev.add_argument(
         "file", nargs="?", metavar="FILE", help="a UTF-8 text file, tokenized as one stream with the model's tokenizer"
     )
-    ev.add_argument("--model", default="gpt2", help="a released name or a model directory (default: gpt2)")
+    add_model_flag(ev, "a released name or a model directory")
     ev.add_argument(
         "--data",
         metavar="PATH",

@@ -7,6 +7,7 @@ import sys
 import time
 
 from gpt2.cli.common import HelpFormatter, UsageError
+from gpt2.cli.options import add_model_flag
 
 EXAMPLES = """\
 examples:
@@ -28,7 +29,7 @@ def add_parser(commands) -> None:
         formatter_class=HelpFormatter,
     )
     export.add_argument("--format", required=True, choices=["onnx", "gguf"], help="onnx: a directory; gguf: one file")
-    export.add_argument("--model", default="gpt2", help="a released name or a model directory (default: gpt2)")
+    add_model_flag(export, "a released name or a model directory")
     export.add_argument("--out", required=True, metavar="PATH", help="onnx: a new directory; gguf: a .gguf file")
     export.add_argument(
         "--quantize", choices=["int8"], help="onnx: ONNX Runtime's dynamic int8 quantization (default: none)"

@@ -20,6 +20,7 @@ from gpt2.cli.options import (
     add_cuda_graphs_flag,
     add_draft_flags,
     add_inference_device_flags,
+    add_model_flag,
     add_no_progress_flag,
     add_sampling_flags,
     add_special_as_text_flag,
@@ -296,12 +297,11 @@ def add_parser(commands) -> None:
         formatter_class=HelpFormatter,
     )
     generate.add_argument("prompt", nargs="?", help="the prompt, or - to read it from standard input")
-    generate.add_argument(
-        "--model",
-        default="gpt2",
-        help="gpt2, gpt2-medium, gpt2-large, gpt2-xl (downloaded once), "
+    add_model_flag(
+        generate,
+        "gpt2, gpt2-medium, gpt2-large, gpt2-xl (downloaded once), "
         "shakespeare_char (shipped: a small model of Shakespeare's characters, offline), "
-        "or a local directory (Hugging Face's or OpenAI's release) (default: gpt2)",
+        "or a local directory (Hugging Face's or OpenAI's release)",
     )
     generate.add_argument(
         "--max-new-tokens",

@@ -9,6 +9,7 @@ import math
 import os
 import sys
 
+from gpt2._checks import one_token
 from gpt2.cli.common import (
     HelpFormatter,
     UsageError,
@@ -17,7 +18,7 @@ from gpt2.cli.common import (
     whole_number,
     without_final_newline,
 )
-from gpt2.cli.options import add_inference_device_flags, check_device, load_model, read_sampling
+from gpt2.cli.options import add_inference_device_flags, add_model_flag, check_device, load_model, read_sampling
 from gpt2.settings import TEMPERATURE
 
 
@@ -102,7 +103,9 @@ def _cmd_inspect_experiment(args: argparse.Namespace) -> int:
         from gpt2.inspect import figures
 
         names = [f"{result.name}-heads.png"]
-        figures.save(figures.head_grid(result.heads, f"{result.name}: {result.heads_title}"), png / names[0])
+        figures.save(
+            figures.head_grids({result.heads_title: result.heads}, result.name, signed=True, label=""), png / names[0]
+        )
         if result.attribution is not None:
             names.append(f"{result.name}-attribution.png")
             figures.save(
@@ -202,10 +205,7 @@ def _one_token(model, token: str | None, flag: str, run) -> int:
     """--answer or --other: one token of the model's vocabulary, or (none given) the run's next token."""
     if token is None:
         return int(run.logits[-1].argmax())
-    ids = model.tokenizer.encode(token) if model.tokenizer is not None else []
-    if len(ids) != 1:
-        raise UsageError(f"--{flag} must be one token of the model's vocabulary, but {token!r} is {len(ids)}: {ids}")
-    return ids[0]
+    return one_token(token, model.tokenizer, model.config.n_vocab, flag)
 
 
 def _label(model, i: int) -> str:
@@ -302,7 +302,7 @@ def _cmd_inspect_heads(args: argparse.Namespace) -> int:
     if png is not None:
         from gpt2.inspect import figures
 
-        figures.save(figures.head_scores(scores, f"head scores on {what}"), png / "head-scores.png")
+        figures.save(figures.head_grids(scores, f"head scores on {what}"), png / "head-scores.png")
         print(f"gpt2: wrote {png / 'head-scores.png'}", file=sys.stderr)
     if args.json:
         print(json.dumps({kind: None if s is None else s.tolist() for kind, s in scores.items()}))
@@ -389,9 +389,7 @@ def add_parser(commands) -> None:
         formatter_class=HelpFormatter,
     )
     inspect.add_argument("text", nargs="?", help="the text, or - to read it from standard input")
-    inspect.add_argument(
-        "--model", default="gpt2", help="a released name or a local directory, as for generate (default: gpt2)"
-    )
+    add_model_flag(inspect)
     inspect.add_argument(
         "--top-k",
         type=whole_number,

@@ -197,6 +197,13 @@ def add_chat_template_flag(parser: argparse.ArgumentParser, what: str) -> None:
     )
 
 
+def add_model_flag(
+    parser: argparse.ArgumentParser, help: str = "a released name or a local directory, as for generate"
+) -> None:
+    """--model, as every command that runs a model takes it: a released name or a directory (default: gpt2)."""
+    parser.add_argument("--model", default="gpt2", help=f"{help} (default: gpt2)")
+
+
 def add_sampling_flags(parser: argparse.ArgumentParser) -> None:
     """--temperature, --top-k and --top-p, as generate and chat sample (`with_top_k` gives --top-k's default)."""
     parser.add_argument(

@@ -12,6 +12,7 @@ from gpt2.cli.options import (
     add_cuda_graphs_flag,
     add_draft_flags,
     add_inference_device_flags,
+    add_model_flag,
     add_special_as_text_flag,
     allowed_special,
     check_cuda_graph_flags,
@@ -115,11 +116,9 @@ def add_parser(commands) -> None:
         epilog=EXAMPLES,
         formatter_class=HelpFormatter,
     )
-    serve.add_argument(
-        "--model",
-        default="gpt2",
-        help="a released name or a local directory, as for generate; "
-        "also the model's id in the API, less a trailing slash (default: gpt2)",
+    add_model_flag(
+        serve,
+        "a released name or a local directory, as for generate; also the model's id in the API, less a trailing slash",
     )
     serve.add_argument(
         "--host", default="127.0.0.1", help="the address to listen on; 0.0.0.0 for every interface (default: 127.0.0.1)"

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gpt2._checks import check_answer_and_other, int_between, positive_int
+from gpt2._checks import check_answer_and_other, int_between, one_token, positive_int
 from gpt2.errors import InvalidArgumentError
 from gpt2.inspect.tracing import check_position, token_ids, trace
 from gpt2.model.model import GPT2
@@ -127,21 +127,6 @@ class LogitAttribution:
     total: float
 
 
-def _token(model: GPT2, token: int | str, param: str) -> int:
-    """A vocabulary id, or the one token a string encodes to (" Mary")."""
-    if isinstance(token, str):
-        ids, _ = token_ids(model, token)
-        if len(ids) != 1:
-            raise InvalidArgumentError(f"{param} must be one token, but {token!r} is {len(ids)}: {ids}", param)
-        return ids[0]
-    n_vocab = model.config.n_vocab
-    if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < n_vocab:
-        raise InvalidArgumentError(
-            f"{param} must be a token id in 0..{n_vocab - 1} or a string of one token, got {token!r}", param
-        )
-    return token
-
-
 @torch.no_grad()
 def logit_attribution(
     model: GPT2,
@@ -211,8 +196,8 @@ def _tokens(model: GPT2, tokens: Tokens, param: str) -> list[int]:
             raise InvalidArgumentError(
                 f"{param} must be a token or a non-empty list of tokens, got an empty list", param
             )
-        return [_token(model, t, param) for t in tokens]
-    return [_token(model, tokens, param)]
+        return [one_token(t, model.tokenizer, model.config.n_vocab, param) for t in tokens]
+    return [one_token(tokens, model.tokenizer, model.config.n_vocab, param)]
 
 
 def _logit_effect(model: GPT2, x: torch.Tensor, answer: list[int], other: list[int] | None) -> torch.Tensor:

@@ -135,45 +135,50 @@ def next_token(trace: Trace, position: int, sampling: Sampling, bars: int = 12) 
     return fig
 
 
-def head_scores(scores: dict[str, torch.Tensor | None], title: str) -> Any:
-    """One heat map per kind of score (circuits.head_scores), layers down and heads across, on one
-    scale from 0 to 1 (a score is a share of a head's attention); None for a kind the input gave
-    nothing to score (a text whose tokens never repeat)."""
-    shapes = [s.shape for s in scores.values() if s is not None]
+def head_grids(
+    grids: dict[str, torch.Tensor | None],
+    title: str,
+    *,
+    signed: bool = False,
+    label: str = "share of attention",
+    empty: str = "no token repeats:\nnothing to score",
+) -> Any:
+    """Layer x head heat maps side by side, one per entry (each kind of head score, an experiment's
+    per-head effect), layers down and heads across, on one scale: 0 to 1 (a share of a head's
+    attention, circuits.head_scores) or, `signed`, symmetric about 0 (a logit difference); each
+    cell's value written in it where the grid is small. None: an entry the input gave nothing to
+    draw (`empty` says why: a text whose tokens never repeat)."""
+    shapes = [g.shape for g in grids.values() if g is not None]
     if not shapes:
         raise InvalidArgumentError("no kind has scores to draw: the input has no position any score looks at", "scores")
     n_layer, n_head = shapes[0]
+    values = {name: None if g is None else g.float().cpu() for name, g in grids.items()}  # each (n_layer, n_head)
+    bound = max(max(float(v.abs().max()) for v in values.values() if v is not None), 1e-9) if signed else 1
     plt = pyplot()
     size = (1.2 + 0.5 * n_head, 1.0 + 0.45 * n_layer)
     fig, axes = plt.subplots(
-        1, len(scores), figsize=(len(scores) * size[0] + 1.2, size[1] + 0.8), squeeze=False, layout="constrained"
+        1, len(grids), figsize=(len(grids) * size[0] + 1.2, size[1] + 0.8), squeeze=False, layout="constrained"
     )
     image = None
-    for ax, (kind, values) in zip(axes.flat, scores.items()):
-        ax.set_title(kind, fontsize=10)
-        if values is None:
+    for ax, (name, v) in zip(axes.flat, values.items()):
+        ax.set_title(name, fontsize=10)
+        if v is None:
             ax.axis("off")
-            ax.text(0.5, 0.5, "no token repeats:\nnothing to score", ha="center", va="center", transform=ax.transAxes)
+            ax.text(0.5, 0.5, empty, ha="center", va="center", transform=ax.transAxes)
             continue
-        image = ax.imshow(values.float().numpy(), cmap="viridis", vmin=0, vmax=1, aspect="auto")
+        cmap, low = ("RdBu", -bound) if signed else ("viridis", 0)
+        image = ax.imshow(v.numpy(), cmap=cmap, vmin=low, vmax=bound, aspect="auto")
         if n_layer * n_head <= 256:  # small enough to print each cell's value
-            for layer, row in enumerate(values.tolist()):
-                for head, v in enumerate(row):
-                    ax.text(
-                        head,
-                        layer,
-                        f"{v:.2f}",
-                        ha="center",
-                        va="center",
-                        fontsize=7,
-                        color="black" if v > 0.6 else "white",
-                    )
+            for layer, row in enumerate(v.tolist()):
+                for head, x in enumerate(row):
+                    color = "black" if signed or x > 0.6 else "white"  # readable on either map
+                    ax.text(head, layer, f"{x:.2f}", ha="center", va="center", fontsize=7, color=color)
         ax.set_xticks(range(n_head))
         ax.set_yticks(range(n_layer))
         ax.set_xlabel("head")
         ax.set_ylabel("layer")
     if image is not None:
-        fig.colorbar(image, ax=list(axes.flat), fraction=0.03, label="share of attention")
+        fig.colorbar(image, ax=list(axes.flat), fraction=0.03, label=label)
     fig.suptitle(title)
     return fig
 
@@ -184,28 +189,6 @@ def save(fig: Any, path: str | os.PathLike) -> None:
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
     plt.close(fig)
-
-
-def head_grid(grid: torch.Tensor, title: str) -> Any:
-    """A layer x head heat map (activation patching, head scores), each cell's value written in it."""
-    values = grid.float().cpu().numpy()  # (n_layer, n_head)
-    n_layer, n_head = values.shape
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(2 + 0.6 * n_head, 1.5 + 0.45 * n_layer))
-    bound = max(float(abs(values).max()), 1e-9)
-    image = ax.imshow(values, cmap="RdBu", vmin=-bound, vmax=bound, aspect="auto")
-    if n_layer * n_head <= 400:
-        for layer in range(n_layer):
-            for head in range(n_head):
-                ax.text(head, layer, f"{values[layer, head]:.2f}", ha="center", va="center", fontsize=6)
-    ax.set_xticks(range(n_head))
-    ax.set_yticks(range(n_layer))
-    ax.set_xlabel("head")
-    ax.set_ylabel("layer")
-    ax.set_title(title, fontsize=10)
-    fig.colorbar(image, ax=ax)
-    fig.tight_layout()
-    return fig
 
 
 def patching_grids(grids: dict[str, torch.Tensor], columns: list[str], xlabel: str, title: str) -> Any:

@@ -29,12 +29,12 @@ from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
 from gpt2._checks import check_token_ids
-from gpt2.checkpoints.config import GPT2Config
+from gpt2.checkpoints.config import GPT2Config, sinusoidal_positions
 from gpt2.errors import ContextLengthError, InputTypeError, InvalidArgumentError
 from gpt2.generation.caches import PrefixCache
 from gpt2.generation.engines import TorchEngine, check_cuda_graphs, generate_ids, model_engine, set_cuda_graphs
 from gpt2.generation.kernels import attend, linear, tracing, widen
-from gpt2.model.pretrained import hf_state_dict, open_pretrained, save_pretrained, sinusoidal_positions
+from gpt2.model.pretrained import hf_state_dict, open_pretrained, save_pretrained
 from gpt2.settings import DRAFT_TOKENS
 
 
@@ -56,7 +56,7 @@ class SinusoidalPositions(nn.Module):
 
     def __init__(self, n_ctx: int, n_embd: int):
         super().__init__()
-        self.register_buffer("weight", sinusoidal_positions(n_ctx, n_embd), persistent=False)
+        self.register_buffer("weight", torch.from_numpy(sinusoidal_positions(n_ctx, n_embd)), persistent=False)
 
     def forward(self, pos: torch.Tensor) -> torch.Tensor:
         return self.weight[pos]
@@ -473,7 +473,7 @@ class GPT2(nn.Module):
             if scale is not None:  # int8: a float32 scale per output
                 module.scale = scale
         if isinstance(model.transformer.wpe, SinusoidalPositions):  # a buffer no checkpoint holds
-            table = sinusoidal_positions(model.config.n_ctx, model.config.n_embd)
+            table = torch.from_numpy(sinusoidal_positions(model.config.n_ctx, model.config.n_embd))
             model.transformer.wpe.weight = table.to(device=pretrained.device, dtype=pretrained.dtype)
         model.tokenizer = pretrained.tokenizer()
         return model.eval()

@@ -8,14 +8,12 @@ saved in Hugging Face's GPT-2 layout (config.json + model.safetensors + the toke
 `GPT2.from_pretrained` builds the model from `pretrained.config` and makes each tensor its
 parameter; `GPT2.save_pretrained` hands its weights here. This module knows no model class, only
 the tensors' names and layout, which the model shares with OpenAI's and Hugging Face's
-checkpoints; reading those formats is `gpt2.checkpoints.weights`'. `sinusoidal_positions` is here as the
-table both the model (its fixed positions) and its files (wpe, for transformers) hold.
+checkpoints; reading those formats is `gpt2.checkpoints.weights`'.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,7 +24,7 @@ import torch.nn as nn
 from safetensors.torch import save_file
 
 from gpt2._files import atomic_path, atomic_write_text, writable_directory
-from gpt2.checkpoints.config import GPT2Config
+from gpt2.checkpoints.config import GPT2Config, sinusoidal_positions
 from gpt2.checkpoints.weights import Checkpoint, iter_tensors, locate, transformers_only_shapes
 from gpt2.devices import WeightFormat, resolve_device, weight_format
 from gpt2.errors import InvalidArgumentError
@@ -34,16 +32,6 @@ from gpt2.generation.kernels import stored_matrix
 from gpt2.tokenizer import CharTokenizer, Tokenizer, assumed_tokenizer
 
 DENSE = ("c_attn", "c_proj", "c_fc")  # the linear layers (`gpt2.model.model.Dense`), whose weights are (in, out)
-
-
-def sinusoidal_positions(n_ctx: int, n_embd: int) -> torch.Tensor:
-    """(n_ctx, n_embd): PE[t, 2i] = sin(t / 10000^(2i/C)), PE[t, 2i+1] = cos(t / 10000^(2i/C))."""
-    position = torch.arange(n_ctx, dtype=torch.float64)[:, None]  # (n_ctx, 1)
-    frequency = torch.exp(-math.log(10000.0) * torch.arange(0, n_embd, 2, dtype=torch.float64) / n_embd)
-    table = torch.zeros(n_ctx, n_embd, dtype=torch.float64)
-    table[:, 0::2] = torch.sin(position * frequency)
-    table[:, 1::2] = torch.cos(position * frequency[: n_embd // 2])
-    return table.float()
 
 
 # ------------------------------------------------------------------ loading
@@ -135,7 +123,9 @@ def save_pretrained(
     dtype = tensors["transformer.ln_f.weight"].dtype  # of the vectors (a narrow CPU model keeps them in float32)
     for name, shape in transformers_only_shapes(config).items():
         positions = name == "transformer.wpe.weight"
-        tensors[name] = sinusoidal_positions(*shape).to(dtype) if positions else torch.zeros(shape, dtype=dtype)
+        tensors[name] = (
+            torch.from_numpy(sinusoidal_positions(*shape)).to(dtype) if positions else torch.zeros(shape, dtype=dtype)
+        )
     with atomic_path(directory / "model.safetensors") as tmp:
         save_file(tensors, str(tmp), metadata={**(metadata or {}), "format": "pt"})
     save_config_and_tokenizer(directory, config, tokenizer)

@@ -32,8 +32,7 @@ import torch
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from gpt2._checks import check_answer_and_other, check_token_ids
-from gpt2.errors import GPT2Error
+from gpt2._checks import check_answer_and_other, check_token_ids, one_token
 from gpt2.generation.decoding import start_of_text
 from gpt2.inspect.circuits import HEAD_SCORES, head_scores, logit_attribution, score_masks
 from gpt2.inspect.patching import AXES, activation_patching, logit_diff
@@ -112,27 +111,14 @@ def read_text(server: Server, text: str | list[int], param: str) -> list[int]:
     return ids
 
 
-def read_token(server: Server, token: str | int, param: str) -> int:
-    """The id of an answer token: its text, which must be one token (" Mary"), or its id."""
-    if isinstance(token, int):
-        check_token_ids(token, token, server.model.config.n_vocab, f" in {param}", param=param)
-        return token
-    if token == "":
-        raise RequestError(
-            400, f'{param} is empty: give one token\'s text (such as " Mary"), its id, or null for the default', param
-        )
-    ids = encode_text(server.tokenizer, token, server.allowed_special, param)
-    if len(ids) != 1:
-        raise RequestError(400, f"{param} must be one token, but {token!r} is {len(ids)}: {ids}", param)
-    return ids[0]
-
-
 def read_answers(server: Server, answer: str | int | None, other: str | int | None) -> tuple[int | None, int | None]:
     """The ids of a request's answer and other (None: the route's default), two different tokens where both are
     given."""
+    n_vocab, allowed = server.model.config.n_vocab, server.allowed_special
     answer, other = (
-        None if t is None else read_token(server, t, name) for t, name in ((answer, "answer"), (other, "other"))
-    )
+        None if t is None else one_token(t, server.tokenizer, n_vocab, name, allowed)
+        for t, name in ((answer, "answer"), (other, "other"))
+    )  # a GPT2Error is a 400 naming its param (the app's handler)
     if answer is not None:
         check_two_tokens(server.tokenizer, answer, other)
     return answer, other
@@ -141,10 +127,7 @@ def read_answers(server: Server, answer: str | int | None, other: str | int | No
 def check_two_tokens(tokenizer: Tokenizer, answer: int, other: int | None, defaulted: str = "") -> None:
     """Refuse an other that is the answer's token (`check_answer_and_other`), a 400 naming other;
     `defaulted`: which of them the route chose, and how."""
-    try:
-        check_answer_and_other(answer, other, token_text(tokenizer, answer), defaulted)
-    except GPT2Error as e:
-        raise RequestError.invalid(e) from None
+    check_answer_and_other(answer, other, token_text(tokenizer, answer), defaulted)
 
 
 def check_patching_work(site: str, T: int, model: GPT2, limits: Limits) -> None:

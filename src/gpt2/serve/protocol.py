@@ -297,7 +297,16 @@ def _bias_refused(bias: object, bounds: Bounds) -> str:
     return 'logit_bias must map token ids to biases from -100 to 100, like {"50256": -100}'
 
 
-PENALTY = Says("{name} must be a number from -2 to 2, got {value!r}")
+def checked_by(owner: Callable[..., object], name: str) -> Says:
+    """A field whose value the library's object that uses it checks (Sampling, Penalties): the body
+    takes any number there, and a refusal, of a value or of its type, is that object's, in the words of
+    every other door. (The bounds a field's schema shows are its documentation, not a second check.)"""
+
+    def refused(value: object, bounds: Bounds) -> str:
+        owner(**{name: value})  # raises
+        return f"{name} must be a number, got {value!r}"
+
+    return Says(refused)
 
 
 class JsonSchemaFormat(BaseModel):
@@ -410,11 +419,11 @@ class Sampled(Body):
     model: str | None = None
     n: Annotated[int | None, UpTo("max_n"), INTEGER] = Field(1, ge=1)
     stop: Annotated[StopString | Annotated[list[StopString], Field(max_length=4)] | None, Says(_stop_refused)] = None
-    temperature: Annotated[
-        float | None, Says("temperature must be a finite number >= 0 (0 is greedy), got {value!r}")
-    ] = Field(1.0, ge=0, allow_inf_nan=False)
-    top_p: Annotated[float | None, Says("top_p must be in (0, 1], got {value!r}")] = Field(
-        1.0, gt=0, le=1, allow_inf_nan=False
+    temperature: Annotated[float | None, checked_by(Sampling, "temperature")] = Field(
+        1.0, json_schema_extra={"minimum": 0}
+    )
+    top_p: Annotated[float | None, checked_by(Sampling, "top_p")] = Field(
+        1.0, json_schema_extra={"exclusiveMinimum": 0, "maximum": 1}
     )
     top_k: Annotated[int | None, UpTo("n_vocab"), Says(_top_k_refused)] = Field(None, ge=1)  # ours, not OpenAI's
     seed: Annotated[int | None, Says("{name} must be a whole number from {low} to {high}, got {value!r}")] = Field(
@@ -425,11 +434,15 @@ class Sampled(Body):
         StreamOptions | None, Says('stream_options must be an object like {{"include_usage": true}}')
     ] = None
     user: Annotated[str | None, Says("{name} must be a string, got {value!r}")] = None
-    presence_penalty: Annotated[float | None, PENALTY] = Field(0.0, ge=-2, le=2, allow_inf_nan=False)
-    frequency_penalty: Annotated[float | None, PENALTY] = Field(0.0, ge=-2, le=2, allow_inf_nan=False)
+    presence_penalty: Annotated[float | None, checked_by(Penalties, "presence_penalty")] = Field(
+        0.0, json_schema_extra={"minimum": -2, "maximum": 2}
+    )
+    frequency_penalty: Annotated[float | None, checked_by(Penalties, "frequency_penalty")] = Field(
+        0.0, json_schema_extra={"minimum": -2, "maximum": 2}
+    )
     logit_bias: Annotated[dict[str, float] | None, Says(_bias_refused)] = None  # OpenAI's: {"50256": -100}
-    repetition_penalty: Annotated[float | None, Says("{name} must be a number above 0 (1 is none), got {value!r}")] = (
-        Field(1.0, gt=0, allow_inf_nan=False)
+    repetition_penalty: Annotated[float | None, checked_by(Penalties, "repetition_penalty")] = Field(
+        1.0, json_schema_extra={"exclusiveMinimum": 0}
     )  # vLLM's and transformers': multiplicative
     # structured outputs: OpenAI's response_format, vLLM's structured_outputs and its older guided_* fields (one at
     # most)
@@ -446,13 +459,10 @@ class Sampled(Body):
     def processing(self, tokenizer: Tokenizer, n_vocab: int) -> Processing | None:
         """The body's constraint, compiled for `tokenizer`, with its logit bias and penalties (None: none)."""
         field, constraint = self.constraint()
-        try:
-            penalties = Penalties.make(
-                self.logit_bias, self.frequency_penalty, self.presence_penalty, self.repetition_penalty
-            )
-            penalties.check_vocab(n_vocab)
-        except GPT2Error as e:
-            raise RequestError.invalid(e) from None
+        penalties = Penalties.make(
+            self.logit_bias, self.frequency_penalty, self.presence_penalty, self.repetition_penalty
+        )
+        penalties.check_vocab(n_vocab)
         try:
             compiled = None if constraint is None else compile_constraint(constraint, tokenizer)
         except GPT2Error as e:
