@@ -90,7 +90,7 @@ def test_version_and_help_texts(capsys):
 
 
 def test_prepare_and_train_into_an_unwritable_out_say_so_in_one_line(tmp_path, forks):
-    """One case each (a process costs seconds): tests/test_files.py, test_data_tokens.py and
+    """One case each (a process costs seconds): tests/test_files.py, test_data_text.py and
     test_training_train.py hold the others."""
     from gpt2.data.text import prepare
 
