@@ -7,29 +7,12 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from helpers import make_hf_model
 
 from gpt2 import MemoryLimitError, devices
 from gpt2.checkpoints.config import GPT2Config
 from gpt2.generation.caches import Block, PrefixCache
 from gpt2.generation.engines import TorchEngine
 from gpt2.model.model import GPT2
-
-
-@pytest.fixture(scope="module")
-def small_pair(tmp_path_factory):
-    """A small model with GPT-2's vocabulary, so text round-trips through the tokenizer:
-    transformers' (the reference) and ours, loaded from it."""
-    directory = tmp_path_factory.mktemp("small")
-    hf = make_hf_model(vocab_size=50257, n_positions=64, n_embd=48, n_layer=2, n_head=3)
-    hf.save_pretrained(directory)
-    return hf, GPT2.from_pretrained(directory, device="cpu")
-
-
-@pytest.fixture(scope="module")
-def small(small_pair) -> GPT2:
-    return small_pair[1]
-
 
 # ------------------------------------------------------------------ the KV cache
 

@@ -425,7 +425,7 @@ V, PROMPT, N_RUNS = 8, [3, 1, 4], 6000
 
 
 @pytest.fixture(scope="module")
-def small_pair(tmp_path_factory):
+def peaked_pair(tmp_path_factory):
     """transformers' models of 8 tokens, with weights large enough that their distributions are
     peaked and differ; and ours, loaded from them: the model and its draft."""
     config = dict(vocab_size=V, n_positions=16, n_embd=16, n_layer=1, n_head=2, initializer_range=0.5)
@@ -443,12 +443,12 @@ def small_pair(tmp_path_factory):
     [Sampling(temperature=1.0), Sampling(temperature=0.7, top_k=5, top_p=0.9)],
     ids=["temperature-1", "top-k-top-p"],
 )
-def test_sampling_with_a_draft_follows_the_models_distribution_exactly(small_pair, sampling):
+def test_sampling_with_a_draft_follows_the_models_distribution_exactly(peaked_pair, sampling):
     """6000 rows of one prompt, seeded 0..5999, sample 4 tokens with a draft proposing 3 a step
     (kept or refused by speculative sampling's rule). The 8**4 continuations' frequencies pass a
     chi-square test against the model's exact distribution (p > 0.001), and fail it against the
     draft's own (p < 0.001): the test tells the two apart."""
-    (hf, model), (hf_draft, draft) = small_pair
+    (hf, model), (hf_draft, draft) = peaked_pair
     idx = torch.tensor([PROMPT] * N_RUNS)
     tokens = model.generate(
         idx, 4, sampling.temperature, sampling.top_k, sampling.top_p, seed=0, draft=draft, draft_tokens=3

@@ -30,21 +30,6 @@ TINY = dict(vocab_size=101, n_positions=24, n_embd=48, n_layer=3, n_head=3)
 SLIDING = dict(vocab_size=64, n_positions=40, n_embd=56, n_layer=5, n_head=7)  # 7 heads of 8 channels
 
 
-@pytest.fixture(scope="module")
-def small_pair(tmp_path_factory):
-    """A small model with GPT-2's vocabulary, so text round-trips through the tokenizer:
-    transformers' (the reference) and ours, loaded from it."""
-    directory = tmp_path_factory.mktemp("small")
-    hf = make_hf_model(vocab_size=50257, n_positions=64, n_embd=48, n_layer=2, n_head=3)
-    hf.save_pretrained(directory)
-    return hf, GPT2.from_pretrained(directory, device="cpu")
-
-
-@pytest.fixture(scope="module")
-def small(small_pair) -> GPT2:
-    return small_pair[1]
-
-
 # ------------------------------------------------------------------ CUDA graphs
 
 
