@@ -392,8 +392,10 @@ def hold_lock(directory: Path, started: float, release_on: Path | None = None) -
     sleeps (or, once the file `release_on` exists, writes the library and exits: 120 s at most);
     returns once it holds the lock."""
     code = f"""
-import fcntl, os, sys, time
+import fcntl, os, signal, sys, time
 from pathlib import Path
+for killer in (signal.SIGTERM, signal.SIGHUP):  # as a build has them, even under nohup (which ignores SIGHUP)
+    signal.signal(killer, signal.SIG_DFL)
 directory = Path({str(directory)!r})
 fd = os.open(directory / "lock", os.O_RDWR | os.O_CREAT)
 fcntl.flock(fd, fcntl.LOCK_EX)
