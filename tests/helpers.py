@@ -530,3 +530,45 @@ def chi_square_p(tokens: np.ndarray, probs: np.ndarray) -> float:
     return chisquare(
         np.append(observed[big], observed[rare].sum()), np.append(expected[big], expected[rare].sum())
     ).pvalue
+
+
+def transformer_lens_from_hf(hf, **processing):
+    """TransformerLens's HookedTransformer on the weights of transformers' GPT-2 `hf` (built
+    offline from its config, as `HookedTransformer.from_pretrained` converts GPT-2's weights).
+    `processing`: from_pretrained's weight processing (fold_ln, center_writing_weights,
+    center_unembed, fold_value_biases), each False unless given; `use_attn_result` etc. are
+    set on its config."""
+    import warnings
+
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+    from transformer_lens.pretrained.weight_conversions import convert_gpt2_weights
+
+    c = hf.config
+    options = {k: processing.pop(k) for k in list(processing) if k.startswith("use_")}
+    cfg = HookedTransformerConfig(
+        n_layers=c.n_layer,
+        d_model=c.n_embd,
+        d_head=c.n_embd // c.n_head,
+        n_heads=c.n_head,
+        d_mlp=4 * c.n_embd,
+        d_vocab=c.vocab_size,
+        n_ctx=c.n_positions,
+        act_fn="gelu_new",
+        normalization_type="LN",
+        eps=c.layer_norm_epsilon,
+        positional_embedding_type="standard",
+        original_architecture="GPT2LMHeadModel",
+        **options,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # HookedTransformer: deprecated in 3.x, gone in 4.0
+        tl = HookedTransformer(cfg)
+    processing = {
+        "fold_ln": False,
+        "center_writing_weights": False,
+        "center_unembed": False,
+        "fold_value_biases": False,
+        **processing,
+    }
+    tl.load_and_process_state_dict(convert_gpt2_weights(hf, cfg), **processing)
+    return tl.eval()

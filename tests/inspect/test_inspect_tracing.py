@@ -9,15 +9,17 @@ import math
 import numpy as np
 import pytest
 import torch
-from helpers import hf_and_ours
+from helpers import hf_and_ours, transformer_lens_from_hf
 
 from gpt2 import InputTypeError, InvalidArgumentError
 from gpt2.checkpoints.config import GPT2Config
 from gpt2.errors import ContextLengthError, TokenIdError
-from gpt2.inspect.tracing import activation_names, logit_lens_top, next_token_report, trace
+from gpt2.inspect.names import step_of
+from gpt2.inspect.tracing import activation_names, logit_lens_top, next_token_report, trace, walkthrough
 from gpt2.model.model import GPT2
 from gpt2.model.pretrained import hf_state_dict
 from gpt2.reference import ReferenceModel
+from gpt2.tokenizer import Tokenizer
 
 SHAPES = [  # (n_layer, n_head, n_embd, T)
     (2, 4, 32, 7),
@@ -25,6 +27,12 @@ SHAPES = [  # (n_layer, n_head, n_embd, T)
     (1, 1, 16, 1),
 ]
 TOL = 1e-4
+TL_ONLY = (
+    "resid_pre",
+    "resid_mid",
+    "attn.result",
+    *(f"{ln}.{part}" for ln in ("ln_1", "ln_2", "ln_f") for part in ("scale", "normalized")),
+)
 
 
 def pair(tmp_path, n_layer: int, n_head: int, n_embd: int, seed: int = 0, vocab: int = 97):
@@ -201,7 +209,9 @@ def test_numpy_engine_gives_the_same_trace(variant):
     torch.manual_seed(0)
     model = GPT2(GPT2Config(n_vocab=61, n_ctx=16, n_embd=24, n_head=3, n_layer=2, **variant)).eval()
     ids = random_ids(11, vocab=61)
-    ours = trace(model, ids, names=activation_names(2))
+    # the steps the NumPy engine names (the scales, each head's result and the stream's copies: against TransformerLens)
+    written_out = [n for n in activation_names(2) if step_of(n) not in TL_ONLY]
+    ours = trace(model, ids, names=written_out)
     reference = ReferenceModel(model.config, {k: v.numpy() for k, v in hf_state_dict(model).items()})
     logits, theirs = reference.trace(ids)
     assert set(theirs) == set(ours.activations)
@@ -267,7 +277,7 @@ def test_bad_input_gets_one_clear_error(tmp_path):
     with pytest.raises(
         InvalidArgumentError,
         match=r"patch: unknown activation 'h\.2\.ln_1'; "
-        r"the names are wte, wpe, h\.\{i\}\.ln_1, .*\(i in 0\.\.1\), ln_f",
+        r"the names are wte, wpe, h\.\{i\}\.resid_pre, .*h\.\{i\}\.ln_1, .*\(i in 0\.\.1\), ln_f",
     ) as e:
         trace(model, [1, 2], patch={"h.2.ln_1": torch.zeros_like})
     assert e.value.param == "patch"
@@ -290,7 +300,7 @@ def test_bad_input_gets_one_clear_error(tmp_path):
     with pytest.raises(TokenIdError, match="97"):
         trace(model, [1, 97])
     with pytest.raises(InvalidArgumentError, match="ids must be 1-D token ids"):
-        trace(model, torch.tensor([[1, 2]]))
+        trace(model, torch.tensor([[[1, 2]]]))
     with pytest.raises(InputTypeError, match="trace takes a GPT2 model, got str"):
         trace("gpt2", [1, 2])
     t = trace(model, [1, 2])
@@ -314,3 +324,84 @@ def test_import_gpt2_then_gpt2_inspect_trace(tmp_path):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.split() == ["trace", "Trace"], out.stderr
+
+
+# ------------------------------------------------------------------ batches, gradients, patches by name
+
+
+@pytest.mark.parametrize("padding_side", ["right", "left"])
+def test_each_prompt_of_a_padded_batch_equals_its_own_trace(tmp_path, padding_side):
+    _, model = pair(tmp_path, 2, 3, 48)
+    prompts = [random_ids(T, seed=T) for T in (5, 11, 1, 8)]
+    every = activation_names(2)
+    batch = trace(model, prompts, names=every, padding_side=padding_side)
+    assert batch.batched and batch.logits.shape == (4, 11, 97)
+    assert batch.attention_mask.sum(-1).tolist() == [5, 11, 1, 8]
+    assert batch.attention_mask[0, 0 if padding_side == "right" else -1]  # the first prompt's tokens on its side
+    for b, ids in enumerate(prompts):
+        alone, row = trace(model, ids, names=every), batch.prompt(b)
+        assert row.ids == ids
+        assert (row.logits - alone.logits).abs().max() < 1e-5
+        for name in every:
+            mine, theirs = row.activations[name], alone.activations[name]
+            assert mine.shape == theirs.shape, name
+            finite = torch.isfinite(theirs)
+            assert (torch.isfinite(mine) == finite).all(), name
+            assert (mine[finite] - theirs[finite]).abs().max() < 1e-5, name
+        assert int(batch.positions(-1)[b]) == (len(ids) - 1 if padding_side == "right" else 10)
+    assert torch.isfinite(batch.logits).all()  # a pad's row stays finite
+
+
+def test_a_batch_tensor_equals_each_row_and_patches_see_the_batch(tmp_path):
+    _, model = pair(tmp_path, 2, 2, 32)
+    ids = torch.randint(0, 97, (3, 7), generator=torch.Generator().manual_seed(2))
+    seen = []
+
+    def zero_head_1(z, name):  # TransformerLens's fn(x, hook) habit: the step's name second
+        seen.append((name, tuple(z.shape)))
+        z[:, 1] = 0
+        return z
+
+    batch = trace(model, ids, patch={"blocks.1.attn.hook_z": zero_head_1})
+    assert batch.attention_mask.all() and seen == [("h.1.attn.z", (3, 2, 7, 16))]
+    for b in range(3):
+        alone = trace(model, ids[b], patch={"h.1.attn.z": lambda z: torch.cat([z[:1], torch.zeros_like(z[1:])])})
+        assert (batch.logits[b] - alone.logits).abs().max() < 1e-5
+    assert (batch.logits - trace(model, ids).logits).abs().max() > 1e-3  # the patch did something
+
+
+def test_a_trace_with_grad_gives_each_steps_gradient(tmp_path):
+    hf, model = pair(tmp_path, 2, 3, 48)
+    tl = transformer_lens_from_hf(hf)
+    ids = torch.randint(0, 97, (2, 6), generator=torch.Generator().manual_seed(3))
+    t = trace(model, ids, names=["h.0", "h.1.attn.pattern", "wte"], grad=True)
+    (t.logits[:, -1, 5] - t.logits[:, -1, 7]).sum().backward()
+    grads = {}
+    for hook in ("blocks.0.hook_resid_post", "blocks.1.attn.hook_pattern", "hook_embed"):
+        tl.add_hook(hook, lambda g, hook: grads.__setitem__(hook.name, g.detach().clone()), dir="bwd")
+    logits = tl(ids)
+    (logits[:, -1, 5] - logits[:, -1, 7]).sum().backward()
+    tl.reset_hooks()
+    assert (t.activations["h.0"].grad - grads["blocks.0.hook_resid_post"]).abs().max() < 1e-5
+    assert (t.activations["h.1.attn.pattern"].grad - grads["blocks.1.attn.hook_pattern"]).abs().max() < 1e-5
+    assert (t.activations["wte"].grad - grads["hook_embed"]).abs().max() < 1e-5
+    assert all(p.grad is None for p in model.parameters())  # the weights are not touched
+    assert all(p.requires_grad for p in model.parameters())  # and left as they were
+    assert trace(model, ids[0], names=["h.0"]).activations["h.0"].grad_fn is None  # off by default
+
+
+def test_prepend_bos_puts_endoftext_before_the_text(tiktoken_gpt2):
+    model = GPT2(GPT2Config(n_vocab=50257, n_ctx=32, n_embd=16, n_head=2, n_layer=1)).eval()
+    model.tokenizer = Tokenizer.gpt2()
+    text = "The dog chased the"
+    assert trace(model, text).ids == tiktoken_gpt2.encode(text)  # gpt2's default: the text as given
+    assert trace(model, text, prepend_bos=True).ids == [50256, *tiktoken_gpt2.encode(text)]  # TransformerLens's
+    batch = trace(model, [text, "A cat"], prepend_bos=True, padding_side="left")
+    assert batch.prompt(1).ids == [50256, *tiktoken_gpt2.encode("A cat")]
+    assert trace(model, [1, 2], prepend_bos=True).ids == [1, 2]  # ids run as given
+    with pytest.raises(InvalidArgumentError, match="padding_side must be right or left, got 'top'"):
+        trace(model, [text, text], padding_side="top")
+    with pytest.raises(TokenIdError, match=r"ids\[1\]: .*50257"):
+        trace(model, [[1, 2], [3, 50257]])
+    with pytest.raises(InvalidArgumentError, match=r"walkthrough reads one sequence's trace: give one row"):
+        walkthrough(batch)

@@ -22,11 +22,10 @@
 from gpt2.inspect.circuits import HEAD_SCORES, LogitAttribution, head_scores, logit_attribution, repeated_tokens
 from gpt2.inspect.experiments import EXPERIMENTS, ExperimentResult, ioi_prompts, run_experiment
 from gpt2.inspect.generating import GenerationTrace, trace_generation
+from gpt2.inspect.names import BLOCK_STEPS, ON_REQUEST, short_name
 from gpt2.inspect.patching import SITES, activation_patching, attribution_patching, logit_diff, normalised_logit_diff
 from gpt2.inspect.saes import SAE, load_sae, sae_features, top_features
 from gpt2.inspect.tracing import (
-    BLOCK_STEPS,
-    ON_REQUEST,
     STEP_MATH,
     Patch,
     Trace,
@@ -68,6 +67,7 @@ __all__ = [
     "repeated_tokens",
     "run_experiment",
     "sae_features",
+    "short_name",
     "token_ids",
     "token_label",
     "top_features",

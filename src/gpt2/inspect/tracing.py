@@ -2,90 +2,108 @@
 
     trace = gpt2.inspect.trace(model, "The dog chased the")
     trace.activations["h.3.attn.pattern"]     # (n_head, T, T): block 3's attention probabilities
+    trace["pattern", 3]                        # the same, by TransformerLens's short name
     trace.logit_lens(6)                        # (T, V): the stream entering block 6, read out
     gpt2.inspect.trace(model, ids, patch={"h.1.mlp.c_proj": torch.zeros_like})   # block 1's MLP ablated
+    batch = gpt2.inspect.trace(model, ["When Mary and John", "The war lasted"])   # padded, B first
 
-Each step is named after the checkpoint's weights, as transformers and the seeds name them:
+Each step is named after the checkpoint's weights, as transformers and the seeds name them
+(TransformerLens's hook names are read as aliases: `names.py` has the table):
 
     wte, wpe                 (T, C)       the input's token and position embeddings
+    h.{i}.resid_pre          (T, C)       the residual stream entering block i     [names= only]
+    h.{i}.ln_1.scale         (T, 1)       sqrt(var(x) + eps): LayerNorm's divisor   [names= only]
+    h.{i}.ln_1.normalized    (T, C)       (x - mean) / scale, before g and b       [names= only]
     h.{i}.ln_1               (T, C)       block i's first LayerNorm
     h.{i}.attn.c_attn        (T, 3C)      q, k, v in one projection, before the split
     h.{i}.attn.q / .k / .v   (H, T, d)    each head's slice (d = C/H)              [names= only]
     h.{i}.attn.scores        (H, T, T)    q k^T / sqrt(d), -inf above the diagonal [names= only]
     h.{i}.attn.pattern       (H, T, T)    softmax of the scores: the attention probabilities
     h.{i}.attn.z             (H, T, d)    each head's output, pattern @ v          [names= only]
+    h.{i}.attn.result        (H, T, C)    each head's output through its rows of c_proj, no bias
+                                          (their sum plus the bias is attn.c_proj) [names= only]
     h.{i}.attn.c_proj        (T, C)       the heads merged and projected: attention's output
-    h.{i}.ln_2               (T, C)
+    h.{i}.resid_mid          (T, C)       the stream after attention is added       [names= only]
+    h.{i}.ln_2.scale, .normalized, h.{i}.ln_2    as ln_1's
     h.{i}.mlp.c_fc           (T, 4C)      before GELU
     h.{i}.mlp.gelu           (T, 4C)
     h.{i}.mlp.c_proj         (T, C)       the MLP's output
     h.{i}                    (T, C)       the residual stream leaving block i
-    ln_f                     (T, C)       the last LayerNorm, before the unembedding
+    ln_f.scale, ln_f.normalized, ln_f     the last LayerNorm's, before the unembedding
+
+A batch (a (B, T) tensor, or a list of texts or of id lists, padded with an attention mask on
+the side asked for) gives every step with B first. Padding is invisible to the prompts: each
+row's positions count from its first token, and no position attends to a pad (a pad attends
+to itself only, so its row stays finite); each prompt's numbers are those of a trace of it alone.
 
 The pass here is the model's own modules (its weights, narrow or not, its LayerNorms and
 projections) called one step at a time, with attention written out (softmax(q k^T / sqrt(d))
 v, as `model.attention`) where the model's own pass calls a fused kernel that keeps no
 probabilities, and GELU apart from c_fc. So the model's ordinary pass, generation and
 training carry no hook at all and run as fast as before. A trace never drops out (dropout is
-for training) and computes no gradients.
+for training) and computes no gradients unless asked (grad=True).
 """
 
 from __future__ import annotations
 
+import inspect
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
 from torch.nn import functional as F
 
-from gpt2.errors import InputTypeError, InvalidArgumentError
+from gpt2._checks import boolean
+from gpt2.errors import GPT2Error, InputTypeError, InvalidArgumentError
+from gpt2.inspect.names import activation_names, canonical, check_names, short_name, step_of
 from gpt2.model.model import GPT2, Cache, attention_scores, merge_heads
 
-# Each block's steps, in the order the pass takes them ("" is the block's output, h.{i}).
-BLOCK_STEPS = (
-    "ln_1",
-    "attn.c_attn",
-    "attn.q",
-    "attn.k",
-    "attn.v",
-    "attn.scores",
-    "attn.pattern",
-    "attn.z",
-    "attn.c_proj",
-    "ln_2",
-    "mlp.c_fc",
-    "mlp.gelu",
-    "mlp.c_proj",
-    "",
-)
-# Steps recorded only when `names` asks for them: per head, they are large or redundant.
-ON_REQUEST = frozenset({"attn.q", "attn.k", "attn.v", "attn.scores", "attn.z"})
-
-Patch = Callable[[torch.Tensor], torch.Tensor]
+Patch = Callable[..., torch.Tensor]  # fn(x) or fn(x, name) -> the value the pass goes on with
 Tap = Callable[[str, torch.Tensor], torch.Tensor]  # (name, a step's value) -> the value the pass goes on with
-
-
-def activation_names(n_layer: int, *, on_request: bool = True) -> list[str]:
-    """The names of a model's steps, in the order of its forward pass; on_request=False leaves
-    out those recorded only when asked for (q, k, v, scores, z)."""
-    names = ["wte", "wpe"]
-    for i in range(n_layer):
-        names += [f"h.{i}.{step}" if step else f"h.{i}" for step in BLOCK_STEPS if on_request or step not in ON_REQUEST]
-    return names + ["ln_f"]
+PADDING_SIDES = ("right", "left")
+PER_HEAD = frozenset({"attn.q", "attn.k", "attn.v", "attn.z", "attn.result"})  # (H, T, ...): positions at dim 1
+SQUARE = frozenset({"attn.scores", "attn.pattern"})  # (H, T, T): positions at dims 1 and 2
 
 
 @dataclass
 class Trace:
     """One forward pass, looked inside. `ids` the input's token ids; `tokens` their text, one
     string per id (None without a tokenizer); `logits` (T, V); `activations` each recorded step,
-    by name (see the module's docstring), the batch dimension dropped."""
+    by name (see the module's docstring), the batch dimension dropped.
 
-    ids: list[int]
-    tokens: list[str] | None
+    A batch: `ids` and `tokens` a list per row (padded), `logits` (B, T, V), every activation
+    (B, ...), and `attention_mask` (B, T), True at the prompts' tokens and False at padding."""
+
+    ids: list[int] | list[list[int]]
+    tokens: list[str] | list[list[str]] | None
     logits: torch.Tensor
     activations: dict[str, torch.Tensor]
     model: GPT2 = field(repr=False)
+    attention_mask: torch.Tensor | None = None
+
+    @property
+    def batched(self) -> bool:
+        return self.logits.dim() == 3
+
+    def __getitem__(self, key: str | tuple) -> torch.Tensor:
+        """An activation by gpt2's name, TransformerLens's (blocks.3.attn.hook_pattern), or
+        TransformerLens's short form: trace["pattern", 3], trace["scale", 3, "ln1"], trace["embed"]."""
+        n_layer = self.model.config.n_layer
+        if isinstance(key, tuple):
+            name = short_name(*key)
+        else:
+            name = canonical(key, n_layer)
+            if name is None:
+                check_names("name", n_layer, [key])  # its error: the names there are
+        if name not in self.activations:
+            raise InvalidArgumentError(
+                f"this trace did not record {name!r}: trace with names including it "
+                f"(recorded: {', '.join(self.activations) or 'none'})",
+                "name",
+            )
+        return self.activations[name]
 
     def residual(self, layer: int) -> torch.Tensor:
         """(T, C): the residual stream entering block `layer` (0..n_layer; n_layer: leaving the last)."""
@@ -96,6 +114,8 @@ class Trace:
                 f"block's output), got {layer!r}",
                 "layer",
             )
+        if layer < n_layer and f"h.{layer}.resid_pre" in self.activations:
+            return self.activations[f"h.{layer}.resid_pre"]
         needed = ["wte", "wpe"] if layer == 0 else [f"h.{layer - 1}"]
         missing = [name for name in needed if name not in self.activations]
         if missing:
@@ -113,60 +133,128 @@ class Trace:
         the logits."""
         return self.model.unembed(self.model.transformer.ln_f(self.residual(layer)))
 
+    def positions(self, position: int = -1) -> torch.Tensor:
+        """(B,): where each prompt's `position` (counted in its own tokens; from its end where
+        negative) sits in the padded batch; (1,) for one sequence."""
+        mask = self.attention_mask if self.batched else torch.ones(1, len(self.ids), dtype=torch.bool)
+        mask = mask.cpu()
+        lengths = mask.sum(-1)
+        check_position(position, int(lengths.min()))
+        first = (mask.cumsum(-1) == 0).sum(-1)  # each row's first token: after the left padding
+        return first + (position if position >= 0 else lengths + position)
 
-@torch.no_grad()
+    def prompt(self, b: int) -> Trace:
+        """Row b of a batch as a trace of its prompt alone: its padding dropped."""
+        if not self.batched:
+            raise InvalidArgumentError("prompt(b) takes a row of a batched trace; this trace is one sequence", "b")
+        B = self.logits.size(0)
+        if isinstance(b, bool) or not isinstance(b, int) or not 0 <= b < B:
+            raise InvalidArgumentError(f"b must be a row of the batch, 0..{B - 1}, got {b!r}", "b")
+        keep = self.attention_mask[b].nonzero()[:, 0].to(self.logits.device)  # (T_b,)
+        activations = {}
+        for name, value in self.activations.items():
+            step, value = step_of(name), value[b]
+            if step in SQUARE:
+                value = value[:, keep][:, :, keep]
+            elif step in PER_HEAD:
+                value = value[:, keep]
+            else:
+                value = value[keep]
+            activations[name] = value
+        kept = keep.tolist()
+        tokens = None if self.tokens is None else [self.tokens[b][t] for t in kept]
+        return Trace([self.ids[b][t] for t in kept], tokens, self.logits[b, keep], activations, self.model)
+
+
 def trace(
     model: GPT2,
-    ids: str | Sequence[int] | torch.Tensor,
+    ids: str | Sequence[int] | torch.Tensor | Sequence[str] | Sequence[Sequence[int]],
     patch: Mapping[str, Patch] | None = None,
-    names: Iterable[str] | None = None,
+    names: Iterable[str] | Callable[[str], bool] | None = None,
+    *,
+    padding_side: str = "right",
+    prepend_bos: bool = False,
+    grad: bool = False,
 ) -> Trace:
-    """Run `model` on one sequence and record its steps.
+    """Run `model` on one sequence, or a batch, and record its steps.
 
-    ids: a 1-D sequence of token ids, or a string the model's tokenizer encodes.
-    patch: {name: fn}. fn(activation) gives the value the pass goes on with (same shape, the
-    batch dimension dropped, as recorded): every later step follows from it.
-    names: the steps to record (default: all but q, k, v, scores and z). Recording fewer keeps
-    memory small on long inputs: each block's pattern alone is n_head x T x T.
+    ids: a 1-D sequence of token ids, or a string the model's tokenizer encodes; or a batch: a
+    (B, T) tensor, a list of strings, or a list of id lists (rows of different lengths padded
+    on `padding_side`, "right" or "left", with an attention mask).
+    patch: {name: fn}. fn(activation) or fn(activation, name) gives the value the pass goes on
+    with (same shape as recorded): every later step follows from it.
+    names: the steps to record (default: all but the ON_REQUEST ones), or a function of a
+    step's name (gpt2's, or TransformerLens's) that picks them. Recording fewer keeps memory
+    small on long inputs: each block's pattern alone is n_head x T x T.
+    prepend_bos: put <|endoftext|> before each text, as TransformerLens's to_tokens does by
+    default; off by default (gpt2 runs the text as given, as transformers does). Ids are run as given.
+    grad: keep the graph, so that `trace.logits[...].backward()` fills each recorded
+    activation's `.grad` (the model's weights get none); off by default.
     """
-    tap = recorder(model, patch, names, "trace")
-    ids, tokens = token_ids(model, ids)
-    idx = torch.tensor([ids], device=model.transformer.wte.weight.device)  # (1, T)
-    logits = forward_steps(model, idx, tap)[0]  # (T, V)
-    return Trace(ids, tokens, logits, tap.activations, model)
+    tap = recorder(model, patch, names, "trace", grad=boolean("grad", grad))
+    read = read_input(model, ids, padding_side, prepend_bos)
+    tap.batched = read.batched
+    device = model.transformer.wte.weight.device
+    idx = torch.tensor(read.ids, device=device)  # (B, T)
+    mask = None if read.mask is None else read.mask.to(device)
+    with torch.enable_grad() if grad else torch.no_grad(), weights_frozen(model, grad):
+        logits = forward_steps(model, idx, tap, mask=mask)  # (B, T, V)
+    if not read.batched:
+        return Trace(read.ids[0], None if read.tokens is None else read.tokens[0], logits[0], tap.activations, model)
+    attention_mask = read.mask if read.mask is not None else torch.ones(idx.shape, dtype=torch.bool)
+    return Trace(read.ids, read.tokens, logits, tap.activations, model, attention_mask)
+
+
+@contextmanager
+def weights_frozen(model: GPT2, frozen: bool = True) -> Iterator[None]:
+    """The model's weights out of the graph while a pass records one: gradients flow to the
+    activations only, and no weight's .grad is touched."""
+    flags = [(p, p.requires_grad) for p in model.parameters()] if frozen else []
+    for p, _ in flags:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p, flag in flags:
+            p.requires_grad_(flag)
 
 
 def recorder(
-    model: GPT2, patch: Mapping[str, Patch] | None = None, names: Iterable[str] | None = None, caller: str = "trace"
+    model: GPT2,
+    patch: Mapping[str, Patch] | None = None,
+    names: Iterable[str] | Callable[[str], bool] | None = None,
+    caller: str = "trace",
+    grad: bool = False,
 ) -> Recorder:
     """The tap of a traced pass of `model`, its `patch` and `names` checked as `trace` takes them."""
     if not isinstance(model, GPT2):
         raise InputTypeError(f"{caller} takes a GPT2 model, got {type(model).__name__}", "model")
     n_layer = model.config.n_layer
-    record = _check_names("names", n_layer, activation_names(n_layer, on_request=False) if names is None else names)
+    record = set(check_names("names", n_layer, activation_names(n_layer, on_request=False) if names is None else names))
+    if patch is not None and not isinstance(patch, Mapping):
+        raise InputTypeError(f"patch must be a mapping {{name: function}}, got {type(patch).__name__}", "patch")
     patch = dict(patch or {})
-    _check_names("patch", n_layer, patch)
+    ours = check_names("patch", n_layer, list(patch))
     for name, fn in patch.items():
         if not callable(fn):
             raise InputTypeError(
                 f"patch[{name!r}] must be a function of the activation, got {type(fn).__name__}", "patch"
             )
-    return Recorder(record, patch)
+    if len(ours) != len(patch):
+        raise InvalidArgumentError("patch names one step twice (by gpt2's name and TransformerLens's)", "patch")
+    return Recorder(record, dict(zip(ours, patch.values())), grad)
 
 
-def _check_names(param: str, n_layer: int, names: Iterable[str]) -> set[str]:
-    if isinstance(names, str):
-        raise InputTypeError(f"{param} must be a collection of activation names, got the string {names!r}", param)
-    names = set(names)
-    unknown = sorted(names - set(activation_names(n_layer)))
-    if unknown:
-        blocks = ", ".join(f"h.{{i}}.{step}" if step else "h.{i}" for step in BLOCK_STEPS)
-        raise InvalidArgumentError(
-            f"{param}: unknown activation {unknown[0]!r}; the names are wte, wpe, {blocks} "
-            f"(i in 0..{n_layer - 1}), ln_f",
-            param,
-        )
-    return names
+def takes_name(fn: Callable) -> bool:
+    """Whether a patch function takes the step's name too: fn(x, name), TransformerLens's fn(x, hook) habit."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature (torch.zeros_like): fn(x)
+        return False
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len([p for p in positional if p.default is p.empty]) >= 2 or any(
+        p.kind == p.VAR_POSITIONAL for p in parameters
+    )
 
 
 def check_position(position: int, T: int) -> None:
@@ -177,22 +265,36 @@ def check_position(position: int, T: int) -> None:
         )
 
 
-def token_ids(model: GPT2, ids: str | Sequence[int] | torch.Tensor) -> tuple[list[int], list[str] | None]:
+def token_ids(
+    model: GPT2, ids: str | Sequence[int] | torch.Tensor, prepend_bos: bool = False
+) -> tuple[list[int], list[str] | None]:
     """A trace's input, checked: (its ids, their text, None without a tokenizer) of a string the
-    model's tokenizer encodes, or of 1-D token ids that fit the model."""
+    model's tokenizer encodes (after <|endoftext|> where prepend_bos), or of 1-D token ids that fit
+    the model."""
     tokenizer = model.tokenizer
     if isinstance(ids, str):
         if tokenizer is None:
             raise InvalidArgumentError("this model has no tokenizer to encode text with: give token ids", "ids")
-        ids = tokenizer.encode_ordinary(ids)  # <|endoftext|> in the text is its characters
+        bos = []
+        if prepend_bos:
+            if tokenizer.eot_token is None:
+                raise InvalidArgumentError(
+                    "prepend_bos: this model's tokenizer has no <|endoftext|> to put before the text", "prepend_bos"
+                )
+            bos = [tokenizer.eot_token]
+        ids = bos + tokenizer.encode_ordinary(ids)  # <|endoftext|> in the text is its characters
     elif isinstance(ids, torch.Tensor):
         if ids.dim() != 1 or ids.dtype.is_floating_point or ids.dtype == torch.bool:
             raise InvalidArgumentError(
-                f"ids must be 1-D token ids, got a {ids.dtype} tensor of shape {list(ids.shape)}", "ids"
+                f"ids must be 1-D token ids (or a (B, T) batch), got a {ids.dtype} tensor of shape {list(ids.shape)}",
+                "ids",
             )
         ids = ids.tolist()
     elif not isinstance(ids, Sequence) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-        raise InputTypeError(f"ids must be a string or a 1-D sequence of token ids, got {type(ids).__name__}", "ids")
+        raise InputTypeError(
+            f"ids must be a string or a 1-D sequence of token ids (or a batch of them), got {type(ids).__name__}",
+            "ids",
+        )
     ids = list(ids)
     if not ids:
         raise InvalidArgumentError("the text is empty: give at least one token", "ids")
@@ -201,31 +303,110 @@ def token_ids(model: GPT2, ids: str | Sequence[int] | torch.Tensor) -> tuple[lis
     return ids, tokens
 
 
+@dataclass
+class Input:
+    """A trace's input, read: `ids` (B, T) rows, padded; their `tokens`; `mask` (B, T), True at
+    the prompts' tokens (None where no row is padded); `batched`: whether it came as a batch."""
+
+    ids: list[list[int]]
+    tokens: list[list[str]] | None
+    mask: torch.Tensor | None
+    batched: bool
+
+
+def is_batch(ids: object) -> bool:
+    """Whether a trace's input is a batch: a 2-D tensor, or a list of texts or of id sequences."""
+    if isinstance(ids, torch.Tensor):
+        return ids.dim() == 2
+    return (
+        isinstance(ids, Sequence)
+        and not isinstance(ids, str)
+        and len(ids) > 0
+        and all(isinstance(row, (str, Sequence, torch.Tensor)) for row in ids)
+    )
+
+
+def read_input(model: GPT2, ids: object, padding_side: str = "right", prepend_bos: bool = False) -> Input:
+    """One sequence or a batch (see `trace`), checked and padded on `padding_side`."""
+    if padding_side not in PADDING_SIDES:
+        raise InvalidArgumentError(f"padding_side must be right or left, got {padding_side!r}", "padding_side")
+    prepend_bos = boolean("prepend_bos", prepend_bos)
+    if not is_batch(ids):
+        row, tokens = token_ids(model, ids, prepend_bos)
+        return Input([row], None if tokens is None else [tokens], None, False)
+    rows = []
+    for b, row in enumerate(ids):
+        try:
+            rows.append(token_ids(model, row, prepend_bos))
+        except GPT2Error as e:
+            raise type(e)(f"ids[{b}]: {e}", e.param or "ids") from None
+    T = max(len(row) for row, _ in rows)
+    tokenizer = model.tokenizer
+    pad = tokenizer.eot_token if tokenizer is not None and tokenizer.eot_token is not None else 0
+    pad_text = None if tokenizer is None else tokenizer.decode([pad])
+    left = padding_side == "left"
+    padded, tokens, mask = [], [], torch.zeros(len(rows), T, dtype=torch.bool)
+    for b, (row, text) in enumerate(rows):
+        n = T - len(row)  # pads
+        padded.append([pad] * n + row if left else row + [pad] * n)
+        if text is not None:
+            tokens.append([pad_text] * n + text if left else text + [pad_text] * n)
+        mask[b, slice(n, T) if left else slice(0, len(row))] = True
+    return Input(padded, tokens if tokenizer is not None else None, None if mask.all() else mask, True)
+
+
 class Recorder:
     """What the traced pass calls at each step (a `Tap`): records the step if asked, and hands
-    back the patched value where a patch is given."""
+    back the patched value where a patch is given. One sequence's steps are seen, patched and
+    kept with the batch dimension dropped; a batch's (`batched`) with it."""
 
-    def __init__(self, record: set[str], patch: dict[str, Patch]):
-        self.record, self.patch = record, patch
+    def __init__(self, record: set[str], patch: dict[str, Patch], grad: bool = False):
+        self.record, self.patch, self.grad = record, patch, grad
+        self.with_name = {name: takes_name(fn) for name, fn in patch.items()}
+        self.batched = False
         self.activations: dict[str, torch.Tensor] = {}
 
-    def __call__(self, name: str, x: torch.Tensor) -> torch.Tensor:  # x: (1, ...)
+    def wants(self, name: str) -> bool:
+        """Whether a step the pass computes only on demand (a head's result, a LayerNorm's scale) is needed."""
+        return name in self.record or name in self.patch
+
+    def __call__(self, name: str, x: torch.Tensor) -> torch.Tensor:  # x: (B, ...)
+        if self.grad and name in ("wte", "wpe"):
+            x = x.detach().requires_grad_()  # the graph starts at the embeddings: the weights are frozen
+        value = x if self.batched else x[0]  # the pass goes on from this very tensor: its .grad is the step's
         if name in self.patch:
-            new = self.patch[name](x[0].clone())  # a copy: a patch that edits in place edits only its own
-            if not isinstance(new, torch.Tensor) or new.shape != x.shape[1:]:
-                got = list(new.shape) if isinstance(new, torch.Tensor) else type(new).__name__
-                raise InvalidArgumentError(
-                    f"patch[{name!r}] must return a tensor of shape {list(x.shape[1:])}, got {got}", "patch"
-                )
-            x = new.to(x.device, x.dtype)[None]
+            value = self._patched(name, value)
         if name in self.record:
-            self.activations[name] = x[0]
-        return x
+            if self.grad and value.requires_grad:
+                value.retain_grad()
+            self.activations[name] = value
+        return value if self.batched else value[None]
+
+    def _patched(self, name: str, value: torch.Tensor) -> torch.Tensor:
+        fn = self.patch[name]
+        copy = value.clone()  # a copy: a patch that edits in place edits only its own
+        new = fn(copy, name) if self.with_name[name] else fn(copy)
+        if not isinstance(new, torch.Tensor) or new.shape != value.shape:
+            got = list(new.shape) if isinstance(new, torch.Tensor) else type(new).__name__
+            raise InvalidArgumentError(
+                f"patch[{name!r}] must return a tensor of shape {list(value.shape)}, got {got}", "patch"
+            )
+        return new.to(value.device, value.dtype)
 
 
-def forward_steps(model: GPT2, idx: torch.Tensor, tap: Tap, cache: Cache | None = None) -> torch.Tensor:
+def wants(tap: Tap, name: str) -> bool:
+    """Whether `tap` needs a step computed only on demand (a plain function needs none)."""
+    return getattr(tap, "wants", None) is not None and tap.wants(name)
+
+
+def forward_steps(
+    model: GPT2, idx: torch.Tensor, tap: Tap, cache: Cache | None = None, mask: torch.Tensor | None = None
+) -> torch.Tensor:
     """The seeds' forward pass, step by step: idx (B, T) -> logits (B, T, V). tap(name, x) is
     given each step (x: (B, ...)) and returns the value the pass goes on with.
+
+    mask (B, T): True at tokens, False at padding: each row's positions count from its first
+    token, and no position attends to a pad (a pad, to itself alone).
 
     With a KV cache whose step has begun (`gpt2.generation.caches.KVCache.begin_prefill` or
     `begin_decode`), as `GPT2.trunk` takes one: idx holds the new positions only; their
@@ -233,32 +414,80 @@ def forward_steps(model: GPT2, idx: torch.Tensor, tap: Tap, cache: Cache | None 
     keys of the positions before it there. The taps see the new positions only (scores and
     pattern: (B, H, T, S), S the keys seen)."""
     t = model.transformer
-    positions = torch.arange(idx.size(1), device=idx.device) if cache is None else cache.positions  # (T,) or (B, 1)
-    positions = positions if positions.dim() == 2 else positions[None]  # (1, T): wpe's step has a batch dimension
+    B, T = idx.shape
+    attend = None  # causal over these T positions
+    if cache is not None:
+        positions = cache.positions if cache.positions.dim() == 2 else cache.positions[None]  # (B, 1) or (1, T)
+    elif mask is not None:
+        positions = (mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, T): each row from its first token
+        causal = torch.ones(T, T, dtype=torch.bool, device=idx.device).tril()
+        attend = (causal & mask[:, None, None, :]) | torch.eye(T, dtype=torch.bool, device=idx.device)  # (B, 1, T, T)
+    else:
+        positions = torch.arange(T, device=idx.device)[None].expand(B, T)  # (B, T)
     x = tap("wte", model.embed(idx)) + tap("wpe", t.wpe(positions).to(model.compute_dtype))  # (B, T, C)
     for i, block in enumerate(t.h):
-        attn = _attention(block.attn, tap(f"h.{i}.ln_1", block.ln_1(x)), tap, f"h.{i}.attn", cache, i)
-        x = x + tap(f"h.{i}.attn.c_proj", attn)
-        x = x + tap(f"h.{i}.mlp.c_proj", _mlp(block.mlp, tap(f"h.{i}.ln_2", block.ln_2(x)), tap, f"h.{i}.mlp"))
+        x = tap(f"h.{i}.resid_pre", x)
+        ln_1 = _layer_norm(block.ln_1, x, tap, f"h.{i}.ln_1")
+        x = tap(
+            f"h.{i}.resid_mid",
+            x + tap(f"h.{i}.attn.c_proj", _attention(block.attn, ln_1, tap, f"h.{i}.attn", cache, i, attend)),
+        )
+        ln_2 = _layer_norm(block.ln_2, x, tap, f"h.{i}.ln_2")
+        x = x + tap(f"h.{i}.mlp.c_proj", _mlp(block.mlp, ln_2, tap, f"h.{i}.mlp"))
         x = tap(f"h.{i}", x)
-    return model.unembed(tap("ln_f", t.ln_f(x)))
+    return model.unembed(_layer_norm(t.ln_f, x, tap, "ln_f"))
+
+
+def _layer_norm(ln: torch.nn.LayerNorm, x: torch.Tensor, tap: Tap, name: str) -> torch.Tensor:
+    """(B, T, C) -> (B, T, C): the model's LayerNorm; written out where its parts are asked for:
+    scale = sqrt(var(x) + eps) (B, T, 1), normalized = (x - mean) / scale, then * g + b."""
+    if not (wants(tap, f"{name}.scale") or wants(tap, f"{name}.normalized")):
+        return tap(name, ln(x))
+    x32 = x.float()
+    centered = x32 - x32.mean(-1, keepdim=True)
+    scale = tap(f"{name}.scale", (centered.pow(2).mean(-1, keepdim=True) + ln.eps).sqrt().to(x.dtype))  # (B, T, 1)
+    y = tap(f"{name}.normalized", (centered / scale.float()).to(x.dtype)).float()
+    y = y if ln.weight is None else y * ln.weight.float()
+    y = y if ln.bias is None else y + ln.bias.float()
+    return tap(name, y.to(x.dtype))
 
 
 def _attention(
-    attn: torch.nn.Module, x: torch.Tensor, tap: Tap, name: str, cache: Cache | None = None, layer: int = 0
+    attn: torch.nn.Module,
+    x: torch.Tensor,
+    tap: Tap,
+    name: str,
+    cache: Cache | None = None,
+    layer: int = 0,
+    attend: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """(B, T, C) -> (B, T, C), with softmax(q k^T / sqrt(d)) v written out to keep the pattern."""
     q, k, v = attn.heads(tap(f"{name}.c_attn", attn.c_attn(x)))  # 3 x (B, H, T, d)
     q, k, v = tap(f"{name}.q", q), tap(f"{name}.k", k), tap(f"{name}.v", v)
-    mask = None  # causal over these T positions
     if cache is not None:
         k, v = cache.update(layer, k, v)  # (B, H, S, d): the cached positions' and these
-        mask = cache.mask
+        attend = cache.mask
     pattern = tap(
-        f"{name}.pattern", torch.softmax(tap(f"{name}.scores", attention_scores(q, k, mask)), dim=-1)
+        f"{name}.pattern", torch.softmax(tap(f"{name}.scores", attention_scores(q, k, attend)), dim=-1)
     )  # (B, H, T, S)
     z = tap(f"{name}.z", pattern @ v)  # (B, H, T, d)
-    return attn.c_proj(merge_heads(z))
+    if not wants(tap, f"{name}.result"):
+        return attn.c_proj(merge_heads(z))
+    result = tap(f"{name}.result", head_results(attn.c_proj, z))  # (B, H, T, C)
+    bias = attn.c_proj.bias
+    return result.sum(1) if bias is None else result.sum(1) + bias.to(result.dtype)
+
+
+def head_results(c_proj: torch.nn.Module, z: torch.Tensor) -> torch.Tensor:
+    """(B, H, T, d) heads' outputs -> (B, H, T, C): each through its own rows of c_proj (z_h W_O,h),
+    without the bias. The projection is the model's own module (its weights, narrow or not),
+    given each head's output alone in the merged input, the other heads' zero."""
+    B, H, T, d = z.shape
+    alone = z.new_zeros(B, H, T, H, d)
+    heads = torch.arange(H, device=z.device)
+    alone[:, heads, :, heads] = z.transpose(0, 1)  # [b, h, t, h]: head h's own slot
+    out = c_proj(alone.view(B, H, T, H * d))
+    return out if c_proj.bias is None else out - c_proj.bias.to(out.dtype)
 
 
 def _mlp(mlp: torch.nn.Module, x: torch.Tensor, tap: Tap, name: str) -> torch.Tensor:
@@ -287,6 +516,7 @@ def next_token_report(trace: Trace, k: int = 5) -> dict:
     """What the model made of each token: `tokens`, `ids`, `logprobs` (None for the first, then
     each token's log-probability given those before it), `ranks` (1 = the model's top choice),
     and `top`: per position, the k most likely next tokens, [{"token", "id", "logprob"}, ...]."""
+    one_sequence(trace, "next_token_report")
     n_vocab = trace.logits.size(-1)
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= n_vocab:
         raise InvalidArgumentError(f"k must be a whole number in 1..{n_vocab}, got {k!r}", "k")
@@ -309,10 +539,19 @@ def next_token_report(trace: Trace, k: int = 5) -> dict:
     }
 
 
+def one_sequence(trace: Trace, what: str) -> None:
+    """Raise unless `trace` is of one sequence: `what` reads one; a batch's rows are trace.prompt(b)."""
+    if trace.batched:
+        raise InvalidArgumentError(f"{what} reads one sequence's trace: give one row, trace.prompt(b)", "trace")
+
+
 # What each step computes, as the seeds write it: the walkthrough's middle column.
 STEP_MATH = {
     "wte": "wte[ids]: each token's embedding",
     "wpe": "wpe[0..T-1]: each position's embedding",
+    "resid_pre": "x: the residual stream entering the block",
+    "ln_1.scale": "sqrt(var(x) + eps): LayerNorm's divisor",
+    "ln_1.normalized": "(x - mean) / scale: before g and b",
     "ln_1": "LayerNorm(x) = (x - mean) / sqrt(var + eps) * g + b",
     "attn.c_attn": "ln_1 @ W_attn + b: q, k, v side by side",
     "attn.q": "q split into heads: (T, C) -> (H, T, C/H)",
@@ -321,12 +560,18 @@ STEP_MATH = {
     "attn.scores": "q @ k^T / sqrt(C/H), -inf where a key is in the future",
     "attn.pattern": "softmax(scores): where each position looks",
     "attn.z": "pattern @ v: each head's output",
+    "attn.result": "z_h @ W_proj[h]: each head's output in the residual stream",
     "attn.c_proj": "heads merged @ W_proj + b: attention's output, added to x",
+    "resid_mid": "x + attn: the stream between attention and the MLP",
+    "ln_2.scale": "sqrt(var(x) + eps)",
+    "ln_2.normalized": "(x - mean) / scale",
     "ln_2": "LayerNorm(x)",
     "mlp.c_fc": "ln_2 @ W_fc + b: up to 4C",
     "mlp.gelu": "GELU(c_fc), GPT-2's tanh approximation",
     "mlp.c_proj": "gelu @ W_proj + b: the MLP's output, added to x",
     "": "x + attn + mlp: the residual stream leaving the block",
+    "ln_f.scale": "sqrt(var(x) + eps) of the last block's output",
+    "ln_f.normalized": "(x - mean) / scale",
     "ln_f": "LayerNorm(x) of the last block's output",
 }
 
@@ -335,6 +580,7 @@ def walkthrough(trace: Trace, k: int = 5) -> list[str]:
     """The seeds' forward pass for this input, a line a step: the step, the tensor's shape, what
     it computes, and its first values at the last position (of the first head, for per-head
     steps); then the logits and the distribution of the next token."""
+    one_sequence(trace, "walkthrough")
     T = len(trace.ids)
     shown = " ".join(repr(t) for t in trace.tokens) if trace.tokens is not None else ""
     lines = [
@@ -344,7 +590,7 @@ def walkthrough(trace: Trace, k: int = 5) -> list[str]:
     for name in activation_names(trace.model.config.n_layer):
         if name not in trace.activations:
             continue
-        step = name if name in ("wte", "wpe", "ln_f") else name.split(".", 2)[2] if name.count(".") > 1 else ""
+        step = step_of(name)
         value = trace.activations[name]
         last = value[0, -1] if value.dim() == 3 else value[-1]  # (H, T, ...) per head, else (T, ...)
         if step == "wpe":
