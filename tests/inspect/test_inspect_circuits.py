@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import head_score_written_out, hf_and_ours
+from helpers import head_score_written_out, hf_and_ours, transformer_lens_from_hf
 
 from gpt2 import GPT2Error
 from gpt2.inspect.circuits import HEAD_SCORES, head_scores, logit_attribution, repeated_tokens
@@ -222,3 +222,71 @@ def test_zeroing_the_induction_head_raises_the_loss_on_the_repeated_half(inducti
         repeated < math.log(induction_2l.config.n_vocab) - 1
     )  # the repeat is foreseen: below uniform guessing's loss ...
     assert ablated > repeated + ABLATION_RISE  # ... and far less without that head
+
+
+# ------------------------------------------------------------------ TransformerLens's convention, batches
+
+
+@pytest.fixture(scope="module")
+def tl_model(models):
+    hf, _ = models
+    return transformer_lens_from_hf(hf)
+
+
+@pytest.mark.parametrize("kind", HEAD_SCORES)
+@pytest.mark.parametrize("exclude_bos, exclude_current_token", [(False, False), (True, False), (False, True)])
+def test_head_scores_in_transformer_lens_convention_equal_its_head_detector(
+    models, tl_model, kind, exclude_bos, exclude_current_token
+):
+    from transformer_lens import head_detector
+
+    _, ours = models
+    ids = repeated_tokens(9, 50257, seed=4, start=50256)
+    _, cache = tl_model.run_with_cache(torch.tensor([ids]), remove_batch_dim=True)
+    detection = getattr(head_detector, f"get_{kind}_head_detection_pattern")(torch.tensor([ids]))
+    theirs = torch.tensor(
+        [
+            [
+                head_detector.compute_head_attention_similarity_score(
+                    cache["pattern", layer][head].clone(),
+                    detection,
+                    exclude_bos=exclude_bos,
+                    exclude_current_token=exclude_current_token,
+                    error_measure="mul",
+                )
+                for head in range(CONFIG["n_head"])
+            ]
+            for layer in range(CONFIG["n_layer"])
+        ]
+    )
+    mine = head_scores(
+        ours,
+        ids,
+        kind,
+        convention="transformer_lens",
+        exclude_bos=exclude_bos,
+        exclude_current_token=exclude_current_token,
+    )
+    assert (mine - theirs).abs().max() < 1e-5
+    assert (head_scores(ours, ids, kind) - theirs).abs().max() > 1e-3  # gpt2's convention is another number
+
+
+def test_batched_head_scores_and_attribution_equal_each_prompt_alone(models):
+    _, ours = models
+    prompts = [repeated_tokens(n, 50257, seed=n) for n in (4, 7, 5)]
+    per_prompt = head_scores(ours, prompts, "induction", per_prompt=True)
+    alone = torch.stack([head_scores(ours, ids, "induction") for ids in prompts])
+    assert per_prompt.shape == (3, 2, 4) and (per_prompt - alone).abs().max() < 1e-5
+    assert (head_scores(ours, prompts, "induction") - alone.mean(0)).abs().max() < 1e-5
+    texts = [TEXT, "When Tom and James went to the park, James gave the ball to", "After Martin and Amy"]
+    answers, others = [" Mary", " Tom", " Martin"], [" John", " James", " Amy"]
+    batch = logit_attribution(ours, texts, answers, others, per_prompt=True)
+    mean = logit_attribution(ours, texts, answers, others)
+    for b, text in enumerate(texts):
+        one = logit_attribution(ours, text, answers[b], others[b])
+        assert (batch.heads[b] - one.heads).abs().max() < 1e-5
+        assert (batch.mlps[b] - one.mlps).abs().max() < 1e-5
+        assert abs(float(batch.total[b]) - one.total) < 1e-5
+    assert abs(mean.total - float(batch.total.mean())) < 1e-9
+    with pytest.raises(GPT2Error, match="takes one answer for all, or a list of 3, one per prompt; got a list of 2"):
+        logit_attribution(ours, texts, [" Mary", " Tom"])

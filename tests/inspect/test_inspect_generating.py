@@ -12,6 +12,7 @@ from gpt2 import InputTypeError, InvalidArgumentError
 from gpt2.errors import ContextLengthError
 from gpt2.inspect.generating import trace_generation
 from gpt2.inspect.tracing import activation_names, trace
+from gpt2.tokenizer import Tokenizer
 
 VOCAB, CTX, N_EMBD, N_LAYER, N_HEAD = 97, 32, 32, 2, 4
 PROMPT = [5, 17, 60, 3, 42, 17, 88]
@@ -161,3 +162,14 @@ def test_bad_input(pair, args, kwargs, error, words):
 def test_takes_a_gpt2_model():
     with pytest.raises(InputTypeError, match="trace_generation takes a GPT2 model"):
         trace_generation(object(), PROMPT, 4)
+
+
+def test_a_traced_generation_records_the_new_steps_and_takes_prepend_bos(tmp_path):
+    _, model = hf_and_ours(tmp_path, 0, vocab_size=50257, n_positions=32, n_embd=32, n_layer=2, n_head=2)
+    model.tokenizer = Tokenizer.gpt2()
+    names = ["h.1.resid_mid", "h.0.attn.result", "h.1.ln_2.scale", "blocks.0.attn.hook_pattern"]
+    generated = trace_generation(model, "The dog", 4, temperature=0, names=names, prepend_bos=True)
+    assert generated.ids[0] == 50256 and generated.prompt_length == 3
+    whole = trace(model, generated.ids, names=names)  # the whole text at once, no cache
+    for name in ("h.1.resid_mid", "h.0.attn.result", "h.1.ln_2.scale", "h.0.attn.pattern"):
+        assert (generated.activations[name] - whole.activations[name]).abs().max() < 1e-5, name

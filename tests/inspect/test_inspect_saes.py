@@ -15,7 +15,7 @@ import json
 
 import pytest
 import torch
-from helpers import hf_and_ours
+from helpers import hf_and_ours, transformer_lens_from_hf
 from safetensors.torch import save_file
 
 from gpt2 import GPT2Error
@@ -232,13 +232,14 @@ def broken(directory, what: str) -> None:
         (
             "width",
             "gpt2: error: DIR/cfg.json: the SAE reads vectors of d_in=64, "
-            "but the model's residual stream has n_embd=32",
+            "but the model's h.0.resid_pre has 32 (n_embd=32)",
         ),
         ("arch", "gpt2: error: DIR/cfg.json: architecture 'topk' is not one gpt2 reads: standard, jumprelu"),
         (
             "hook",
-            "gpt2: error: DIR/cfg.json: hook 'blocks.0.hook_z' is not one gpt2 reads: "
-            "the hooks are blocks.L.{hook_resid_pre, hook_resid_mid, hook_resid_post, hook_attn_out, hook_mlp_out}",
+            "gpt2: error: DIR/cfg.json: hook 'blocks.0.hook_z' is not one gpt2 reads: give one of gpt2's steps "
+            "(h.L.resid_pre, ...) or TransformerLens's hooks (blocks.L.{hook_resid_pre, hook_resid_mid, "
+            "hook_resid_post, hook_attn_out, hook_mlp_out}, ...)",
         ),
         (
             "layer",
@@ -286,3 +287,23 @@ def test_decode_of_a_normalising_sae_needs_its_input(tmp_path):
     sae = load_sae(tmp_path / "sae")
     with pytest.raises(GPT2Error, match="give decode the activations x that were encoded"):
         sae.decode(torch.zeros(3, D_SAE))
+
+
+@pytest.mark.parametrize(
+    "hook_name, tl_hook, d_in",
+    [
+        ("blocks.1.attn.hook_z", "blocks.1.attn.hook_z", 32),  # heads side by side, as SAELens reads hook_z
+        ("blocks.0.mlp.hook_post", "blocks.0.mlp.hook_post", 128),
+        ("h.1.resid_mid", "blocks.1.hook_resid_mid", 32),  # gpt2's own name
+        ("blocks.0.ln2.hook_normalized", "blocks.0.ln2.hook_normalized", 32),
+    ],
+)
+def test_an_sae_reads_any_step_by_transformer_lens_name_or_gpt2s(models, tmp_path, hook_name, tl_hook, d_in):
+    hf, ours, _ = models
+    w = write_sae(tmp_path / "sae", hook_name, d_in=d_in)
+    ids = trace(ours, TEXT).ids
+    _, cache = transformer_lens_from_hf(hf).run_with_cache(torch.tensor([ids]), remove_batch_dim=True)
+    x = cache[tl_hook]
+    x = x.flatten(-2) if x.dim() == 3 else x  # hook_z: (T, H, d) -> (T, H * d)
+    expected, _ = saelens_encode(x, w, "none", True)
+    assert torch.allclose(sae_features(ours, load_sae(tmp_path / "sae"), TEXT), expected, atol=1e-5)

@@ -26,7 +26,7 @@ import torch
 
 from gpt2._checks import check_answer_and_other, int_between, one_token, positive_int
 from gpt2.errors import InvalidArgumentError
-from gpt2.inspect.tracing import check_position, token_ids, trace
+from gpt2.inspect.tracing import check_position, head_results, trace
 from gpt2.model.model import GPT2
 from gpt2.tokenizer import token_text
 
@@ -60,11 +60,80 @@ def score_masks(ids: Sequence[int], kind: str) -> tuple[torch.Tensor, torch.Tens
     return after, earlier.any(-1)
 
 
+CONVENTIONS = ("gpt2", "transformer_lens")
+
+
+def transformer_lens_weights(ids: Sequence[int], kind: str) -> torch.Tensor:
+    """(T, T): TransformerLens's detection pattern for `kind` (head_detector's): previous_token
+    [q, q-1]; duplicate_token [q, p] for each earlier p of q's token; induction [q, p + 1] for
+    those p, p + 1 <= q (the diagonal included, where ours leaves it out)."""
+    x = torch.tensor(list(ids))
+    T = len(x)
+    earlier = ((x[:, None] == x[None, :]) & torch.ones(T, T, dtype=torch.bool).tril(-1)).float()
+    if kind == "previous_token":
+        return torch.ones(T, T).tril(-1).triu(-1)
+    if kind == "duplicate_token":
+        return earlier
+    after = torch.zeros(T, T)
+    after[:, 1:] = earlier[:, :-1]
+    return after.tril()
+
+
 @torch.no_grad()
-def head_scores(model: GPT2, ids: str | Sequence[int] | torch.Tensor, kind: str) -> torch.Tensor:
-    """(n_layer, n_head): how much each head does `kind` (see `score_masks`) on `ids`: the mean,
-    over the query positions the kind looks at, of the attention its weights pick out."""
-    ids, _ = token_ids(model, ids)
+def head_scores(
+    model: GPT2,
+    ids: str | Sequence[int] | torch.Tensor | Sequence[str] | Sequence[Sequence[int]],
+    kind: str,
+    *,
+    convention: str = "gpt2",
+    exclude_bos: bool = False,
+    exclude_current_token: bool = False,
+    per_prompt: bool = False,
+    prepend_bos: bool = False,
+) -> torch.Tensor:
+    """(n_layer, n_head): how much each head does `kind` on `ids` (one sequence, or a batch:
+    the mean over its prompts, or (B, n_layer, n_head) with per_prompt).
+
+    convention "gpt2" (the default): the mean, over the query positions the kind looks at
+    (`score_masks`), of the attention its weights pick out: a head that does it perfectly
+    scores 1, however few positions of the text have anything to find.
+    convention "transformer_lens": its head_detector's "mul" score, the attention its detection
+    pattern picks out (`transformer_lens_weights`) over all the attention of every query, with
+    column 0 (exclude_bos) and the diagonal (exclude_current_token) left out of both where
+    asked; on n random tokens written twice a perfect induction head scores about 1/2 there."""
+    if convention not in CONVENTIONS:
+        raise InvalidArgumentError(f"convention must be gpt2 or transformer_lens, got {convention!r}", "convention")
+    if convention == "gpt2" and (exclude_bos or exclude_current_token):
+        raise InvalidArgumentError(
+            "exclude_bos and exclude_current_token are TransformerLens's: give convention='transformer_lens'",
+            "convention",
+        )
+    if kind not in HEAD_SCORES:
+        raise InvalidArgumentError(f"kind must be one of {', '.join(HEAD_SCORES)}, got {kind!r}", "kind")
+    n_layer = model.config.n_layer
+    t = trace(model, ids, names=[f"h.{i}.attn.pattern" for i in range(n_layer)], prepend_bos=prepend_bos)
+    rows = [t.prompt(b) for b in range(len(t.ids))] if t.batched else [t]
+    scores = []
+    for row in rows:
+        patterns = torch.stack([row.activations[f"h.{i}.attn.pattern"].float().cpu() for i in range(n_layer)])
+        scores.append(_score(patterns, row.ids, kind, convention, exclude_bos, exclude_current_token))
+    scores = torch.stack(scores)  # (B, L, H)
+    return scores if t.batched and per_prompt else scores.mean(0)
+
+
+def _score(
+    patterns: torch.Tensor, ids: list[int], kind: str, convention: str, exclude_bos: bool, exclude_current: bool
+) -> torch.Tensor:
+    """(L, H, T, T) one prompt's patterns -> (L, H), by `convention` (see `head_scores`)."""
+    if convention == "transformer_lens":
+        if len(ids) < 2:
+            raise InvalidArgumentError("the text is one token: head scores need two or more", "ids")
+        kept = patterns.clone()
+        if exclude_bos:
+            kept[..., 0] = 0
+        if exclude_current:
+            kept.diagonal(dim1=-2, dim2=-1).zero_()
+        return (kept * transformer_lens_weights(ids, kind)).sum((-2, -1)) / kept.sum((-2, -1))
     weights, queries = score_masks(ids, kind)
     if not queries.any():
         raise InvalidArgumentError(
@@ -72,11 +141,7 @@ def head_scores(model: GPT2, ids: str | Sequence[int] | torch.Tensor, kind: str)
             "(e.g. a random sequence written twice)",
             "ids",
         )
-    n_layer = model.config.n_layer
-    t = trace(model, ids, names=[f"h.{i}.attn.pattern" for i in range(n_layer)])
-    patterns = torch.stack([t.activations[f"h.{i}.attn.pattern"].float().cpu() for i in range(n_layer)])  # (L, H, T, T)
-    per_query = (patterns * weights).sum(-1)  # (L, H, T)
-    return per_query[..., queries].mean(-1)
+    return (patterns * weights).sum(-1)[..., queries].mean(-1)
 
 
 def score_tables(scores: dict[str, torch.Tensor | None]) -> list[str]:
@@ -118,45 +183,91 @@ class LogitAttribution:
     """Each piece's direct effect on logit(answer) - logit(other) (or logit(answer)) at one
     position: `heads` (n_layer, n_head), `mlps` (n_layer,), `embed` (wte + wpe), `biases`
     (n_layer + 1,): each block's attention c_proj bias, then ln_f's bias; `total`, their sum,
-    the real run's logit difference."""
+    the real run's logit difference. Of a batch per prompt: each with B first (embed and
+    total (B,) tensors)."""
 
     heads: torch.Tensor
     mlps: torch.Tensor
-    embed: float
+    embed: float | torch.Tensor
     biases: torch.Tensor
-    total: float
+    total: float | torch.Tensor
 
 
 @torch.no_grad()
 def logit_attribution(
     model: GPT2,
-    ids: str | Sequence[int] | torch.Tensor,
-    answer: Tokens,
-    other: Tokens | None = None,
+    ids: str | Sequence[int] | torch.Tensor | Sequence[str] | Sequence[Sequence[int]],
+    answer: Tokens | Sequence[Tokens],
+    other: Tokens | Sequence[Tokens] | None = None,
     position: int = -1,
+    *,
+    per_prompt: bool = False,
+    prepend_bos: bool = False,
 ) -> LogitAttribution:
     """The direct logit attribution of the prediction after `position` (see the module's docstring).
     `answer` and `other` are each a token, or a list of tokens standing for their mean logit
-    (greater-than's years after YY against the others)."""
-    ids, _ = token_ids(model, ids)
-    T, n_layer = len(ids), model.config.n_layer
-    check_position(position, T)
-    a = _tokens(model, answer, "answer")
-    o = None if other is None else _tokens(model, other, "other")
-    check_answer_and_other(
-        a, o, token_text(model.tokenizer, a[0]) if model.tokenizer is not None and len(set(a)) == 1 else None
-    )
+    (greater-than's years after YY against the others).
+
+    A batch (a (B, T) tensor, a list of texts or of id lists; padded): `position` counts in each
+    prompt's own tokens; `answer` and `other` are one for all prompts, or a list of B, one per
+    prompt (each a token or a list of tokens); the result is the mean over the prompts, or
+    each prompt's with per_prompt."""
+    n_layer = model.config.n_layer
     names = ["wte", "wpe", f"h.{n_layer - 1}"] + [
         f"h.{i}.{step}" for i in range(n_layer) for step in ("attn.z", "mlp.c_proj")
     ]
-    t = trace(model, ids, names=names)
+    t = trace(model, ids, names=names, prepend_bos=prepend_bos)
+    rows = [t.prompt(b) for b in range(len(t.ids))] if t.batched else [t]
+    answers, others = _per_prompt(answer, len(rows), t.batched), _per_prompt(other, len(rows), t.batched)
+    parts = []
+    for row, a, o in zip(rows, answers, others):
+        check_position(position, len(row.ids))
+        a = _tokens(model, a, "answer")
+        o = None if o is None else _tokens(model, o, "other")
+        check_answer_and_other(
+            a, o, token_text(model.tokenizer, a[0]) if model.tokenizer is not None and len(set(a)) == 1 else None
+        )
+        parts.append(_attribution(model, row.activations, position, a, o))
+    if not t.batched:
+        return parts[0]
+    stacked = LogitAttribution(*(torch.stack([torch.as_tensor(getattr(p, f)) for p in parts]) for f in FIELDS))
+    if per_prompt:
+        return stacked
+    mean = [getattr(stacked, f).mean(0) for f in FIELDS]
+    return LogitAttribution(mean[0], mean[1], float(mean[2]), mean[3], float(mean[4]))
+
+
+FIELDS = ("heads", "mlps", "embed", "biases", "total")
+
+
+def _per_prompt(tokens: Tokens | Sequence[Tokens] | None, B: int, batched: bool) -> list:
+    """answer or other, one per prompt: a list of B in a batch, or the same for every prompt."""
+    if not batched or not isinstance(tokens, (list, tuple)):
+        return [tokens] * B
+    if len(tokens) != B:
+        raise InvalidArgumentError(
+            f"a batch of {B} prompts takes one answer for all, or a list of {B}, one per prompt; got a list of "
+            f"{len(tokens)}",
+            "answer",
+        )
+    return list(tokens)
+
+
+def _attribution(
+    model: GPT2, activations: dict[str, torch.Tensor], position: int, a: list[int], o: list[int] | None
+) -> LogitAttribution:
+    """One prompt's direct logit attribution, from its trace's activations."""
+    n_layer = model.config.n_layer
     act = {
         name: value[:, position] if name.endswith(".attn.z") else value[position]  # z: (H, T, d), the rest (T, C)
-        for name, value in t.activations.items()
+        for name, value in activations.items()
     }
     blocks = model.transformer.h
     heads = torch.stack(
-        [_head_outputs(block.attn, act[f"h.{i}.attn.z"]) for i, block in enumerate(blocks)]
+        [
+            head_results(block.attn.c_proj, act[f"h.{i}.attn.z"][None, :, None])[0, :, 0]
+            for i, block in enumerate(blocks)
+        ]
     )  # (L, H, C)
     zero = torch.zeros_like(act["wte"])
     biases = [zero if b.attn.c_proj.bias is None else b.attn.c_proj.bias.to(zero.dtype) for b in blocks]
@@ -178,15 +289,6 @@ def logit_attribution(
         biases=effects[n_heads + n_layer + 1 :],
         total=float(effects.sum()),
     )
-
-
-def _head_outputs(attn: torch.nn.Module, z: torch.Tensor) -> torch.Tensor:
-    """(H, d) heads' outputs at one position -> (H, C): each through its own rows of c_proj, without the bias."""
-    H, d = z.shape
-    alone = torch.zeros(H, H, d, dtype=z.dtype, device=z.device)
-    alone[torch.arange(H), torch.arange(H)] = z  # row h: head h's output, the other heads' zero
-    out = attn.c_proj(alone.view(H, H * d))
-    return out if attn.c_proj.bias is None else out - attn.c_proj.bias
 
 
 def _tokens(model: GPT2, tokens: Tokens, param: str) -> list[int]:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
+from gpt2._checks import boolean
 from gpt2.generation.caches import KVCache
 from gpt2.generation.decoding import Request, run
 from gpt2.generation.sampling import Sampling
@@ -62,6 +63,7 @@ def trace_generation(
     eos_token_id: int | None = None,
     patch: Mapping[str, Patch] | None = None,
     names: Iterable[str] | None = None,
+    prepend_bos: bool = False,
 ) -> GenerationTrace:
     """Continue `prompt` by max_new_tokens tokens, as `model.generate` does, and trace every
     position of the text: returns a GenerationTrace of T = T_prompt + new positions.
@@ -71,12 +73,12 @@ def trace_generation(
     are those `model.generate(prompt[None], ..., seed=seed)` gives (up to a draw that falls within
     float rounding of the traced pass's logits from the fused one's). Generation stops early at
     eos_token_id. The prompt and the new tokens must fit the context: nothing slides out of it.
-    patch and names as `trace` takes them; a patch applies at every step, to that step's
+    patch, names and prepend_bos as `trace` takes them; a patch applies at every step, to that step's
     positions: (T_prompt, ...) first, then (1, ...) for each new token (a steering vector, an
     ablation), and the tokens generated follow from it.
     """
     tap = recorder(model, patch, names, "trace_generation")
-    ids, _ = token_ids(model, prompt)
+    ids, _ = token_ids(model, prompt, boolean("prepend_bos", prepend_bos))
     request = Request.build(
         [ids],
         max_new_tokens,

@@ -16,10 +16,11 @@ encoder is SAELens's (sae_lens/saes/sae.py `process_sae_in`, standard_sae.py, ju
     f = relu(pre) * (pre > threshold)  jumprelu
     x_hat = f @ W_dec + b_dec, the normalisation undone
 
-The hook names are TransformerLens's, at the residual stream and the blocks' outputs:
-blocks.L.hook_resid_pre (the stream entering block L), hook_resid_mid (after its attention is
-added), hook_resid_post (leaving it, `h.L`), hook_attn_out (`h.L.attn.c_proj`) and hook_mlp_out
-(`h.L.mlp.c_proj`).
+The hook names are TransformerLens's (as SAELens writes them) or gpt2's, of any step whose
+vectors are per position (`gpt2.inspect.names`): most often blocks.L.hook_resid_pre (the stream
+entering block L, `h.L.resid_pre`), hook_resid_mid (after its attention is added), hook_resid_post
+(leaving it, `h.L`), hook_attn_out (`h.L.attn.c_proj`), hook_mlp_out (`h.L.mlp.c_proj`), and
+attn.hook_z (`h.L.attn.z`, read with its heads side by side, (T, H * d), as SAELens reads it).
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ import torch
 from gpt2._files import read_json_object
 from gpt2.checkpoints.weights import read_safetensors
 from gpt2.errors import CheckpointError, CheckpointNotFoundError, InputTypeError, InvalidArgumentError
-from gpt2.inspect.tracing import Trace, trace
+from gpt2.inspect.names import canonical, step_of
+from gpt2.inspect.tracing import PER_HEAD, SQUARE, Trace, trace
 from gpt2.model.model import GPT2
 
 CFG, WEIGHTS = "cfg.json", "sae_weights.safetensors"
@@ -56,8 +58,8 @@ class SAE:
     b_dec: torch.Tensor  # (d_in,)
     threshold: torch.Tensor | None  # (d_sae,): JumpReLU's, None for standard
     hook_name: str
-    layer: int
-    hook: str  # one of HOOKS
+    layer: int | None  # the block of its site; None outside the blocks (wte, ln_f, ...)
+    site: str  # gpt2's name of the step it reads (h.3.resid_pre)
     architecture: str = "standard"
     apply_b_dec_to_input: bool = True
     normalize_activations: str = "none"
@@ -109,56 +111,62 @@ class SAE:
     def check_fits(self, model: GPT2) -> None:
         """Raise unless the SAE reads a site `model` has, of its width."""
         where = self.path / CFG if self.path is not None else "the SAE"
-        n_embd, n_layer = model.config.n_embd, model.config.n_layer
-        if self.d_in != n_embd:
-            raise InvalidArgumentError(
-                f"{where}: the SAE reads vectors of d_in={self.d_in}, but the model's residual "
-                f"stream has n_embd={n_embd}: it was trained on another model",
-                "sae",
-            )
-        if not 0 <= self.layer < n_layer:
+        n_layer = model.config.n_layer
+        if self.layer is not None and not 0 <= self.layer < n_layer:
             raise InvalidArgumentError(
                 f"{where}: hook {self.hook_name!r} is at block {self.layer}, but the model has "
                 f"blocks 0..{n_layer - 1} (n_layer={n_layer})",
                 "sae",
             )
+        width = site_width(self.site, model.config)
+        if self.d_in != width:
+            raise InvalidArgumentError(
+                f"{where}: the SAE reads vectors of d_in={self.d_in}, but the model's {self.site} "
+                f"has {width} (n_embd={model.config.n_embd}): it was trained on another model",
+                "sae",
+            )
 
     def names(self) -> list[str]:
-        """The trace's activations the SAE's input is made of."""
-        L = self.layer
-        pre = ["wte", "wpe"] if L == 0 else [f"h.{L - 1}"]
-        return {
-            "hook_resid_pre": pre,
-            "hook_resid_mid": [*pre, f"h.{L}.attn.c_proj"],
-            "hook_resid_post": [f"h.{L}"],
-            "hook_attn_out": [f"h.{L}.attn.c_proj"],
-            "hook_mlp_out": [f"h.{L}.mlp.c_proj"],
-        }[self.hook]
+        """The trace's activations the SAE's input is made of: its site."""
+        return [self.site]
 
     def input_of(self, t: Trace) -> torch.Tensor:
-        """(T, C): the SAE's input, read from a trace that recorded `names()`."""
-        missing = [name for name in self.names() if name not in t.activations]
-        if missing:
+        """(T, d_in): the SAE's input, read from a trace that recorded its site (the residual
+        stream entering or inside a block may be read from the steps it is the sum of); per-head
+        steps with their heads side by side, (H, T, d) -> (T, H * d), as SAELens reads hook_z."""
+        step, value = step_of(self.site), t.activations.get(self.site)
+        if value is None and step == "resid_pre":
+            value = t.residual(self.layer)
+        elif value is None and step == "resid_mid" and f"h.{self.layer}.attn.c_proj" in t.activations:
+            value = t.residual(self.layer) + t.activations[f"h.{self.layer}.attn.c_proj"]
+        if value is None:
             raise InvalidArgumentError(
-                f"the SAE's hook {self.hook_name!r} needs {', '.join(missing)}, which this trace "
-                f"did not record: trace with names including them",
+                f"the SAE's hook {self.hook_name!r} needs {self.site}, which this trace "
+                f"did not record: trace with names including it",
                 "trace",
             )
-        if self.hook == "hook_resid_mid":
-            return t.residual(self.layer) + t.activations[f"h.{self.layer}.attn.c_proj"]
-        if self.hook == "hook_resid_pre":
-            return t.residual(self.layer)
-        return t.activations[self.names()[0]]
+        return value.transpose(-3, -2).flatten(-2) if step in PER_HEAD else value
 
 
-def parse_hook(hook_name: object, where: Path | str = "the SAE") -> tuple[int, str]:
-    """A TransformerLens hook name, blocks.L.hook_resid_pre, as (L, "hook_resid_pre")."""
-    match = re.fullmatch(r"blocks\.(\d+)\.(\w+)", hook_name) if isinstance(hook_name, str) else None
-    if match is None or match[2] not in HOOKS:
+def site_width(site: str, config) -> int:
+    """The width of the vectors a site holds per position (a per-head step's heads side by side)."""
+    C, step = config.n_embd, step_of(site)
+    if step in SQUARE or step.endswith("scale"):
+        raise InvalidArgumentError(f"an SAE cannot read {site}: its vectors are not per position", "sae")
+    return {"attn.c_attn": 3 * C, "mlp.c_fc": 4 * C, "mlp.gelu": 4 * C, "attn.result": config.n_head * C}.get(step, C)
+
+
+def parse_hook(hook_name: object, where: Path | str = "the SAE") -> tuple[int | None, str]:
+    """An SAE's hook, TransformerLens's name (blocks.L.hook_resid_pre) or gpt2's (h.L.resid_pre),
+    as (L, gpt2's name); L is None outside the blocks."""
+    layer = re.match(r"(?:blocks|h)\.(\d+)\b", hook_name) if isinstance(hook_name, str) else None
+    site = canonical(hook_name, 1 + int(layer[1]) if layer else 1) if isinstance(hook_name, str) else None
+    if site is None:
         raise CheckpointError(
-            f"{where}: hook {hook_name!r} is not one gpt2 reads: the hooks are blocks.L.{{{', '.join(HOOKS)}}}"
+            f"{where}: hook {hook_name!r} is not one gpt2 reads: give one of gpt2's steps (h.L.resid_pre, ...) "
+            f"or TransformerLens's hooks (blocks.L.{{{', '.join(HOOKS)}}}, ...)"
         )
-    return int(match[1]), match[2]
+    return (None if layer is None else int(layer[1])), site
 
 
 def load_sae(directory: str | Path, device: str | torch.device = "cpu") -> SAE:
@@ -175,7 +183,7 @@ def load_sae(directory: str | Path, device: str | torch.device = "cpu") -> SAE:
     cfg = read_json_object(cfg_path, CheckpointError)
     meta = cfg.get("metadata") or cfg.get("meta") or {}  # SAELens 6 keeps the hook here; before, at the top
     hook_name = cfg.get("hook_name", cfg.get("hook_point", meta.get("hook_name") if isinstance(meta, dict) else None))
-    layer, hook = parse_hook(hook_name, cfg_path)
+    layer, site = parse_hook(hook_name, cfg_path)
     architecture = cfg.get("architecture", "standard")
     if architecture not in ARCHITECTURES:
         raise CheckpointError(
@@ -198,7 +206,7 @@ def load_sae(directory: str | Path, device: str | torch.device = "cpu") -> SAE:
         weights.get("threshold"),
         hook_name,
         layer,
-        hook,
+        site,
         architecture,
         apply_b_dec,
         norm,
@@ -228,17 +236,20 @@ def _read_weights(path: Path, cfg: dict, cfg_path: Path, architecture: str) -> d
 
 
 @torch.no_grad()
-def sae_features(source: Trace | GPT2, sae: SAE, text: str | list[int] | None = None) -> torch.Tensor:
-    """(T, d_sae): each token's feature activations. `source` a trace that recorded the SAE's
-    site (`sae.names()`; a default trace records them), or a model with the text (or ids) to
-    trace, recording only those."""
+def sae_features(
+    source: Trace | GPT2, sae: SAE, text: str | list[int] | None = None, *, prepend_bos: bool = False
+) -> torch.Tensor:
+    """(T, d_sae): each token's feature activations ((B, T, d_sae) of a batch). `source` a trace
+    that recorded the SAE's site (`sae.names()`; a default trace records the residual stream's and
+    the blocks' outputs), or a model with the text (or ids, or a batch: as `trace` takes them) to
+    trace, recording only those; prepend_bos as `trace` takes it."""
     if not isinstance(sae, SAE):
         raise InputTypeError(f"sae must be an SAE (gpt2.inspect.load_sae), got {type(sae).__name__}", "sae")
     if isinstance(source, GPT2):
         if text is None:
             raise InvalidArgumentError("give the text (or token ids) to trace the model on", "text")
         sae.check_fits(source)
-        source = trace(source, text, names=sae.names())
+        source = trace(source, text, names=sae.names(), prepend_bos=prepend_bos)
     elif not isinstance(source, Trace):
         raise InputTypeError(f"sae_features takes a Trace or a GPT2 model, got {type(source).__name__}", "source")
     else:
