@@ -1455,3 +1455,45 @@ def test_conversations_gpt2_prepare_wrote_train_on_their_replies(tmp_path):
     result = train(tmp_path / "out", data=tmp_path / "data", max_iters=2, progress=False, **dict(TINY, n_layer=1))
     assert math.isfinite(result.best_val_loss) and all(math.isfinite(v) for v in losses(tmp_path / "out").values())
     assert GPT2.from_pretrained(tmp_path / "out", device="cpu").tokenizer.chat_template == DEFAULT_TEMPLATE
+
+
+# ------------------------------------------------------------------ recipes/induction_2l.toml
+
+
+def test_the_induction_recipe_is_the_fixtures_training(tmp_path, monkeypatch, capsys):
+    """recipes/induction_2l.toml against tests/fixtures/make_induction_2l.py's settings, as written there: its model
+    and initial weights (torch.manual_seed(0), then GPT2), AdamW (betas 0.9, 0.98, no weight decay, no clipping),
+    lr * min(1, (step + 1) / 200) at each of 2,001 steps of 64 rows; then `gpt2 prepare --synthetic induction` and
+    `gpt2 train --recipe induction_2l` as its comment gives them, for 3 iterations."""
+    from gpt2.cli import main
+    from gpt2.data.synthetic import prepare_synthetic
+    from gpt2.settings import read_recipe
+    from gpt2.training.optim import learning_rate
+
+    monkeypatch.chdir(tmp_path)  # the recipe's paths are relative to the directory gpt2 runs in
+    prepare_synthetic("data/induction_2l", rows=300, progress=False)
+    recipe = read_recipe("induction_2l")
+    settings = TrainSettings(**{k: v for k, v in recipe.items() if k != "out"})
+    assert (settings.max_iters, settings.batch_size, settings.grad_accum, settings.grad_clip) == (2001, 64, 1, 0.0)
+    for it in range(settings.max_iters):
+        assert learning_rate(it, settings) == pytest.approx(1e-3 * min(1.0, (it + 1) / 200), rel=1e-12), it
+
+    trainer = Trainer(settings, tmp_path / "unused", progress=False)
+    try:
+        torch.manual_seed(0)
+        fixture = GPT2(GPT2Config(n_vocab=64, n_ctx=64, n_embd=128, n_head=2, n_layer=2, dropout=0.0))
+        assert trainer.model.config == fixture.config
+        for (name, ours), theirs in zip(trainer.model.state_dict().items(), fixture.state_dict().values()):
+            assert torch.equal(ours, theirs), name
+        (adamw,) = trainer.optimizers
+        assert adamw.defaults["betas"] == (0.9, 0.98) and {g["weight_decay"] for g in adamw.param_groups} == {0.0}
+    finally:
+        trainer.close()
+
+    assert main(["train", "--recipe", "induction_2l", "--max-iters", "3", "--eval-iters", "2", "--no-progress"]) == 0
+    out = tmp_path / recipe["out"]
+    assert losses(out).keys() == {0, 2} and all(math.isfinite(v) for v in losses(out).values())
+    given = {"max_iters": 3, "lr_decay_iters": 3, "eval_iters": 2}  # (lr_decay_iters: max_iters', unset)
+    assert read_log(out / "log.jsonl")[0]["settings"] == {**settings.to_dict(), **given}
+    assert GPT2.from_pretrained(out, device="cpu").config == fixture.config
+    assert "best validation loss" in capsys.readouterr().err

@@ -1,4 +1,5 @@
-"""`gpt2 prepare`: text (or conversations, with --chat) tokenized into training data."""
+"""`gpt2 prepare`: text (or conversations, with --chat) tokenized into training data, or synthetic data drawn
+(--synthetic)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,15 @@ from gpt2.cli.options import add_no_progress_flag
 def cmd(args: argparse.Namespace) -> int:
     from gpt2.data.text import prepare
 
+    if args.kind is not None:
+        return _prepare_synthetic(args)
+    synthetic_only = [flag for flag, value in (("--rows", args.rows), ("--seed", args.seed)) if value is not None]
+    if synthetic_only:
+        raise UsageError(
+            f"{' and '.join(synthetic_only)} appl{'ies' if len(synthetic_only) == 1 else 'y'} to synthetic data "
+            f"only: add --synthetic induction"
+        )
+    args.tokenizer = "gpt2" if args.tokenizer is None else args.tokenizer
     if args.chat:
         return _prepare_chat(args)
     if args.chat_template is not None:
@@ -94,6 +104,50 @@ def _prepare_chat(args: argparse.Namespace) -> int:
     return 0
 
 
+def _prepare_synthetic(args: argparse.Namespace) -> int:
+    from gpt2.data.synthetic import DEFAULT_ROWS, prepare_synthetic
+
+    given = [
+        flag
+        for flag, value in (
+            ("INPUT", args.inputs or None),
+            ("--chat", args.chat or None),
+            ("--chat-template", args.chat_template),
+            ("--tokenizer", args.tokenizer),
+            ("--text-field", args.text_field),
+            ("--dataset", args.dataset),
+            ("--dataset-config", args.dataset_config),
+            ("--shard-tokens", args.shard_tokens),
+        )
+        if value is not None
+    ]
+    if args.dataset_split != "train":
+        given.append("--split")
+    if given:
+        raise UsageError(
+            f"--synthetic draws its own rows of token ids (no text, no tokenizer): {', '.join(given)} "
+            f"do{'es' * (len(given) == 1)} not apply"
+        )
+    meta = prepare_synthetic(
+        args.out,
+        args.kind,
+        DEFAULT_ROWS if args.rows is None else args.rows,
+        args.val_fraction,
+        seed=0 if args.seed is None else args.seed,
+        overwrite=args.overwrite,
+        progress=args.progress,
+    )
+    rows, chat = meta["synthetic"]["rows"], meta["chat"]
+    print(
+        f"gpt2: {rows['train']:,} training and {rows['val']:,} validation rows of {meta['synthetic']['kind']} data "
+        f"({meta['train_tokens']:,} and {meta['val_tokens']:,} ids, {chat['mask_tokens']['train']:,} and "
+        f"{chat['mask_tokens']['val']:,} of them scored; seed {meta['synthetic']['seed']}) of a "
+        f"{meta['vocab_size']}-token vocabulary in {args.out}",
+        file=sys.stderr,
+    )
+    return 0
+
+
 def _validation(split: dict) -> str:
     """The real share of validation, and, for several documents, what makes it up:
     "10.00% for validation: 3 whole documents and the last 1,234 tokens of b.txt"."""
@@ -116,13 +170,15 @@ examples:
   gpt2 prepare --dataset HuggingFaceFW/fineweb --dataset-config sample-10BT --out data/fineweb10B \\
       --shard-tokens 100000000
   gpt2 prepare --chat conversations.jsonl --out data/chat            # {"messages": [...]} a line
+  gpt2 prepare --out data/induction_2l --synthetic induction         # for gpt2 train --recipe induction_2l
 
 Each text file is one document, and each record of a .jsonl or .parquet file or a dataset; with
 gpt2 and bpe:N each ends with <|endoftext|> (in shards each starts with it, as llm.c's). One file
 splits at 1 - F of its tokens (as nanoGPT's shakespeare_char); several split by whole files,
 drawn with a fixed seed, the last of them cut so that validation holds F of the tokens. With
 --shard-tokens the first shard validates, as llm.c's fineweb.py. With --chat, whole
-conversations validate, F of them, drawn with a fixed seed.
+conversations validate, F of them, drawn with a fixed seed. With --synthetic, the last F of the
+rows validate.
 """
 
 
@@ -131,7 +187,8 @@ def add_parser(commands) -> None:
         "prepare",
         help="tokenize text files into training data (train.bin, val.bin, meta.json)",
         description=(
-            "Tokenize text into DIR: train.bin and val.bin (nanoGPT's format), meta.json and the tokenizer's files."
+            "Tokenize text into DIR: train.bin and val.bin (nanoGPT's format), meta.json and the tokenizer's files; "
+            "or draw synthetic data there (--synthetic)."
         ),
         epilog=EXAMPLES,
         formatter_class=HelpFormatter,
@@ -156,10 +213,29 @@ def add_parser(commands) -> None:
         help="with --chat: a Jinja2 chat template (transformers' format) (default: gpt2's, User:/Assistant: "
         "turns, each reply ended by <|endoftext|>)",
     )
+    prepare.add_argument(
+        "--synthetic",
+        dest="kind",
+        metavar="KIND",
+        help="draw synthetic data instead of reading inputs: induction (random tokens with a stretch written twice, "
+        "and runs of tokens, a row of 65 ids each, with train.mask.bin and val.mask.bin marking the ids "
+        "copying predicts: the data of recipes/induction_2l.toml)",
+    )
+    prepare.add_argument(
+        "--rows",
+        type=whole_number,
+        metavar="N",
+        help="with --synthetic: how many rows to draw (default: 144000)",
+    )
+    prepare.add_argument(
+        "--seed",
+        type=whole_number,
+        metavar="N",
+        help="with --synthetic: the seed the rows are drawn with; the same seed, the same data (default: 0)",
+    )
     prepare.add_argument("--out", required=True, metavar="DIR", help="where to write the prepared data")
     prepare.add_argument(
         "--tokenizer",
-        default="gpt2",
         metavar="SPEC",
         help="gpt2 (OpenAI's), char (the corpus's characters) or bpe:N (trained on the corpus) (default: gpt2)",
     )
@@ -168,7 +244,8 @@ def add_parser(commands) -> None:
         type=float,
         default=0.1,
         metavar="F",
-        help="share of the tokens (with --chat: of the conversations) kept for validation (default: 0.1)",
+        help="share of the tokens (with --chat: of the conversations; with --synthetic: of the rows) kept for "
+        "validation (default: 0.1)",
     )
     prepare.add_argument(
         "--text-field",

@@ -7,14 +7,17 @@
              ours, nanoGPT's and llm.c's back
     text     `prepare`: text to token files, documents read in chunks, encoded, split by documents
     chat     `prepare_chat`: conversations to token files, with their replies' mask
+    synthetic `prepare_synthetic`: rows drawn from a stated distribution (the induction model's
+             runs and copies), with the mask of the ids the loss counts
     batches  `get_batch`: the windows training draws
 
-`files` builds on `corpora`, `text` on `files`, `chat` on both; `batches` stands alone.
-`from gpt2.data import prepare, prepare_chat` is the library's door (docs/prepare.md); the rest
-is imported from its module.
+`files` builds on `corpora`, `text` on `files`, `chat` on both, `synthetic` on `files`; `batches`
+stands alone. `from gpt2.data import prepare, prepare_chat, prepare_synthetic` is the library's
+door (docs/prepare.md); the rest is imported from its module.
 """
 
 from gpt2.data.chat import prepare_chat
+from gpt2.data.synthetic import prepare_synthetic
 from gpt2.data.text import prepare
 
-__all__ = ["prepare", "prepare_chat"]
+__all__ = ["prepare", "prepare_chat", "prepare_synthetic"]
