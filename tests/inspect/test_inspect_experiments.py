@@ -15,14 +15,17 @@ from gpt2.cli import main
 from gpt2.inspect.experiments import (
     ABBA_TEMPLATES,
     BABA_TEMPLATES,
+    CORRUPTIONS,
     NAMES,
     OBJECTS,
     PLACES,
     START_YEARS,
     YEARS,
+    ExperimentResult,
     greater_than_prompt,
     ioi_prompts,
     probability_difference,
+    readable,
     run_experiment,
 )
 from gpt2.model.model import GPT2
@@ -205,3 +208,144 @@ def test_attribution_of_lists_of_tokens_sums_to_transformers_mean_logit_differen
     )
     with pytest.raises(GPT2Error, match="answer must be a token or a non-empty list of tokens"):
         logit_attribution(ours, ids, [], year_ids[:33])
+
+
+# ------------------------------------------------------------------ IOI's corruptions (issue 53)
+
+
+def name_positions(tokens: list[int], *names: int) -> list[int]:
+    return [i for i, t in enumerate(tokens) if t in names]
+
+
+@pytest.mark.parametrize("form", ["templates", "demo"])
+def test_the_clean_prompts_are_the_same_whichever_the_corruption_and_s2_io_is_the_default(form):
+    default = ioi_prompts(form)
+    assert CORRUPTIONS == ("s2_io", "abc", "swap")
+    assert ioi_prompts(form, corruption="s2_io") == default
+    for corruption in ("abc", "swap"):
+        prompts = ioi_prompts(form, corruption=corruption)
+        assert [(p.text, p.io, p.s, p.bos) for p in prompts] == [(p.text, p.io, p.s, p.bos) for p in default]
+        assert all(p.corrupted != d.corrupted for p, d in zip(prompts, default))
+
+
+@pytest.mark.parametrize("form", ["templates", "demo"])
+def test_abc_fills_the_three_name_slots_with_three_other_names(form, tiktoken_gpt2):
+    names = {tiktoken_gpt2.encode(" " + name)[0] for name in NAMES}
+    drawn = set()
+    for p in ioi_prompts(form, per_template=2, corruption="abc"):
+        clean, corrupted = tiktoken_gpt2.encode(p.text), tiktoken_gpt2.encode(p.corrupted)
+        io, s = tiktoken_gpt2.encode(p.io)[0], tiktoken_gpt2.encode(p.s)[0]
+        assert len(corrupted) == len(clean)  # patching needs the same length
+        slots = name_positions(clean, io, s)  # IO once, S twice
+        assert len(slots) == 3
+        assert [i for i, (a, b) in enumerate(zip(clean, corrupted)) if a != b] == slots  # the rest is the template's
+        new = [corrupted[i] for i in slots]
+        assert len(set(new)) == 3 and not {io, s} & set(new) and set(new) <= names
+        assert not name_positions(corrupted, io, s)  # neither IO nor S anywhere
+        drawn |= set(new)
+    assert len(drawn) > 12  # drawn at random, not one fixed trio
+
+
+@pytest.mark.parametrize("form", ["templates", "demo"])
+def test_swap_exchanges_io_and_s_so_the_answer_is_the_other_name(form, tiktoken_gpt2):
+    for p in ioi_prompts(form, corruption="swap"):
+        clean, corrupted = tiktoken_gpt2.encode(p.text), tiktoken_gpt2.encode(p.corrupted)
+        io, s = tiktoken_gpt2.encode(p.io)[0], tiktoken_gpt2.encode(p.s)[0]
+        assert corrupted == [s if t == io else io if t == s else t for t in clean]
+        # the flipped prompt is an IOI prompt whose answer is the clean one's S: its IO appears
+        # once, its S (the clean IO) twice, the last time just before " gave"/" said"/...
+        words = re.findall(r" \w+", p.corrupted)
+        assert words.count(p.s) == 1 and words.count(p.io) == 2
+        assert [w for w in words if w in (p.io, p.s)][-1] == p.io
+    demo = ioi_prompts("demo", corruption="swap")[0]
+    assert demo.corrupted == "When Mary and John went to the shops, Mary gave the bag to"  # answer: John
+
+
+def hf_metric(hf, ids: list[int], io: int, s: int, patch: tuple[int, int, torch.Tensor] | None = None):
+    """logit(IO) - logit(S) at the last position by transformers, with head (layer, head)'s output
+    (its slice of c_proj's input, at every position) replaced by the given one if `patch`; and
+    every layer's c_proj input (B, T, C) from this run."""
+    inputs, handles = {}, []
+    for layer, block in enumerate(hf.transformer.h):
+
+        def keep(module, args, layer=layer):
+            x = args[0].clone()
+            if patch is not None and patch[0] == layer:
+                d = x.shape[-1] // hf.config.n_head
+                x[..., patch[1] * d : (patch[1] + 1) * d] = patch[2][..., patch[1] * d : (patch[1] + 1) * d]
+            inputs[layer] = x
+            return (x,)
+
+        handles.append(block.attn.c_proj.register_forward_pre_hook(keep))
+    try:
+        with torch.no_grad():
+            logits = hf(torch.tensor([ids])).logits[0, -1].double()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return float(logits[io] - logits[s]), inputs
+
+
+def test_ioi_patching_is_normalised_by_the_corruption_asked_for(models, tiktoken_gpt2):
+    hf, ours, _ = models
+    grids = {}
+    for corruption in CORRUPTIONS:
+        result = run_experiment(ours, "ioi", form="demo", patch_prompts=1, corruption=corruption)
+        assert f"corrupted by {corruption}" in "; ".join(result.notes)
+        p = ioi_prompts("demo", corruption=corruption)[0]  # the one prompt patched (the first)
+        clean_ids, corrupted_ids = ([50256] + tiktoken_gpt2.encode(text) for text in (p.text, p.corrupted))
+        io, s = tiktoken_gpt2.encode(p.io)[0], tiktoken_gpt2.encode(p.s)[0]
+        clean, kept = hf_metric(hf, clean_ids, io, s)
+        corrupted, _ = hf_metric(hf, corrupted_ids, io, s)
+        assert abs(clean - corrupted) > 1e-3  # something to normalise by
+        expected = torch.tensor(
+            [
+                [
+                    (hf_metric(hf, corrupted_ids, io, s, (layer, head, kept[layer]))[0] - corrupted)
+                    / (clean - corrupted)
+                    for head in range(2)
+                ]
+                for layer in range(2)
+            ],
+            dtype=torch.float64,
+        )
+        assert torch.allclose(result.heads.double(), expected, atol=1e-3), (corruption, result.heads, expected)
+        grids[corruption] = expected
+    assert not torch.allclose(grids["abc"], grids["s2_io"], atol=1e-2)  # the corruption changes the grid
+    assert not torch.allclose(grids["swap"], grids["s2_io"], atol=1e-2)
+
+
+def test_metrics_are_shown_readably_tiny_probabilities_in_scientific_form(models):
+    assert readable(3.2e-5, "probability") == "3.2e-05"  # not 0.0000
+    assert readable(0.4912, "probability") == "49.12%"
+    assert readable(0.817, "probability") == "81.70%"
+    assert readable(-0.0123, "probability") == "-1.23%"
+    assert readable(3.55123) == readable(3.55123, "number") == "3.5512"
+    assert readable(-2.5e-4) == "-2.5e-04" and readable(0.0) == "0"
+    result = ExperimentResult(
+        "x", {"io_prob": 0.49, "loss": 6.5, "tiny": 1e-7}, torch.zeros(1, 1), "", formats={"io_prob": "probability"}
+    )
+    assert result.shown() == {"io_prob": "49.00%", "loss": "6.5000", "tiny": "1.0e-07"}
+    with pytest.raises(GPT2Error, match="kind must be number or probability, got 'percent'"):
+        readable(0.5, "percent")
+    # a random model of GPT-2's vocabulary puts about 1 / 50257 on IO: 0.0000 at four decimals
+    _, ours, _ = models
+    result = run_experiment(ours, "ioi", form="demo", patch_prompts=1)
+    shown = result.shown()
+    assert list(shown) == ["logit_diff", "io_prob"]
+    assert 1e-6 < result.metrics["io_prob"] < 1e-3 and re.fullmatch(r"\d\.\de-0\d", shown["io_prob"])
+    assert float(shown["io_prob"]) == pytest.approx(result.metrics["io_prob"], rel=0.05)
+    assert float(shown["logit_diff"]) == pytest.approx(result.metrics["logit_diff"], abs=1e-4, rel=0.05)
+
+
+def test_an_unknown_corruption_is_refused_naming_the_choices(models):
+    _, ours, _ = models
+    message = "corruption must be one of s2_io, abc, swap, got 'ABC'"
+    for call in (
+        lambda: ioi_prompts(corruption="ABC"),
+        lambda: ioi_prompts("demo", corruption="ABC"),
+        lambda: run_experiment(ours, "ioi", form="demo", corruption="ABC"),
+    ):
+        with pytest.raises(GPT2Error, match=re.escape(message)) as caught:
+            call()
+        assert caught.value.param == "corruption"

@@ -11,6 +11,9 @@
     experiments the standard experiments with their data built in: induction, IOI (Wang et
                 al. 2023's templates), greater-than (Hanna et al. 2023)
     saes     sparse autoencoders saved by SAELens: read, and their features at a trace's sites
+    weights  the weights in TransformerLens's names and shapes, QK and OV circuits kept factored,
+             composition scores, and TransformerLens's weight processing (process_weights)
+    names    the steps' names: gpt2's, and TransformerLens's hook and short names read as aliases
     figures  its pictures, drawn with matplotlib: attention, the logit lens, the next token
 
 `circuits`, `patching`, `generating`, `experiments`, `saes` and `figures` build on `tracing`. The names of
@@ -20,7 +23,7 @@
 """
 
 from gpt2.inspect.circuits import HEAD_SCORES, LogitAttribution, head_scores, logit_attribution, repeated_tokens
-from gpt2.inspect.experiments import EXPERIMENTS, ExperimentResult, ioi_prompts, run_experiment
+from gpt2.inspect.experiments import CORRUPTIONS, EXPERIMENTS, ExperimentResult, ioi_prompts, run_experiment
 from gpt2.inspect.generating import GenerationTrace, trace_generation
 from gpt2.inspect.names import BLOCK_STEPS, ON_REQUEST, short_name
 from gpt2.inspect.patching import SITES, activation_patching, attribution_patching, logit_diff, normalised_logit_diff
@@ -38,8 +41,25 @@ from gpt2.inspect.tracing import (
     trace,
     walkthrough,
 )
+from gpt2.inspect.weights import (
+    FactoredMatrix,
+    ProcessedGPT2,
+    Weights,
+    composition_scores,
+    full_ov_circuit,
+    full_qk_circuit,
+    process_weights,
+)
 
 __all__ = [
+    "CORRUPTIONS",
+    "FactoredMatrix",
+    "ProcessedGPT2",
+    "Weights",
+    "composition_scores",
+    "full_ov_circuit",
+    "full_qk_circuit",
+    "process_weights",
     "BLOCK_STEPS",
     "EXPERIMENTS",
     "ExperimentResult",

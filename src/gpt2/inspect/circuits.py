@@ -303,6 +303,10 @@ def _tokens(model: GPT2, tokens: Tokens, param: str) -> list[int]:
 
 
 def _logit_effect(model: GPT2, x: torch.Tensor, answer: list[int], other: list[int] | None) -> torch.Tensor:
-    """(N, C) -> (N,): x unembedded, the mean at answer's tokens less the mean at other's."""
-    logits = model.unembed(x).float()
+    """(N, C) -> (N,): x unembedded, the mean at answer's tokens less the mean at other's. An
+    unembedding with a bias (a model whose ln_f was folded into it: `weights.process_weights`)
+    adds it to the last row alone, ln_f's bias, whence it came: each piece's effect is linear."""
+    bias = model.unembed(torch.zeros_like(x[:1]))  # (1, V): 0 for GPT-2's tied unembedding
+    logits = (model.unembed(x) - bias).float()
+    logits[-1] += bias[0].float()
     return logits[:, answer].mean(-1) - (0 if other is None else logits[:, other].mean(-1))

@@ -2,6 +2,7 @@
 
     result = run_experiment(model, "ioi")      # or "greater-than", "induction"
     result.metrics                             # {"logit_diff": ..., "io_prob": ...}
+    result.shown()                             # the same, readable: {"logit_diff": "3.5512", "io_prob": "49.12%"}
     result.heads                               # (n_layer, n_head): activation patching, or induction scores
     result.attribution                         # direct logit attribution (LogitAttribution), or None
 
@@ -16,16 +17,44 @@
                   loss on its first and its repeated half (induction heads bring the second down).
 
 Patching (`patching.activation_patching`, site `head`) takes each head's output from the clean
-prompt into the corrupted one: for IOI the prompt whose second mention of S is IO instead, for
-greater-than the one starting in 1701. Its grid is normalised: 0 is the corrupted run's metric,
-1 the clean run's (both averaged over the prompts patched). The attribution is the direct effect
-of each part on the metric's logits: logit(IO) - logit(S) for IOI, for greater-than the mean
-logit of the years after YY less the mean logit of the others.
+prompt into the corrupted one: for greater-than the one starting in 1701; for IOI the one its
+`corruption` option names (the clean prompt "Then, Mary and John went to the store. John gave a
+drink to", IO Mary, S John):
+
+    s2_io  (the default) the second mention of S made IO: "Then, Mary and John went to the store.
+           Mary gave a drink to" (the same names, the same first clause; the answer is now S).
+           One token differs, at S2: patching finds what flows from there, which name is the
+           repeated one (Wang et al.'s duplicate-token and induction heads at S2, the
+           S-inhibition heads carrying it to the end, and through them the name movers).
+    abc    Wang et al.'s ABC distribution: the three name slots filled with three other names,
+           drawn from NAMES, none of them IO or S, all three distinct ("Then, Lisa and Kyle went
+           to the store. Adam gave a drink to"), template, place and object kept. No name
+           repeats and neither IO nor S is there: the sentence keeps its grammar and loses all
+           its IOI information, so patching can find every head of the circuit (the paper's path
+           patching and mean ablation use this distribution).
+    swap   IO and S exchanged throughout ("Then, John and Mary went to the store. Mary gave a
+           drink to"), the flipped prompt whose answer is the other name. Every role stays at
+           its position and only the names' identities change: patching finds the heads whose
+           output carries which name (the name movers), not where it stands (ARENA's IOI
+           exercises and Wang et al. use such flipped prompts; the corrupted logit difference is
+           about minus the clean one on a model that does IOI).
+
+Each corrupted prompt has the clean one's length in tokens (every name is one GPT-2 token). Its
+grid is normalised: 0 is the corrupted run's metric, 1 the clean run's (both averaged over the
+prompts patched), the metric being logit(IO) - logit(S) with the clean prompt's IO and S. The
+attribution is the direct effect of each part on the metric's logits: logit(IO) - logit(S) for
+IOI, for greater-than the mean logit of the years after YY less the mean logit of the others.
+
+Metrics are floats in `metrics`; `shown()` gives them as the CLI prints them: probabilities as
+percentages ("49.12%"), other numbers to four decimals, and anything nonzero under 0.001 in
+scientific form ("3.2e-05", not "0.0000").
 """
 
 from __future__ import annotations
 
+import math
 import random
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -39,6 +68,12 @@ from gpt2.model.model import GPT2
 from gpt2.tokenizer import Tokenizer
 
 EXPERIMENTS = ("induction", "ioi", "greater-than")
+CORRUPTIONS = ("s2_io", "abc", "swap")  # IOI's corrupted prompts (the module's docstring)
+CORRUPTION_NOTES = {
+    "s2_io": "the second S made IO",
+    "abc": "three other names (ABC)",
+    "swap": "IO and S exchanged",
+}
 
 # ------------------------------------------------------------------ IOI data (Wang et al. 2023, appendix)
 
@@ -154,7 +189,7 @@ EOT = "<|endoftext|>"
 @dataclass(frozen=True)
 class IOIPrompt:
     """One IOI prompt: its text, the answer (" Mary") and the other name (" John"), and the
-    corrupted text (the second mention of S made IO) that patching takes activations into."""
+    corrupted text that patching takes activations into (by `ioi_prompts`' corruption)."""
 
     text: str
     io: str
@@ -168,30 +203,56 @@ def _fill(template: str, io: str, s: str, s2: str, place: str, obj: str) -> str:
     return text.replace("[B]", s, 1).replace("[B]", s2, 1)
 
 
-def ioi_prompts(form: str = "templates", per_template: int = 1, seed: int = 0) -> list[IOIPrompt]:
+def check_corruption(corruption: object) -> str:
+    """`corruption` if it is one of CORRUPTIONS; else the error naming them."""
+    if corruption not in CORRUPTIONS:
+        raise InvalidArgumentError(
+            f"corruption must be one of {', '.join(CORRUPTIONS)}, got {corruption!r}", "corruption"
+        )
+    return corruption
+
+
+def corrupt(text: str, io: str, s: str, corruption: str, draw: random.Random) -> str:
+    """The clean IOI prompt `text` (IO " Mary" once, S " John" twice) corrupted: `s2_io`, `abc`
+    or `swap` (the module's docstring); `draw` picks abc's three names."""
+    io, s = io.strip(), s.strip()
+    slots = list(re.finditer(rf"\b(?:{re.escape(io)}|{re.escape(s)})\b", text))  # the name slots, in order
+    names = [m.group() for m in slots]
+    if corruption == "s2_io":
+        names[max(i for i, name in enumerate(names) if name == s)] = io  # the second S
+    elif corruption == "swap":
+        names = [s if name == io else io for name in names]
+    else:  # abc
+        names = draw.sample([name for name in NAMES if name not in (io, s)], len(slots))
+    pieces, end = [], 0
+    for m, name in zip(slots, names):
+        pieces += [text[end : m.start()], name]
+        end = m.end()
+    return "".join(pieces) + text[end:]
+
+
+def ioi_prompts(
+    form: str = "templates", per_template: int = 1, seed: int = 0, corruption: str = "s2_io"
+) -> list[IOIPrompt]:
     """The IOI prompts: `templates`, each of the 15 templates in both orders (BABA, ABBA),
     `per_template` times with names, place and object drawn by `seed`; or `demo`, the 8 prompts
-    of TransformerLens's demo."""
-    if form == "demo":
-        return [
-            IOIPrompt(text.format(s), io, s, text.format(io), bos=True)
-            for text, a, b in DEMO_SENTENCES
-            for io, s in ((a, b), (b, a))
-        ]
-    if form != "templates":
+    of TransformerLens's demo. Each is corrupted by `corruption` (one of CORRUPTIONS); the
+    clean prompts are the same whichever it is (abc draws its names from a stream of its own)."""
+    check_corruption(corruption)
+    if form not in ("templates", "demo"):
         raise InvalidArgumentError(f"form must be templates or demo, got {form!r}", "form")
-    draw, prompts = random.Random(seed), []
-    for _ in range(per_template):
-        for baba, abba in zip(BABA_TEMPLATES, ABBA_TEMPLATES):
-            for template in (baba, abba):
-                io, s = draw.sample(NAMES, 2)
-                place, obj = draw.choice(PLACES), draw.choice(OBJECTS)
-                prompts.append(
-                    IOIPrompt(
-                        _fill(template, io, s, s, place, obj), f" {io}", f" {s}", _fill(template, io, s, io, place, obj)
-                    )
-                )
-    return prompts
+    draw, names = random.Random(seed), random.Random(f"ioi-abc-{seed}")
+    if form == "demo":
+        clean = [(text.format(s), io, s, True) for text, a, b in DEMO_SENTENCES for io, s in ((a, b), (b, a))]
+    else:
+        clean = []  # (text, io, s, bos)
+        for _ in range(per_template):
+            for baba, abba in zip(BABA_TEMPLATES, ABBA_TEMPLATES):
+                for template in (baba, abba):
+                    io, s = draw.sample(NAMES, 2)
+                    place, obj = draw.choice(PLACES), draw.choice(OBJECTS)
+                    clean.append((_fill(template, io, s, s, place, obj), f" {io}", f" {s}", False))
+    return [IOIPrompt(text, io, s, corrupt(text, io, s, corruption, names), bos) for text, io, s, bos in clean]
 
 
 # ------------------------------------------------------------------ greater-than data (Hanna et al. 2023)
@@ -216,11 +277,25 @@ def probability_difference(logits: torch.Tensor, year_ids: list[int], yy: int) -
 # ------------------------------------------------------------------ results
 
 
+def readable(value: float, kind: str = "number") -> str:
+    """A metric as people read it: a `probability` as a percentage ("49.12%"), a `number` to
+    four decimals ("3.5512"); either in scientific form when nonzero and under 0.001 in size
+    ("3.2e-05": GPT-2's tiny probabilities would print as 0.0000)."""
+    if kind not in ("number", "probability"):
+        raise InvalidArgumentError(f"kind must be number or probability, got {kind!r}", "kind")
+    if value == 0 or not math.isfinite(value):
+        return f"{value:g}"  # 0, nan, inf
+    if abs(value) < 1e-3:
+        return f"{value:.1e}"
+    return f"{value:.2%}" if kind == "probability" else f"{value:.4f}"
+
+
 @dataclass
 class ExperimentResult:
-    """What an experiment measured: `metrics` by name; `heads` (n_layer, n_head) and what it
-    holds (`heads_title`); `attribution`, the direct logit attribution averaged over its prompts
-    (None for induction)."""
+    """What an experiment measured: `metrics` by name, and how each reads (`formats`: a
+    `readable` kind, "number" when absent); `heads` (n_layer, n_head) and what it holds
+    (`heads_title`); `attribution`, the direct logit attribution averaged over its prompts (None
+    for induction)."""
 
     name: str
     metrics: dict[str, float]
@@ -229,6 +304,11 @@ class ExperimentResult:
     attribution: LogitAttribution | None = None
     prompts: int = 0
     notes: list[str] = field(default_factory=list)
+    formats: dict[str, str] = field(default_factory=dict)
+
+    def shown(self) -> dict[str, str]:
+        """The metrics as strings to print, by name: `readable` of each by its format."""
+        return {key: readable(value, self.formats.get(key, "number")) for key, value in self.metrics.items()}
 
 
 def check_gpt2_tokenizer(model: GPT2, experiment: str, model_name: str = "the model") -> Tokenizer:
@@ -299,12 +379,18 @@ def _mean_attribution(parts: list[LogitAttribution]) -> LogitAttribution:
 
 
 def ioi(
-    model: GPT2, form: str = "templates", per_template: int = 1, seed: int = 0, patch_prompts: int = 8
+    model: GPT2,
+    form: str = "templates",
+    per_template: int = 1,
+    seed: int = 0,
+    patch_prompts: int = 8,
+    corruption: str = "s2_io",
 ) -> ExperimentResult:
     """IOI: the mean logit difference logit(IO) - logit(S) and IO probability over the prompts;
-    head patching and direct logit attribution over `patch_prompts` of them, spread evenly."""
+    head patching (into the prompts corrupted by `corruption`, one of CORRUPTIONS) and direct
+    logit attribution over `patch_prompts` of them, spread evenly."""
     tokenizer = model.tokenizer
-    prompts = ioi_prompts(form, per_template, seed)
+    prompts = ioi_prompts(form, per_template, seed, corruption)
     eot = [tokenizer.eot_token]
 
     def ids(text: str, bos: bool) -> list[int]:
@@ -334,7 +420,11 @@ def ioi(
         "head patching: share of the clean logit difference restored",
         _mean_attribution(parts),
         len(prompts),
-        [f"patching and attribution over {n} of the {len(prompts)} prompts"],
+        [
+            f"patching and attribution over {n} of the {len(prompts)} prompts",
+            f"corrupted by {corruption}: {CORRUPTION_NOTES[corruption]}",
+        ],
+        {"logit_diff": "number", "io_prob": "probability"},
     )
 
 
@@ -366,6 +456,7 @@ def greater_than(model: GPT2, patch_prompts: int = 8) -> ExperimentResult:
         _mean_attribution(parts),
         len(START_YEARS),
         [f"patching and attribution over {n} of the {len(START_YEARS)} prompts"],
+        {"prob_diff": "probability"},
     )
 
 
