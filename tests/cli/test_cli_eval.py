@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import json
+
+import numpy as np
 import pytest
+import torch
 from cli_helpers import run
+from helpers import REPO
+from transformers import GPT2LMHeadModel
 
 from gpt2.cli import main
+from gpt2.data.files import FORMAT
 
 
 def test_eval_json_is_one_object_equal_to_the_api(capsys, model_dir, text_file):
@@ -104,3 +111,37 @@ def test_eval_bad_input_is_one_line_and_exit_2(capsys, model_dir, tmp_path, text
     code, out, err = run(capsys, "eval", *args, "--model", model_dir, "--no-progress")
     assert (code, out) == (2, "")
     assert err.startswith("gpt2: error: ") and err.count("\n") == 1 and message in err
+
+
+INDUCTION_2L = str(REPO / "tests" / "fixtures" / "induction_2l")  # trained here: 64 ids, no tokenizer
+
+
+@pytest.fixture
+def ids_data(tmp_path):
+    """A prepared directory of 64 ids of a 64-id vocabulary, and no tokenizer (as meta.json says), written by hand."""
+    half = np.random.default_rng(0).integers(0, 64, 32)
+    ids = np.concatenate([half, half]).astype("<u2")
+    for split in ("train", "val"):
+        ids.tofile(tmp_path / f"{split}.bin")
+    meta = {"format": FORMAT, "version": 1, "dtype": "uint16", "vocab_size": 64, "train_tokens": 64, "val_tokens": 64}
+    (tmp_path / "meta.json").write_text(json.dumps({**meta, "tokenizer": None}))
+    return tmp_path, ids.tolist()
+
+
+def test_eval_scores_the_ids_of_a_model_with_no_tokenizer_as_transformers(capsys, ids_data):
+    directory, ids = ids_data
+    code, out, err = run(capsys, "eval", "--data", str(directory), "--model", INDUCTION_2L, "--json", "--no-progress")
+    assert code == 0, err
+    hf = GPT2LMHeadModel.from_pretrained(INDUCTION_2L).eval()
+    with torch.no_grad():
+        expected = hf(torch.tensor([ids]), labels=torch.tensor([ids])).loss.item()  # one window: the whole context
+    assert abs(json.loads(out)["loss"] - expected) < 1e-4
+
+
+def test_eval_of_a_text_by_a_model_with_no_tokenizer_is_one_line(capsys, text_file):
+    code, out, err = run(capsys, "eval", str(text_file), "--model", INDUCTION_2L)
+    assert (code, out) == (2, "") and err == (
+        f"gpt2: error: the model {INDUCTION_2L} comes with no tokenizer (encoder.json + vocab.bpe, or chars.json), "
+        "and its vocabulary of 64 ids is not GPT-2's: a text FILE needs one; give its ids instead, a directory "
+        "prepared with the model's vocabulary (--data DIR)\n"
+    )

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 from cli_helpers import run
-from helpers import Watched, heed_ctrl_c, make_hf_model
+from helpers import REPO, Watched, heed_ctrl_c, make_hf_model, transformers_greedy, transformers_sampled
 
 
 def expected_text(model_dir, prompt, **options):
@@ -558,3 +558,81 @@ def test_a_constraint_the_shipped_character_model_cannot_write_is_one_line(capsy
         err == f"gpt2: error: {flags[0]}: its text must begin {lacking}, "
         "and the model's vocabulary (65 tokens) has no '{'\n"
     )
+
+
+# ------------------------------------------------------------------ --ids: token ids in, token ids out
+
+INDUCTION_2L = str(REPO / "tests" / "fixtures" / "induction_2l")  # trained here: 64 ids, no tokenizer
+PROMPT_IDS = [3, 14, 15, 9, 26, 3, 14]
+
+
+@pytest.fixture(scope="module")
+def induction_hf():
+    from transformers import GPT2LMHeadModel
+
+    return GPT2LMHeadModel.from_pretrained(INDUCTION_2L).eval()  # the same file, read by transformers
+
+
+def test_generate_ids_of_a_model_with_no_tokenizer_are_transformers(capsys, monkeypatch, induction_hf):
+    """Greedy, streamed (the prompt's ids, then the new ones) and sampled with the one seed rule (sample i from
+    seed + i), not streamed, from standard input: transformers' ids."""
+    greedy = transformers_greedy(induction_hf, PROMPT_IDS, 10)
+    argv = ["generate", "--ids", "--model", INDUCTION_2L, "--max-new-tokens", "10"]
+    capsys.readouterr()  # transformers' progress bar
+    code, out, err = run(capsys, *argv, "3,14,15,9,26,3,14", "--temperature", "0")
+    assert code == 0 and out == " ".join(map(str, PROMPT_IDS + greedy)) + "\n"
+    assert err.startswith("[gpt2: 10 tokens in ")
+    sampling = ["--temperature", "1.5", "--top-k", "64", "--seed", "7", "--num-samples", "2", "--no-stream"]
+    code, out, _ = run(
+        capsys, *argv, "-", *sampling, "--no-progress", stdin=b"3 14 15 9 26 3 14\n", monkeypatch=monkeypatch
+    )
+    samples = [line for line in out.splitlines() if not line.startswith("=")]
+    expected = [transformers_sampled(induction_hf, PROMPT_IDS, 10, seed, temperature=1.5) for seed in (7, 8)]
+    assert code == 0 and samples == [" ".join(map(str, ids)) for ids in expected] and expected[0] != expected[1]
+
+
+def test_generate_ids_of_a_model_with_a_tokenizer_are_the_text_api_s_tokens(capsys, model_dir, tiktoken_gpt2):
+    ids = tiktoken_gpt2.encode("The dog")
+    code, out, _ = run(
+        capsys,
+        "generate",
+        "--ids",
+        ",".join(map(str, ids)),
+        "--model",
+        model_dir,
+        "--max-new-tokens",
+        "12",
+        "--temperature",
+        "0",
+        "--no-stream",
+        "--no-progress",
+    )
+    assert code == 0
+    assert tiktoken_gpt2.decode([int(i) for i in out.split()]) == expected_text(
+        model_dir, "The dog", max_new_tokens=12, temperature=0
+    )
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (
+            ["3 14 15"],
+            f"the model {INDUCTION_2L} comes with no tokenizer (encoder.json + vocab.bpe, or chars.json), and its "
+            "vocabulary of 64 ids is not GPT-2's: a text prompt needs one; give token ids with --ids "
+            '(e.g. gpt2 generate --ids "0 1 2")',
+        ),
+        (["--ids", "3 x"], "the prompt (--ids) must be token ids, whole numbers separated by spaces or commas"),
+        (["--ids", " , "], "the prompt (--ids) holds no token ids"),
+        (["--ids", "3 64"], "token id 64 in prompt 0 is out of range: ids are 0..63"),
+        (["--ids"], 'no prompt: give token ids (e.g. gpt2 generate --ids "464 3290")'),
+        (
+            ["--ids", "3", "--stop", "x"],
+            "--stop is text, which --ids has none of: the prompt and the output are token ids",
+        ),
+        (["--ids", "3", "--json-object"], "--json-object is text, which --ids has none of"),
+    ],
+)
+def test_generate_what_needs_a_tokenizer_is_refused_in_one_line(capsys, flags, message):
+    code, out, err = run(capsys, "generate", *flags, "--model", INDUCTION_2L)
+    assert (code, out) == (2, "") and err.startswith(f"gpt2: error: {message}") and err.count("\n") == 1, err

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 from cli_helpers import run
-from helpers import head_score_written_out
+from helpers import REPO, head_score_written_out
 
 if TYPE_CHECKING:
     import torch
@@ -355,3 +355,125 @@ def test_inspect_corrupted_bad_input_is_one_line(capsys, model_dir, argv, messag
     code, out, err = run(capsys, "inspect", *argv, "--model", model_dir)
     assert code == 2 and out == ""
     assert err.startswith(message) and err.count("\n") == 1, err
+
+
+# ------------------------------------------------------------------ a model that comes with no tokenizer: token ids
+
+INDUCTION_2L = str(REPO / "tests" / "fixtures" / "induction_2l")  # trained here: 64 ids, no tokenizer
+REPEATED = [3, 14, 15, 9, 26, 3, 14, 15]
+
+
+def test_inspect_ids_of_a_model_with_no_tokenizer_give_transformers_log_probabilities(capsys):
+    import json
+    import math
+
+    code, out, err = run(capsys, "inspect", "--ids", ",".join(map(str, REPEATED)), "--model", INDUCTION_2L, "--json")
+    assert code == 0 and err == ""
+    got = json.loads(out)
+    expected = hf_log_probabilities(INDUCTION_2L, REPEATED)
+    assert got["ids"] == REPEATED and got["tokens"] is None
+    assert max(abs(got["logprobs"][t] - expected[t - 1, REPEATED[t]].item()) for t in range(1, len(REPEATED))) < 1e-4
+    assert [[e["id"] for e in top] for top in got["top"]] == expected.topk(5).indices.tolist()
+    code, out, _ = run(capsys, "inspect", "--ids", " ".join(map(str, REPEATED)), "--model", INDUCTION_2L)
+    lines = out.splitlines()
+    assert code == 0 and [line.split()[:2] for line in lines[1 : 1 + len(REPEATED)]] == [
+        ["id", str(i)] for i in REPEATED
+    ]
+    best = expected[-1].argmax().item()
+    assert lines[-1].split()[1:4] == ["id", str(best), f"{math.exp(expected[-1, best].item()):.1%},"]
+    code, out, _ = run(capsys, "inspect", "--ids", "3 14 15", "--model", INDUCTION_2L, "--walk")
+    assert code == 0 and "ids = [3, 14, 15]" in out and "the next token after id 15: id " in out
+
+
+def test_inspect_heads_and_the_induction_experiment_need_no_tokenizer(capsys):
+    """--heads --repeat N (random ids of the model's vocabulary, no <|endoftext|> to start from) and --heads on
+    --ids give transformers' head scores; the induction experiment runs, and finds the head the model learned."""
+    import json
+
+    import torch
+
+    half = torch.randint(0, 64, (20,), generator=torch.Generator().manual_seed(0)).tolist()  # the documented seed
+    for flags, ids in ((["--repeat", "20"], half + half), (["--ids", "3,14,15,9,26,3,14,15"], REPEATED)):
+        capsys.readouterr()  # transformers' progress bars
+        code, out, err = run(capsys, "inspect", "--heads", *flags, "--model", INDUCTION_2L, "--json")
+        assert code == 0 and err == ""
+        got, expected = json.loads(out), hf_head_scores(INDUCTION_2L, ids)
+        for kind in KINDS:
+            assert max(abs(a - b) for r, e in zip(got[kind], expected[kind]) for a, b in zip(r, e)) < 1e-4, kind
+    assert max(max(row) for row in expected["induction"]) > 0.5  # the tables compared are not all zeros
+    capsys.readouterr()
+    code, out, _ = run(capsys, "inspect", "--heads", "--repeat", "20", "--model", INDUCTION_2L)
+    assert code == 0 and out.splitlines()[0] == "head scores on 20 random tokens written twice (seed 0, 40 tokens)"
+    code, out, err = run(capsys, "inspect", "--experiment", "induction", "--model", INDUCTION_2L)
+    assert code == 0 and out.splitlines()[-1].startswith("top heads (induction score on ") and ": 1.1 " in out
+
+
+def test_inspect_patching_on_ids_gives_transformers_logit_differences(capsys):
+    import json
+
+    clean, corrupted = [3, 14, 15, 9, 26, 3, 14], [3, 14, 15, 9, 26, 7, 14]
+    code, out, err = run(
+        capsys,
+        "inspect",
+        "--ids",
+        "--corrupted",
+        " ".join(map(str, corrupted)),
+        ",".join(map(str, clean)),
+        "--answer",
+        "15",
+        "--other",
+        "9",
+        "--model",
+        INDUCTION_2L,
+        "--json",
+    )
+    assert code == 0 and err == ""
+    got = json.loads(out)
+    assert (got["answer"], got["other"], got["ids"], got["tokens"]) == (15, 9, clean, None)
+    for name, ids in (("clean", clean), ("corrupted", corrupted)):
+        last = hf_log_probabilities(INDUCTION_2L, ids)[-1]
+        assert abs(got["logit_diff"][name] - float(last[15] - last[9])) < 1e-4
+    assert abs(got["activation"][0][5] - got["logit_diff"]["clean"]) < 1e-4  # the one embedding that differs
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (
+            ["3 14 15"],
+            'the text needs one; give token ids with --ids (e.g. gpt2 inspect --ids "0 1 2"), or run --heads '
+            "--repeat N",
+        ),
+        (["--heads", "a b a"], "the text needs one; give token ids with --ids"),
+        (["--corrupted", "a b", "a c"], "the texts need one; give token ids with --ids"),
+        (
+            ["--experiment", "ioi"],
+            "the ioi experiment's prompts are text, and the model INDUCTION comes with no tokenizer to read them: "
+            "on token ids, run --experiment induction or --heads --repeat N",
+        ),
+        (["--ids", "3 x"], "the text (--ids) must be token ids, whole numbers separated by spaces or commas"),
+        (["--ids", "3 64"], "token id 64"),
+        (["--ids"], "no token ids: give them"),
+        (["--ids", "--corrupted", "3 4", "3 5", "--answer", " Mary"], "--answer (--ids) must be token ids"),
+    ],
+)
+def test_inspect_what_needs_a_tokenizer_is_refused_in_one_line(capsys, argv, message):
+    code, out, err = run(capsys, "inspect", *argv, "--model", INDUCTION_2L)
+    message = message.replace("INDUCTION", INDUCTION_2L)
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert err.startswith("gpt2: error: ") and message in err, err
+    if "needs one" in message or "need one" in message:
+        assert f"the model {INDUCTION_2L} comes with no tokenizer" in err
+
+
+def test_inspect_prepend_bos_runs_the_text_after_endoftext(capsys, model_dir, tiktoken_gpt2):
+    import json
+
+    text = "The dog chased the cat"
+    code, out, err = run(capsys, "inspect", text, "--model", model_dir, "--json", "--prepend-bos")
+    assert code == 0 and err == ""
+    ids = [50256, *tiktoken_gpt2.encode(text)]  # TransformerLens's to_tokens, by default
+    got = json.loads(out)
+    assert got["ids"] == ids
+    expected = hf_log_probabilities(model_dir, ids)
+    assert max(abs(got["logprobs"][t] - expected[t - 1, ids[t]].item()) for t in range(1, len(ids))) < 1e-4

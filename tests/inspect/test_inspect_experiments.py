@@ -349,3 +349,15 @@ def test_an_unknown_corruption_is_refused_naming_the_choices(models):
         with pytest.raises(GPT2Error, match=re.escape(message)) as caught:
             call()
         assert caught.value.param == "corruption"
+
+
+def test_cli_ioi_takes_a_corruption_and_prints_io_prob_readably(models, capsys):
+    hf, ours, directory = models
+    assert main(["inspect", "--experiment", "ioi", "--model", directory, "--corruption", "abc"]) == 0
+    out = capsys.readouterr().out
+    io_prob = run_experiment(ours, "ioi").metrics["io_prob"]  # a random model: about 1/50257
+    printed = re.search(r"^io_prob +(\S+)$", out, re.M).group(1)
+    assert printed != "0.0000" and float(printed) == pytest.approx(io_prob, rel=0.05)  # 2.0e-05, not 0.0000
+    assert "corrupted by abc" in out
+    assert main(["inspect", "--experiment", "induction", "--model", directory, "--corruption", "abc"]) == 2
+    assert capsys.readouterr().err == "gpt2: error: --corruption is the ioi experiment's, not induction's\n"

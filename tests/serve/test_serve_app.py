@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import httpx
-from helpers import Running
+import pytest
+from helpers import REPO, Running, serving
 from serve_fixtures import ENC, N_CTX, complete, post
 
 
@@ -67,3 +68,36 @@ def test_models_tokenize_detokenize_and_metrics(server, client):
     assert 'gpt2_requests_total{endpoint="/v1/inspect",status="200"}' in httpx.get(server.url + "/metrics").text
     generated = next(line for line in metrics.splitlines() if line.startswith("gpt2_generated_tokens_total"))
     assert float(generated.split()[1]) >= 4
+
+
+INDUCTION_2L = REPO / "tests" / "fixtures" / "induction_2l"  # trained here: 64 ids, no tokenizer
+
+
+@pytest.fixture(scope="module")
+def ids_server():
+    """induction_2l served on token ids (its tokenizer None)."""
+    from gpt2.model.model import GPT2
+
+    yield from serving(GPT2.from_pretrained(INDUCTION_2L, device="cpu"), None, "induction_2l")
+
+
+def test_a_model_with_no_tokenizer_refuses_the_routes_of_text_with_a_400_and_its_playground_says_so(ids_server):
+    """Chat, /tokenize, /detokenize and /tokenizer_info are text: each a 400 saying the model has no tokenizer;
+    the page loads, and asks /tokenizer_info, whose refusal it shows."""
+    conversation = {"messages": [{"role": "user", "content": "Hi"}]}
+    refusals = {
+        "/v1/chat/completions": post(ids_server, conversation, "/v1/chat/completions"),
+        "/tokenize": post(ids_server, {"content": "Hi"}, "/tokenize"),
+        "/detokenize": post(ids_server, {"tokens": [3, 14]}, "/detokenize"),
+        "/tokenizer_info": httpx.get(ids_server.url + "/tokenizer_info"),
+    }
+    for route, answer in refusals.items():
+        error = answer.json()["error"]
+        assert answer.status_code == 400 and error["code"] == "tokenizer_required", route
+        assert error["message"].startswith("this model comes with no tokenizer, and "), route
+    chat = refusals["/v1/chat/completions"].json()["error"]
+    assert chat["param"] == "messages" and "/v1/completions continues a prompt of token ids" in chat["message"]
+    page = httpx.get(ids_server.url + "/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert 'send("/tokenizer_info")' in httpx.get(ids_server.url + "/ui/playground.js").text
+    assert [m.id for m in ids_server.client().models.list().data] == ["induction_2l"]

@@ -8,9 +8,9 @@ import json
 
 import pytest
 import torch
-from helpers import ConstraintWrittenOut, PenaltiesWrittenOut, transformers_greedy, transformers_sampled
+from helpers import REPO, ConstraintWrittenOut, PenaltiesWrittenOut, serving, transformers_greedy, transformers_sampled
 from llguidance import LLMatcher, grammar_from
-from serve_fixtures import ENC, api_token, complete, ours
+from serve_fixtures import ENC, api_token, complete, ours, post
 from transformers import LogitsProcessorList
 
 from gpt2.cli import main
@@ -276,3 +276,65 @@ def test_logit_bias_and_penalties_equal_transformers_with_the_same_rule(models, 
         got == expected
         and got != complete(client, prompt=request["prompt"], max_tokens=20, temperature=0).choices[0].text
     )
+
+
+# ------------------------------------------------------------------ a model that comes with no tokenizer: token ids
+
+INDUCTION_2L = REPO / "tests" / "fixtures" / "induction_2l"  # trained here: 64 ids, no tokenizer
+PROMPT_IDS = [3, 14, 15, 9, 26, 3, 14]
+
+
+@pytest.fixture(scope="module")
+def ids_server():
+    """induction_2l served on token ids (its tokenizer None)."""
+    from gpt2.model.model import GPT2
+
+    yield from serving(GPT2.from_pretrained(INDUCTION_2L, device="cpu"), None, "induction_2l")
+
+
+@pytest.fixture(scope="module")
+def induction_hf():
+    from transformers import GPT2LMHeadModel
+
+    return GPT2LMHeadModel.from_pretrained(INDUCTION_2L).eval()  # the same file, read by transformers
+
+
+def test_a_model_with_no_tokenizer_answers_token_ids_with_transformers_token_ids(ids_server, induction_hf):
+    """No text (""): each choice's token_ids, unasked, whole and streamed a chunk a token; sampled choices follow
+    the one seed rule; an echoed prompt's log-probabilities name each token "token_id:N", as lm-eval scores ids."""
+    client = ids_server.client()
+    request = dict(model="induction_2l", prompt=PROMPT_IDS, max_tokens=10)
+    greedy = transformers_greedy(induction_hf, PROMPT_IDS, 10)
+    whole = client.completions.create(**request, temperature=0)
+    choice = whole.choices[0].model_dump()
+    assert (choice["text"], choice["prompt_token_ids"], choice["token_ids"]) == ("", PROMPT_IDS, greedy)
+    assert choice["finish_reason"] == "length" and whole.usage.completion_tokens == 10
+    chunks = [c.choices[0].model_dump() for c in client.completions.create(**request, temperature=0, stream=True)]
+    assert [c["token_ids"] for c in chunks] == [[i] for i in greedy] and all(c["text"] == "" for c in chunks)
+    assert chunks[0]["prompt_token_ids"] == PROMPT_IDS and chunks[-1]["finish_reason"] == "length"
+    sampled = client.completions.create(**request, temperature=1.5, seed=7, n=2).choices
+    expected = [transformers_sampled(induction_hf, PROMPT_IDS, 10, seed, temperature=1.5) for seed in (7, 8)]
+    assert [c.model_dump()["token_ids"] for c in sampled] == expected and expected[0] != expected[1]
+    scored = client.completions.create(**{**request, "max_tokens": 0}, echo=True, logprobs=2).choices[0].logprobs
+    with torch.no_grad():
+        logprobs = torch.log_softmax(induction_hf(torch.tensor([PROMPT_IDS])).logits[0], dim=-1)  # (T, V)
+    assert scored.tokens == [f"token_id:{i}" for i in PROMPT_IDS] and scored.token_logprobs[0] is None
+    given = logprobs[:-1].gather(-1, torch.tensor(PROMPT_IDS[1:])[:, None])[:, 0]
+    assert torch.allclose(torch.tensor(scored.token_logprobs[1:]), given, atol=1e-4)
+    assert set(scored.top_logprobs[1]) >= {f"token_id:{i}" for i in logprobs[0].topk(2).indices.tolist()}
+
+
+@pytest.mark.parametrize(
+    "body, param, message",
+    [
+        ({"prompt": "3 14 15"}, "prompt", "a text in prompt needs one: give token ids instead, a list of ints"),
+        ({"prompt": [[3, 14], "text"]}, "prompt", "prompt 1: this model comes with no tokenizer"),
+        ({"prompt": [3, 14], "stop": "\n"}, "stop", "stop strings need one: they end the text"),
+        ({"prompt": [3, 14], "response_format": {"type": "json_object"}}, "response_format", "it constrains the text"),
+    ],
+)
+def test_a_model_with_no_tokenizer_refuses_completions_of_text_with_a_400(ids_server, body, param, message):
+    answer = post(ids_server, {"model": "induction_2l", "max_tokens": 2, **body})
+    error = answer.json()["error"]
+    assert answer.status_code == 400 and (error["param"], error["code"]) == (param, "tokenizer_required")
+    assert "this model comes with no tokenizer" in error["message"] and message in error["message"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import Running, make_hf_model
+from helpers import REPO, Running, make_hf_model
 from serve_fixtures import ENC, N_CTX, api_token, post
 
 from gpt2.errors import GPT2Error
@@ -87,3 +87,31 @@ def test_an_inspection_past_the_answer_bound_is_refused_saying_how_far_it_goes(m
         running.stop()
     with pytest.raises(GPT2Error, match="max_inspect_cells must be"):
         Limits(max_inspect_cells=0).check()
+
+
+INDUCTION_2L = REPO / "tests" / "fixtures" / "induction_2l"  # trained here: 64 ids, no tokenizer
+
+
+def test_a_model_with_no_tokenizer_is_inspected_on_token_ids():
+    """/v1/inspect of a prompt of ids: transformers' log-probabilities, each token "token_id:N"; a text is a 400."""
+    from transformers import GPT2LMHeadModel
+
+    from gpt2.model.model import GPT2
+
+    ids = [3, 14, 15, 9, 26, 3, 14]
+    running = Running(lambda: (GPT2.from_pretrained(INDUCTION_2L, device="cpu"), None), "induction_2l")
+    try:
+        answer = post(running, {"prompt": ids, "top_k": 2}, "/v1/inspect").json()
+        refused = post(running, {"prompt": "3 14 15"}, "/v1/inspect")
+    finally:
+        running.stop()
+    with torch.no_grad():
+        logprobs = torch.log_softmax(GPT2LMHeadModel.from_pretrained(INDUCTION_2L)(torch.tensor([ids])).logits[0], -1)
+    assert answer["ids"] == ids and answer["tokens"] == [f"token_id:{i}" for i in ids]
+    given = logprobs[:-1].gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
+    assert torch.allclose(torch.tensor(answer["logprobs"][1:]), given, atol=1e-4)
+    assert [[e["token"] for e in top] for top in answer["top_logprobs"]] == [
+        [f"token_id:{i}" for i in row] for row in logprobs.topk(2).indices.tolist()
+    ]
+    error = refused.json()["error"]
+    assert refused.status_code == 400 and (error["param"], error["code"]) == ("prompt", "tokenizer_required")

@@ -12,7 +12,7 @@ import sys
 import httpx
 import openai
 import pytest
-from helpers import REPO, Watched, make_hf_model
+from helpers import REPO, Watched, make_hf_model, transformers_greedy
 from serve_fixtures import HANG, N_CTX, SPECIAL_PROMPT, free_port, gpt2_generate, gpt2_serve, metric, ours
 
 from gpt2.cli import main
@@ -253,3 +253,23 @@ def test_a_batch_whose_kv_cache_cannot_fit_is_refused_before_the_port_is_taken(m
         f"gpt2: error: a KV cache of 64 rows of {N_CTX} positions needs about {needed / 1e6:.1f} MB of "
         f"memory, but the CPU has 10.0 MB available: a smaller --max-batch-size\n"
     )
+
+
+def test_gpt2_serve_serves_a_model_with_no_tokenizer_on_token_ids(forks):
+    """A model trained here on a vocabulary of its own (no tokenizer) starts, answers a prompt of ids with
+    transformers' ids, and refuses a text prompt with a 400 saying it needs a tokenizer."""
+    from transformers import GPT2LMHeadModel
+
+    model, prompt = str(REPO / "tests" / "fixtures" / "induction_2l"), [3, 14, 15, 9, 26, 3, 14]
+    process, url = gpt2_serve(forks, "--model", model)
+    try:
+        body = {"prompt": prompt, "max_tokens": 6, "temperature": 0}
+        choice = httpx.post(url + "/v1/completions", json=body, timeout=HANG).json()["choices"][0]
+        refused = httpx.post(url + "/v1/completions", json={**body, "prompt": "3 14 15"}, timeout=HANG)
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=60) == 130
+    finally:
+        process.kill()
+    expected = transformers_greedy(GPT2LMHeadModel.from_pretrained(model).eval(), prompt, 6)
+    assert (choice["text"], choice["prompt_token_ids"], choice["token_ids"]) == ("", prompt, expected)
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "tokenizer_required"

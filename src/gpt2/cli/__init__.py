@@ -1,6 +1,7 @@
 """The `gpt2` command: a thin layer over the Python API, a room per command as vLLM's entrypoints/cli/.
 
-    common    the usage error, the parser and its help's layout, text from the command line and stdin
+    common    the usage error, the parser and its help's layout, text (and token ids, --ids) from the command line
+              and stdin
     options   the flags several commands share (device, threads, sampling, draft model, chat template), and
               the model they load
     flags     a library's message said with the command's flags ("max_iters" -> "--max-iters")

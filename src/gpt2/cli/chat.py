@@ -39,7 +39,9 @@ def cmd(args: argparse.Namespace) -> int:
     system = (
         None if args.system is None else command_line_text(args.system, "the system message given on the command line")
     )
-    model, tokenizer = load_model(args)
+    model, tokenizer = load_model(
+        args, needs="a conversation is text, which needs one (gpt2 generate --ids continues token ids)"
+    )
     chat = Chat(
         model,
         tokenizer,

@@ -1,5 +1,5 @@
 """What every command shares: the usage error, the parser and its help's layout, text read from the command line and
-standard input.
+standard input, and token ids written as text.
 """
 
 from __future__ import annotations
@@ -50,3 +50,21 @@ def whole_number(text: str) -> int:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
     return value
+
+
+def token_ids(text: str, what: str) -> list[int]:
+    """Token ids written as `gpt2 tokenize` prints them, whole numbers separated by spaces or commas ("464 3290",
+    "464,3290"): the input of --ids, for a model that comes with no tokenizer (or a text already tokenized).
+    Their range is the model's to check, once it has loaded."""
+    words = text.replace(",", " ").split()
+    if not words:
+        raise UsageError(f"{what} holds no token ids: give whole numbers separated by spaces or commas (e.g. 464,3290)")
+    ids = []
+    for word in words:
+        try:
+            ids.append(int(word))
+        except ValueError:
+            raise UsageError(
+                f"{what} must be token ids, whole numbers separated by spaces or commas (e.g. 464,3290), got {word!r}"
+            ) from None
+    return ids

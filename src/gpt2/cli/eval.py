@@ -23,7 +23,7 @@ def cmd(args: argparse.Namespace) -> int:
         raise UsageError("--limit counts the examples of a --task; a text is scored whole")
     file = None if args.file is None else command_line_text(args.file, "FILE")
     data = _check_eval_args(args, file)
-    model, tokenizer = load_model(args)
+    model, tokenizer = load_model(args, needs=_needs_text(args))
     options = dict(context=args.context, stride=args.stride, batch_size=args.batch_size, progress=args.progress)
     if args.task is not None:
         result = evaluate.run_task(model, args.task, args.data, limit=args.limit, **options)
@@ -37,6 +37,18 @@ def cmd(args: argparse.Namespace) -> int:
         for key, value in result.items():
             print(f"{key:<14} {value:.4f}" if isinstance(value, float) else f"{key:<14} {value}")
     return 0
+
+
+def _needs_text(args: argparse.Namespace) -> str | None:
+    """What of the evaluation needs the model's tokenizer: a text FILE and a task's texts; a prepared directory is
+    ids (None: nothing)."""
+    if args.task is not None:
+        return f"--task {args.task}'s texts need one"
+    if args.file is not None:
+        return (
+            "a text FILE needs one; give its ids instead, a directory prepared with the model's vocabulary (--data DIR)"
+        )
+    return None
 
 
 def _check_eval_args(args: argparse.Namespace, file: str | None):

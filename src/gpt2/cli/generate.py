@@ -1,5 +1,5 @@
 """`gpt2 generate`: text continued by a model, streamed, with its sampling, structured outputs and speculative
-decoding flags.
+decoding flags; or, with --ids, token ids continued by token ids (a model that comes with no tokenizer).
 """
 
 from __future__ import annotations
@@ -7,18 +7,21 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Iterator
 
 from gpt2.cli.common import (
     HelpFormatter,
     UsageError,
     command_line_text,
     read_stdin,
+    token_ids,
     whole_number,
     without_final_newline,
 )
 from gpt2.cli.options import (
     add_cuda_graphs_flag,
     add_draft_flags,
+    add_ids_flag,
     add_inference_device_flags,
     add_model_flag,
     add_no_progress_flag,
@@ -34,19 +37,25 @@ from gpt2.cli.options import (
     read_sampling,
     with_top_k,
 )
-from gpt2.settings import MAX_NEW_TOKENS
+from gpt2.settings import DRAFT_TOKENS, MAX_NEW_TOKENS
 
 
-def _check_generate_args(args: argparse.Namespace) -> str:
+def _check_generate_args(args: argparse.Namespace) -> str | list[int]:
     """What can be checked before a model is loaded (every flag but --top-k's bound, the
     vocabulary; the draft model's configuration, not its weights), `args.sampling` made of the
-    sampling flags; returns the prompt."""
+    sampling flags; returns the prompt (its ids, with --ids)."""
     from gpt2._checks import positive_int
     from gpt2.generation.decoding import check_max_new_tokens
     from gpt2.generation.generate import check_stop
 
     if args.prompt is None:
-        raise UsageError('no prompt: give one (e.g. gpt2 generate "Once upon a time"), or - to read standard input')
+        raise UsageError(
+            'no prompt: give token ids (e.g. gpt2 generate --ids "464 3290"), or - to read standard input'
+            if args.ids
+            else 'no prompt: give one (e.g. gpt2 generate "Once upon a time"), or - to read standard input'
+        )
+    if args.ids:
+        _text_flags_refused(args)
     args.sampling = read_sampling(args)
     check_max_new_tokens(args.max_new_tokens)
     positive_int("num_samples", args.num_samples)
@@ -57,9 +66,31 @@ def _check_generate_args(args: argparse.Namespace) -> str:
     if args.draft is not None:
         model_configs(args)
     args.structured = _structured(args)
-    if args.prompt == "-":
-        return without_final_newline(read_stdin())
-    return command_line_text(args.prompt, "the prompt given on the command line")
+    text = (
+        read_stdin() if args.prompt == "-" else command_line_text(args.prompt, "the prompt given on the command line")
+    )
+    if args.ids:
+        return token_ids(text, "the prompt (--ids)")
+    return without_final_newline(text) if args.prompt == "-" else text
+
+
+def _text_flags_refused(args: argparse.Namespace) -> None:
+    """--ids: the flags that are text (a stop string, a constraint, <|endoftext|> in the prompt) refused."""
+    text = [
+        flag
+        for flag, given in (
+            ("--stop", args.stop),
+            ("--json-schema", args.json_schema),
+            ("--json-object", args.json_object),
+            ("--regex", args.regex),
+            ("--choice", args.choice),
+            ("--grammar", args.grammar),
+            ("--special-as-text", args.special_as_text),
+        )
+        if given
+    ]
+    if text:
+        raise UsageError(f"{text[0]} is text, which --ids has none of: the prompt and the output are token ids")
 
 
 def _structured(args: argparse.Namespace) -> dict:
@@ -114,19 +145,47 @@ def _load_draft(args: argparse.Namespace, model, tokenizer):
         return None
     from gpt2.generation.engines import check_draft
 
-    draft, draft_tokenizer = load_model(args, args.draft)
+    draft, draft_tokenizer = load_model(args, args.draft, needs=_needs_text(args))
     check_draft(model, draft, tokenizer, draft_tokenizer)
     return draft
 
 
-def cmd(args: argparse.Namespace) -> int:
-    from gpt2.generation.generate import TextGeneration
+def _needs_text(args: argparse.Namespace) -> str | None:
+    """What of the command needs the model's tokenizer: a prompt of text (None: with --ids, nothing)."""
+    return None if args.ids else 'a text prompt needs one; give token ids with --ids (e.g. gpt2 generate --ids "0 1 2")'
 
+
+def cmd(args: argparse.Namespace) -> int:
     prompt = _check_generate_args(args)
-    model, tokenizer = load_model(args)
+    model, tokenizer = load_model(args, needs=_needs_text(args))
     draft = _load_draft(args, model, tokenizer)
     started = time.perf_counter()
-    generation = TextGeneration(
+    generation = _generation(args, model, tokenizer, prompt, draft)
+    bar = _generation_bar(args, len(generation.rows))
+    shown = " ".join(map(str, prompt)) if args.ids else prompt
+    samples = _Samples(sys.stdout, shown, generation, args.stream, bar)
+    try:
+        with bar:  # closed (its last line drawn) before what follows is printed
+            for row, piece in generation:
+                bar.update(generation.tokens_generated - bar.n)
+                samples.add(row, piece)
+    except BaseException as e:
+        samples.close(interrupted=True)  # Ctrl-C keeps what was generated, streamed or not
+        if isinstance(e, KeyboardInterrupt):
+            _summary(generation.tokens_generated, started)
+        raise
+    samples.close()
+    _summary(generation.tokens_generated, started)
+    return 0
+
+
+def _generation(args: argparse.Namespace, model, tokenizer, prompt: str | list[int], draft):
+    """The prompt's continuations, as (row, piece) pieces of text: the text API's, or with --ids each new id."""
+    from gpt2.generation.generate import TextGeneration
+
+    if args.ids:
+        return _id_generation(args, model, tokenizer, prompt, draft)
+    return TextGeneration(
         model,
         tokenizer,
         prompt,
@@ -141,21 +200,81 @@ def cmd(args: argparse.Namespace) -> int:
         **draft_tokens_of(args),
         **args.structured,
     )
-    bar = _generation_bar(args, len(generation.rows))
-    samples = _Samples(sys.stdout, prompt, generation, args.stream, bar)
-    try:
-        with bar:  # closed (its last line drawn) before what follows is printed
-            for row, piece in generation:
-                bar.update(generation.tokens_generated - bar.n)
-                samples.add(row, piece)
-    except BaseException as e:
-        samples.close(interrupted=True)  # Ctrl-C keeps what was generated, streamed or not
-        if isinstance(e, KeyboardInterrupt):
-            _summary(generation.tokens_generated, started)
-        raise
-    samples.close()
-    _summary(generation.tokens_generated, started)
-    return 0
+
+
+def _id_generation(args: argparse.Namespace, model, tokenizer, prompt: list[int], draft) -> _IdGeneration:
+    """gpt2 generate --ids: the rows of the prompt's ids, as the text API makes a text's (one seed rule, the
+    penalties, the draft or prompt lookup); a row ends at the model's <|endoftext|>, where it has a tokenizer."""
+    from gpt2.generation.decoding import Request
+    from gpt2.generation.lookup import lookup_of
+    from gpt2.generation.processors import processing_of
+
+    bias, penalties = args.structured["logit_bias"], (args.frequency_penalty, args.presence_penalty)
+    request = Request.build(
+        [prompt],
+        args.max_new_tokens,
+        n_vocab=model.config.n_vocab,
+        n_ctx=model.config.n_ctx,
+        sampling=with_top_k(args.sampling, model),
+        seed=args.seed,
+        n=args.num_samples,
+        n_param="num_samples",
+        eos_token_id=None if tokenizer is None else tokenizer.eot_token,
+        on_overflow=args.on_overflow,
+        processing=processing_of(None, None, bias, *penalties, args.repetition_penalty),  # no constraint: no text
+    )
+    lookup = lookup_of(args.speculative, args.prompt_lookup_max, args.prompt_lookup_min)
+    draft_tokens = DRAFT_TOKENS if args.draft_tokens is None else args.draft_tokens
+    return _IdGeneration(model, request, draft, draft_tokens, lookup, spaced=args.stream)
+
+
+class _IdGeneration:
+    """A request's rows of token ids continued by the token loop (`decoding.Decoder`), as (row, piece): each new id
+    a piece of text, " 464" (the first without its space unless `spaced`, after the prompt's ids), as
+    `TextGeneration` gives a text's pieces; a row's end token is one of its ids. (The library's door for ids,
+    `GPT2.generate`, gives them once it is done; this one streams.)"""
+
+    def __init__(self, model, request, draft, draft_tokens: int, lookup, spaced: bool):
+        from gpt2.generation.engines import NumpyEngine
+        from gpt2.reference import ReferenceModel
+
+        def engine(m):
+            if isinstance(m, ReferenceModel):
+                return NumpyEngine(m, request.slots)
+            hint = "generate fewer samples at once: a smaller num_samples"
+            return m.engine(request.slots, request.longest + request.max_new_tokens, hint=hint, param="num_samples")
+
+        # the engines (and the memory they need) before the rows, as TextGeneration makes them
+        self.engine, self.draft = engine(model), None if draft is None else engine(draft)
+        self.draft_tokens, self.lookup, self.spaced = draft_tokens, lookup, spaced
+        self.rows = request.rows()
+        self.ended = [False] * len(self.rows)
+        self.given = [0] * len(self.rows)  # each row's ids given out
+        self.tokens_generated = 0
+
+    @property
+    def finish_reasons(self) -> list[str | None]:
+        return [row.finish_reason if ended else None for row, ended in zip(self.rows, self.ended)]
+
+    def __iter__(self) -> Iterator[tuple[int, str]]:
+        import torch
+
+        from gpt2.generation.decoding import Decoder, finish_reasons
+
+        index = {row: b for b, row in enumerate(self.rows)}
+        decoder = Decoder(self.engine, draft=self.draft, draft_tokens=self.draft_tokens, lookup=self.lookup)
+        for row in self.rows:
+            decoder.add(row)
+        with torch.inference_mode():
+            while decoder.busy:
+                events = decoder.step()
+                for (row, token), reason in zip(events, finish_reasons(events)):
+                    b = index[row]
+                    self.ended[b] = self.ended[b] or reason is not None
+                    if token is not None:
+                        self.tokens_generated += 1
+                        self.given[b] += 1
+                        yield b, ("" if self.given[b] == 1 and not self.spaced else " ") + str(token)
 
 
 def _generation_bar(args: argparse.Namespace, rows: int):
@@ -236,9 +355,14 @@ examples:
   gpt2 generate "Once upon a time" --seed 42 --top-p 0.9 --stop $'\\n\\n'
   echo "The meaning of life is" | gpt2 generate - --num-samples 3 --no-stream
   gpt2 generate "Hello" --model path/to/weights --device cuda --dtype bfloat16
+  gpt2 generate --ids 3,14,15,9 --model out-ids --max-new-tokens 8   # token ids in, token ids out
+  gpt2 tokenize "Hello world" | gpt2 generate --ids - --temperature 0
 
 A prompt read from standard input loses one final newline, so that the model continues
-its last line.
+its last line. With --ids the prompt is token ids and so is what is printed, a line of ids a
+sample (the prompt's first, when streamed): the way in for a model that comes with no tokenizer
+(one trained here on a vocabulary of its own); --stop and the structured outputs are text, which
+--ids has none of.
 """
 
 
@@ -297,6 +421,7 @@ def add_parser(commands) -> None:
         formatter_class=HelpFormatter,
     )
     generate.add_argument("prompt", nargs="?", help="the prompt, or - to read it from standard input")
+    add_ids_flag(generate, "the prompt", ", and the output is token ids too")
     add_model_flag(
         generate,
         "gpt2, gpt2-medium, gpt2-large, gpt2-xl (downloaded once), "

@@ -1,5 +1,6 @@
 """`gpt2 inspect`: what a model does with a text: its tokens' probabilities, the walkthrough, pictures, heads,
-experiments, activation patching and SAE features (gpt2.inspect).
+experiments, activation patching and SAE features (gpt2.inspect); with --ids, on token ids, for a model that comes
+with no tokenizer.
 """
 
 from __future__ import annotations
@@ -15,10 +16,18 @@ from gpt2.cli.common import (
     UsageError,
     command_line_text,
     read_stdin,
+    token_ids,
     whole_number,
     without_final_newline,
 )
-from gpt2.cli.options import add_inference_device_flags, add_model_flag, check_device, load_model, read_sampling
+from gpt2.cli.options import (
+    add_ids_flag,
+    add_inference_device_flags,
+    add_model_flag,
+    check_device,
+    load_model,
+    read_sampling,
+)
 from gpt2.settings import TEMPERATURE
 
 
@@ -39,17 +48,21 @@ def cmd(args: argparse.Namespace) -> int:
     if args.heads or args.repeat is not None:
         return _cmd_inspect_heads(args)
     if args.text is None:
-        raise UsageError('no text: give one (e.g. gpt2 inspect "The dog chased the"), or - to read standard input')
+        raise UsageError(
+            'no token ids: give them (e.g. gpt2 inspect --ids "464 3290 26172 262"), or - to read standard input'
+            if args.ids
+            else 'no text: give one (e.g. gpt2 inspect "The dog chased the"), or - to read standard input'
+        )
     if args.json and args.walk:
         raise UsageError("give --json or --walk, not both")
     sampling = read_sampling(args)
     check_device(args)
     png = None if args.png is None else writable_directory(args.png)
     text = _inspect_text(args)
-    model, _ = load_model(args)
+    model, _ = load_model(args, needs=_needs_text(args))
     sampling.check_vocab(model.config.n_vocab)  # --top-k: here, not in next_token_report, whose k is no flag
     names = tracing.activation_names(model.config.n_layer, on_request=args.walk)
-    trace = tracing.trace(model, text, names=names)
+    trace = tracing.trace(model, text, names=names, prepend_bos=args.prepend_bos)
     if png is not None:
         _draw(trace, png, args.position, sampling)
     if args.walk:
@@ -66,12 +79,46 @@ def cmd(args: argparse.Namespace) -> int:
     return 0
 
 
-def _inspect_text(args: argparse.Namespace) -> str:
-    """gpt2 inspect's text: the argument, or standard input for -; never empty."""
-    text = without_final_newline(read_stdin()) if args.text == "-" else command_line_text(args.text, "the text")
+def _inspect_text(args: argparse.Namespace) -> str | list[int]:
+    """gpt2 inspect's text: the argument, or standard input for -; never empty. With --ids, its token ids."""
+    text = read_stdin() if args.text == "-" else command_line_text(args.text, "the text")
+    if args.ids:
+        return token_ids(text, "the text (--ids)")
+    text = without_final_newline(text) if args.text == "-" else text
     if not text:
         raise UsageError("the text is empty: give at least one token's worth")
     return text
+
+
+def _with_bos(model, text: str | list[int], args: argparse.Namespace) -> str | list[int]:
+    """A text as ids after <|endoftext|> with --prepend-bos (ids run as given); else as it is."""
+    from gpt2.inspect import tracing
+
+    return tracing.token_ids(model, text, True)[0] if args.prepend_bos and isinstance(text, str) else text
+
+
+def _text_or_ids(args: argparse.Namespace, text: str, what: str) -> str | list[int]:
+    """A text given on the command line, or with --ids its token ids."""
+    text = command_line_text(text, what)
+    return token_ids(text, f"{what} (--ids)") if args.ids else text
+
+
+def _needs_text(args: argparse.Namespace, needs: str = "the text needs one") -> str | None:
+    """What of the command needs the model's tokenizer (`needs`: its text), and how to give ids instead; None with
+    --ids, or where the view takes no text (--heads --repeat N, --experiment induction)."""
+    if args.ids or args.text is None:
+        return None
+    return f'{needs}; give token ids with --ids (e.g. gpt2 inspect --ids "0 1 2"), or run --heads --repeat N'
+
+
+def _given_token(args: argparse.Namespace, token: str | None, flag: str) -> str | int | None:
+    """--answer or --other as given: a token's text, or with --ids its id."""
+    if token is None or not args.ids:
+        return token
+    ids = token_ids(token, f"{flag} (--ids)")
+    if len(ids) != 1:
+        raise UsageError(f"{flag} is one token: with --ids, one id, got {len(ids)}: {token!r}")
+    return ids[0]
 
 
 def _cmd_inspect_experiment(args: argparse.Namespace) -> int:
@@ -84,15 +131,23 @@ def _cmd_inspect_experiment(args: argparse.Namespace) -> int:
         raise UsageError("--experiment runs on its own data: give no text")
     check_device(args)
     png = None if args.png is None else writable_directory(args.png)
-    model, _ = load_model(args)
-    result = experiments.run_experiment(model, args.experiment, model_name=args.model)
+    model, tokenizer = load_model(args, needs=None)
+    if tokenizer is None and args.experiment != "induction":
+        raise UsageError(
+            f"the {args.experiment} experiment's prompts are text, and the model {args.model} comes with no "
+            "tokenizer to read them: on token ids, run --experiment induction or --heads --repeat N"
+        )
+    if args.corruption is not None and args.experiment != "ioi":
+        raise UsageError(f"--corruption is the ioi experiment's, not {args.experiment}'s")
+    options = {} if args.corruption is None else {"corruption": args.corruption}
+    result = experiments.run_experiment(model, args.experiment, model_name=args.model, **options)
     print(
         f"{result.name}: {result.prompts} prompt{'s' * (result.prompts != 1)}; " + "; ".join(result.notes)
         if result.notes
         else f"{result.name}:"
     )
-    for key, value in result.metrics.items():
-        print(f"{key:<20} {value:.4f}")
+    for key, shown in result.shown().items():
+        print(f"{key:<20} {shown}")
     n_head = model.config.n_head
     top = result.heads.flatten().abs().argsort(descending=True)[:5].tolist()
     print(
@@ -134,12 +189,16 @@ def _cmd_inspect_patching(args: argparse.Namespace) -> int:
     check_device(args)
     png = None if args.png is None else writable_directory(args.png)
     clean, corrupted = (
-        command_line_text(t, what) for t, what in ((args.text, "the text"), (args.corrupted, "--corrupted"))
+        _text_or_ids(args, t, what) for t, what in ((args.text, "the text"), (args.corrupted, "--corrupted"))
     )
-    model, _ = load_model(args)
+    tokens_given = {
+        flag: _given_token(args, token, flag) for flag, token in (("--answer", args.answer), ("--other", args.other))
+    }
+    model, _ = load_model(args, needs=_needs_text(args, "the texts need one"))
+    clean, corrupted = (_with_bos(model, t, args) for t in (clean, corrupted))
     runs = {name: trace(model, text, names=()) for name, text in (("clean", clean), ("corrupted", corrupted))}
-    answer = _one_token(model, args.answer, "answer", runs["clean"])
-    other = _one_token(model, args.other, "other", runs["corrupted"])
+    answer = _one_token(model, tokens_given["--answer"], "answer", runs["clean"])
+    other = _one_token(model, tokens_given["--other"], "other", runs["corrupted"])
     defaulted = [
         f"{name}: the {run} text's next token"
         for name, run, given in (("answer", "clean", args.answer), ("other", "corrupted", args.other))
@@ -172,6 +231,7 @@ def _cmd_inspect_patching(args: argparse.Namespace) -> int:
                     "other": other,
                     "logit_diff": diffs,
                     "tokens": runs["clean"].tokens,
+                    "ids": runs["clean"].ids,
                     **{how.split()[0]: grid.tolist() for how, grid in grids.items()},
                 }
             )
@@ -201,8 +261,9 @@ def _alone(args: argparse.Namespace, flag: str, does: str, *also: tuple[str, obj
         raise UsageError(f"{flag} {does}: give it without {given[0]}")
 
 
-def _one_token(model, token: str | None, flag: str, run) -> int:
-    """--answer or --other: one token of the model's vocabulary, or (none given) the run's next token."""
+def _one_token(model, token: str | int | None, flag: str, run) -> int:
+    """--answer or --other: one token of the model's vocabulary (its text, or its id), or (none given) the run's
+    next token."""
     if token is None:
         return int(run.logits[-1].argmax())
     return one_token(token, model.tokenizer, model.config.n_vocab, flag)
@@ -232,9 +293,9 @@ def _cmd_inspect_sae(args: argparse.Namespace) -> int:
     check_device(args)
     text = _inspect_text(args)
     sae = saes.load_sae(args.sae)  # a missing or broken file: one line, before the model loads
-    model, _ = load_model(args)
+    model, _ = load_model(args, needs=_needs_text(args))
     sae.check_fits(model)
-    t = trace(model, text, names=sae.names())
+    t = trace(model, text, names=sae.names(), prepend_bos=args.prepend_bos)
     top = saes.top_features(saes.sae_features(t, sae), args.top_k)
     tokens = t.tokens or [None] * len(t.ids)
     if args.json:
@@ -294,10 +355,9 @@ def _cmd_inspect_heads(args: argparse.Namespace) -> int:
         positive_int("repeat", args.repeat)
     check_device(args)
     png = None if args.png is None else writable_directory(args.png)
-    text = args.text if args.text in (None, "-") else command_line_text(args.text, "the text")
-    text = without_final_newline(read_stdin()) if text == "-" else text
-    model, tokenizer = load_model(args)
-    ids, what = _heads_input(model, tokenizer, text, args.repeat)
+    text = None if args.text is None else _inspect_text(args)
+    model, tokenizer = load_model(args, needs=_needs_text(args))
+    ids, what = _heads_input(model, tokenizer, None if text is None else _with_bos(model, text, args), args.repeat)
     scores = {kind: head_scores(model, ids, kind) if score_masks(ids, kind)[1].any() else None for kind in HEAD_SCORES}
     if png is not None:
         from gpt2.inspect import figures
@@ -311,9 +371,10 @@ def _cmd_inspect_heads(args: argparse.Namespace) -> int:
     return 0
 
 
-def _heads_input(model, tokenizer, text: str | None, repeat: int | None) -> tuple[list[int], str]:
-    """The ids --heads scores, and what they are in words: the text's tokens, or --repeat N random
-    tokens of the tokenizer's vocabulary written twice, after <|endoftext|> where it has one."""
+def _heads_input(model, tokenizer, text: str | list[int] | None, repeat: int | None) -> tuple[list[int], str]:
+    """The ids --heads scores, and what they are in words: the text's tokens (or its ids), or --repeat N random
+    tokens of the tokenizer's vocabulary (the model's, without one) written twice, after <|endoftext|> where it
+    has one."""
     from gpt2.inspect import repeated_tokens, tracing
 
     if text is not None:
@@ -321,7 +382,7 @@ def _heads_input(model, tokenizer, text: str | None, repeat: int | None) -> tupl
         if len(ids) < 2:
             raise UsageError("the text is one token: head scores need two or more")
         return ids, f"the text's {len(ids)} tokens"
-    start = tokenizer.eot_token
+    start = None if tokenizer is None else tokenizer.eot_token
     length, n_ctx = 2 * repeat + (start is not None), model.config.n_ctx
     if length > n_ctx:
         most = (n_ctx - (start is not None)) // 2
@@ -331,7 +392,8 @@ def _heads_input(model, tokenizer, text: str | None, repeat: int | None) -> tupl
             f"{repeat} random tokens twice), longer than the model's context of n_ctx={n_ctx}: "
             f"give --repeat {most} or less"
         )
-    ids = repeated_tokens(repeat, tokenizer.n_vocab, seed=HEADS_SEED, start=start)
+    n_vocab = model.config.n_vocab if tokenizer is None else tokenizer.n_vocab
+    ids = repeated_tokens(repeat, n_vocab, seed=HEADS_SEED, start=start)
     return ids, f"{repeat} random tokens written twice (seed {HEADS_SEED}, {length} tokens)"
 
 
@@ -370,12 +432,18 @@ examples:
   gpt2 inspect --heads --repeat 30                    # each head's scores: previous token, duplicate, induction
   gpt2 inspect --experiment ioi --png pictures        # indirect object identification: metrics, pictures
   gpt2 inspect --sae my-sae "The dog chased the cat"  # each token's top features of an SAE saved by SAELens
+  gpt2 inspect --ids 3,14,15,9,3,14 --model out-ids   # token ids, for a model that comes with no tokenizer
 
 --png DIR draws, for the text: attention-blockI.png (every head of block I), logit-lens.png (the
 token each layer's residual stream predicts at each position) and next-token.png (the
 distribution after --position before and after --temperature, --top-k and --top-p); with --heads,
 head-scores.png (each head's three scores as layer x head heat maps). The Python
 API, gpt2.inspect.trace, records every activation and can patch any of them.
+
+A model that comes with no tokenizer (one trained here on a vocabulary of its own) is
+inspected on token ids: --ids reads the text (and --corrupted's, --answer and --other) as
+ids, and each token is shown as "id N"; --heads --repeat N and --experiment induction take no
+text. The ioi and greater-than experiments are text, and need GPT-2's tokenizer.
 """
 
 
@@ -389,6 +457,12 @@ def add_parser(commands) -> None:
         formatter_class=HelpFormatter,
     )
     inspect.add_argument("text", nargs="?", help="the text, or - to read it from standard input")
+    add_ids_flag(inspect, "the text (and --corrupted's, --answer and --other)")
+    inspect.add_argument(
+        "--prepend-bos",
+        action="store_true",
+        help="put <|endoftext|> before each text, as TransformerLens does by default (default: the text as given)",
+    )
     add_model_flag(inspect)
     inspect.add_argument(
         "--top-k",
@@ -475,6 +549,12 @@ def add_parser(commands) -> None:
 
 
 def _add_inspect_experiment_flag(inspect) -> None:
+    inspect.add_argument(
+        "--corruption",
+        choices=["s2_io", "abc", "swap"],
+        help="--experiment ioi: the prompts patching takes heads into: the second S made IO (s2_io, the "
+        "default), three other names (abc), or IO and S exchanged (swap)",
+    )
     inspect.add_argument(
         "--experiment",
         choices=["induction", "ioi", "greater-than"],

@@ -69,8 +69,11 @@ def _flag(setting: str) -> str:
     return "--" + setting.replace("_", "-")
 
 
-def load_model(args: argparse.Namespace, name: str | None = None):
-    """The model (--model, or `name`) and the tokenizer saved with it (GPT-2's for a model of GPT-2's vocabulary)."""
+def load_model(args: argparse.Namespace, name: str | None = None, *, needs: str | None):
+    """The model (--model, or `name`) and the tokenizer saved with it (GPT-2's for a model of GPT-2's vocabulary).
+    A model that comes with no tokenizer (one trained here on a vocabulary of its own) is refused where the command
+    reads or writes text, `needs` saying what of it needs one and how to give ids instead; with `needs` None the
+    command works on ids, and the tokenizer is None."""
     name = args.model if name is None else name
     if args.engine == "numpy":
         from gpt2.checkpoints.weights import locate
@@ -82,12 +85,24 @@ def load_model(args: argparse.Namespace, name: str | None = None):
 
         model = GPT2.from_pretrained(name, device=args.device, dtype=args.dtype).use_cuda_graphs(args.cuda_graphs)
         tokenizer = model.tokenizer
-    if tokenizer is None:
+    if tokenizer is None and needs is not None:
         raise UsageError(
             f"the model {name} comes with no tokenizer (encoder.json + vocab.bpe, or chars.json), "
-            f"and its vocabulary of {model.config.n_vocab} ids is not GPT-2's"
+            f"and its vocabulary of {model.config.n_vocab} ids is not GPT-2's: {needs}"
         )
     return model, tokenizer
+
+
+def add_ids_flag(parser: argparse.ArgumentParser, what: str, also: str = "") -> None:
+    """--ids: the command's text given as token ids, for a model that comes with no tokenizer (or a text tokenized
+    already), as `gpt2 tokenize` prints them."""
+    parser.add_argument(
+        "--ids",
+        action="store_true",
+        help=f"{what} is token ids, whole numbers separated by spaces or commas, as gpt2 tokenize prints them "
+        f'(464,3290 or "464 3290"; - reads them from standard input){also}: for a model that comes with no '
+        "tokenizer",
+    )
 
 
 def allowed_special(args: argparse.Namespace) -> frozenset[str] | str:

@@ -72,9 +72,11 @@ def cmd(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
 
-    load_draft = None if args.draft is None else lambda: load_model(args, args.draft)
+    # a model that comes with no tokenizer is served too, on token ids (its tokenizer None): the requests that are
+    # text are refused, each with a 400 saying so
+    load_draft = None if args.draft is None else lambda: load_model(args, args.draft, needs=None)
     serve(
-        lambda: load_model(args),
+        lambda: load_model(args, needs=None),
         args.model,
         args.host,
         args.port,
@@ -101,7 +103,9 @@ own or --chat-template), its chat completions API (/v1/chat/completions), /v1/in
 lens of a prompt), llama.cpp's /tokenize and /detokenize, /health and Prometheus' /metrics; and
 the playground, a page at / (open http://127.0.0.1:8000/ in a browser). Requests share one
 batch: each joins it at the next token and leaves it when it ends. Ctrl-C or SIGTERM stops the
-server; requests in flight get an error.
+server; requests in flight get an error. A model that comes with no tokenizer (one trained here
+on a vocabulary of its own) is served on token ids: /v1/completions takes a prompt of ids and
+answers with them (token_ids); what is text (a text prompt, stop strings, chat) gets a 400.
 """
 
 

@@ -35,17 +35,18 @@ from gpt2.tokenizer.chat import ChatTemplate
 
 
 def create_app(
-    load: Callable[[], tuple[GPT2, Tokenizer]],
+    load: Callable[[], tuple[GPT2, Tokenizer | None]],
     model_id: str,
     limits: Limits = Limits(),
     *,
     allowed_special: AllowedSpecial = "all",
     load_in_background: bool = True,
     ui: bool = True,
-    load_draft: Callable[[], tuple[GPT2, Tokenizer]] | None = None,
+    load_draft: Callable[[], tuple[GPT2, Tokenizer | None]] | None = None,
     chat_template: ChatTemplate | str | None = None,
 ) -> FastAPI:
-    """The server's ASGI app; `load` returns the model and its tokenizer, in a thread of its own
+    """The server's ASGI app; `load` returns the model and its tokenizer (None: a model that comes with none,
+    served on token ids, its requests of text refused with a 400 saying so), in a thread of its own
     once the app starts (/health answers 503 until it has), or, with `load_in_background`
     False, when the caller runs `app.state.server.load_model()`: `serve` does, in the main
     thread, for a process that exits while a thread is inside torch aborts (see `serve`).
@@ -180,11 +181,12 @@ def _add_model_routes(app: FastAPI, server: Server) -> None:
     async def tokenizer_info(request: Request) -> JSONResponse:
         server.check_key(request)
         server.check_ready()
-        eot = server.tokenizer.eot_token
-        special = None if eot is None else server.tokenizer.decode([eot])
+        tokenizer = server.text_tokenizer("/tokenizer_info")
+        eot = tokenizer.eot_token
+        special = None if eot is None else tokenizer.decode([eot])
         return JSONResponse(
             {
-                "tokenizer_class": type(server.tokenizer).__name__,
+                "tokenizer_class": type(tokenizer).__name__,
                 "eos_token": special,
                 "bos_token": special,
                 "pad_token": None,
@@ -205,16 +207,18 @@ async def tokenize(body: TokenizeBody, request: Request) -> JSONResponse:
     text = body.content if param == "content" else body.prompt
     if text is None:
         raise TokenizeBody.refuse(param, text, server.bounds())
-    tokens = encode_text(server.tokenizer, text, server.allowed_special, param)  # as a completion's prompt reads it
+    tokenizer = server.text_tokenizer("/tokenize")
+    tokens = encode_text(tokenizer, text, server.allowed_special, param)  # as a completion's prompt reads it
     return JSONResponse({"tokens": tokens, "count": len(tokens), "max_model_len": server.model.config.n_ctx})
 
 
 @tokenizer_router.post("/detokenize")
 async def detokenize(body: DetokenizeBody, request: Request) -> JSONResponse:
     server: Server = request.app.state.server
+    tokenizer = server.text_tokenizer("/detokenize")
     if body.tokens:
         check_token_ids(min(body.tokens), max(body.tokens), server.model.config.n_vocab, param="tokens")
-    text = server.tokenizer.decode(body.tokens)
+    text = tokenizer.decode(body.tokens)
     return JSONResponse({"content": text, "prompt": text})
 
 

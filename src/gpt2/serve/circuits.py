@@ -17,7 +17,8 @@ probabilities before and after the head's output (h.{layer}.attn.z) is zeroed. p
 `activation_patching` with the metric `logit_diff(answer, other)`; a patched run per entry of the
 site's grid, each of the whole text, so limits.max_patching_tokens bounds entries x tokens.
 attribution: `logit_attribution` at the last position. A token is written as in /v1/inspect:
-{"token": text, "id": id}. Answer and other must be two tokens, given or defaulted: one token's
+{"token": text, "id": id} ("token_id:N" for a model that comes with no tokenizer, whose texts are
+given as ids). Answer and other must be two tokens, given or defaulted: one token's
 logit less its own is 0 whatever the model does (a grid of zeros, bars of zeros).
 """
 
@@ -39,7 +40,16 @@ from gpt2.inspect.patching import AXES, activation_patching, logit_diff
 from gpt2.inspect.tracing import trace
 from gpt2.model.model import GPT2
 from gpt2.serve.inspection import check_cells, check_context
-from gpt2.serve.protocol import AttributionBody, HeadBody, Limits, PatchingBody, RequestError, ScoresBody, encode_text
+from gpt2.serve.protocol import (
+    AttributionBody,
+    HeadBody,
+    Limits,
+    PatchingBody,
+    RequestError,
+    ScoresBody,
+    encode_text,
+    token_name,
+)
 from gpt2.serve.server import ModelRoute, Server
 from gpt2.tokenizer import Tokenizer, token_text
 
@@ -106,7 +116,7 @@ def read_text(server: Server, text: str | list[int], param: str) -> list[int]:
     else:
         ids = text
         check_token_ids(min(ids), max(ids), server.model.config.n_vocab, f" in {param}", param=param)
-    ids = start_of_text(ids, server.tokenizer.eot_token)
+    ids = start_of_text(ids, None if server.tokenizer is None else server.tokenizer.eot_token)
     check_context(ids, server.model.config.n_ctx, param)
     return ids
 
@@ -124,10 +134,10 @@ def read_answers(server: Server, answer: str | int | None, other: str | int | No
     return answer, other
 
 
-def check_two_tokens(tokenizer: Tokenizer, answer: int, other: int | None, defaulted: str = "") -> None:
+def check_two_tokens(tokenizer: Tokenizer | None, answer: int, other: int | None, defaulted: str = "") -> None:
     """Refuse an other that is the answer's token (`check_answer_and_other`), a 400 naming other;
     `defaulted`: which of them the route chose, and how."""
-    check_answer_and_other(answer, other, token_text(tokenizer, answer), defaulted)
+    check_answer_and_other(answer, other, None if tokenizer is None else token_text(tokenizer, answer), defaulted)
 
 
 def check_patching_work(site: str, T: int, model: GPT2, limits: Limits) -> None:
@@ -151,8 +161,8 @@ def check_patching_work(site: str, T: int, model: GPT2, limits: Limits) -> None:
 # ------------------------------------------------------------------ the experiments
 
 
-def _token(tokenizer: Tokenizer, i: int) -> dict:
-    return {"token": token_text(tokenizer, i), "id": i}
+def _token(tokenizer: Tokenizer | None, i: int) -> dict:
+    return {"token": token_name(tokenizer, i), "id": i}
 
 
 def all_head_scores(model: GPT2, ids: list[int]) -> dict[str, list[list[float]] | None]:
@@ -163,12 +173,12 @@ def all_head_scores(model: GPT2, ids: list[int]) -> dict[str, list[list[float]] 
     }
 
 
-def scores_report(model: GPT2, tokenizer: Tokenizer, ids: list[int]) -> dict:
+def scores_report(model: GPT2, tokenizer: Tokenizer | None, ids: list[int]) -> dict:
     """The answer of /v1/circuits/scores: every head's scores, for a map of the heads."""
-    return {"tokens": [token_text(tokenizer, i) for i in ids], "ids": ids, "scores": all_head_scores(model, ids)}
+    return {"tokens": [token_name(tokenizer, i) for i in ids], "ids": ids, "scores": all_head_scores(model, ids)}
 
 
-def head_report(model: GPT2, tokenizer: Tokenizer, ids: list[int], layer: int, head: int, top_k: int) -> dict:
+def head_report(model: GPT2, tokenizer: Tokenizer | None, ids: list[int], layer: int, head: int, top_k: int) -> dict:
     """The answer of /v1/circuits/head (see the module's docstring)."""
     scores = {
         kind: None if all_heads is None else all_heads[layer][head]
@@ -185,7 +195,7 @@ def head_report(model: GPT2, tokenizer: Tokenizer, ids: list[int], layer: int, h
     top += [i for i in after.topk(top_k).indices.tolist() if i not in top]  # the tokens the ablation brings up too
     next_ = [{**_token(tokenizer, i), "before": float(before[i]), "after": float(after[i])} for i in top]
     return {
-        "tokens": [token_text(tokenizer, i) for i in ids],
+        "tokens": [token_name(tokenizer, i) for i in ids],
         "ids": ids,
         "layer": layer,
         "head": head,
@@ -196,7 +206,7 @@ def head_report(model: GPT2, tokenizer: Tokenizer, ids: list[int], layer: int, h
 
 def patching_report(
     model: GPT2,
-    tokenizer: Tokenizer,
+    tokenizer: Tokenizer | None,
     clean: list[int],
     corrupted: list[int],
     site: str,
@@ -217,7 +227,7 @@ def patching_report(
     grid = activation_patching(model, clean, corrupted, metric, site)
 
     def run(ids: list[int], logits) -> dict:
-        return {"tokens": [token_text(tokenizer, i) for i in ids], "ids": ids, "logit_diff": float(metric(logits))}
+        return {"tokens": [token_name(tokenizer, i) for i in ids], "ids": ids, "logit_diff": float(metric(logits))}
 
     return {
         "site": site,
@@ -231,7 +241,7 @@ def patching_report(
 
 
 def attribution_report(
-    model: GPT2, tokenizer: Tokenizer, ids: list[int], answer: int | None, other: int | None
+    model: GPT2, tokenizer: Tokenizer | None, ids: list[int], answer: int | None, other: int | None
 ) -> dict:
     """The answer of /v1/circuits/attribution: `logit_attribution`'s parts at the last position."""
     if answer is None:
@@ -239,7 +249,7 @@ def attribution_report(
         check_two_tokens(tokenizer, answer, other, "answer: the top token")
     parts = logit_attribution(model, ids, answer, other)
     return {
-        "tokens": [token_text(tokenizer, i) for i in ids],
+        "tokens": [token_name(tokenizer, i) for i in ids],
         "ids": ids,
         "answer": _token(tokenizer, answer),
         "other": None if other is None else _token(tokenizer, other),

@@ -4,6 +4,10 @@ tokens come back as OpenAI's response, whole or as Server-Sent Events.
 Each choice's text is released as its row's tokens arrive (`ChoiceStream`: half characters
 and possible stop strings held back, log-probabilities as OpenAI's API reports them); the
 response (`CompletionResponse`) shares the id, time, model and usage of all its choices.
+
+A model that comes with no tokenizer writes no text: each choice's text is "" and its tokens are
+its token_ids (and prompt_token_ids), given whether or not return_token_ids asked, streamed a
+chunk a token; log-probabilities name each token "token_id:N" (`protocol.token_name`), at offset 0.
 """
 
 from __future__ import annotations
@@ -20,21 +24,37 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from gpt2.generation.decoding import STOP, Row
 from gpt2.generation.generate import TextRow
-from gpt2.serve.protocol import CompletionBody, CompletionRequest, RequestError, parse_completion
+from gpt2.serve.protocol import CompletionBody, CompletionRequest, RequestError, parse_completion, token_name
 from gpt2.serve.scheduler import CANCELLED
 from gpt2.serve.server import ModelRoute, Server
-from gpt2.tokenizer import IncrementalDecoder, Tokenizer, token_text
+from gpt2.tokenizer import IncrementalDecoder, Tokenizer
+
+
+class NoText:
+    """A row's text where the model comes with no tokenizer: none, ending as the row ends (`TextRow`'s interface)."""
+
+    stopped = False  # no stop strings without text
+
+    def __init__(self) -> None:
+        self.done = False
+
+    def follow(self, token: int | None, ended: bool) -> str:
+        self.done = self.done or ended
+        return ""
 
 
 class ChoiceStream:
-    """One choice of a completion: the text its row's tokens release, and their log-probabilities."""
+    """One choice of a completion: the text its row's tokens release, and their log-probabilities (a model
+    that comes with no tokenizer, `tokenizer` None: no text, its token_ids)."""
 
-    def __init__(self, index: int, row: Row, tokenizer: Tokenizer, request: CompletionRequest):
+    def __init__(self, index: int, row: Row, tokenizer: Tokenizer | None, request: CompletionRequest):
         self.index, self.row, self.tokenizer = index, row, tokenizer
-        self.text_row = TextRow(tokenizer, request.stop)
-        self.echo = tokenizer.decode(row.prompt) if request.echo else None  # given out with the first piece
+        self.text_row = NoText() if tokenizer is None else TextRow(tokenizer, request.stop)
+        # the prompt, given out with the first piece ("" without a tokenizer: its ids are prompt_token_ids)
+        self.echo = ("" if tokenizer is None else tokenizer.decode(row.prompt)) if request.echo else None
         self.text = ""  # given out so far
-        self.offsets, self.offset = IncrementalDecoder(tokenizer), 0  # each token's place in the text, for text_offset
+        # each token's place in the text, for text_offset (0 without a tokenizer: there is no text)
+        self.offsets, self.offset = None if tokenizer is None else IncrementalDecoder(tokenizer), 0
         self.logprobs: list[TokenLogprob] | None = None if request.logprobs is None else []
         self.sent = 0  # logprob entries already streamed
         self.done = False
@@ -57,7 +77,8 @@ class ChoiceStream:
             if self.row.echo_logprobs:
                 for prompt_token, entry in zip(self.row.prompt, self.row.prompt_logprobs):
                     self._log(prompt_token, entry)
-            self.offsets, self.offset = IncrementalDecoder(self.tokenizer), len(piece)
+            self.offsets = None if self.tokenizer is None else IncrementalDecoder(self.tokenizer)
+            self.offset = len(piece)
         taken = token is not None and not self.text_row.done
         self.tokens += taken
         if taken and self.token_ids is not None:
@@ -66,7 +87,7 @@ class ChoiceStream:
         if (
             taken and self.logprobs is not None
         ):  # every token taken, <|endoftext|> too: lm-eval takes the last entry for the one generated
-            if token == self.tokenizer.eot_token:  # it writes no text: its entry stands at the text's end
+            if self.tokenizer is not None and token == self.tokenizer.eot_token:  # no text: at the text's end
                 self.offset = len(self.text) + len(piece)
             k = len(self.logprobs) - (len(self.row.prompt) if self.row.echo_logprobs else 0)
             self._log(token, (self.row.token_logprobs[k], self.row.top_logprobs[k]))
@@ -86,7 +107,8 @@ class ChoiceStream:
         """`entry` None: the first token of an echoed prompt, which has no log-probability."""
         chosen, alternatives = (None, None) if entry is None else entry
         self.logprobs.append(TokenLogprob(token, self.offset, chosen, alternatives))
-        self.offset += len(self.offsets.add([token]))
+        if self.offsets is not None:
+            self.offset += len(self.offsets.add([token]))
 
     def unsent_logprobs(self, upto: int | None = None) -> list[TokenLogprob] | None:
         """The entries not yet streamed (up to entry `upto`), now counted as streamed."""
@@ -95,6 +117,11 @@ class ChoiceStream:
         new = self.logprobs[self.sent : upto]
         self.sent += len(new)
         return new
+
+    @property
+    def ids_unsent(self) -> bool:
+        """Token ids taken and not yet streamed, where they are the answer (a model with no tokenizer)."""
+        return self.tokenizer is None and self.token_ids is not None and len(self.token_ids) > self.ids_sent
 
     def with_token_ids(self, choice: dict, streamed: bool = False) -> dict:
         """vLLM's return_token_ids: the choice's prompt_token_ids and the token_ids it took; streamed,
@@ -124,19 +151,19 @@ class TokenLogprob:
     top: list[tuple[int, float]] | None  # the most likely tokens there, with theirs
 
 
-def completion_logprobs(tokenizer: Tokenizer, entries: list[TokenLogprob]) -> dict:
+def completion_logprobs(tokenizer: Tokenizer | None, entries: list[TokenLogprob]) -> dict:
     """Log-probabilities as OpenAI's completions API gives them: four lists, a token's alternatives
-    by their text (the chosen token always among them, as vLLM does)."""
+    by their text (the chosen token always among them, as vLLM does); "token_id:N" without a tokenizer."""
 
     def top(entry: TokenLogprob) -> dict[str, float] | None:
         if entry.top is None:
             return None
-        alternatives = {token_text(tokenizer, t): lp for t, lp in entry.top}
-        alternatives.setdefault(token_text(tokenizer, entry.token), entry.logprob)
+        alternatives = {token_name(tokenizer, t): lp for t, lp in entry.top}
+        alternatives.setdefault(token_name(tokenizer, entry.token), entry.logprob)
         return alternatives
 
     return {
-        "tokens": [token_text(tokenizer, e.token) for e in entries],
+        "tokens": [token_name(tokenizer, e.token) for e in entries],
         "token_logprobs": [e.logprob for e in entries],
         "top_logprobs": [top(e) for e in entries],
         "text_offset": [e.offset for e in entries],
@@ -177,8 +204,9 @@ class CompletionResponse:
         return self.body([choice.to_dict() for choice in self.choices])
 
     def chunks(self, choice: ChoiceStream, piece: str) -> list[dict]:
-        """The streamed chunks for a piece of a choice's text: one, if it holds text or ends the choice."""
-        if not (piece or choice.done):
+        """The streamed chunks for a piece of a choice's text: one, if it holds text (or, without a tokenizer,
+        ids) or ends the choice."""
+        if not (piece or choice.done or choice.ids_unsent):
             return []
         logprobs = choice.unsent_logprobs()
         logprobs = None if logprobs is None else completion_logprobs(choice.tokenizer, logprobs)

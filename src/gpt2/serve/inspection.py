@@ -8,7 +8,8 @@ The answer holds every head's attention, n_layer x n_head x T x T numbers: Limit
 max_inspect_cells bounds it, so that one request cannot make the server build and send an
 answer of gigabytes (the 124M model's 144 heads over its 1,024 positions would be 151 million).
 Attention probabilities are rounded to 4 decimals, finer than a picture shows (the exact
-tensors are `gpt2.inspect.trace`'s); log-probabilities are given as computed.
+tensors are `gpt2.inspect.trace`'s); log-probabilities are given as computed. A model that comes
+with no tokenizer is inspected on a prompt of ids, each token written "token_id:N" (`protocol.token_name`).
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ from fastapi.responses import Response
 
 from gpt2.inspect.tracing import logit_lens_top, next_token_report, trace
 from gpt2.model.model import GPT2
-from gpt2.serve.protocol import AllowedSpecial, InspectBody, Limits, RequestError, parse_prompts
+from gpt2.serve.protocol import AllowedSpecial, InspectBody, Limits, RequestError, parse_prompts, token_name
 from gpt2.serve.server import ModelRoute, Server
-from gpt2.tokenizer import Tokenizer, token_text
+from gpt2.tokenizer import Tokenizer
 
 DECIMALS = 4  # of the attention probabilities
 
@@ -50,7 +51,11 @@ async def inspect(body: InspectBody, request: Request) -> Response:
 
 
 def parse_inspect(
-    body: InspectBody, tokenizer: Tokenizer, model: GPT2, limits: Limits, allowed_special: AllowedSpecial = "all"
+    body: InspectBody,
+    tokenizer: Tokenizer | None,
+    model: GPT2,
+    limits: Limits,
+    allowed_special: AllowedSpecial = "all",
 ) -> InspectRequest:
     """The request of a /v1/inspect body that FastAPI has checked against `InspectBody`: one
     prompt (text or ids) within the context, and an answer within the limit."""
@@ -92,7 +97,7 @@ def check_cells(T: int, model: GPT2, limits: Limits) -> None:
         )
 
 
-def inspection(model: GPT2, tokenizer: Tokenizer, request: InspectRequest) -> dict:
+def inspection(model: GPT2, tokenizer: Tokenizer | None, request: InspectRequest) -> dict:
     """The answer to /v1/inspect, tokens written as the completions API's logprobs write them.
 
     tokens, ids       the prompt
@@ -105,7 +110,7 @@ def inspection(model: GPT2, tokenizer: Tokenizer, request: InspectRequest) -> di
     n_layer = model.config.n_layer
     patterns = [f"h.{i}.attn.pattern" for i in range(n_layer)]
     looked = trace(model, request.ids, names=["wte", "wpe", *(f"h.{i}" for i in range(n_layer)), *patterns])
-    text = lambda i: token_text(tokenizer, i)  # noqa: E731
+    text = lambda i: token_name(tokenizer, i)  # noqa: E731
     report = next_token_report(looked, request.top_k)
     top = [
         [{"token": text(e["id"]), "id": e["id"], "logprob": e["logprob"]} for e in position]
@@ -129,6 +134,6 @@ def inspection(model: GPT2, tokenizer: Tokenizer, request: InspectRequest) -> di
     }
 
 
-def inspection_json(model: GPT2, tokenizer: Tokenizer, request: InspectRequest) -> bytes:
+def inspection_json(model: GPT2, tokenizer: Tokenizer | None, request: InspectRequest) -> bytes:
     """The answer, encoded: run in a worker thread, for a long prompt's takes a second."""
     return json.dumps(inspection(model, tokenizer, request)).encode()

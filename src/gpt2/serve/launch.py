@@ -52,7 +52,7 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 def serve(
-    load: Callable[[], tuple[GPT2, Tokenizer]],
+    load: Callable[[], tuple[GPT2, Tokenizer | None]],
     model_id: str,
     host: str = "127.0.0.1",
     port: int = 8000,
@@ -62,7 +62,7 @@ def serve(
     allowed_special: AllowedSpecial = "all",
     on_listen: Callable[[str], None] | None = None,
     ui: bool = True,
-    load_draft: Callable[[], tuple[GPT2, Tokenizer]] | None = None,
+    load_draft: Callable[[], tuple[GPT2, Tokenizer | None]] | None = None,
     chat_template: ChatTemplate | str | None = None,
 ) -> None:
     """Serve until Ctrl-C or SIGTERM: the app of `create_app` on uvicorn, one log line per request.
@@ -74,7 +74,8 @@ def serve(
     ended by unwinding its stack (pthread_exit) through torch's C++ code, which aborts the
     process ("terminate called without an active exception"). Once the model has loaded, both
     end the requests in flight and stop uvicorn, then take their usual course, as they do in
-    uvicorn's own `run`. A load that fails stops the server and raises its error. `ui` serves
+    uvicorn's own `run`. A load that fails stops the server and raises its error. A model that comes with
+    no tokenizer (`load`'s None) is served on token ids (see `create_app`). `ui` serves
     the playground at /; `load_draft`, a draft model for speculative decoding; `chat_template`,
     the template of /v1/chat/completions in place of the model's own (see `create_app`)."""
     app = create_app(

@@ -10,6 +10,11 @@ them. A bound that is the server's, not the API's (the model's context, its voca
 a `RequestError`, an HTTP status with OpenAI's error body naming the field, in the words each
 field's `Says` gives; the parse functions turn a checked body into a `CompletionRequest`, the
 rows of `gpt2.generation.decoding.Request` and how to answer.
+
+A model that comes with no tokenizer (one trained on a vocabulary of its own) is served on token ids:
+its tokenizer is None, a prompt of ids is read as any other, and what is text (a text prompt, stop
+strings, a structured output, a conversation) is refused with a 400 saying that it needs one
+(`needs_tokenizer`); a token is written "token_id:N" where its text would be (`token_name`).
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ from gpt2.generation.processors import (
 from gpt2.generation.sampling import SEED_MAX, Sampling
 from gpt2.inspect.patching import SITES
 from gpt2.settings import DRAFT_TOKENS, LOOKUP_MAX, LOOKUP_MIN
-from gpt2.tokenizer import Tokenizer
+from gpt2.tokenizer import Tokenizer, token_text
 from gpt2.tokenizer.chat import ROLES, check_messages
 
 
@@ -139,6 +144,19 @@ class RequestError(Exception):
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def needs_tokenizer(needs: str, param: str | None, where: str = "") -> RequestError:
+    """The 400 of a request that is text, to a model that comes with no tokenizer: `needs` says what of it needs
+    one, and how to ask on token ids instead where there is a way ("stop strings need one: ...")."""
+    return RequestError(400, f"{where}this model comes with no tokenizer, and {needs}", param, "tokenizer_required")
+
+
+def token_name(tokenizer: Tokenizer | None, token: int) -> str:
+    """A token as the API writes it where a text goes: its text (`token_text`: "bytes:\\xNN" for part of a
+    character), or, for a model that comes with no tokenizer, "token_id:N", as vLLM's return_tokens_as_token_ids
+    writes it."""
+    return f"token_id:{token}" if tokenizer is None else token_text(tokenizer, token)
 
 
 # ------------------------------------------------------------------ fields: their bounds and their words
@@ -456,9 +474,12 @@ class Sampled(Body):
     def sampling(self) -> Sampling:
         return Sampling(self.temperature, self.top_k, None if self.top_p == 1 else self.top_p)  # top_p 1 keeps all
 
-    def processing(self, tokenizer: Tokenizer, n_vocab: int) -> Processing | None:
-        """The body's constraint, compiled for `tokenizer`, with its logit bias and penalties (None: none)."""
+    def processing(self, tokenizer: Tokenizer | None, n_vocab: int) -> Processing | None:
+        """The body's constraint, compiled for `tokenizer` (a 400 without one: a constraint is on text), with its
+        logit bias and penalties (None: none)."""
         field, constraint = self.constraint()
+        if constraint is not None and tokenizer is None:
+            raise needs_tokenizer(f"{field} needs one: it constrains the text", field)
         penalties = Penalties.make(
             self.logit_bias, self.frequency_penalty, self.presence_penalty, self.repetition_penalty
         )
@@ -645,12 +666,15 @@ AllowedSpecial = AbstractSet[str] | Literal["all"]  # Tokenizer.encode's: specia
 
 
 def parse_completion(
-    body: CompletionBody, tokenizer: Tokenizer, bounds: Bounds, allowed_special: AllowedSpecial = "all"
+    body: CompletionBody, tokenizer: Tokenizer | None, bounds: Bounds, allowed_special: AllowedSpecial = "all"
 ) -> CompletionRequest:
     """The rows of a /v1/completions body that FastAPI has checked against `CompletionBody`, once
     its prompts are read and within the model's bounds. A refusal is a RequestError, or a
-    GPT2Error whose `param` names the field (`RequestError.invalid`)."""
+    GPT2Error whose `param` names the field (`RequestError.invalid`). A model that comes with no
+    tokenizer (None) reads prompts of ids, and answers each choice with its token_ids (there is no text)."""
     prompts = parse_prompts(body.prompt, tokenizer, bounds.n_vocab, allowed_special)
+    if tokenizer is None and body.stops():
+        raise needs_tokenizer("stop strings need one: they end the text (max_tokens ends the ids)", "stop")
     within_context(
         prompts, body.max_tokens, bounds.n_ctx
     )  # before max_tokens' bound, n_ctx: this names the prompt's room
@@ -664,7 +688,7 @@ def parse_completion(
         body.sampling(),
         body.seed,
         body.n,
-        tokenizer.eot_token,
+        None if tokenizer is None else tokenizer.eot_token,
         body.logprobs,
         body.echo and body.logprobs is not None,
         body.processing(tokenizer, bounds.n_vocab),
@@ -677,7 +701,7 @@ def parse_completion(
         body.echo,
         body.logprobs,
         body.include_usage,
-        body.return_token_ids,
+        body.return_token_ids or tokenizer is None,  # without a tokenizer, the ids are the answer
     )
 
 
@@ -704,10 +728,11 @@ def within_context(prompts: list[list[int]], max_tokens: int, n_ctx: int, param:
 
 
 def parse_prompts(
-    prompt: str | list, tokenizer: Tokenizer, n_vocab: int, allowed_special: AllowedSpecial = "all"
+    prompt: str | list, tokenizer: Tokenizer | None, n_vocab: int, allowed_special: AllowedSpecial = "all"
 ) -> list[list[int]]:
     """The ids of a checked prompt (`Prompt`: a string, a list of strings, a list of ids, or a
-    list of lists of ids), each id within the vocabulary."""
+    list of lists of ids), each id within the vocabulary; a string, of a model that comes with no
+    tokenizer (None), a 400 saying so."""
     if isinstance(prompt, str) or all(is_integer(t) for t in prompt):
         prompt = [prompt]
     prompts = []
@@ -718,14 +743,19 @@ def parse_prompts(
         else:
             ids = item
             check_token_ids(min(ids), max(ids), n_vocab, " in prompt", param="prompt")
-        prompts.append(start_of_text(ids, tokenizer.eot_token))
+        prompts.append(start_of_text(ids, None if tokenizer is None else tokenizer.eot_token))
     return prompts
 
 
 def encode_text(
-    tokenizer: Tokenizer, text: str, allowed_special: AllowedSpecial, param: str, where: str = ""
+    tokenizer: Tokenizer | None, text: str, allowed_special: AllowedSpecial, param: str, where: str = ""
 ) -> list[int]:
-    """The ids of a request's text; a character the vocabulary lacks (a character model's) is a 400 naming it."""
+    """The ids of a request's text; a character the vocabulary lacks (a character model's) is a 400 naming it,
+    and so is any text of a model that comes with no tokenizer (None)."""
+    if tokenizer is None:
+        raise needs_tokenizer(
+            f"a text in {param} needs one: give token ids instead, a list of ints (such as [0, 1, 2])", param, where
+        )
     try:
         return tokenizer.encode(text, allowed_special=allowed_special, disallowed_special=())  # the rest is text
     except GPT2Error as e:

@@ -1,6 +1,7 @@
 """The state behind the server's routes: the model, loading while the routes answer (503
 until it has), its scheduler and metrics, and the checks every request to it passes first
 (`ModelRoute`): the API key, the model's readiness, the body's size and JSON, the model it names.
+A model that comes with no tokenizer is served on token ids: its tokenizer is None.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from fastapi.routing import APIRoute
 from gpt2.errors import ChatTemplateError
 from gpt2.generation.engines import check_draft
 from gpt2.model.model import GPT2
-from gpt2.serve.protocol import AllowedSpecial, Body, Bounds, Limits, RequestError
+from gpt2.serve.protocol import AllowedSpecial, Body, Bounds, Limits, RequestError, needs_tokenizer
 from gpt2.serve.scheduler import Metrics, Scheduler
 from gpt2.tokenizer import Tokenizer
 from gpt2.tokenizer.chat import ChatTemplate, how_to_add
@@ -33,11 +34,11 @@ class Server:
 
     def __init__(
         self,
-        load: Callable[[], tuple[GPT2, Tokenizer]],
+        load: Callable[[], tuple[GPT2, Tokenizer | None]],
         model_id: str,
         limits: Limits,
         allowed_special: AllowedSpecial = "all",
-        load_draft: Callable[[], tuple[GPT2, Tokenizer]] | None = None,
+        load_draft: Callable[[], tuple[GPT2, Tokenizer | None]] | None = None,
         chat_template: ChatTemplate | None = None,
     ):
         # the server's template: the one given, else the model's own once it has loaded (None: none)
@@ -67,10 +68,9 @@ class Server:
         to it get 503 (and after a failure, which is also raised, naming the error)."""
         try:
             self.model, self.tokenizer = self.load()
-            self.tokenizer.encode(
-                "", allowed_special=self.allowed_special
-            )  # a bad allowed_special fails now, not every request
-            self._take_models_template()
+            if self.tokenizer is not None:  # a bad allowed_special fails now, not every request
+                self.tokenizer.encode("", allowed_special=self.allowed_special)
+                self._take_models_template()
             draft = None
             if self.load_draft is not None:
                 draft, draft_tokenizer = self.load_draft()
@@ -94,7 +94,12 @@ class Server:
         self.reply_prefix = "" if self.chat_template is None else self.chat_template.reply_prefix(self.tokenizer)
 
     def template(self) -> ChatTemplate:
-        """The template of the chat requests, or a 400 saying there is none and how to add one."""
+        """The template of the chat requests, or a 400 saying there is none and how to add one (or, for a model
+        that comes with no tokenizer, that a conversation needs one)."""
+        if self.tokenizer is None:
+            raise needs_tokenizer(
+                "a conversation is text, which needs one: /v1/completions continues a prompt of token ids", "messages"
+            )
         if self.template_error is not None:
             raise RequestError(400, str(self.template_error), "messages")
         if self.chat_template is None:
@@ -107,6 +112,13 @@ class Server:
                 "messages",
             )
         return self.chat_template
+
+    def text_tokenizer(self, route: str) -> Tokenizer:
+        """The tokenizer of a route that is text alone (/tokenize, /detokenize, /tokenizer_info), or a 400 for a
+        model that comes with none."""
+        if self.tokenizer is None:
+            raise needs_tokenizer(f"{route} needs one: this server reads and writes token ids only", None)
+        return self.tokenizer
 
     def stop(self) -> None:
         if self.scheduler is not None:

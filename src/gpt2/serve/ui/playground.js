@@ -98,6 +98,13 @@ async function loadModel() {
     state.model = card;
     $("model-info").textContent = `${card.id} · context ${card.max_model_len} tokens · ${count(card.num_parameters)} parameters`;
     showError("");
+    // A model that comes with no tokenizer is served on token ids alone: the page, which reads and writes
+    // text, says so (the server's words) and goes no further.
+    const info = await send("/tokenizer_info");
+    if (!info.ok) {
+      showError((await failure(info)).message);
+      return;
+    }
     showRoom();
     choosePair();
   } catch (e) {
