@@ -477,3 +477,22 @@ def test_inspect_prepend_bos_runs_the_text_after_endoftext(capsys, model_dir, ti
     assert got["ids"] == ids
     expected = hf_log_probabilities(model_dir, ids)
     assert max(abs(got["logprobs"][t] - expected[t - 1, ids[t]].item()) for t in range(1, len(ids))) < 1e-4
+
+
+@pytest.mark.parametrize("site", ["head_v", "resid_mid"])
+def test_inspect_corrupted_patches_the_new_sites_as_the_python_api(capsys, model_dir, tiktoken_gpt2, site):
+    import json
+
+    import torch
+
+    from gpt2 import GPT2
+    from gpt2.inspect import activation_patching, logit_diff
+
+    clean, corrupted = "When Mary and John went out, John gave it to", "When Mary and John went out, Mary gave it to"
+    mary, john = (tiktoken_gpt2.encode(name)[0] for name in (" Mary", " John"))
+    argv = ["--corrupted", corrupted, clean, "--answer", " Mary", "--other", " John", "--site", site, "--json"]
+    code, out, err = run(capsys, "inspect", *argv, "--model", model_dir)
+    assert code == 0, err
+    model = GPT2.from_pretrained(model_dir)
+    expected = activation_patching(model, clean, corrupted, logit_diff(mary, john), site)
+    assert torch.allclose(torch.tensor(json.loads(out)["activation"]), expected, atol=1e-5)

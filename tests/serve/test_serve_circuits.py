@@ -209,6 +209,19 @@ BAD_CIRCUITS = [
         "runs the model 182 times over 91 tokens = 16,562 tokens, "
         "over this server's limit of 16,384 (max_patching_tokens): at most 90",
     ),
+    (  # a head's queries at each position: n_layer x n_head x T runs of T tokens, 2 x 3 x 53 x 53 > 16,384
+        "patching",
+        {"clean": [15496] * 53, "corrupted": [995] * 53, "site": "head_q_pos"},
+        "clean",
+        "runs the model 318 times over 53 tokens = 16,854 tokens, "
+        "over this server's limit of 16,384 (max_patching_tokens): at most 52 tokens",
+    ),
+    (
+        "patching",
+        {"clean": "a b", "corrupted": "c d", "site": "block_every"},
+        "site",
+        "unknown site 'block_every': the sites are resid_pre, attn_out, mlp_out, head, head_pos, resid_mid, head_q, ",
+    ),
     (
         "patching",
         {"clean": "a b", "corrupted": "c d", "answer": " Mary Mary"},

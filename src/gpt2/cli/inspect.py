@@ -524,9 +524,10 @@ def add_parser(commands) -> None:
     )
     inspect.add_argument(
         "--site",
-        choices=["resid_pre", "attn_out", "mlp_out", "head"],
+        choices=["resid_pre", "resid_mid", "attn_out", "mlp_out", "head", "head_q", "head_k", "head_v", "head_pattern"],
         default="resid_pre",
-        help="--corrupted: what is patched, a layer and a position at a time, or a head (default: resid_pre)",
+        help="--corrupted: what is patched, a layer and a position at a time, or a head (its output, queries, keys, "
+        "values or pattern at every position) (default: resid_pre)",
     )
     inspect.add_argument(
         "--answer",

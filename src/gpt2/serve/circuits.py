@@ -36,7 +36,7 @@ from fastapi.responses import Response
 from gpt2._checks import check_answer_and_other, check_token_ids, one_token
 from gpt2.generation.decoding import start_of_text
 from gpt2.inspect.circuits import HEAD_SCORES, head_scores, logit_attribution, score_masks
-from gpt2.inspect.patching import AXES, activation_patching, logit_diff
+from gpt2.inspect.patching import AXES, activation_patching, grid_shape, logit_diff
 from gpt2.inspect.tracing import trace
 from gpt2.model.model import GPT2
 from gpt2.serve.inspection import check_cells, check_context
@@ -143,15 +143,17 @@ def check_two_tokens(tokenizer: Tokenizer | None, answer: int, other: int | None
 def check_patching_work(site: str, T: int, model: GPT2, limits: Limits) -> None:
     """Refuse a patching grid whose runs (one per entry, T tokens each) are over max_patching_tokens."""
     config = model.config
-    k = config.n_layer * (config.n_head if site in ("head", "head_pos") else 1)  # runs per position (head: in all)
-    power = 1 if site == "head" else 2  # head's runs do not grow with T; the others' do
-    tokens, limit = k * T**power, limits.max_patching_tokens
-    if tokens > limit:
-        most = limit // k if power == 1 else math.isqrt(limit // k)
+
+    def tokens(T: int) -> int:  # the grid's entries, a run of T tokens each
+        return math.prod(grid_shape(site, config.n_layer, config.n_head, T)) * T
+
+    limit = limits.max_patching_tokens
+    if tokens(T) > limit:
+        most = next(t for t in range(T - 1, 0, -1) if tokens(t) <= limit) if tokens(1) <= limit else 0
         raise RequestError(
             400,
-            f"patching {site} over {T} tokens runs the model {tokens // T:,} times over {T} tokens = "
-            f"{tokens:,} tokens, over this server's limit of {limit:,} (max_patching_tokens): at most "
+            f"patching {site} over {T} tokens runs the model {tokens(T) // T:,} times over {T} tokens = "
+            f"{tokens(T):,} tokens, over this server's limit of {limit:,} (max_patching_tokens): at most "
             f"{most} tokens for this site and model",
             "clean",
             "patching_too_large",

@@ -44,10 +44,12 @@ from gpt2.generation.processors import (
     one_constraint,
 )
 from gpt2.generation.sampling import SEED_MAX, Sampling
-from gpt2.inspect.patching import SITES
+from gpt2.inspect.patching import AXES, SITES
 from gpt2.settings import DRAFT_TOKENS, LOOKUP_MAX, LOOKUP_MIN
 from gpt2.tokenizer import Tokenizer, token_text
 from gpt2.tokenizer.chat import ROLES, check_messages
+
+SERVED_SITES = tuple(site for site in SITES if AXES[site][0] == "layer")  # a grid a layer a row: the page draws them
 
 
 @dataclass(frozen=True)
@@ -599,8 +601,8 @@ class PatchingBody(Body):
     clean: Annotated[OneText, TEXT]
     corrupted: Annotated[OneText, TEXT]
     site: Annotated[
-        Literal[SITES] | None,
-        Says(lambda value, bounds: f"unknown site {value!r:.40}: the sites are {', '.join(SITES)}"),
+        Literal[SERVED_SITES] | None,
+        Says(lambda value, bounds: f"unknown site {value!r:.40}: the sites are {', '.join(SERVED_SITES)}"),
     ] = "resid_pre"
     answer: Token = None
     other: Token = None
