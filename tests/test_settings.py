@@ -128,13 +128,25 @@ def test_every_shipped_recipe_builds_valid_settings(name):
 
 @pytest.mark.parametrize("name", recipe_names())
 def test_a_recipe_prepares_its_data_from_what_gpt2_ships(name):
-    """The `gpt2 prepare` its comment gives reads a corpus gpt2 ships (no input.txt the docs never made),
-    into the recipe's data."""
+    """The `gpt2 prepare` its comment gives reads a corpus gpt2 ships (no input.txt the docs never made) or
+    draws synthetic data gpt2 makes (--synthetic KIND), into the recipe's data; a recipe without one names
+    the other project's script that makes its data."""
+    from gpt2.data.synthetic import SYNTHETIC
     from gpt2.examples import CORPORA
 
     text = (REPO / "recipes" / f"{name}.toml").read_text(encoding="utf-8")
-    for inputs, out in re.findall(r"^#\s+gpt2 prepare (.+?) --out (\S+)", text, re.M):
-        assert inputs in CORPORA and out == read_recipe(name)["data"], (name, inputs, out)
+    commands = [line.split() for line in re.findall(r"^#\s+gpt2 prepare (.+?)\s*(?:#.*)?$", text, re.M)]
+    assert commands or re.search(r"^#\s+python \S+\.py", text, re.M), name
+    for args in commands:
+        assert args.count("--out") == 1 and args[args.index("--out") + 1] == read_recipe(name)["data"], (name, args)
+        at = args.index("--out")
+        rest = args[:at] + args[at + 2 :]  # the command less --out OUT
+        if "--synthetic" in rest:
+            assert rest == ["--synthetic", rest[1]] and rest[1] in SYNTHETIC, (name, args)
+        else:
+            assert rest[0] in CORPORA, (name, args)
+    if name == "induction_2l":  # the one recipe of synthetic data, checked here
+        assert commands == [["--out", "data/induction_2l", "--synthetic", "induction"]]
 
 
 def test_the_shipped_recipes_are_the_peers_settings():

@@ -1,4 +1,5 @@
-"""gpt2.data.batches: get_batch's windows, drawn from a seed, and the targets a conversation's mask leaves out."""
+"""gpt2.data.batches: get_batch's windows, drawn from a seed, the targets a mask leaves out, and whole rows of data
+made of rows."""
 
 from __future__ import annotations
 
@@ -50,6 +51,10 @@ def test_batch_offsets_are_the_seeded_draw():
             InvalidArgumentError,
             "mask holds 9 bytes for 10 ids: it needs one for each id",
         ),
+        (dict(row=1), InvalidArgumentError, "row must be a whole number from 2 up, got 1"),
+        (dict(row=5.0), InvalidArgumentError, "row must be a whole number from 2 up, got 5.0"),
+        (dict(row=3), InvalidArgumentError, "10 ids are not a whole number of rows of 3 ids"),
+        (dict(row=5, block_size=5), DataError, "rows of 5 ids are too short for block_size 5: a window needs 6"),
     ],
 )
 def test_bad_batch_arguments(args, error, message):
@@ -78,3 +83,25 @@ def test_batches_with_a_mask_ignore_the_targets_it_does_not_mark():
         marked = torch.from_numpy(mask[y.numpy()] == 1)  # an id here is its own position: y's own byte of the mask
         assert torch.equal(my[marked], y[marked]) and (my[~marked] == -100).all()
         assert 0 < int(marked.sum()) < marked.numel()
+
+
+def test_batches_of_rows_are_whole_rows_at_the_seeded_draw():
+    """ids of 300 rows of 13 (row r: 13 r, 13 r + 1, ...): each window is the start of a row, the rows drawn by the
+    seeded generator (one integer below the number of rows each); a shorter block_size takes a row's first ids."""
+    ids, row = np.arange(300 * 13, dtype=np.uint16), 13
+    for seed, iteration, micro_step in [(0, 0, 0), (1337, 12, 3), (5, 7, 2**32 + 9)]:
+        picked = np.random.default_rng([seed, iteration, micro_step]).integers(0, 300, size=6)
+        for block_size in (12, 8):
+            x, y = get_batch(ids, block_size, 6, seed=seed, iteration=iteration, micro_step=micro_step, row=row)
+            starts = torch.from_numpy(picked * row)[:, None]
+            assert torch.equal(x, starts + torch.arange(block_size)) and torch.equal(y, x + 1)
+
+
+def test_batches_of_rows_with_a_mask_score_the_ids_it_marks():
+    ids, row = np.arange(40 * 13, dtype=np.uint16), 13
+    mask = np.random.default_rng(0).integers(0, 2, len(ids)).astype(np.uint8)
+    x, y = get_batch(ids, 12, 8, seed=3, iteration=1, micro_step=0, mask=mask, row=row)
+    plain = get_batch(ids, 12, 8, seed=3, iteration=1, micro_step=0, row=row)[1]
+    marked = torch.from_numpy(mask[plain.numpy()] == 1)  # an id here is its own position
+    assert torch.equal(x % row, torch.arange(12).expand(8, 12))  # rows' starts
+    assert torch.equal(y[marked], plain[marked]) and (y[~marked] == -100).all() and 0 < int(marked.sum()) < 96

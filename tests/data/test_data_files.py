@@ -378,3 +378,105 @@ def test_an_overwrite_leaves_no_stale_masks(tmp_path):
     )  # a mask alone is prepared data too: not overwritten by accident
     with pytest.raises(DataError, match=r"already holds prepared data \(val.mask.bin\)"):
         prepare_chat([tmp_path / "chat.jsonl"], tmp_path / "out", progress=False)
+
+
+# ------------------------------------------------------------------ rows and masks of any data (meta.json's row, mask)
+
+MARKS = "the ids copying predicts"
+
+
+def write_rows_data(directory, ids: dict, masks: dict | None, row: int | None, n_vocab: int = 64) -> dict:
+    """Prepared data written by hand (not by the code under test): train.bin and val.bin of `ids`, no tokenizer,
+    meta.json with "row" (unless None) and, with `masks`, train.mask.bin, val.mask.bin and "mask" (what it marks and
+    how many by split), no "chat". Returns the meta.json written."""
+    directory.mkdir(parents=True, exist_ok=True)
+    meta = {"format": "gpt2-prepared", "version": 1, "tokenizer": None, "vocab_size": n_vocab, "dtype": "uint16"}
+    for split in ("train", "val"):
+        np.asarray(ids[split], dtype="<u2").tofile(directory / f"{split}.bin")
+        meta[f"{split}_tokens"] = len(ids[split])
+    if row is not None:
+        meta["row"] = row
+    if masks is not None:
+        for split in ("train", "val"):
+            np.asarray(masks[split], dtype=np.uint8).tofile(directory / f"{split}.mask.bin")
+        meta["mask"] = {"marks": MARKS, "tokens": {s: int(np.count_nonzero(m)) for s, m in masks.items()}}
+    (directory / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    return meta
+
+
+def rows_splits(row: int = 13, n_train: int = 20, n_val: int = 4) -> tuple[dict, dict]:
+    """Ids of rows (row r holds r, r + 1, ... mod 64) and a mask of random bytes, by split."""
+    rng = np.random.default_rng(0)
+    ids = {s: (np.arange(n)[:, None] + np.arange(row)).ravel() % 64 for s, n in (("train", n_train), ("val", n_val))}
+    masks = {split: rng.integers(0, 2, len(v)) for split, v in ids.items()}
+    return ids, masks
+
+
+def test_data_of_rows_reads_its_row_and_its_mask(tmp_path):
+    ids, masks = rows_splits()
+    write_rows_data(tmp_path / "rows", ids, masks, 13)
+    data = open_data(tmp_path / "rows")
+    assert (data.row, data.mask_marks, data.chat_template, data.tokenizer) == (13, MARKS, None, None)
+    for split in ("train", "val"):
+        assert data.masks[split].tolist() == masks[split].tolist() and data.train.tolist() == ids["train"].tolist()
+    data.check_block_size(12)  # a window of 13 ids: a whole row
+    with pytest.raises(DataError, match=r"made of rows of 13 ids, too short for block_size 13: a window needs 14 ids"):
+        data.check_block_size(13)
+
+    write_rows_data(tmp_path / "masked", ids, masks, None)  # a mask without rows: a stream of ids, scored where marked
+    masked = open_data(tmp_path / "masked")
+    assert (masked.row, masked.mask_marks, sorted(masked.masks)) == (None, MARKS, ["train", "val"])
+    write_rows_data(tmp_path / "plain", ids, None, 13)  # rows without a mask: every target scored
+    plain = open_data(tmp_path / "plain")
+    assert (plain.row, plain.masks, plain.mask_marks) == (13, {}, None)
+
+
+def test_chat_data_as_written_before_the_mask_entry_is_still_read(tmp_path):
+    """Conversations' meta.json says their masks in "chat" (chat.mask_tokens), with no "mask": still read, the mask
+    marking the replies, the counts still checked against chat.mask_tokens."""
+    ids, masks = chat_splits()
+    out = write_chat_data(tmp_path / "chat", ids, masks, TEMPLATE)
+    meta = json.loads((out / "meta.json").read_text())
+    assert "mask" not in meta and "row" not in meta
+    data = open_data(out)
+    assert (data.mask_marks, data.chat_template, data.row) == ("the replies", TEMPLATE, None)
+    assert [data.masks[s].tolist() for s in ("train", "val")] == [masks[s].tolist() for s in ("train", "val")]
+    (out / "meta.json").write_text(json.dumps({**meta, "chat": {**meta["chat"], "mask_tokens": {"train": 1}}}))
+    with pytest.raises(DataError, match=r"marks \d+ targets, but meta.json says chat.mask_tokens.train = 1"):
+        open_data(out)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"row": 1}, "meta.json: row is 1, not a whole number from 2 up (the ids a row): prepare the data again"),
+        ({"row": "13"}, "meta.json: row is '13', not a whole number from 2 up"),
+        ({"row": True}, "meta.json: row is True, not a whole number from 2 up"),
+        ({"row": 7}, "train.bin holds 260 ids, not a whole number of rows of 7 (meta.json's row): prepare the data"),
+        ({"mask": "copies"}, "meta.json: mask is not an object with what the mask marks (mask.marks, a phrase)"),
+        ({"mask": {"marks": "", "tokens": {}}}, "meta.json: mask is not an object with what the mask marks"),
+        ({"mask": {"marks": MARKS, "tokens": [1, 2]}}, "meta.json: mask is not an object with what the mask marks"),
+        ({"mask": {"marks": MARKS, "tokens": {"val": 1}}}, "targets, but meta.json says mask.tokens.val = 1: prepare"),
+    ],
+)
+def test_data_of_rows_that_does_not_hold_together(tmp_path, change, message):
+    ids, masks = rows_splits()
+    meta = write_rows_data(tmp_path / "rows", ids, masks, 13)
+    (tmp_path / "rows" / "meta.json").write_text(json.dumps({**meta, **change}))
+    with pytest.raises(DataError) as caught:
+        open_data(tmp_path / "rows")
+    assert message in str(caught.value)
+
+
+def test_a_mask_meta_json_names_must_be_there(tmp_path):
+    ids, masks = rows_splits()
+    write_rows_data(tmp_path / "rows", ids, masks, 13)
+    (tmp_path / "rows" / "val.mask.bin").unlink()
+    with pytest.raises(
+        DataError,
+        match=re.escape(
+            f"{tmp_path / 'rows' / 'val.mask.bin'} is missing: meta.json says the data holds a loss mask (mask), "
+            f"whose loss counts the targets the mask marks; prepare the data again"
+        ),
+    ):
+        open_data(tmp_path / "rows")

@@ -70,7 +70,9 @@ def test_the_files_hold_the_rows_meta_json_says(induction):
     assert sorted(p.name for p in out.iterdir()) == sorted(FILES)  # no tokenizer: the ids are the tokens
     assert (meta["train_tokens"], meta["val_tokens"], meta["vocab_size"]) == (1800 * ROW, 200 * ROW, N_VOCAB)
     assert meta == json.loads((out / "meta.json").read_text())
-    assert meta["chat"]["mask_tokens"] == {"train": sum(map(sum, mask[:1800])), "val": sum(map(sum, mask[1800:]))}
+    scored = {"train": sum(map(sum, mask[:1800])), "val": sum(map(sum, mask[1800:]))}
+    assert meta["mask"] == {"marks": "the ids copying predicts", "tokens": scored} and meta["row"] == ROW
+    assert "chat" not in meta  # not conversations: no template
     assert min(map(min, ids)) == 0 and max(map(max, ids)) == N_VOCAB - 1
 
 
@@ -123,20 +125,22 @@ def test_the_rows_come_from_the_seed_alone(induction, tmp_path):
     assert json.loads((tmp_path / "other" / "meta.json").read_text())["synthetic"]["seed"] == 1
 
 
-def test_training_reads_the_rows_and_scores_the_marked_ids(induction):
+def test_training_reads_whole_rows_and_scores_the_marked_ids(induction):
+    """open_data gives the rows' length and their mask (not conversations': no template), and a batch is whole
+    training rows, at the seeded draw of rows: each window's scored ids have their earlier occurrence in it."""
     out, _, ids, mask = induction
     data = open_data(out)
-    assert (data.vocab_size, data.tokenizer) == (N_VOCAB, None)
+    assert (data.vocab_size, data.tokenizer, data.chat_template) == (N_VOCAB, None, None)
+    assert (data.row, data.mask_marks) == (ROW, "the ids copying predicts")
     assert np.array_equal(data.masks["train"], np.asarray(mask[:1800], dtype=np.uint8).ravel())
-    flat, marks = np.asarray(ids[:1800]).ravel(), np.asarray(mask[:1800]).ravel()
-    x, y = get_batch(data.train, 64, 8, seed=0, iteration=0, micro_step=0, mask=data.masks["train"])
-    for row_x, row_y in zip(x.tolist(), y.tolist()):
-        starts = [i for i in range(len(flat) - 64) if flat[i : i + 64].tolist() == row_x]
-        assert starts  # the window is ids of the file, and its targets the next ids where the mask marks them
-        assert any(
-            row_y == [int(t) if m else IGNORE for t, m in zip(flat[i + 1 : i + 65], marks[i + 1 : i + 65])]
-            for i in starts
+    rows, marks = np.asarray(ids[:1800]), np.asarray(mask[:1800])
+    for micro_step in range(3):
+        x, y = get_batch(
+            data.train, 64, 8, seed=0, iteration=0, micro_step=micro_step, mask=data.masks["train"], row=data.row
         )
+        picked = np.random.default_rng([0, 0, micro_step]).integers(0, 1800, size=8)
+        assert x.tolist() == rows[picked, :-1].tolist()
+        assert y.tolist() == np.where(marks[picked, 1:] == 1, rows[picked, 1:], IGNORE).tolist()
 
 
 def test_an_overwrite_leaves_no_tokenizer_beside_the_ids(tmp_path):
@@ -174,7 +178,7 @@ def test_the_command_draws_the_rows_and_says_what(tmp_path, capsys):
         capsys, "prepare", "--out", str(out), "--synthetic", "induction", "--rows", "100", "--no-progress"
     )
     meta = json.loads((out / "meta.json").read_text())
-    scored = meta["chat"]["mask_tokens"]
+    scored = meta["mask"]["tokens"]
     assert (code, said) == (0, "")
     assert err == (
         f"gpt2: 90 training and 10 validation rows of induction data (5,850 and 650 ids, {scored['train']:,} and "

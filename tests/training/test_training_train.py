@@ -1497,3 +1497,41 @@ def test_the_induction_recipe_is_the_fixtures_training(tmp_path, monkeypatch, ca
     assert read_log(out / "log.jsonl")[0]["settings"] == {**settings.to_dict(), **given}
     assert GPT2.from_pretrained(out, device="cpu").config == fixture.config
     assert "best validation loss" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ data of rows with a loss mask (--synthetic)
+
+
+def test_training_on_rows_draws_whole_rows_and_scores_what_their_mask_marks(tmp_path, capsys):
+    """Synthetic data (rows of 65 ids, a mask that is not conversations'): each micro-batch is the first
+    block_size + 1 ids of whole rows, at the seeded draw of rows, and its loss the cross-entropy of the ids the mask
+    marks; against transformers' logits on batches cut here from the files with numpy. The run says what its mask
+    marks and that it takes whole rows."""
+    from gpt2.data.synthetic import prepare_synthetic
+
+    prepare_synthetic(tmp_path / "data", rows=200, progress=False)
+    hf = make_hf_model(seed=3, vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2)
+    hf.save_pretrained(tmp_path / "init")
+    settings = {k: v for k, v in TINY.items() if k not in ("n_layer", "n_head", "n_embd")}
+    train(
+        tmp_path / "out",
+        data=tmp_path / "data",
+        init=tmp_path / "init",
+        max_iters=1,
+        seed=7,
+        progress=False,
+        **settings,
+    )
+    err = capsys.readouterr().err
+    assert "gpt2: training on data with a loss mask: the loss counts the ids copying predicts only, the " in err
+    assert "gpt2: the data is rows of 65 ids: each batch takes whole rows (the first 17 ids of each), never " in err
+    rows = np.fromfile(tmp_path / "data" / "train.bin", dtype="<u2").reshape(-1, 65).astype(np.int64)
+    marks = np.fromfile(tmp_path / "data" / "train.mask.bin", dtype=np.uint8).reshape(-1, 65)
+    with torch.no_grad():
+        step = []
+        for micro in range(TINY["grad_accum"]):
+            picked = np.random.default_rng([7, 0, micro]).integers(0, len(rows), size=TINY["batch_size"])
+            window, marked = torch.from_numpy(rows[picked, :17]), torch.from_numpy(marks[picked, 1:17] == 1)
+            logits = hf(window[:, :-1]).logits  # (B, 16, 64)
+            step.append(float(F.cross_entropy(logits[marked], window[:, 1:][marked])))
+    assert abs(losses(tmp_path / "out")[0] - np.mean(step)) < 1e-5

@@ -137,11 +137,11 @@ def _prepare_synthetic(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         progress=args.progress,
     )
-    rows, chat = meta["synthetic"]["rows"], meta["chat"]
+    rows, scored = meta["synthetic"]["rows"], meta["mask"]["tokens"]
     print(
         f"gpt2: {rows['train']:,} training and {rows['val']:,} validation rows of {meta['synthetic']['kind']} data "
-        f"({meta['train_tokens']:,} and {meta['val_tokens']:,} ids, {chat['mask_tokens']['train']:,} and "
-        f"{chat['mask_tokens']['val']:,} of them scored; seed {meta['synthetic']['seed']}) of a "
+        f"({meta['train_tokens']:,} and {meta['val_tokens']:,} ids, {scored['train']:,} and "
+        f"{scored['val']:,} of them scored; seed {meta['synthetic']['seed']}) of a "
         f"{meta['vocab_size']}-token vocabulary in {args.out}",
         file=sys.stderr,
     )

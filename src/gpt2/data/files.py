@@ -5,9 +5,12 @@ scripts write, plus what they leave implicit:
     meta.json            tokenizer, vocabulary size, dtype, token counts, sources, split
     encoder.json + vocab.bpe, or chars.json: the tokenizer's own files, to decode what a model writes
 
-and for conversations (`gpt2 prepare --chat`), train.mask.bin and val.mask.bin: a byte per id,
-1 where the id is a target the loss counts (the assistant's replies), else 0; meta.json's "chat"
-holds the template the conversations were rendered with; or, with `shard_tokens`, llm.c's shards
+and, where meta.json has a "mask" entry (what the mask marks, and how many by split) or a "chat"
+one (conversations, `gpt2 prepare --chat`: the template they were rendered with), train.mask.bin
+and val.mask.bin: a byte per id, 1 where the id is a target the loss counts (the assistant's
+replies; in synthetic data the ids copying predicts), else 0. Data made of rows of N ids (each a
+sample on its own, `gpt2 prepare --synthetic`) says so in meta.json's "row": training draws whole
+rows, never a window across two (gpt2/data/batches.py). Or, with `shard_tokens`, llm.c's shards
 (NAME_val_000000.bin, NAME_train_000001.bin, ...; see gpt2/data/corpora.py) in place of train.bin
 and val.bin. A directory is written in a scratch directory beside it and moved into place whole;
 `open_data` reads ours, nanoGPT's and llm.c's back as a `TokenData`, each file checked.
@@ -39,7 +42,8 @@ FORMAT = "gpt2-prepared"
 GPT2_VOCAB = 50257
 LLMC_NAME = re.compile(r"(.+)_(train|val)\.bin")  # llm.c's names: tiny_shakespeare_val.bin
 MASK_DTYPE = np.dtype("u1")  # train.mask.bin, val.mask.bin: a byte per id, 1 where it is a target
-MASK_FILES = ("train.mask.bin", "val.mask.bin")  # conversations': 1 (uint8) where the id is the assistant's
+MASK_FILES = ("train.mask.bin", "val.mask.bin")  # 1 (uint8) where the id is a target: conversations' replies, ...
+CHAT_MARKS = "the replies"  # what the mask of conversations marks (their meta.json has "chat", no "mask")
 
 
 def ids_dtype(n_vocab: int) -> np.dtype:
@@ -124,7 +128,7 @@ def _remove_other_data(out: Path, meta: dict[str, Any]) -> None:
     masks of conversations beside new text."""
     shards = meta.get("shards")
     kept = {"meta.json"} | ({"train.bin", "val.bin"} if shards is None else set(shards["val"] + shards["train"]))
-    kept |= set(MASK_FILES) if "chat" in meta else set()
+    kept |= set(MASK_FILES) if "chat" in meta or "mask" in meta else set()
     for name in set(_data_files(out)) - kept:
         with contextlib.suppress(FileNotFoundError):
             (out / name).unlink()
@@ -164,8 +168,10 @@ class TokenData:
         default_factory=dict
     )  # split -> the file it came from (shards: DIR/NAME_train_*.bin)
     shards: dict[str, list[Path]] = field(default_factory=dict)  # split -> its files, for data in several
-    masks: dict[str, np.ndarray] = field(default_factory=dict)  # split -> uint8, 1 where an id is a target (chat data)
+    masks: dict[str, np.ndarray] = field(default_factory=dict)  # split -> uint8, 1 where an id is a target
     chat_template: str | None = None  # the template chat data was rendered with (meta.json's chat.template)
+    mask_marks: str | None = None  # what the masks mark, as a sentence ends: "the replies" (conversations)
+    row: int | None = None  # ids a row, for data made of rows (meta.json's "row"): batches draw whole rows
 
     def check_vocabulary(self, tokenizer: Tokenizer | CharTokenizer | None, n_vocab: int, model: str) -> None:
         """Raise unless a model of n_vocab ids that reads `tokenizer` (None: unknown) can read these ids."""
@@ -181,8 +187,15 @@ class TokenData:
             )
 
     def check_block_size(self, block_size: int) -> None:
-        """Raise unless each split holds a window of block_size + 1 ids (the inputs and their next ids)."""
+        """Raise unless each split holds a window of block_size + 1 ids (the inputs and their next ids),
+        and, for data made of rows, a row holds one (a batch takes the first block_size + 1 ids of rows)."""
         block_size = positive_int("block_size", block_size)
+        if self.row is not None and block_size + 1 > self.row:
+            raise DataError(
+                f"the data in {self.directory} is made of rows of {self.row} ids, too short for block_size "
+                f"{block_size}: a window needs {block_size + 1} ids of one row; use a block_size up to {self.row - 1}",
+                "block_size",
+            )
         for split, ids in (("train", self.train), ("val", self.val)):
             if len(ids) < block_size + 1:
                 raise DataError(
@@ -223,10 +236,15 @@ def open_data(path: str | os.PathLike) -> TokenData:
         for part, file in zip(ids.parts, data.shards[split]) if isinstance(ids, Shards) else [(ids, data.files[split])]:
             _check_ids(part, data.vocab_size, file)
     for split, mask in data.masks.items():
-        _check_mask(
-            mask, data.directory / f"{split}.mask.bin", split, data.meta["chat"].get("mask_tokens", {}).get(split)
-        )
+        _check_mask(mask, data.directory / f"{split}.mask.bin", split, *_mask_count(data.meta, split))
     return data
+
+
+def _mask_count(meta: dict[str, Any], split: str) -> tuple[object, str]:
+    """The targets meta.json says a split's mask marks (None: it does not say), and the entry that says it."""
+    if "mask" in meta:
+        return meta["mask"]["tokens"].get(split), f"mask.tokens.{split}"
+    return meta["chat"].get("mask_tokens", {}).get(split), f"chat.mask_tokens.{split}"
 
 
 def _memmap(path: Path, dtype: np.dtype, offset: int = 0) -> np.ndarray:
@@ -253,7 +271,7 @@ def _check_ids(ids: np.ndarray, vocab_size: int, path: Path, chunk: int = 1 << 2
             )
 
 
-def _check_mask(mask: np.ndarray, path: Path, split: str, expected: object, chunk: int = 1 << 26) -> None:
+def _check_mask(mask: np.ndarray, path: Path, split: str, expected: object, entry: str, chunk: int = 1 << 26) -> None:
     """Raise unless the mask holds only 0 and 1, marks some target, and as many as meta.json says (where it says)."""
     marked = 0
     for start in range(0, len(mask), chunk):
@@ -265,12 +283,12 @@ def _check_mask(mask: np.ndarray, path: Path, split: str, expected: object, chun
         marked += int(np.count_nonzero(part))
     if marked == 0:
         raise DataError(
-            f"{path} marks no target: the loss would count nothing; give conversations with assistant turns"
+            f"{path} marks no target: the loss would count nothing; give conversations with assistant turns "
+            f"(or more rows of synthetic data)"
         )
     if expected is not None and marked != expected:
         raise DataError(
-            f"{path} marks {marked} targets, but meta.json says chat.mask_tokens.{split} = {expected!r}: "
-            f"prepare the data again"
+            f"{path} marks {marked} targets, but meta.json says {entry} = {expected!r}: prepare the data again"
         )
 
 
@@ -307,19 +325,40 @@ def _open_ours(path: Path) -> TokenData:
         )
     ids = {split: parts[0] if len(parts) == 1 else Shards(parts) for split, parts in splits.items()}
     files = _split_files(path, shards)
-    masks, template = _our_chat(path, meta, ids, files)
+    row = _our_row(path, meta, ids, files)
+    template = _our_chat_template(path, meta)
+    masks = _our_masks(path, meta, ids, files)
+    marks = None if not masks else meta["mask"]["marks"] if "mask" in meta else CHAT_MARKS
     return TokenData(
-        path, "gpt2", ids["train"], ids["val"], vocab_size, tokenizer, meta, files, shards, masks, template
+        path, "gpt2", ids["train"], ids["val"], vocab_size, tokenizer, meta, files, shards, masks, template, marks, row
     )
 
 
-def _our_chat(
+def _our_row(
     path: Path, meta: dict[str, Any], ids: dict[str, np.ndarray | Shards], files: dict[str, Path]
-) -> tuple[dict[str, np.ndarray], str | None]:
-    """The masks of conversations (train.mask.bin, val.mask.bin, each as long as its ids) and
-    their template, where meta.json has "chat"; ({}, None) for other data."""
+) -> int | None:
+    """The ids a row (meta.json's "row") of data made of rows, each split a whole number of them; None for a stream."""
+    if "row" not in meta:
+        return None
+    row = meta["row"]
+    if not is_integer(row) or row < 2:
+        raise DataError(
+            f"{path / 'meta.json'}: row is {row!r}, not a whole number from 2 up (the ids a row): "
+            f"prepare the data again"
+        )
+    for split in ("train", "val"):
+        if len(ids[split]) % row or not len(ids[split]):
+            raise DataError(
+                f"{files[split]} holds {len(ids[split])} ids, not a whole number of rows of {row} (meta.json's row): "
+                f"prepare the data again"
+            )
+    return int(row)
+
+
+def _our_chat_template(path: Path, meta: dict[str, Any]) -> str | None:
+    """The template conversations were rendered with (meta.json's chat.template); None for other data."""
     if "chat" not in meta:
-        return {}, None
+        return None
     chat = meta["chat"]
     if (
         not isinstance(chat, dict)
@@ -330,13 +369,36 @@ def _our_chat(
             f"{path / 'meta.json'}: chat is not an object with the template's text (chat.template) and "
             f"mask_tokens by split: prepare the data again"
         )
+    return chat["template"]
+
+
+def _our_masks(
+    path: Path, meta: dict[str, Any], ids: dict[str, np.ndarray | Shards], files: dict[str, Path]
+) -> dict[str, np.ndarray]:
+    """The masks (train.mask.bin, val.mask.bin, each as long as its ids) where meta.json has "mask"
+    (any data: what it marks, and how many by split) or "chat" (conversations, whose meta.json
+    says their counts in chat.mask_tokens); {} for other data."""
+    if "mask" not in meta and "chat" not in meta:
+        return {}
+    said = meta.get("mask")
+    if "mask" in meta and (
+        not isinstance(said, dict)
+        or not isinstance(said.get("marks"), str)
+        or not said["marks"]
+        or not isinstance(said.get("tokens"), dict)
+    ):
+        raise DataError(
+            f"{path / 'meta.json'}: mask is not an object with what the mask marks (mask.marks, a phrase) and "
+            f"how many by split (mask.tokens): prepare the data again"
+        )
+    what = "a loss mask (mask)" if "mask" in meta else "conversations (chat)"
     masks = {}
     for split in ("train", "val"):
         file = path / f"{split}.mask.bin"
         if not file.is_file():
             raise DataError(
-                f"{file} is missing: meta.json says the data holds conversations (chat), whose loss counts the "
-                f"targets the mask marks; prepare the data again"
+                f"{file} is missing: meta.json says the data holds {what}, whose loss counts the targets the mask "
+                f"marks; prepare the data again"
             )
         masks[split] = _memmap(file, MASK_DTYPE)
         if len(masks[split]) != len(ids[split]):
@@ -344,7 +406,7 @@ def _our_chat(
                 f"{file} holds {len(masks[split])} mask bytes, but {files[split]} holds {len(ids[split])} ids: "
                 f"a mask has a byte for each id; prepare the data again"
             )
-    return masks, chat["template"]
+    return masks
 
 
 def _our_shards(path: Path, meta: dict[str, Any]) -> dict[str, list[Path]]:

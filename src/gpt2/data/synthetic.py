@@ -10,6 +10,9 @@ rows of n_ctx + 1 random ids (a window of inputs and their next ids), alternatel
 
 The mask marks the ids that copying predicts: id j where the id after the latest earlier
 occurrence of id j - 1 is id j itself. The others are random, and would add only noise.
+meta.json says both (gpt2/data/files.py): "row", the ids a row, so that training draws whole
+rows (a window across two would cut the earlier occurrence off some ids it scores), and "mask",
+what the mask marks and how many by split.
 A run tells an induction head (attend the position after the earlier occurrence, copy its id)
 from a circuit that attends further on and copies what was moved there: in "A A A" the third A
 is predicted only the induction head's way (tests/fixtures/make_induction_2l.py says why).
@@ -38,6 +41,7 @@ COPY_LENGTHS = (6, 24)  # the shortest and the longest stretch a copies row writ
 RUN_TIMES = (1, 4)  # how many times a runs row writes each token: from 1 to 4
 DEFAULT_ROWS = 144_000  # 90% train: 129,600 rows, about the 2,001 x 64 the recipe's steps draw
 CHUNK_ROWS = 8192  # rows drawn (and their mask computed) at a time
+COPY_MARKS = "the ids copying predicts"  # what an induction mask marks (meta.json's mask.marks)
 
 
 def copies_rows(
@@ -103,7 +107,8 @@ def prepare_synthetic(
     """Write `rows` rows of synthetic data of `kind` (SYNTHETIC; the module's docstring says what
     each holds) into `out` as prepared data: train.bin and val.bin (the rows one after another;
     the last round(val_fraction * rows) validate, at least one) with train.mask.bin and
-    val.mask.bin beside them (1 on each id the loss counts), and meta.json. The rows come from
+    val.mask.bin beside them (1 on each id the loss counts), and meta.json (with "row" and
+    "mask": training draws whole rows and scores the marked ids). The rows come from
     `seed` alone: the same seed, the same bytes. No tokenizer: the ids are the tokens.
     Returns the meta written."""
     if kind not in SYNTHETIC:
@@ -155,8 +160,8 @@ def _write_rows(scratch: Path, rows: int, seed: int, progress: bool) -> np.ndarr
 def _meta(
     kind: str, rows: int, n_val: int, val_fraction: float, seed: int, mask_tokens: dict[str, int]
 ) -> dict[str, Any]:
-    """meta.json's entries. The masks are read where meta.json has a "chat" entry (gpt2/data/files.py):
-    it holds their counts, and an empty template (these ids have no tokenizer to carry one)."""
+    """meta.json's entries: "row", the ids a row (training draws whole rows), and "mask", what the
+    masks mark and how many by split (gpt2/data/files.py reads both)."""
     L = INDUCTION_CTX + 1
     return {
         "format": FORMAT,
@@ -167,12 +172,12 @@ def _meta(
         "train_tokens": (rows - n_val) * L,
         "val_tokens": n_val * L,
         "split": {"val_fraction": val_fraction, "method": "rows", "actual_val_fraction": n_val / rows},
-        "chat": {"template": "", "mask_tokens": mask_tokens},
+        "row": L,
+        "mask": {"marks": COPY_MARKS, "tokens": mask_tokens},
         "synthetic": {
             "kind": kind,
             "seed": seed,
             "rows": {"train": rows - n_val, "val": n_val},
-            "row_ids": L,
             "copy_lengths": list(COPY_LENGTHS),
             "run_times": list(RUN_TIMES),
             "order": "runs and copies rows alternately, runs first",

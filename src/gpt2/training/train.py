@@ -8,10 +8,11 @@
             loss.backward()
         clip_grad_norm(grad_clip); adamw.step()      # --optimizer muon: muon.step() for the blocks' matrices too
 
-On conversations (data with masks, `gpt2 prepare --chat`) the loss counts the replies only: each
+On data with a loss mask (conversations, `gpt2 prepare --chat`: the replies; synthetic data,
+`--synthetic`: the ids copying predicts) the loss counts the targets the mask marks only: each
 micro-batch's is the mean over its targets the mask marks (0 where it marks none), the
-evaluations' the mean over all the marked targets of their batches; the model saved carries the
-data's chat template.
+evaluations' the mean over all the marked targets of their batches; a model trained on
+conversations carries the data's chat template. Data made of rows gives batches of whole rows.
 
 Evaluations (at iteration 0, every eval_interval and at the end) log the mean loss of both
 splits, keep the model of the best validation loss in OUT (Hugging Face's layout, with its
@@ -318,11 +319,18 @@ class Trainer:
         self.logger = open_loggers(self.s, self.out / LOG, self.iteration, self.resumed)
         self.logger.log({"iter": self.iteration, "settings": self.s.to_dict()})
         warn_about_warmup(self.s)
-        if self.data.masks:
+        if self.data.masks:  # conversations' mask marks the replies; synthetic data's, say, the ids copying predicts
             marked, n = int(self.data.masks["train"].sum(dtype="int64")), len(self.data.train)
+            what = "conversations" if self.data.chat_template is not None else "data with a loss mask"
             print(
-                f"gpt2: training on conversations: the loss counts the replies only, the {marked:,} of {n:,} training "
-                f"tokens their mask marks",
+                f"gpt2: training on {what}: the loss counts {self.data.mask_marks} only, the {marked:,} of {n:,} "
+                f"training tokens their mask marks",
+                file=sys.stderr,
+            )
+        if self.data.row is not None:
+            print(
+                f"gpt2: the data is rows of {self.data.row} ids: each batch takes whole rows (the first "
+                f"{self.model.config.n_ctx + 1} ids of each), never the end of one and the start of the next",
                 file=sys.stderr,
             )
         if self.resumed:
@@ -390,6 +398,7 @@ class Trainer:
                 micro_step=micro,
                 device=self.device,
                 mask=self.data.masks.get("train"),
+                row=self.data.row,
             )
             with self.procs.gradient_sync(micro == share[-1]):  # averaged over the processes after the last
                 with self.precision.autocast():
@@ -477,6 +486,7 @@ class Trainer:
                 micro_step=EVAL_STREAM + k % s.eval_iters,
                 device=self.device,
                 mask=self.data.masks.get(split),
+                row=self.data.row,
             )
             with self.precision.autocast():
                 loss, n = loss_sum(self.model, x, y)  # gpt2 eval's computation
