@@ -6,7 +6,7 @@ import warnings
 
 import pytest
 import torch
-from helpers import hf_and_ours, make_hf_model, perturbed
+from helpers import hf_and_ours, make_hf_model, perturbed, transformers_greedy, transformers_sampled
 
 from gpt2 import (
     ContextLengthError,
@@ -19,7 +19,14 @@ from gpt2 import (
 )
 from gpt2.generation.decoding import ContextOverflowWarning, Decoder, Row
 from gpt2.generation.engines import TorchEngine
-from gpt2.generation.generate import EmptyPromptWarning, TextGeneration, TextRow, generate_text, stream_text
+from gpt2.generation.generate import (
+    EmptyPromptWarning,
+    TextGeneration,
+    TextRow,
+    TokenGeneration,
+    generate_text,
+    stream_text,
+)
 from gpt2.generation.sampling import Sampling
 from gpt2.model.model import GPT2
 from gpt2.model.pretrained import hf_state_dict
@@ -580,3 +587,32 @@ def test_a_chat_needs_a_template_and_sound_options(chat_model):
         with pytest.raises(InvalidArgumentError) as caught:
             Chat(model, model.tokenizer, **options)
         assert caught.value.param == param
+
+
+# ------------------------------------------------------------------ TokenGeneration: ids in, ids out
+
+
+def test_token_generation_gives_transformers_ids_greedy_and_sampled(small_pair):
+    hf, ours = small_pair
+    prompt = [464, 3290, 318, 257]
+    greedy = TokenGeneration(ours, [prompt], max_new_tokens=8, sampling=Sampling(0.0))
+    rows = [[], []]
+    for b, token in greedy:
+        rows[b].append(token)
+    assert rows[0] == transformers_greedy(hf, prompt, 8) and greedy.finish_reasons == ["length"]
+    sampled = TokenGeneration(ours, [prompt], max_new_tokens=6, sampling=Sampling(0.9), seed=7, num_samples=2)
+    rows = [[], []]
+    for b, token in sampled:
+        rows[b].append(token)
+    assert rows == [transformers_sampled(hf, prompt, 6, seed=7 + i, temperature=0.9) for i in range(2)]
+    assert sampled.tokens_generated == 12
+
+
+def test_token_generation_ends_a_row_at_eos_and_refuses_bad_ids(small_pair):
+    _, small = small_pair
+    prompt = [464, 3290]
+    first = next(iter(TokenGeneration(small, [prompt], max_new_tokens=1, sampling=Sampling(0.0))))[1]
+    ended = TokenGeneration(small, [prompt], max_new_tokens=5, sampling=Sampling(0.0), eos_token_id=first)
+    assert list(ended) == [(0, first)] and ended.finish_reasons == ["stop"]  # the end id given out too
+    with pytest.raises(TokenIdError):
+        TokenGeneration(small, [[1, 50257]], max_new_tokens=2)

@@ -37,7 +37,7 @@ from gpt2.cli.options import (
     read_sampling,
     with_top_k,
 )
-from gpt2.settings import DRAFT_TOKENS, MAX_NEW_TOKENS
+from gpt2.settings import MAX_NEW_TOKENS
 
 
 def _check_generate_args(args: argparse.Namespace) -> str | list[int]:
@@ -202,79 +202,48 @@ def _generation(args: argparse.Namespace, model, tokenizer, prompt: str | list[i
     )
 
 
-def _id_generation(args: argparse.Namespace, model, tokenizer, prompt: list[int], draft) -> _IdGeneration:
-    """gpt2 generate --ids: the rows of the prompt's ids, as the text API makes a text's (one seed rule, the
-    penalties, the draft or prompt lookup); a row ends at the model's <|endoftext|>, where it has a tokenizer."""
-    from gpt2.generation.decoding import Request
-    from gpt2.generation.lookup import lookup_of
-    from gpt2.generation.processors import processing_of
+def _id_generation(args: argparse.Namespace, model, tokenizer, prompt: list[int], draft) -> _IdPieces:
+    """gpt2 generate --ids: the library's TokenGeneration of the prompt's ids (a row ends at the model's
+    <|endoftext|>, where it has a tokenizer), each new id a piece of text."""
+    from gpt2.generation.generate import TokenGeneration
 
-    bias, penalties = args.structured["logit_bias"], (args.frequency_penalty, args.presence_penalty)
-    request = Request.build(
+    generation = TokenGeneration(
+        model,
         [prompt],
-        args.max_new_tokens,
-        n_vocab=model.config.n_vocab,
-        n_ctx=model.config.n_ctx,
+        max_new_tokens=args.max_new_tokens,
         sampling=with_top_k(args.sampling, model),
         seed=args.seed,
-        n=args.num_samples,
-        n_param="num_samples",
+        num_samples=args.num_samples,
         eos_token_id=None if tokenizer is None else tokenizer.eot_token,
         on_overflow=args.on_overflow,
-        processing=processing_of(None, None, bias, *penalties, args.repetition_penalty),  # no constraint: no text
+        draft=draft,
+        **draft_tokens_of(args),
+        **{key: value for key, value in args.structured.items() if key != "constraint"},  # --ids refuses one
     )
-    lookup = lookup_of(args.speculative, args.prompt_lookup_max, args.prompt_lookup_min)
-    draft_tokens = DRAFT_TOKENS if args.draft_tokens is None else args.draft_tokens
-    return _IdGeneration(model, request, draft, draft_tokens, lookup, spaced=args.stream)
+    return _IdPieces(generation, spaced=args.stream)
 
 
-class _IdGeneration:
-    """A request's rows of token ids continued by the token loop (`decoding.Decoder`), as (row, piece): each new id
-    a piece of text, " 464" (the first without its space unless `spaced`, after the prompt's ids), as
-    `TextGeneration` gives a text's pieces; a row's end token is one of its ids. (The library's door for ids,
-    `GPT2.generate`, gives them once it is done; this one streams.)"""
+class _IdPieces:
+    """A TokenGeneration's ids as (row, piece) pieces of text, as TextGeneration gives a text's: " 464" (a row's
+    first without its space unless `spaced`, after the prompt's ids)."""
 
-    def __init__(self, model, request, draft, draft_tokens: int, lookup, spaced: bool):
-        from gpt2.generation.engines import NumpyEngine
-        from gpt2.reference import ReferenceModel
-
-        def engine(m):
-            if isinstance(m, ReferenceModel):
-                return NumpyEngine(m, request.slots)
-            hint = "generate fewer samples at once: a smaller num_samples"
-            return m.engine(request.slots, request.longest + request.max_new_tokens, hint=hint, param="num_samples")
-
-        # the engines (and the memory they need) before the rows, as TextGeneration makes them
-        self.engine, self.draft = engine(model), None if draft is None else engine(draft)
-        self.draft_tokens, self.lookup, self.spaced = draft_tokens, lookup, spaced
-        self.rows = request.rows()
-        self.ended = [False] * len(self.rows)
+    def __init__(self, generation, spaced: bool):
+        self.generation, self.spaced = generation, spaced
+        self.rows = generation.rows
         self.given = [0] * len(self.rows)  # each row's ids given out
-        self.tokens_generated = 0
 
     @property
     def finish_reasons(self) -> list[str | None]:
-        return [row.finish_reason if ended else None for row, ended in zip(self.rows, self.ended)]
+        return self.generation.finish_reasons
+
+    @property
+    def tokens_generated(self) -> int:
+        return self.generation.tokens_generated
 
     def __iter__(self) -> Iterator[tuple[int, str]]:
-        import torch
-
-        from gpt2.generation.decoding import Decoder, finish_reasons
-
-        index = {row: b for b, row in enumerate(self.rows)}
-        decoder = Decoder(self.engine, draft=self.draft, draft_tokens=self.draft_tokens, lookup=self.lookup)
-        for row in self.rows:
-            decoder.add(row)
-        with torch.inference_mode():
-            while decoder.busy:
-                events = decoder.step()
-                for (row, token), reason in zip(events, finish_reasons(events)):
-                    b = index[row]
-                    self.ended[b] = self.ended[b] or reason is not None
-                    if token is not None:
-                        self.tokens_generated += 1
-                        self.given[b] += 1
-                        yield b, ("" if self.given[b] == 1 and not self.spaced else " ") + str(token)
+        for b, token in self.generation:
+            self.given[b] += 1
+            yield b, ("" if self.given[b] == 1 and not self.spaced else " ") + str(token)
 
 
 def _generation_bar(args: argparse.Namespace, rows: int):

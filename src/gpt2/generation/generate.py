@@ -125,24 +125,13 @@ class TextGeneration:
             processing=processing,
         )
         # the engines (and the memory they need) before the rows, so that errors come before any row is made
-        self.engine = self._engine(model, request)
-        self.draft = None if draft is None else self._engine(draft, request)
+        self.engine = engine_for(model, request)
+        self.draft = None if draft is None else engine_for(draft, request)
         self.stats = None  # the decoder's DraftStats, once it runs
         self.rows = request.rows()
         self.prompt_ids = [row.prompt for row in self.rows]  # prompt-major
         self.texts = [TextRow(tokenizer, self.stop) for _ in self.rows]
         self.tokens_generated = 0  # tokens chosen, counted per row until its text ends
-
-    @staticmethod
-    def _engine(model, request: Request):
-        if isinstance(model, ReferenceModel):
-            return NumpyEngine(model, request.slots)
-        return model.engine(
-            request.slots,
-            request.longest + request.max_new_tokens,
-            hint="generate fewer samples at once: a smaller num_samples",
-            param="num_samples",
-        )
 
     @staticmethod
     def _encode(tokenizer: Tokenizer, prompt: str, allowed_special: AbstractSet[str] | Literal["all"]) -> list[int]:
@@ -179,6 +168,94 @@ class TextGeneration:
                         row.finish_reason = STOP
                     if piece:
                         yield b, piece
+
+
+def engine_for(model, request: Request):
+    """The engine a request's rows run on: the model's own (its KV cache for the request's slots, made
+    now, so that a lack of memory is said before any row is made), or the NumPy engine's."""
+    if isinstance(model, ReferenceModel):
+        return NumpyEngine(model, request.slots)
+    return model.engine(
+        request.slots,
+        request.longest + request.max_new_tokens,
+        hint="generate fewer samples at once: a smaller num_samples",
+        param="num_samples",
+    )
+
+
+class TokenGeneration:
+    """Continuations of prompts of token ids, as token ids: iterate for (row, id) as they arrive.
+
+    The token loop's door for ids, as `TextGeneration` is its door for text (and `GPT2.generate`
+    gives ids once all are made): for a model that comes with no tokenizer, and `gpt2 generate
+    --ids`. Rows are prompt-major, num_samples each; a row ends at eos_token_id (its id given out
+    too; None: only after max_new_tokens). Sampling, seeds, the draft model or prompt lookup,
+    logit_bias and the penalties as TextGeneration takes them; no constraint (that is text)."""
+
+    def __init__(
+        self,
+        model,
+        prompts: Sequence[Sequence[int]],
+        *,
+        max_new_tokens: int = MAX_NEW_TOKENS,
+        sampling: Sampling | None = None,
+        seed: int | None = None,
+        num_samples: int = 1,
+        eos_token_id: int | None = None,
+        on_overflow: str = "slide",
+        draft=None,
+        draft_tokens: int = DRAFT_TOKENS,
+        speculative: str | None = None,
+        prompt_lookup_max: int = LOOKUP_MAX,
+        prompt_lookup_min: int = LOOKUP_MIN,
+        logit_bias: dict[int, float] | None = None,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        repetition_penalty: float = 1.0,
+    ):
+        if draft is not None:
+            check_draft(model, draft)
+        self.draft_tokens = check_draft_tokens(draft_tokens)
+        self.lookup = lookup_of(speculative, prompt_lookup_max, prompt_lookup_min, draft)
+        processing = processing_of(None, None, logit_bias, frequency_penalty, presence_penalty, repetition_penalty)
+        request = Request.build(
+            [list(prompt) for prompt in prompts],
+            max_new_tokens,
+            n_vocab=model.config.n_vocab,
+            n_ctx=model.config.n_ctx,
+            sampling=sampling_of(1.0, None, None, sampling),
+            seed=seed,
+            n=num_samples,
+            n_param="num_samples",
+            eos_token_id=eos_token_id,
+            on_overflow=on_overflow,
+            processing=processing,
+        )
+        self.engine = engine_for(model, request)  # before the rows, as TextGeneration's
+        self.draft = None if draft is None else engine_for(draft, request)
+        self.rows = request.rows()
+        self.ended = [False] * len(self.rows)
+        self.tokens_generated = 0
+
+    @property
+    def finish_reasons(self) -> list[str | None]:
+        """Why each row ended: "stop" (eos_token_id) or "length"; None while it goes on."""
+        return [row.finish_reason if ended else None for row, ended in zip(self.rows, self.ended)]
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        index = {row: b for b, row in enumerate(self.rows)}
+        decoder = Decoder(self.engine, draft=self.draft, draft_tokens=self.draft_tokens, lookup=self.lookup)
+        for row in self.rows:
+            decoder.add(row)
+        with torch.inference_mode():
+            while decoder.busy:
+                events = decoder.step()
+                for (row, token), reason in zip(events, finish_reasons(events)):
+                    b = index[row]
+                    self.ended[b] = self.ended[b] or reason is not None
+                    if token is not None:
+                        self.tokens_generated += 1
+                        yield b, token
 
 
 def generate_text(model, tokenizer: Tokenizer, prompts: str | Sequence[str], **options) -> list[str]:
