@@ -61,26 +61,26 @@ def cmd(args: argparse.Namespace) -> int:
     return 0
 
 
-def _prepare_chat(args: argparse.Namespace) -> int:
-    from gpt2.data.chat import prepare_chat
-
-    given = [
-        flag
-        for flag, value in (
-            ("--dataset", args.dataset),
-            ("--dataset-config", args.dataset_config),
-            ("--text-field", args.text_field),
-            ("--shard-tokens", args.shard_tokens),
-        )
-        if value is not None
-    ]
+def _refuse_flags(args: argparse.Namespace, what: str, *flags: tuple[str, object]) -> None:
+    """One line naming the flags given (of `flags`, and --split) that do not apply to `what`."""
+    given = [flag for flag, value in flags if value is not None]
     if args.dataset_split != "train":
         given.append("--split")
     if given:
-        raise UsageError(
-            f"--chat reads JSON Lines files of conversations into train.bin and val.bin: {', '.join(given)} "
-            f"do{'es' * (len(given) == 1)} not apply"
-        )
+        raise UsageError(f"{what}: {', '.join(given)} do{'es' * (len(given) == 1)} not apply")
+
+
+def _prepare_chat(args: argparse.Namespace) -> int:
+    from gpt2.data.chat import prepare_chat
+
+    _refuse_flags(
+        args,
+        "--chat reads JSON Lines files of conversations into train.bin and val.bin",
+        ("--dataset", args.dataset),
+        ("--dataset-config", args.dataset_config),
+        ("--text-field", args.text_field),
+        ("--shard-tokens", args.shard_tokens),
+    )
     if not args.inputs:
         raise UsageError('give JSON Lines files of conversations ({"messages": [...]} a line), or - for standard input')
     meta = prepare_chat(
@@ -107,27 +107,18 @@ def _prepare_chat(args: argparse.Namespace) -> int:
 def _prepare_synthetic(args: argparse.Namespace) -> int:
     from gpt2.data.synthetic import DEFAULT_ROWS, prepare_synthetic
 
-    given = [
-        flag
-        for flag, value in (
-            ("INPUT", args.inputs or None),
-            ("--chat", args.chat or None),
-            ("--chat-template", args.chat_template),
-            ("--tokenizer", args.tokenizer),
-            ("--text-field", args.text_field),
-            ("--dataset", args.dataset),
-            ("--dataset-config", args.dataset_config),
-            ("--shard-tokens", args.shard_tokens),
-        )
-        if value is not None
-    ]
-    if args.dataset_split != "train":
-        given.append("--split")
-    if given:
-        raise UsageError(
-            f"--synthetic draws its own rows of token ids (no text, no tokenizer): {', '.join(given)} "
-            f"do{'es' * (len(given) == 1)} not apply"
-        )
+    _refuse_flags(
+        args,
+        "--synthetic draws its own rows of token ids (no text, no tokenizer)",
+        ("INPUT", args.inputs or None),
+        ("--chat", args.chat or None),
+        ("--chat-template", args.chat_template),
+        ("--tokenizer", args.tokenizer),
+        ("--text-field", args.text_field),
+        ("--dataset", args.dataset),
+        ("--dataset-config", args.dataset_config),
+        ("--shard-tokens", args.shard_tokens),
+    )
     meta = prepare_synthetic(
         args.out,
         args.kind,
