@@ -174,8 +174,6 @@ def _cmd_inspect_patching(args: argparse.Namespace) -> int:
     """gpt2 inspect --corrupted TEXT CLEAN: activation patching at --site (patching.activation_patching)
     and its first-order estimate (attribution_patching), on the logit difference between --answer
     and --other after the last token: by default the clean run's next token and the corrupted run's."""
-    import json
-
     from gpt2._checks import check_answer_and_other
     from gpt2._files import writable_directory
     from gpt2.inspect import activation_patching, attribution_patching, logit_diff, trace
@@ -222,27 +220,25 @@ def _cmd_inspect_patching(args: argparse.Namespace) -> int:
 
         figures.save(figures.patching_grids(grids, columns, AXES[args.site][1], title), png / "patching.png")
         print(f"gpt2: wrote {png / 'patching.png'}", file=sys.stderr)
+    _show_patching(args, grids, columns, title, diffs, {"answer": answer, "other": other}, runs["clean"])
+    return 0
+
+
+def _show_patching(args, grids: dict, columns: list[str], title: str, diffs: dict, tokens: dict, clean) -> None:
+    """--corrupted's grids: one JSON object with --json, else a table a grid (a row a layer)."""
+    import json
+
+    from gpt2.inspect.patching import AXES
+
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "site": args.site,
-                    "answer": answer,
-                    "other": other,
-                    "logit_diff": diffs,
-                    "tokens": runs["clean"].tokens,
-                    "ids": runs["clean"].ids,
-                    **{how.split()[0]: grid.tolist() for how, grid in grids.items()},
-                }
-            )
-        )
-        return 0
+        fields = {"site": args.site, **tokens, "logit_diff": diffs, "tokens": clean.tokens, "ids": clean.ids}
+        print(json.dumps({**fields, **{how.split()[0]: grid.tolist() for how, grid in grids.items()}}))
+        return
     print(f"{title}: clean {diffs['clean']:.3f}, corrupted {diffs['corrupted']:.3f}")
     for how, grid in grids.items():
         print(f"\n{how} (a row a layer, a column a {AXES[args.site][1]}):")
         print("      " + " ".join(f"{c[:7]:>7}" for c in columns))
         print("\n".join(f"{l:>5} " + " ".join(f"{v:7.3f}" for v in row.tolist()) for l, row in enumerate(grid)))
-    return 0
 
 
 def _alone(args: argparse.Namespace, flag: str, does: str, *also: tuple[str, object]) -> None:
