@@ -847,3 +847,22 @@ def test_the_patching_grid_shows_that_it_scrolls_sideways_while_it_is_wider_than
     screenshot(page.locator("section", has=page.get_by_label("Patching")), "playground-patching-char.png")
     page.set_viewport_size({"width": 4000, "height": 900})  # wide enough for every column: no cue
     expect(cue).to_be_hidden()
+
+
+@pytest.fixture(scope="module")
+def served_without_tokenizer():
+    """tests/fixtures/induction_2l: trained here on 64 ids, no tokenizer: served on token ids alone."""
+    model = GPT2.from_pretrained(REPO / "tests" / "fixtures" / "induction_2l", device="cpu")
+    assert model.tokenizer is None
+    yield from serving(model, None, "induction")
+
+
+def test_a_model_with_no_tokenizer_is_named_and_the_page_says_it_needs_one(browser, served_without_tokenizer):
+    watched = Watched(browser, served_without_tokenizer.url)
+    try:
+        watched.wait_until("!document.getElementById('error').hidden")
+        message = watched.page.locator("#error").text_content()
+        assert "this model comes with no tokenizer" in message
+        assert "induction · context 64 tokens" in watched.page.locator("#model-info").text_content()
+    finally:
+        watched.close()

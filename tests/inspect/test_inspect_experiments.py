@@ -10,7 +10,7 @@ import pytest
 import torch
 from helpers import hf_and_ours
 
-from gpt2 import GPT2Config, GPT2Error
+from gpt2 import GPT2Config, GPT2Error, InvalidArgumentError
 from gpt2.cli import main
 from gpt2.inspect.experiments import (
     ABBA_TEMPLATES,
@@ -361,3 +361,11 @@ def test_cli_ioi_takes_a_corruption_and_prints_io_prob_readably(models, capsys):
     assert "corrupted by abc" in out
     assert main(["inspect", "--experiment", "induction", "--model", directory, "--corruption", "abc"]) == 2
     assert capsys.readouterr().err == "gpt2: error: --corruption is the ioi experiment's, not induction's\n"
+
+
+def test_an_option_an_experiment_does_not_take_is_refused_naming_it(models):
+    _, ours, _ = models
+    with pytest.raises(
+        InvalidArgumentError, match="the induction experiment takes no option 'corruption': its options are n, seed"
+    ):
+        run_experiment(ours, "induction", corruption="abc")

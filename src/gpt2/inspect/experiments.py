@@ -52,6 +52,7 @@ scientific form ("3.2e-05", not "0.0000").
 
 from __future__ import annotations
 
+import inspect
 import math
 import random
 import re
@@ -341,6 +342,12 @@ def run_experiment(model: GPT2, name: str, model_name: str = "the model", **opti
         raise InvalidArgumentError(
             f"unknown experiment {name!r}: the experiments are {', '.join(EXPERIMENTS)}", "experiment"
         )
+    taken = list(inspect.signature(runs[name]).parameters)[1:]  # after the model
+    for option in options:
+        if option not in taken:
+            raise InvalidArgumentError(
+                f"the {name} experiment takes no option {option!r}: its options are {', '.join(taken)}", option
+            )
     if name != "induction":
         check_gpt2_tokenizer(model, name, model_name)
     return runs[name](model, **options)
