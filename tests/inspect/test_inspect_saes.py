@@ -1,13 +1,13 @@
 """Sparse autoencoders saved by SAELens (gpt2.inspect.saes), against transformers' activations on
 the same weights (read with hooks) put through SAELens's encoder written out here.
 
-sae-lens itself is not installed here (it pins transformer-lens and its own torch range): the
-reference is its source, written out in `saelens_encode` / `saelens_decode` from
+The first tests' reference is SAELens's source, written out in `saelens_encode` / `saelens_decode` from
 sae_lens/saes/sae.py (`SAE.process_sae_in`, `_setup_activation_normalization`),
 sae_lens/saes/standard_sae.py (`StandardSAE.encode`, `decode`) and sae_lens/saes/jumprelu_sae.py
 (`JumpReLUSAE.encode`), SAELens 6.x. The SAE files are laid out as its `SAE.save_model` writes
 them: cfg.json (6.x: the hook under "metadata"; before 6.0: `hook_name` at the top) and
-sae_weights.safetensors."""
+sae_weights.safetensors. The last ones save SAEs of each architecture SAELens trains (standard,
+jumprelu, topk, batchtopk) with SAELens itself, and compare gpt2's encode and decode with its own."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import json
 import pytest
 import torch
 from helpers import hf_and_ours, transformer_lens_from_hf
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from gpt2 import GPT2Error
 from gpt2.cli import main
@@ -196,6 +196,66 @@ def test_inspect_sae_prints_each_tokens_top_features(models, tmp_path, capsys):
         assert [f["value"] for f in row] == pytest.approx([float(v) for v in best.values if v > 0], abs=1e-5)
 
 
+# cfg.json keys that contradict each other, the hook, or the tensors: each its own error.
+STRICT_CFG = {
+    "two hooks": {"hook_name": "blocks.1.hook_resid_pre"},
+    "hook_layer": {"hook_layer": 1},
+    "reshape z": {"reshape_activations": "hook_z"},
+    "reshape": {"reshape_activations": "flatten"},
+    "no k": {"architecture": "topk"},
+    "k too big": {"architecture": "topk", "k": 49},
+    "k of standard": {"k": 5},
+    "rescale": {"rescale_acts_by_decoder_norm": True},
+    "activation_fn": {"activation_fn_str": "tanh-relu"},
+    "topk jumprelu": {"architecture": "jumprelu", "activation_fn": "topk", "activation_fn_kwargs": {"k": 3}},
+    "two ks": {"architecture": "topk", "k": 4, "activation_fn": "topk", "activation_fn_kwargs": {"k": 3}},
+    "no threshold": {"architecture": "jumprelu"},
+    "no topk_threshold": {"architecture": "batchtopk"},
+}
+STRICT_MESSAGES = [
+    (
+        "two hooks",
+        "gpt2: error: DIR/cfg.json: hook_name 'blocks.1.hook_resid_pre' and "
+        "metadata.hook_name 'blocks.0.hook_resid_pre' disagree",
+    ),
+    (
+        "hook_layer",
+        "gpt2: error: DIR/cfg.json: hook_layer 1 disagrees with hook_name 'blocks.0.hook_resid_pre', at block 0",
+    ),
+    (
+        "reshape z",
+        "gpt2: error: DIR/cfg.json: reshape_activations 'hook_z' is for SAEs of attn.hook_z, "
+        "but hook_name is 'blocks.0.hook_resid_pre'",
+    ),
+    ("reshape", "gpt2: error: DIR/cfg.json: reshape_activations 'flatten' is not one of none, hook_z"),
+    ("no k", "gpt2: error: DIR/cfg.json: a topk SAE's k must be a whole number in 1..d_sae=48, got None"),
+    ("k too big", "gpt2: error: DIR/cfg.json: a topk SAE's k must be a whole number in 1..d_sae=48, got 49"),
+    ("k of standard", "gpt2: error: DIR/cfg.json: k is 5, but a standard SAE has no k (topk's)"),
+    (
+        "rescale",
+        "gpt2: error: DIR/cfg.json: rescale_acts_by_decoder_norm is true, but a standard SAE does not rescale",
+    ),
+    ("activation_fn", "gpt2: error: DIR/cfg.json: activation_fn 'tanh-relu' is not one gpt2 reads: relu, topk"),
+    ("topk jumprelu", "gpt2: error: DIR/cfg.json: activation_fn 'topk' and architecture 'jumprelu' disagree"),
+    ("two ks", "gpt2: error: DIR/cfg.json: k 4 and activation_fn_kwargs.k 3 disagree"),
+    (
+        "no threshold",
+        "gpt2: error: DIR/sae_weights.safetensors has no tensor 'threshold' "
+        "(a jumprelu SAE has W_enc, b_enc, W_dec, b_dec, threshold)",
+    ),
+    (
+        "no topk_threshold",
+        "gpt2: error: DIR/sae_weights.safetensors has no tensor 'topk_threshold' "
+        "(a batchtopk SAE has W_enc, b_enc, W_dec, b_dec, topk_threshold)",
+    ),
+    (
+        "extra tensor",
+        "gpt2: error: DIR/sae_weights.safetensors has a tensor 'threshold', which a standard SAE "
+        "(cfg.json's architecture) does not have: it has W_enc, b_enc, W_dec, b_dec",
+    ),
+]
+
+
 def broken(directory, what: str) -> None:
     """Spoil an SAE directory written by write_sae."""
     cfg = json.loads((directory / "cfg.json").read_text())
@@ -207,13 +267,17 @@ def broken(directory, what: str) -> None:
         (directory / "cfg.json").write_text("{ not json")
     elif what == "weights corrupt":
         (directory / "sae_weights.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}")
+    elif what == "extra tensor":  # a jumprelu's threshold in an SAE cfg.json calls standard
+        weights = load_file(str(directory / "sae_weights.safetensors")) | {"threshold": torch.zeros(D_SAE)}
+        save_file(weights, str(directory / "sae_weights.safetensors"))
     else:
         cfg |= {
             "width": {"d_in": 64},
-            "arch": {"architecture": "topk"},
+            "arch": {"architecture": "gated"},
             "hook": {"metadata": {"hook_name": "blocks.0.hook_z"}},
             "layer": {"metadata": {"hook_name": "blocks.2.hook_resid_pre"}},
             "d_sae": {"d_sae": 47},
+            **STRICT_CFG,
         }[what]
         (directory / "cfg.json").write_text(json.dumps(cfg))
 
@@ -234,7 +298,11 @@ def broken(directory, what: str) -> None:
             "gpt2: error: DIR/cfg.json: the SAE reads vectors of d_in=64, "
             "but the model's h.0.resid_pre has 32 (n_embd=32)",
         ),
-        ("arch", "gpt2: error: DIR/cfg.json: architecture 'topk' is not one gpt2 reads: standard, jumprelu"),
+        (
+            "arch",
+            "gpt2: error: DIR/cfg.json: architecture 'gated' is not one gpt2 reads: "
+            "standard, jumprelu, topk, batchtopk",
+        ),
         (
             "hook",
             "gpt2: error: DIR/cfg.json: hook 'blocks.0.hook_z' is not one gpt2 reads: give one of gpt2's steps "
@@ -251,6 +319,7 @@ def broken(directory, what: str) -> None:
             "gpt2: error: DIR/sae_weights.safetensors: W_enc has shape [32, 48], "
             "but cfg.json's d_in=32 and d_sae=47 make it [32, 47]",
         ),
+        *STRICT_MESSAGES,
     ],
 )
 def test_bad_sae_is_one_line_naming_the_file(models, tmp_path, capsys, what, message):
@@ -307,3 +376,76 @@ def test_an_sae_reads_any_step_by_transformer_lens_name_or_gpt2s(models, tmp_pat
     x = x.flatten(-2) if x.dim() == 3 else x  # hook_z: (T, H, d) -> (T, H * d)
     expected, _ = saelens_encode(x, w, "none", True)
     assert torch.allclose(sae_features(ours, load_sae(tmp_path / "sae"), TEXT), expected, atol=1e-5)
+
+
+def saelens_sae(kind: str, hook_name: str, normalize: str, seed: int = 0):
+    """An SAE of random weights made with SAELens's own classes: kind is an architecture, "topk-rescale"
+    (rescale_acts_by_decoder_norm), or "topk-training" / "batchtopk" (its training SAEs, which
+    rescale by default)."""
+    import sae_lens
+    from sae_lens.saes.sae import SAEMetadata
+
+    reshape = "hook_z" if hook_name.endswith("hook_z") else "none"
+    common = dict(d_in=32, d_sae=D_SAE, normalize_activations=normalize, reshape_activations=reshape)
+    common["metadata"] = SAEMetadata(hook_name=hook_name)
+    cls, cfg = {
+        "standard": (sae_lens.StandardSAE, lambda: sae_lens.StandardSAEConfig(**common)),
+        "jumprelu": (sae_lens.JumpReLUSAE, lambda: sae_lens.JumpReLUSAEConfig(**common)),
+        "topk": (sae_lens.TopKSAE, lambda: sae_lens.TopKSAEConfig(k=5, **common)),
+        "topk-rescale": (
+            sae_lens.TopKSAE,
+            lambda: sae_lens.TopKSAEConfig(k=7, rescale_acts_by_decoder_norm=True, **common),
+        ),
+        "topk-training": (sae_lens.TopKTrainingSAE, lambda: sae_lens.TopKTrainingSAEConfig(k=6, **common)),
+        "batchtopk": (sae_lens.BatchTopKTrainingSAE, lambda: sae_lens.BatchTopKTrainingSAEConfig(k=6.0, **common)),
+    }[kind]
+    sae = cls(cfg())
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in sae.named_parameters():
+            p.copy_(
+                torch.rand(p.shape, generator=g) * 0.5
+                if name == "threshold"
+                else torch.randn(p.shape, generator=g) * 0.3
+            )
+        if kind == "batchtopk":
+            sae.topk_threshold.fill_(0.5)
+    return sae
+
+
+@pytest.mark.parametrize(
+    "kind, hook_name, normalize, inference",
+    [
+        ("standard", "blocks.0.hook_resid_pre", "none", False),
+        ("jumprelu", "blocks.1.hook_resid_post", "layer_norm", False),
+        ("topk", "blocks.1.hook_mlp_out", "none", False),
+        ("topk-rescale", "blocks.0.attn.hook_z", "constant_norm_rescale", False),
+        ("topk-training", "blocks.1.hook_resid_mid", "none", False),  # a training save: rescales
+        ("topk-training", "blocks.1.hook_resid_mid", "none", True),  # its inference save: norms folded
+        ("batchtopk", "blocks.0.hook_attn_out", "none", False),  # a training save: read as its jumprelu
+        ("batchtopk", "blocks.0.hook_attn_out", "none", True),  # SAELens's inference save: a jumprelu
+    ],
+)
+def test_sae_saved_by_saelens_encodes_and_decodes_as_saelens(models, tmp_path, kind, hook_name, normalize, inference):
+    import sae_lens
+
+    _, ours, _ = models
+    made = saelens_sae(kind, hook_name, normalize)
+    if inference or kind in ("topk-training", "batchtopk"):
+        made.save_inference_model(tmp_path / "inference")
+    (made.save_inference_model if inference else made.save_model)(tmp_path / "sae")
+    # What SAELens runs: its inference SAE, loaded from disk (a batchtopk training save it loads only so)
+    reference = sae_lens.SAE.load_from_disk(tmp_path / ("inference" if kind == "batchtopk" else "sae"))
+    sae = load_sae(tmp_path / "sae")
+    x = sae.input_of(trace(ours, TEXT, names=sae.names()))  # (T, 32): the hook's activations, gpt2's trace
+    x_ref = x.unflatten(-1, (4, 8)) if hook_name.endswith("hook_z") else x  # SAELens reshapes hook_z itself
+    with torch.no_grad():
+        expected = reference.encode(x_ref)
+        expected_out = reference.decode(expected).reshape(x.shape)
+    assert (expected > 0).any() and (expected == 0).any()
+    if kind.startswith("topk"):
+        assert ((expected != 0).sum(-1) <= reference.cfg.k).all()
+    features = sae.encode(x)
+    assert torch.allclose(features, expected, atol=1e-5)
+    assert torch.allclose(sae.decode(features, x), expected_out, atol=1e-5)
+    assert torch.allclose(sae_features(ours, sae, TEXT), expected, atol=1e-5)

@@ -11,6 +11,7 @@
     experiments the standard experiments with their data built in: induction, IOI (Wang et
                 al. 2023's templates), greater-than (Hanna et al. 2023)
     saes     sparse autoencoders saved by SAELens: read, and their features at a trace's sites
+    transcoders  transcoders (a block's MLP replaced by sparse features) saved by circuit-tracer or SAELens
     weights  the weights in TransformerLens's names and shapes, QK and OV circuits kept factored,
              composition scores, and TransformerLens's weight processing (process_weights)
     names    the steps' names: gpt2's, and TransformerLens's hook and short names read as aliases
@@ -41,6 +42,7 @@ from gpt2.inspect.tracing import (
     trace,
     walkthrough,
 )
+from gpt2.inspect.transcoders import Transcoder, TranscoderSet, load_transcoders
 from gpt2.inspect.weights import (
     FactoredMatrix,
     ProcessedGPT2,
@@ -55,7 +57,10 @@ __all__ = [
     "CORRUPTIONS",
     "FactoredMatrix",
     "ProcessedGPT2",
+    "Transcoder",
+    "TranscoderSet",
     "Weights",
+    "load_transcoders",
     "composition_scores",
     "full_ov_circuit",
     "full_qk_circuit",

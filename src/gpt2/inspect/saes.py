@@ -8,13 +8,23 @@ An SAE directory, as SAELens's `SAE.save_model` writes it: `cfg.json` (d_in, d_s
 architecture, apply_b_dec_to_input, normalize_activations, and the hook name, at the top in
 SAELens before 6.0 and under "metadata" since) and `sae_weights.safetensors` (W_enc (d_in, d_sae),
 b_enc (d_sae,), W_dec (d_sae, d_in), b_dec (d_in,), and threshold (d_sae,) for JumpReLU). The
-encoder is SAELens's (sae_lens/saes/sae.py `process_sae_in`, standard_sae.py, jumprelu_sae.py):
+encoder is SAELens's (sae_lens/saes/sae.py `process_sae_in`, standard_sae.py, jumprelu_sae.py,
+topk_sae.py, batchtopk_sae.py):
 
     x' = normalise(x) - b_dec          (b_dec only where apply_b_dec_to_input)
     pre = x' @ W_enc + b_enc
     f = relu(pre)                      standard
     f = relu(pre) * (pre > threshold)  jumprelu
+    f = relu(pre), all but its k largest zeroed                       topk (k in cfg.json)
     x_hat = f @ W_dec + b_dec, the normalisation undone
+
+A topk SAE with rescale_acts_by_decoder_norm (cfg.json) ranks pre * |W_dec row| and decodes
+f / |W_dec row|, as though its decoder rows had norm 1. A batchtopk SAE keeps the k largest over a
+whole training batch; SAELens saves it for inference (`save_inference_model`) as the jumprelu whose
+threshold is its learnt `topk_threshold` for every feature. A batchtopk training save (architecture
+"batchtopk", the tensor topk_threshold) is read as that jumprelu, its decoder norms folded into the
+encoder where rescale_acts_by_decoder_norm, as SAELens's inference save does. cfg.json keys that
+contradict each other or the tensors are errors naming both, never ignored.
 
 The hook names are TransformerLens's (as SAELens writes them) or gpt2's, of any step whose
 vectors are per position (`gpt2.inspect.names`): most often blocks.L.hook_resid_pre (the stream
@@ -40,11 +50,18 @@ from gpt2.inspect.tracing import PER_HEAD, SQUARE, Trace, trace
 from gpt2.model.model import GPT2
 
 CFG, WEIGHTS = "cfg.json", "sae_weights.safetensors"
-ARCHITECTURES = ("standard", "jumprelu")
+ARCHITECTURES = ("standard", "jumprelu", "topk", "batchtopk")
 HOOKS = ("hook_resid_pre", "hook_resid_mid", "hook_resid_post", "hook_attn_out", "hook_mlp_out")
 # SAELens's normalize_activations: "expected_average_only_in" scales nothing at run time (SAELens
 # folds its factor into the weights when it downloads a release; a saved directory holds them so).
 NORMALISATIONS = ("none", "expected_average_only_in", "constant_norm_rescale", "layer_norm")
+# The tensors of sae_weights.safetensors, each architecture's (SAELens's state_dict).
+TENSORS = {
+    "standard": ("W_enc", "b_enc", "W_dec", "b_dec"),
+    "jumprelu": ("W_enc", "b_enc", "W_dec", "b_dec", "threshold"),
+    "topk": ("W_enc", "b_enc", "W_dec", "b_dec"),
+    "batchtopk": ("W_enc", "b_enc", "W_dec", "b_dec", "topk_threshold"),
+}
 
 
 @dataclass
@@ -56,7 +73,7 @@ class SAE:
     b_enc: torch.Tensor  # (d_sae,)
     W_dec: torch.Tensor  # (d_sae, d_in)
     b_dec: torch.Tensor  # (d_in,)
-    threshold: torch.Tensor | None  # (d_sae,): JumpReLU's, None for standard
+    threshold: torch.Tensor | None  # (d_sae,): JumpReLU's (and batchtopk's), None for standard, topk
     hook_name: str
     layer: int | None  # the block of its site; None outside the blocks (wte, ln_f, ...)
     site: str  # gpt2's name of the step it reads (h.3.resid_pre)
@@ -64,6 +81,8 @@ class SAE:
     apply_b_dec_to_input: bool = True
     normalize_activations: str = "none"
     path: Path | None = None
+    k: int | None = None  # topk's: how many features each vector keeps
+    rescale_acts_by_decoder_norm: bool = False  # topk's: rank and decode as though |W_dec rows| = 1
 
     @property
     def d_in(self) -> int:
@@ -88,7 +107,12 @@ class SAE:
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         """(..., d_in) activations -> (..., d_sae) feature activations, as SAELens's `SAE.encode`."""
         x, _ = self._normalise(x.to(self.W_enc.device, self.W_enc.dtype))
-        pre = (x - self.b_dec * self.apply_b_dec_to_input) @ self.W_enc + self.b_enc
+        pre = (x - self.b_dec * self.apply_b_dec_to_input) @ self.W_enc + self.b_enc  # (..., d_sae)
+        if self.k is not None:
+            if self.rescale_acts_by_decoder_norm:
+                pre = pre * self.W_dec.norm(dim=-1)
+            top = pre.topk(self.k, dim=-1, sorted=False)
+            return torch.zeros_like(pre).scatter(-1, top.indices, torch.relu(top.values))
         acts = torch.relu(pre)
         return acts if self.threshold is None else acts * (pre > self.threshold).to(acts.dtype)
 
@@ -96,7 +120,10 @@ class SAE:
     def decode(self, features: torch.Tensor, x: torch.Tensor | None = None) -> torch.Tensor:
         """(..., d_sae) features -> (..., d_in), the reconstruction. An SAE that normalises its
         input (constant_norm_rescale, layer_norm) needs that input, `x`, to undo it."""
-        out = features.to(self.W_dec.dtype) @ self.W_dec + self.b_dec
+        features = features.to(self.W_dec.device, self.W_dec.dtype)
+        if self.k is not None and self.rescale_acts_by_decoder_norm:
+            features = features / self.W_dec.norm(dim=-1)
+        out = features @ self.W_dec + self.b_dec
         if self.normalize_activations in ("constant_norm_rescale", "layer_norm"):
             if x is None:
                 raise InvalidArgumentError(
@@ -181,14 +208,9 @@ def load_sae(directory: str | Path, device: str | torch.device = "cpu") -> SAE:
         if not path.is_file():
             raise CheckpointNotFoundError(f"{path} does not exist: an SAE saved by SAELens has {CFG} and {WEIGHTS}")
     cfg = read_json_object(cfg_path, CheckpointError)
-    meta = cfg.get("metadata") or cfg.get("meta") or {}  # SAELens 6 keeps the hook here; before, at the top
-    hook_name = cfg.get("hook_name", cfg.get("hook_point", meta.get("hook_name") if isinstance(meta, dict) else None))
-    layer, site = parse_hook(hook_name, cfg_path)
-    architecture = cfg.get("architecture", "standard")
-    if architecture not in ARCHITECTURES:
-        raise CheckpointError(
-            f"{cfg_path}: architecture {architecture!r} is not one gpt2 reads: {', '.join(ARCHITECTURES)}"
-        )
+    hook_name, layer, site = _read_hook(cfg, cfg_path)
+    d_in, d_sae = _read_sizes(cfg, cfg_path)
+    architecture, k, rescale = _read_architecture(cfg, cfg_path, d_sae)
     norm = cfg.get("normalize_activations", "none")
     norm = ("expected_average_only_in" if norm else "none") if isinstance(norm, bool) else norm  # SAELens before 6.0
     if norm not in NORMALISATIONS:
@@ -196,7 +218,9 @@ def load_sae(directory: str | Path, device: str | torch.device = "cpu") -> SAE:
     apply_b_dec = cfg.get("apply_b_dec_to_input", True)
     if not isinstance(apply_b_dec, bool):
         raise CheckpointError(f"{cfg_path}: apply_b_dec_to_input must be true or false, got {apply_b_dec!r}")
-    weights = _read_weights(weights_path, cfg, cfg_path, architecture)
+    weights = _read_weights(weights_path, cfg_path, d_in, d_sae, architecture)
+    if architecture == "batchtopk":
+        weights = _batchtopk_as_jumprelu(weights, rescale)
     weights = {name: w.to(device, torch.float32) for name, w in weights.items()}
     return SAE(
         weights["W_enc"],
@@ -211,28 +235,115 @@ def load_sae(directory: str | Path, device: str | torch.device = "cpu") -> SAE:
         apply_b_dec,
         norm,
         directory,
+        k,
+        rescale and architecture == "topk",  # batchtopk's is folded into its weights
     )
 
 
-def _read_weights(path: Path, cfg: dict, cfg_path: Path, architecture: str) -> dict[str, torch.Tensor]:
-    """The tensors of sae_weights.safetensors, each checked against cfg.json's d_in and d_sae."""
+def _read_hook(cfg: dict, cfg_path: Path) -> tuple[str, int | None, str]:
+    """The SAE's hook as (hook_name, L, gpt2's name): SAELens 6 keeps it under "metadata", before
+    at the top (hook_name or hook_point, with hook_layer); where several are given they must agree."""
+    meta = cfg.get("metadata") or cfg.get("meta") or {}
+    meta = meta if isinstance(meta, dict) else {}
+    given = [(key, value) for key, value in (*cfg.items(), *((f"metadata.{k}", v) for k, v in meta.items()))]
+    names = [(key, value) for key, value in given if key in ("hook_name", "hook_point", "metadata.hook_name")]
+    for key, value in names[1:]:
+        if value != names[0][1]:
+            raise CheckpointError(f"{cfg_path}: {names[0][0]} {names[0][1]!r} and {key} {value!r} disagree")
+    hook_name = names[0][1] if names else None
+    layer, site = parse_hook(hook_name, cfg_path)
+    for key, value in given:
+        if key in ("hook_layer", "metadata.hook_layer") and layer is not None and value != layer:
+            raise CheckpointError(
+                f"{cfg_path}: {key} {value!r} disagrees with hook_name {hook_name!r}, at block {layer}"
+            )
+    reshape = cfg.get("reshape_activations", "none")
+    if reshape not in ("none", "hook_z"):
+        raise CheckpointError(f"{cfg_path}: reshape_activations {reshape!r} is not one of none, hook_z")
+    if reshape == "hook_z" and step_of(site) != "attn.z":
+        raise CheckpointError(
+            f"{cfg_path}: reshape_activations 'hook_z' is for SAEs of attn.hook_z, but hook_name is {hook_name!r}"
+        )
+    return hook_name, layer, site
+
+
+def _read_sizes(cfg: dict, cfg_path: Path) -> tuple[int, int]:
+    """cfg.json's d_in and d_sae, each a positive whole number."""
     d_in, d_sae = cfg.get("d_in"), cfg.get("d_sae")
     for name, value in (("d_in", d_in), ("d_sae", d_sae)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise CheckpointError(f"{cfg_path}: {name} must be a positive whole number, got {value!r}")
+    return d_in, d_sae
+
+
+def _read_architecture(cfg: dict, cfg_path: Path, d_sae: int) -> tuple[str, int | None, bool]:
+    """(architecture, topk's k, rescale_acts_by_decoder_norm). Before SAELens 6.0 a topk SAE was a
+    standard one whose activation_fn was "topk", its k in activation_fn_kwargs."""
+    architecture, k = cfg.get("architecture", "standard"), cfg.get("k")
+    activation = cfg.get("activation_fn", cfg.get("activation_fn_str"))
+    if activation == "topk":
+        if architecture not in ("standard", "topk"):
+            raise CheckpointError(f"{cfg_path}: activation_fn 'topk' and architecture {architecture!r} disagree")
+        kwargs = cfg.get("activation_fn_kwargs")
+        kwarg_k = kwargs.get("k") if isinstance(kwargs, dict) else None
+        if k is not None and kwarg_k is not None and k != kwarg_k:
+            raise CheckpointError(f"{cfg_path}: k {k!r} and activation_fn_kwargs.k {kwarg_k!r} disagree")
+        architecture, k = "topk", kwarg_k if k is None else k
+    elif activation not in (None, "relu"):
+        raise CheckpointError(f"{cfg_path}: activation_fn {activation!r} is not one gpt2 reads: relu, topk")
+    if architecture not in ARCHITECTURES:
+        raise CheckpointError(
+            f"{cfg_path}: architecture {architecture!r} is not one gpt2 reads: {', '.join(ARCHITECTURES)}"
+        )
+    rescale = cfg.get("rescale_acts_by_decoder_norm", False)
+    if not isinstance(rescale, bool):
+        raise CheckpointError(f"{cfg_path}: rescale_acts_by_decoder_norm must be true or false, got {rescale!r}")
+    if rescale and architecture in ("standard", "jumprelu"):
+        raise CheckpointError(
+            f"{cfg_path}: rescale_acts_by_decoder_norm is true, but a {architecture} SAE does not rescale "
+            f"(topk and batchtopk do)"
+        )
+    if architecture == "topk" and (isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= d_sae):
+        raise CheckpointError(f"{cfg_path}: a topk SAE's k must be a whole number in 1..d_sae={d_sae}, got {k!r}")
+    if architecture in ("standard", "jumprelu") and k is not None:
+        raise CheckpointError(f"{cfg_path}: k is {k!r}, but a {architecture} SAE has no k (topk's)")
+    return architecture, (k if architecture == "topk" else None), rescale
+
+
+def _read_weights(path: Path, cfg_path: Path, d_in: int, d_sae: int, architecture: str) -> dict[str, torch.Tensor]:
+    """The tensors of sae_weights.safetensors: those of the architecture, each of the shape cfg.json's
+    d_in and d_sae make it; another tensor is an error (SAELens's all-ones scaling_factor aside)."""
     weights = dict(read_safetensors(path, "pt"))  # a truncated or corrupt file: CheckpointError naming it
     shapes = {"W_enc": [d_in, d_sae], "b_enc": [d_sae], "W_dec": [d_sae, d_in], "b_dec": [d_in]}
-    if architecture == "jumprelu":
-        shapes["threshold"] = [d_sae]
-    for name, shape in shapes.items():
+    shapes |= {"threshold": [d_sae], "topk_threshold": []}
+    names = TENSORS[architecture]
+    for name in names:
         if name not in weights:
-            raise CheckpointError(f"{path} has no tensor {name!r} (a {architecture} SAE has {', '.join(shapes)})")
-        if list(weights[name].shape) != shape:
+            raise CheckpointError(f"{path} has no tensor {name!r} (a {architecture} SAE has {', '.join(names)})")
+        if list(weights[name].shape) != shapes[name]:
             raise CheckpointError(
                 f"{path}: {name} has shape {list(weights[name].shape)}, but {cfg_path.name}'s "
-                f"d_in={d_in} and d_sae={d_sae} make it {shape}"
+                f"d_in={d_in} and d_sae={d_sae} make it {shapes[name]}"
             )
-    return {name: weights[name] for name in shapes}
+    for name, w in weights.items():
+        if name not in names and not (name == "scaling_factor" and bool((w == 1).all())):
+            raise CheckpointError(
+                f"{path} has a tensor {name!r}, which a {architecture} SAE ({cfg_path.name}'s architecture) "
+                f"does not have: it has {', '.join(names)}"
+            )
+    return {name: weights[name] for name in names}
+
+
+def _batchtopk_as_jumprelu(weights: dict[str, torch.Tensor], rescale: bool) -> dict[str, torch.Tensor]:
+    """A batchtopk SAE's training tensors as SAELens saves it for inference: a jumprelu whose every
+    threshold is topk_threshold, the decoder's row norms folded into the encoder where it ranked
+    pre * |W_dec row| (rescale_acts_by_decoder_norm), so that pre itself is what the threshold meets."""
+    W_enc, b_enc, W_dec = (weights[name].float() for name in ("W_enc", "b_enc", "W_dec"))
+    threshold = torch.full_like(b_enc, weights["topk_threshold"].item())  # (d_sae,)
+    if rescale:
+        norm = W_dec.norm(dim=-1).clamp(min=1e-8)  # (d_sae,)
+        W_enc, b_enc, W_dec = W_enc * norm, b_enc * norm, W_dec / norm[:, None]
+    return {"W_enc": W_enc, "b_enc": b_enc, "W_dec": W_dec, "b_dec": weights["b_dec"], "threshold": threshold}
 
 
 @torch.no_grad()
