@@ -74,7 +74,7 @@ import torch
 
 from gpt2._checks import boolean, check_answer_and_other, is_integer, positive_int
 from gpt2.errors import GPT2Error, InputTypeError, InvalidArgumentError
-from gpt2.inspect.tracing import Input, forward_steps, read_input, recorder, weights_frozen
+from gpt2.inspect.tracing import Input, forward_steps, padded, read_input, recorder, weights_frozen
 from gpt2.model.model import GPT2
 
 HEAD_STEPS = ("attn.z", "attn.q", "attn.k", "attn.v", "attn.pattern")  # head_every's kinds, in TransformerLens's order
@@ -300,9 +300,8 @@ class CorruptedPrefix:
         self.mask = self.attend = self.key_counts = None  # attend None: causal, query i sees keys 0..start + i
         self.positions = torch.arange(start, T, device=device)  # (T')
         if mask is not None:
-            self.positions = (mask.long().cumsum(-1) - 1).clamp(min=0)[:, start:]  # (B, T'): from each first token
-            causal = torch.ones(T, T, dtype=torch.bool, device=device).tril()
-            attend = (causal & mask[:, None, None, :]) | torch.eye(T, dtype=torch.bool, device=device)
+            positions, attend = padded(mask)  # as the whole run's
+            self.positions = positions[:, start:]  # (B, T'): from each first token
             self.attend = attend[:, :, start:]  # (B, 1, T', T): a pad sees itself alone, no token sees a pad
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

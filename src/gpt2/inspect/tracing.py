@@ -419,9 +419,7 @@ def forward_steps(
     if cache is not None:
         positions = cache.positions if cache.positions.dim() == 2 else cache.positions[None]  # (B, 1) or (1, T)
     elif mask is not None:
-        positions = (mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, T): each row from its first token
-        causal = torch.ones(T, T, dtype=torch.bool, device=idx.device).tril()
-        attend = (causal & mask[:, None, None, :]) | torch.eye(T, dtype=torch.bool, device=idx.device)  # (B, 1, T, T)
+        positions, attend = padded(mask)
     else:
         positions = torch.arange(T, device=idx.device)[None].expand(B, T)  # (B, T)
     x = tap("wte", model.embed(idx)) + tap("wpe", t.wpe(positions).to(model.compute_dtype))  # (B, T, C)
@@ -436,6 +434,16 @@ def forward_steps(
         x = x + tap(f"h.{i}.mlp.c_proj", _mlp(block.mlp, ln_2, tap, f"h.{i}.mlp"))
         x = tap(f"h.{i}", x)
     return model.unembed(_layer_norm(t.ln_f, x, tap, "ln_f"))
+
+
+def padded(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A padded batch's mask (B, T), True at tokens -> each row's positions (B, T), counted from its
+    first token, and what each query may attend (B, 1, T, T): the keys before it that are tokens, and
+    itself (a pad sees itself alone, so its row stays finite)."""
+    T = mask.size(1)
+    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    causal = torch.ones(T, T, dtype=torch.bool, device=mask.device).tril()
+    return positions, (causal & mask[:, None, None, :]) | torch.eye(T, dtype=torch.bool, device=mask.device)
 
 
 def _layer_norm(ln: torch.nn.LayerNorm, x: torch.Tensor, tap: Tap, name: str) -> torch.Tensor:
