@@ -16,7 +16,16 @@ import torch
 
 from gpt2._checks import int_between, positive_int
 from gpt2.errors import ContextLengthError, GPT2Warning, InputTypeError, InvalidArgumentError, warn
-from gpt2.generation.decoding import STOP, Decoder, Request, check_draft_tokens, finish_reasons, row_seed, start_of_text
+from gpt2.generation.decoding import (
+    STOP,
+    Decoder,
+    Request,
+    Row,
+    check_draft_tokens,
+    finish_reasons,
+    row_seed,
+    start_of_text,
+)
 from gpt2.generation.engines import NumpyEngine, check_draft
 from gpt2.generation.lookup import lookup_of
 from gpt2.generation.processors import Constraint, processing_of
@@ -151,23 +160,29 @@ class TextGeneration:
 
     def __iter__(self) -> Iterator[tuple[int, str]]:
         texts = self.texts
-        index = {row: b for b, row in enumerate(self.rows)}
         decoder = Decoder(self.engine, draft=self.draft, draft_tokens=self.draft_tokens, lookup=self.lookup)
         self.stats = decoder.stats
-        for row in self.rows:
-            decoder.add(row)
-        with torch.inference_mode():
-            while decoder.busy:
-                events = decoder.step()
-                for (row, token), reason in zip(events, finish_reasons(events)):
-                    b = index[row]
-                    if token is not None and not texts[b].done:
-                        self.tokens_generated += 1
-                    piece = texts[b].follow(token, reason is not None)
-                    if texts[b].stopped:  # "stop", even if this was its last token
-                        row.finish_reason = STOP
-                    if piece:
-                        yield b, piece
+        for b, row, token, reason in row_events(decoder, self.rows):
+            if token is not None and not texts[b].done:
+                self.tokens_generated += 1
+            piece = texts[b].follow(token, reason is not None)
+            if texts[b].stopped:  # "stop", even if this was its last token
+                row.finish_reason = STOP
+            if piece:
+                yield b, piece
+
+
+def row_events(decoder: Decoder, rows: list[Row]) -> Iterator[tuple[int, Row, int | None, str | None]]:
+    """`rows` through the token loop of `decoder`, an event at a time: (the row's index in `rows`, the
+    row, its new token or None, why it ended or None). TextGeneration's and TokenGeneration's one loop."""
+    index = {row: b for b, row in enumerate(rows)}
+    for row in rows:
+        decoder.add(row)
+    with torch.inference_mode():
+        while decoder.busy:
+            events = decoder.step()
+            for (row, token), reason in zip(events, finish_reasons(events)):
+                yield index[row], row, token, reason
 
 
 def engine_for(model, request: Request):
@@ -243,19 +258,12 @@ class TokenGeneration:
         return [row.finish_reason if ended else None for row, ended in zip(self.rows, self.ended)]
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
-        index = {row: b for b, row in enumerate(self.rows)}
         decoder = Decoder(self.engine, draft=self.draft, draft_tokens=self.draft_tokens, lookup=self.lookup)
-        for row in self.rows:
-            decoder.add(row)
-        with torch.inference_mode():
-            while decoder.busy:
-                events = decoder.step()
-                for (row, token), reason in zip(events, finish_reasons(events)):
-                    b = index[row]
-                    self.ended[b] = self.ended[b] or reason is not None
-                    if token is not None:
-                        self.tokens_generated += 1
-                        yield b, token
+        for b, _, token, reason in row_events(decoder, self.rows):
+            self.ended[b] = self.ended[b] or reason is not None
+            if token is not None:
+                self.tokens_generated += 1
+                yield b, token
 
 
 def generate_text(model, tokenizer: Tokenizer, prompts: str | Sequence[str], **options) -> list[str]:
