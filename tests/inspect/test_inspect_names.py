@@ -110,5 +110,7 @@ def test_names_and_filters_and_errors(models):
         trace(ours, [1, 2])["z", 0]
     with pytest.raises(InvalidArgumentError, match="needs which LayerNorm: 'ln1' or 'ln2'"):
         trace(ours, [1, 2])["scale", 0]
+    with pytest.raises(InvalidArgumentError, match=r"name: unknown activation 'h\.2\.attn\.pattern'.*\(i in 0\.\.1\)"):
+        trace(ours, [1, 2])["pattern", 2]  # a block the model lacks
     with pytest.raises(InvalidArgumentError, match="unknown short name 'patern'"):
         trace(ours, [1, 2])["patern", 0]

@@ -91,12 +91,10 @@ class Trace:
         """An activation by gpt2's name, TransformerLens's (blocks.3.attn.hook_pattern), or
         TransformerLens's short form: trace["pattern", 3], trace["scale", 3, "ln1"], trace["embed"]."""
         n_layer = self.model.config.n_layer
-        if isinstance(key, tuple):
-            name = short_name(*key)
-        else:
-            name = canonical(key, n_layer)
-            if name is None:
-                check_names("name", n_layer, [key])  # its error: the names there are
+        name = short_name(*key) if isinstance(key, tuple) else key
+        if canonical(name, n_layer) is None:
+            check_names("name", n_layer, [name])  # its error: the names there are (a block the model lacks too)
+        name = canonical(name, n_layer)
         if name not in self.activations:
             raise InvalidArgumentError(
                 f"this trace did not record {name!r}: trace with names including it "
