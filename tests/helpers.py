@@ -572,3 +572,56 @@ def transformer_lens_from_hf(hf, **processing):
     }
     tl.load_and_process_state_dict(convert_gpt2_weights(hf, cfg), **processing)
     return tl.eval()
+
+
+# ------------------------------------------------------------------ circuit-tracer's transcoder sets, written out
+
+
+def circuit_tracer_layer(
+    seed: int, jumprelu: bool, skip: bool, d_model: int = 32, d_transcoder: int = 48, b_enc: float = 0.0
+):
+    """One layer_{i}.safetensors's tensors, random, as circuit-tracer writes them: W_enc and W_dec
+    (d_transcoder, d_model); b_enc around `b_enc` (below 0: fewer features fire)."""
+    import torch
+
+    D_T = d_transcoder
+    g = torch.Generator().manual_seed(seed)
+    w = {
+        "W_enc": torch.randn(D_T, d_model, generator=g) * 0.3,
+        "W_dec": torch.randn(D_T, d_model, generator=g) * 0.3,
+        "b_enc": torch.randn(D_T, generator=g) * 0.2 + b_enc,
+        "b_dec": torch.randn(d_model, generator=g) * 0.1,
+    }
+    if jumprelu:  # some thresholds below 0: circuit-tracer's JumpReLU then keeps negative values
+        w["activation_function.threshold"] = torch.rand(D_T, generator=g) * 0.7 - 0.2
+    if skip:
+        w["W_skip"] = torch.randn(d_model, d_model, generator=g) * 0.1
+    return w
+
+
+def write_circuit_tracer(directory, layers: dict[int, dict], listed: bool = False, **config) -> None:
+    """A transcoder set in circuit-tracer's layout: config.yaml and layer_{i}.safetensors."""
+    import yaml
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    for i, weights in layers.items():
+        save_file(weights, str(directory / f"layer_{i}.safetensors"))
+    config = {"model_kind": "transcoder_set", "feature_input_hook": "mlp.hook_in"} | config
+    config.setdefault("feature_output_hook", "mlp.hook_out")
+    if listed:
+        config["transcoders"] = [f"layer_{i}.safetensors" for i in sorted(layers)]
+    (directory / "config.yaml").write_text(yaml.safe_dump(config))
+
+
+def circuit_tracer_forward(x, w) -> tuple:
+    """circuit-tracer's encode and decode, written out: (features, output)."""
+    import torch
+
+    pre = x @ w["W_enc"].T + w["b_enc"]  # F.linear(x, W_enc, b_enc)
+    threshold = w.get("activation_function.threshold")
+    acts = torch.relu(pre) if threshold is None else pre * (pre > threshold)
+    out = acts @ w["W_dec"] + w["b_dec"]
+    if "W_skip" in w:
+        out = out + x @ w["W_skip"].T  # compute_skip
+    return acts, out

@@ -498,3 +498,50 @@ def test_inspect_corrupted_patches_the_new_sites_as_the_python_api(capsys, model
     model = GPT2.from_pretrained(model_dir)
     expected = activation_patching(model, clean, corrupted, logit_diff(mary, john), site)
     assert torch.allclose(torch.tensor(json.loads(out)["activation"]), expected, atol=1e-5)
+
+
+def test_inspect_graph_writes_circuit_tracers_files(capsys, model_dir, tmp_path):
+    import json
+
+    from helpers import circuit_tracer_layer, write_circuit_tracer
+
+    from gpt2 import GPT2
+    from gpt2.inspect import attribution_graph, load_transcoders
+
+    layers = {i: circuit_tracer_layer(i, False, True, d_model=48, b_enc=-0.8) for i in range(2)}
+    write_circuit_tracer(tmp_path / "tc", layers)
+    text = "The dog chased the"
+    flags = ["--transcoders", str(tmp_path / "tc"), "--model", model_dir, "--slug", "dog", "--node-threshold", "0.6"]
+    code, out, err = run(capsys, "inspect", "--graph", str(tmp_path / "out"), *flags, text)
+    assert code == 0 and err == ""
+    model = GPT2.from_pretrained(model_dir, device="cpu")
+    graph = attribution_graph(model, text, load_transcoders(tmp_path / "tc"))
+    expected = graph.to_json("dog", scan=str(tmp_path / "tc"), node_threshold=0.6)
+    assert json.loads((tmp_path / "out" / "dog.json").read_text()) == expected
+    index = json.loads((tmp_path / "out" / "graph-metadata.json").read_text())
+    assert index == {"graphs": [expected["metadata"]]}
+    replacement, completeness = graph.scores()
+    summary = f"{len(expected['nodes'])} nodes and {len(expected['links'])} links kept of {len(graph.adjacency)}"
+    assert summary in out and f"replacement score {replacement:.3f}, completeness {completeness:.3f}" in out
+    assert f"top logit {graph.logit_texts[0]!r}" in out
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--graph", "OUT"], "--graph needs --transcoders"),
+        (["--transcoders", "TC"], "--transcoders is read by --graph"),
+        (["--graph", "OUT", "--transcoders", "TC", "--sae", "x"], "give it without --sae"),
+        (["--graph", "OUT", "--transcoders", "MISSING"], "MISSING"),
+        (["--graph", "OUT", "--transcoders", "TC", "--node-threshold", "2"], "--node-threshold must be a number"),
+        (["--graph", "OUT", "--transcoders", "TC", "--ids"], "--ids"),
+    ],
+)
+def test_inspect_graph_errors(capsys, model_dir, tmp_path, flags, message):
+    from helpers import circuit_tracer_layer, write_circuit_tracer
+
+    write_circuit_tracer(tmp_path / "tc", {i: circuit_tracer_layer(i, False, False, d_model=48) for i in range(2)})
+    names = {"OUT": str(tmp_path / "out"), "TC": str(tmp_path / "tc"), "MISSING": str(tmp_path / "missing")}
+    code, out, err = run(capsys, "inspect", *[names.get(f, f) for f in flags], "--model", model_dir, "The dog")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert message.replace("MISSING", names["MISSING"]) in err

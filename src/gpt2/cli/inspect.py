@@ -1,11 +1,12 @@
 """`gpt2 inspect`: what a model does with a text: its tokens' probabilities, the walkthrough, pictures, heads,
-experiments, activation patching and SAE features (gpt2.inspect); with --ids, on token ids, for a model that comes
-with no tokenizer.
+experiments, activation patching, SAE features and attribution graphs (gpt2.inspect); with --ids, on token ids, for a
+model that comes with no tokenizer.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import sys
@@ -32,11 +33,14 @@ from gpt2.settings import TEMPERATURE
 
 
 def cmd(args: argparse.Namespace) -> int:
-    import json
 
     from gpt2._files import writable_directory
     from gpt2.inspect import tracing
 
+    if args.graph is not None:
+        return _cmd_inspect_graph(args)
+    if args.transcoders is not None:
+        raise UsageError("--transcoders is read by --graph: give --graph DIR too")
     if args.sae is not None:
         return _cmd_inspect_sae(args)
     if args.corrupted is not None:
@@ -226,7 +230,6 @@ def _cmd_inspect_patching(args: argparse.Namespace) -> int:
 
 def _show_patching(args, grids: dict, columns: list[str], title: str, diffs: dict, tokens: dict, clean) -> None:
     """--corrupted's grids: one JSON object with --json, else a table a grid (a row a layer)."""
-    import json
 
     from gpt2.inspect.patching import AXES
 
@@ -271,10 +274,52 @@ def _label(model, i: int) -> str:
     return token_label(None if model.tokenizer is None else model.tokenizer.decode([i]), i)
 
 
+def _cmd_inspect_graph(args: argparse.Namespace) -> int:
+    """gpt2 inspect --graph DIR --transcoders TC TEXT: the attribution graph of the text's next token
+    (graphs.attribution_graph), pruned and written into DIR as circuit-tracer's graph files; a summary."""
+    from gpt2._files import writable_directory
+    from gpt2.inspect import graphs, load_transcoders
+
+    also = [("--sae", args.sae), ("--corrupted", args.corrupted), ("--png", args.png), ("--json", args.json)]
+    _alone(args, "--graph", "writes an attribution graph", *also)
+    if args.transcoders is None:
+        raise UsageError("--graph needs --transcoders DIR: the transcoder set (circuit-tracer's or SAELens's)")
+    if args.text is None:
+        raise UsageError('--graph needs a text (e.g. gpt2 inspect --graph out --transcoders tc "The dog chased the")')
+    check_device(args)
+    graphs.check_thresholds(args.node_threshold, args.edge_threshold)
+    text = _inspect_text(args)
+    out = writable_directory(args.graph)
+    transcoders = load_transcoders(args.transcoders)  # a missing or broken file: one line, before the model loads
+    model, _ = load_model(args, needs=_needs_text(args))
+    transcoders.check_fits(model)
+    graph = graphs.attribution_graph(
+        model,
+        text,
+        transcoders,
+        max_feature_nodes=args.max_feature_nodes,
+        prepend_bos=args.prepend_bos or None,
+        progress=sys.stderr.isatty(),
+    )
+    path = graph.save(
+        out, args.slug, scan=args.transcoders, node_threshold=args.node_threshold, edge_threshold=args.edge_threshold
+    )
+    data = json.loads(path.read_text())
+    replacement, completeness = graph.scores()
+    top = graph.logit_texts[0]
+    print(
+        f"{path}: {len(data['nodes'])} nodes and {len(data['links'])} links kept of {len(graph.adjacency)} nodes "
+        f"({graph.n_features} features, {graph.n_layer * graph.n_pos} errors, {graph.n_pos} tokens, {graph.n_logits} "
+        f"logits); top logit {top!r} (p={graph.logit_probabilities[0].item():.3f}); replacement score "
+        f"{replacement:.3f}, completeness {completeness:.3f}"
+    )
+    print(f"open it in circuit-tracer's viewer: circuit-tracer start-server --graph_file_dir {out}")
+    return 0
+
+
 def _cmd_inspect_sae(args: argparse.Namespace) -> int:
     """gpt2 inspect --sae DIR TEXT: each token's most active features of the SAE SAELens saved in
     DIR, at its hook (saes.sae_features); a line a token, or one JSON object."""
-    import json
 
     from gpt2._checks import positive_int
     from gpt2.inspect import saes
@@ -330,7 +375,6 @@ HEADS_SEED = 0  # --repeat's random tokens: torch.Generator().manual_seed(0), th
 def _cmd_inspect_heads(args: argparse.Namespace) -> int:
     """gpt2 inspect --heads: every head's three scores (circuits.head_scores), on the text or on
     --repeat N random tokens written twice; a table each, or one JSON object, and a picture."""
-    import json
 
     from gpt2._checks import positive_int
     from gpt2._files import writable_directory
@@ -429,6 +473,7 @@ examples:
   gpt2 inspect --experiment ioi --png pictures        # indirect object identification: metrics, pictures
   gpt2 inspect --sae my-sae "The dog chased the cat"  # each token's top features of an SAE saved by SAELens
   gpt2 inspect --ids 3,14,15,9,3,14 --model out-ids   # token ids, for a model that comes with no tokenizer
+  gpt2 inspect --graph graphs --transcoders tc "The capital of France is"  # circuit-tracer's attribution graph
 
 --png DIR draws, for the text: attention-blockI.png (every head of block I), logit-lens.png (the
 token each layer's residual stream predicts at each position) and next-token.png (the
@@ -541,8 +586,43 @@ def add_parser(commands) -> None:
         help="each token's top --top-k features of the sparse autoencoder SAELens saved in DIR "
         "(cfg.json + sae_weights.safetensors), at its hook: blocks.L.hook_resid_pre and the like",
     )
+    _add_inspect_graph_flags(inspect)
     add_inference_device_flags(inspect)
     inspect.set_defaults(func=cmd, engine="torch", cuda_graphs=False)
+
+
+def _add_inspect_graph_flags(inspect) -> None:
+    inspect.add_argument(
+        "--graph",
+        metavar="DIR",
+        help="the attribution graph of the text's next token through --transcoders (circuit-tracer's method), "
+        "pruned and written into DIR as circuit-tracer's graph files (DIR/SLUG.json, graph-metadata.json)",
+    )
+    inspect.add_argument(
+        "--transcoders",
+        metavar="DIR",
+        help="--graph: the transcoder set, one per block: circuit-tracer's (config.yaml + layer_{i}.safetensors) "
+        "or SAELens's",
+    )
+    inspect.add_argument("--slug", default="graph", help="--graph: the graph's name, its file's (default: graph)")
+    inspect.add_argument(
+        "--node-threshold",
+        type=float,
+        default=0.8,
+        help="--graph: keep the nodes holding this share of the influence on the logits (default: 0.8)",
+    )
+    inspect.add_argument(
+        "--edge-threshold",
+        type=float,
+        default=0.98,
+        help="--graph: then the edges holding this share (default: 0.98)",
+    )
+    inspect.add_argument(
+        "--max-feature-nodes",
+        type=whole_number,
+        metavar="N",
+        help="--graph: at most N feature nodes, the most influential (default: every active feature)",
+    )
 
 
 def _add_inspect_experiment_flag(inspect) -> None:

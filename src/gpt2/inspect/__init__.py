@@ -12,6 +12,8 @@
                 al. 2023's templates), greater-than (Hanna et al. 2023)
     saes     sparse autoencoders saved by SAELens: read, and their features at a trace's sites
     transcoders  transcoders (a block's MLP replaced by sparse features) saved by circuit-tracer or SAELens
+    graphs   attribution graphs over transcoders, circuit-tracer's, pruned and written for its viewer
+    interventions  a transcoder feature set, scaled or zeroed and the model run again (circuit-tracer's)
     weights  the weights in TransformerLens's names and shapes, QK and OV circuits kept factored,
              composition scores, and TransformerLens's weight processing (process_weights)
     names    the steps' names: gpt2's, and TransformerLens's hook and short names read as aliases
@@ -26,6 +28,8 @@
 from gpt2.inspect.circuits import HEAD_SCORES, LogitAttribution, head_scores, logit_attribution, repeated_tokens
 from gpt2.inspect.experiments import CORRUPTIONS, EXPERIMENTS, ExperimentResult, ioi_prompts, run_experiment
 from gpt2.inspect.generating import GenerationTrace, trace_generation
+from gpt2.inspect.graphs import AttributionGraph, attribution_graph
+from gpt2.inspect.interventions import InterventionResult, feature_intervention
 from gpt2.inspect.names import BLOCK_STEPS, ON_REQUEST, short_name
 from gpt2.inspect.patching import SITES, activation_patching, attribution_patching, logit_diff, normalised_logit_diff
 from gpt2.inspect.saes import SAE, load_sae, sae_features, top_features
@@ -54,6 +58,10 @@ from gpt2.inspect.weights import (
 )
 
 __all__ = [
+    "AttributionGraph",
+    "attribution_graph",
+    "InterventionResult",
+    "feature_intervention",
     "CORRUPTIONS",
     "FactoredMatrix",
     "ProcessedGPT2",

@@ -1,0 +1,142 @@
+"""Interventions on transcoder features: test what an attribution graph says by changing a feature
+and running the model again.
+
+    result = gpt2.inspect.feature_intervention(model, ids, tcs, [(1, 5, 123, 0.0)])  # zero feature 123 of block 1 at 5
+    result.top_changes(5)        # the top logits at the last position, before and after
+
+circuit-tracer's `feature_intervention`: the model itself runs (its real MLPs, not the
+transcoders), and at each intervened block the MLP's output gets (value - a) * W_dec[f] at the
+position, a the feature's activation there in this run (earlier interventions change it). With
+`freeze_attention` (the default), every attention pattern keeps its value on the unchanged prompt,
+as the graph's linear model has them; without, the change reaches later positions through
+attention too. The activations returned are every block's transcoder features in the changed run
+(at an intervened block, the ones before its change). As in a graph, position 0 has no features:
+they read 0 there (setting one at position 0 adds value * W_dec[f]).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from gpt2._checks import boolean, int_between, is_real
+from gpt2.errors import InputTypeError, InvalidArgumentError
+from gpt2.inspect.tracing import token_ids, trace
+from gpt2.inspect.transcoders import TranscoderSet
+from gpt2.model.model import GPT2
+
+Intervention = tuple[int, "int | slice", int, float]  # (layer, position, feature, value)
+
+
+@dataclass
+class InterventionResult:
+    """A run with features changed: `logits` (T, V) and `activations` (n_layer, T, d_transcoder),
+    the unchanged run's `clean_logits`, and the prompt's `ids` and `tokens`."""
+
+    ids: list[int]
+    tokens: list[str] | None
+    logits: torch.Tensor
+    clean_logits: torch.Tensor
+    activations: torch.Tensor
+    decode: object = None  # the model's tokenizer's decode, for the report's tokens
+
+    def top_changes(self, k: int = 5, position: int = -1) -> list[dict]:
+        """The k most probable next tokens at `position` before the change and after, each
+        {"id", "token", "before", "after"} (probabilities), the unchanged run's first, then any new."""
+        before = self.clean_logits[position].float().softmax(-1)
+        after = self.logits[position].float().softmax(-1)
+        ids = before.topk(k).indices.tolist()
+        ids += [i for i in after.topk(k).indices.tolist() if i not in ids]
+        return [
+            {
+                "id": i,
+                "token": str(i) if self.decode is None else self.decode([i]),
+                "before": before[i].item(),
+                "after": after[i].item(),
+            }
+            for i in ids
+        ]
+
+
+def feature_intervention(
+    model: GPT2,
+    ids: str | Sequence[int] | torch.Tensor,
+    transcoders: TranscoderSet,
+    interventions: Sequence[Intervention],
+    *,
+    freeze_attention: bool = True,
+    prepend_bos: bool = False,
+) -> InterventionResult:
+    """Run `model` on `ids` with each (layer, position, feature, value) of `interventions` set: the
+    feature's activation at that position (an int, or a slice of positions) made `value` (0 zeroes
+    it; value = s * its activation scales it), its block's MLP output moved by the difference times
+    its decoder row (the module's docstring). Graph prompts start with <|endoftext|>: give the
+    graph's `ids` to change the run the graph describes."""
+    if not isinstance(transcoders, TranscoderSet):
+        raise InvalidArgumentError(
+            f"transcoders must be a TranscoderSet (gpt2.inspect.load_transcoders), got {type(transcoders).__name__}",
+            "transcoders",
+        )
+    transcoders.check_fits(model)
+    ids, tokens = token_ids(model, ids, boolean("prepend_bos", prepend_bos))
+    by_layer = check_interventions(interventions, model.config.n_layer, len(ids), transcoders.d_transcoder)
+    freeze_attention = boolean("freeze_attention", freeze_attention)
+    n_layer = model.config.n_layer
+    patterns = [f"h.{i}.attn.pattern" for i in range(n_layer)]
+    clean = trace(model, ids, names=patterns if freeze_attention else [])
+    features: list[torch.Tensor | None] = [None] * n_layer
+
+    def encode(layer: int):
+        def read(x: torch.Tensor) -> torch.Tensor:  # (T, C): the transcoder's input, unchanged
+            features[layer] = transcoders[layer].encode(x)
+            features[layer][0] = 0  # position 0 is no node of a graph (circuit-tracer's): read as 0
+            return x
+
+        return read
+
+    def change(layer: int):
+        def add(out: torch.Tensor) -> torch.Tensor:  # (T, C): the MLP's output
+            acts = features[layer]  # (T, F): this run's
+            deltas = torch.zeros_like(acts)
+            for position, feature, value in by_layer[layer]:  # a later one of the same feature wins
+                deltas[position, feature] = value - acts[position, feature]
+            return out + (deltas @ transcoders[layer].W_dec).to(out.dtype)
+
+        return add
+
+    step = transcoders.input_step
+    patch = {f"h.{i}.{step}": encode(i) for i in range(n_layer)}
+    patch |= {f"h.{i}.mlp.c_proj": change(i) for i in by_layer}
+    if freeze_attention:
+        patch |= {name: (lambda value: lambda _: value)(clean.activations[name]) for name in patterns}
+    with torch.no_grad():
+        changed = trace(model, ids, patch=patch, names=[])
+    decode = None if model.tokenizer is None else model.tokenizer.decode
+    return InterventionResult(ids, tokens, changed.logits, clean.logits, torch.stack(features), decode)
+
+
+def check_interventions(
+    interventions: object, n_layer: int, T: int, d_transcoder: int
+) -> dict[int, list[tuple[int | slice, int, float]]]:
+    """(layer, position, feature, value) tuples, checked -> {layer: [(position, feature, value)]}."""
+    if isinstance(interventions, (str, bytes)) or not isinstance(interventions, Sequence):
+        raise InputTypeError(
+            "interventions must be a list of (layer, position, feature, value) tuples", "interventions"
+        )
+    by_layer: dict[int, list] = {}
+    for i, item in enumerate(interventions):
+        if not isinstance(item, (tuple, list)) or len(item) != 4:
+            raise InvalidArgumentError(
+                f"interventions[{i}] must be (layer, position, feature, value), got {item!r}", "interventions"
+            )
+        layer, position, feature, value = item
+        layer = int_between(f"interventions[{i}]'s layer", layer, 0, n_layer - 1, "a layer index")
+        if not isinstance(position, slice):
+            position = int_between(f"interventions[{i}]'s position", position, -T, T - 1, "a position")
+        feature = int_between(f"interventions[{i}]'s feature", feature, 0, d_transcoder - 1, "a feature index")
+        if not is_real(value):
+            raise InvalidArgumentError(f"interventions[{i}]'s value must be a number, got {value!r}", "interventions")
+        by_layer.setdefault(layer, []).append((position, feature, float(value)))
+    return by_layer
