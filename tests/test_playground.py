@@ -8,7 +8,8 @@ or Playwright's own (`python -m playwright install chromium`). Without either th
 saying so: they are never skipped. Screenshots of the page and of its views are saved in
 test-artifacts/ ($GPT2_TEST_ARTIFACTS), to be looked at; $GPT2_PLAYGROUND_MODEL serves a model
 directory of your own instead of the tests' random one (README's picture is playground.png).
-One browser and one server serve the module, and most tests look at one generated page, for speed.
+One browser and one server serve the module, and most tests look at one generated page, for speed;
+the Graph view's tests have a second server of the same model, with transcoders and feature data.
 """
 
 from __future__ import annotations
@@ -23,11 +24,21 @@ from pathlib import Path
 
 import httpx
 import pytest
-from helpers import REPO, Running, hf_and_ours, make_ending_model, serving
+from helpers import (
+    REPO,
+    Running,
+    circuit_tracer_layer,
+    corpus,
+    hf_and_ours,
+    make_ending_model,
+    serving,
+    write_circuit_tracer,
+)
 from playwright import sync_api as playwright
 from playwright.sync_api import expect
 
 from gpt2 import Tokenizer
+from gpt2.data import prepare
 from gpt2.model.model import GPT2
 from gpt2.serve import Limits
 
@@ -104,7 +115,7 @@ class Watched:
     def generate(self, prompt: str, max_tokens: int | str, temperature: float | str | None, **fields: str) -> None:
         """Fill the form and click Generate; temperature None leaves the page's default."""
         page = self.page
-        page.get_by_label("Prompt").fill(prompt)
+        page.get_by_label("Prompt", exact=True).fill(prompt)
         page.get_by_label("Max tokens").fill(str(max_tokens))
         if temperature is not None:
             page.get_by_label("Temperature").fill(str(temperature))
@@ -707,7 +718,7 @@ def test_the_page_reads_on_a_phone_sized_screen(browser, served):
         watched.page.wait_for_selector("#lens td")
         assert watched.page.evaluate("document.documentElement.scrollWidth") <= 390  # no sideways scrolling of the page
         for name in ("Prompt", "Completion", "Attention", "Logit lens"):
-            box = watched.page.get_by_label(name).bounding_box()
+            box = watched.page.get_by_label(name, exact=True).bounding_box()
             assert box is not None and box["x"] >= 0 and box["width"] > 0
         screenshot(watched.page, "playground-phone.png")
     finally:
@@ -737,7 +748,7 @@ def char_page(browser, char_served):
 
 def test_max_tokens_names_the_room_the_prompt_leaves_on_the_page_and_in_the_servers_refusal(char_page, char_served):
     page, n_ctx = char_page.page, char_served.app.state.server.model.config.n_ctx
-    prompt = page.get_by_label("Prompt").input_value()
+    prompt = page.get_by_label("Prompt", exact=True).input_value()
     room = n_ctx - len(prompt)  # a character model: a token per character (64 - 18 = 46 for the page's prompt)
     expect(page.locator("#room")).to_have_text(
         f"Max tokens: at most {room} for this prompt (the context's {n_ctx} tokens less the prompt's {len(prompt)})."
@@ -771,7 +782,7 @@ def test_before_a_generation_each_view_that_waits_for_one_says_so(char_page):
 
 def test_attribute_before_a_generation_takes_the_prompt_and_names_the_position_and_token(char_page, char_served):
     page = char_page.page
-    prompt = page.get_by_label("Prompt").input_value()
+    prompt = page.get_by_label("Prompt", exact=True).input_value()
     page.get_by_role("button", name="Attribute").click()
     summary = page.locator("#attribution-summary")
     expect(summary).to_contain_text("the last of the prompt as it stands")
@@ -864,5 +875,152 @@ def test_a_model_with_no_tokenizer_is_named_and_the_page_says_it_needs_one(brows
         message = watched.page.locator("#error").text_content()
         assert "this model comes with no tokenizer" in message
         assert "induction · context 64 tokens" in watched.page.locator("#model-info").text_content()
+    finally:
+        watched.close()
+
+
+# ------------------------------------------------------------------ the Graph view (/v1/circuits/graph and /feature)
+
+GRAPH_PROMPT = "The cat sat on the mat because the cat"
+
+
+@pytest.fixture(scope="module")
+def graph_served(served, tmp_path_factory):
+    """The module's model served again with random transcoders of its shape (circuit-tracer's layout,
+    a fifth of the features firing) and a few thousand characters of the corpus prepared as feature data."""
+    model, tokenizer = served.app.state.server.model, served.app.state.server.tokenizer
+    directory = tmp_path_factory.mktemp("graph")
+    layers = {
+        i: circuit_tracer_layer(40 + i, jumprelu=False, skip=False, d_model=model.config.n_embd, b_enc=-0.8)
+        for i in range(model.config.n_layer)
+    }
+    write_circuit_tracer(directory / "transcoders", layers)
+    (directory / "text.txt").write_text(corpus()[1][:6000])
+    prepare([directory / "text.txt"], directory / "data", "gpt2", progress=False, num_workers=1)
+    yield from serving(
+        model, tokenizer, "tiny", transcoders=str(directory / "transcoders"), feature_data=str(directory / "data")
+    )
+
+
+def draw_graph(watched: Watched, prompt: str) -> None:
+    page = watched.page
+    page.get_by_label("Graph prompt").fill(prompt)
+    page.get_by_role("button", name="Draw graph").click()
+
+
+def drawn_nodes(page) -> dict[str, dict]:
+    """{node id: its mark's centre (x, y) and its <title>} of every node the graph's picture holds."""
+    return page.evaluate("""() => Object.fromEntries([...document.querySelectorAll('#graph [data-node-id]')].map(e => {
+        const box = e.getBoundingClientRect();
+        return [e.getAttribute('data-node-id'),
+                {x: box.x + box.width / 2, y: box.y + box.height / 2, title: e.querySelector('title').textContent}];
+    }))""")
+
+
+def test_the_graph_view_draws_every_node_of_the_graph_by_layer_and_position(browser, graph_served):
+    watched = Watched(browser, graph_served.url)
+    page = watched.page
+    try:
+        watched.wait_for_model()
+        draw_graph(watched, GRAPH_PROMPT)
+        page.wait_for_selector("#graph [data-node-id]")
+        api = httpx.post(graph_served.url + "/v1/circuits/graph", json={"prompt": GRAPH_PROMPT}, timeout=60).json()
+        nodes = {node["node_id"]: node for node in api["nodes"]}
+        drawn = drawn_nodes(page)
+        assert sorted(drawn) == sorted(nodes) and page.locator("#graph line.edge").count() == len(api["links"])
+        kinds = {node["feature_type"] for node in nodes.values()}
+        assert {"cross layer transcoder", "mlp reconstruction error", "embedding", "logit"} <= kinds
+
+        def row(node):  # circuit-tracer's layer: "E" the tokens, 0..n-1 the blocks, n + 1 the logits
+            return -1 if node["layer"] == "E" else int(node["layer"])
+
+        rows = sorted({row(node) for node in nodes.values()})
+        heights = {r: {round(drawn[i]["y"], 1) for i, node in nodes.items() if row(node) == r} for r in rows}
+        assert all(len(ys) == 1 for ys in heights.values())  # one height a row
+        ys = [min(heights[r]) for r in rows]
+        assert all(below > above for below, above in zip(ys, ys[1:]))  # the tokens at the bottom, the logits on top
+        columns = {}  # the nodes below the logits: a column per position, left to right
+        for i, node in nodes.items():
+            if node["feature_type"] != "logit":
+                columns.setdefault(node["ctx_idx"], []).append(drawn[i]["x"])
+        spans = [(min(xs), max(xs)) for _, xs in sorted(columns.items())]
+        assert all(right < left for (_, right), (left, _) in zip(spans, spans[1:]))
+        assert len(columns) == len(api["metadata"]["prompt_tokens"])  # every position has its token at least
+        labels = page.eval_on_selector_all("#graph text[data-position]", "els => els.map(e => e.textContent)")
+        assert labels == [
+            json.dumps(t, ensure_ascii=False)[:13] + "…"
+            if len(json.dumps(t, ensure_ascii=False)) > 14
+            else json.dumps(t, ensure_ascii=False)
+            for t in api["metadata"]["prompt_tokens"]
+        ]
+
+        feature = max(
+            (n for n in nodes.values() if n["feature_type"] == "cross layer transcoder"), key=lambda n: n["ctx_idx"]
+        )
+        layer, index, position = feature["node_id"].split("_")
+        token = json.dumps(api["metadata"]["prompt_tokens"][int(position)], ensure_ascii=False)
+        assert drawn[feature["node_id"]]["title"].replace("−", "-") == (
+            f"feature {index} of layer {layer}'s transcoder, position {position} ({token}): activation "
+            f"{feature['activation']:.3f}; cumulative influence {feature['influence']:.3f} (click for its contexts)"
+        )
+        logit = next(n for n in nodes.values() if n["feature_type"] == "logit")
+        assert drawn[logit["node_id"]]["title"].endswith(": " + logit["clerp"]) and logit["clerp"].startswith("Output ")
+        summary = page.text_content("#graph-summary")
+        for name in ("replacement", "completeness"):
+            assert f"{name} {api[name]:.3f}" in summary
+        assert watched.errors == [] and all(url.startswith(graph_served.url + "/") for url in watched.requests)
+    finally:
+        watched.close()
+
+
+def test_a_feature_clicked_in_the_graph_shows_its_top_contexts_shaded_by_its_activation(browser, graph_served):
+    watched = Watched(browser, graph_served.url)
+    page = watched.page
+    try:
+        watched.wait_for_model()
+        draw_graph(watched, GRAPH_PROMPT)
+        page.wait_for_selector("#graph [data-node-id]")
+        feature = page.locator("#graph .node.feature").last
+        node_id = feature.get_attribute("data-node-id")
+        layer, index, _ = map(int, node_id.split("_"))
+        feature.click()
+        api = httpx.post(
+            graph_served.url + "/v1/circuits/feature", json={"layer": layer, "feature": index, "top_k": 10}, timeout=60
+        ).json()["contexts"]
+        assert api  # the feature fires in the feature data
+        contexts = page.get_by_label("Feature contexts").locator(".context")
+        expect(contexts).to_have_count(len(api))
+        most = max(c["activation"] for c in api)
+        expect(page.locator("#feature-summary")).to_contain_text(
+            f"Feature {index} of layer {layer}: the {len(api)} contexts"
+        )
+        assert f"max activation {most:.3f}".replace("-", "−") in page.text_content("#feature-summary")
+        shown = contexts.evaluate_all(
+            "els => els.map(e => [...e.querySelectorAll('span[data-activation]')].map(s => "
+            "[s.textContent, Number(s.dataset.activation), getComputedStyle(s).backgroundColor]))"
+        )
+        for spans, context in zip(shown, api, strict=True):
+            assert [text for text, _, _ in spans] == [t.replace("\n", "↵") for t in context["tokens"]]
+            assert [a for _, a, _ in spans] == context["activations"]
+            for _, a, colour in spans:  # white 0 to dark blue at the largest shown, the attention's scale
+                red = int(re.match(r"rgb\((\d+),", colour).group(1))
+                assert abs(red - (255 - 247 * max(0.0, a) / most)) <= 1
+        assert feature.get_attribute("class") == "node feature chosen"
+        screenshot(page.locator("section", has=page.get_by_label("Attribution graph")), "graph.png")
+        assert watched.errors == [] and all(url.startswith(graph_served.url + "/") for url in watched.requests)
+    finally:
+        watched.close()
+
+
+def test_the_graph_view_of_a_server_without_transcoders_says_how_to_start_one(browser, served):
+    watched = Watched(browser, served.url)
+    try:
+        watched.wait_for_model()
+        draw_graph(watched, "Hello")
+        expect(watched.page.locator("#graph-error")).to_have_text(
+            "400: the server has no transcoders: start it with gpt2 serve --transcoders DIR (a transcoder set, "
+            "circuit-tracer's or SAELens's)"
+        )
+        expect(watched.page.locator("#graph [data-node-id]")).to_have_count(0)
     finally:
         watched.close()

@@ -5,7 +5,7 @@
     options   the flags several commands share (device, threads, sampling, draft model, chat template), and
               the model they load
     flags     a library's message said with the command's flags ("max_iters" -> "--max-iters")
-    tokenize, generate, prepare, train, eval, serve, chat, inspect, export
+    tokenize, generate, prepare, train, eval, serve, chat, inspect, train_sae (gpt2 train-sae), export
               a command each: its parser (`add_parser`), its examples and its body (`cmd`)
     main      the parser of them all (`build_parser`) and `main`, which runs one: an expected failure is one
               line on stderr, `gpt2: error: ...`, and exit status 2

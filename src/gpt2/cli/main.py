@@ -15,14 +15,14 @@ import warnings
 from collections.abc import Sequence
 
 from gpt2 import __version__
-from gpt2.cli import chat, export, generate, inspect, prepare, serve, tokenize, train
+from gpt2.cli import chat, export, generate, inspect, prepare, serve, tokenize, train, train_sae
 from gpt2.cli import eval as eval_
 from gpt2.cli.common import HelpFormatter, Parser, UsageError
 from gpt2.cli.flags import parser_flags, with_flags
 from gpt2.errors import DistributedError, GPT2Error
 
 EXIT_USAGE = 2
-COMMANDS = (tokenize, generate, prepare, train, eval_, serve, chat, inspect, export)  # in --help's order
+COMMANDS = (tokenize, generate, prepare, train, eval_, serve, chat, inspect, train_sae, export)  # in --help's order
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
 REFERENCES = {
     name: f"docs/{name}.md"
     for name in ("tokenize", "generate", "prepare", "train", "eval", "serve", "chat", "inspect", "export")
-}
+} | {"train-sae": "docs/inspect.md"}
 
 
 def _add_references(parser: argparse.ArgumentParser, commands) -> None:

@@ -43,7 +43,7 @@ def cmd(args: argparse.Namespace) -> int:
     chat_template = read_chat_template(args)  # a bad file fails now, before the model loads
     inspect_limits = {
         name: getattr(args, name)
-        for name in ("max_inspect_cells", "max_patching_tokens")
+        for name in ("max_inspect_cells", "max_patching_tokens", "max_graph_tokens")
         if getattr(args, name) is not None
     }
     limits = Limits(
@@ -86,6 +86,8 @@ def cmd(args: argparse.Namespace) -> int:
         ui=not args.no_ui,
         load_draft=load_draft,
         chat_template=chat_template,
+        transcoders=args.transcoders,
+        feature_data=args.feature_data,
     )
     return 0
 
@@ -95,17 +97,19 @@ examples:
   gpt2 serve                                        # gpt2 on http://127.0.0.1:8000/v1
   gpt2 serve --model out-char --port 8080 --max-batch-size 16
   GPT2_API_KEY=secret gpt2 serve --model gpt2-medium --host 0.0.0.0
+  gpt2 serve --transcoders gpt2-transcoders --feature-data data/openwebtext   # the playground's Graph view
   curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \\
       -d '{"model": "gpt2", "prompt": "Alan Turing theorized that", "max_tokens": 20, "temperature": 0}'
 
 OpenAI's completions API (/v1/completions, /v1/models) and, for a model with a chat template (its
 own or --chat-template), its chat completions API (/v1/chat/completions), /v1/inspect (attention and the logit
-lens of a prompt), llama.cpp's /tokenize and /detokenize, /health and Prometheus' /metrics; and
-the playground, a page at / (open http://127.0.0.1:8000/ in a browser). Requests share one
-batch: each joins it at the next token and leaves it when it ends. Ctrl-C or SIGTERM stops the
-server; requests in flight get an error. A model that comes with no tokenizer (one trained here
-on a vocabulary of its own) is served on token ids: /v1/completions takes a prompt of ids and
-answers with them (token_ids); what is text (a text prompt, stop strings, chat) gets a 400.
+lens of a prompt), /v1/circuits (head scores, patching, attribution; with --transcoders, attribution
+graphs), llama.cpp's /tokenize and /detokenize, /health and Prometheus' /metrics; and the playground,
+a page at / (open http://127.0.0.1:8000/ in a browser). Requests share one batch: each joins it at
+the next token and leaves it when it ends. Ctrl-C or SIGTERM stops the server; requests in flight
+get an error. A model that comes with no tokenizer (one trained here on a vocabulary of its own)
+is served on token ids: /v1/completions takes a prompt of ids and answers with them (token_ids);
+what is text (a text prompt, stop strings, chat) gets a 400.
 """
 
 
@@ -183,6 +187,25 @@ def add_parser(commands) -> None:
         metavar="N",
         help="the most tokens one /v1/circuits/patching request runs through the model, a run of the whole "
         "text per patched activation (default: 16384: the 124M model's resid_pre grid up to 36 tokens)",
+    )
+    serve.add_argument(
+        "--max-graph-tokens",
+        type=whole_number,
+        metavar="N",
+        help="the longest prompt of a /v1/circuits/graph request, <|endoftext|> first included: the graph's "
+        "matrix grows with the square of its active features (default: 64)",
+    )
+    serve.add_argument(
+        "--transcoders",
+        metavar="DIR",
+        help="a transcoder set (circuit-tracer's or SAELens's, one per block of the model), for /v1/circuits/graph "
+        "and the playground's Graph view: a prompt's attribution graph",
+    )
+    serve.add_argument(
+        "--feature-data",
+        metavar="DIR",
+        help="prepared data (gpt2 prepare) whose first 64 windows of 64 tokens /v1/circuits/feature searches for "
+        "a transcoder feature's top contexts (with --transcoders)",
     )
     serve.add_argument("--no-ui", action="store_true", help="serve the API alone, without the playground page at /")
     add_chat_template_flag(serve, "/v1/chat/completions' conversations")

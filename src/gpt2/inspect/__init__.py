@@ -14,6 +14,7 @@
     transcoders  transcoders (a block's MLP replaced by sparse features) saved by circuit-tracer or SAELens
     graphs   attribution graphs over transcoders, circuit-tracer's, pruned and written for its viewer
     interventions  a transcoder feature set, scaled or zeroed and the model run again (circuit-tracer's)
+    dashboards  a transcoder feature's top contexts over the windows of a prepared data set
     weights  the weights in TransformerLens's names and shapes, QK and OV circuits kept factored,
              composition scores, and TransformerLens's weight processing (process_weights)
     names    the steps' names: gpt2's, and TransformerLens's hook and short names read as aliases
@@ -26,6 +27,7 @@
 """
 
 from gpt2.inspect.circuits import HEAD_SCORES, LogitAttribution, head_scores, logit_attribution, repeated_tokens
+from gpt2.inspect.dashboards import read_windows, top_contexts
 from gpt2.inspect.experiments import CORRUPTIONS, EXPERIMENTS, ExperimentResult, ioi_prompts, run_experiment
 from gpt2.inspect.generating import GenerationTrace, trace_generation
 from gpt2.inspect.graphs import AttributionGraph, attribution_graph
@@ -62,6 +64,8 @@ __all__ = [
     "attribution_graph",
     "InterventionResult",
     "feature_intervention",
+    "read_windows",
+    "top_contexts",
     "CORRUPTIONS",
     "FactoredMatrix",
     "ProcessedGPT2",

@@ -2,8 +2,8 @@
 OpenAI's error bodies.
 
 Endpoints: /health, /metrics, /v1/models, /v1/completions, /v1/chat/completions, /v1/inspect,
-/v1/circuits/{scores,head,patching,attribution}, /tokenize, /detokenize and /tokenizer_info; and the playground, a
-page at / with its files under /ui;
+/v1/circuits/{scores,head,patching,attribution,graph,feature}, /tokenize, /detokenize and /tokenizer_info; and the
+playground, a page at / with its files under /ui;
 /openapi.json and /docs describe them. A route's body is declared by its model in
 `gpt2.serve.protocol` and checked by FastAPI; /v1/completions, /v1/chat/completions,
 /v1/inspect and /v1/circuits/... have their modules' routers, and a completion is served by
@@ -12,6 +12,7 @@ page at / with its files under /ui;
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from importlib.resources import files
@@ -26,7 +27,7 @@ from starlette.exceptions import HTTPException
 from gpt2._checks import check_token_ids
 from gpt2.errors import GPT2Error
 from gpt2.model.model import GPT2
-from gpt2.serve import chat, circuits, completions, inspection
+from gpt2.serve import chat, circuits, completions, graphs, inspection
 from gpt2.serve.protocol import AllowedSpecial, DetokenizeBody, Limits, RequestError, TokenizeBody, encode_text
 from gpt2.serve.scheduler import Metrics
 from gpt2.serve.server import ModelRoute, Server
@@ -44,6 +45,8 @@ def create_app(
     ui: bool = True,
     load_draft: Callable[[], tuple[GPT2, Tokenizer | None]] | None = None,
     chat_template: ChatTemplate | str | None = None,
+    transcoders: str | os.PathLike | None = None,
+    feature_data: str | os.PathLike | None = None,
 ) -> FastAPI:
     """The server's ASGI app; `load` returns the model and its tokenizer (None: a model that comes with none,
     served on token ids, its requests of text refused with a 400 saying so), in a thread of its own
@@ -55,10 +58,13 @@ def create_app(
     `ui` serves the playground at /. `load_draft`, loaded after the model, returns a draft model
     and its tokenizer: decoding is then speculative (`gpt2.generation.decoding.Decoder`), limits.draft_tokens a step.
     `chat_template` (a `ChatTemplate`, or its Jinja2 source) renders /v1/chat/completions'
-    conversations; None: the model's own (its tokenizer's `chat_template`), if it has one."""
+    conversations; None: the model's own (its tokenizer's `chat_template`), if it has one.
+    `transcoders`, a transcoder set's directory (`gpt2.inspect.load_transcoders`), and `feature_data`,
+    a prepared data set's (`gpt2.inspect.read_windows`), load after the model: /v1/circuits/graph
+    needs the first, /v1/circuits/feature both."""
     if isinstance(chat_template, str):
         chat_template = ChatTemplate(chat_template)  # a template that does not compile fails now
-    server = Server(load, model_id, limits, allowed_special, load_draft, chat_template)
+    server = Server(load, model_id, limits, allowed_special, load_draft, chat_template, transcoders, feature_data)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -72,7 +78,8 @@ def create_app(
     app.add_middleware(_CountRequests, metrics=server.metrics)
     _add_error_handlers(app)
     _add_model_routes(app, server)
-    for router in (tokenizer_router, completions.router, chat.router, inspection.router, circuits.router):
+    routers = (tokenizer_router, completions.router, chat.router, inspection.router, circuits.router, graphs.router)
+    for router in routers:
         app.include_router(router)
     if ui:
         _add_playground(app)

@@ -4,6 +4,7 @@ model loading in the main thread (see `serve`).
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 from collections.abc import Callable
@@ -64,6 +65,8 @@ def serve(
     ui: bool = True,
     load_draft: Callable[[], tuple[GPT2, Tokenizer | None]] | None = None,
     chat_template: ChatTemplate | str | None = None,
+    transcoders: str | os.PathLike | None = None,
+    feature_data: str | os.PathLike | None = None,
 ) -> None:
     """Serve until Ctrl-C or SIGTERM: the app of `create_app` on uvicorn, one log line per request.
 
@@ -77,7 +80,8 @@ def serve(
     uvicorn's own `run`. A load that fails stops the server and raises its error. A model that comes with
     no tokenizer (`load`'s None) is served on token ids (see `create_app`). `ui` serves
     the playground at /; `load_draft`, a draft model for speculative decoding; `chat_template`,
-    the template of /v1/chat/completions in place of the model's own (see `create_app`)."""
+    the template of /v1/chat/completions in place of the model's own; `transcoders` and `feature_data`,
+    the directories of /v1/circuits/graph's and /feature's transcoders and data (see `create_app`)."""
     app = create_app(
         load,
         model_id,
@@ -87,6 +91,8 @@ def serve(
         ui=ui,
         load_draft=load_draft,
         chat_template=chat_template,
+        transcoders=transcoders,
+        feature_data=feature_data,
     )
     sock = listen(host, port)
     if on_listen is not None:

@@ -2,9 +2,9 @@
 
 Each route's JSON body is a pydantic model, as vLLM's protocol.py declares them: `CompletionBody`
 (/v1/completions), `ChatBody` (/v1/chat/completions), `InspectBody` (/v1/inspect),
-the circuits' `ScoresBody`, `HeadBody`, `PatchingBody` and `AttributionBody` (/v1/circuits/...), `TokenizeBody`
-and `DetokenizeBody`. Each field's type, default and bounds are written once, in
-its declaration: FastAPI checks a body against them, and /openapi.json (and /docs) describe
+the circuits' `ScoresBody`, `HeadBody`, `PatchingBody`, `AttributionBody`, `GraphBody` and `FeatureBody`
+(/v1/circuits/...), `TokenizeBody` and `DetokenizeBody`. Each field's type, default and bounds are
+written once, in its declaration: FastAPI checks a body against them, and /openapi.json (and /docs) describe
 them. A bound that is the server's, not the API's (the model's context, its vocabulary,
 --max-n), is named by `UpTo` and checked by `Body.within` once the model is there. A refusal is
 a `RequestError`, an HTTP status with OpenAI's error body naming the field, in the words each
@@ -71,6 +71,9 @@ class Limits:
     # tokens that one /v1/circuits/patching request runs through the model (a run per patched
     # activation, each of the whole text): 2^14 is the 124M model's resid_pre grid up to 36 tokens
     max_patching_tokens: int = 1 << 14
+    # tokens of one /v1/circuits/graph prompt, <|endoftext|> first included: the graph's matrix grows
+    # with the square of its features, about n_layer x (features active a position) x tokens
+    max_graph_tokens: int = 64
     api_key: str | None = None
     draft_tokens: int = (
         DRAFT_TOKENS  # tokens a draft model (or prompt lookup) proposes per step, where the server speculates
@@ -97,6 +100,7 @@ class Limits:
             "max_body_bytes",
             "max_inspect_cells",
             "max_patching_tokens",
+            "max_graph_tokens",
         ):
             positive_int(name, getattr(self, name))
         check_prefix_cache_mb(self.prefix_cache_mb)
@@ -616,6 +620,32 @@ class AttributionBody(Body):
     prompt: Annotated[OneText, TEXT]
     answer: Token = None
     other: Token = None
+
+
+SHARE = Says("{name} must be a number from {low} to {high} (a share of the influence), got {value!r}")
+
+
+class GraphBody(Body):
+    """POST /v1/circuits/graph: the attribution graph of the next token after `prompt`, through the
+    server's transcoders, pruned to the nodes holding node_threshold of the influence on the logits
+    and the edges holding edge_threshold; at most max_feature_nodes features (null: every active one)."""
+
+    model: str | None = None
+    prompt: Annotated[OneText, TEXT]
+    node_threshold: Annotated[float | None, SHARE] = Field(0.8, ge=0, le=1)
+    edge_threshold: Annotated[float | None, SHARE] = Field(0.98, ge=0, le=1)
+    max_feature_nodes: Annotated[int | None, Says("{name} must be a positive integer or null, got {value!r}")] = Field(
+        None, ge=1
+    )
+
+
+class FeatureBody(Body):
+    """POST /v1/circuits/feature: the top_k contexts of one transcoder feature over the server's feature data."""
+
+    model: str | None = None
+    layer: Annotated[int, UpTo("last_layer"), INTEGER] = Field(ge=0)
+    feature: Annotated[int, Says("{name} must be a feature's index, an integer from 0 up, got {value!r}")] = Field(ge=0)
+    top_k: Annotated[int | None, INTEGER] = Field(10, ge=1, le=100)
 
 
 GIVE_TEXT = Says('give the text as {{"content": "..."}} (or {{"prompt": "..."}})', "content")

@@ -1,7 +1,8 @@
 """The state behind the server's routes: the model, loading while the routes answer (503
 until it has), its scheduler and metrics, and the checks every request to it passes first
 (`ModelRoute`): the API key, the model's readiness, the body's size and JSON, the model it names.
-A model that comes with no tokenizer is served on token ids: its tokenizer is None.
+A model that comes with no tokenizer is served on token ids: its tokenizer is None. The transcoders
+and the feature data of /v1/circuits/graph and /feature, where given, load after the model.
 """
 
 from __future__ import annotations
@@ -17,16 +18,21 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+import torch
 from fastapi import Request, Response
 from fastapi.routing import APIRoute
 
 from gpt2.errors import ChatTemplateError
 from gpt2.generation.engines import check_draft
+from gpt2.inspect.dashboards import read_windows
+from gpt2.inspect.transcoders import TranscoderSet, load_transcoders
 from gpt2.model.model import GPT2
 from gpt2.serve.protocol import AllowedSpecial, Body, Bounds, Limits, RequestError, needs_tokenizer
 from gpt2.serve.scheduler import Metrics, Scheduler
 from gpt2.tokenizer import Tokenizer
 from gpt2.tokenizer.chat import ChatTemplate, how_to_add
+
+FEATURE_WINDOWS, FEATURE_WINDOW = 64, 64  # the feature data read for /v1/circuits/feature: windows, ids each
 
 
 class Server:
@@ -40,6 +46,8 @@ class Server:
         allowed_special: AllowedSpecial = "all",
         load_draft: Callable[[], tuple[GPT2, Tokenizer | None]] | None = None,
         chat_template: ChatTemplate | None = None,
+        transcoders: str | os.PathLike | None = None,
+        feature_data: str | os.PathLike | None = None,
     ):
         # the server's template: the one given, else the model's own once it has loaded (None: none)
         self.chat_template, self.template_given = chat_template, chat_template is not None
@@ -54,6 +62,11 @@ class Server:
         self.scheduler: Scheduler | None = None
         self.created = int(time.time())
         self.inspecting = asyncio.Lock()  # /v1/inspect's: one inspection at a time
+        # /v1/circuits/graph's and /feature's: the transcoder set's directory and the data of the features'
+        # contexts, read once the model has loaded (into `transcoders` and `feature_windows`)
+        self.transcoders_dir, self.feature_data = transcoders, feature_data
+        self.transcoders: TranscoderSet | None = None
+        self.feature_windows: torch.Tensor | None = None  # (N, T) ids: the first windows of feature_data
 
     def start(self) -> None:
         """Load the model in a thread of its own."""
@@ -64,8 +77,9 @@ class Server:
             self.load_model()
 
     def load_model(self) -> None:
-        """Load the model (and the draft model, if any) in this thread; until it has, requests
-        to it get 503 (and after a failure, which is also raised, naming the error)."""
+        """Load the model (and the draft model, the transcoders and the feature data, if any) in this
+        thread; until it has, requests to it get 503 (and after a failure, which is also raised, naming
+        the error)."""
         try:
             self.model, self.tokenizer = self.load()
             if self.tokenizer is not None:  # a bad allowed_special fails now, not every request
@@ -75,11 +89,22 @@ class Server:
             if self.load_draft is not None:
                 draft, draft_tokenizer = self.load_draft()
                 check_draft(self.model, draft, self.tokenizer, draft_tokenizer)
+            self._load_features()
             self.scheduler = Scheduler(self.model, self.limits, self.metrics, draft)
         except Exception as e:
             self.load_error = e
             raise
         self.ready.set()
+
+    def _load_features(self) -> None:
+        """The transcoders, on the model's device, checked against it; the first FEATURE_WINDOWS windows
+        of the feature data, of up to FEATURE_WINDOW ids (the model's context, if shorter)."""
+        if self.transcoders_dir is not None:
+            self.transcoders = load_transcoders(self.transcoders_dir, self.model.transformer.wte.weight.device)
+            self.transcoders.check_fits(self.model)
+        if self.feature_data is not None:
+            T = min(FEATURE_WINDOW, self.model.config.n_ctx)
+            self.feature_windows = read_windows(self.feature_data, FEATURE_WINDOWS, T, model=self.model)
 
     def _take_models_template(self) -> None:
         """The model's own chat template, where none was given (one that does not compile fails

@@ -1,8 +1,8 @@
 // The playground: a prompt continued token by token through /v1/completions (streamed, with
 // each token's log-probability, alternatives and id), then looked inside through /v1/inspect
 // (every head's attention, the logit lens) and through /v1/circuits (every head's scores, a head's
-// ablation, activation patching, logit attribution); /tokenize counts the prompt's tokens, for the
-// room left in the context. Plain JavaScript, no library: read it top to bottom.
+// ablation, activation patching, logit attribution; with transcoders, a prompt's attribution graph and
+// its features' contexts); /tokenize counts the prompt's tokens, for the room left in the context. Plain JavaScript, no library: read it top to bottom.
 
 const $ = (id) => document.getElementById(id);
 
@@ -829,6 +829,215 @@ function drawAttribution(answer) {
   chart.append(svg("line", { x1: zero, x2: zero, y1: 0, y2: kept.length * row + 4, stroke: "#57606a" }));
 }
 
+// ------------------------------------------------------------------ the attribution graph (/v1/circuits/graph)
+
+// circuit-tracer's node kinds (feature_type) in the page's words.
+const KIND = { "cross layer transcoder": "feature", "mlp reconstruction error": "error", embedding: "token", logit: "logit" };
+const GRAPH = { left: 76, right: 24, top: 84, bottom: 84, row: 64, column: 56, spot: 14 };  // pixels
+let featureAsked = 0;  // only the latest click's contexts are shown
+
+// The graph of the Graph prompt (empty: the prompt above), drawn; a refusal (a server with no
+// transcoders, a prompt too long) beside the button, clearing the graph before it.
+async function drawGraphOf(event) {
+  event.preventDefault();
+  const body = { ...modelField(), prompt: $("graph-prompt").value || $("prompt").value };
+  $("draw-graph").disabled = true;
+  $("graph-summary").textContent = "computing the graph…";
+  let answer;
+  try {
+    answer = await call("/v1/circuits/graph", body);
+  } catch (e) {
+    showError(e.message, "graph-error");
+    clearGraph();
+    return;
+  } finally {
+    $("draw-graph").disabled = false;
+  }
+  showError("", "graph-error");
+  clearGraph();
+  drawGraph(answer);
+}
+
+function clearGraph() {
+  $("graph").replaceChildren();
+  svgSize($("graph"), 0, 0);
+  $("graph-summary").textContent = "";
+  featureAsked++;
+  showError("", "feature-error");
+  $("feature-summary").textContent = "";
+  $("feature-contexts").replaceChildren();
+}
+
+// A node's row: the tokens (E) 0, block l's features and errors l + 1, the logits n_layer + 1 (their "layer").
+const graphRow = (node) => (node.feature_type === "embedding" ? 0 : node.feature_type === "logit" ? Number(node.layer) : Number(node.layer) + 1);
+const featureOf = (node) => node.node_id.split("_").map(Number);  // circuit-tracer's "{layer}_{feature}_{position}"
+
+// Each node's place: its row and its position's column, as wide as its most crowded cell needs; the
+// nodes of one cell side by side (features by index, the error last), the logits along the top row,
+// the most probable above the last position.
+function placeNodes(nodes, T) {
+  const cells = new Map();
+  for (const node of nodes) {
+    const key = node.feature_type === "logit" ? "logits" : `${graphRow(node)},${node.ctx_idx}`;
+    if (!cells.has(key)) cells.set(key, []);
+    cells.get(key).push(node);
+  }
+  const widths = Array(T).fill(GRAPH.column);
+  for (const [key, cell] of cells) {
+    if (key !== "logits") widths[cell[0].ctx_idx] = Math.max(widths[cell[0].ctx_idx], (cell.length + 1) * GRAPH.spot);
+  }
+  const starts = widths.map((_, p) => GRAPH.left + widths.slice(0, p).reduce((a, b) => a + b, 0));
+  const centre = (p) => starts[p] + widths[p] / 2;
+  const rows = Math.max(...nodes.map(graphRow)) + 1;
+  const y = (row) => GRAPH.top + (rows - 1 - row) * GRAPH.row;
+  const places = new Map();
+  for (const [key, cell] of cells) {
+    if (key === "logits") {
+      cell.sort((a, b) => b.token_prob - a.token_prob);
+      const step = Math.min(40, (centre(T - 1) - GRAPH.left) / Math.max(1, cell.length - 1));
+      cell.forEach((node, i) => places.set(node.node_id, [centre(T - 1) - i * step, y(graphRow(node))]));
+      continue;
+    }
+    const order = (node) => (node.feature_type === "cross layer transcoder" ? featureOf(node)[1] : Infinity);
+    cell.sort((a, b) => order(a) - order(b));
+    const p = cell[0].ctx_idx;
+    cell.forEach((node, i) => places.set(node.node_id, [starts[p] + ((i + 1) * widths[p]) / (cell.length + 1), y(graphRow(node))]));
+  }
+  const width = starts[T - 1] + widths[T - 1] + GRAPH.right;
+  return { places, centre, rows, width, height: GRAPH.top + (rows - 1) * GRAPH.row + GRAPH.bottom, y };
+}
+
+function nodeTitle(node, tokens) {
+  const at = `position ${node.ctx_idx} (${shown(tokens[node.ctx_idx])})`;
+  const influence = node.influence === null ? "" : `; cumulative influence ${fixed(node.influence)}`;
+  const kind = KIND[node.feature_type];
+  if (kind === "feature") {
+    const [layer, feature] = featureOf(node);
+    return `feature ${feature} of layer ${layer}'s transcoder, ${at}: activation ${fixed(node.activation)}${influence} (click for its contexts)`;
+  }
+  if (kind === "error") return `error of layer ${node.layer}'s transcoder (what it misses of the MLP), ${at}${influence}`;
+  if (kind === "token") return `token ${shown(tokens[node.ctx_idx])}, layer E (the embeddings), ${at}${influence}`;
+  return `logit, layer ${node.layer} (the output), after ${at}: ${node.clerp}`;
+}
+
+// The node's mark: a circle for a feature (purple) or a logit (green), a grey square for an error,
+// a box for a token; a <title> says what it is. A feature is a button: its contexts.
+function nodeElement(node, x, y, tokens) {
+  const kind = KIND[node.feature_type] || "feature";
+  const g = svg("g", { class: `node ${kind}`, "data-node-id": node.node_id });
+  const shape = kind === "error" ? svg("rect", { x: x - 4.5, y: y - 4.5, width: 9, height: 9, fill: "#8c959f" })
+    : kind === "token" ? svg("rect", { x: x - 7, y: y - 5, width: 14, height: 10, rx: 2, fill: "#d0d7de", stroke: "#57606a" })
+    : svg("circle", { cx: x, cy: y, r: kind === "logit" ? 6 : 5, fill: kind === "logit" ? "#1a7f37" : "#8250df", stroke: "#fff" });
+  g.append(shape, Object.assign(svg("title"), { textContent: nodeTitle(node, tokens) }));
+  if (kind === "feature") {
+    const [layer, feature] = featureOf(node);
+    g.setAttribute("tabindex", "0");
+    g.setAttribute("role", "button");
+    g.setAttribute("aria-label", `feature ${feature} (L${layer}, position ${node.ctx_idx})`);  // not "layer": the attention view's label
+    g.addEventListener("click", () => showFeature(g, layer, feature));
+    g.addEventListener("keydown", (e) => {
+      if (e.key === "Enter" || e.key === " ") {
+        e.preventDefault();
+        showFeature(g, layer, feature);
+      }
+    });
+  }
+  return g;
+}
+
+const clipped = (text, n) => (text.length > n ? `${text.slice(0, n - 1)}…` : text);
+
+function drawGraph(answer) {
+  const { nodes, links, metadata } = answer;
+  const tokens = metadata.prompt_tokens;
+  const T = tokens.length;
+  const { places, centre, rows, width, height, y } = placeNodes(nodes, T);
+  const chart = $("graph");
+  svgSize(chart, width, height);
+  for (let row = 0; row < rows; row++) {  // the rows' names, at the left
+    const name = row === 0 ? "tokens" : row === rows - 1 ? "logits" : `layer ${row - 1}`;
+    chart.append(Object.assign(svg("text", { x: GRAPH.left - 10, y: y(row) + 4, "text-anchor": "end", class: "axis" }), { textContent: name }));
+  }
+  tokens.forEach((token, i) => {  // the prompt along the bottom, a token under its column
+    const x = centre(i), ty = y(0) + 20;
+    const text = svg("text", { x, y: ty, "text-anchor": "end", transform: `rotate(-35 ${x} ${ty})`, "data-position": i });
+    chart.append(Object.assign(text, { textContent: clipped(shown(token), 14) }));
+  });
+  const most = Math.max(...links.map((link) => Math.abs(link.weight)), 1e-12);
+  for (const link of links) {  // under the nodes
+    const [x1, y1] = places.get(link.source), [x2, y2] = places.get(link.target);
+    const share = Math.abs(link.weight) / most;
+    const line = svg("line", { x1, y1, x2, y2, class: "edge", stroke: link.weight >= 0 ? "#0b5cad" : "#b42318",
+                               "stroke-width": (0.5 + 3.5 * share).toFixed(2), "stroke-opacity": (0.25 + 0.6 * share).toFixed(2),
+                               "data-source": link.source, "data-target": link.target, "data-weight": link.weight });
+    line.append(Object.assign(svg("title"), { textContent: `${link.source} → ${link.target}: ${fixed(link.weight)}` }));
+    chart.append(line);
+  }
+  for (const node of nodes) {
+    const [x, ny] = places.get(node.node_id);
+    chart.append(nodeElement(node, x, ny, tokens));
+    if (node.feature_type === "logit") {  // the next token each logit is, above it
+      const text = svg("text", { x: x + 2, y: ny - 10, transform: `rotate(-35 ${x + 2} ${ny - 10})` });
+      const said = /^Output (.*) \(p=[\d.]+\)$/.exec(node.clerp);  // circuit-tracer's 'Output " Paris" (p=0.421)'
+      chart.append(Object.assign(text, { textContent: clipped(said ? said[1] : node.clerp, 14) }));
+    }
+  }
+  chart.parentElement.scrollLeft = chart.parentElement.scrollWidth;  // the last position, where the logits are, in sight
+  const features = nodes.filter((node) => node.feature_type === "cross layer transcoder").length;
+  $("graph-summary").textContent = `${nodes.length} nodes (${features} features) and ${links.length} edges of the pruned graph ` +
+    `of ${T} tokens; replacement ${fixed(answer.replacement)}, completeness ${fixed(answer.completeness)}.`;
+}
+
+// A feature's contexts (/v1/circuits/feature): where it fires most in the server's feature data, each
+// token shaded by the feature's activation there (white 0 to dark blue at the largest shown).
+async function showFeature(element, layer, feature) {
+  for (const other of $("graph").querySelectorAll(".node.chosen")) other.classList.remove("chosen");
+  element.classList.add("chosen");
+  const asked = ++featureAsked;
+  let answer;
+  try {
+    answer = await call("/v1/circuits/feature", { ...modelField(), layer, feature, top_k: 10 });
+  } catch (e) {
+    if (asked !== featureAsked) return;
+    showError(e.message, "feature-error");
+    $("feature-summary").textContent = "";
+    $("feature-contexts").replaceChildren();
+    return;
+  }
+  if (asked !== featureAsked) return;
+  showError("", "feature-error");
+  drawContexts(answer);
+}
+
+function drawContexts(answer) {
+  const { layer, feature, contexts } = answer;
+  const most = Math.max(0, ...contexts.map((c) => c.activation));
+  $("feature-summary").textContent = contexts.length === 0
+    ? `Feature ${feature} of layer ${layer} does not fire in the server's feature data.`
+    : `Feature ${feature} of layer ${layer}: the ${contexts.length} contexts where it fires most in the server's feature ` +
+      `data, each ending at the token where it fires (ringed); max activation ${fixed(most)}.`;
+  $("feature-contexts").replaceChildren(...contexts.map((c) => {
+    const row = document.createElement("div");
+    row.className = "context";
+    Object.assign(row.dataset, { row: c.row, position: c.position, activation: c.activation });
+    c.ids.forEach((id, i) => {
+      const text = c.tokens === null ? `token_id:${id}` : c.tokens[i];
+      const a = c.activations[i];
+      const span = document.createElement("span");
+      span.textContent = text.replaceAll("\n", "↵");
+      const shade = most > 0 ? Math.max(0, a) / most : 0;
+      span.style.backgroundColor = colour(shade);
+      span.style.color = shade > 0.55 ? "#fff" : "#1b1f24";
+      span.title = `${shown(text)}: ${fixed(a)}`;
+      span.dataset.activation = a;
+      if (i === c.ids.length - 1) span.className = "at";
+      row.append(span);
+    });
+    row.append(Object.assign(document.createElement("span"), { className: "value", textContent: fixed(c.activation) }));
+    return row;
+  }));
+}
+
 // ------------------------------------------------------------------ wiring
 
 function start() {
@@ -852,6 +1061,7 @@ function start() {
   }
   $("patching-form").addEventListener("submit", patch);
   $("attribution-form").addEventListener("submit", attribute);
+  $("graph-form").addEventListener("submit", drawGraphOf);
   setPair(PAIRS[0]);
   let width = innerWidth;
   addEventListener("resize", () => { if (innerWidth !== width) { width = innerWidth; drawAttention(); } });
