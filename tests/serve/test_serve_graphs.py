@@ -129,6 +129,8 @@ BAD_GRAPHS = [
     ("graph", {"prompt": "Hello", "edge_threshold": "all"}, "edge_threshold", "(a share of the influence), got 'all'"),
     ("graph", {"prompt": "Hello", "max_feature_nodes": 0}, "max_feature_nodes", "must be a positive integer or null"),
     ("graph", {"prompt": [50257]}, "prompt", "token id 50257 in prompt is out of range"),
+    ("graph", {"prompt": ""}, "prompt", "the prompt is 1 token: an attribution graph leaves its first position out"),
+    ("graph", {"prompt": [50256]}, "prompt", "the prompt is 1 token: an attribution graph leaves its first"),
     ("graph", {"prompt": "Hello", "slug": "x"}, "slug", "Unrecognized request argument supplied: slug"),
     ("feature", {"layer": 2, "feature": 0}, "layer", "layer must be an integer from 0 to 1, got 2"),
     ("feature", {"layer": 0, "feature": 48}, "feature", "feature must be a feature's index (an integer) from 0 to 47"),

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from gpt2._checks import positive_int, positive_real
@@ -144,11 +145,23 @@ class Dictionary(nn.Module):
     def losses(self, x: torch.Tensor, y: torch.Tensor, dead: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """SAELens's losses on a batch: x (N, d_in) the input, y (N, d_out) the target (x for an
         SAE), dead (d_dict,) the features dead so far (topk's auxiliary loss); "loss" their sum,
-        "features" the batch's features (N, d_dict), detached."""
+        "fired" (d_dict,) whether each feature fired on the batch (no gradient).
+
+        A topk dictionary decodes its k features a position by gathering their decoder rows
+        (embedding_bag): k x d_out multiply-adds a position where a dense f @ W_dec takes d_dict x d_out."""
         c = self.config
         pre = self.pre_activations(x)
-        f = self.activate(pre)
-        out = self.decode(f, x)
+        if c.architecture == "topk":
+            values, indices = torch.topk(pre, c.k, dim=-1, sorted=False)
+            values = values.relu()
+            out = F.embedding_bag(indices, self.W_dec, per_sample_weights=values, mode="sum") + self.b_dec
+            out = out + x @ self.W_skip.T if c.skip else out
+            fired = torch.zeros(c.d_dict, dtype=torch.bool, device=x.device)
+            fired[indices[values.detach() > 0]] = True
+        else:
+            f = self.activate(pre)
+            out = self.decode(f, x)
+            fired = (f.detach() != 0).any(0)
         losses = {"mse_loss": (out - y).pow(2).sum(-1).mean()}
         if c.architecture == "standard":
             losses["l1_loss"] = c.l1_coefficient * (f * self.W_dec.norm(dim=1)).sum(-1).mean()
@@ -157,7 +170,7 @@ class Dictionary(nn.Module):
         else:
             losses["auxiliary_reconstruction_loss"] = self._aux_loss(pre, y - out, dead)
         losses["loss"] = sum(losses.values())
-        losses["features"] = f.detach()
+        losses["fired"] = fired
         return losses
 
     def _aux_loss(self, pre: torch.Tensor, residual: torch.Tensor, dead: torch.Tensor | None) -> torch.Tensor:
@@ -169,9 +182,9 @@ class Dictionary(nn.Module):
         scale = min(n_dead / k_aux, 1.0)
         k_aux = min(k_aux, n_dead)
         masked = torch.where(dead[None], pre, torch.full_like(pre, -torch.inf))
-        values, indices = masked.topk(k_aux, dim=-1, sorted=False)
-        acts = torch.zeros_like(pre).scatter(-1, indices, values)  # no relu: SAELens's
-        return self.config.aux_loss_coefficient * scale * (acts @ self.W_dec - residual.detach()).pow(2).sum(-1).mean()
+        values, indices = masked.topk(k_aux, dim=-1, sorted=False)  # no relu: SAELens's
+        recons = F.embedding_bag(indices, self.W_dec, per_sample_weights=values, mode="sum")
+        return self.config.aux_loss_coefficient * scale * (recons - residual.detach()).pow(2).sum(-1).mean()
 
     @torch.no_grad()
     def project(self) -> None:

@@ -215,31 +215,17 @@ def train_dictionaries(
     dictionaries = [Dictionary(config, g).to(model.device) for _ in sites]
     stream = ActivationStream(model, tokens, [s for pair in sites for s in pair], settings)
     run = TrainingRun(dictionaries, [tuple(p) for p in sites], settings, str(data))
-    optimizer = torch.optim.Adam([p for d in dictionaries for p in d.parameters()], lr=settings.lr, betas=(0.9, 0.999))
-    since_fired = [torch.zeros(config.d_dict, device=model.device) for _ in sites]
+    trainer = DictionaryTrainer(dictionaries, settings.lr, settings.dead_feature_window)
     evaluation = Evaluation(model, tokens, run, settings)
     start = time.perf_counter()
     batches = iter(stream)
     with tqdm(total=settings.steps, desc="dictionaries", unit="step", disable=not progress) as bar:
         for step in range(1, settings.steps + 1):
             batch = next(batches).to(model.device)
-            losses = {}
-            for d, (i, o), fired in zip(dictionaries, sites, since_fired):
-                out = d.losses(
-                    batch[:, stream.index(i)], batch[:, stream.index(o)], fired > settings.dead_feature_window
-                )
-                out["loss"].backward()
-                torch.nn.utils.clip_grad_norm_(d.parameters(), 1.0)
-                fired += 1
-                fired[(out["features"] != 0).any(0)] = 0
-                losses = {k: losses.get(k, 0.0) + v.item() / len(sites) for k, v in out.items() if k != "features"}
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            for d in dictionaries:
-                d.project()
+            losses = trainer.step([(batch[:, stream.index(i)], batch[:, stream.index(o)]) for i, o in sites])
             if step % settings.eval_interval == 0 or step == settings.steps:
                 run.seconds += time.perf_counter() - start
-                run.metrics.append(evaluation(step, since_fired, losses))
+                run.metrics.append(evaluation(step, trainer.since_fired, losses))
                 if report is not None:
                     report(run.metrics[-1])
                 start = time.perf_counter()
@@ -248,6 +234,36 @@ def train_dictionaries(
                 )
             bar.update(1)
     return run
+
+
+class DictionaryTrainer:
+    """SAELens's training step (training/sae_trainer.py) for several dictionaries at once: each
+    one's losses, their gradient clipped to norm 1, one Adam step (betas 0.9, 0.999) for all, the
+    JumpReLU thresholds projected, and each feature's steps since it last fired (`since_fired`)."""
+
+    def __init__(self, dictionaries: Sequence[Dictionary], lr: float, dead_feature_window: int):
+        self.dictionaries, self.dead_feature_window = list(dictionaries), dead_feature_window
+        params = [p for d in self.dictionaries for p in d.parameters()]
+        self.optimizer = torch.optim.Adam(params, lr=lr, betas=(0.9, 0.999))
+        self.since_fired = [torch.zeros(d.config.d_dict, device=d.W_enc.device) for d in self.dictionaries]
+
+    def step(self, pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, float]:
+        """One step on each dictionary's (input, target) batch -> the losses, averaged over the dictionaries."""
+        losses: dict[str, float] = {}
+        for d, (x, y), fired in zip(self.dictionaries, pairs, self.since_fired):
+            out = d.losses(x, y, fired > self.dead_feature_window)
+            out["loss"].backward()
+            torch.nn.utils.clip_grad_norm_(d.parameters(), 1.0)
+            fired += 1
+            fired[out["fired"]] = 0
+            for name, value in out.items():
+                if name != "fired":
+                    losses[name] = losses.get(name, 0.0) + value.item() / len(self.dictionaries)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        for d in self.dictionaries:
+            d.project()
+        return losses
 
 
 def _mean(metrics: dict, key: str) -> float:

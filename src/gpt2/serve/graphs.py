@@ -91,7 +91,15 @@ def server_transcoders(server: Server) -> TranscoderSet:
 
 
 def check_graph_tokens(T: int, bos: bool, limits: Limits) -> None:
-    """Refuse a graph of more than max_graph_tokens positions (`bos`: <|endoftext|> was put first)."""
+    """Refuse a graph of more than max_graph_tokens positions (`bos`: <|endoftext|> was put first), or of
+    one: its first position has no features (circuit-tracer's), so a graph of one has nothing to draw."""
+    if T < 2:
+        raise RequestError(
+            400,
+            "the prompt is 1 token: an attribution graph leaves its first position out (it has no features), so "
+            "it needs a token after it",
+            "prompt",
+        )
     limit = limits.max_graph_tokens
     if T > limit:
         raise RequestError(
