@@ -176,7 +176,7 @@ def test_each_command_has_a_page_that_its_help_and_the_readme_name(capsys):
     from gpt2.cli import main
 
     readme = (REPO / "README.md").read_text(encoding="utf-8")
-    commands = re.findall(r"^    (\w+)  ", build_parser().format_help(), re.M)
+    commands = re.findall(r"^    ([\w-]+)(?:  |$)", build_parser().format_help(), re.M)
     assert sorted(commands) == sorted(REFERENCES)
     for command, page in REFERENCES.items():
         assert (REPO / page).is_file() and f"]({page})" in readme, page

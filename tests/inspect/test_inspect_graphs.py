@@ -269,3 +269,13 @@ def test_bad_input(models, tmp_path):
             graph.to_json(slug)
     with pytest.raises(GPT2Error, match="node"):
         graph.node(len(graph.adjacency))
+
+
+def test_a_graph_without_active_features(models, tmp_path):
+    _, model, _ = models
+    layers = {i: circuit_tracer_layer(i, False, False, b_enc=-50.0) for i in range(L)}  # nothing fires
+    write_circuit_tracer(tmp_path / "quiet", layers)
+    graph = attribution_graph(model, IDS, load_transcoders(tmp_path / "quiet"), max_n_logits=2)
+    assert graph.n_features == 0 and graph.adjacency.shape == ((L + 1) * T + 2,) * 2
+    assert graph.adjacency[-2:, : L * T].abs().sum() > 0  # the errors carry everything
+    assert {n["feature_type"] for n in graph.to_json("q")["nodes"]} <= {"embedding", "logit", ERROR}

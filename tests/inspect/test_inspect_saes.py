@@ -449,3 +449,99 @@ def test_sae_saved_by_saelens_encodes_and_decodes_as_saelens(models, tmp_path, k
     assert torch.allclose(features, expected, atol=1e-5)
     assert torch.allclose(sae.decode(features, x), expected_out, atol=1e-5)
     assert torch.allclose(sae_features(ours, sae, TEXT), expected, atol=1e-5)
+
+
+def hf_block_output_replaced(hf, layer: int, ids, replace) -> torch.Tensor:
+    """transformers' logits (T, V) with block `layer`'s output (its residual stream out) put through
+    `replace` (T, C) -> (T, C) by a forward hook."""
+
+    def hook(module, args, out):
+        return (replace(out[0][0])[None], *out[1:]) if isinstance(out, tuple) else replace(out[0])[None]
+
+    handle = hf.transformer.h[layer].register_forward_hook(hook)
+    with torch.no_grad():
+        logits = hf(torch.tensor([ids])).logits[0]
+    handle.remove()
+    return logits
+
+
+@pytest.mark.parametrize("kind", ["standard", "jumprelu", "topk"])
+def test_trace_splices_an_sae_as_saelens_reconstructs(models, tmp_path, kind):
+    hf, model, _ = models
+    ref = saelens_sae(kind, "blocks.1.hook_resid_post", "none", seed=2)
+    ref.save_model(tmp_path / "sae")
+    sae = load_sae(tmp_path / "sae")
+    ids = model.tokenizer.encode_ordinary(TEXT)
+    t = trace(model, ids, saes=[sae])
+    with torch.no_grad():
+        expected = hf_block_output_replaced(hf, 1, ids, lambda x: ref(x))
+        clean = hf(torch.tensor([ids])).logits[0]
+    torch.testing.assert_close(t.logits, expected, atol=1e-4, rtol=0)  # the pass went on with the reconstruction
+    assert (t.logits - clean).abs().max() > 1e-2
+    x = t.activations["h.1"]
+    with torch.no_grad():
+        torch.testing.assert_close(t.activations["h.1.hook_sae_acts_post"], ref.encode(x), atol=1e-5, rtol=0)
+        torch.testing.assert_close(t.activations["h.1.hook_sae_recons"], ref(x), atol=1e-5, rtol=0)
+    assert "h.1.hook_sae_error" not in t.activations
+    kept = trace(model, ids, saes=[sae], error_term=True)  # the error added back: the model's own pass
+    torch.testing.assert_close(kept.logits, clean, atol=1e-4, rtol=0)
+    torch.testing.assert_close(kept.activations["h.1.hook_sae_error"], x - ref(x).detach(), atol=1e-5, rtol=0)
+
+
+def test_feature_patching_between_a_clean_and_a_corrupted_run(models, tmp_path):
+    hf, model, _ = models
+    ref = saelens_sae("standard", "blocks.0.hook_resid_post", "none", seed=4)
+    ref.save_model(tmp_path / "sae")
+    sae = load_sae(tmp_path / "sae")
+    clean_ids = model.tokenizer.encode_ordinary(TEXT)
+    corrupted_ids = model.tokenizer.encode_ordinary(TEXT.replace("Mary", "Alice"))
+    assert len(clean_ids) == len(corrupted_ids)
+    clean = trace(model, clean_ids, saes=[sae], error_term=True)
+    features = clean.activations["h.0.hook_sae_acts_post"]
+    position = 2  # the name's: its features taken from the clean run into the corrupted one
+
+    def take(f):
+        f = f.clone()
+        f[position] = features[position]
+        return f
+
+    patched = trace(model, corrupted_ids, saes=[sae], error_term=True, patch={"h.0.hook_sae_acts_post": take})
+
+    def expected(x):  # the corrupted run's error kept, its features at the position the clean run's
+        with torch.no_grad():
+            f = ref.encode(x)
+            error = x - ref.decode(f)
+            f[position] = ref.encode(clean.activations["h.0"])[position]
+            return ref.decode(f) + error
+
+    torch.testing.assert_close(
+        patched.logits, hf_block_output_replaced(hf, 0, corrupted_ids, expected), atol=1e-4, rtol=0
+    )
+    corrupted = trace(model, corrupted_ids)
+    assert (patched.logits[position:] - corrupted.logits[position:]).abs().max() > 1e-3
+
+
+def test_a_batch_spliced_equals_each_prompt_alone(models, tmp_path):
+    _, model, _ = models
+    saelens_sae("topk", "blocks.1.hook_resid_mid", "none", seed=5).save_model(tmp_path / "sae")
+    sae = load_sae(tmp_path / "sae")
+    texts = [TEXT, "The war lasted from the year 1732 to the year 17"]
+    batch = trace(model, texts, saes=[sae])
+    for b, text in enumerate(texts):
+        alone = trace(model, text, saes=[sae])
+        n = len(alone.ids)
+        torch.testing.assert_close(batch.logits[b, :n], alone.logits, atol=1e-4, rtol=0)
+        got = batch.activations["h.1.resid_mid.hook_sae_acts_post"][b, :n]
+        torch.testing.assert_close(got, alone.activations["h.1.resid_mid.hook_sae_acts_post"], atol=1e-5, rtol=0)
+
+
+def test_trace_saes_errors(models, tmp_path):
+    _, model, _ = models
+    saelens_sae("standard", "blocks.1.hook_resid_mid", "none").save_model(tmp_path / "sae")
+    sae = load_sae(tmp_path / "sae")
+    with pytest.raises(GPT2Error, match="saes must hold"):
+        trace(model, TEXT, saes=["sae"])
+    with pytest.raises(GPT2Error, match="two dictionaries write h.1.resid_mid"):
+        trace(model, TEXT, saes=[sae, sae])
+    with pytest.raises(GPT2Error, match="unknown activation"):
+        trace(model, TEXT, saes=[sae], patch={"h.0.hook_sae_acts_post": torch.zeros_like})

@@ -213,3 +213,27 @@ def test_saelens_errors(models, tmp_path):
     with pytest.raises(GPT2Error, match="d_model=16.*n_embd=32") as e:
         load_transcoders(tmp_path / "narrow").check_fits(model)
     assert str(tmp_path / "narrow" / "layer_0") in str(e.value)
+
+
+@pytest.mark.parametrize("skip", [False, True])
+def test_trace_splices_a_transcoder_set_in_place_of_the_mlps(models, tmp_path, skip):
+    hf, model = models
+    layers = {i: circuit_tracer_layer(20 + i, True, skip) for i in range(2)}
+    write_circuit_tracer(tmp_path / "set", layers)
+    tcs = load_transcoders(tmp_path / "set")
+    seen, handles = {}, []
+    for i, block in enumerate(hf.transformer.h):  # each MLP's output: circuit-tracer's transcoder of its input
+        handles.append(block.ln_2.register_forward_hook(lambda m, a, out, i=i: seen.update({i: out})))
+        handles.append(
+            block.mlp.register_forward_hook(lambda m, a, out, i=i: circuit_tracer_forward(seen[i], layers[i])[1])
+        )
+    with torch.no_grad():
+        expected = hf(torch.tensor([IDS])).logits[0]
+    for h in handles:
+        h.remove()
+    t = trace(model, IDS, saes=[tcs])
+    torch.testing.assert_close(t.logits, expected, atol=1e-4, rtol=0)
+    acts, _ = circuit_tracer_forward(t.activations["h.1.ln_2"], layers[1])
+    torch.testing.assert_close(t.activations["h.1.mlp.c_proj.hook_sae_acts_post"], acts, atol=1e-5, rtol=0)
+    kept = trace(model, IDS, saes=[tcs[0]], error_term=True)  # one block's, the error added back: unchanged
+    torch.testing.assert_close(kept.logits, trace(model, IDS).logits, atol=1e-5, rtol=0)

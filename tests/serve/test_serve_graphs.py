@@ -95,6 +95,23 @@ def test_a_features_contexts_are_top_contexts_over_the_feature_data(
 
 
 @pytest.fixture(scope="module")
+def capped_server(models, transcoders_dir):
+    yield from serving(models[1], ENC, limits=Limits(max_graph_features=7), transcoders=str(transcoders_dir))
+
+
+def test_a_servers_cap_on_feature_nodes(capped_server, models, transcoders_dir):
+    assert Limits().max_graph_features == 4096
+    tcs = load_transcoders(transcoders_dir)
+    for asked, kept in ((None, 7), (3, 3), (50, 7)):  # the most influential, at most the cap
+        answer = post(capped_server, {"prompt": PROMPT, "max_feature_nodes": asked}, "/v1/circuits/graph").json()
+        expected = attribution_graph(models[1], PROMPT, tcs, max_feature_nodes=kept).to_json(
+            "playground", "tiny-transcoders", prompt=PROMPT
+        )
+        assert {key: answer[key] for key in expected} == expected
+    assert attribution_graph(models[1], PROMPT, tcs).n_features > 7  # the cap is what cut it
+
+
+@pytest.fixture(scope="module")
 def transcoders_alone(models, transcoders_dir):
     yield from serving(models[1], ENC, transcoders=str(transcoders_dir))
 

@@ -43,7 +43,7 @@ def cmd(args: argparse.Namespace) -> int:
     chat_template = read_chat_template(args)  # a bad file fails now, before the model loads
     inspect_limits = {
         name: getattr(args, name)
-        for name in ("max_inspect_cells", "max_patching_tokens", "max_graph_tokens")
+        for name in ("max_inspect_cells", "max_patching_tokens", "max_graph_tokens", "max_graph_features")
         if getattr(args, name) is not None
     }
     limits = Limits(
@@ -194,6 +194,12 @@ def add_parser(commands) -> None:
         metavar="N",
         help="the longest prompt of a /v1/circuits/graph request, <|endoftext|> first included: the graph's "
         "matrix grows with the square of its active features (default: 64)",
+    )
+    serve.add_argument(
+        "--max-graph-features",
+        type=whole_number,
+        metavar="N",
+        help="the most feature nodes of a /v1/circuits/graph answer, its most influential (default: 4096)",
     )
     serve.add_argument(
         "--transcoders",

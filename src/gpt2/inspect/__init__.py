@@ -15,12 +15,16 @@
     graphs   attribution graphs over transcoders, circuit-tracer's, pruned and written for its viewer
     interventions  a transcoder feature set, scaled or zeroed and the model run again (circuit-tracer's)
     dashboards  a transcoder feature's top contexts over the windows of a prepared data set
+    dictionaries  SAEs and transcoders being trained: SAELens's architectures and losses, their saves
+    dictionary_training  training them on activations streamed from the model (`gpt2 train-sae`)
     weights  the weights in TransformerLens's names and shapes, QK and OV circuits kept factored,
              composition scores, and TransformerLens's weight processing (process_weights)
     names    the steps' names: gpt2's, and TransformerLens's hook and short names read as aliases
     figures  its pictures, drawn with matplotlib: attention, the logit lens, the next token
 
-`circuits`, `patching`, `generating`, `experiments`, `saes` and `figures` build on `tracing`. The names of
+`circuits`, `patching`, `generating`, `experiments`, `saes`, `transcoders`, `graphs`, `interventions`,
+`dashboards`, `dictionary_training` and `figures` build on `tracing` (`trace(..., saes=...)` splices
+SAEs and transcoders into its pass). The names of
 `tracing`, `circuits`, `patching`, `generating`, `experiments` and `saes` are this package's
 (`gpt2.inspect.trace`, `gpt2.inspect.trace_generation`, ...); `figures` is imported as
 `gpt2.inspect.figures`, since it needs matplotlib.

@@ -583,7 +583,7 @@ def _assemble(
             selected = torch.arange(n_active)
             adjacency = torch.zeros(frozen.row_size + K, frozen.row_size + K)
             adjacency[-K:, : frozen.row_size] = logit_rows
-            for batch in selected.split(batch_size):
+            for batch in selected.split(batch_size) if n_active else ():  # no active feature: no rows
                 adjacency[batch, : frozen.row_size] = feature_rows(batch)
         else:
             selected, adjacency = _most_influential(

@@ -46,7 +46,7 @@ from gpt2._files import read_json_object
 from gpt2.checkpoints.weights import read_safetensors
 from gpt2.errors import CheckpointError, CheckpointNotFoundError, InputTypeError, InvalidArgumentError
 from gpt2.inspect.names import canonical, step_of
-from gpt2.inspect.tracing import PER_HEAD, SQUARE, Trace, trace
+from gpt2.inspect.tracing import PER_HEAD, SQUARE, Splice, Trace, trace
 from gpt2.model.model import GPT2
 
 CFG, WEIGHTS = "cfg.json", "sae_weights.safetensors"
@@ -103,7 +103,6 @@ class SAE:
             return (x - mu) / (std + 1e-5), (std, mu)
         return x, None
 
-    @torch.no_grad()
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         """(..., d_in) activations -> (..., d_sae) feature activations, as SAELens's `SAE.encode`."""
         x, _ = self._normalise(x.to(self.W_enc.device, self.W_enc.dtype))
@@ -116,7 +115,10 @@ class SAE:
         acts = torch.relu(pre)
         return acts if self.threshold is None else acts * (pre > self.threshold).to(acts.dtype)
 
-    @torch.no_grad()
+    def splices(self) -> list[Splice]:
+        """How `trace(..., saes=[sae])` splices it in: its reconstruction in place of its site."""
+        return [Splice(self.site, self.site, self.encode, self.decode)]
+
     def decode(self, features: torch.Tensor, x: torch.Tensor | None = None) -> torch.Tensor:
         """(..., d_sae) features -> (..., d_in), the reconstruction. An SAE that normalises its
         input (constant_norm_rescale, layer_norm) needs that input, `x`, to undo it."""

@@ -63,6 +63,7 @@ from gpt2.model.model import GPT2, Cache, attention_scores, merge_heads
 Patch = Callable[..., torch.Tensor]  # fn(x) or fn(x, name) -> the value the pass goes on with
 Tap = Callable[[str, torch.Tensor], torch.Tensor]  # (name, a step's value) -> the value the pass goes on with
 PADDING_SIDES = ("right", "left")
+SPLICE_STEPS = ("hook_sae_acts_post", "hook_sae_recons", "hook_sae_error")  # SAELens's names, after the site's
 PER_HEAD = frozenset({"attn.q", "attn.k", "attn.v", "attn.z", "attn.result"})  # (H, T, ...): positions at dim 1
 SQUARE = frozenset({"attn.scores", "attn.pattern"})  # (H, T, T): positions at dims 1 and 2
 
@@ -164,6 +165,19 @@ class Trace:
         return Trace([self.ids[b][t] for t in kept], tokens, self.logits[b, keep], activations, self.model)
 
 
+@dataclass
+class Splice:
+    """A dictionary spliced into a traced pass: its features of `input_site`'s vectors decode into
+    what the pass goes on with at `output_site` (the same site for an SAE; a block's MLP input and
+    output for a transcoder). encode (..., d_in) -> (..., d); decode (features, input) -> (..., d_out),
+    a skip transcoder's skip path included. SAE, Transcoder and TranscoderSet give theirs (`.splices()`)."""
+
+    input_site: str
+    output_site: str
+    encode: Callable[[torch.Tensor], torch.Tensor]
+    decode: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
 def trace(
     model: GPT2,
     ids: str | Sequence[int] | torch.Tensor | Sequence[str] | Sequence[Sequence[int]],
@@ -173,6 +187,8 @@ def trace(
     padding_side: str = "right",
     prepend_bos: bool = False,
     grad: bool = False,
+    saes: Sequence | None = None,
+    error_term: bool = False,
 ) -> Trace:
     """Run `model` on one sequence, or a batch, and record its steps.
 
@@ -188,8 +204,17 @@ def trace(
     default; off by default (gpt2 runs the text as given, as transformers does). Ids are run as given.
     grad: keep the graph, so that `trace.logits[...].backward()` fills each recorded
     activation's `.grad` (the model's weights get none); off by default.
+    saes: SAEs (gpt2.inspect.load_sae), transcoders or transcoder sets spliced into the pass: at
+    each one's output site the pass goes on with its reconstruction (a transcoder's: from its
+    input site's vectors), and three more steps are recorded and patchable, SAELens's names after
+    the site's: SITE.hook_sae_acts_post (the features), SITE.hook_sae_recons (their decoding) and
+    SITE.hook_sae_error (the site's own value less the reconstruction, with error_term). With
+    error_term the error is added back: the pass is the model's own until a feature is patched.
     """
-    tap = recorder(model, patch, names, "trace", grad=boolean("grad", grad))
+    splices = check_splices(model, saes)
+    tap = recorder(model, patch, names, "trace", grad=boolean("grad", grad), extra=splice_names(splices))
+    if splices:
+        tap = SplicingTap(tap, splices, boolean("error_term", error_term))
     read = read_input(model, ids, padding_side, prepend_bos)
     tap.batched = read.batched
     device = model.transformer.wte.weight.device
@@ -223,16 +248,19 @@ def recorder(
     names: Iterable[str] | Callable[[str], bool] | None = None,
     caller: str = "trace",
     grad: bool = False,
+    extra: Sequence[str] = (),
 ) -> Recorder:
-    """The tap of a traced pass of `model`, its `patch` and `names` checked as `trace` takes them."""
+    """The tap of a traced pass of `model`, its `patch` and `names` checked as `trace` takes them;
+    `extra`: the steps of spliced dictionaries, recorded by default and patchable too."""
     if not isinstance(model, GPT2):
         raise InputTypeError(f"{caller} takes a GPT2 model, got {type(model).__name__}", "model")
     n_layer = model.config.n_layer
-    record = set(check_names("names", n_layer, activation_names(n_layer, on_request=False) if names is None else names))
+    default = activation_names(n_layer, on_request=False) + list(extra)
+    record = set(_known("names", n_layer, default if names is None else names, extra))
     if patch is not None and not isinstance(patch, Mapping):
         raise InputTypeError(f"patch must be a mapping {{name: function}}, got {type(patch).__name__}", "patch")
     patch = dict(patch or {})
-    ours = check_names("patch", n_layer, list(patch))
+    ours = _known("patch", n_layer, list(patch), extra)
     for name, fn in patch.items():
         if not callable(fn):
             raise InputTypeError(
@@ -241,6 +269,17 @@ def recorder(
     if len(ours) != len(patch):
         raise InvalidArgumentError("patch names one step twice (by gpt2's name and TransformerLens's)", "patch")
     return Recorder(record, dict(zip(ours, patch.values())), grad)
+
+
+def _known(param: str, n_layer: int, names, extra: Sequence[str]) -> list[str]:
+    """check_names, the spliced dictionaries' steps (`extra`) known too."""
+    if callable(names):
+        return check_names(param, n_layer, names) + [name for name in extra if names(name)]
+    if isinstance(names, str):
+        return check_names(param, n_layer, names)  # its error
+    names = list(names)
+    ours = check_names(param, n_layer, [n for n in names if n not in extra])
+    return list(dict.fromkeys(ours + [n for n in names if n in extra]))
 
 
 def takes_name(fn: Callable) -> bool:
@@ -390,6 +429,71 @@ class Recorder:
                 f"patch[{name!r}] must return a tensor of shape {list(value.shape)}, got {got}", "patch"
             )
         return new.to(value.device, value.dtype)
+
+
+def check_splices(model: GPT2, saes: object) -> list[Splice]:
+    """`trace`'s saes, as splices: each fitting the model, no two writing the same site."""
+    if saes is None:
+        return []
+    if not isinstance(saes, Sequence) or isinstance(saes, str) or hasattr(saes, "splices"):
+        saes = [saes]
+    splices = []
+    for sae in saes:
+        if not callable(getattr(sae, "splices", None)):
+            raise InputTypeError(
+                "saes must hold SAEs (gpt2.inspect.load_sae), transcoders or transcoder sets, "
+                f"got {type(sae).__name__}",
+                "saes",
+            )
+        if callable(getattr(sae, "check_fits", None)):
+            sae.check_fits(model)
+        splices += sae.splices()
+    n_layer = model.config.n_layer
+    outputs = [s.output_site for s in splices]
+    for s in splices:
+        for site in (s.input_site, s.output_site):
+            if canonical(site, n_layer) != site:
+                raise InvalidArgumentError(f"saes: site {site!r} is not a step of this {n_layer}-block model", "saes")
+        if outputs.count(s.output_site) > 1:
+            raise InvalidArgumentError(f"saes: two dictionaries write {s.output_site}: splice one at a site", "saes")
+    return splices
+
+
+def splice_names(splices: Sequence[Splice]) -> list[str]:
+    return [f"{s.output_site}.{step}" for s in splices for step in SPLICE_STEPS]
+
+
+class SplicingTap:
+    """A Recorder with dictionaries spliced in (`trace`'s saes): the pass goes on with each one's
+    reconstruction at its output site, the error added back where `error_term`; its features,
+    reconstruction and error are steps of their own, recorded and patched by the recorder."""
+
+    def __init__(self, recorder: Recorder, splices: Sequence[Splice], error_term: bool):
+        self.recorder, self.error_term = recorder, error_term
+        self.by_output = {s.output_site: s for s in splices}
+        self.inputs = {s.input_site for s in splices}
+        self.seen: dict[str, torch.Tensor] = {}
+
+    batched = property(lambda self: self.recorder.batched, lambda self, v: setattr(self.recorder, "batched", v))
+    activations = property(lambda self: self.recorder.activations)
+
+    def wants(self, name: str) -> bool:
+        return self.recorder.wants(name)
+
+    def __call__(self, name: str, x: torch.Tensor) -> torch.Tensor:  # x: (B, ...)
+        x = self.recorder(name, x)
+        if name in self.inputs:
+            self.seen[name] = x
+        splice = self.by_output.get(name)
+        if splice is None:
+            return x
+        source = self.seen[splice.input_site]
+        f = self.recorder(f"{name}.hook_sae_acts_post", splice.encode(source))
+        out = self.recorder(f"{name}.hook_sae_recons", splice.decode(f, source))
+        if not self.error_term:
+            return out.to(x.dtype)
+        error = self.recorder(f"{name}.hook_sae_error", x - splice.decode(splice.encode(source), source))
+        return (out + error).to(x.dtype)
 
 
 def wants(tap: Tap, name: str) -> bool:

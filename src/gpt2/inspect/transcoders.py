@@ -48,6 +48,7 @@ from gpt2._files import read_json_object
 from gpt2.checkpoints.weights import read_safetensors
 from gpt2.errors import CheckpointError, CheckpointNotFoundError, InvalidArgumentError
 from gpt2.inspect.names import canonical
+from gpt2.inspect.tracing import Splice
 from gpt2.model.model import GPT2
 
 CONFIG, CFG, WEIGHTS = "config.yaml", "cfg.json", "sae_weights.safetensors"
@@ -103,7 +104,6 @@ class Transcoder:
     def d_out(self) -> int:
         return self.W_dec.shape[1]
 
-    @torch.no_grad()
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         """(..., d_in) activations at the input site -> (..., d_transcoder) feature activations."""
         pre = x.to(self.W_enc.device, self.W_enc.dtype) @ self.W_enc + self.b_enc
@@ -112,24 +112,25 @@ class Transcoder:
         kept = (pre > self.threshold).to(pre.dtype)
         return (pre if self.activation == "jumprelu" else torch.relu(pre)) * kept
 
-    @torch.no_grad()
     def decode(self, features: torch.Tensor) -> torch.Tensor:
         """(..., d_transcoder) features -> (..., d_out): what they write (the skip path not included)."""
         return features.to(self.W_dec.dtype) @ self.W_dec + self.b_dec
 
-    @torch.no_grad()
     def skip(self, x: torch.Tensor) -> torch.Tensor:
         """(..., d_in) -> (..., d_out): the skip connection's part of the output, x @ W_skip.T (0 without one)."""
         if self.W_skip is None:
             return torch.zeros(*x.shape[:-1], self.d_out, dtype=self.W_dec.dtype, device=self.W_dec.device)
         return x.to(self.W_skip.device, self.W_skip.dtype) @ self.W_skip.T
 
-    @torch.no_grad()
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(..., d_in) -> (..., d_out): the transcoder's output, decode(encode(x)) + x @ W_skip.T."""
         return self.decode(self.encode(x)) + self.skip(x)
 
     __call__ = forward
+
+    def splices(self) -> list[Splice]:
+        """How `trace(..., saes=[...])` splices it in: its output in place of its output site's."""
+        return [Splice(self.input_site, self.output_site, self.encode, lambda f, x: self.decode(f) + self.skip(x))]
 
 
 @dataclass
@@ -160,6 +161,10 @@ class TranscoderSet:
     @property
     def output_step(self) -> str:
         return _step(self.transcoders[0].output_site)
+
+    def splices(self) -> list[Splice]:
+        """Every block's transcoder spliced in (`trace(..., saes=[tcs])`): the model with its MLPs replaced."""
+        return [s for t in self.transcoders for s in t.splices()]
 
     def names(self) -> list[str]:
         """The sites the transcoders read and write, every block's: the names to trace."""

@@ -8,7 +8,7 @@ The routes' bodies are pydantic models, checked by FastAPI and described by /ope
 thread steps a `gpt2.generation.decoding.Decoder` over all rows in flight, so a request joins the running
 batch at the next step and leaves it when it ends. Endpoints: /health, /v1/models,
 /v1/completions, /v1/chat/completions (a conversation, through the chat template), /v1/inspect,
-/v1/circuits/{scores,head,patching,attribution}, /tokenize, /detokenize, /tokenizer_info, /metrics; and the
+/v1/circuits/{scores,head,patching,attribution,graph,feature}, /tokenize, /detokenize, /tokenizer_info, /metrics; and the
 playground, a page at / (its files in ui/) made from /v1/completions, /v1/inspect and /v1/circuits.
 
 `<|endoftext|>` written in a string prompt (and in /tokenize's text) is the special token, as
@@ -24,6 +24,8 @@ The rooms, as vLLM's `entrypoints/openai` keeps them:
     chat         /v1/chat/completions: a conversation through the chat template, answered as chat
     inspection   /v1/inspect: one prompt's attention, log-probabilities and logit lens
     circuits     /v1/circuits/...: every head's scores, a head's ablation, activation patching, direct logit attribution
+    graphs       /v1/circuits/graph and /feature: attribution graphs over --transcoders, a feature's contexts in
+                 --feature-data
     app          create_app: the routers, middleware, error handlers, /tokenize, the playground's files
     launch       serve: the app on uvicorn, the model loading in the main thread
 """

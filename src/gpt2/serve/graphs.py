@@ -12,15 +12,12 @@ graph: `attribution_graph` of the next token after the prompt (<|endoftext|> put
 vocabulary has it), pruned at the thresholds (`AttributionGraph.to_json`); scores, of the whole graph
 (`AttributionGraph.scores`). A node's id is circuit-tracer's: a feature's "{layer}_{feature}_{position}".
 Its prompt is read as /v1/circuits/scores reads one (text, or ids for a model with no tokenizer), and is
-at most limits.max_graph_tokens long. feature: `top_contexts` over the first windows of the feature
+at most limits.max_graph_tokens long; its feature nodes are the limits.max_graph_features most influential
+at most (fewer where max_feature_nodes asks). feature: `top_contexts` over the first windows of the feature
 data, read once at the start (`Server.feature_windows`).
 """
 
 from __future__ import annotations
-
-import asyncio
-import json
-from collections.abc import Callable
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -29,18 +26,12 @@ from gpt2.inspect.dashboards import top_contexts
 from gpt2.inspect.graphs import attribution_graph, graph_input
 from gpt2.inspect.transcoders import TranscoderSet
 from gpt2.model.model import GPT2
-from gpt2.serve.circuits import read_text
+from gpt2.serve.circuits import answer, read_text
 from gpt2.serve.protocol import FeatureBody, GraphBody, Limits, RequestError
 from gpt2.serve.server import ModelRoute, Server
 
 router = APIRouter(prefix="/v1/circuits", route_class=ModelRoute)
 SLUG = "playground"  # the graph file's slug (its name in circuit-tracer's viewer)
-
-
-async def _answer(server: Server, work: Callable[[], dict]) -> Response:
-    async with server.inspecting:  # one inspection or experiment at a time, beside the decoding thread
-        content = await asyncio.to_thread(lambda: json.dumps(work()).encode())
-    return Response(content, media_type="application/json")
 
 
 @router.post("/graph")
@@ -51,7 +42,7 @@ async def graph(body: GraphBody, request: Request) -> Response:
     ids, _ = graph_input(server.model, read, None)  # <|endoftext|> first, as the graph runs it
     check_graph_tokens(len(ids), len(ids) > len(read), server.limits)
     prompt = body.prompt if isinstance(body.prompt, str) else None
-    return await _answer(server, lambda: graph_report(server.model, transcoders, ids, body, prompt))
+    return await answer(server, lambda: graph_report(server.model, transcoders, ids, body, prompt, server.limits))
 
 
 @router.post("/feature")
@@ -66,7 +57,7 @@ async def feature(body: FeatureBody, request: Request) -> Response:
             "--feature-data DIR (a directory gpt2 prepare wrote)",
             code="feature_data_required",
         )
-    return await _answer(
+    return await answer(
         server,
         lambda: {
             "layer": body.layer,
@@ -111,9 +102,13 @@ def check_graph_tokens(T: int, bos: bool, limits: Limits) -> None:
         )
 
 
-def graph_report(model: GPT2, transcoders: TranscoderSet, ids: list[int], body: GraphBody, prompt: str | None) -> dict:
+def graph_report(
+    model: GPT2, transcoders: TranscoderSet, ids: list[int], body: GraphBody, prompt: str | None, limits: Limits
+) -> dict:
     """The answer of /v1/circuits/graph: the pruned graph's file, and the whole graph's scores."""
-    computed = attribution_graph(model, ids, transcoders, max_feature_nodes=body.max_feature_nodes)
+    most = limits.max_graph_features  # the request's max_feature_nodes, or else this server's cap, at most it
+    wanted = most if body.max_feature_nodes is None else min(body.max_feature_nodes, most)
+    computed = attribution_graph(model, ids, transcoders, max_feature_nodes=wanted)
     scan = "gpt2" if transcoders.path is None else transcoders.path.name
     data = computed.to_json(SLUG, scan, body.node_threshold, body.edge_threshold, prompt)
     replacement, completeness = computed.scores()

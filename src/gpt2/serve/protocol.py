@@ -74,6 +74,9 @@ class Limits:
     # tokens of one /v1/circuits/graph prompt, <|endoftext|> first included: the graph's matrix grows
     # with the square of its features, about n_layer x (features active a position) x tokens
     max_graph_tokens: int = 64
+    # feature nodes of one graph (its most influential, found as circuit-tracer finds them): the matrix is
+    # (features + (n_layer + 1) x tokens)^2 floats, 4096 features of the 124M model's 64 tokens 100 MB
+    max_graph_features: int = 4096
     api_key: str | None = None
     draft_tokens: int = (
         DRAFT_TOKENS  # tokens a draft model (or prompt lookup) proposes per step, where the server speculates
@@ -101,6 +104,7 @@ class Limits:
             "max_inspect_cells",
             "max_patching_tokens",
             "max_graph_tokens",
+            "max_graph_features",
         ):
             positive_int(name, getattr(self, name))
         check_prefix_cache_mb(self.prefix_cache_mb)
@@ -628,7 +632,8 @@ SHARE = Says("{name} must be a number from {low} to {high} (a share of the influ
 class GraphBody(Body):
     """POST /v1/circuits/graph: the attribution graph of the next token after `prompt`, through the
     server's transcoders, pruned to the nodes holding node_threshold of the influence on the logits
-    and the edges holding edge_threshold; at most max_feature_nodes features (null: every active one)."""
+    and the edges holding edge_threshold; at most max_feature_nodes features, the most influential
+    (null: up to the server's max_graph_features)."""
 
     model: str | None = None
     prompt: Annotated[OneText, TEXT]
