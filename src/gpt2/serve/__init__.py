@@ -8,8 +8,9 @@ The routes' bodies are pydantic models, checked by FastAPI and described by /ope
 thread steps a `gpt2.generation.decoding.Decoder` over all rows in flight, so a request joins the running
 batch at the next step and leaves it when it ends. Endpoints: /health, /v1/models,
 /v1/completions, /v1/chat/completions (a conversation, through the chat template), /v1/inspect,
-/v1/circuits/{scores,head,patching,attribution,graph,feature}, /tokenize, /detokenize, /tokenizer_info, /metrics; and the
-playground, a page at / (its files in ui/) made from /v1/completions, /v1/inspect and /v1/circuits.
+/v1/circuits/{scores,head,patching,attribution,graph,feature}, /tokenize, /detokenize, /tokenizer_info,
+/metrics; and the playground, a page at / (its files in ui/) made from /v1/completions, /v1/inspect and
+/v1/circuits.
 
 `<|endoftext|>` written in a string prompt (and in /tokenize's text) is the special token, as
 OpenAI's API, vLLM and llama.cpp's server read it, unless the server was told otherwise
