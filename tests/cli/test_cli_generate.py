@@ -636,3 +636,61 @@ def test_generate_ids_of_a_model_with_a_tokenizer_are_the_text_api_s_tokens(caps
 def test_generate_what_needs_a_tokenizer_is_refused_in_one_line(capsys, flags, message):
     code, out, err = run(capsys, "generate", *flags, "--model", INDUCTION_2L)
     assert (code, out) == (2, "") and err.startswith(f"gpt2: error: {message}") and err.count("\n") == 1, err
+
+
+def test_generate_steer_adds_the_features_decoder_directions(capsys, model_dir, tmp_path):
+    """--steer against transformers' greedy text with each vector added by a forward hook (the directions read
+    from the files written here: circuit-tracer's W_dec rows, SAELens's)."""
+    import sae_lens
+    import torch
+    from helpers import circuit_tracer_layer, write_circuit_tracer
+    from sae_lens.saes.sae import SAEMetadata
+    from transformers import GPT2LMHeadModel
+
+    from gpt2 import Tokenizer
+
+    layers = {i: circuit_tracer_layer(i, False, False, d_model=48) for i in range(2)}
+    write_circuit_tracer(tmp_path / "tc", layers)
+    sae = sae_lens.StandardSAE(
+        sae_lens.StandardSAEConfig(d_in=48, d_sae=16, metadata=SAEMetadata(hook_name="blocks.0.hook_resid_post"))
+    )
+    with torch.no_grad():
+        sae.W_dec.normal_(generator=torch.Generator().manual_seed(0))
+    sae.save_model(tmp_path / "sae")
+    hf = GPT2LMHeadModel.from_pretrained(model_dir).eval()
+    adds = {1: 30.0 * layers[1]["W_dec"][5], 0: -20.0 * sae.W_dec[3].detach()}
+    handles = [
+        hf.transformer.h[b].register_forward_hook(
+            lambda m, a, out, v=v: (out[0] + v, *out[1:]) if isinstance(out, tuple) else out + v
+        )
+        for b, v in adds.items()
+    ]
+    enc = Tokenizer.gpt2()
+    ids = enc.encode("The dog")
+    expected = enc.decode(transformers_greedy(hf, ids, 10))
+    for h in handles:
+        h.remove()
+    assert expected != enc.decode(transformers_greedy(hf, ids, 10))  # the steering changes the text
+    flags = ["--model", model_dir, "--max-new-tokens", "10", "--temperature", "0", "--no-stream", "--no-progress"]
+    steer = ["--steer", f"{tmp_path / 'tc'}:1:5:30", "--steer", f"{tmp_path / 'sae'}:3:-20"]
+    code, out, _ = run(capsys, "generate", "The dog", *flags, *steer)
+    assert code == 0 and out == expected + "\n"
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("dir:x:1", "is not SAE_DIR:FEATURE:COEFF or TRANSCODERS_DIR:LAYER:FEATURE:COEFF"),
+        ("MISSING:1:2", "MISSING"),
+        ("TC:5:1:1.0", "layer"),
+    ],
+)
+def test_generate_steer_errors(capsys, model_dir, tmp_path, spec, message):
+    from helpers import circuit_tracer_layer, write_circuit_tracer
+
+    write_circuit_tracer(tmp_path / "tc", {i: circuit_tracer_layer(i, False, False, d_model=48) for i in range(2)})
+    names = {"MISSING": str(tmp_path / "missing"), "TC": str(tmp_path / "tc")}
+    spec = spec.replace("MISSING", names["MISSING"]).replace("TC", names["TC"])
+    code, out, err = run(capsys, "generate", "The dog", "--model", model_dir, "--steer", spec, "--no-progress")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert message.replace("MISSING", names["MISSING"]) in err

@@ -10,6 +10,7 @@ from helpers import hf_and_ours, make_hf_model, perturbed, transformers_greedy, 
 
 from gpt2 import (
     ContextLengthError,
+    GPT2Error,
     GPT2Warning,
     InputTypeError,
     InvalidArgumentError,
@@ -616,3 +617,58 @@ def test_token_generation_ends_a_row_at_eos_and_refuses_bad_ids(small_pair):
     assert list(ended) == [(0, first)] and ended.finish_reasons == ["stop"]  # the end id given out too
     with pytest.raises(TokenIdError):
         TokenGeneration(small, [[1, 50257]], max_new_tokens=2)
+
+
+# ------------------------------------------------------------------ steering
+
+
+def steered_hf(hf, layer: int, vector: torch.Tensor):
+    """A forward hook adding `vector` to the stream leaving transformers' block `layer`: its handle."""
+
+    def add(module, args, out):
+        return (out[0] + vector, *out[1:]) if isinstance(out, tuple) else out + vector
+
+    return hf.transformer.h[layer].register_forward_hook(add)
+
+
+def test_steered_generation_equals_transformers_with_the_vector_added(small_pair):
+    hf, ours = small_pair
+    prompt = [464, 3290, 318, 257]
+    vector = torch.randn(48, generator=torch.Generator().manual_seed(3)) * 4
+    handle = steered_hf(hf, 0, vector)
+    try:
+        expected = transformers_greedy(hf, prompt, 10)
+        sampled = transformers_sampled(hf, prompt, 6, seed=5, temperature=0.8)
+    finally:
+        handle.remove()
+    plain = transformers_greedy(hf, prompt, 10)
+    assert expected != plain  # the vector steers: the test can fail
+    tokens = [
+        t for _, t in TokenGeneration(ours, [prompt], max_new_tokens=10, sampling=Sampling(0.0), steer={0: vector})
+    ]
+    assert tokens == expected
+    rows = [
+        t
+        for _, t in TokenGeneration(ours, [prompt], max_new_tokens=6, sampling=Sampling(0.8), seed=5, steer={0: vector})
+    ]
+    assert rows == sampled
+    text = generate_text(ours, ENC, ENC.decode(prompt), max_new_tokens=10, temperature=0.0, steer={0: vector})
+    assert text == [ENC.decode(expected)]
+    assert ours.steering == {}  # only while it generates
+    assert [t for _, t in TokenGeneration(ours, [prompt], max_new_tokens=10, sampling=Sampling(0.0))] == plain
+
+
+def test_steering_errors(small_pair):
+    _, ours = small_pair
+    cases = [
+        ({2: torch.zeros(48)}, "block 2 is not one of the model's 0..1"),
+        ({0: torch.zeros(47)}, r"must be a tensor of shape \[48\]"),
+        ({0: torch.full((48,), float("nan"))}, "NaN"),
+        ([torch.zeros(48)], "mapping"),
+    ]
+    for steer, match in cases:
+        with pytest.raises(GPT2Error, match=match):
+            TokenGeneration(ours, [[1, 2]], max_new_tokens=2, steer=steer)
+    with pytest.raises(GPT2Error, match="NumPy engine"):
+        numpy_engine = ReferenceModel(ours.config, {k: v.numpy() for k, v in hf_state_dict(ours).items()})
+        TokenGeneration(numpy_engine, [[1, 2]], max_new_tokens=2, steer={0: torch.zeros(48)})

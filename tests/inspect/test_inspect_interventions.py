@@ -131,3 +131,33 @@ def test_bad_interventions(models, transcoders, changes, match):
     _, tcs = transcoders
     with pytest.raises(GPT2Error, match=match):
         feature_intervention(model, IDS, tcs, changes)
+
+
+def test_steering_vectors_of_saes_and_transcoders(models, transcoders, tmp_path):
+    import sae_lens
+    from sae_lens.saes.sae import SAEMetadata
+
+    from gpt2.inspect import load_sae, steering_vector
+
+    layers, tcs = transcoders
+    got = steering_vector(tcs, 7, 2.5, layer=1)  # a transcoder's feature writes the MLP's output: block 1's stream
+    assert list(got) == [1]
+    torch.testing.assert_close(got[1], 2.5 * layers[1]["W_dec"][7])
+    assert list(steering_vector(tcs[0], 3)) == [0]
+    for hook, block in (("blocks.1.hook_resid_post", 1), ("blocks.1.hook_resid_pre", 0), ("blocks.0.hook_mlp_out", 0)):
+        sae = sae_lens.StandardSAE(sae_lens.StandardSAEConfig(d_in=32, d_sae=16, metadata=SAEMetadata(hook_name=hook)))
+        sae.save_model(tmp_path / hook)
+        got = steering_vector(load_sae(tmp_path / hook), 5, -1.0)
+        assert list(got) == [block]
+        torch.testing.assert_close(got[block], -sae.W_dec[5].detach())
+    sae_lens.StandardSAE(
+        sae_lens.StandardSAEConfig(d_in=32, d_sae=16, metadata=SAEMetadata(hook_name="blocks.0.hook_resid_mid"))
+    ).save_model(tmp_path / "mid")
+    for args, match in (
+        ((load_sae(tmp_path / "mid"), 1), "not in the stream between blocks"),
+        ((tcs, 1), "needs the layer"),
+        ((tcs, 48, 1.0, 0), "feature"),
+        (("tc", 1), "takes an SAE"),
+    ):
+        with pytest.raises(GPT2Error, match=match):
+            steering_vector(*args)

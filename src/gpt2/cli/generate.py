@@ -66,6 +66,7 @@ def _check_generate_args(args: argparse.Namespace) -> str | list[int]:
     if args.draft is not None:
         model_configs(args)
     args.structured = _structured(args)
+    args.steer_specs = [_steer_spec(spec) for spec in args.steer or []]
     text = (
         read_stdin() if args.prompt == "-" else command_line_text(args.prompt, "the prompt given on the command line")
     )
@@ -179,6 +180,37 @@ def cmd(args: argparse.Namespace) -> int:
     return 0
 
 
+def _steer_spec(spec: str) -> tuple[str, int | None, int, float]:
+    """--steer's SPEC read: (directory, layer or None for an SAE, feature, coefficient)."""
+    parts = spec.rsplit(":", 3)
+    if len(parts) == 4 and not parts[1].lstrip("-").isdigit():  # a directory with ':' in its name, an SAE's spec
+        parts = [":".join(parts[:2]), *parts[2:]]
+    shape = "SAE_DIR:FEATURE:COEFF or TRANSCODERS_DIR:LAYER:FEATURE:COEFF"
+    try:
+        if len(parts) == 3:
+            return parts[0], None, int(parts[1]), float(parts[2])
+        if len(parts) == 4:
+            return parts[0], int(parts[1]), int(parts[2]), float(parts[3])
+    except ValueError:
+        pass
+    raise UsageError(f"--steer {spec!r} is not {shape}: whole numbers for LAYER and FEATURE, a number for COEFF")
+
+
+def _steering(args: argparse.Namespace, model) -> dict | None:
+    """--steer's vectors, summed by block (gpt2.inspect.steering_vector of each SAE or transcoder set)."""
+    if not args.steer_specs:
+        return None
+    from gpt2.inspect import load_sae, load_transcoders, steering_vector
+
+    vectors: dict = {}
+    for directory, layer, feature, coefficient in args.steer_specs:
+        dictionary = load_sae(directory) if layer is None else load_transcoders(directory)
+        dictionary.check_fits(model)
+        for block, vector in steering_vector(dictionary, feature, coefficient, layer).items():
+            vectors[block] = vectors[block] + vector if block in vectors else vector
+    return vectors
+
+
 def _generation(args: argparse.Namespace, model, tokenizer, prompt: str | list[int], draft):
     """The prompt's continuations, as (row, piece) pieces of text: the text API's, or with --ids each new id."""
     from gpt2.generation.generate import TextGeneration
@@ -199,6 +231,7 @@ def _generation(args: argparse.Namespace, model, tokenizer, prompt: str | list[i
         draft=draft,
         **draft_tokens_of(args),
         **args.structured,
+        steer=_steering(args, model),
     )
 
 
@@ -219,6 +252,7 @@ def _id_generation(args: argparse.Namespace, model, tokenizer, prompt: list[int]
         draft=draft,
         **draft_tokens_of(args),
         **{key: value for key, value in args.structured.items() if key != "constraint"},  # --ids refuses one
+        steer=_steering(args, model),
     )
     return _IdPieces(generation, spaced=args.stream)
 
@@ -412,6 +446,14 @@ def add_parser(commands) -> None:
         "as in the Python API and the server (default: random)",
     )
     generate.add_argument("--num-samples", type=whole_number, default=1, help="continuations to generate (default: 1)")
+    generate.add_argument(
+        "--steer",
+        action="append",
+        metavar="SPEC",
+        help="add a feature's decoder direction times COEFF to the residual stream, at every position: "
+        "SAE_DIR:FEATURE:COEFF (an SAE SAELens saved) or TRANSCODERS_DIR:LAYER:FEATURE:COEFF (a transcoder set); "
+        "may be given more than once",
+    )
     generate.add_argument(
         "--stop", action="append", metavar="TEXT", help="end a continuation before this text (repeatable)"
     )

@@ -9,7 +9,8 @@ come, holding back half characters and possible stop strings.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import nullcontext
 from typing import AbstractSet, Literal
 
 import torch
@@ -79,6 +80,9 @@ class TextGeneration:
     prompt as the special token, as OpenAI's API, `gpt2 generate` and `gpt2 serve` do;
     frozenset() reads it as its characters (any token not allowed is text here, never the
     error `Tokenizer.encode` raises by default).
+    `steer` ({block: vector (C,)}) adds each vector to the residual stream leaving its block, at every
+    position of the prompt and of the text generated (`GPT2.steered`; a feature's decoder direction:
+    `gpt2.inspect.steering_vector`).
     """
 
     def __init__(
@@ -107,8 +111,10 @@ class TextGeneration:
         frequency_penalty: float = 0.0,
         presence_penalty: float = 0.0,
         repetition_penalty: float = 1.0,
+        steer: Mapping[int, torch.Tensor] | None = None,
     ):
         self.stop = check_stop(stop)
+        self.model, self.steer = model, steering_of(model, steer)
         if draft is not None:
             check_draft(model, draft, tokenizer)
         self.draft_tokens = check_draft_tokens(draft_tokens)
@@ -162,7 +168,7 @@ class TextGeneration:
         texts = self.texts
         decoder = Decoder(self.engine, draft=self.draft, draft_tokens=self.draft_tokens, lookup=self.lookup)
         self.stats = decoder.stats
-        for b, row, token, reason in row_events(decoder, self.rows):
+        for b, row, token, reason in row_events(decoder, self.rows, self.model, self.steer):
             if token is not None and not texts[b].done:
                 self.tokens_generated += 1
             piece = texts[b].follow(token, reason is not None)
@@ -172,17 +178,29 @@ class TextGeneration:
                 yield b, piece
 
 
-def row_events(decoder: Decoder, rows: list[Row]) -> Iterator[tuple[int, Row, int | None, str | None]]:
+def row_events(
+    decoder: Decoder, rows: list[Row], model=None, steer: dict[int, torch.Tensor] | None = None
+) -> Iterator[tuple[int, Row, int | None, str | None]]:
     """`rows` through the token loop of `decoder`, an event at a time: (the row's index in `rows`, the
-    row, its new token or None, why it ended or None). TextGeneration's and TokenGeneration's one loop."""
+    row, its new token or None, why it ended or None). TextGeneration's and TokenGeneration's one loop;
+    with `steer`, `model` steered throughout (`GPT2.steered`)."""
     index = {row: b for b, row in enumerate(rows)}
     for row in rows:
         decoder.add(row)
-    with torch.inference_mode():
+    with torch.inference_mode(), model.steered(steer) if steer else nullcontext():
         while decoder.busy:
             events = decoder.step()
             for (row, token), reason in zip(events, finish_reasons(events)):
                 yield index[row], row, token, reason
+
+
+def steering_of(model, steer: Mapping[int, torch.Tensor] | None) -> dict[int, torch.Tensor]:
+    """A generation's steering vectors, checked by the model (`GPT2.check_steering`); none on the NumPy engine."""
+    if not steer:
+        return {}
+    if isinstance(model, ReferenceModel):
+        raise InvalidArgumentError("steer: the NumPy engine runs no steering; use the torch engine", "steer")
+    return model.check_steering(steer)
 
 
 def engine_for(model, request: Request):
@@ -227,7 +245,9 @@ class TokenGeneration:
         frequency_penalty: float = 0.0,
         presence_penalty: float = 0.0,
         repetition_penalty: float = 1.0,
+        steer: Mapping[int, torch.Tensor] | None = None,
     ):
+        self.model, self.steer = model, steering_of(model, steer)
         if draft is not None:
             check_draft(model, draft)
         self.draft_tokens = check_draft_tokens(draft_tokens)
@@ -259,7 +279,7 @@ class TokenGeneration:
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
         decoder = Decoder(self.engine, draft=self.draft, draft_tokens=self.draft_tokens, lookup=self.lookup)
-        for b, _, token, reason in row_events(decoder, self.rows):
+        for b, _, token, reason in row_events(decoder, self.rows, self.model, self.steer):
             self.ended[b] = self.ended[b] or reason is not None
             if token is not None:
                 self.tokens_generated += 1

@@ -35,7 +35,7 @@ from gpt2.inspect.dashboards import read_windows, top_contexts
 from gpt2.inspect.experiments import CORRUPTIONS, EXPERIMENTS, ExperimentResult, ioi_prompts, run_experiment
 from gpt2.inspect.generating import GenerationTrace, trace_generation
 from gpt2.inspect.graphs import AttributionGraph, attribution_graph
-from gpt2.inspect.interventions import InterventionResult, feature_intervention
+from gpt2.inspect.interventions import InterventionResult, feature_intervention, steering_vector
 from gpt2.inspect.names import BLOCK_STEPS, ON_REQUEST, short_name
 from gpt2.inspect.patching import SITES, activation_patching, attribution_patching, logit_diff, normalised_logit_diff
 from gpt2.inspect.saes import SAE, load_sae, sae_features, top_features
@@ -68,6 +68,7 @@ __all__ = [
     "attribution_graph",
     "InterventionResult",
     "feature_intervention",
+    "steering_vector",
     "read_windows",
     "top_contexts",
     "CORRUPTIONS",

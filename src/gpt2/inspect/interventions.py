@@ -1,8 +1,10 @@
 """Interventions on transcoder features: test what an attribution graph says by changing a feature
-and running the model again.
+and running the model again; and a feature's decoder direction as a steering vector.
 
     result = gpt2.inspect.feature_intervention(model, ids, tcs, [(1, 5, 123, 0.0)])  # zero feature 123 of block 1 at 5
     result.top_changes(5)        # the top logits at the last position, before and after
+    steer = gpt2.inspect.steering_vector(tcs, 123, 8.0, layer=1)   # {1: 8 * W_dec[123]}
+    gpt2.generate_text(model, tokenizer, "The", steer=steer)         # generation steered by it
 
 circuit-tracer's `feature_intervention`: the model itself runs (its real MLPs, not the
 transcoders), and at each intervened block the MLP's output gets (value - a) * W_dec[f] at the
@@ -23,6 +25,7 @@ import torch
 
 from gpt2._checks import boolean, int_between, is_real
 from gpt2.errors import InputTypeError, InvalidArgumentError
+from gpt2.inspect.saes import SAE
 from gpt2.inspect.tracing import token_ids, trace
 from gpt2.inspect.transcoders import TranscoderSet
 from gpt2.model.model import GPT2
@@ -140,3 +143,48 @@ def check_interventions(
             raise InvalidArgumentError(f"interventions[{i}]'s value must be a number, got {value!r}", "interventions")
         by_layer.setdefault(layer, []).append((position, feature, float(value)))
     return by_layer
+
+
+def steering_vector(
+    dictionary, feature: int, coefficient: float = 1.0, layer: int | None = None
+) -> dict[int, torch.Tensor]:
+    """{block: coefficient * W_dec[feature]}: a feature's decoder direction as a steering vector for
+    `GPT2.steered` and generation's `steer` (added to the residual stream leaving the block, at every
+    position). `dictionary`: an SAE of a site in the stream between blocks (h.L, h.L.mlp.c_proj, whose
+    output joins the stream as the block ends, or h.L.resid_pre: block L - 1's), a transcoder, or a
+    transcoder set and the `layer` of the feature's transcoder."""
+    if isinstance(dictionary, TranscoderSet):
+        if layer is None:
+            raise InvalidArgumentError("steering_vector: a transcoder set needs the layer of the feature", "layer")
+        dictionary = dictionary[int_between("layer", layer, 0, len(dictionary) - 1, "a layer index")]
+    if isinstance(dictionary, SAE):
+        site, W_dec = dictionary.site, dictionary.W_dec
+    elif hasattr(dictionary, "output_site") and hasattr(dictionary, "W_dec"):
+        site, W_dec = dictionary.output_site, dictionary.W_dec
+    else:
+        raise InputTypeError(
+            f"steering_vector takes an SAE, a transcoder or a transcoder set, got {type(dictionary).__name__}",
+            "dictionary",
+        )
+    block = _block_leaving(site)
+    feature = int_between("feature", feature, 0, W_dec.size(0) - 1, "a feature index")
+    if not is_real(coefficient):
+        raise InvalidArgumentError(f"coefficient must be a number, got {coefficient!r}", "coefficient")
+    return {block: float(coefficient) * W_dec[feature].float()}
+
+
+def _block_leaving(site: str) -> int:
+    """The block whose output stream a vector written at `site` joins (the module's steering sites)."""
+    parts = site.split(".")
+    if len(parts) == 2:  # h.L: the stream leaving block L
+        return int(parts[1])
+    step, block = ".".join(parts[2:]), int(parts[1])
+    if step == "mlp.c_proj":
+        return block
+    if step == "resid_pre" and block > 0:
+        return block - 1
+    raise InvalidArgumentError(
+        f"steering_vector: the dictionary's site {site} is not in the stream between blocks; steer an SAE of h.L, "
+        "h.L.resid_pre (L > 0) or h.L.mlp.c_proj, or a transcoder",
+        "dictionary",
+    )

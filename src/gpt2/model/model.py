@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Protocol
 
 import torch
@@ -32,7 +34,14 @@ from gpt2._checks import check_token_ids
 from gpt2.checkpoints.config import GPT2Config, sinusoidal_positions
 from gpt2.errors import ContextLengthError, InputTypeError, InvalidArgumentError
 from gpt2.generation.caches import PrefixCache
-from gpt2.generation.engines import TorchEngine, check_cuda_graphs, generate_ids, model_engine, set_cuda_graphs
+from gpt2.generation.engines import (
+    TorchEngine,
+    check_cuda_graphs,
+    cuda_graphs,
+    generate_ids,
+    model_engine,
+    set_cuda_graphs,
+)
 from gpt2.generation.kernels import attend, linear, tracing, widen
 from gpt2.model.pretrained import hf_state_dict, open_pretrained, save_pretrained
 from gpt2.settings import DRAFT_TOKENS
@@ -235,6 +244,7 @@ class GPT2(nn.Module):
         self.config = config
         self.checkpoint_activations = False  # trade compute for memory in training (see trunk)
         self.tokenizer = None  # from_pretrained sets the tokenizer saved with the weights
+        self.steering: dict[int, torch.Tensor] = {}  # block -> (C,) added to its output at every position (`steered`)
         learned = config.positions == "learned"
         # Built on the meta device (from_pretrained), the weights are left uninitialised: torch
         # initialises a meta tensor through its Python reference ops, importing torch._dynamo (1.4 s).
@@ -312,6 +322,8 @@ class GPT2(nn.Module):
                 x = checkpoint(block, x, use_reentrant=False)
             else:
                 x = block(x, cache, layer)
+            if self.steering and layer in self.steering:
+                x = x + self.steering[layer]  # a steering vector: the stream leaving the block, moved
         return self.transformer.ln_f(x)
 
     def embed(self, idx: torch.Tensor) -> torch.Tensor:
@@ -397,6 +409,44 @@ class GPT2(nn.Module):
         for block in self.transformer.h:
             block.attn.use_sdpa = implementation == "sdpa"
         return self
+
+    @contextmanager
+    def steered(self, vectors: Mapping[int, torch.Tensor] | None) -> Iterator[GPT2]:
+        """Within the block, every pass of the model (generation's included) adds vectors[L] (C,) to
+        the residual stream leaving block L, at every position: steering (activation addition; a
+        feature's decoder row times a coefficient, `gpt2.inspect.steering_vector`). None or {}: none."""
+        vectors = self.check_steering(vectors)
+        before, self.steering = self.steering, vectors
+        try:
+            yield self
+        finally:
+            self.steering = before
+
+    def check_steering(self, vectors: Mapping[int, torch.Tensor] | None) -> dict[int, torch.Tensor]:
+        """Steering vectors checked: {block: (C,) finite tensor}, on the model's device and dtype."""
+        if vectors is None:
+            return {}
+        if not isinstance(vectors, Mapping):
+            raise InputTypeError(f"steer must be a mapping {{block: vector}}, got {type(vectors).__name__}", "steer")
+        if vectors and cuda_graphs(self):
+            raise InvalidArgumentError("steering is not captured in CUDA graphs: turn them off to steer", "steer")
+        out = {}
+        for layer, vector in vectors.items():
+            if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < self.config.n_layer:
+                raise InvalidArgumentError(
+                    f"steer: block {layer!r} is not one of the model's 0..{self.config.n_layer - 1}", "steer"
+                )
+            if not isinstance(vector, torch.Tensor) or vector.shape != (self.config.n_embd,):
+                shape = list(vector.shape) if isinstance(vector, torch.Tensor) else type(vector).__name__
+                raise InvalidArgumentError(
+                    f"steer: block {layer}'s vector must be a tensor of shape [{self.config.n_embd}] (n_embd), "
+                    f"got {shape}",
+                    "steer",
+                )
+            if not torch.isfinite(vector).all():
+                raise InvalidArgumentError(f"steer: block {layer}'s vector holds a NaN or an infinity", "steer")
+            out[layer] = vector.detach().to(self.device, self.compute_dtype)
+        return out
 
     def use_cuda_graphs(self, enabled: bool = True) -> GPT2:
         """Decode by replaying CUDA graphs (`gpt2.generation.graphs.DecodeGraphs`): off by default, as it
