@@ -512,8 +512,11 @@ def test_inspect_graph_writes_circuit_tracers_files(capsys, model_dir, tmp_path)
     write_circuit_tracer(tmp_path / "tc", layers)
     text = "The dog chased the"
     flags = ["--transcoders", str(tmp_path / "tc"), "--model", model_dir, "--slug", "dog", "--node-threshold", "0.6"]
-    code, out, err = run(capsys, "inspect", "--graph", str(tmp_path / "out"), *flags, text)
+    code, out, err = run(
+        capsys, "inspect", "--graph", str(tmp_path / "out"), *flags, "--png", str(tmp_path / "png"), text
+    )
     assert code == 0 and err == ""
+    assert (tmp_path / "png" / "dog.png").stat().st_size > 10_000  # figures.attribution_graph of the file
     model = GPT2.from_pretrained(model_dir, device="cpu")
     graph = attribution_graph(model, text, load_transcoders(tmp_path / "tc"))
     expected = graph.to_json("dog", scan=str(tmp_path / "tc"), node_threshold=0.6)

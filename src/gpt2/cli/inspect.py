@@ -280,7 +280,7 @@ def _cmd_inspect_graph(args: argparse.Namespace) -> int:
     from gpt2._files import writable_directory
     from gpt2.inspect import graphs, load_transcoders
 
-    also = [("--sae", args.sae), ("--corrupted", args.corrupted), ("--png", args.png), ("--json", args.json)]
+    also = [("--sae", args.sae), ("--corrupted", args.corrupted), ("--json", args.json)]
     _alone(args, "--graph", "writes an attribution graph", *also)
     if args.transcoders is None:
         raise UsageError("--graph needs --transcoders DIR: the transcoder set (circuit-tracer's or SAELens's)")
@@ -290,6 +290,7 @@ def _cmd_inspect_graph(args: argparse.Namespace) -> int:
     graphs.check_thresholds(args.node_threshold, args.edge_threshold)
     text = _inspect_text(args)
     out = writable_directory(args.graph)
+    png = None if args.png is None else writable_directory(args.png)
     transcoders = load_transcoders(args.transcoders)  # a missing or broken file: one line, before the model loads
     model, _ = load_model(args, needs=_needs_text(args))
     transcoders.check_fits(model)
@@ -305,6 +306,10 @@ def _cmd_inspect_graph(args: argparse.Namespace) -> int:
         out, args.slug, scan=args.transcoders, node_threshold=args.node_threshold, edge_threshold=args.edge_threshold
     )
     data = json.loads(path.read_text())
+    if png is not None:
+        from gpt2.inspect import figures
+
+        figures.save(figures.attribution_graph(data), png / f"{args.slug}.png")
     replacement, completeness = graph.scores()
     top = graph.logit_texts[0]
     print(
@@ -596,7 +601,8 @@ def _add_inspect_graph_flags(inspect) -> None:
         "--graph",
         metavar="DIR",
         help="the attribution graph of the text's next token through --transcoders (circuit-tracer's method), "
-        "pruned and written into DIR as circuit-tracer's graph files (DIR/SLUG.json, graph-metadata.json)",
+        "pruned and written into DIR as circuit-tracer's graph files (DIR/SLUG.json, graph-metadata.json); "
+        "with --png PNG_DIR, drawn as PNG_DIR/SLUG.png",
     )
     inspect.add_argument(
         "--transcoders",

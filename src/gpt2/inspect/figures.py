@@ -235,3 +235,49 @@ def attribution_bars(parts: Any, title: str, bars: int = 20) -> Any:
     ax.set_title(f"{title} (total {parts.total:.3f})", fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def attribution_graph(data: dict, title: str | None = None) -> Any:
+    """A pruned attribution graph as circuit-tracer's graph file holds it (`AttributionGraph.to_json`):
+    a column per position, a row per layer (the tokens at the bottom, the logits on top), features as
+    circles and error nodes as squares (several in a cell side by side), edges as lines whose width
+    follows |weight| (blue positive, red negative), the prompt's tokens along the bottom."""
+    plt = pyplot()
+    nodes, links = data["nodes"], data["links"]
+    n_layer = int(max((int(n["layer"]) for n in nodes if n["layer"] != "E"), default=1)) - 1
+    tokens = data["metadata"]["prompt_tokens"]
+    row = {"E": 0, **{str(layer): layer + 1 for layer in range(n_layer)}, str(n_layer + 1): n_layer + 1}
+    cells: dict[tuple[int, int], list[dict]] = {}
+    for n in nodes:
+        cells.setdefault((row[n["layer"]], n["ctx_idx"]), []).append(n)
+    where = {}
+    for (y, x), members in cells.items():
+        for k, n in enumerate(members):
+            where[n["node_id"]] = (x + (k - (len(members) - 1) / 2) * 0.8 / max(len(members), 1), y)
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.55 * len(tokens) + 2), 1.3 * (n_layer + 2) + 1))
+    largest = max((abs(link["weight"]) for link in links), default=1.0) or 1.0
+    for link in sorted(links, key=lambda link: abs(link["weight"])):
+        (x0, y0), (x1, y1) = where[link["source"]], where[link["target"]]
+        share = abs(link["weight"]) / largest
+        color = "#2166ac" if link["weight"] > 0 else "#b2182b"
+        ax.plot([x0, x1], [y0, y1], color=color, linewidth=0.3 + 4 * share, alpha=0.25 + 0.7 * share, zorder=1)
+    styles = {
+        "cross layer transcoder": ("o", "#7b3294"),
+        "mlp reconstruction error": ("s", "#999999"),
+        "embedding": ("s", "#f4a582"),
+        "logit": ("o", "#1b7837"),
+    }
+    for n in nodes:
+        marker, color = styles[n["feature_type"]]
+        ax.scatter(*where[n["node_id"]], marker=marker, s=60, color=color, edgecolor="black", linewidth=0.5, zorder=2)
+        if n["feature_type"] == "logit":
+            ax.annotate(n["clerp"], where[n["node_id"]], xytext=(6, 4), textcoords="offset points", fontsize=8)
+    ax.set_xticks(range(len(tokens)), [repr(t)[1:-1] for t in tokens], rotation=90, fontsize=8)
+    ax.set_yticks(range(n_layer + 2), ["tokens", *[f"layer {i}" for i in range(n_layer)], "logits"])
+    ax.set_xlim(-0.8, len(tokens) - 0.2)
+    ax.set_ylim(-0.6, n_layer + 1.6)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    ax.set_title(title or f"attribution graph: {len(nodes)} nodes, {len(links)} edges")
+    fig.tight_layout()
+    return fig
