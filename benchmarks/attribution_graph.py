@@ -26,7 +26,10 @@ layout (config.yaml + layer_{i}.safetensors; W_enc's columns of unit norm, b_enc
 
 ids: <|endoftext|> and --tokens - 1 random ids (circuit-tracer puts <|endoftext|> first; both
 leave position 0 out). Both take the same max_n_logits=10, desired_logit_prob=0.95, batch size
-and max_feature_nodes. Equal: the same active features and logit tokens, every edge within 1e-4
+and max_feature_nodes. --trained DIR MODEL instead checks that circuit-tracer's own loader (`load_transcoder_set`) reads a set
+`gpt2 train-sae` wrote (DIR: its circuit-tracer/) and encodes and decodes MODEL's MLP inputs as gpt2 does.
+
+Equal: the same active features and logit tokens, every edge within 1e-4
 of the largest edge, and the graph files' nodes and links the same (weights within 1e-4 of the
 largest). Time: attribution alone (the model and transcoders loaded before the clock starts);
 memory: the peak resident set during it less the resident set before, sampled every 5 ms.
@@ -259,6 +262,58 @@ def run_circuit_tracer(work: Path, args) -> dict:
     return {"seconds": seconds, "mib": memory.mib}
 
 
+def check_trained(args) -> int:
+    """--trained DIR MODEL: circuit-tracer's own loader reads a transcoder set `gpt2 train-sae` wrote (DIR,
+    its circuit-tracer/ directory) and encodes and decodes the MODEL's MLP inputs as gpt2 does."""
+    import torch
+
+    from gpt2 import GPT2
+    from gpt2.inspect import load_transcoders, trace
+
+    directory, model_dir = args.trained
+    model = GPT2.from_pretrained(model_dir, device="cpu")
+    tcs = load_transcoders(directory)
+    ids = torch.randint(0, model.config.n_vocab, (32,), generator=torch.Generator().manual_seed(0)).tolist()
+    t = trace(model, ids, names=tcs.names())
+    work = Path(tempfile.mkdtemp(prefix="graph-trained-"))
+    torch.save(torch.stack([t.activations[f"h.{i}.{tcs.input_step}"] for i in range(len(tcs))]), work / "x.pt")
+    command = [args.circuit_tracer, str(HERE), "--role", "ct-load", "--work", str(work), "--trained", directory, "-"]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        print(done.stderr[-4000:], file=sys.stderr)
+        return 1
+    theirs, x = torch.load(work / "out.pt"), torch.load(work / "x.pt")
+    worst = max(
+        max((a - tcs[i].encode(x[i])).abs().max().item(), (o - tcs[i](x[i])).abs().max().item())
+        for i, (a, o) in theirs.items()
+    )
+    print(
+        f"circuit-tracer read {len(theirs)} transcoders of {directory}: encode and decode within {worst:.2g} of gpt2's"
+    )
+    return 0 if worst <= 1e-5 else 1
+
+
+def ct_load(work: Path, directory: str) -> None:
+    """In circuit-tracer's venv: its load_transcoder_set on DIR's config.yaml, each layer's encode and decode."""
+    import torch
+    import yaml
+    from circuit_tracer.transcoder import load_transcoder_set
+
+    config = yaml.safe_load((Path(directory) / "config.yaml").read_text())
+    paths = {i: str(Path(directory) / p) for i, p in enumerate(config["transcoders"])}
+    ts = load_transcoder_set(
+        paths,
+        config["scan"],
+        config["feature_input_hook"],
+        config["feature_output_hook"],
+        device="cpu",
+        lazy_encoder=False,
+        lazy_decoder=False,
+    )
+    x = torch.load(work / "x.pt")
+    torch.save({i: (t.encode(x[i]), t.decode(t.encode(x[i]), x[i])) for i, t in enumerate(ts)}, work / "out.pt")
+
+
 def interventions(adjacency, active_features, selected, activations, n_logits) -> list:
     """The changes both sides make: the three features with the largest edges into the top logit
     zeroed, and the largest made 3 times its activation, each with attention frozen and free."""
@@ -363,9 +418,17 @@ def main() -> int:
     parser.add_argument("--skip", action="store_true")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--keep", type=Path, default=None, help="work (and keep) here")
-    parser.add_argument("--role", choices=["gpt2", "circuit-tracer"], help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--trained", nargs=2, metavar=("DIR", "MODEL"), help="check circuit-tracer reads a set trained here"
+    )
+    parser.add_argument("--role", choices=["gpt2", "circuit-tracer", "ct-load"], help=argparse.SUPPRESS)
     parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args, _ = parser.parse_known_args()
+    if args.role == "ct-load":
+        ct_load(args.work, args.trained[0])
+        return 0
+    if args.trained and not args.role:
+        return check_trained(args)
     if args.role:
         run = run_gpt2 if args.role == "gpt2" else run_circuit_tracer
         print(json.dumps(run(args.work, args)))

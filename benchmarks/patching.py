@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import subprocess
 import sys
 import time
 import warnings
@@ -139,6 +140,81 @@ def tl_full(tl, function: str, clean, corrupted) -> float:
     return time.perf_counter() - start
 
 
+def status_kib(field: str) -> int:
+    """A field of /proc/self/status in KiB (VmRSS, VmHWM)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
+
+def inputs(T: int, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """clean (batch, T) random ids, corrupted: the tokens at a quarter and a half of T replaced (seed 0)."""
+    g = torch.Generator().manual_seed(0)
+    clean = torch.randint(0, 50257, (batch, T), generator=g)
+    corrupted = clean.clone()
+    corrupted[:, [T // 4, T // 2]] = torch.randint(0, 50257, (batch, 2), generator=g)
+    return clean, corrupted
+
+
+def memory_child(side: str, site: str, T: int, batch: int, directory: str, k: int) -> None:
+    """In a fresh process: the peak resident size (VmHWM, reset through /proc/self/clear_refs) above the
+    resident size just before one whole patching experiment of `site`, its result held; printed in MiB.
+    TransformerLens's: run_with_cache + generic_activation_patch on k sampled entries of each function (one
+    patched run at a time: its memory does not grow with the entries)."""
+    clean, corrupted = inputs(T, batch)
+    if side == "gpt2":
+        from gpt2.model.model import GPT2
+
+        model = GPT2.from_pretrained(directory, device="cpu")
+        ours = (clean[0], corrupted[0]) if batch == 1 else (clean, corrupted)
+        ours_side(model, site, ours[0][..., :2], ours[1][..., :2])  # warm-up
+        run = lambda: ours_side(model, site, *ours)  # noqa: E731
+    else:
+        from helpers import transformer_lens_from_hf
+        from transformers import GPT2LMHeadModel
+
+        tl = transformer_lens_from_hf(GPT2LMHeadModel.from_pretrained(directory).eval())
+        tl_side(tl, site, clean[:, :2], corrupted[:, :2], 2, 1)  # warm-up
+        run = lambda: tl_side(tl, site, clean, corrupted, T, k)  # noqa: E731
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # VmHWM := VmRSS
+    before = status_kib("VmRSS")
+    result = run()
+    print((status_kib("VmHWM") - before) / 1024)
+    del result
+
+
+def memory_table(args, directory: str) -> None:
+    """Each site's peak memory, gpt2's and TransformerLens's, each in a process of its own."""
+    rows = []
+    for site in args.sites:
+        mib = {}
+        for side in ("gpt2", "tl"):
+            argv = [
+                sys.executable,
+                __file__,
+                "--memory-of",
+                side,
+                site,
+                directory,
+                "--tokens",
+                str(args.tokens),
+                "--batch",
+                str(args.batch),
+                "--sample",
+                str(args.sample),
+                "--threads",
+                str(args.threads),
+            ]
+            out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+            mib[side] = float(out.strip().splitlines()[-1])
+        rows.append(
+            [f"`{site}`", f"{mib['gpt2']:.1f}", f"{mib['tl']:.1f}", f"{mib['gpt2'] / max(mib['tl'], 0.1):.2f}x"]
+        )
+        print(f"{site}: gpt2 {mib['gpt2']:.1f} MiB, TL {mib['tl']:.1f} MiB", file=sys.stderr)
+    print(f"peak memory above the resident size before the call; T = {args.tokens}, batch {args.batch}")
+    print_table(["site", "gpt2 MiB", "TransformerLens MiB", "gpt2 / TL"], rows)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, default=8, help="T, each prompt's tokens (default: 8)")
@@ -148,9 +224,18 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch's threads (default: 1)")
     parser.add_argument("--full", default="resid_mid", help="a site TransformerLens also runs whole, once ('': none)")
     parser.add_argument("--sites", nargs="+", default=list(SITES), choices=list(SITES))
+    parser.add_argument("--memory", action="store_true", help="peak memory instead of time, a process per cell")
+    parser.add_argument("--memory-of", nargs=3, metavar=("SIDE", "SITE", "DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     warnings.simplefilter("ignore", DeprecationWarning)
+    if args.memory_of:
+        side, site, directory = args.memory_of
+        memory_child(side, site, args.tokens, args.batch, directory, args.sample)
+        return 0
+    if args.memory:
+        memory_table(args, random_124m()[1])
+        return 0
     from helpers import transformer_lens_from_hf
 
     from gpt2.model.model import GPT2

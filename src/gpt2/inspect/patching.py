@@ -47,9 +47,9 @@ each text, as TransformerLens's to_tokens does by default (gpt2's default runs t
 
 How it runs: the clean run keeps only the site's activations; the corrupted run its keys and
 values. The patched runs go through the model a pass at a time, each pass up to `batch_size`
-rows (entries x B: max(1, batch_size // B) entries a pass; by default 64 rows for a metric that
-reads the last position only, 16 for one given every position's logits), each row with its own
-patch. An
+rows (entries x B: max(1, batch_size // B) entries a pass; by default as many as keep the pass
+within 512 positions, rows x its window, up to 64, and for a metric given every position's
+logits within 64 positions' logits: `pass_rows`), each row with its own patch. An
 entry at block l and position t changes nothing before either, so a pass holds entries of one
 position t: it runs positions t.. only, attending to the corrupted run's keys before t; and its
 rows branch off an unpatched run of the corrupted batch at the block they patch, so the blocks
@@ -210,13 +210,13 @@ def activation_patching(
     or (B, *that shape) where the metric returns one value per prompt.
 
     batch_size: the rows of a patched pass, entries x prompts (at least one entry a pass); by
-    default 64 for a metric that reads the last position only (each row keeps one position's
-    logits, V floats), else 16 (each keeps the window's, T x V)."""
+    default as many as keep a pass within 512 positions (rows x its window), up to 64, and for a
+    metric given every position's logits, within 64 positions' logits (`pass_rows`)."""
     site, clean, corrupted = _checked(
         "activation_patching", model, clean, corrupted, metric, site, padding_side, prepend_bos
     )
     last = bool(getattr(metric, "reads_last_position", False))
-    batch_size = (64 if last else 16) if batch_size is None else positive_int("batch_size", batch_size)
+    batch_size = None if batch_size is None else positive_int("batch_size", batch_size)
     B, T = len(corrupted.ids), len(corrupted.ids[0])
     config = model.config
     grid = entries(site, config.n_layer, config.n_head, T)
@@ -227,10 +227,10 @@ def activation_patching(
     kept = _run(model, torch.tensor(clean.ids, device=device), mask, names)[1]  # the site's clean activations
     keys = {f"h.{i}.attn.{kv}" for i in range(config.n_layer) for kv in "kv"} if SITE_KINDS[site].by_position else ()
     logits, past = _run(model, idx, mask, keys)  # the corrupted run: its logits and keys before each window
-    per_pass = max(1, batch_size // B)
     values: list[float | torch.Tensor | None] = [None] * len(grid)
     for start, group in itertools.groupby(sorted(grid, key=lambda e: (e.start, e.layer)), key=lambda e: e.start):
         group = list(group)
+        per_pass = max(1, pass_rows(batch_size, last, T, start) // B)
         for i in range(0, len(group), per_pass):
             rows = group[i : i + per_pass]
             window = _patched_pass(model, idx, mask, past, kept, rows, start, last)  # (len(rows) * B, T', V)
@@ -239,6 +239,20 @@ def activation_patching(
                 out = out if last or start == 0 else torch.cat([logits[:, :start], out], dim=1)  # (B, T, V)
                 values[e.flat] = _value(metric(out if corrupted.batched else out[0]), B, corrupted.batched)
     return _grid(values, grid_shape(site, config.n_layer, config.n_head, T), B)
+
+
+PASS_TOKENS = 512  # positions a patched pass runs (rows x its window): its activations' memory
+PASS_LOGITS = 64  # logits rows a pass keeps where the metric reads every position: rows x T x V floats
+
+
+def pass_rows(batch_size: int | None, last: bool, T: int, start: int) -> int:
+    """The rows of a patched pass over positions start..T-1: `batch_size` where given; by default as
+    many as keep it within PASS_TOKENS positions (up to 64), and, for a metric given every position's
+    logits, PASS_LOGITS positions' logits (each row holds T x V floats)."""
+    if batch_size is not None:
+        return batch_size
+    rows = min(64, max(1, PASS_TOKENS // (T - start)))
+    return rows if last else min(rows, max(1, PASS_LOGITS // T))
 
 
 def _run(model: GPT2, idx: torch.Tensor, mask: torch.Tensor | None, names) -> tuple[torch.Tensor, dict]:
