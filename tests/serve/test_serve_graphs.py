@@ -206,3 +206,22 @@ def test_gpt2_serve_takes_the_transcoders_the_feature_data_and_the_graph_limit(
         assert "the prompt is 7 tokens with <|endoftext|> put first, over this server's limit of 6" in str(refused)
     finally:
         process.kill()
+
+
+@pytest.fixture(scope="module")
+def trained_here(models, feature_data, tmp_path_factory):
+    """Transcoders gpt2 train-sae's library trained on the feature data, saved with its training.json."""
+    from gpt2.inspect.dictionaries import DictionaryConfig
+    from gpt2.inspect.dictionary_training import TrainingSettings, train_dictionaries, transcoder_sites
+
+    settings = TrainingSettings(steps=2, batch_size=64, context=32, windows=4, eval_interval=2, eval_windows=2)
+    run = train_dictionaries(models[1], feature_data, transcoder_sites(2), DictionaryConfig(d_dict=64), settings)
+    return run.save(tmp_path_factory.mktemp("trained") / "tc")
+
+
+def test_transcoders_trained_here_find_contexts_in_their_training_data(models, trained_here, feature_data):
+    tcs = load_transcoders(trained_here / "circuit-tracer")
+    windows = read_windows(feature_data, 64, 64)
+    for running in serving(models[1], ENC, transcoders=str(trained_here / "circuit-tracer")):  # no --feature-data
+        answer = post(running, {"layer": 1, "feature": 3, "top_k": 4}, "/v1/circuits/feature").json()
+        assert answer["contexts"] == top_contexts(models[1], tcs, windows, 1, 3, k=4) and len(answer["contexts"]) == 4

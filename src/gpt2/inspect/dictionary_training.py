@@ -117,6 +117,21 @@ class TrainingRun:
         return Path(directory)
 
 
+def trained_on(directory: str | Path) -> str | None:
+    """The prepared data the dictionaries in `directory` were trained on, where `gpt2 train-sae` wrote
+    them (its training.json, in the directory or the one above: saelens/ and circuit-tracer/ are in
+    it), and that data is still there; else None."""
+    for place in (Path(directory), Path(directory).parent):
+        record = place / "training.json"
+        if record.is_file():
+            try:
+                data = json.loads(record.read_text(encoding="utf-8")).get("data")
+            except (OSError, ValueError, AttributeError):
+                return None
+            return data if isinstance(data, str) and Path(data).is_dir() else None
+    return None
+
+
 def transcoder_sites(n_layer: int) -> list[tuple[str, str]]:
     """A transcoder set's sites: each block's MLP input (ln_2's output) to its output."""
     return [(f"h.{i}.ln_2", f"h.{i}.mlp.c_proj") for i in range(n_layer)]

@@ -25,6 +25,7 @@ from fastapi.routing import APIRoute
 from gpt2.errors import ChatTemplateError
 from gpt2.generation.engines import check_draft
 from gpt2.inspect.dashboards import read_windows
+from gpt2.inspect.dictionary_training import trained_on
 from gpt2.inspect.transcoders import TranscoderSet, load_transcoders
 from gpt2.model.model import GPT2
 from gpt2.serve.protocol import AllowedSpecial, Body, Bounds, Limits, RequestError, needs_tokenizer
@@ -98,10 +99,13 @@ class Server:
 
     def _load_features(self) -> None:
         """The transcoders, on the model's device, checked against it; the first FEATURE_WINDOWS windows
-        of the feature data, of up to FEATURE_WINDOW ids (the model's context, if shorter)."""
+        of the feature data, of up to FEATURE_WINDOW ids (the model's context, if shorter): by default
+        the data they were trained on, where `gpt2 train-sae` made them and it is still there."""
         if self.transcoders_dir is not None:
             self.transcoders = load_transcoders(self.transcoders_dir, self.model.transformer.wte.weight.device)
             self.transcoders.check_fits(self.model)
+            if self.feature_data is None:
+                self.feature_data = trained_on(self.transcoders_dir)
         if self.feature_data is not None:
             T = min(FEATURE_WINDOW, self.model.config.n_ctx)
             self.feature_windows = read_windows(self.feature_data, FEATURE_WINDOWS, T, model=self.model)
