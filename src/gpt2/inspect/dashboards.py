@@ -20,7 +20,7 @@ from gpt2._checks import int_between, positive_int
 from gpt2.data.files import open_data
 from gpt2.errors import DataError, InvalidArgumentError
 from gpt2.inspect.tracing import trace
-from gpt2.inspect.transcoders import TranscoderSet
+from gpt2.inspect.transcoders import TranscoderSet, check_transcoder_set
 from gpt2.model.model import GPT2
 
 
@@ -61,12 +61,7 @@ def top_contexts(
     row and position first), each as {"row", "position", "activation", "ids": the up-to-`context`
     ids before it and its own, "tokens": their text (None without a tokenizer), "activations": the
     feature's activation at each of them}. The model runs over `batch_size` windows at a time."""
-    if not isinstance(transcoders, TranscoderSet):
-        raise InvalidArgumentError(
-            f"transcoders must be a TranscoderSet (gpt2.inspect.load_transcoders), got {type(transcoders).__name__}",
-            "transcoders",
-        )
-    transcoders.check_fits(model)
+    check_transcoder_set(transcoders, model)
     layer = int_between("layer", layer, 0, len(transcoders) - 1, "a block's number (an integer)")
     feature = int_between("feature", feature, 0, transcoders.d_transcoder - 1, "a feature's index (an integer)")
     k, batch_size = positive_int("k", k), positive_int("batch_size", batch_size)

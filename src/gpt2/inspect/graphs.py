@@ -44,7 +44,7 @@ from gpt2._checks import boolean, int_between, positive_int, real_between
 from gpt2._files import atomic_write_text, read_json_object, writable_directory
 from gpt2.errors import InvalidArgumentError
 from gpt2.inspect.tracing import token_ids, trace
-from gpt2.inspect.transcoders import TranscoderSet
+from gpt2.inspect.transcoders import TranscoderSet, check_transcoder_set
 from gpt2.inspect.weights import Weights
 from gpt2.model.model import GPT2
 
@@ -485,12 +485,7 @@ def attribution_graph(
     prepend_bos: put <|endoftext|> first unless it is (circuit-tracer's: position 0 is left out of
         the graph); by default, where the model's tokenizer has one
     """
-    if not isinstance(transcoders, TranscoderSet):
-        raise InvalidArgumentError(
-            f"transcoders must be a TranscoderSet (gpt2.inspect.load_transcoders), got {type(transcoders).__name__}",
-            "transcoders",
-        )
-    transcoders.check_fits(model)
+    check_transcoder_set(transcoders, model)
     if transcoders.input_step not in INPUT_STEPS or transcoders.output_step != OUTPUT_STEP:
         raise InvalidArgumentError(
             f"transcoders read h.L.{transcoders.input_step} and write h.L.{transcoders.output_step}: an attribution "

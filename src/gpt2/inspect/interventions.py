@@ -27,7 +27,7 @@ from gpt2._checks import boolean, int_between, is_real
 from gpt2.errors import InputTypeError, InvalidArgumentError
 from gpt2.inspect.saes import SAE
 from gpt2.inspect.tracing import token_ids, trace
-from gpt2.inspect.transcoders import TranscoderSet
+from gpt2.inspect.transcoders import TranscoderSet, check_transcoder_set
 from gpt2.model.model import GPT2
 
 Intervention = tuple[int, "int | slice", int, float]  # (layer, position, feature, value)
@@ -77,12 +77,7 @@ def feature_intervention(
     it; value = s * its activation scales it), its block's MLP output moved by the difference times
     its decoder row (the module's docstring). Graph prompts start with <|endoftext|>: give the
     graph's `ids` to change the run the graph describes."""
-    if not isinstance(transcoders, TranscoderSet):
-        raise InvalidArgumentError(
-            f"transcoders must be a TranscoderSet (gpt2.inspect.load_transcoders), got {type(transcoders).__name__}",
-            "transcoders",
-        )
-    transcoders.check_fits(model)
+    check_transcoder_set(transcoders, model)
     ids, tokens = token_ids(model, ids, boolean("prepend_bos", prepend_bos))
     by_layer = check_interventions(interventions, model.config.n_layer, len(ids), transcoders.d_transcoder)
     freeze_attention = boolean("freeze_attention", freeze_attention)

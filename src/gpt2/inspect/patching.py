@@ -48,7 +48,7 @@ each text, as TransformerLens's to_tokens does by default (gpt2's default runs t
 How it runs: the clean run keeps only the site's activations; the corrupted run its keys and
 values. The patched runs go through the model a pass at a time, each pass up to `batch_size`
 rows (entries x B: max(1, batch_size // B) entries a pass; by default as many as keep the pass
-within 512 positions, rows x its window, up to 64, and for a metric given every position's
+within 256 positions, rows x its window, up to 64, and for a metric given every position's
 logits within 64 positions' logits: `pass_rows`), each row with its own patch. An
 entry at block l and position t changes nothing before either, so a pass holds entries of one
 position t: it runs positions t.. only, attending to the corrupted run's keys before t; and its
@@ -210,7 +210,7 @@ def activation_patching(
     or (B, *that shape) where the metric returns one value per prompt.
 
     batch_size: the rows of a patched pass, entries x prompts (at least one entry a pass); by
-    default as many as keep a pass within 512 positions (rows x its window), up to 64, and for a
+    default as many as keep a pass within 256 positions (rows x its window), up to 64, and for a
     metric given every position's logits, within 64 positions' logits (`pass_rows`)."""
     site, clean, corrupted = _checked(
         "activation_patching", model, clean, corrupted, metric, site, padding_side, prepend_bos
@@ -241,7 +241,7 @@ def activation_patching(
     return _grid(values, grid_shape(site, config.n_layer, config.n_head, T), B)
 
 
-PASS_TOKENS = 512  # positions a patched pass runs (rows x its window): its activations' memory
+PASS_TOKENS = 256  # positions a patched pass runs (rows x its window): its activations' memory
 PASS_LOGITS = 64  # logits rows a pass keeps where the metric reads every position: rows x T x V floats
 
 

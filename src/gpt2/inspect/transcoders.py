@@ -193,6 +193,17 @@ class TranscoderSet:
                 )
 
 
+def check_transcoder_set(transcoders: object, model: GPT2) -> TranscoderSet:
+    """`transcoders`, checked: a TranscoderSet that fits `model` (TranscoderSet.check_fits)."""
+    if not isinstance(transcoders, TranscoderSet):
+        raise InvalidArgumentError(
+            f"transcoders must be a TranscoderSet (gpt2.inspect.load_transcoders), got {type(transcoders).__name__}",
+            "transcoders",
+        )
+    transcoders.check_fits(model)
+    return transcoders
+
+
 def _step(site: str) -> str:
     """h.3.ln_2 -> ln_2; h.3 -> ''."""
     return site.split(".", 2)[2] if site.count(".") >= 2 else ""
