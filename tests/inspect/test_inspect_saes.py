@@ -545,3 +545,5 @@ def test_trace_saes_errors(models, tmp_path):
         trace(model, TEXT, saes=[sae, sae])
     with pytest.raises(GPT2Error, match="unknown activation"):
         trace(model, TEXT, saes=[sae], patch={"h.0.hook_sae_acts_post": torch.zeros_like})
+    with pytest.raises(GPT2Error, match="unknown activation"):  # no error step without error_term
+        trace(model, TEXT, saes=[sae], patch={"h.1.resid_mid.hook_sae_error": torch.zeros_like})

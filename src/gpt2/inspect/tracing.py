@@ -211,10 +211,11 @@ def trace(
     SITE.hook_sae_error (the site's own value less the reconstruction, with error_term). With
     error_term the error is added back: the pass is the model's own until a feature is patched.
     """
-    splices = check_splices(model, saes)
-    tap = recorder(model, patch, names, "trace", grad=boolean("grad", grad), extra=splice_names(splices))
+    splices, error_term = check_splices(model, saes), boolean("error_term", error_term)
+    extra = splice_names(splices, error_term)
+    tap = recorder(model, patch, names, "trace", grad=boolean("grad", grad), extra=extra)
     if splices:
-        tap = SplicingTap(tap, splices, boolean("error_term", error_term))
+        tap = SplicingTap(tap, splices, error_term)
     read = read_input(model, ids, padding_side, prepend_bos)
     tap.batched = read.batched
     device = model.transformer.wte.weight.device
@@ -459,8 +460,10 @@ def check_splices(model: GPT2, saes: object) -> list[Splice]:
     return splices
 
 
-def splice_names(splices: Sequence[Splice]) -> list[str]:
-    return [f"{s.output_site}.{step}" for s in splices for step in SPLICE_STEPS]
+def splice_names(splices: Sequence[Splice], error_term: bool) -> list[str]:
+    """The steps splicing adds: each site's features and reconstruction, and its error with error_term."""
+    steps = SPLICE_STEPS if error_term else SPLICE_STEPS[:2]
+    return [f"{s.output_site}.{step}" for s in splices for step in steps]
 
 
 class SplicingTap:
