@@ -26,13 +26,18 @@ layout (config.yaml + layer_{i}.safetensors; W_enc's columns of unit norm, b_enc
 
 ids: <|endoftext|> and --tokens - 1 random ids (circuit-tracer puts <|endoftext|> first; both
 leave position 0 out). Both take the same max_n_logits=10, desired_logit_prob=0.95, batch size
-and max_feature_nodes. --trained DIR MODEL instead checks that circuit-tracer's own loader (`load_transcoder_set`) reads a set
-`gpt2 train-sae` wrote (DIR: its circuit-tracer/) and encodes and decodes MODEL's MLP inputs as gpt2 does.
-
-Equal: the same active features and logit tokens, every edge within 1e-4
+and max_feature_nodes. Equal: the same active features and logit tokens, every edge within 1e-4
 of the largest edge, and the graph files' nodes and links the same (weights within 1e-4 of the
 largest). Time: attribution alone (the model and transcoders loaded before the clock starts);
-memory: the peak resident set during it less the resident set before, sampled every 5 ms.
+memory: the peak resident set during it less the resident set before, sampled every 5 ms. Then
+each side's feature intervention (gpt2's feature_intervention, circuit-tracer's
+ReplacementModel.feature_intervention) zeroes the three features with the largest edges into the top
+logit, and sets the largest to 3 times its activation, attention frozen and free: the logits and the
+activations within 1e-4 of the largest.
+
+--trained DIR MODEL instead checks that circuit-tracer's own loader (`load_transcoder_set`) reads a
+set `gpt2 train-sae` wrote (DIR: its circuit-tracer/) and encodes and decodes MODEL's MLP inputs as
+gpt2 does.
 """
 
 from __future__ import annotations
