@@ -185,7 +185,10 @@ def test_each_command_has_a_page_that_its_help_and_the_readme_name(capsys):
         assert f"reference: {page} " in capsys.readouterr().out
 
 
-OTHER_PROGRAMS_FLAGS = {"--corpus"}  # flags the prose gives to programs other than gpt2 (benchmarks/tokenizer.py)
+OTHER_PROGRAMS_FLAGS = {
+    "--corpus",
+    "--graph_file_dir",
+}  # flags the prose gives to other programs (benchmarks/tokenizer.py, circuit-tracer)
 
 
 @pytest.mark.parametrize("page", PAGES, ids=page_id)

@@ -56,7 +56,7 @@ from gpt2.tokenizer import Tokenizer, token_text
 router = APIRouter(prefix="/v1/circuits", route_class=ModelRoute)
 
 
-async def answer(server: Server, work: Callable[[], dict]) -> Response:
+async def respond(server: Server, work: Callable[[], dict]) -> Response:
     async with server.inspecting:  # one inspection or experiment at a time, beside the decoding thread
         content = await asyncio.to_thread(lambda: json.dumps(work()).encode())
     return Response(content, media_type="application/json")
@@ -67,7 +67,7 @@ async def scores(body: ScoresBody, request: Request) -> Response:
     server: Server = request.app.state.server
     ids = read_text(server, body.prompt, "prompt")
     check_cells(len(ids), server.model, server.limits)  # the scores read every head's pattern
-    return await answer(server, lambda: scores_report(server.model, server.tokenizer, ids))
+    return await respond(server, lambda: scores_report(server.model, server.tokenizer, ids))
 
 
 @router.post("/head")
@@ -76,7 +76,7 @@ async def head(body: HeadBody, request: Request) -> Response:
     body.within(server.bounds())
     ids = read_text(server, body.prompt, "prompt")
     check_cells(len(ids), server.model, server.limits)  # the scores read every head's pattern
-    return await answer(
+    return await respond(
         server, lambda: head_report(server.model, server.tokenizer, ids, body.layer, body.head, body.top_k)
     )
 
@@ -93,7 +93,7 @@ async def patching(body: PatchingBody, request: Request) -> Response:
         )
     check_patching_work(body.site, len(clean), server.model, server.limits)
     answer, other = read_answers(server, body.answer, body.other)
-    return await answer(
+    return await respond(
         server, lambda: patching_report(server.model, server.tokenizer, clean, corrupted, body.site, answer, other)
     )
 
@@ -103,7 +103,7 @@ async def attribution(body: AttributionBody, request: Request) -> Response:
     server: Server = request.app.state.server
     ids = read_text(server, body.prompt, "prompt")
     answer, other = read_answers(server, body.answer, body.other)
-    return await answer(server, lambda: attribution_report(server.model, server.tokenizer, ids, answer, other))
+    return await respond(server, lambda: attribution_report(server.model, server.tokenizer, ids, answer, other))
 
 
 # ------------------------------------------------------------------ reading a request

@@ -26,7 +26,7 @@ from gpt2.inspect.dashboards import top_contexts
 from gpt2.inspect.graphs import attribution_graph, graph_input
 from gpt2.inspect.transcoders import TranscoderSet
 from gpt2.model.model import GPT2
-from gpt2.serve.circuits import answer, read_text
+from gpt2.serve.circuits import read_text, respond
 from gpt2.serve.protocol import FeatureBody, GraphBody, Limits, RequestError
 from gpt2.serve.server import ModelRoute, Server
 
@@ -42,7 +42,7 @@ async def graph(body: GraphBody, request: Request) -> Response:
     ids, _ = graph_input(server.model, read, None)  # <|endoftext|> first, as the graph runs it
     check_graph_tokens(len(ids), len(ids) > len(read), server.limits)
     prompt = body.prompt if isinstance(body.prompt, str) else None
-    return await answer(server, lambda: graph_report(server.model, transcoders, ids, body, prompt, server.limits))
+    return await respond(server, lambda: graph_report(server.model, transcoders, ids, body, prompt, server.limits))
 
 
 @router.post("/feature")
@@ -57,7 +57,7 @@ async def feature(body: FeatureBody, request: Request) -> Response:
             "--feature-data DIR (a directory gpt2 prepare wrote)",
             code="feature_data_required",
         )
-    return await answer(
+    return await respond(
         server,
         lambda: {
             "layer": body.layer,
