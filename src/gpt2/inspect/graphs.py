@@ -143,7 +143,7 @@ class AttributionGraph:
         node_threshold, edge_threshold = check_thresholds(node_threshold, edge_threshold)
         n_kept = self.n_logits + self.n_pos  # tokens and logits: the last nodes
         weights = self.logit_weights()
-        node_influence = influence(normalized(self.adjacency), weights)
+        node_influence = self.node_influence()
         node_mask = node_influence >= threshold_keeping(node_influence, node_threshold)
         node_mask[-n_kept:] = True
         pruned = self.adjacency.clone()
@@ -223,10 +223,11 @@ def check_thresholds(node_threshold: float, edge_threshold: float) -> tuple[floa
     )
 
 
-def normalized(matrix: torch.Tensor) -> torch.Tensor:
-    """|A| with each row scaled to sum to 1 (a row of zeros stays zeros): each target's share from each source."""
+def normalized(matrix: torch.Tensor, floor: float = 1e-10) -> torch.Tensor:
+    """|A| with each row scaled to sum to 1 (a row of zeros stays zeros): each target's share from each
+    source. `floor`: the least row sum divided by (circuit-tracer's: 1e-10, 1e-8 in its partial ranking)."""
     absolute = matrix.abs()
-    return absolute / absolute.sum(1, keepdim=True).clamp(min=1e-10)
+    return absolute / absolute.sum(1, keepdim=True).clamp(min=floor)
 
 
 def influence(matrix: torch.Tensor, weights: torch.Tensor, max_iter: int = 1000) -> torch.Tensor:
@@ -345,7 +346,7 @@ class _Replacement:
         self.input_step = transcoders.input_step
         layers = range(self.n_layer)
         steps = ("ln_1.scale", "attn.pattern", "ln_2.scale", self.input_step, OUTPUT_STEP)
-        names = [f"h.{i}.{step}" for i in layers for step in steps] + ["ln_f.scale"]
+        names = [f"h.{i}.{step}" for i in layers for step in steps] + ["ln_f.scale", "wte"]
         t = trace(model, ids, names=names)
         act = {name: value.float() for name, value in t.activations.items()}
         self.logits = t.logits[-1].float()  # (V,): the last position's
@@ -361,7 +362,7 @@ class _Replacement:
             self.W_V.append(a["W_V"].permute(1, 0, 2).reshape(C, H * d).float())  # (C, H*d): the heads' v side by side
             self.W_O.append(a["W_O"].reshape(H * d, C).float())  # (H*d, C)
         self.W_skip = [None if tc.W_skip is None else tc.W_skip.float() for tc in transcoders]  # (C, C)
-        self.token_vectors = weights.W_E[ids].float()  # (T, C): the token nodes' vectors
+        self.token_vectors = act["wte"]  # (T, C): the token nodes' vectors, the embeddings the pass read
         self.W_U = weights.W_U.float()  # (C, V)
         self._features(transcoders, [act[f"h.{i}.{self.input_step}"] for i in layers], act)
 
@@ -631,8 +632,7 @@ def _most_influential(logit_rows, logit_p, n_active, n_selected, feature_rows, b
 def partial_influence(rows: torch.Tensor, logit_p: torch.Tensor, row_node: torch.Tensor, max_iter: int = 128):
     """Each node's influence on the logits through the rows computed so far (rows[i] is node
     row_node[i]'s; the logits' rows first): circuit-tracer's ranking of the features to visit next."""
-    shares = rows.abs()
-    shares /= shares.sum(1, keepdim=True).clamp(min=1e-8)
+    shares = normalized(rows, floor=1e-8)
     step = torch.zeros(rows.size(1))
     step[-len(logit_p) :] = logit_p
     total = torch.zeros(rows.size(1))
