@@ -17,8 +17,9 @@ from helpers import REPO, SMALL, VOCAB, corpus, make_hf_model, tiktoken_from_fil
 
 from gpt2.data.text import prepare  # noqa: E402
 
-# The served models and servers of tests/serve/test_serve_*.py, each started once per test run.
-pytest_plugins = ["serve_fixtures"]
+# The served models and servers of tests/serve/test_serve_*.py, each started once per test run; the
+# page's tests' browser.
+pytest_plugins = ["serve_fixtures", "browser_fixtures"]
 
 # Tests never wait on the Hugging Face hub's retries.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

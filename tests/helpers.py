@@ -625,3 +625,84 @@ def circuit_tracer_forward(x, w) -> tuple:
     if "W_skip" in w:
         out = out + x @ w["W_skip"].T  # compute_skip
     return acts, out
+
+
+def transformers_steps(hf, ids: list[int]) -> dict:
+    """Every step of `gpt2.inspect.walk` read from transformers' own modules by forward hooks
+    (and its eager attention's weights), one sequence: {name: (T, X) or (H, T, T)}, "logits" last."""
+    import torch
+
+    seen: dict = {}
+    hooks = []
+
+    def keep(name):
+        return lambda module, args, out: seen.__setitem__(name, (out[0] if isinstance(out, tuple) else out)[0])
+
+    t = hf.transformer
+    modules = {"wte": t.wte, "wpe": t.wpe, "ln_f": t.ln_f}
+    for i, block in enumerate(t.h):
+        modules |= {
+            f"h.{i}.ln_1": block.ln_1,
+            f"h.{i}.attn.c_attn": block.attn.c_attn,
+            f"h.{i}.attn.c_proj": block.attn.c_proj,
+            f"h.{i}.ln_2": block.ln_2,
+            f"h.{i}.mlp.c_fc": block.mlp.c_fc,
+            f"h.{i}.mlp.gelu": block.mlp.act,
+            f"h.{i}.mlp.c_proj": block.mlp.c_proj,
+            f"h.{i}": block,
+        }
+    hooks = [module.register_forward_hook(keep(name)) for name, module in modules.items()]
+    try:
+        with torch.no_grad():
+            out = hf(torch.tensor([ids]), output_attentions=True)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    for i, pattern in enumerate(out.attentions):
+        seen[f"h.{i}.attn.pattern"] = pattern[0]
+    seen["logits"] = out.logits[0]
+    return seen
+
+
+def assert_walk_equals_transformers(answer: dict, hf, atol: float = 1e-4) -> None:
+    """A walk's steps (gpt2.inspect.walk's JSON, from the library, the CLI or the server): the names in
+    the pass's order, each shape, and each value at the last position within `atol` of transformers'."""
+    import torch
+
+    reference = transformers_steps(hf, answer["ids"])
+    n_layer = hf.config.n_layer
+    block = ["ln_1", "attn.c_attn", "attn.pattern", "attn.c_proj", "ln_2", "mlp.c_fc", "mlp.gelu", "mlp.c_proj"]
+    names = ["wte", "wpe", *(n for i in range(n_layer) for n in [*(f"h.{i}.{s}" for s in block), f"h.{i}"])]
+    assert [s["name"] for s in answer["steps"]] == [*names, "ln_f", "logits"]
+    for step in answer["steps"]:
+        expected = reference[step["name"]]
+        assert step["shape"] == list(expected.shape), step["name"]
+        last = expected[:, -1] if expected.dim() == 3 else expected[-1]
+        torch.testing.assert_close(
+            torch.tensor(step["values"], dtype=torch.float64),
+            last.double(),
+            atol=atol,
+            rtol=0,
+            msg=lambda m, name=step["name"]: f"{name}: {m}",
+        )
+        assert step["math"] and step["about"]
+    logits = reference["logits"][-1]
+    top = logits.topk(len(answer["next"]))
+    assert [e["id"] for e in answer["next"]] == top.indices.tolist()
+    torch.testing.assert_close(
+        torch.tensor([e["logit"] for e in answer["next"]]), top.values.float(), atol=atol, rtol=0
+    )
+
+
+def gpt2_byte_letters() -> dict[int, str]:
+    """GPT-2's byte-to-unicode map as its encoder.py defines it (printable bytes as themselves, the
+    rest shifted past 255): the letters vocab.bpe writes bytes with."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    letters, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            letters[b] = chr(b)
+        else:
+            letters[b] = chr(256 + extra)
+            extra += 1
+    return letters

@@ -18,12 +18,12 @@ import json
 import math
 import os
 import re
-import shutil
 import threading
 from pathlib import Path
 
 import httpx
 import pytest
+from browser_fixtures import ARTIFACTS, Watched, screenshot
 from helpers import (
     REPO,
     Running,
@@ -34,7 +34,6 @@ from helpers import (
     serving,
     write_circuit_tracer,
 )
-from playwright import sync_api as playwright
 from playwright.sync_api import expect
 
 from gpt2 import Tokenizer
@@ -44,35 +43,8 @@ from gpt2.serve import Limits
 
 pytestmark = pytest.mark.browser
 
-ARTIFACTS = Path(os.environ.get("GPT2_TEST_ARTIFACTS", REPO / "test-artifacts"))
 PROMPT = "ROMEO:\nBut soft, what light"
 MAX_TOKENS = 24
-
-
-def screenshot(shot, name: str) -> None:
-    """A page's or an element's picture in ARTIFACTS, to look at as a person would."""
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    shot.screenshot(path=str(ARTIFACTS / name), **({"full_page": True} if isinstance(shot, playwright.Page) else {}))
-
-
-def system_chromium() -> str | None:
-    return next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with playwright.sync_playwright() as p:
-        path = system_chromium()
-        try:
-            chromium = p.chromium.launch(executable_path=path) if path else p.chromium.launch()
-        except playwright.Error as e:
-            pytest.fail(
-                f"no browser for the browser tests ({str(e).splitlines()[0]}): install Chromium "
-                f"(apt-get install chromium, or python -m playwright install chromium)",
-                pytrace=False,
-            )
-        yield chromium
-        chromium.close()
 
 
 def served_model(tmp_path_factory) -> tuple[GPT2, Tokenizer, str]:
@@ -88,50 +60,6 @@ def served_model(tmp_path_factory) -> tuple[GPT2, Tokenizer, str]:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     yield from serving(*served_model(tmp_path_factory))
-
-
-class Watched:
-    """A page with what it asked for and what its console said."""
-
-    def __init__(self, browser, url: str, **context):
-        self.context = browser.new_context(viewport={"width": 1280, "height": 900}, device_scale_factor=1, **context)
-        self.page = self.context.new_page()
-        self.requests: list[str] = []
-        self.errors: list[str] = []
-        self.page.on("request", lambda request: self.requests.append(request.url))
-        self.page.on("console", lambda message: message.type == "error" and self.errors.append(message.text))
-        self.page.on("pageerror", lambda error: self.errors.append(str(error)))
-        self.page.goto(url)
-
-    def wait_until(self, condition: str, timeout: float = 30) -> None:
-        """Wait for a JavaScript condition, checked by the browser at each frame (the timeout only
-        bounds a hang: Playwright runs it in its own world, which the page's Content-Security-Policy
-        does not cover)."""
-        self.page.wait_for_function(f"() => {condition}", timeout=timeout * 1000)
-
-    def wait_for_model(self) -> None:
-        self.wait_until("document.getElementById('model-info').textContent.includes('context')")
-
-    def generate(self, prompt: str, max_tokens: int | str, temperature: float | str | None, **fields: str) -> None:
-        """Fill the form and click Generate; temperature None leaves the page's default."""
-        page = self.page
-        page.get_by_label("Prompt", exact=True).fill(prompt)
-        page.get_by_label("Max tokens").fill(str(max_tokens))
-        if temperature is not None:
-            page.get_by_label("Temperature").fill(str(temperature))
-        for label, value in fields.items():
-            page.get_by_label({"top_k": "Top-k", "top_p": "Top-p", "seed": "Seed"}[label]).fill(value)
-        page.get_by_role("button", name="Generate").click()
-
-    def tokens(self) -> list[dict]:
-        return self.page.eval_on_selector_all(
-            "#completion .token",
-            "els => els.map(e => ({id: Number(e.dataset.tokenId), logprob: Number(e.dataset.logprob), "
-            "text: e.textContent}))",
-        )
-
-    def close(self) -> None:
-        self.context.close()
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 from cli_helpers import run
-from helpers import REPO, head_score_written_out
+from helpers import REPO, assert_walk_equals_transformers, head_score_written_out
 
 if TYPE_CHECKING:
     import torch
@@ -59,6 +59,21 @@ def test_inspect_prints_each_tokens_probability_rank_and_alternatives(capsys, mo
     assert lines[-1].startswith("(next)") and repr(tiktoken_gpt2.decode([best[0]])) in lines[-1]
     _, coloured, _ = run(capsys, "inspect", text, "--model", model_dir, "--color", "always")
     assert coloured.count("\x1b[38;5;") == len(ids) - 1
+
+
+def test_inspect_walk_json_prints_the_walk_with_transformers_values_and_the_merges(capsys, model_dir, tiktoken_gpt2):
+    import json
+
+    from transformers import GPT2LMHeadModel
+
+    code, out, _ = run(capsys, "inspect", "Hello, world", "--model", model_dir, "--walk", "--json", "--top-k", "4")
+    assert code == 0
+    answer = json.loads(out)
+    assert answer["ids"] == tiktoken_gpt2.encode("Hello, world") and len(answer["next"]) == 4
+    assert_walk_equals_transformers(
+        answer, GPT2LMHeadModel.from_pretrained(model_dir, attn_implementation="eager").eval()
+    )
+    assert [w["merges"][-1] for w in answer["bpe"]] == [["Hello"], [","], ["Ġworld"]]
 
 
 def test_inspect_walk_prints_every_step_with_transformers_values(capsys, model_dir):
@@ -127,7 +142,6 @@ def test_inspect_png_draws_every_picture(capsys, model_dir, tmp_path):
     "argv,message",
     [
         (["inspect", "", "--json"], "gpt2: error: the text is empty: give at least one token's worth"),
-        (["inspect", "a", "--json", "--walk"], "gpt2: error: give --json or --walk, not both"),
         (["inspect", "--json"], "gpt2: error: no text: give one"),
         (["inspect", "a", "--top-k", "0"], "gpt2: error: --top-k must be"),
         (

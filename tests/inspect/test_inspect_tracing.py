@@ -15,7 +15,8 @@ from gpt2 import InputTypeError, InvalidArgumentError
 from gpt2.checkpoints.config import GPT2Config
 from gpt2.errors import ContextLengthError, TokenIdError
 from gpt2.inspect.names import step_of
-from gpt2.inspect.tracing import activation_names, logit_lens_top, next_token_report, trace, walkthrough
+from gpt2.inspect.tracing import activation_names, logit_lens_top, next_token_report, trace
+from gpt2.inspect.walkthrough import walkthrough
 from gpt2.model.model import GPT2
 from gpt2.model.pretrained import hf_state_dict
 from gpt2.reference import ReferenceModel

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import REPO, Running, make_hf_model
+from helpers import REPO, Running, assert_walk_equals_transformers, make_hf_model
 from serve_fixtures import ENC, N_CTX, api_token, post
 
 from gpt2.errors import GPT2Error
@@ -115,3 +115,32 @@ def test_a_model_with_no_tokenizer_is_inspected_on_token_ids():
     ]
     error = refused.json()["error"]
     assert refused.status_code == 400 and (error["param"], error["code"]) == ("prompt", "tokenizer_required")
+
+
+def test_walk_equals_transformers_with_the_prompts_merges_in_the_apis_words(models, server):
+    hf = make_hf_model(
+        seed=5, vocab_size=50257, n_positions=N_CTX, n_embd=48, n_layer=2, n_head=3, attn_implementation="eager"
+    )
+    text = "Hello<|endoftext|> unbelievable"
+    answer = post(server, {"model": "tiny", "prompt": text, "top_k": 12}, "/v1/walk").json()
+    assert answer["ids"] == ENC.encode(text, allowed_special="all")  # the server reads special tokens in text
+    assert answer["tokens"] == [api_token(i) for i in answer["ids"]]
+    assert [e["token"] for e in answer["next"]] == [api_token(e["id"]) for e in answer["next"]]
+    assert_walk_equals_transformers(answer, hf)
+    assert [w["word"] for w in answer["bpe"]] == ["Hello", "<|endoftext|>", " unbelievable"]
+    by_ids = post(server, {"prompt": answer["ids"], "top_k": 12}, "/v1/walk").json()
+    assert by_ids["bpe"] is None and by_ids["steps"] == answer["steps"]
+
+
+@pytest.mark.parametrize(
+    "body, param, message",
+    [
+        ({"prompt": "hi", "top_k": 101}, "top_k", "top_k must be an integer from 1 to 100, got 101"),
+        ({"prompt": ["one", "two"]}, "prompt", "/v1/walk looks at one prompt at a time, got 2"),
+        ({"prompt": [15496] * 129}, "prompt", "This model's maximum context length is 128 tokens"),
+    ],
+)
+def test_a_bad_walk_gets_a_400_naming_the_field(server, body, param, message):
+    response = post(server, body, "/v1/walk")
+    error = response.json()["error"]
+    assert response.status_code == 400 and error["param"] == param and message in error["message"]

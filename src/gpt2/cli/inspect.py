@@ -35,7 +35,7 @@ from gpt2.settings import TEMPERATURE
 def cmd(args: argparse.Namespace) -> int:
 
     from gpt2._files import writable_directory
-    from gpt2.inspect import tracing
+    from gpt2.inspect import tracing, walk, walkthrough
 
     if args.graph is not None:
         return _cmd_inspect_graph(args)
@@ -57,20 +57,21 @@ def cmd(args: argparse.Namespace) -> int:
             if args.ids
             else 'no text: give one (e.g. gpt2 inspect "The dog chased the"), or - to read standard input'
         )
-    if args.json and args.walk:
-        raise UsageError("give --json or --walk, not both")
     sampling = read_sampling(args)
     check_device(args)
     png = None if args.png is None else writable_directory(args.png)
     text = _inspect_text(args)
     model, _ = load_model(args, needs=_needs_text(args))
     sampling.check_vocab(model.config.n_vocab)  # --top-k: here, not in next_token_report, whose k is no flag
+    if args.walk and args.json:  # the walk as one JSON object: what the server's /v1/walk answers its page with
+        print(json.dumps(walk(model, _with_bos(model, text, args), args.top_k)))
+        return 0
     names = tracing.activation_names(model.config.n_layer, on_request=args.walk)
     trace = tracing.trace(model, text, names=names, prepend_bos=args.prepend_bos)
     if png is not None:
         _draw(trace, png, args.position, sampling)
     if args.walk:
-        print("\n".join(tracing.walkthrough(trace, args.top_k)))
+        print("\n".join(walkthrough(trace, args.top_k)))
         return 0
     report = tracing.next_token_report(trace, args.top_k)
     if args.json:
@@ -474,6 +475,7 @@ examples:
   gpt2 inspect --json "The dog chased the cat"
   gpt2 inspect --png pictures "The dog chased the cat" --temperature 0.7 --top-k 10
   gpt2 inspect --walk "Hello, world"                  # the forward pass, step by step
+  gpt2 inspect --walk --json "Hello, world"           # the same as JSON: what the page's Walkthrough draws
   gpt2 inspect --heads --repeat 30                    # each head's scores: previous token, duplicate, induction
   gpt2 inspect --experiment ioi --png pictures        # indirect object identification: metrics, pictures
   gpt2 inspect --sae my-sae "The dog chased the cat"  # each token's top features of an SAE saved by SAELens
@@ -520,10 +522,13 @@ def add_parser(commands) -> None:
     inspect.add_argument(
         "--json",
         action="store_true",
-        help="print one JSON object: tokens, ids, logprobs, ranks, top; with --heads, each kind's scores",
+        help="print one JSON object: tokens, ids, logprobs, ranks, top; with --heads, each kind's scores; with --walk, "
+        "the walk (every step's shape, math and values, the BPE merges, the next tokens)",
     )
     inspect.add_argument(
-        "--walk", action="store_true", help="print the forward pass, a line a step: shape, math, values"
+        "--walk",
+        action="store_true",
+        help="print the forward pass, a line a step: shape, math, values (with --json: as one JSON object)",
     )
     inspect.add_argument(
         "--png",

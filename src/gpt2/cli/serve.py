@@ -36,6 +36,10 @@ def cmd(args: argparse.Namespace) -> int:
             f"gpt2 serve needs the serve extra ({e.name} is not installed): pip install 'gpt2[serve]'"
         ) from None
 
+    if args.model is None and args.runs is not None:
+        return _runs_alone(args)
+    if args.model is None:
+        args.model = "gpt2"  # --model's default, where --runs does not stand alone
     draft_tokens_need_a_draft(args)
     from gpt2.generation.lookup import lookup_of
 
@@ -67,6 +71,8 @@ def cmd(args: argparse.Namespace) -> int:
 
     def listening(url: str) -> None:
         page = "" if args.no_ui else f"; the playground on {url.removesuffix('/v1')}/"
+        if args.runs is not None:
+            page += f"; the training runs in {args.runs} on {url}/runs"
         print(
             f"gpt2: serving {args.model} on {url}{page} (loading the model; GET /health answers 200 once it has)",
             file=sys.stderr,
@@ -88,7 +94,36 @@ def cmd(args: argparse.Namespace) -> int:
         chat_template=chat_template,
         transcoders=args.transcoders,
         feature_data=args.feature_data,
+        runs=args.runs,
     )
+    return 0
+
+
+# what serves a model, and so needs --model beside --runs: (dest, flag)
+MODEL_FLAGS = (
+    ("draft", "--draft-model"),
+    ("speculative", "--speculative"),
+    ("chat_template", "--chat-template"),
+    ("transcoders", "--transcoders"),
+    ("feature_data", "--feature-data"),
+)
+
+
+def _runs_alone(args: argparse.Namespace) -> int:
+    """gpt2 serve --runs DIR without --model: the runs' records (/v1/runs) and the page, which opens on its
+    Training view; no model."""
+    from gpt2.serve import Limits, serve
+
+    given = [flag for dest, flag in MODEL_FLAGS if getattr(args, dest) is not None]
+    if given:
+        raise UsageError(f"{given[0]} serves with a model: give --model too (--runs without --model serves none)")
+
+    def listening(url: str) -> None:
+        page = "" if args.no_ui else f"; the playground's Training view on {url.removesuffix('/v1')}/"
+        print(f"gpt2: serving the training runs in {args.runs} on {url}/runs{page} (no model)", file=sys.stderr)
+
+    limits = Limits(api_key=args.api_key)
+    serve(None, None, args.host, args.port, limits, on_listen=listening, ui=not args.no_ui, runs=args.runs)
     return 0
 
 
@@ -98,6 +133,7 @@ examples:
   gpt2 serve --model out-char --port 8080 --max-batch-size 16
   GPT2_API_KEY=secret gpt2 serve --model gpt2-medium --host 0.0.0.0
   gpt2 serve --transcoders gpt2-transcoders --feature-data data/openwebtext   # the playground's Graph view
+  gpt2 serve --runs out-induction-2l                # follow a training run in the playground's Training view
   curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \\
       -d '{"model": "gpt2", "prompt": "Alan Turing theorized that", "max_tokens": 20, "temperature": 0}'
 
@@ -109,7 +145,9 @@ a page at / (open http://127.0.0.1:8000/ in a browser). Requests share one batch
 the next token and leaves it when it ends. Ctrl-C or SIGTERM stops the server; requests in flight
 get an error. A model that comes with no tokenizer (one trained here on a vocabulary of its own)
 is served on token ids: /v1/completions takes a prompt of ids and answers with them (token_ids);
-what is text (a text prompt, stop strings, chat) gets a 400.
+what is text (a text prompt, stop strings, chat) gets a 400. With --runs, /v1/runs serves training
+runs' records as gpt2 train writes them, which the page's Training view follows; --runs without
+--model serves no model, only the runs.
 """
 
 
@@ -126,8 +164,10 @@ def add_parser(commands) -> None:
     )
     add_model_flag(
         serve,
-        "a released name or a local directory, as for generate; also the model's id in the API, less a trailing slash",
+        "a released name or a local directory, as for generate; also the model's id in the API, less a trailing "
+        "slash; with --runs and no --model, none is served",
     )
+    serve.set_defaults(model=None)  # gpt2 (cmd sets it), unless --runs stands alone
     serve.add_argument(
         "--host", default="127.0.0.1", help="the address to listen on; 0.0.0.0 for every interface (default: 127.0.0.1)"
     )
@@ -212,6 +252,12 @@ def add_parser(commands) -> None:
         metavar="DIR",
         help="prepared data (gpt2 prepare) whose first 64 windows of 64 tokens /v1/circuits/feature searches for "
         "a transcoder feature's top contexts (with --transcoders)",
+    )
+    serve.add_argument(
+        "--runs",
+        metavar="DIR",
+        help="training runs for /v1/runs and the playground's Training view, which follows them live: a run's "
+        "directory (gpt2 train's --out) or a directory whose subdirectories are runs",
     )
     serve.add_argument("--no-ui", action="store_true", help="serve the API alone, without the playground page at /")
     add_chat_template_flag(serve, "/v1/chat/completions' conversations")

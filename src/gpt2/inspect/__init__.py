@@ -1,7 +1,8 @@
 """Looking inside a model: `gpt2 inspect`, and `gpt2.inspect.trace(model, text)` in Python.
 
     tracing  a traced forward pass: every activation by name, patches, the logit lens, the
-             next-token report and the walkthrough
+             next-token report
+    walkthrough  the seeds' walk through the pass, step by step: as text, and as data (walk)
     circuits what heads attend to (head scores) and each part's direct effect on a logit
     patching activation patching: each activation of a site taken from a clean run into a
              corrupted one, the metric of each (logit differences ready made), and its
@@ -22,7 +23,7 @@
     names    the steps' names: gpt2's, and TransformerLens's hook and short names read as aliases
     figures  its pictures, drawn with matplotlib: attention, the logit lens, the next token
 
-`circuits`, `patching`, `generating`, `experiments`, `saes`, `transcoders`, `graphs`, `interventions`,
+`walkthrough`, `circuits`, `patching`, `generating`, `experiments`, `saes`, `transcoders`, `graphs`, `interventions`,
 `dashboards`, `dictionary_training` and `figures` build on `tracing` (`trace(..., saes=...)` splices
 SAEs and transcoders into its pass). The names of
 `tracing`, `circuits`, `patching`, `generating`, `experiments` and `saes` are this package's
@@ -40,7 +41,6 @@ from gpt2.inspect.names import BLOCK_STEPS, ON_REQUEST, short_name
 from gpt2.inspect.patching import SITES, activation_patching, attribution_patching, logit_diff, normalised_logit_diff
 from gpt2.inspect.saes import SAE, load_sae, sae_features, top_features
 from gpt2.inspect.tracing import (
-    STEP_MATH,
     Patch,
     Trace,
     activation_names,
@@ -50,9 +50,9 @@ from gpt2.inspect.tracing import (
     token_ids,
     token_label,
     trace,
-    walkthrough,
 )
 from gpt2.inspect.transcoders import Transcoder, TranscoderSet, load_transcoders
+from gpt2.inspect.walkthrough import STEP_ABOUT, STEP_MATH, walk, walkthrough
 from gpt2.inspect.weights import (
     FactoredMatrix,
     ProcessedGPT2,
@@ -91,6 +91,7 @@ __all__ = [
     "ON_REQUEST",
     "SAE",
     "SITES",
+    "STEP_ABOUT",
     "STEP_MATH",
     "Patch",
     "Trace",
@@ -115,5 +116,6 @@ __all__ = [
     "top_features",
     "trace",
     "trace_generation",
+    "walk",
     "walkthrough",
 ]

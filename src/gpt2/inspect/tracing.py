@@ -658,74 +658,6 @@ def one_sequence(trace: Trace, what: str) -> None:
         raise InvalidArgumentError(f"{what} reads one sequence's trace: give one row, trace.prompt(b)", "trace")
 
 
-# What each step computes, as the seeds write it: the walkthrough's middle column.
-STEP_MATH = {
-    "wte": "wte[ids]: each token's embedding",
-    "wpe": "wpe[0..T-1]: each position's embedding",
-    "resid_pre": "x: the residual stream entering the block",
-    "ln_1.scale": "sqrt(var(x) + eps): LayerNorm's divisor",
-    "ln_1.normalized": "(x - mean) / scale: before g and b",
-    "ln_1": "LayerNorm(x) = (x - mean) / sqrt(var + eps) * g + b",
-    "attn.c_attn": "ln_1 @ W_attn + b: q, k, v side by side",
-    "attn.q": "q split into heads: (T, C) -> (H, T, C/H)",
-    "attn.k": "k split into heads",
-    "attn.v": "v split into heads",
-    "attn.scores": "q @ k^T / sqrt(C/H), -inf where a key is in the future",
-    "attn.pattern": "softmax(scores): where each position looks",
-    "attn.z": "pattern @ v: each head's output",
-    "attn.result": "z_h @ W_proj[h]: each head's output in the residual stream",
-    "attn.c_proj": "heads merged @ W_proj + b: attention's output, added to x",
-    "resid_mid": "x + attn: the stream between attention and the MLP",
-    "ln_2.scale": "sqrt(var(x) + eps)",
-    "ln_2.normalized": "(x - mean) / scale",
-    "ln_2": "LayerNorm(x)",
-    "mlp.c_fc": "ln_2 @ W_fc + b: up to 4C",
-    "mlp.gelu": "GELU(c_fc), GPT-2's tanh approximation",
-    "mlp.c_proj": "gelu @ W_proj + b: the MLP's output, added to x",
-    "": "x + attn + mlp: the residual stream leaving the block",
-    "ln_f.scale": "sqrt(var(x) + eps) of the last block's output",
-    "ln_f.normalized": "(x - mean) / scale",
-    "ln_f": "LayerNorm(x) of the last block's output",
-}
-
-
-def walkthrough(trace: Trace, k: int = 5) -> list[str]:
-    """The seeds' forward pass for this input, a line a step: the step, the tensor's shape, what
-    it computes, and its first values at the last position (of the first head, for per-head
-    steps); then the logits and the distribution of the next token."""
-    one_sequence(trace, "walkthrough")
-    T = len(trace.ids)
-    shown = " ".join(repr(t) for t in trace.tokens) if trace.tokens is not None else ""
-    lines = [
-        f"{'tokens':<18} ids = {trace.ids}  {shown}",
-        f"{'':<18} (T = {T}; values are of the last position, head 0 for per-head steps)",
-    ]
-    for name in activation_names(trace.model.config.n_layer):
-        if name not in trace.activations:
-            continue
-        step = step_of(name)
-        value = trace.activations[name]
-        last = value[0, -1] if value.dim() == 3 else value[-1]  # (H, T, ...) per head, else (T, ...)
-        if step == "wpe":
-            lines.append(_walk_line("wpe", value, STEP_MATH["wpe"], last))
-            x = trace.activations["wte"] + value
-            lines.append(_walk_line("x", x, "wte[ids] + wpe[pos]: the residual stream entering block 0", x[-1]))
-        else:
-            math_ = (
-                STEP_MATH[step]
-                if step != "mlp.gelu" or trace.model.config.activation == "gelu_tanh"
-                else "GELU(c_fc), exact: u Phi(u)"
-            )
-            lines.append(_walk_line(name, value, math_, last))
-    lines.append(
-        _walk_line("logits", trace.logits, "ln_f @ wte^T: a score for every token of the vocabulary", trace.logits[-1])
-    )
-    report = next_token_report(trace, k)
-    after = token_label(trace.tokens[-1] if trace.tokens is not None else None, trace.ids[-1])
-    lines.append(f"{'softmax':<18} the next token after {after}: {alternatives(report['top'][-1])}")
-    return lines
-
-
 def token_label(token: str | None, i: int) -> str:
     """A token as the terminal shows it: its text quoted, or its id where there is no tokenizer."""
     return repr(token) if token is not None else f"id {i}"
@@ -734,9 +666,3 @@ def token_label(token: str | None, i: int) -> str:
 def alternatives(top: list[dict]) -> str:
     """A report's top tokens at one position, each with its probability: "',' 17.8%, '.' 10.2%"."""
     return ", ".join(f"{token_label(e['token'], e['id'])} {math.exp(e['logprob']):.1%}" for e in top)
-
-
-def _walk_line(name: str, value: torch.Tensor, math_: str, last: torch.Tensor) -> str:
-    shape = "(" + ", ".join(map(str, value.shape)) + ")"
-    values = ", ".join(f"{float(v):.4f}" for v in last[:4].float().cpu())
-    return f"{name:<18} {shape:<16} {math_:<58} [{values}, ...]"

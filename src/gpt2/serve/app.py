@@ -2,7 +2,8 @@
 OpenAI's error bodies.
 
 Endpoints: /health, /metrics, /v1/models, /v1/completions, /v1/chat/completions, /v1/inspect,
-/v1/circuits/{scores,head,patching,attribution,graph,feature}, /tokenize, /detokenize and /tokenizer_info; and the
+/v1/circuits/{scores,head,patching,attribution,graph,feature}, /tokenize, /detokenize and /tokenizer_info; with
+runs, /v1/runs (training runs' records: a server of runs alone, no model, has /health, /v1/runs and the page); and the
 playground, a page at / with its files under /ui;
 /openapi.json and /docs describe them. A route's body is declared by its model in
 `gpt2.serve.protocol` and checked by FastAPI; /v1/completions, /v1/chat/completions,
@@ -25,10 +26,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
 from gpt2._checks import check_token_ids
-from gpt2.errors import GPT2Error
+from gpt2.errors import GPT2Error, InvalidArgumentError
 from gpt2.model.model import GPT2
 from gpt2.serve import chat, circuits, completions, graphs, inspection
 from gpt2.serve.protocol import AllowedSpecial, DetokenizeBody, Limits, RequestError, TokenizeBody, encode_text
+from gpt2.serve.runs import RunsDirectory
+from gpt2.serve.runs import router as runs_router
 from gpt2.serve.scheduler import Metrics
 from gpt2.serve.server import ModelRoute, Server
 from gpt2.tokenizer import Tokenizer
@@ -36,8 +39,8 @@ from gpt2.tokenizer.chat import ChatTemplate
 
 
 def create_app(
-    load: Callable[[], tuple[GPT2, Tokenizer | None]],
-    model_id: str,
+    load: Callable[[], tuple[GPT2, Tokenizer | None]] | None,
+    model_id: str | None,
     limits: Limits = Limits(),
     *,
     allowed_special: AllowedSpecial = "all",
@@ -47,6 +50,7 @@ def create_app(
     chat_template: ChatTemplate | str | None = None,
     transcoders: str | os.PathLike | None = None,
     feature_data: str | os.PathLike | None = None,
+    runs: str | os.PathLike | None = None,
 ) -> FastAPI:
     """The server's ASGI app; `load` returns the model and its tokenizer (None: a model that comes with none,
     served on token ids, its requests of text refused with a 400 saying so), in a thread of its own
@@ -61,14 +65,19 @@ def create_app(
     conversations; None: the model's own (its tokenizer's `chat_template`), if it has one.
     `transcoders`, a transcoder set's directory (`gpt2.inspect.load_transcoders`), and `feature_data`,
     a prepared data set's (`gpt2.inspect.read_windows`), load after the model: /v1/circuits/graph
-    needs the first, /v1/circuits/feature both."""
+    needs the first, /v1/circuits/feature both. `runs`, a training run's directory or a directory of runs, is
+    served read-only at /v1/runs (`gpt2.serve.runs`); with it, `load` and `model_id` None serve no model: /health,
+    /v1/runs and the playground (its Training view) alone."""
     if isinstance(chat_template, str):
         chat_template = ChatTemplate(chat_template)  # a template that does not compile fails now
-    server = Server(load, model_id, limits, allowed_special, load_draft, chat_template, transcoders, feature_data)
+    if load is None and runs is None:
+        raise InvalidArgumentError("a server needs a model to load or runs to serve", "load", ("runs",))
+    runs_directory = None if runs is None else RunsDirectory(runs)  # one not there fails now
+    server = Server(load, model_id or "", limits, allowed_special, load_draft, chat_template, transcoders, feature_data)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if load_in_background:
+        if load_in_background and load is not None:
             server.start()
         yield
         server.stop()
@@ -77,13 +86,29 @@ def create_app(
     app.state.server = server
     app.add_middleware(_CountRequests, metrics=server.metrics)
     _add_error_handlers(app)
-    _add_model_routes(app, server)
-    routers = (tokenizer_router, completions.router, chat.router, inspection.router, circuits.router, graphs.router)
-    for router in routers:
-        app.include_router(router)
+    _add_routes(app, server if load is not None else None, runs_directory)
     if ui:
         _add_playground(app)
     return app
+
+
+def _add_routes(app: FastAPI, server: Server | None, runs: RunsDirectory | None) -> None:
+    """The model's routes (server None: no model, a server of runs alone, ready as soon as it answers), and
+    /v1/runs with runs."""
+    if server is not None:
+        _add_model_routes(app, server)
+        routers = (tokenizer_router, completions.router, chat.router, inspection.router, circuits.router, graphs.router)
+        for router in routers:
+            app.include_router(router)
+    else:
+
+        @app.get("/health")
+        async def health() -> JSONResponse:
+            return JSONResponse({"status": "ok"})
+
+    if runs is not None:
+        app.state.runs = runs
+        app.include_router(runs_router)
 
 
 def _add_error_handlers(app: FastAPI) -> None:
@@ -121,6 +146,7 @@ ENDPOINTS = (
     "/v1/chat/completions",
     "/v1/inspect",
     "/v1/circuits",
+    "/v1/runs",
     "/tokenize",
     "/detokenize",
     "/tokenizer_info",

@@ -1,5 +1,6 @@
 """POST /v1/inspect: one prompt looked inside, from `gpt2.inspect`, for the playground's views
-and for any client.
+and for any client; POST /v1/walk: one prompt walked through the forward pass step by step (the
+page's Walkthrough, `gpt2.inspect.walk`).
 
     {"prompt": "The dog chased the", "top_k": 5}
       -> {"tokens", "ids", "logprobs", "top_logprobs", "attention", "logit_lens"}
@@ -24,8 +25,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from gpt2.inspect.tracing import logit_lens_top, next_token_report, trace
+from gpt2.inspect.walkthrough import walk
 from gpt2.model.model import GPT2
-from gpt2.serve.protocol import AllowedSpecial, InspectBody, Limits, RequestError, parse_prompts, token_name
+from gpt2.serve.protocol import AllowedSpecial, InspectBody, Limits, RequestError, WalkBody, parse_prompts, token_name
 from gpt2.serve.server import ModelRoute, Server
 from gpt2.tokenizer import Tokenizer
 
@@ -50,18 +52,42 @@ async def inspect(body: InspectBody, request: Request) -> Response:
     return Response(content, media_type="application/json")
 
 
+@router.post("/v1/walk")
+async def walk_route(body: WalkBody, request: Request) -> Response:
+    server: Server = request.app.state.server
+    asked = parse_inspect(body, server.tokenizer, server.model, server.limits, server.allowed_special, "/v1/walk")
+    text = body.prompt if isinstance(body.prompt, str) else None
+    async with server.inspecting:
+        answer = await asyncio.to_thread(walk, server.model, asked.ids, asked.top_k)
+    return Response(
+        json.dumps(walked(answer, server.tokenizer, text, server.allowed_special)), media_type="application/json"
+    )
+
+
+def walked(answer: dict, tokenizer: Tokenizer | None, text: str | None, allowed_special: AllowedSpecial) -> dict:
+    """`walk`'s answer in the API's words: tokens written as the completions API writes them, and
+    the BPE merges of the prompt's text (the walk itself ran on the ids the server read from it)."""
+    answer["tokens"] = [token_name(tokenizer, i) for i in answer["ids"]]
+    for entry in answer["next"]:
+        entry["token"] = token_name(tokenizer, entry["id"])
+    if text is not None and isinstance(tokenizer, Tokenizer):
+        answer["bpe"] = tokenizer.merge_steps(text, allowed_special=allowed_special)
+    return answer
+
+
 def parse_inspect(
     body: InspectBody,
     tokenizer: Tokenizer | None,
     model: GPT2,
     limits: Limits,
     allowed_special: AllowedSpecial = "all",
+    route: str = "/v1/inspect",
 ) -> InspectRequest:
     """The request of a /v1/inspect body that FastAPI has checked against `InspectBody`: one
     prompt (text or ids) within the context, and an answer within the limit."""
     prompts = parse_prompts(body.prompt, tokenizer, model.config.n_vocab, allowed_special)
     if len(prompts) > 1:
-        raise RequestError(400, f"/v1/inspect looks at one prompt at a time, got {len(prompts)}", "prompt")
+        raise RequestError(400, f"{route} looks at one prompt at a time, got {len(prompts)}", "prompt")
     ids = prompts[0]
     check_context(ids, model.config.n_ctx)
     check_cells(len(ids), model, limits)

@@ -53,8 +53,8 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 def serve(
-    load: Callable[[], tuple[GPT2, Tokenizer | None]],
-    model_id: str,
+    load: Callable[[], tuple[GPT2, Tokenizer | None]] | None,
+    model_id: str | None,
     host: str = "127.0.0.1",
     port: int = 8000,
     limits: Limits = Limits(),
@@ -67,6 +67,7 @@ def serve(
     chat_template: ChatTemplate | str | None = None,
     transcoders: str | os.PathLike | None = None,
     feature_data: str | os.PathLike | None = None,
+    runs: str | os.PathLike | None = None,
 ) -> None:
     """Serve until Ctrl-C or SIGTERM: the app of `create_app` on uvicorn, one log line per request.
 
@@ -81,7 +82,8 @@ def serve(
     no tokenizer (`load`'s None) is served on token ids (see `create_app`). `ui` serves
     the playground at /; `load_draft`, a draft model for speculative decoding; `chat_template`,
     the template of /v1/chat/completions in place of the model's own; `transcoders` and `feature_data`,
-    the directories of /v1/circuits/graph's and /feature's transcoders and data (see `create_app`)."""
+    the directories of /v1/circuits/graph's and /feature's transcoders and data; `runs`, training runs served at
+    /v1/runs, where `load` None serves no model (see `create_app`)."""
     app = create_app(
         load,
         model_id,
@@ -93,6 +95,7 @@ def serve(
         chat_template=chat_template,
         transcoders=transcoders,
         feature_data=feature_data,
+        runs=runs,
     )
     sock = listen(host, port)
     if on_listen is not None:
@@ -102,7 +105,8 @@ def serve(
     http = threading.Thread(target=runner.run, kwargs={"sockets": [sock]}, name="gpt2-http", daemon=True)
     http.start()
     try:
-        server.load_model()
+        if load is not None:
+            server.load_model()
         with runner.capture_signals():  # uvicorn's handlers, which only the main thread may install
             http.join()
     finally:  # the end, or a load that failed or was interrupted: uvicorn stops first

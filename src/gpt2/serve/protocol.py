@@ -573,6 +573,12 @@ class InspectBody(Body):
     top_k: Annotated[int | None, INTEGER] = Field(5, ge=1, le=20)
 
 
+class WalkBody(InspectBody):
+    """POST /v1/walk: one prompt walked through the pass, and how many next tokens to name."""
+
+    top_k: Annotated[int | None, INTEGER] = Field(10, ge=1, le=100)
+
+
 OneText = str | TokenIds  # one prompt: text, or its ids
 TEXT = Says("{name} must be a string or a non-empty list of token ids, got {value!r:.40}")
 # a token of the answer: its text (one token, " Mary") or its id; null: the circuits route's default

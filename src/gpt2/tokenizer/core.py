@@ -27,7 +27,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, S
 from functools import lru_cache
 from itertools import chain
 from pathlib import Path
-from typing import AbstractSet, Literal, Protocol, TypeVar
+from typing import AbstractSet, Any, Literal, Protocol, TypeVar
 
 import regex
 
@@ -356,13 +356,52 @@ class Tokenizer(CarriesChatTemplate):
         if not allowed:
             return self._encode_ordinary(text)
         ids: list[int] = []
-        start = 0
-        for match in self._special_pattern(allowed).finditer(text):
-            ids += self._encode_ordinary(text[start : match.start()])
-            ids.append(self._special_tokens[match.group()])
-            start = match.end()
-        ids += self._encode_ordinary(text[start:])
+        for part, special in self._split_special(text, allowed):
+            ids += [self._special_tokens[part]] if special else self._encode_ordinary(part)
         return ids
+
+    def _split_special(self, text: str, allowed: frozenset[str]) -> Iterator[tuple[str, bool]]:
+        """`text` as (part, is it a special token of `allowed`), in order: the text between them ordinary."""
+        start = 0
+        if allowed:
+            for match in self._special_pattern(allowed).finditer(text):
+                yield text[start : match.start()], False
+                yield match.group(), True
+                start = match.end()
+        yield text[start:], False
+
+    def merge_steps(
+        self, text: str, *, allowed_special: AbstractSet[str] | Literal["all"] = frozenset()
+    ) -> list[dict[str, Any]]:
+        """How `encode` got its tokens, for each pre-tokenized piece of `text`: {"word": the piece,
+        "merges": [its bytes, then the pieces after each merge, ..., its tokens]}, each piece written
+        as vocab.bpe writes it (GPT-2's byte-to-unicode letters: " world" is "Ġworld"). Each step
+        merges one adjacent pair, the pair of lowest rank in vocab.bpe, the leftmost on a tie: the
+        rule `_bpe` follows with its heap, written out plainly. A special token of `allowed_special`
+        is a piece of one step."""
+        check_text("merge_steps", text)
+        allowed, _ = special_sets(self._special_tokens, allowed_special, ())
+        words: list[dict[str, Any]] = []
+        for part, special in self._split_special(text, allowed):
+            if special:
+                words.append({"word": part, "merges": [[part]]})
+                continue
+            for piece in _pretokenize(part):
+                steps = [[bytes([b]) for b in _utf8(piece)]]
+                while (best := self._lowest_pair(steps[-1])) is not None:
+                    parts = steps[-1]
+                    steps.append(parts[:best] + [parts[best] + parts[best + 1]] + parts[best + 2 :])
+                words.append({"word": piece, "merges": [[to_file_form(p) for p in parts] for parts in steps]})
+        return words
+
+    def _lowest_pair(self, parts: list[bytes]) -> int | None:
+        """The index of the adjacent pair of `parts` that BPE merges next (lowest rank, leftmost), None if none."""
+        ranked = [
+            (rank, i)
+            for i in range(len(parts) - 1)
+            if (rank := self._merge_ranks.get((parts[i], parts[i + 1]))) is not None
+        ]
+        return min(ranked)[1] if ranked else None
 
     def close(self) -> None:
         """Stop the worker processes of `encode_batch`, if any (they also stop at exit)."""

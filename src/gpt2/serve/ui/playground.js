@@ -4,7 +4,7 @@
 // ablation, activation patching, logit attribution; with transcoders, a prompt's attribution graph and
 // its features' contexts); /tokenize counts the prompt's tokens, for the room left in the context. Plain JavaScript, no library: read it top to bottom.
 
-const $ = (id) => document.getElementById(id);
+import { $, ServerError, call, failure, send } from "./api.js";
 
 const state = {
   model: null,       // the served model's card from /v1/models
@@ -19,39 +19,6 @@ const state = {
 };
 
 // ------------------------------------------------------------------ talking to the server
-
-class ServerError extends Error {}
-
-function headers() {
-  const h = { "Content-Type": "application/json" };
-  const key = $("api-key").value.trim();
-  if (key) h.Authorization = `Bearer ${key}`;
-  return h;
-}
-
-// The server's error body (OpenAI's {"error": {"message"}}), or its status line.
-async function failure(response) {
-  try {
-    const body = await response.json();
-    if (body.error && body.error.message) return new ServerError(`${response.status}: ${body.error.message}`);
-  } catch (_) { /* not JSON: the status says it */ }
-  return new ServerError(`${response.status} ${response.statusText}`);
-}
-
-async function send(path, init) {
-  try {
-    return await fetch(path, { ...init, headers: headers() });
-  } catch (e) {
-    if (e.name === "AbortError") throw e;
-    throw new ServerError(`cannot reach the server: ${e.message}`);
-  }
-}
-
-async function call(path, body) {
-  const response = await send(path, body === undefined ? {} : { method: "POST", body: JSON.stringify(body) });
-  if (!response.ok) throw await failure(response);
-  return response.json();
-}
 
 // Server-Sent Events: each "data: {...}" as an object, until "data: [DONE]".
 async function* events(stream) {
@@ -1040,7 +1007,25 @@ function drawContexts(answer) {
 
 // ------------------------------------------------------------------ wiring
 
+// The page's three views, one shown at a time: the playground (generation and the views after it),
+// the walkthrough and training. The nav's buttons switch; #walkthrough or #training in the address
+// opens that one. Each view's script hears "viewshown" on its element when it is opened.
+export function showView(name) {
+  for (const view of document.querySelectorAll("[data-page-view]")) view.hidden = view.id !== name;
+  for (const button of document.querySelectorAll("#views button")) {
+    button.setAttribute("aria-pressed", String(button.dataset.view === name));
+  }
+  $(name).dispatchEvent(new Event("viewshown"));
+}
+
 function start() {
+  for (const button of document.querySelectorAll("#views button")) {
+    button.addEventListener("click", () => {
+      history.replaceState(null, "", button.dataset.view === "playground" ? location.pathname : `#${button.dataset.view}`);
+      showView(button.dataset.view);
+    });
+  }
+  if (["#walkthrough", "#training"].includes(location.hash)) showView(location.hash.slice(1));
   $("form").addEventListener("submit", generate);
   $("stop").addEventListener("click", stop);
   $("prompt").addEventListener("keydown", (e) => {
