@@ -103,6 +103,9 @@ class TrainSettings:
     dtype: str = "auto"
     compile: str = "auto"
     sample_prompt: str | None = None
+    probe: str | None = None  # a text the model reads at each probe (gpt2/training/probes.py); None: probe_repeat's
+    probe_repeat: int = 16  # else N random tokens written twice (the induction test); 0 with no probe: no probes
+    probe_interval: int | None = None  # iterations between probes; None: at each evaluation
     eval_task: str | None = None  # a benchmark scored at each evaluation (EVAL_TASKS)
     eval_task_limit: int | None = None  # its first N examples; None: all
     eval_task_data: str | None = None  # its file; None: gpt2 eval's download, cached
@@ -137,8 +140,12 @@ class TrainSettings:
         self.timeout = positive_real("timeout", self.timeout)
         boolean("checkpoint_activations", self.checkpoint_activations)
         boolean("fsdp", self.fsdp)
-        if self.sample_prompt is not None and not isinstance(self.sample_prompt, str):
-            raise InvalidArgumentError(f"sample_prompt must be text, got {self.sample_prompt!r}", "sample_prompt")
+        for name in ("sample_prompt", "probe"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
+                raise InvalidArgumentError(f"{name} must be text, got {getattr(self, name)!r}", name)
+        self.probe_repeat = int_between("probe_repeat", self.probe_repeat, 0, 2**31, "a whole number")
+        if self.probe_interval is not None:
+            self.probe_interval = positive_int("probe_interval", self.probe_interval)
         self._check_loggers()
         self._check_eval_task()
 
@@ -251,6 +258,9 @@ RESUME_OVERRIDES = (
     "device",
     "compile",
     "sample_prompt",
+    "probe",
+    "probe_repeat",
+    "probe_interval",
     "eval_task",
     "eval_task_limit",
     "eval_task_data",

@@ -163,6 +163,25 @@ def add_parser(commands) -> None:
     add_threads_flag(run)
     run.add_argument("--sample-prompt", metavar="TEXT", help="print a continuation of TEXT at each evaluation")
     run.add_argument(
+        "--probe",
+        metavar="TEXT",
+        help="at each evaluation, record what the model does with TEXT (attention, head scores, logit lens, a sample) "
+        "in OUT/probes.jsonl, for gpt2 serve --runs (default: --probe-repeat's random tokens)",
+    )
+    run.add_argument(
+        "--probe-repeat",
+        type=whole_number,
+        metavar="N",
+        help="without --probe, probe with N random tokens written twice (the induction test); 0: no probes "
+        "(default: 16)",
+    )
+    run.add_argument(
+        "--probe-interval",
+        type=whole_number,
+        metavar="N",
+        help="probe every N iterations (default: at each evaluation)",
+    )
+    run.add_argument(
         "--eval-task",
         choices=EVAL_TASKS,
         help="a benchmark scored at each evaluation too (GPT-2's BPE tokens): logged, printed and plotted",

@@ -1,5 +1,6 @@
 """OUT/loss.png: the training and validation losses against iterations, and HellaSwag's accuracy where the run
-scored it, drawn with matplotlib from log.jsonl.
+scored it, drawn with matplotlib from log.jsonl; OUT/heads.png: each head's scores on the run's probe, from
+probes.jsonl.
 """
 
 from __future__ import annotations
@@ -92,3 +93,36 @@ def _plot_hellaswag(ax: Any, scored: list[dict[str, Any]], how_often: str) -> No
     ax.set_ylabel("HellaSwag accuracy")
     ax.grid(alpha=0.3)
     ax.legend()
+
+
+HEAD_SCORE_TITLES = {"previous_token": "previous-token", "duplicate_token": "duplicate-token", "induction": "induction"}
+
+
+def plot_head_scores(probes: Path, png: Path) -> Any:
+    """OUT/heads.png: each head's scores on the run's probe (probes.jsonl) against iterations, a
+    panel per kind, a line per head: an induction head forming is its line jumping. Returns the
+    figure, or None without matplotlib or probes (plot_losses says what is missing)."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        return None
+    records = read_log(probes)
+    if not records:
+        return None
+    iters = [r["iter"] for r in records]
+    fig = Figure(figsize=(15, 4.5))
+    for ax, (kind, title) in zip(fig.subplots(1, len(HEAD_SCORE_TITLES)), HEAD_SCORE_TITLES.items()):
+        scores = [r["head_scores"][kind] for r in records]  # (evaluations, L, H)
+        for layer, heads in enumerate(scores[0]):
+            for head in range(len(heads)):
+                ax.plot(iters, [s[layer][head] for s in scores], ".-", label=f"head {layer}.{head}")
+        ax.set_title(f"{title} score")
+        ax.set_xlabel("iteration")
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+        if len(scores[0]) * len(scores[0][0]) <= 12:  # a legend of a few heads; 144 would hide the lines
+            ax.legend(fontsize="small")
+    fig.suptitle(f"each head on the probe ({len(records[0]['ids'])} tokens; probes.jsonl)")
+    with atomic_path(png) as tmp:
+        fig.savefig(tmp, format="png", dpi=100, bbox_inches="tight")
+    return fig

@@ -13,9 +13,12 @@ wrote past it (purge_step), and W&B keeps those it has (a resume repeats the sam
 
 from __future__ import annotations
 
+import html
 import json
 from pathlib import Path
 from typing import Any, Protocol
+
+import numpy as np
 
 from gpt2._checks import require_package
 from gpt2._files import atomic_write_text
@@ -27,6 +30,8 @@ WANDB_ID = "wandb-run-id"  # in OUT: the W&B run a resume goes on with
 
 class Logger(Protocol):
     def log(self, record: dict[str, Any]) -> None: ...
+
+    def probe(self, record: dict[str, Any]) -> None: ...
 
     def close(self) -> None: ...
 
@@ -40,6 +45,9 @@ class JsonlLogger:
     def log(self, record: dict[str, Any]) -> None:
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
+
+    def probe(self, record: dict[str, Any]) -> None:
+        pass  # probes.jsonl is gpt2/training/probes.py's
 
     def close(self) -> None:
         pass
@@ -69,6 +77,15 @@ class WandbLogger:
             self.run.config.update(record["settings"], allow_val_change=True)  # a resume's changes (max_iters)
         elif step >= self.run.step:  # below: logged by the run a crash stopped; the resume repeats its losses
             self.run.log({k: v for k, v in record.items() if k != "iter"}, step=step)
+
+    def probe(self, record: dict[str, Any]) -> None:
+        """A probe (gpt2/training/probes.py) as W&B media: each head score's heat map, and the sample."""
+        wandb = _package("wandb", "wandb")
+        media = {f"probe/{kind}": wandb.Image(head_scores_image(record, kind)) for kind in record["head_scores"]}
+        if record["sample"] is not None:
+            media["probe/sample"] = wandb.Html(f"<pre>{html.escape(record['sample'])}</pre>")
+        if record["iter"] >= self.run.step:  # below: logged by the run a crash stopped
+            self.run.log(media, step=record["iter"])
 
     def close(self) -> None:
         self.run.finish()
@@ -103,6 +120,14 @@ class TensorBoardLogger:
             elif key != "iter":
                 self.writer.add_scalar(key, float(value), step)
 
+    def probe(self, record: dict[str, Any]) -> None:
+        """A probe (gpt2/training/probes.py) as TensorBoard images, each head score's heat map, and text."""
+        step = record["iter"]
+        for kind in record["head_scores"]:
+            self.writer.add_image(f"probe/{kind}", head_scores_image(record, kind), step, dataformats="HWC")
+        if record["sample"] is not None:
+            self.writer.add_text("probe/sample", record["sample"], step)
+
     def close(self) -> None:
         self.writer.close()
 
@@ -116,6 +141,10 @@ class Loggers:
     def log(self, record: dict[str, Any]) -> None:
         for logger in self.loggers:
             logger.log(record)
+
+    def probe(self, record: dict[str, Any]) -> None:
+        for logger in self.loggers:
+            logger.probe(record)
 
     def close(self) -> None:
         for logger in self.loggers:
@@ -157,6 +186,15 @@ def read_log(path: Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             continue
     return records
+
+
+def head_scores_image(record: dict[str, Any], kind: str, cell: int = 24) -> np.ndarray:
+    """A probe's head scores of one kind as an RGB picture, (n_layer * cell, n_head * cell, 3) uint8:
+    a cell a head, layers down and heads across, white at 0 and dark blue at 1 (the page's colours)."""
+    scores = np.clip(np.asarray(record["head_scores"][kind], dtype=np.float64), 0, 1)  # (L, H)
+    ink = np.array([8, 48, 107], dtype=np.float64)
+    rgb = 255 - (255 - ink) * scores[..., None]  # (L, H, 3)
+    return np.kron(rgb, np.ones((cell, cell, 1))).round().astype(np.uint8)
 
 
 def _package(name: str, setting: str) -> Any:

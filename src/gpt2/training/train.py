@@ -70,7 +70,7 @@ from gpt2.training.checkpoint import (
     set_rng_state,
     write_checkpoint,
 )
-from gpt2.training.curves import plot_losses
+from gpt2.training.curves import plot_head_scores, plot_losses
 from gpt2.training.loggers import WANDB_ID, Loggers, check_loggers, open_loggers, read_log
 from gpt2.training.optim import learning_rate, make_optimizers, peak_lr, warn_about_warmup
 from gpt2.training.plan import (
@@ -82,10 +82,12 @@ from gpt2.training.plan import (
     flops_per_token,
     planned_config,
 )
+from gpt2.training.probes import PROBES, append_probe, probe_ids, probe_record, trim_probes
 from gpt2.training.stopping import StopRequested, StopSignals
 
 LOG = "log.jsonl"
 PLOT = "loss.png"
+HEADS_PLOT = "heads.png"  # each head's scores on the probe
 EVAL_STREAM = 1 << 32  # evaluation batches use micro-steps from here on: never a training batch's seed
 
 
@@ -195,6 +197,9 @@ class Trainer:
         model.checkpoint_activations = s.checkpoint_activations
         self.model = model.to(self.device).train()
         self.tokenizer = self._tokenizer(model, state)
+        # rank 0 probes the whole model it holds; under FSDP no process holds it whole
+        self.probe = probe_ids(s, model.config, self.tokenizer) if self.is_main and not s.fsdp else None
+        self.probed = -1  # the last iteration probed
         self.task_batches = (
             [] if self.task is None else self.task.batches(model.config.n_ctx, s.batch_size * model.config.n_ctx)
         )
@@ -290,6 +295,9 @@ class Trainer:
                 self.iteration = it
                 try:
                     self.at_start = rng_state(self.device)
+                    if self.probe is not None and self.probed != it:  # first: the evaluation's heads.png draws it
+                        if it % (s.probe_interval or s.eval_interval) == 0 or it == s.max_iters:
+                            self.record_probe(it)
                     if (it % s.eval_interval == 0 or it == s.max_iters) and self.evaluated != it:
                         self.evaluate_and_save(it)
                         self.at_start = rng_state(self.device)  # (sampling draws from its own generator, but need not)
@@ -316,6 +324,7 @@ class Trainer:
         on where a resumed run resumes."""
         writable_directory(self.out)
         _trim_log(self.out / LOG, self.iteration, self.evaluated)
+        trim_probes(self.out, self.iteration)
         self.logger = open_loggers(self.s, self.out / LOG, self.iteration, self.resumed)
         self.logger.log({"iter": self.iteration, "settings": self.s.to_dict()})
         warn_about_warmup(self.s)
@@ -566,6 +575,16 @@ class Trainer:
             lambda: self.write_files(weights if improved else None, state, it)
         )  # copies: training goes on
 
+    def record_probe(self, it: int) -> None:
+        """What the model does with the run's probe now, a line of OUT/probes.jsonl and to W&B and TensorBoard
+        (rank 0's; no randomness drawn: greedy, in eval mode)."""
+        self.model.eval()
+        record = probe_record(self.model, self.tokenizer, self.probe, it)
+        self.model.train()
+        append_probe(self.out, record)
+        self.logger.probe(record)
+        self.probed = it
+
     def write_files(self, best: dict[str, torch.Tensor] | None, state: dict[str, Any], it: int) -> None:
         """Rank 0's files of an evaluation at iteration `it` (in the writer's thread): the model, if
         `best`, the checkpoint, then the plot."""
@@ -573,6 +592,7 @@ class Trainer:
             self.save_model(best, it)
         write_checkpoint(self.out, state)
         plot_losses(self.out / LOG, self.out / PLOT, note=self.bar.write)
+        plot_head_scores(self.out / PROBES, self.out / HEADS_PLOT)
 
     def sample(self, prompt: str, max_new_tokens: int = 100) -> str:
         """A continuation of the prompt by the model as it is now (seeded: the same at every resume)."""
