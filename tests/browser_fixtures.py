@@ -71,7 +71,7 @@ class Watched:
         page.get_by_label("Prompt", exact=True).fill(prompt)
         page.get_by_label("Max tokens").fill(str(max_tokens))
         if temperature is not None:
-            page.get_by_label("Temperature").fill(str(temperature))
+            page.get_by_label("Temperature", exact=True).fill(str(temperature))
         for label, value in fields.items():
             page.get_by_label({"top_k": "Top-k", "top_p": "Top-p", "seed": "Seed"}[label]).fill(value)
         page.get_by_role("button", name="Generate").click()

@@ -155,8 +155,8 @@ def test_the_attention_view_shows_the_pattern_of_the_chosen_layer_and_head(gener
     page = generated.page
     n_layer, n_head, T = len(answer["attention"]), len(answer["attention"][0]), len(answer["ids"])
     for layer, head in [(n_layer - 1, n_head - 1), (0, 0)]:
-        page.get_by_label("Layer").select_option(str(layer))
-        page.get_by_label("Head").select_option(str(head))
+        page.locator("#layer").select_option(str(layer))
+        page.locator("#head").select_option(str(head))
         shown = attention_pixels(page)
         assert len(shown) == T
         for q in range(T):
@@ -167,12 +167,12 @@ def test_the_attention_view_shows_the_pattern_of_the_chosen_layer_and_head(gener
     page.keyboard.press("ArrowUp")
     readout = page.text_content("#attention-readout")
     assert f"(position {T - 2}) attends to" in readout
-    page.get_by_label("Head").select_option("all")
+    page.locator("#head").select_option("all")
     assert canvas.get_attribute("data-view") == "all"
     box = canvas.bounding_box()
     panel, gap, title = (int(canvas.get_attribute(f"data-{key}")) for key in ("panel", "gap", "title"))
     canvas.click(position={"x": panel + gap + panel / 2, "y": title + panel / 2})  # the second head's panel
-    assert page.get_by_label("Head").input_value() == "1" and box["width"] > 0
+    assert page.locator("#head").input_value() == "1" and box["width"] > 0
 
 
 def thumbnail_pixels(page, n_head: int) -> list[list[list[float]]]:
@@ -215,8 +215,8 @@ def all_heads_of_the_last_layer(generated, served):
     answer = inspection(served, generated)
     page = generated.page
     layer = len(answer["attention"]) - 1
-    page.get_by_label("Layer").select_option(str(layer))
-    page.get_by_label("Head").select_option("all")
+    page.locator("#layer").select_option(str(layer))
+    page.locator("#head").select_option("all")
     return answer, page, layer
 
 
@@ -240,7 +240,7 @@ def test_every_heads_thumbnail_is_drawn_on_a_square_root_scale_that_the_legend_s
     assert "square-root scale" in legend.inner_text() and "√weight" in legend.inner_text()
     assert all(abs(red - (255 - 247 * math.sqrt(p))) <= 1 for red, p in zip(swatch_reds(legend), keys, strict=True))
     screenshot(page.locator("section", has=page.get_by_label("Attention")), "playground-attention-all-heads.png")
-    page.get_by_label("Head").select_option("0")  # one head: the weights as they are, and the legend says so
+    page.locator("#head").select_option("0")  # one head: the weights as they are, and the legend says so
     assert "linear" in legend.inner_text()
     assert all(abs(red - (255 - 247 * p)) <= 1 for red, p in zip(swatch_reds(legend), keys, strict=True))
 
@@ -486,10 +486,10 @@ def test_the_defaults_are_greedy_and_a_sampled_run_shows_the_seed_that_repeats_i
     try:
         watched.wait_for_model()
         watched.generate("Hello there", 12, None)  # the temperature left as the page has it
-        assert page.get_by_label("Temperature").input_value() == "0"
+        assert page.get_by_label("Temperature", exact=True).input_value() == "0"
         first, status = finished(watched)
         assert click_and_read(watched)[0] == first and "seed" not in status  # twice the same text
-        page.get_by_label("Temperature").fill("1")
+        page.get_by_label("Temperature", exact=True).fill("1")
         sampled, status = click_and_read(watched)
         seed = int(re.search(r"; seed (\d+) \(type it in Seed to repeat this run\)$", status).group(1))
         assert page.get_by_label("Seed").input_value() == ""
@@ -700,12 +700,12 @@ def test_before_a_generation_each_view_that_waits_for_one_says_so(char_page):
     for note in notes:
         expect(note).to_be_visible()
         expect(note).to_contain_text("Nothing here yet: click Generate")
-    expect(page.get_by_label("Layer")).to_be_disabled()
+    expect(page.locator("#layer")).to_be_disabled()
     char_page.generate("To be", 4, 0)
     page.wait_for_selector("#lens td")
     for note in notes:
         expect(note).to_be_hidden()
-    expect(page.get_by_label("Layer")).to_be_enabled()
+    expect(page.locator("#layer")).to_be_enabled()
 
 
 def test_attribute_before_a_generation_takes_the_prompt_and_names_the_position_and_token(char_page, char_served):

@@ -15,12 +15,16 @@ import math
 import os
 import random
 import re
+import subprocess
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 from browser_fixtures import Watched, screenshot
 from helpers import Running
+
+from gpt2.data.synthetic import prepare_synthetic
+from gpt2.training.train import train
 
 pytestmark = pytest.mark.browser
 
@@ -212,7 +216,9 @@ def test_a_server_of_runs_alone_opens_on_training_and_follows_a_run_as_it_is_wri
         assert shown_heads(page) == expected_heads(probes[12], "induction")
 
         # a head clicked: its attention at that evaluation, square for square
-        page.locator(f'#training-heads button[data-layer="{INDUCTION_HEAD[0]}"][data-head="{INDUCTION_HEAD[1]}"]').click()
+        page.locator(
+            f'#training-heads button[data-layer="{INDUCTION_HEAD[0]}"][data-head="{INDUCTION_HEAD[1]}"]'
+        ).click()
         assert shown_attention(page) == probes[12]["attention"][INDUCTION_HEAD[0]][INDUCTION_HEAD[1]]
         assert "Layer 1, head 2 at iteration 600" in page.text_content("#training-attention-caption")
         tokens = page.eval_on_selector_all("#training-attention text.token", "els => els.map(e => e.textContent)")
@@ -276,3 +282,53 @@ def test_the_training_view_of_a_server_with_no_runs_says_how_to_follow_one(brows
         assert watched.page.locator("#training-error").is_hidden() and watched.errors == []
     finally:
         watched.close()
+
+
+# a real run of gpt2 train, tiny: the induction data's 2-layer model, narrow, a probe (16 random ids written twice)
+# at each evaluation
+REAL = dict(
+    n_layer=2,
+    n_head=2,
+    n_embd=16,
+    block_size=64,
+    batch_size=2,
+    eval_interval=5,
+    eval_iters=1,
+    lr=3e-3,
+    warmup_iters=0,
+    device="cpu",
+)
+
+
+def test_the_page_follows_a_real_run_of_gpt2_train_as_it_goes_on(browser, tmp_path, forks):
+    prepare_synthetic(tmp_path / "data", "induction", rows=400, progress=False)
+    out = tmp_path / "runs" / "induction"
+    train(out, data=tmp_path / "data", max_iters=10, progress=False, **REAL)  # evaluations 0, 5 and 10
+    server = Running(None, None, runs=tmp_path / "runs")
+    watched = Watched(browser, server.url)
+    page = watched.page
+    try:
+        wait_for_evaluations(watched, 3)
+        argv = [str(forks.command), "train", "--out", str(out), "--resume", "--max-iters", "20", "--threads", "1"]
+        resumed = subprocess.Popen([*argv, "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wait_for_evaluations(watched, 5)  # 15 and 20, as the run writes them
+        _, err = resumed.communicate(timeout=120)
+        assert resumed.returncode == 0, err
+        watched.wait_until("document.getElementById('training').dataset.lastIter === '20'")
+        probes = records(out / "probes.jsonl")
+        assert [p["iter"] for p in probes] == [0, 5, 10, 15, 20]
+        assert page.text_content("#training-evaluation-iter").startswith("iteration 20")
+        assert shown_heads(page) == expected_heads(probes[-1], "induction")
+        page.locator('#training-heads button[data-layer="1"][data-head="0"]').click()
+        assert shown_attention(page) == probes[-1]["attention"][1][0]
+        tokens = page.eval_on_selector_all("#training-attention text.token", "els => els.map(e => e.textContent)")
+        assert tokens[::2] == [str(i) for i in probes[-1]["ids"]]  # no tokenizer: the ids
+        evals = [r for r in records(out / "log.jsonl") if "val_loss" in r]
+        assert [r["iter"] for r in evals] == [0, 5, 10, 15, 20]
+        shown = page.eval_on_selector_all("#training-loss circle.val", "els => els.map(e => Number(e.dataset.loss))")
+        assert shown == [r["val_loss"] for r in evals]
+        assert "no samples" in page.text_content("#training-samples-waiting")
+        assert watched.errors == []
+    finally:
+        watched.close()
+        server.stop()

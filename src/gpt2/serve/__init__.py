@@ -9,8 +9,8 @@ thread steps a `gpt2.generation.decoding.Decoder` over all rows in flight, so a 
 batch at the next step and leaves it when it ends. Endpoints: /health, /v1/models,
 /v1/completions, /v1/chat/completions (a conversation, through the chat template), /v1/inspect,
 /v1/circuits/{scores,head,patching,attribution,graph,feature}, /tokenize, /detokenize, /tokenizer_info,
-/metrics; and the playground, a page at / (its files in ui/) made from /v1/completions, /v1/inspect and
-/v1/circuits.
+/metrics; /v1/runs (training runs followed as they are written; with runs alone, no model); and the
+playground, a page at / (its files in ui/) made from /v1/completions, /v1/inspect, /v1/circuits and /v1/runs.
 
 `<|endoftext|>` written in a string prompt (and in /tokenize's text) is the special token, as
 OpenAI's API, vLLM and llama.cpp's server read it, unless the server was told otherwise
@@ -27,6 +27,7 @@ The rooms, as vLLM's `entrypoints/openai` keeps them:
     circuits     /v1/circuits/...: every head's scores, a head's ablation, activation patching, direct logit attribution
     graphs       /v1/circuits/graph and /feature: attribution graphs over --transcoders, a feature's contexts in
                  --feature-data
+    runs         /v1/runs: training runs' log.jsonl and probes.jsonl (--runs), read as gpt2 train writes them
     app          create_app: the routers, middleware, error handlers, /tokenize, the playground's files
     launch       serve: the app on uvicorn, the model loading in the main thread
 """

@@ -3,7 +3,8 @@ OpenAI's error bodies.
 
 Endpoints: /health, /metrics, /v1/models, /v1/completions, /v1/chat/completions, /v1/inspect,
 /v1/circuits/{scores,head,patching,attribution,graph,feature}, /tokenize, /detokenize and /tokenizer_info; with
-runs, /v1/runs (training runs' records: a server of runs alone, no model, has /health, /v1/runs and the page); and the
+runs, /v1/runs (training runs' records: a server of runs alone, no model, has /health, /v1/models listing none,
+/v1/runs and the page); and the
 playground, a page at / with its files under /ui;
 /openapi.json and /docs describe them. A route's body is declared by its model in
 `gpt2.serve.protocol` and checked by FastAPI; /v1/completions, /v1/chat/completions,
@@ -93,8 +94,8 @@ def create_app(
 
 
 def _add_routes(app: FastAPI, server: Server | None, runs: RunsDirectory | None) -> None:
-    """The model's routes (server None: no model, a server of runs alone, ready as soon as it answers), and
-    /v1/runs with runs."""
+    """The model's routes (server None: no model, a server of runs alone, ready as soon as it answers, its
+    /v1/models an empty list), and /v1/runs: the runs' records, if any."""
     if server is not None:
         _add_model_routes(app, server)
         routers = (tokenizer_router, completions.router, chat.router, inspection.router, circuits.router, graphs.router)
@@ -106,9 +107,13 @@ def _add_routes(app: FastAPI, server: Server | None, runs: RunsDirectory | None)
         async def health() -> JSONResponse:
             return JSONResponse({"status": "ok"})
 
-    if runs is not None:
-        app.state.runs = runs
-        app.include_router(runs_router)
+        @app.get("/v1/models")
+        async def models(request: Request) -> JSONResponse:  # none: the page opens on its Training view
+            request.app.state.server.check_key(request)
+            return JSONResponse({"object": "list", "data": []})
+
+    app.state.runs = runs
+    app.include_router(runs_router)  # without runs, /v1/runs lists none
 
 
 def _add_error_handlers(app: FastAPI) -> None:

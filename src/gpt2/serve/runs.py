@@ -9,7 +9,8 @@ DIR is a run's directory (it holds log.jsonl or probes.jsonl, or holds nothing y
 directory of runs: its subdirectories that hold either, listed again at each request, so that a run started
 later appears. A run is named by its directory's name: DIR's own where DIR is the run (a name, not ".", which
 clients and browsers take out of a URL's path). "iter" is the last record's iteration in log.jsonl (None before
-the first), "evaluations" probes.jsonl's records; the runs come most recently written first.
+the first), "evaluations" probes.jsonl's records; the runs come most recently written first. A server
+started without runs lists none.
 
 `since` counts whole lines: a last line without its newline, still being written, is answered once it is whole.
 "next" is the line to ask from next; an answer holds at most MAX_RECORDS records (and MAX_BYTES of them, one
@@ -152,7 +153,10 @@ def _is_run(path: Path) -> bool:
 
 def _written(path: Path) -> float:
     """When the run's files were last written (0 for none)."""
-    times = [(path / name).stat().st_mtime for name in FILES.values() if (path / name).is_file()]
+    times = []
+    for name in FILES.values():
+        with contextlib.suppress(OSError):  # not there (yet, or any more)
+            times.append((path / name).stat().st_mtime)
     return max(times, default=0.0)
 
 
@@ -196,24 +200,34 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def _directory(request: Request) -> RunsDirectory:
+def _directory(request: Request) -> RunsDirectory | None:
     request.app.state.server.check_key(request)
     return request.app.state.runs
+
+
+def _run(request: Request, name: str) -> tuple[RunsDirectory, Path]:
+    directory = _directory(request)
+    if directory is None:
+        raise RequestError(
+            404, f"there is no run {name!r}: this server follows no training runs", "name", "run_not_found"
+        )
+    return directory, directory.run(name)
 
 
 @router.get("")
 def runs(request: Request) -> Response:
     directory = _directory(request)
-    return _json({"runs": [directory.summary(name, path) for name, path in directory.runs().items()]})
+    listed = {} if directory is None else directory.runs()
+    return _json({"runs": [directory.summary(name, path) for name, path in listed.items()]})
 
 
 @router.get("/{name}/log")
 def log(name: str, request: Request, since: str | None = None) -> Response:
-    directory = _directory(request)
-    return _json(directory.read(directory.run(name) / LOG, "log", _since(since)))
+    directory, run = _run(request, name)
+    return _json(directory.read(run / LOG, "log", _since(since)))
 
 
 @router.get("/{name}/probes")
 def probes(name: str, request: Request, since: str | None = None) -> Response:
-    directory = _directory(request)
-    return _json(directory.read(directory.run(name) / PROBES, "probes", _since(since)))
+    directory, run = _run(request, name)
+    return _json(directory.read(run / PROBES, "probes", _since(since)))

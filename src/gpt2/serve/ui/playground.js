@@ -56,15 +56,14 @@ const shown = (text) => JSON.stringify(text);  // a token with its spaces and ne
 
 async function loadModel() {
   try {
-    const models = await send("/v1/models");
-    if (models.status === 404) {  // gpt2 serve --runs without --model: no model, the training runs alone
+    const models = (await call("/v1/models")).data;
+    if (models.length === 0) {  // gpt2 serve --runs without --model: no model, the training runs alone
       $("model-info").textContent = "no model: the server follows training runs";
       for (const button of document.querySelectorAll("#views button")) button.disabled = button.dataset.view !== "training";
       showView("training");
       return;
     }
-    if (!models.ok) throw await failure(models);
-    const card = (await models.json()).data[0];
+    const card = models[0];
     if (card.max_model_len === undefined) {  // still loading: /v1/models answers before the model is in
       $("model-info").textContent = `${card.id}: loading the model…`;
       setTimeout(loadModel, 1000);

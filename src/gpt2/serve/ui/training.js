@@ -4,7 +4,7 @@
 // attention and the probe's greedy continuation. While the view is shown it asks every second for the lines
 // written since it last asked ("since"), and draws them; a file cut back by a resume ("reset") is read again.
 
-import { $, call, failure, send } from "./api.js";
+import { $, call } from "./api.js";
 
 const POLL_MS = 1000;
 const SCORES = { previous_token: "previous-token", duplicate_token: "duplicate-token", induction: "induction" };
@@ -68,21 +68,23 @@ function follow() {
 }
 
 async function listRuns() {
-  const response = await send("/v1/runs");
-  if (response.status === 404) {
+  const { runs } = await call("/v1/runs");
+  if (runs.length === 0) {  // a run's directory is listed even before its first record: this server has none
     missing = true;
     $("training-waiting").textContent = "This server follows no training runs: start it with gpt2 serve --runs DIR, "
       + "DIR a run's directory (gpt2 train's --out) or a directory of runs.";
     return;
   }
-  if (!response.ok) throw await failure(response);
-  const { runs } = await response.json();
   const select = $("training-run");
-  select.replaceChildren(...runs.map((r) => new Option(
-    `${r.name} · ${r.iter === null ? "no records yet" : `iteration ${fmt(r.iter)}`} · ${r.evaluations} evaluation${r.evaluations === 1 ? "" : "s"}`,
-    r.name)));
-  if (!runs.some((r) => r.name === run.name)) choose(runs.length ? runs[0].name : null);  // at first, or it went
-  select.value = run.name ?? "";
+  const words = (r) => `${r.name} · ${r.iter === null ? "no records yet" : `iteration ${fmt(r.iter)}`} · `
+    + `${r.evaluations} evaluation${r.evaluations === 1 ? "" : "s"}`;
+  if (runs.map((r) => r.name).join("/") === [...select.options].map((o) => o.value).join("/")) {
+    runs.forEach((r, i) => { if (select.options[i].text !== words(r)) select.options[i].text = words(r); });  // an open list stays open
+  } else {
+    select.replaceChildren(...runs.map((r) => new Option(words(r), r.name)));
+  }
+  if (!runs.some((r) => r.name === run.name)) choose(runs[0].name);  // at first, or the run shown went
+  select.value = run.name;
 }
 
 function choose(name) {
@@ -260,7 +262,7 @@ function drawLoss() {
   const iters = [...steps, ...evals].map((r) => r.iter);
   const lo = Math.min(...losses), hi = Math.max(...losses);
   const pad = (hi - lo) * 0.05 || 0.1;
-  const height = 280;
+  const height = 300;
   const { X, Y, margin } = frame(chart, chartWidth(chart), height, [Math.min(...iters), Math.max(...iters)],
     [Math.max(0, lo - pad), hi + pad], { x: "iteration", y: "loss (nats per token)" });
   chart.append(svg("path", { d: path(steps.map((r) => [r.iter, r.loss]), X, Y), class: "steps", stroke: STEP_INK }));
@@ -301,6 +303,9 @@ function drawSamples() {
   });
   $("training-samples").replaceChildren(...items);
   $("training-samples-waiting").hidden = items.length > 0;
+  $("training-samples-waiting").textContent = run.probes.length && run.probes.every((r) => r.tokens === null)
+    ? "This run writes no samples: its data has no tokenizer (its ids are its tokens)."
+    : "No samples yet: a run samples at each evaluation.";
 }
 
 function sampleLine(kind, given, cut, text) {
@@ -368,7 +373,7 @@ function drawScoreChart() {
   const heads = [];
   for (let l = 0; l < nLayer; l++) for (let h = 0; h < nHead; h++) heads.push({ layer: l, head: h, last: latest[l][h] ?? 0 });
   heads.sort((a, b) => b.last - a.last);
-  const named = heads.slice(0, Math.min(LINES.length, heads.length <= 8 ? heads.length : 4));
+  const named = heads.filter((h, i) => i === 0 || (i < LINES.length && h.last >= 0.25));  // the ones that stand out
   const labels = [];
   for (const h of [...heads].reverse()) {  // the named on top
     const index = named.indexOf(h);
@@ -385,6 +390,8 @@ function drawScoreChart() {
   }
   labels.sort((a, b) => a.y - b.y);
   for (let i = 1; i < labels.length; i++) labels[i].y = Math.max(labels[i].y, labels[i - 1].y + 12);  // apart
+  const over = labels.length ? labels[labels.length - 1].y - (height - margin.bottom) : 0;
+  if (over > 0) for (const l of labels) l.y -= over;  // and above the axis
   const right = Number(chart.getAttribute("width")) - margin.right;
   for (const l of labels) chart.append(svg("text", { x: right + 6, y: l.y + 4, fill: l.ink, class: "label" }, l.text));
   marker(chart, X, margin, height);
@@ -397,12 +404,14 @@ function drawAttention(record) {
   const weights = record.attention[layer][head];
   const T = weights.length;
   const tokens = (record.tokens ?? record.ids.map((i) => `${i}`)).map((t) => shown(t));
-  const cell = Math.max(6, Math.min(18, Math.floor(520 / T)));
-  const font = Math.max(7, Math.min(11, cell - 3));
-  const widest = Math.max(...tokens.map((t) => t.length));
-  const label = Math.min(90, widest * font * 0.62 + 24);
-  const size = label + T * cell + 4;
   const chart = $("training-attention");
+  const room = chart.parentElement.clientWidth || 520;  // the panel's width, once shown
+  const widest = Math.max(...tokens.map((t) => t.length));
+  let cell = Math.max(6, Math.min(18, Math.floor((room - 40) / T)));
+  const font = Math.max(7, Math.min(11, cell - 3));
+  const label = Math.min(90, widest * font * 0.62 + 12);
+  cell = Math.max(6, Math.min(18, Math.floor((room - label - 4) / T)));
+  const size = label + T * cell + 4;
   chart.setAttribute("width", size);
   chart.setAttribute("height", size);
   chart.setAttribute("viewBox", `0 0 ${size} ${size}`);
@@ -414,7 +423,7 @@ function drawAttention(record) {
   });
   weights.forEach((row, q) => row.forEach((w, k) => {
     parts.push(svg("rect", { x: label + k * cell, y: label + q * cell, width: cell - 1, height: cell - 1,
-      fill: k > q ? "#f6f8fa" : colour(Math.max(0, Math.min(1, w))), "data-query": q, "data-key": k, "data-weight": w }));
+      fill: k > q ? "#eceff3" : colour(Math.max(0, Math.min(1, w))), "data-query": q, "data-key": k, "data-weight": w }));
   }));
   chart.replaceChildren(...parts);
   chart.dataset.layer = layer;

@@ -11,7 +11,7 @@ const state = {
   asked: 0,          // the latest walk asked for: an answer to an older one is dropped
   readsText: null,   // whether the model has a tokenizer (null: not asked yet); without one, prompts are ids
   topK: 50,          // next tokens named by the server: their text; probabilities come from all the logits
-  shown: false,      // the view has been opened once: its late controls are made
+  shown: null,       // once the view has been opened: the promise of its first showing (late controls, tokenizer)
 };
 const TOP_SHOWN = 10;
 const SVG = "http://www.w3.org/2000/svg";
@@ -22,8 +22,7 @@ function el(tag, props = {}, ...children) {
   const e = document.createElement(tag);
   for (const [key, value] of Object.entries(props)) {
     if (key === "dataset") Object.assign(e.dataset, value);
-    else if (key in e && typeof value !== "string") e[key] = value;
-    else if (key === "className" || key === "textContent" || key === "title") e[key] = value;
+    else if (key in e) e[key] = value;
     else e.setAttribute(key, value);
   }
   e.append(...children);
@@ -79,12 +78,13 @@ async function walk(event) {
   $("walkthrough").setAttribute("aria-busy", "true");
   showError("");
   try {
+    await shown();  // whether the model reads text: typed ids are sent as ids only where it does not
     let answer;
     try {
       answer = await call("/v1/walk", { prompt: prompt(), top_k: state.topK });
     } catch (e) {
       // A vocabulary smaller than top_k: the server says how many it has; ask again for them all.
-      const fewer = e instanceof ServerError && e.message.match(/k must be a whole number in 1\.\.(\d+)/);
+      const fewer = e instanceof ServerError && e.message.match(/must be a whole number in 1\.\.(\d+)/);
       if (!fewer) throw e;
       state.topK = Number(fewer[1]);
       answer = await call("/v1/walk", { prompt: prompt(), top_k: state.topK });
@@ -144,7 +144,7 @@ function bpeWord({ word, merges }) {
   const lines = merges.map((pieces, step) => {
     const before = merges[step - 1];
     const made = step === 0 ? -1 : pieces.findIndex((p, i) => p !== before[i]);
-    const label = step === 0 ? "bytes" : step === merges.length - 1 ? "tokens" : `merge ${step}`;
+    const label = step === merges.length - 1 ? "tokens" : step === 0 ? "bytes" : `merge ${step}`;
     return el("div", { className: `merge-step${step === merges.length - 1 ? " final" : ""}`, dataset: { step: String(step) } },
       el("span", { className: "step-label", textContent: label }),
       ...pieces.map((piece, i) => el("span", {
@@ -162,8 +162,8 @@ function bpeWord({ word, merges }) {
 function drawPositions(positions) {
   const { rows, dims, heat, kind, n_ctx, n_embd } = positions;
   const canvas = $("walk-positions-heat");
-  const cw = Math.max(1, Math.min(8, Math.floor(256 / dims.length)));
-  const ch = Math.max(1, Math.min(8, Math.floor(256 / rows.length)));
+  const cw = Math.max(1, Math.min(8, Math.round(224 / dims.length)));  // about 224 pixels a side, 256 at most
+  const ch = Math.max(1, Math.min(8, Math.round(224 / rows.length)));
   const left = 34, top = 16, scale = largest(heat.flat()) || 1;
   canvas.width = left + dims.length * cw + 4;
   canvas.height = top + rows.length * ch + 4;
@@ -200,10 +200,11 @@ function drawPositions(positions) {
 
 function drawCurves({ curves, n_ctx }) {
   const box = $("walk-positions-curves");
-  const W = 300, H = 200, pad = 24, scale = largest(curves.values.flat()) || 1;
+  const W = 270, H = 200, pad = 24, scale = largest(curves.values.flat()) || 1;
   box.setAttribute("width", W);
   box.setAttribute("height", H);
   box.setAttribute("viewBox", `0 0 ${W} ${H}`);
+  Object.assign(box.dataset, { pad, scale });
   const x = (t) => pad + (t / Math.max(1, n_ctx - 1)) * (W - 2 * pad);
   const y = (v) => H / 2 - (v / scale) * (H / 2 - pad);
   const hues = ["#0b5cad", "#cf222e", "#1a7f37", "#8250df", "#bc4c00", "#57606a"];
@@ -216,7 +217,7 @@ function drawCurves({ curves, n_ctx }) {
       points: values.map((v, t) => `${x(t).toFixed(1)},${y(v).toFixed(1)}`).join(" "),
       stroke: hues[i % hues.length], class: "curve", "data-dim": curves.dims[i],
     })),
-    ...curves.dims.map((d, i) => svg("text", { x: W - pad - 58 * (curves.dims.length - 1 - i), y: 12, class: "tick",
+    ...curves.dims.map((d, i) => svg("text", { x: W - 4 - 50 * (curves.dims.length - 1 - i), y: 12, class: "tick",
       fill: hues[i % hues.length], "text-anchor": "end" }, `dim ${d}`)),
   );
 }
@@ -243,7 +244,8 @@ function drawSteps(answer) {
     if (!groups.has(name)) groups.set(name, []);
     groups.get(name).push(step);
   }
-  $("walk-steps").replaceChildren(...[...groups].map(([name, steps]) => el("section", { className: "walk-group" },
+  $("walk-steps").replaceChildren(...[...groups].map(([name, steps]) => el("section", {
+    className: `walk-group${name.startsWith("Block") ? "" : " wide"}` },
     el("h4", {}, name, " ", el("code", { textContent: GROUP_MATH[name] ?? GROUP_MATH.Block })),
     ...steps.map((step) => stepRow(step, answer.tokens)))));
 }
@@ -289,9 +291,10 @@ function strip(values) {
   return el("span", { className: "values" }, canvas, el("span", { className: "scale", textContent: `±${fixed(scale, 2)}` }));
 }
 
-// Each head's pattern as a T x T grid: the last query's row (the values sent) coloured by its weight,
-// white 0 to dark blue 1; the future, above the diagonal, hatched: masked; the earlier queries' rows
-// pale (not sent). Past GRID_MOST positions, only the last row, a strip.
+// Each head's pattern as a T x T grid: the future, above the diagonal, hatched (the causal mask); the
+// earlier queries' rows pale (the walk keeps the last position's); the last query's row, the values
+// sent, drawn taller below them, white for 0 to dark blue for 1 on a square-root scale (sqrt(p): a
+// weight of 1/T still shows). Past GRID_MOST positions, only that row.
 const GRID_MOST = 64;
 
 function patternGrids(rows, tokens) {
@@ -300,25 +303,30 @@ function patternGrids(rows, tokens) {
 
 function headGrid(row, h, tokens) {
   const T = row.length, grid = T <= GRID_MOST;
-  const cw = grid ? Math.max(2, Math.min(14, Math.floor(112 / T))) : Math.max(1, Math.floor(256 / T));
-  const ch = grid ? cw : 12, lines = grid ? T : 1, gap = cw >= 6 ? 1 : 0;
-  const canvas = el("canvas", { width: T * cw, height: lines * ch, role: "img",
-    "aria-label": `pattern ${h}: the last token's weights`, dataset: { head: h, cw, ch, lastRow: (lines - 1) * ch } });
+  const cw = grid ? Math.max(2, Math.min(16, Math.floor(128 / T))) : Math.max(1, Math.floor(256 / T));
+  const above = grid ? (T - 1) * cw + 3 : 0, tall = Math.max(12, cw), gap = cw >= 6 ? 1 : 0;
+  const canvas = el("canvas", { width: T * cw, height: above + tall, role: "img",
+    "aria-label": `pattern ${h}: the last token's weights`, dataset: { head: h, cw, lastTop: above, lastHeight: tall } });
   const ctx = canvas.getContext("2d");
   const masked = ctx.createPattern(hatch(), "repeat");
-  for (let q = T - lines; q < T; q++) {
+  for (let q = 0; grid && q < T - 1; q++) {
     for (let k = 0; k < T; k++) {
-      ctx.fillStyle = k > q ? masked : q === T - 1 ? rgb(diverging(row[k])) : "#eef1f4";
-      ctx.fillRect(k * cw, (q - T + lines) * ch, cw - gap, ch - gap);
+      ctx.fillStyle = k > q ? masked : "#e6eaef";
+      ctx.fillRect(k * cw, q * cw, cw - gap, cw - gap);
     }
   }
+  row.forEach((p, k) => {
+    ctx.fillStyle = rgb(diverging(Math.sqrt(p)));
+    ctx.fillRect(k * cw, above, cw - gap, tall);
+  });
   canvas.onmousemove = (e) => {
     const k = Math.min(T - 1, Math.max(0, Math.floor((e.offsetX / canvas.clientWidth) * T)));
-    const q = grid ? Math.min(T - 1, Math.max(0, Math.floor((e.offsetY / canvas.clientHeight) * T))) : T - 1;
+    const y = (e.offsetY / canvas.clientHeight) * canvas.height, q = y >= above ? T - 1 : Math.floor(y / cw);
     canvas.title = k > q ? `head ${h}: position ${q} may not see ${k}, after it (masked)`
-      : q < T - 1 ? `head ${h}: position ${q}'s row is not drawn: the walk keeps the last position's`
-      : `head ${h}: the last token looks at ${k} (${JSON.stringify(tokens[k])}) with weight ${fixed(row[k], 4)}`;
+      : q < T - 1 ? `head ${h}: position ${q}'s row: not drawn, the walk keeps the last position's`
+      : `head ${h}: the last token looks at position ${k} (${JSON.stringify(tokens[k])}) with weight ${fixed(p(k), 4)}`;
   };
+  const p = (k) => row[k];
   return el("figure", { className: "head" }, canvas, el("figcaption", { textContent: `head ${h}` }));
 }
 
@@ -414,25 +422,102 @@ function drawLayerNorms(answer) {
     const said = (m, s) => `μ ${fixed(m)}  σ ${fixed(s)}`;
     return el("div", { className: "ln", dataset: { ln: name, ...Object.fromEntries(Object.entries(stats).map(([k, x]) => [k, String(x)])) } },
       el("code", { className: "name", textContent: name }),
-      el("span", { className: "stat", textContent: `in ${said(stats.inMean, stats.inStd)}` }),
       lnPicture(input, output, stats),
-      el("span", { className: "stat", textContent: `out ${said(stats.outMean, stats.outStd)}` }));
+      el("span", { className: "stats" }, el("span", { className: "in", textContent: ` in ${said(stats.inMean, stats.inStd)}` }),
+        el("span", { className: "out", textContent: `out ${said(stats.outMean, stats.outStd)}` })));
   }));
 }
 
-// Input above, output below, on one axis: a tick a value, the mean a dot, ± one deviation a bar.
+// Input above, output below, on one axis: a tick a value, the mean a stroke, ± one deviation a bar.
 function lnPicture(input, output, stats) {
   const W = 200, H = 30, pad = 4;
   const reach = Math.max(...[[stats.inMean, stats.inStd, input], [stats.outMean, stats.outStd, output]]
     .map(([m, s, xs]) => Math.min(largest(xs), Math.abs(m) + 3 * s))) || 1;
   const px = (x) => pad + ((Math.max(-reach, Math.min(reach, x)) + reach) / (2 * reach)) * (W - 2 * pad);
   const track = (xs, m, s, y, cls) => [
-    ...xs.map((x) => svg("line", { x1: px(x).toFixed(1), x2: px(x).toFixed(1), y1: y - 4, y2: y + 4, class: `tick-mark ${cls}` })),
+    svg("path", { d: xs.map((x) => `M${px(x).toFixed(1)} ${y - 4}v8`).join(""), class: `tick-mark ${cls}` }),
     svg("line", { x1: px(m - s), x2: px(m + s), y1: y, y2: y, class: `spread ${cls}` }),
-    svg("circle", { cx: px(m), cy: y, r: 3, class: `mean ${cls}` }),
+    svg("line", { x1: px(m), x2: px(m), y1: y - 6, y2: y + 6, class: `mean ${cls}` }),
   ];
-  return svg("svg", { width: W, height: H, viewBox: `0 0 ${W} ${H}`, class: "ln-picture", "aria-hidden": "true" },
-    svg("line", { x1: px(0), x2: px(0), y1: 0, y2: H, class: "zero" }),
-    ...track(input, stats.inMean, stats.inStd, 8, "in"),
-    ...track(output, stats.outMean, stats.outStd, 22, "out"));
+  const picture = svg("svg", { viewBox: `0 0 ${W} ${H}`, preserveAspectRatio: "none", class: "ln-picture", "aria-hidden": "true" });
+  picture.append(svg("line", { x1: px(0), x2: px(0), y1: 0, y2: H, class: "zero" }),
+    ...track(input, stats.inMean, stats.inStd, 8, "in"), ...track(output, stats.outMean, stats.outStd, 22, "out"));
+  return picture;
 }
+
+// ------------------------------------------------------------------ the unembedding and the next token
+
+// softmax(logits / T) over all V logits, in float64 with the largest subtracted; the top ten of the
+// tokens the server named (the most likely, by logit: a temperature does not change their order).
+function drawNext() {
+  const answer = state.walk;
+  if (!answer) return;
+  const temperature = Number($("walk-temperature").value);
+  $("walk-temperature-value").textContent = temperature.toFixed(2);
+  const logits = answer.steps.find((s) => s.name === "logits").values;
+  let top = -Infinity, sum = 0;
+  for (const l of logits) top = Math.max(top, l);
+  for (const l of logits) sum += Math.exp((l - top) / temperature);
+  const prob = (id) => Math.exp((logits[id] - top) / temperature) / sum;
+  const shown = answer.next.map((e) => ({ ...e, p: prob(e.id) })).sort((a, b) => b.p - a.p).slice(0, TOP_SHOWN);
+  $("walk-next").replaceChildren(...shown.map((e) => {
+    const bar = el("span", { className: "fill" });
+    bar.style.width = `${(100 * e.p) / shown[0].p}%`;
+    return el("li", { dataset: { nextId: String(e.id), prob: String(e.p) }, title: `id ${e.id}, logit ${fixed(e.logit, 4)}` },
+      el("code", { className: "token", textContent: answer.tokenizer === null ? e.token : JSON.stringify(e.token) }),
+      el("span", { className: "bar" }, bar),
+      el("span", { className: "p", textContent: percent(e.p) }));
+  }));
+  $("walk-next-caption").textContent = `After ${JSON.stringify(answer.tokens[answer.tokens.length - 1])}, at ` +
+    `temperature ${temperature.toFixed(2)}: the ${shown.length} most likely of the ${logits.length} tokens, ` +
+    "softmax over every logit. Below 1 the distribution sharpens towards the top token; above 1 it flattens.";
+}
+
+// ------------------------------------------------------------------ wiring
+
+// Made when the view is first opened, not in the page: their names ("LayerNorm", "Walkthrough
+// temperature") would also answer the playground's looser look-ups of "Layer" and "Temperature".
+function makeLateControls() {
+  const slider = el("input", { id: "walk-temperature", type: "range", min: "0.1", max: "3", step: "0.05", value: "1" });
+  slider.addEventListener("input", drawNext);
+  $("walk-next-caption").before(el("div", { className: "walk-temperature" },
+    el("label", { htmlFor: "walk-temperature", textContent: "Walkthrough temperature" }), slider,
+    el("output", { id: "walk-temperature-value", htmlFor: "walk-temperature", textContent: "1.00" })));
+  $("walk-ln-card").append(el("div", { id: "walk-ln", className: "walk-ln", role: "group", "aria-label": "LayerNorm" }));
+}
+
+// The first time the view is opened: its late controls, and a prompt to start from (the
+// playground's, or ids for a model with no tokenizer). Later calls wait for the first.
+function shown() {
+  state.shown ??= firstShown();
+  return state.shown;
+}
+
+async function firstShown() {
+  makeLateControls();
+  try {
+    state.readsText = (await send("/tokenizer_info")).ok;
+  } catch (_) { /* no server: Walk says so */ }
+  if ($("walk-prompt").value === "") {
+    $("walk-prompt").value = state.readsText === false ? "1 2 3 4 5 6 1 2 3 4 5"
+      : $("prompt").value.trim() || "The quick brown fox jumps over the lazy dog";
+  }
+}
+
+function start() {
+  $("walk-form").addEventListener("submit", walk);
+  $("walk-prompt").addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && !e.shiftKey) {  // Enter walks; Shift+Enter is a new line of the prompt
+      e.preventDefault();
+      $("walk-form").requestSubmit();
+    }
+  });
+  $("walk-gelu-block").addEventListener("change", () => {
+    $("walk-gelu-block").dataset.chosen = $("walk-gelu-block").value;
+    drawGelu();
+  });
+  $("walkthrough").addEventListener("viewshown", shown);
+  if (!$("walkthrough").hidden) shown();  // opened by /#walkthrough before this module ran
+}
+
+start();
