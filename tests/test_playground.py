@@ -162,7 +162,7 @@ def test_the_attention_view_shows_the_pattern_of_the_chosen_layer_and_head(gener
         for q in range(T):
             for k in range(T):
                 assert abs(shown[q][k] - answer["attention"][layer][head][q][k]) < 3 / 247, (layer, head, q, k)
-    canvas = page.get_by_label("Attention")
+    canvas = page.get_by_label("Attention", exact=True)
     canvas.focus()  # the keyboard moves the row that the readout puts into words
     page.keyboard.press("ArrowUp")
     readout = page.text_content("#attention-readout")
@@ -239,7 +239,9 @@ def test_every_heads_thumbnail_is_drawn_on_a_square_root_scale_that_the_legend_s
     assert legend.inner_text().split("(")[0].split() == ["Colour:", *map(str, keys)]
     assert "square-root scale" in legend.inner_text() and "√weight" in legend.inner_text()
     assert all(abs(red - (255 - 247 * math.sqrt(p))) <= 1 for red, p in zip(swatch_reds(legend), keys, strict=True))
-    screenshot(page.locator("section", has=page.get_by_label("Attention")), "playground-attention-all-heads.png")
+    screenshot(
+        page.locator("section", has=page.get_by_label("Attention", exact=True)), "playground-attention-all-heads.png"
+    )
     page.locator("#head").select_option("0")  # one head: the weights as they are, and the legend says so
     assert "linear" in legend.inner_text()
     assert all(abs(red - (255 - 247 * p)) <= 1 for red, p in zip(swatch_reds(legend), keys, strict=True))
