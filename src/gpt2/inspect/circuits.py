@@ -121,6 +121,14 @@ def head_scores(
     return scores if t.batched and per_prompt else scores.mean(0)
 
 
+def pattern_scores(patterns: torch.Tensor, ids: Sequence[int], kind: str) -> torch.Tensor:
+    """`head_scores` (its default convention) of patterns already traced: (L, H, T, T) one prompt's
+    patterns of `ids` -> (L, H)."""
+    if kind not in HEAD_SCORES:
+        raise InvalidArgumentError(f"kind must be one of {', '.join(HEAD_SCORES)}, got {kind!r}", "kind")
+    return _score(patterns, list(ids), kind, "gpt2", False, False)
+
+
 def _score(
     patterns: torch.Tensor, ids: list[int], kind: str, convention: str, exclude_bos: bool, exclude_current: bool
 ) -> torch.Tensor:

@@ -34,8 +34,9 @@ from fastapi.responses import Response
 
 from gpt2.errors import InvalidArgumentError
 from gpt2.serve.protocol import RequestError
+from gpt2.training.loggers import LOG
+from gpt2.training.probes import PROBES
 
-LOG, PROBES = "log.jsonl", "probes.jsonl"  # what `gpt2 train` writes in its OUT (gpt2.training.train)
 FILES = {"log": LOG, "probes": PROBES}
 MAX_RECORDS = {"log": 20_000, "probes": 50}  # an answer's records at most; a probe's hold its attention, T x T a head
 MAX_BYTES = 8 * 2**20  # and their lines' bytes at most, past the first record: a big model's probes are MBs each

@@ -25,6 +25,7 @@ from gpt2._files import atomic_write_text
 from gpt2.errors import InvalidArgumentError
 from gpt2.settings import TrainSettings
 
+LOG = "log.jsonl"  # in OUT: every record of the run, a line each
 WANDB_ID = "wandb-run-id"  # in OUT: the W&B run a resume goes on with
 
 

@@ -25,7 +25,7 @@ import torch
 from gpt2._files import atomic_write_text
 from gpt2.checkpoints.config import GPT2Config
 from gpt2.errors import InvalidArgumentError
-from gpt2.inspect.circuits import HEAD_SCORES, head_scores, repeated_tokens
+from gpt2.inspect.circuits import HEAD_SCORES, pattern_scores, repeated_tokens
 from gpt2.inspect.tracing import logit_lens_top, trace
 from gpt2.model.model import GPT2
 from gpt2.settings import TrainSettings
@@ -72,7 +72,7 @@ def probe_record(model: GPT2, tokenizer: Tokenizer | CharTokenizer | None, ids: 
         [{"token": text(i), "id": i, "prob": round(p, 6)} for i, p in zip(row_ids, row_probs)]
         for row_ids, row_probs in zip(tops.tolist(), probs.tolist())
     ]
-    scores = {kind: head_scores(model, ids, kind).tolist() for kind in HEAD_SCORES}
+    scores = {kind: pattern_scores(attention.float().cpu(), ids, kind).tolist() for kind in HEAD_SCORES}  # this pass's
     room = min(SAMPLE_TOKENS, model.config.n_ctx - len(ids))
     new = []
     if room > 0:

@@ -71,7 +71,7 @@ from gpt2.training.checkpoint import (
     write_checkpoint,
 )
 from gpt2.training.curves import plot_head_scores, plot_losses
-from gpt2.training.loggers import WANDB_ID, Loggers, check_loggers, open_loggers, read_log
+from gpt2.training.loggers import LOG, WANDB_ID, Loggers, check_loggers, open_loggers, read_log
 from gpt2.training.optim import learning_rate, make_optimizers, peak_lr, warn_about_warmup
 from gpt2.training.plan import (
     ChatTemplateReplacedWarning,
@@ -85,7 +85,6 @@ from gpt2.training.plan import (
 from gpt2.training.probes import PROBES, append_probe, probe_ids, probe_record, trim_probes
 from gpt2.training.stopping import StopRequested, StopSignals
 
-LOG = "log.jsonl"
 PLOT = "loss.png"
 HEADS_PLOT = "heads.png"  # each head's scores on the probe
 EVAL_STREAM = 1 << 32  # evaluation batches use micro-steps from here on: never a training batch's seed
