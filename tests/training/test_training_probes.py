@@ -94,6 +94,9 @@ def test_a_probe_the_run_cannot_read_is_refused_before_it_starts(tmp_path, char_
     assert e.value.param == "probe"
     with pytest.raises(InvalidArgumentError, match="probe must be 1 to 32 tokens") as e:
         train(tmp_path / "b", data=char_data, max_iters=2, probe="x" * 33, **TINY)
+    with pytest.raises(InvalidArgumentError, match="probe 'abc' has no token that repeats") as e:
+        train(tmp_path / "c", data=char_data, max_iters=2, probe="abc", **TINY)
+    assert e.value.param == "probe" and not (tmp_path / "c" / "log.jsonl").exists()
     with pytest.raises(InvalidArgumentError, match="probe_repeat must be"):
         TrainSettings(data=str(char_data), probe_repeat=-1)
     settings = TrainSettings(data=str(char_data), probe_repeat=0)

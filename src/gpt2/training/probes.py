@@ -25,7 +25,7 @@ import torch
 from gpt2._files import atomic_write_text
 from gpt2.checkpoints.config import GPT2Config
 from gpt2.errors import InvalidArgumentError
-from gpt2.inspect.circuits import HEAD_SCORES, pattern_scores, repeated_tokens
+from gpt2.inspect.circuits import HEAD_SCORES, pattern_scores, repeated_tokens, score_masks
 from gpt2.inspect.tracing import logit_lens_top, trace
 from gpt2.model.model import GPT2
 from gpt2.settings import TrainSettings
@@ -51,6 +51,12 @@ def probe_ids(s: TrainSettings, config: GPT2Config, tokenizer: Tokenizer | CharT
         if not 0 < len(ids) <= config.n_ctx:
             raise InvalidArgumentError(
                 f"probe must be 1 to {config.n_ctx} tokens (the model's context), got {len(ids)}", "probe"
+            )
+        if not all(score_masks(ids, kind)[1].any() for kind in HEAD_SCORES):  # a score with no query to average
+            raise InvalidArgumentError(
+                f"probe {s.probe!r} has no token that repeats: the duplicate and induction scores need one "
+                "(e.g. a line written twice)",
+                "probe",
             )
         return ids
     if s.probe_repeat == 0:
