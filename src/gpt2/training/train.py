@@ -294,12 +294,11 @@ class Trainer:
                 self.iteration = it
                 try:
                     self.at_start = rng_state(self.device)
-                    if self.probe is not None and self.probed != it:  # first: the evaluation's heads.png draws it
-                        if it % (s.probe_interval or s.eval_interval) == 0 or it == s.max_iters:
-                            self.record_probe(it)
                     if (it % s.eval_interval == 0 or it == s.max_iters) and self.evaluated != it:
-                        self.evaluate_and_save(it)
+                        self.evaluate_and_save(it)  # with the probe due now, once its losses are numbers
                         self.at_start = rng_state(self.device)  # (sampling draws from its own generator, but need not)
+                    if self.probe_due(it):  # between evaluations (probe_interval)
+                        self.record_probe(it)
                     if it == s.max_iters:
                         break
                     started = time.perf_counter()
@@ -542,6 +541,8 @@ class Trainer:
         """Evaluate, then log it, keep the model if it is the best so far, sample, save the checkpoint and plot."""
         losses = self.evaluate()
         scores = self.score_task()
+        if self.probe_due(it):  # before the files' writer is handed heads.png to draw
+            self.record_probe(it)
         self.evaluated = it
         improved = losses["val"] < self.best_val_loss
         record = {
@@ -573,6 +574,12 @@ class Trainer:
         self.writer.write(
             lambda: self.write_files(weights if improved else None, state, it)
         )  # copies: training goes on
+
+    def probe_due(self, it: int) -> bool:
+        """Whether this process probes at iteration `it` (rank 0, a run with probes) and has not yet."""
+        s = self.s
+        due = it % (s.probe_interval or s.eval_interval) == 0 or it == s.max_iters
+        return self.probe is not None and self.probed != it and due
 
     def record_probe(self, it: int) -> None:
         """What the model does with the run's probe now, a line of OUT/probes.jsonl and to W&B and TensorBoard
