@@ -132,6 +132,15 @@ def test_walk_equals_transformers_with_the_prompts_merges_in_the_apis_words(mode
     assert by_ids["bpe"] is None and by_ids["steps"] == answer["steps"]
 
 
+def test_a_walk_names_every_token_of_a_vocabulary_smaller_than_top_k(char_server):
+    answer = post(char_server, {"prompt": "ROMEO:", "top_k": 100}, "/v1/walk").json()
+    logits = next(s for s in answer["steps"] if s["name"] == "logits")["values"]
+    assert len(answer["next"]) == len(logits) == 65  # the model's 65 characters, each once, highest logit first
+    assert sorted(e["id"] for e in answer["next"]) == list(range(65))
+    assert [e["logit"] for e in answer["next"]] == sorted((e["logit"] for e in answer["next"]), reverse=True)
+    assert all(abs(e["logit"] - logits[e["id"]]) < 1e-5 for e in answer["next"])
+
+
 @pytest.mark.parametrize(
     "body, param, message",
     [

@@ -58,7 +58,8 @@ async def walk_route(body: WalkBody, request: Request) -> Response:
     asked = parse_inspect(body, server.tokenizer, server.model, server.limits, server.allowed_special, "/v1/walk")
     text = body.prompt if isinstance(body.prompt, str) else None
     async with server.inspecting:
-        answer = await asyncio.to_thread(walk, server.model, asked.ids, asked.top_k)
+        # the top_k next tokens, fewer where the vocabulary is smaller (a client need not know its size)
+        answer = await asyncio.to_thread(walk, server.model, asked.ids, min(asked.top_k, server.model.config.n_vocab))
     return Response(
         json.dumps(walked(answer, server.tokenizer, text, server.allowed_special)), media_type="application/json"
     )

@@ -4,13 +4,14 @@
 // what each LayerNorm does to its input; and the tied unembedding's next-token distribution at the
 // temperature a slider sets, computed here over all the logits. Plain JavaScript, no library.
 
-import { $, call, send, ServerError } from "./api.js";
+import { $, call, send } from "./api.js";
+
+const TOP_K = 50;  // next tokens named by the server (their text); the probabilities come from all the logits
 
 const state = {
   walk: null,        // /v1/walk's answer now drawn
   asked: 0,          // the latest walk asked for: an answer to an older one is dropped
   readsText: null,   // whether the model has a tokenizer (null: not asked yet); without one, prompts are ids
-  topK: 50,          // next tokens named by the server: their text; probabilities come from all the logits
   shown: null,       // once the view has been opened: the promise of its first showing (late controls, tokenizer)
 };
 const TOP_SHOWN = 10;
@@ -79,16 +80,7 @@ async function walk(event) {
   showError("");
   try {
     await shown();  // whether the model reads text: typed ids are sent as ids only where it does not
-    let answer;
-    try {
-      answer = await call("/v1/walk", { prompt: prompt(), top_k: state.topK });
-    } catch (e) {
-      // A vocabulary smaller than top_k: the server says how many it has; ask again for them all.
-      const fewer = e instanceof ServerError && e.message.match(/must be a whole number in 1\.\.(\d+)/);
-      if (!fewer) throw e;
-      state.topK = Number(fewer[1]);
-      answer = await call("/v1/walk", { prompt: prompt(), top_k: state.topK });
-    }
+    const answer = await call("/v1/walk", { prompt: prompt(), top_k: TOP_K });  // fewer where the vocabulary is
     if (asked !== state.asked) return;
     draw(answer);
   } catch (e) {
@@ -104,7 +96,6 @@ async function walk(event) {
 
 function draw(answer) {
   state.walk = answer;
-  state.topK = Math.min(50, answer.model.n_vocab);
   const m = answer.model, T = answer.ids.length;
   const last = answer.tokens[T - 1];
   $("walk-summary").textContent = `${T} token${T === 1 ? "" : "s"} through ${m.n_layer} blocks of ${m.n_head} heads ` +
