@@ -4,7 +4,7 @@
 // ablation, activation patching, logit attribution; with transcoders, a prompt's attribution graph and
 // its features' contexts); /tokenize counts the prompt's tokens, for the room left in the context. Plain JavaScript, no library: read it top to bottom.
 
-import { $, ServerError, call, failure, send } from "./api.js";
+import { $, LOOKS_AT, SCORES, ServerError, call, colour, diverging, failure, send, showError, svg } from "./api.js";
 
 const state = {
   model: null,       // the served model's card from /v1/models
@@ -41,12 +41,8 @@ async function* events(stream) {
   }
 }
 
-// An error next to what caused it: the generation's (and the model's) at the top of the page, the
-// Heads', Patch's and Attribute's beside their own buttons (`where`), not a screen away.
-function showError(message, where = "error") {
-  $(where).textContent = message;
-  $(where).hidden = !message;
-}
+// An error next to what caused it (api.js's showError): the generation's (and the model's) at the top of the
+// page, the Heads', Patch's and Attribute's beside their own buttons, not a screen away.
 
 const say = (message) => { $("status").textContent = message; };
 const percent = (p) => `${(100 * p).toFixed(p >= 0.9995 || p < 0.0005 ? 2 : 1)}%`;
@@ -329,8 +325,6 @@ function fillSelects() {
 const label = (i) => { const t = shown(state.inspection.tokens[i]); return t.length > 14 ? `${t.slice(0, 13)}…` : t; };
 
 // White for 0 to dark blue for 1: a probability p is the pixel's red 255 - 247 p.
-const INK = [8, 48, 107];
-const colour = (p) => `rgb(${INK.map((c) => Math.round(255 - (255 - c) * p)).join(",")})`;
 
 // One head is drawn as it is. The thumbnails of "all heads" are small, and most weights are small
 // too (a token looking evenly at 40 others gives each 2.5%, which is 2.5% colour): there a weight
@@ -543,12 +537,6 @@ function scrollCue(name) {
 // ------------------------------------------------------------------ circuits (/v1/circuits)
 
 const modelField = () => (state.model ? { model: state.model.id } : {});
-const SVG = "http://www.w3.org/2000/svg";
-const svg = (tag, attributes = {}) => {
-  const element = document.createElementNS(SVG, tag);
-  for (const [key, value] of Object.entries(attributes)) element.setAttribute(key, value);
-  return element;
-};
 function svgSize(element, width, height) {
   element.setAttribute("width", width);
   element.setAttribute("height", height);
@@ -556,15 +544,6 @@ function svgSize(element, width, height) {
 const fixed = (x) => (x < 0 ? "−" : "") + Math.abs(x).toFixed(3);
 // A probability with three significant digits: a random model's are all near 1 / 50257.
 const precise = (p) => `${(100 * p).toPrecision(3)}%`;
-// Diverging colour for -1..1: blue for positive, red for negative, white at 0.
-const diverging = (x) => {
-  const t = Math.max(-1, Math.min(1, x));
-  return t >= 0 ? colour(t) : `rgb(255,${Math.round(255 - 200 * -t)},${Math.round(255 - 200 * -t)})`;
-};
-
-const SCORES = { previous_token: "previous-token", duplicate_token: "duplicate-token", induction: "induction" };
-const LOOKS_AT = { previous_token: "the token just before", duplicate_token: "earlier copies of the same token",
-                   induction: "the token after an earlier copy" };  // what each score is the mean attention to
 
 // The heads as a heat map, a row per layer and a column per head, each square coloured by the
 // chosen score of that head on the text (/v1/circuits/scores), as the attention is: white 0, dark

@@ -4,14 +4,9 @@
 // attention and the probe's greedy continuation. While the view is shown it asks every second for the lines
 // written since it last asked ("since"), and draws them; a file cut back by a resume ("reset") is read again.
 
-import { $, call } from "./api.js";
+import { $, LOOKS_AT, SCORES, call, colour, showError, svg } from "./api.js";
 
 const POLL_MS = 1000;
-const SCORES = { previous_token: "previous-token", duplicate_token: "duplicate-token", induction: "induction" };
-const LOOKS_AT = { previous_token: "the token just before", duplicate_token: "earlier copies of the same token",
-                   induction: "the token after an earlier copy of the token" };
-const INK = [8, 48, 107];  // the playground's: white 0, dark blue 1
-const colour = (p) => `rgb(${INK.map((c) => Math.round(255 - (255 - c) * p)).join(",")})`;
 const LINES = ["#d1495b", "#edae49", "#00798c", "#66a182", "#8d6cab", "#2e4057"];  // the heads that stand out
 const STEP_INK = "#8fb3d9", TRAIN_INK = "#0b5cad", VAL_INK = "#e07b00";
 
@@ -33,10 +28,6 @@ const fmt = (n) => n.toLocaleString("en-US");
 const fixed = (x, d = 3) => (x === null || x === undefined ? "—" : Number(x).toFixed(d));
 const shown = (text) => JSON.stringify(text).slice(1, -1);  // a token with its spaces and newlines visible
 
-function say(id, message) {
-  $(id).textContent = message;
-  $(id).hidden = !message;
-}
 
 // ------------------------------------------------------------------ following the run
 
@@ -53,9 +44,10 @@ async function tick() {
       await readNew("probes");
       if (run.epoch !== epoch) await readNew("log");  // probes.jsonl was cut back: the log is read anew too
     }
-    say("training-error", "");
+    showError("", "training-error");
   } catch (e) {
-    say("training-error", `${e.message}${e.message.startsWith("401") ? " (the API key goes in the Playground's settings)" : ""}`);
+    showError(`${e.message}${e.message.startsWith("401") ? " (the API key goes in the Playground's settings)" : ""}`,
+      "training-error");
   }
   if (!missing) setTimeout(tick, POLL_MS);
   else following = false;
@@ -184,14 +176,6 @@ function drawProbes() {
   drawAttention(record);
   drawLoss();  // its marker at the evaluation shown
   drawSamples();
-}
-
-// An SVG element with its attributes.
-function svg(tag, attrs = {}, text) {
-  const el = document.createElementNS("http://www.w3.org/2000/svg", tag);
-  for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, v);
-  if (text !== undefined) el.textContent = text;
-  return el;
 }
 
 // Round numbers for an axis from lo to hi, about `count` of them.

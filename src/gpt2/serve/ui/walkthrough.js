@@ -4,7 +4,7 @@
 // what each LayerNorm does to its input; and the tied unembedding's next-token distribution at the
 // temperature a slider sets, computed here over all the logits. Plain JavaScript, no library.
 
-import { $, call, send } from "./api.js";
+import { $, call, diverging, send, showError, svg } from "./api.js";
 
 const TOP_K = 50;  // next tokens named by the server (their text); the probabilities come from all the logits
 
@@ -15,7 +15,6 @@ const state = {
   shown: null,       // once the view has been opened: the promise of its first showing (late controls, tokenizer)
 };
 const TOP_SHOWN = 10;
-const SVG = "http://www.w3.org/2000/svg";
 
 // ------------------------------------------------------------------ small helpers
 
@@ -30,13 +29,6 @@ function el(tag, props = {}, ...children) {
   return e;
 }
 
-function svg(tag, attrs = {}, text = null) {
-  const e = document.createElementNS(SVG, tag);
-  for (const [key, value] of Object.entries(attrs)) e.setAttribute(key, value);
-  if (text !== null) e.textContent = text;
-  return e;
-}
-
 const shapeText = (shape) => `(${shape.join(", ")})`;
 const fixed = (x, digits = 3) => (x < 0 ? "−" : "") + Math.abs(x).toFixed(digits);
 const percent = (p) => `${(100 * p).toPrecision(3)}%`;
@@ -45,21 +37,7 @@ const largest = (values) => values.reduce((m, v) => Math.max(m, Math.abs(v)), 0)
 const mean = (xs) => xs.reduce((s, v) => s + v, 0) / xs.length;
 const std = (xs) => { const m = mean(xs); return Math.sqrt(xs.reduce((s, v) => s + (v - m) ** 2, 0) / xs.length); };
 
-// The colours of the playground: white at 0, dark blue for +1 (red channel 255 - 247 t), red for -1
-// (green and blue 255 - 200 t). A value is drawn as value / scale, clamped to -1..1.
-const INK = [8, 48, 107];
-function diverging(t) {
-  const x = Math.max(-1, Math.min(1, t));
-  if (x >= 0) return INK.map((c) => Math.round(255 - (255 - c) * x));
-  const g = Math.round(255 - 200 * -x);
-  return [255, g, g];
-}
-const rgb = (c) => `rgb(${c.join(",")})`;
-
-function showError(message) {
-  $("walk-error").textContent = message;
-  $("walk-error").hidden = !message;
-}
+// A value is drawn in the playground's colours (api.js's diverging) as value / scale, clamped to -1..1.
 
 // ------------------------------------------------------------------ asking
 
@@ -77,7 +55,7 @@ async function walk(event) {
   event.preventDefault();
   const asked = ++state.asked;
   $("walkthrough").setAttribute("aria-busy", "true");
-  showError("");
+  showError("", "walk-error");
   try {
     await shown();  // whether the model reads text: typed ids are sent as ids only where it does not
     const answer = await call("/v1/walk", { prompt: prompt(), top_k: TOP_K });  // fewer where the vocabulary is
@@ -88,7 +66,7 @@ async function walk(event) {
     state.walk = null;
     $("walk-body").hidden = true;
     $("walk-summary").textContent = "";
-    showError(e.message);
+    showError(e.message, "walk-error");
   } finally {
     if (asked === state.asked) $("walkthrough").removeAttribute("aria-busy");
   }
@@ -162,7 +140,7 @@ function drawPositions(positions) {
   const ctx = canvas.getContext("2d");
   ctx.clearRect(0, 0, canvas.width, canvas.height);
   heat.forEach((row, r) => row.forEach((v, d) => {
-    ctx.fillStyle = rgb(diverging(v / scale));
+    ctx.fillStyle = diverging(v / scale);
     ctx.fillRect(left + d * cw, top + r * ch, cw, ch);
   }));
   ctx.fillStyle = "#57606a";
@@ -270,7 +248,7 @@ function strip(values) {
     let at = c * per;
     for (let i = at; i < Math.min(values.length, (c + 1) * per); i++) if (Math.abs(values[i]) > Math.abs(values[at])) at = i;
     runs.push(at);
-    ctx.fillStyle = rgb(diverging(values[at] / scale));
+    ctx.fillStyle = diverging(values[at] / scale);
     ctx.fillRect(c * cell, 0, cell, 1);
   }
   canvas.onmousemove = (e) => {
@@ -307,7 +285,7 @@ function headGrid(row, h, tokens) {
     }
   }
   row.forEach((p, k) => {
-    ctx.fillStyle = rgb(diverging(Math.sqrt(p)));
+    ctx.fillStyle = diverging(Math.sqrt(p));
     ctx.fillRect(k * cw, above, cw - gap, tall);
   });
   canvas.onmousemove = (e) => {
