@@ -61,13 +61,28 @@ def test_inspect_prints_each_tokens_probability_rank_and_alternatives(capsys, mo
     assert coloured.count("\x1b[38;5;") == len(ids) - 1
 
 
-def test_inspect_walk_json_prints_the_walk_with_transformers_values_and_the_merges(capsys, model_dir, tiktoken_gpt2):
+def test_inspect_walk_json_prints_the_walk_with_transformers_values_and_the_merges(
+    capsys, model_dir, tiktoken_gpt2, tmp_path
+):
     import json
 
     from transformers import GPT2LMHeadModel
 
-    code, out, _ = run(capsys, "inspect", "Hello, world", "--model", model_dir, "--walk", "--json", "--top-k", "4")
-    assert code == 0
+    pictures = tmp_path / "pics"
+    code, out, err = run(
+        capsys,
+        "inspect",
+        "Hello, world",
+        "--model",
+        model_dir,
+        "--walk",
+        "--json",
+        "--top-k",
+        "4",
+        "--png",
+        str(pictures),
+    )
+    assert code == 0 and "gpt2: wrote 4 pictures" in err and len(list(pictures.glob("*.png"))) == 4  # --png as ever
     answer = json.loads(out)
     assert answer["ids"] == tiktoken_gpt2.encode("Hello, world") and len(answer["next"]) == 4
     assert_walk_equals_transformers(

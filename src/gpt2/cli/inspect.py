@@ -63,10 +63,12 @@ def cmd(args: argparse.Namespace) -> int:
     text = _inspect_text(args)
     model, _ = load_model(args, needs=_needs_text(args))
     sampling.check_vocab(model.config.n_vocab)  # --top-k: here, not in next_token_report, whose k is no flag
+    names = tracing.activation_names(model.config.n_layer, on_request=args.walk and not args.json)
     if args.walk and args.json:  # the walk as one JSON object: what the server's /v1/walk answers its page with
+        if png is not None:
+            _draw(tracing.trace(model, text, names=names, prepend_bos=args.prepend_bos), png, args.position, sampling)
         print(json.dumps(walk(model, _with_bos(model, text, args), args.top_k)))
         return 0
-    names = tracing.activation_names(model.config.n_layer, on_request=args.walk)
     trace = tracing.trace(model, text, names=names, prepend_bos=args.prepend_bos)
     if png is not None:
         _draw(trace, png, args.position, sampling)
