@@ -5,7 +5,8 @@ the records in the files: each heat map cell against the probe record's head_sco
 grid against its attention, the loss chart's points against the log's evaluations.
 
 A server of runs alone serves no model: the page opens on its Training view. The screenshot
-test-artifacts/training.png is the docs' picture of the view.
+test-artifacts/training.png is the view on the test's records, to look at (docs/train.md's picture is
+scripts/training_view.py's, of a real run).
 """
 
 from __future__ import annotations
@@ -243,7 +244,7 @@ def test_a_server_of_runs_alone_opens_on_training_and_follows_a_run_as_it_is_wri
         assert all(urlsplit(url).netloc == origin for url in watched.requests if not url.startswith("data:"))
         assert watched.errors == []
         page.mouse.move(0, 0)
-        screenshot(page, "training.png")  # docs/train.md's picture of the view
+        screenshot(page, "training.png")  # the view as a person sees it
     finally:
         watched.close()
 
