@@ -46,6 +46,7 @@ def probe_ids(s: TrainSettings, config: GPT2Config, tokenizer: Tokenizer | CharT
             raise InvalidArgumentError(
                 "probe: this run's data has no tokenizer to read a text with; probe_repeat probes with random ids",
                 "probe",
+                ("probe_repeat",),
             )
         ids = tokenizer.encode_ordinary(s.probe)
         if not 0 < len(ids) <= config.n_ctx:
