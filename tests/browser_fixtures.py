@@ -2,7 +2,8 @@
 Playwright's own; without either the tests fail, saying so, never skip), a page watched for what it
 asks of the network and what its console says, and screenshots in test-artifacts/
 ($GPT2_TEST_ARTIFACTS), to be looked at. A plugin of tests/conftest.py (its `browser`
-fixture, one Chromium a test module); tests/test_playground*.py import the rest."""
+fixture, one Chromium a test module, and the shipped models served); tests/test_playground*.py import the
+rest."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers import REPO
+from helpers import REPO, serving
 from playwright import sync_api as playwright
+
+from gpt2.model.model import GPT2
 
 ARTIFACTS = Path(os.environ.get("GPT2_TEST_ARTIFACTS", REPO / "test-artifacts"))
 
@@ -85,3 +88,21 @@ class Watched:
 
     def close(self) -> None:
         self.context.close()
+
+
+# The models the page's tests serve besides their own random ones, a server a test module.
+
+
+@pytest.fixture(scope="module")
+def char_served():
+    """shakespeare_char, the model gpt2 ships: a character vocabulary (65), a context of 64."""
+    model = GPT2.from_pretrained("shakespeare_char", device="cpu")
+    yield from serving(model, model.tokenizer, "shakespeare_char")
+
+
+@pytest.fixture(scope="module")
+def served_without_tokenizer():
+    """tests/fixtures/induction_2l: trained here on 64 ids, no tokenizer: served on token ids alone."""
+    model = GPT2.from_pretrained(REPO / "tests" / "fixtures" / "induction_2l", device="cpu")
+    assert model.tokenizer is None
+    yield from serving(model, None, "induction")

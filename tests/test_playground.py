@@ -24,16 +24,7 @@ from pathlib import Path
 import httpx
 import pytest
 from browser_fixtures import ARTIFACTS, Watched, screenshot
-from helpers import (
-    REPO,
-    Running,
-    circuit_tracer_layer,
-    corpus,
-    hf_and_ours,
-    make_ending_model,
-    serving,
-    write_circuit_tracer,
-)
+from helpers import Running, circuit_tracer_layer, corpus, hf_and_ours, make_ending_model, serving, write_circuit_tracer
 from playwright.sync_api import expect
 
 from gpt2 import Tokenizer
@@ -658,15 +649,6 @@ def test_the_page_reads_on_a_phone_sized_screen(browser, served):
 # ------------------------------------------------------------------ on the model gpt2 ships
 
 
-@pytest.fixture(scope="module")
-def char_served():
-    """shakespeare_char, the model gpt2 ships: a character vocabulary (65), a context of 64."""
-    model = GPT2.from_pretrained("shakespeare_char", device="cpu")
-    running = Running(lambda: (model, model.tokenizer), "shakespeare_char")
-    yield running
-    running.stop()
-
-
 @pytest.fixture
 def char_page(browser, char_served):
     """A fresh page on shakespeare_char, nothing generated yet."""
@@ -788,14 +770,6 @@ def test_the_patching_grid_shows_that_it_scrolls_sideways_while_it_is_wider_than
     screenshot(page.locator("section", has=page.get_by_label("Patching")), "playground-patching-char.png")
     page.set_viewport_size({"width": 4000, "height": 900})  # wide enough for every column: no cue
     expect(cue).to_be_hidden()
-
-
-@pytest.fixture(scope="module")
-def served_without_tokenizer():
-    """tests/fixtures/induction_2l: trained here on 64 ids, no tokenizer: served on token ids alone."""
-    model = GPT2.from_pretrained(REPO / "tests" / "fixtures" / "induction_2l", device="cpu")
-    assert model.tokenizer is None
-    yield from serving(model, None, "induction")
 
 
 def test_a_model_with_no_tokenizer_is_named_and_the_page_says_it_needs_one(browser, served_without_tokenizer):

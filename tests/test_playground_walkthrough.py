@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 from browser_fixtures import Watched, screenshot
-from helpers import REPO, VOCAB, Running, corpus, hf_and_ours, positions_written_out
+from helpers import VOCAB, Running, corpus, hf_and_ours, positions_written_out
 from playwright.sync_api import expect
 
 from gpt2 import GPT2Config, Tokenizer
@@ -294,14 +294,6 @@ def test_the_bpe_page_asks_nothing_of_another_origin_and_logs_no_error(tiny_page
 
 
 @pytest.fixture(scope="module")
-def char_served():
-    model = GPT2.from_pretrained("shakespeare_char", device="cpu")
-    running = Running(lambda: (model, model.tokenizer), "shakespeare_char")
-    yield running
-    running.stop()
-
-
-@pytest.fixture(scope="module")
 def char_page(browser, char_served):
     watched = walk_on_the_page(browser, char_served.url, CHAR_PROMPT)
     yield watched
@@ -350,20 +342,12 @@ def test_a_refused_walk_shows_the_servers_message_beside_the_button(char_page):
 # ------------------------------------------------------------------ no tokenizer: token ids
 
 
-@pytest.fixture(scope="module")
-def ids_served():
-    model = GPT2.from_pretrained(REPO / "tests" / "fixtures" / "induction_2l", device="cpu")
-    running = Running(lambda: (model, None), "induction")
-    yield running
-    running.stop()
-
-
-def test_a_model_with_no_tokenizer_walks_a_prompt_of_ids(browser, ids_served):
-    watched = walk_on_the_page(browser, ids_served.url, IDS_PROMPT, by_address=True)
+def test_a_model_with_no_tokenizer_walks_a_prompt_of_ids(browser, served_without_tokenizer):
+    watched = walk_on_the_page(browser, served_without_tokenizer.url, IDS_PROMPT, by_address=True)
     try:
         page, ids = watched.page, [1, 2, 3, 4, 5, 1, 2, 3]
         expect(page.get_by_role("button", name="Walkthrough", exact=True)).to_have_attribute("aria-pressed", "true")
-        answer = api_walk(ids_served.url, ids)
+        answer = api_walk(served_without_tokenizer.url, ids)
         assert answer["tokenizer"] is None and answer["ids"] == ids
         expect(page.locator("#walk-tokenizer")).to_contain_text("no tokenizer: it reads token ids")
         assert (
@@ -374,7 +358,7 @@ def test_a_model_with_no_tokenizer_walks_a_prompt_of_ids(browser, ids_served):
         )
         for step in answer["steps"]:
             expect(page.locator(f'[data-step="{step["name"]}"]')).to_have_count(1)
-        assert all(url.startswith(ids_served.url) for url in watched.requests)
+        assert all(url.startswith(served_without_tokenizer.url) for url in watched.requests)
         # The console's only errors are /tokenizer_info's 400s: the playground's and this view's, which ask it
         # whether the model reads text.
         asked = [url for url in watched.requests if url.endswith("/tokenizer_info")]
