@@ -137,6 +137,11 @@ def test_wandb_offline_and_tensorboard_get_what_log_jsonl_gets_and_a_resume_goes
         assert {k: rows[record["iter"]][k] for k in record if k != "iter"} == {
             k: v for k, v in record.items() if k != "iter"
         }
+    for step in (0, 2, 4):  # the probe at each evaluation, as W&B media (its history's keys, nested ones joined by ".")
+        for kind in ("previous_token", "duplicate_token", "induction"):  # a picture, a cell a head: 2 heads, 1 layer
+            media = {key: rows[step][f"probe/{kind}.{key}"] for key in ("_type", "format", "width", "height")}
+            assert media == {"_type": "image-file", "format": "png", "width": 48, "height": 24}
+        assert rows[step]["probe/sample._type"] == "html-file"
     scalars = tensorboard_scalars(board)
     for key in ("loss", "lr", "val_loss", "train_loss", "tokens_per_s"):
         assert scalars[key] == pytest.approx(logged(out, key), rel=1e-6), key  # float32 in the event files
