@@ -21,7 +21,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q -e ".[dev,train,eval,serve,inspect,structured,export]"
+	$(BIN)/python -m pip install -q -e ".[dev,train,eval,serve,inspect,structured,export,cluster]"
 	touch $@ $(VENV)/.installed
 
 # The decode kernel (src/gpt2/generation/kernels.py): compiled once for each Python, torch, compiler and

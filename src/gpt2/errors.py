@@ -94,6 +94,10 @@ class DistributedError(GPT2Error, RuntimeError):
     """Training on several processes failed: a bad launch, or a process that died or stopped answering."""
 
 
+class ClusterError(GPT2Error, RuntimeError):
+    """Serving on a Ray cluster failed: the cluster cannot be started or reached, or the replicas fail to start."""
+
+
 class RecipeError(GPT2Error, ValueError):
     """A recipe file (a run's settings in TOML) is not TOML, or holds an unknown key or a value of the wrong type."""
 

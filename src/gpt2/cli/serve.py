@@ -69,10 +69,16 @@ def cmd(args: argparse.Namespace) -> int:
     for config in model_configs(args):
         limits.check_memory(config, device, form.compute)
 
-    def listening(url: str) -> None:
+    def listening(url: str, how: str = "", dashboard: str | None = None) -> None:
         page = "" if args.no_ui else f"; the playground on {url.removesuffix('/v1')}/"
         if args.runs is not None:
             page += f"; the training runs in {args.runs} on {url}/runs"
+        if how:  # the replicas have loaded
+            where = ""
+            if dashboard is not None:  # a cluster started here, whose token `serve status` sends
+                where = f"; Ray's dashboard on {dashboard} (RAY_AUTH_MODE=token serve status -a {dashboard})"
+            print(f"gpt2: serving {args.model} as {how} on {url}{page}{where}", file=sys.stderr)
+            return
         print(
             f"gpt2: serving {args.model} on {url}{page} (loading the model; GET /health answers 200 once it has)",
             file=sys.stderr,
@@ -81,20 +87,58 @@ def cmd(args: argparse.Namespace) -> int:
     # a model that comes with no tokenizer is served too, on token ids (its tokenizer None): the requests that are
     # text are refused, each with a 400 saying so
     load_draft = None if args.draft is None else lambda: load_model(args, args.draft, needs=None)
-    serve(
-        lambda: load_model(args, needs=None),
-        args.model,
-        args.host,
-        args.port,
-        limits,
+    app_options = dict(
         allowed_special=allowed_special(args),
-        on_listen=listening,
         ui=not args.no_ui,
         load_draft=load_draft,
         chat_template=chat_template,
         transcoders=args.transcoders,
         feature_data=args.feature_data,
         runs=args.runs,
+    )
+    if args.replicas is not None:
+        return _replicas(args, limits, app_options, listening)
+    serve(
+        lambda: load_model(args, needs=None),
+        args.model,
+        args.host,
+        args.port,
+        limits,
+        on_listen=listening,
+        **app_options,
+    )
+    return 0
+
+
+def _replicas(args: argparse.Namespace, limits, app_options: dict, listening) -> int:
+    """gpt2 serve --replicas N: the same app, N times, as Ray Serve replicas behind Ray's HTTP proxy."""
+    from gpt2._checks import positive_int
+    from gpt2.serve import create_app
+    from gpt2.serve.cluster import serve_replicas
+
+    positive_int("replicas", args.replicas)  # before Ray starts
+
+    def build():  # in each replica: its app, whose model it loads before Ray counts it as running
+        return create_app(
+            lambda: load_model(args, needs=None), args.model, limits, load_in_background=False, **app_options
+        )
+
+    def ready(url: str, dashboard: str | None) -> None:
+        listening(url, f"{args.replicas} Ray Serve replicas", dashboard)
+
+    def starting() -> None:
+        print(f"gpt2: starting {args.replicas} Ray Serve replicas of {args.model} (each loads it)", file=sys.stderr)
+
+    serve_replicas(
+        build,
+        args.replicas,
+        args.host,
+        args.port,
+        threads=args.threads,
+        gpus=1 if args.device.startswith("cuda") else 0,
+        limits=limits,
+        on_start=starting,
+        on_listen=ready,
     )
     return 0
 
@@ -114,7 +158,7 @@ def _runs_alone(args: argparse.Namespace) -> int:
     Training view; no model."""
     from gpt2.serve import Limits, serve
 
-    given = [flag for dest, flag in MODEL_FLAGS if getattr(args, dest) is not None]
+    given = [flag for dest, flag in (*MODEL_FLAGS, ("replicas", "--replicas")) if getattr(args, dest) is not None]
     if given:
         raise UsageError(f"{given[0]} serves with a model: give --model too (--runs without --model serves none)")
 
@@ -172,6 +216,14 @@ def add_parser(commands) -> None:
         "--host", default="127.0.0.1", help="the address to listen on; 0.0.0.0 for every interface (default: 127.0.0.1)"
     )
     serve.add_argument("--port", type=whole_number, default=8000, help="(default: 8000)")
+    serve.add_argument(
+        "--replicas",
+        type=whole_number,
+        metavar="N",
+        help="serve N copies of the server, each with its model and batch, as Ray Serve replicas behind Ray's HTTP "
+        "proxy on --host:--port (needs the cluster extra): on the Ray cluster at $RAY_ADDRESS, else on one started "
+        "on this machine for the server; each replica takes --threads threads (default: its share of the cores)",
+    )
     add_inference_device_flags(serve)
     add_cuda_graphs_flag(serve)
     add_special_as_text_flag(serve, "string prompts and /tokenize's text")

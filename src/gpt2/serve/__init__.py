@@ -30,6 +30,7 @@ The rooms, as vLLM's `entrypoints/openai` keeps them:
     runs         /v1/runs: training runs' log.jsonl and probes.jsonl (--runs), read as gpt2 train writes them
     app          create_app: the routers, middleware, error handlers, /tokenize, the playground's files
     launch       serve: the app on uvicorn, the model loading in the main thread
+    cluster      serve_replicas: the app as N Ray Serve replicas behind Ray's HTTP proxy (--replicas, the cluster extra)
 """
 
 from gpt2.serve.app import create_app
