@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import psutil
@@ -208,3 +209,17 @@ def test_gpt2_serve_replicas_refusals_are_one_line(models, tmp_path, capsys, mon
     assert "--replicas serves with a model" in refused("--runs", str(tmp_path), "--replicas", "2")
     monkeypatch.setitem(sys.modules, "ray", None)  # the cluster extra not installed
     assert "pip install 'gpt2[cluster]'" in refused("--model", models[2], "--replicas", "2")
+
+
+def test_a_model_that_fails_to_load_in_the_replicas_is_one_line_naming_its_error(models, ray_env, tmp_path):
+    """A model whose config reads but whose weights do not: the replicas fail, and the command says why."""
+    (tmp_path / "config.json").write_bytes((Path(models[2]) / "config.json").read_bytes())
+    (tmp_path / "model.safetensors").write_bytes((Path(models[2]) / "model.safetensors").read_bytes()[:1000])
+    command = [sys.executable, "-m", "gpt2", "serve", "--model", str(tmp_path), "--replicas", "2", "--device", "cpu"]
+    result = subprocess.run(
+        [*command, "--port", str(free_port())], env=ray_env, capture_output=True, text=True, timeout=240
+    )
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if line.startswith("gpt2: ")]
+    assert lines[-1].startswith("gpt2: error: the replicas failed to start: "), result.stderr[-3000:]
+    assert "model.safetensors is truncated or corrupt" in lines[-1]

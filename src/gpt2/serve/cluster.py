@@ -41,7 +41,7 @@ LOCAL_ADDRESS = "127.0.0.1"  # the node address of a cluster started here
 # hold the rest in the proxy): its own limits decide, as on one process, its 429 included.
 _ONGOING_BEYOND_LIMITS = 8
 
-_RAISED = re.compile(r"^[A-Za-z_.]*(Error|Exception): ")
+_RAISED = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*(Error|Exception): ")
 
 Scope = MutableMapping[str, Any]
 ASGI = Callable[[Scope, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
@@ -121,13 +121,15 @@ def serve_replicas(
             serve.ingress()(Replica),
             name=APP_NAME,
             num_replicas=replicas,
+            max_constructor_retry_count=replicas,  # a model that fails to load fails in each: a try each
             max_ongoing_requests=limits.max_batch_size + limits.max_queue + _ONGOING_BEYOND_LIMITS,
             ray_actor_options={"num_cpus": threads, "num_gpus": gpus},
         )
         try:
             serve.run(deployment.bind(build, threads), name=APP_NAME, route_prefix="/")
-        except RuntimeError as e:  # a replica failed to start: Ray's message holds its traceback
-            raise ClusterError(f"the replicas failed to start: {_replica_error(str(e))}") from None
+        except RuntimeError:  # a replica failed to start: the deployment's status ends with its traceback
+            deployment_status = serve.status().applications[APP_NAME].deployments[APP_NAME]
+            raise ClusterError(f"the replicas failed to start: {_replica_error(deployment_status.message)}") from None
         if on_listen is not None:
             on_listen(f"http://{f'[{host}]' if ':' in host else host}:{port}/v1", dashboard)
         _wait_for_stop()
@@ -136,9 +138,12 @@ def serve_replicas(
 
 
 def _replica_error(message: str) -> str:
-    """The error a replica raised, the last "SomeError: what" line of Ray's message (else its last line)."""
+    """The error a replica raised, from the last "module.SomeError: what" line of Ray's message (else its
+    last line): gpt2's own errors by their message alone, as the command would say them."""
     raised = [line.strip() for line in message.splitlines() if _RAISED.match(line.strip())]
-    return raised[-1] if raised else message.strip().splitlines()[-1]
+    if not raised:
+        return message.strip().splitlines()[-1]
+    return raised[-1].split(": ", 1)[1] if raised[-1].startswith("gpt2.errors.") else raised[-1]
 
 
 def _free_port(host: str) -> int:
