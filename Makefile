@@ -25,9 +25,11 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 	touch $@ $(VENV)/.installed
 
 # The decode kernel (src/gpt2/generation/kernels.py): compiled once for each Python, torch, compiler and
-# CPU (about 50 s on 2 cores), here at set-up rather than in the first generation.
+# CPU (about 50 s on 2 cores), here at set-up rather than in the first generation; and the tokenizer's
+# (src/gpt2/tokenizer/native.py: its first pass in C, under a second), rather than in the first encode.
 kernel: $(VENV)/.installed
 	@$(BIN)/python -m gpt2.generation.kernels
+	@$(BIN)/python -m gpt2.tokenizer.native
 
 # MODEL: a released name (downloaded once) or a local directory of weights.
 MODEL ?= gpt2

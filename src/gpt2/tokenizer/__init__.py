@@ -1,8 +1,8 @@
 """GPT-2's tokenizer, in rooms as tiktoken's: `core` (byte-level BPE: encode, decode, special tokens),
 `load` (the files: OpenAI's, Hugging Face's, chars.json), `registry` (a tokenizer by its name or its
-directory), `pool` (encode_batch's worker processes), `char` (a character vocabulary), `trainer`
-(learning BPE merges) and `chat` (the chat template a tokenizer carries, rendered; import it as
-`gpt2.tokenizer.chat`, which brings Jinja2, so that `import gpt2` stays quick).
+directory), `pool` (encode_batch's worker processes), `native` (the first pass in C, compiled once),
+`char` (a character vocabulary), `trainer` (learning BPE merges) and `chat` (the chat template a tokenizer
+carries, rendered; import it as `gpt2.tokenizer.chat`, which brings Jinja2, so that `import gpt2` stays quick).
 """
 
 from gpt2.tokenizer.char import CharTokenizer
