@@ -109,6 +109,7 @@ FIRST = (
     "test_docs.py",  # 68 s
     "training/test_training_train.py",  # 58 s
     "serve/test_serve_cluster.py",  # 45 s (2026-12-07): Ray's cluster, started twice
+    "training/test_training_elastic.py",  # 20 s (2026-12-07): two torchrun agents, one killed
     "test_finetune_chat.py",  # 40 s
     "test_playground.py",  # 28 s
     "generation/test_generation_generate.py",  # 24 s

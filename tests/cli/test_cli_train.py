@@ -125,3 +125,23 @@ def test_train_bad_recipes_and_missing_loggers_are_one_line_and_exit_2(
     code, out, err = run(capsys, "train", "--recipe", "tiny.toml", *flags)
     assert (code, out) == (2, "") and err.count("\n") == 1 and err.startswith("gpt2: error: ")
     assert message in err and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("flags, auto_resume", [([], None), (["--auto-resume"], True), (["--no-auto-resume"], False)])
+def test_train_passes_auto_resume_on_off_or_unsaid(capsys, tmp_path, monkeypatch, flags, auto_resume):
+    """--auto-resume is train()'s auto_resume, not a setting of the run; unsaid, train() decides (on under torchrun)."""
+    import gpt2.training.train
+    from gpt2.training.train import TrainResult
+
+    called = {}
+
+    def fake_train(out, **kwargs):
+        called.update(kwargs)
+        return TrainResult(out, 1, 2.0, None, False)
+
+    monkeypatch.setattr(gpt2.training.train, "train", fake_train)
+    code, _, _ = run(capsys, "train", "--data", "d", "--out", str(tmp_path / "out"), *flags)
+    assert code == 0 and called["auto_resume"] is auto_resume
+    assert {k: v for k, v in called.items() if k not in ("resume", "overwrite", "auto_resume", "progress")} == {
+        "data": "d"
+    }

@@ -7,14 +7,14 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO, Watched, corpus_hellaswag, heed_ctrl_c, replies_are_even_ids, write_hellaswag
+from helpers import Watched, corpus_hellaswag, heed_ctrl_c, replies_are_even_ids, write_hellaswag
+from training_helpers import FORKED_ENV, SETTINGS, TOLERANCE, curve, flags, free_port
 
 from gpt2 import DistributedError, InvalidArgumentError
 from gpt2.cli import main
@@ -26,41 +26,6 @@ from gpt2.training.distributed import start
 from gpt2.training.loggers import read_log
 from gpt2.training.plan import TaskEvaluation
 from gpt2.training.train import train
-
-# grad_accum 4 splits into 2 micro-batches a process; eval_iters 3 does not split evenly.
-SETTINGS = dict(
-    n_layer=2,
-    n_head=2,
-    n_embd=32,
-    block_size=16,
-    batch_size=4,
-    grad_accum=4,
-    lr=3e-3,
-    min_lr=3e-4,
-    warmup_iters=5,
-    lr_decay_iters=20,
-    eval_interval=10,
-    eval_iters=3,
-    device="cpu",
-    compile="off",
-)
-ENV = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
-TOLERANCE = 1e-4
-
-
-@pytest.fixture(scope="module")
-def one_process(char_data, tmp_path_factory) -> Path:
-    """The reference: 20 iterations in this process."""
-    out = tmp_path_factory.mktemp("one") / "out"
-    train(out, data=char_data, max_iters=20, sample_prompt="The", progress=False, **SETTINGS)
-    return out
-
-
-def flags(**settings) -> list[str]:
-    return [f"--{k.replace('_', '-')}={v}" for k, v in settings.items()]
-
-
-FORKED_ENV = {**ENV, "PYTHONUNBUFFERED": "1"}  # a forked command's prints reach a pipe as they come, as with python -u
 
 
 @pytest.fixture(scope="module")
@@ -104,14 +69,6 @@ def torchrun(torchrun_command):
         return result
 
     return run
-
-
-def curve(out: Path) -> tuple[dict[int, float], dict[int, float]]:
-    """The training loss of each iteration and the validation loss of each evaluation."""
-    records = read_log(out / "log.jsonl")
-    return {r["iter"]: r["loss"] for r in records if "loss" in r}, {
-        r["iter"]: r["val_loss"] for r in records if "val_loss" in r
-    }
 
 
 def assert_same_curve(out: Path, reference: Path) -> None:
@@ -380,12 +337,6 @@ def test_one_process_needs_no_group(monkeypatch):
     assert procs.any(True) and not procs.any(False)
     assert procs.gather("x") == ["x"]
     assert procs.failure(RuntimeError("gloo: connection reset")) is None  # nobody else to lose
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize("how", ["dies", "hangs"])

@@ -18,13 +18,20 @@ def cmd(args: argparse.Namespace) -> int:
     given = {
         k: v
         for k, v in vars(args).items()
-        if k not in ("command", "func", "flags", "recipe", "resume", "overwrite", "progress", "threads")
+        if k not in ("command", "func", "flags", "recipe", "resume", "overwrite", "auto_resume", "progress", "threads")
     }
     options = {**(read_recipe(args.recipe) if "recipe" in args else {}), **given}  # the flags given override the recipe
     if "out" not in options:
         raise UsageError("the following arguments are required: --out (or out in the recipe)")
     out = options.pop("out")
-    result = train(out, resume=args.resume, overwrite=args.overwrite, progress=args.progress, **options)
+    result = train(
+        out,
+        resume=args.resume,
+        overwrite=args.overwrite,
+        auto_resume=args.auto_resume,
+        progress=args.progress,
+        **options,
+    )
     if result.interrupted:
         ignore_late_signals()  # under torchrun: the process ends now, whatever signal comes late
     if result.rank != 0:  # under torchrun, rank 0 reports
@@ -208,6 +215,14 @@ def add_parser(commands) -> None:
     procs = train.add_argument_group("several processes (start with torchrun --nproc_per_node N -m gpt2 train ...)")
     procs.add_argument(
         "--fsdp", action="store_true", help="shard weights, gradients and optimizer state over the processes (FSDP2)"
+    )
+    procs.add_argument(
+        "--auto-resume",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="continue the run in OUT if this torchrun job (its --rdzv-id) started it: what workers torchrun "
+        "restarts (--max-restarts) do after a node is lost, with the command that started them; another job's "
+        "run is refused as ever (default: on under torchrun)",
     )
     procs.add_argument(
         "--timeout",

@@ -3,7 +3,9 @@
 Version 2, the same file for one process, DDP and FSDP: the settings, the model's config and
 whole weights, the optimizer's state by parameter name, the gradient scaler's, the iteration
 reached, the last evaluation done, the best validation loss, each process's random state
-(dropout's), and the chat template the model carries (None, or absent in older files: none).
+(dropout's), the chat template the model carries (None, or absent in older files: none), and
+the torchrun job that wrote it (its --rdzv-id, whose restarts continue the run: None, or absent
+in older files, for none).
 Version 1 (one process, before distributed training) kept the optimizer's state by parameter
 index and one random state; it still resumes.
 """
@@ -40,10 +42,12 @@ def checkpoint_state(
     scaler: dict[str, Any],
     rng: list[RngState],
     chat_template: str | None = None,
+    job: str | None = None,
 ) -> dict[str, Any]:
     """The checkpoint of a run: `model` and `optimizer` whole (gathered from every process), `rng`
     each process's random state, by rank, `chat_template` the template the model carries (the
-    data's or the init model's: a resume keeps it, whether or not the init model is still there)."""
+    data's or the init model's: a resume keeps it, whether or not the init model is still there),
+    `job` the torchrun job writing it (`distributed.job_id`), whose restarted workers continue it."""
     return {
         "format": FORMAT,
         "version": VERSION,
@@ -57,6 +61,7 @@ def checkpoint_state(
         "scaler": scaler,
         "rng": rng,
         "chat_template": chat_template,
+        "job": job,
     }
 
 
@@ -90,6 +95,11 @@ def load_checkpoint(out: Path) -> dict[str, Any]:
     if not isinstance(state, dict) or state.get("format") != FORMAT or state.get("version") not in (1, 2):
         raise CheckpointError(f"{path} is not a checkpoint of gpt2 train")
     return state
+
+
+def checkpoint_job(state: dict[str, Any]) -> str | None:
+    """The torchrun job that wrote the checkpoint (None: none, or a file from before jobs were recorded)."""
+    return state.get("job")
 
 
 def checkpoint_config(state: dict[str, Any]) -> GPT2Config:

@@ -13,6 +13,9 @@ step makes the update one process would. The backend is NCCL on CUDA and gloo on
 A process that dies or hangs makes the others' collectives fail: gloo's at once or after
 `timeout` seconds, NCCL's through its watchdog after the same timeout. The survivors then ask
 the rendezvous store which ranks still answer, and stop with an error naming those that do not.
+Under elastic torchrun (--nnodes MIN:MAX --max-restarts K) that error ends the workers, torchrun
+restarts them on the nodes left, and `gpt2 train` continues its job's run (`job_id`) from the
+checkpoint in OUT (train.py's auto_resume).
 """
 
 from __future__ import annotations
@@ -52,6 +55,21 @@ _FULL_ON_RANK0 = StateDictOptions(full_state_dict=True, cpu_offload=True)  # who
 def launched() -> bool:
     """Started by torchrun, or by a launcher that sets the same variables (as SLURM scripts do)."""
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def job_id() -> str | None:
+    """The id of the torchrun job this process is a worker of (its --rdzv-id, TORCHELASTIC_RUN_ID: the
+    same in every restart of the job's workers; --standalone makes a new one each launch). None
+    outside torchrun, and where the launch named none: torchrun's default id, "none", is every
+    such job's, so it tells no run from another."""
+    job = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    return job if launched() and job not in ("", "none") else None
+
+
+def restart_count() -> int:
+    """How many times torchrun has restarted this job's workers (0: the first start)."""
+    count = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return int(count) if count.isdigit() else 0
 
 
 def _env_int(name: str) -> int:

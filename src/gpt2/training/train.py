@@ -27,7 +27,9 @@ anything more is written: the files are the last evaluation's.
 On several processes (torchrun, gpt2/training/distributed.py) each takes an equal share of a step's
 micro-batches, the same batches one process would draw, and the gradients are averaged over
 the processes: N processes follow the loss curve of one. Only rank 0 writes files and prints;
-evaluation batches are shared out too, and their losses summed over all processes.
+evaluation batches are shared out too, and their losses summed over all processes. The checkpoint
+records torchrun's job (--rdzv-id): when torchrun restarts the job's workers (a node was lost,
+under --max-restarts), they continue that run from it, on however many processes are left.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ from gpt2.checkpoints.weights import TRAINED_FROM, TRAINED_ITERATIONS
 from gpt2.data.batches import get_batch
 from gpt2.data.files import open_data
 from gpt2.devices import Precision, enable_tf32, peak_flops, should_compile, training_precision
-from gpt2.errors import InvalidArgumentError, NonFiniteError
+from gpt2.errors import GPT2Error, InvalidArgumentError, NonFiniteError
 from gpt2.evaluation.evaluate import hellaswag_right, loss_sum, score_continuations
 from gpt2.generation.decoding import ContextOverflowWarning
 from gpt2.generation.generate import generate_text
@@ -61,6 +63,7 @@ from gpt2.tokenizer import CharTokenizer, Tokenizer
 from gpt2.training import distributed
 from gpt2.training.checkpoint import (
     CHECKPOINT,
+    checkpoint_job,
     checkpoint_state,
     load_checkpoint,
     load_optimizer,
@@ -324,7 +327,8 @@ class Trainer:
         _trim_log(self.out / LOG, self.iteration, self.evaluated)
         trim_probes(self.out, self.iteration)
         self.logger = open_loggers(self.s, self.out / LOG, self.iteration, self.resumed)
-        self.logger.log({"iter": self.iteration, "settings": self.s.to_dict()})
+        job = distributed.job_id()  # the torchrun job's, whose restart before the first checkpoint starts over
+        self.logger.log({"iter": self.iteration, "settings": self.s.to_dict(), **({"job": job} if job else {})})
         warn_about_warmup(self.s)
         if self.data.masks:  # conversations' mask marks the replies; synthetic data's, say, the ids copying predicts
             marked, n = int(self.data.masks["train"].sum(dtype="int64")), len(self.data.train)
@@ -657,6 +661,7 @@ class Trainer:
             scaler=self.scaler.state_dict(),
             rng=rng,
             chat_template=None if self.tokenizer is None else self.tokenizer.chat_template,
+            job=distributed.job_id(),
         )
 
     def _restore(self, state: dict[str, Any]) -> None:
@@ -708,23 +713,68 @@ def make_out(out: Path, overwrite: bool) -> bool:
     return made
 
 
+def _jobs_own_run(out: Path, auto_resume: bool | None) -> tuple[bool, dict[str, Any] | None]:
+    """Whether `out` holds a run this torchrun job (`distributed.job_id`) started, which the workers
+    torchrun restarted continue (auto_resume: None, on under torchrun), and its checkpoint (None: it
+    saved none yet, and starts over). A run of another job, or of none, is not: `check_out` treats
+    OUT as ever, and a new job never continues another's run."""
+    job = distributed.job_id()
+    if auto_resume and job is None:
+        raise InvalidArgumentError(
+            "auto_resume continues a run whose torchrun job restarted its workers: launch with torchrun's "
+            "--rdzv-id JOB (or --standalone), or continue a run with resume=True",
+            "auto_resume",
+            ("resume",),
+        )
+    if auto_resume is False or job is None:
+        return False, None
+    state = None
+    if (out / CHECKPOINT).is_file():
+        with suppress(GPT2Error):  # unreadable, or not ours: not this job's (check_out refuses it as ever)
+            state = load_checkpoint(out)
+        own = state is not None and checkpoint_job(state) == job
+    else:  # lost before its first checkpoint: the log's start names the job
+        own = any(r.get("job") == job for r in read_log(out / LOG) if "settings" in r)
+    if own and os.environ.get("RANK", "0") == "0":
+        restart, at = distributed.restart_count(), "its checkpoint" if state else "the start: it saved no checkpoint"
+        print(f"gpt2: torchrun job {job!r} (restart {restart}): continuing its run in {out} from {at}", file=sys.stderr)
+    return own, state if own else None
+
+
 def train(
-    out: str | os.PathLike, *, resume: bool = False, overwrite: bool = False, progress: bool = True, **settings: Any
+    out: str | os.PathLike,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    auto_resume: bool | None = None,
+    progress: bool = True,
+    **settings: Any,
 ) -> TrainResult:
     """Train (or fine-tune) a model on prepared data, writing everything into `out`.
 
     settings: the fields of TrainSettings (data=... is required for a new run). With resume,
     the run in `out` continues with its own settings; max_iters and a few others may change.
+    With auto_resume (None: on under torchrun), a run in `out` that this torchrun job started
+    (its --rdzv-id) continues as with resume (from the start if it saved no checkpoint yet),
+    whatever overwrite says: torchrun restarted the job's workers, after a process or a node was
+    lost, with the command that started them.
     """
     out = Path(out)
-    check_out(out, resume, overwrite)
+    own, state = (False, None) if resume else _jobs_own_run(out, auto_resume)
+    if own:  # overwrite, given to start the job, must not wipe the run the job is doing
+        resume, overwrite = state is not None, False
+    if not (own and state is None):  # (a start over: a new run's files replace the old's as it goes)
+        check_out(out, resume, overwrite)
     check_setting_names(settings)
-    state = None
     if resume:
-        state = load_checkpoint(out)
+        state = state or load_checkpoint(out)
         s = resumed_settings(state["settings"], settings)
         left = s.max_iters - state["iteration"]  # 0 with the last evaluation still to do: stopped during it
-        if left < 0 or (left == 0 and state["evaluated"] == state["iteration"]):
+        done = left < 0 or (left == 0 and state["evaluated"] == state["iteration"])
+        if done and own and left == 0:  # lost a process after its end (at the last barrier): done
+            rank = int(os.environ.get("RANK", "0"))
+            return TrainResult(out, state["iteration"], state["best_val_loss"], None, False, rank)
+        if done:
             raise InvalidArgumentError(
                 f"the run in {out} already did its {state['iteration']} iterations: "
                 f"pass a larger max_iters to train further",
