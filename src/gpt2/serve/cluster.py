@@ -106,9 +106,9 @@ def serve_replicas(
     `threads`: each replica's torch threads and the CPUs Ray reserves for it (default: its share of this
     machine's cores); `gpus`: the GPUs it reserves; `limits`: the app's, which each replica keeps (Ray hands a
     replica as many requests as its batch and queue hold, and a few more for its own 429). `on_start` is
-    called once Ray is up, before the replicas start; `on_listen` gets
-    the API's URL and, for a cluster started here, its dashboard's (None on a cluster joined through
-    RAY_ADDRESS) once every replica has loaded."""
+    called once Ray is up, before the replicas start; `on_listen`, once every replica has loaded, gets the
+    API's URL and, for a cluster started here, its dashboard's (None on a cluster joined through RAY_ADDRESS).
+    Port 0: a port free now."""
     replicas = positive_int("replicas", replicas)
     threads = replica_threads(replicas) if threads is None else positive_int("threads", threads)
     port = check_port(port) or _free_port(host)
