@@ -77,6 +77,7 @@ WRONG_FLAGS = [
     (["prepare", "TEXT", "--out", "OUT", "--val-fraction", "2"], "--val-fraction"),
     (["prepare", "TEXT", "--out", "OUT", "--tokenizer", "bpe:12"], "--tokenizer"),
     (["prepare", "TEXT", "--out", "OUT", "--shard-tokens", "0"], "--shard-tokens"),
+    (["prepare", "TEXT", "--out", "OUT", "--workers", "0"], "--workers"),
     (["train", "--out", "OUT", "--data", "NOWHERE", "--lr", "-1"], "--lr"),
     (["train", "--out", "OUT", "--data", "NOWHERE", "--batch-size", "0"], "--batch-size"),
     (["train", "--out", "OUT", "--data", "NOWHERE", "--resume", "--overwrite"], "--overwrite"),

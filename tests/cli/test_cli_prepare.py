@@ -31,6 +31,10 @@ def test_prepare_writes_data_and_says_what(tmp_path, capsys):
         (["IN", "--tokenizer", "bpe:12"], "unknown tokenizer (--tokenizer) 'bpe:12'"),
         (["IN", "--val-fraction", "2"], r"--val-fraction must be a number in (0, 1), got 2.0"),
         (["IN", "--val-fraction", "x"], "argument --val-fraction: invalid float value: 'x'"),
+        (["IN", "--workers", "0"], "--workers must be a positive integer, got 0"),
+        (["IN", "--workers", "-2"], "--workers must be a positive integer, got -2"),
+        (["IN", "--workers", "two"], "argument --workers: expected a whole number, got 'two'"),
+        (["--synthetic", "induction", "--workers", "2"], "--workers does not apply"),
     ],
 )
 def test_prepare_errors_are_one_line(tmp_path, capsys, args, message):
@@ -192,6 +196,7 @@ def test_prepare_chat_writes_conversations_and_says_what(tmp_path, capsys, monke
             "--chat reads JSON Lines files of conversations into train.bin and val.bin: --shard-tokens does not apply",
         ),
         (None, ["--text-field", "body", "--split", "test"], "--text-field, --split do not apply"),
+        (None, ["--workers", "2"], "--workers does not apply"),
     ],
 )
 def test_prepare_chat_errors_are_one_line(tmp_path, capsys, line, args, message):
@@ -226,3 +231,35 @@ def test_prepare_chat_flags_that_do_not_go_together(tmp_path, capsys, args, mess
     args = [str(tmp_path / "in.txt") if a == "IN" else a for a in args]
     code, _, err = run(capsys, "prepare", *args, "--out", str(tmp_path / "d"), "--no-progress")
     assert code == 2 and err == f"gpt2: error: {message}\n" and not (tmp_path / "d").exists()
+
+
+def test_prepare_encodes_on_the_workers_asked_for(tmp_path, capsys, monkeypatch, tiktoken_gpt2):
+    import numpy as np
+
+    import gpt2.data.text as text_module
+
+    asked = []
+
+    def encode_stream(encode, shares, num_workers):  # the pool's, noting how many processes it was given
+        asked.append(num_workers)
+        return stream(encode, shares, num_workers)
+
+    stream = text_module.encode_stream
+    monkeypatch.setattr(text_module, "encode_stream", encode_stream)
+    monkeypatch.setattr(text_module, "CHUNK_BYTES", 2000)  # shares enough to start the workers
+    text = "".join(f"Line {i}: all the world's a stage.\n" for i in range(2000))
+    (tmp_path / "in.txt").write_text(text, encoding="utf-8")
+    for workers in ("3", "1"):
+        code, _, err = run(
+            capsys,
+            "prepare",
+            str(tmp_path / "in.txt"),
+            "--out",
+            str(tmp_path / workers),
+            "--workers",
+            workers,
+            "--no-progress",
+        )
+        ids = np.concatenate([np.fromfile(tmp_path / workers / f"{s}.bin", dtype="<u2") for s in ("train", "val")])
+        assert code == 0 and ids.tolist() == tiktoken_gpt2.encode_ordinary(text) + [50256], err
+    assert asked == [3, 1]

@@ -411,3 +411,80 @@ def test_many_documents_through_the_worker_pool(tmp_path, monkeypatch, tiktoken_
         and meta["split"]["val_documents"] == len(in_val)
     )
     assert (meta["train_tokens"], meta["val_tokens"]) == (len(train), len(val))
+
+
+def test_a_record_longer_than_a_chunk_is_cut_where_the_pretokenizer_cuts(tmp_path, monkeypatch, tiktoken_gpt2):
+    # A huge record (a book on one JSON Lines line) is encoded a chunk at a time, by several workers,
+    # rather than as one text; one without a safe cut stays whole, as a text file's would.
+    records = [corpus()[1][:60_000], ADVERSARIAL, "日本語" * 2000, "", "short"]
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": r}) + "\n" for r in records), encoding="utf-8")
+    monkeypatch.setattr(text_module, "CHUNK_BYTES", 1000)
+    document = text_module.find_documents([tmp_path / "a.jsonl"], tmp_path / "unused")[0]
+    got, record = [], []
+    for piece in text_module.pieces(document):
+        if piece is None:
+            got.append(record)
+            record = []
+        else:
+            record.append(piece)
+    assert ["".join(r) for r in got] == records
+    assert len(got[0]) > 40 and len(got[1]) > 1 and [len(r) for r in got[2:]] == [1, 1, 1]
+    assert max(map(len, got[0])) < 3000  # about a chunk each
+    for pieces, text in zip(got, records):
+        assert sum((tiktoken_gpt2.encode_ordinary(p) for p in pieces), []) == tiktoken_gpt2.encode_ordinary(text)
+    prepare([tmp_path / "a.jsonl"], tmp_path / "out", val_fraction=0.5, progress=False, num_workers=2)
+    ids = read_ids(tmp_path / "out" / "train.bin") + read_ids(tmp_path / "out" / "val.bin")
+    assert ids == [i for r in records for i in tiktoken_gpt2.encode_ordinary(r) + [EOT]]
+
+
+def test_a_long_stretch_without_a_safe_cut_is_searched_once(tmp_path, monkeypatch, tiktoken_gpt2):
+    # Each block read appends to the stretch; searching its whole second half again each time costs
+    # a pass per block (quadratic in the stretch's length), searching only the new text one pass.
+    class Counting:
+        def __init__(self, pattern):
+            self.pattern, self.scanned = pattern, 0
+
+        def search(self, text, pos=0):
+            self.scanned += len(text) - pos
+            return self.pattern.search(text, pos)
+
+    text = "日本語" * 30_000 + "\nand then words, cut as usual. " * 200
+    (tmp_path / "doc.txt").write_text(text, encoding="utf-8")
+    monkeypatch.setattr(text_module, "CHUNK_BYTES", 1000)  # 270 blocks in the stretch
+    counting = Counting(text_module._SAFE_CUT)
+    monkeypatch.setattr(text_module, "_SAFE_CUT", counting)
+    document = text_module.find_documents([tmp_path / "doc.txt"], tmp_path / "unused")[0]
+    chunks = list(text_module.read_chunks(document))
+    assert "".join(chunks) == text and len(chunks) > 5 and len(chunks[0]) >= 90_000
+    assert counting.scanned < 3 * len(text), counting.scanned
+    assert sum((tiktoken_gpt2.encode_ordinary(c) for c in chunks), []) == tiktoken_gpt2.encode_ordinary(text)
+
+
+def test_a_bad_record_deep_in_a_jsonl_file_is_named_by_its_line(tmp_path, monkeypatch):
+    # The workers parse the lines they encode; what they find wrong reaches the caller as the reader said it
+    monkeypatch.setattr(text_module, "CHUNK_BYTES", 2000)  # a few dozen lines a share: many shares, two workers
+    good = [json.dumps({"text": f"record {i}: " + "words " * 30}) for i in range(400)]
+    for bad, message in [
+        ('{"text": 7}', "line 322: the field 'text' holds int '7', not text"),
+        ("{oops", "line 322: not a JSON"),
+    ]:
+        lines = good[:321] + [bad] + good[321:] + ["", "   "]  # blank lines are no records
+        (tmp_path / "a.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        with pytest.raises(DataError, match=f"a.jsonl, {re.escape(message)}"):
+            prepare([tmp_path / "a.jsonl"], tmp_path / "out", progress=False, num_workers=2)
+        assert not (tmp_path / "out").exists()
+    (tmp_path / "a.jsonl").write_text("\n".join(good + ["", "   "]) + "\n", encoding="utf-8")
+    meta = prepare([tmp_path / "a.jsonl"], tmp_path / "out", progress=False, num_workers=2, shard_tokens=5000)
+    assert meta["shards"]["documents"] == 400
+
+
+def test_text_without_white_space_is_cut_where_its_class_changes(tmp_path, monkeypatch, tiktoken_gpt2):
+    # Japanese has no spaces: the cuts between letters, numbers and punctuation keep its chunks
+    # about CHUNK_BYTES (never "'" then a letter, which may start a contraction: "'s")
+    text = "吾輩は猫である。名前はまだ無い。どこで生れたかとんと見当がつかぬ、2024年12月7日's'5x!" * 300
+    (tmp_path / "doc.txt").write_text(text, encoding="utf-8")
+    monkeypatch.setattr(text_module, "CHUNK_BYTES", 1000)
+    document = text_module.find_documents([tmp_path / "doc.txt"], tmp_path / "unused")[0]
+    chunks = list(text_module.read_chunks(document))
+    assert "".join(chunks) == text and len(chunks) > 20 and max(map(len, chunks)) < 1000  # 333 characters a block
+    assert sum((tiktoken_gpt2.encode_ordinary(c) for c in chunks), []) == tiktoken_gpt2.encode_ordinary(text)

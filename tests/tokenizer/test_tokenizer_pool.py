@@ -38,3 +38,29 @@ def test_split_by_length_keeps_order_and_balances():
     assert [t for share in shares for t in share] == texts
     sizes = [sum(map(len, share)) for share in shares]
     assert max(sizes) - min(sizes) <= 2 * max(map(len, texts))
+
+
+def test_encode_stream_hands_back_each_share_in_order(enc, tiktoken_gpt2, corpus_text):
+    texts = corpus_text[:200_000].split("\n\n")
+    shares = [(f"share {i}", texts[i : i + 40]) for i in range(0, len(texts), 40)]  # more than are ever in flight
+    expected = [tiktoken_gpt2.encode_ordinary_batch(items) for _, items in shares]
+    for workers in (1, 3):
+        got = list(tokenizer_pool.encode_stream(enc.encode_ordinary, iter(shares), workers))
+        assert len(shares) > 3 * tokenizer_pool.SHARES_PER_WORKER
+        assert [key for key, _, _ in got] == [key for key, _ in shares]
+        for (_, lengths, flat), ids in zip(got, expected):
+            assert lengths.tolist() == list(map(len, ids)) and flat.tolist() == [i for each in ids for i in each]
+
+
+def test_a_stream_left_half_way_stops_its_workers(enc, corpus_text):
+    import multiprocessing
+
+    before = set(multiprocessing.active_children())
+    shares = ((i, [corpus_text[i * 1000 : (i + 1) * 1000]]) for i in range(200))
+    stream = tokenizer_pool.encode_stream(enc.encode_ordinary, shares, 2)
+    assert next(stream)[0] == 0
+    started = set(multiprocessing.active_children()) - before
+    assert len(started) == 2
+    stream.close()  # as when writing the ids fails: the generator's finally shuts the workers down
+    assert not started & set(multiprocessing.active_children())
+    assert all(p.exitcode is not None for p in started)

@@ -41,6 +41,7 @@ def cmd(args: argparse.Namespace) -> int:
         dataset_config=args.dataset_config,
         dataset_split=args.dataset_split,
         shard_tokens=args.shard_tokens,
+        num_workers=args.num_workers,
     )
     if "shards" in meta:
         shards = meta["shards"]
@@ -80,6 +81,7 @@ def _prepare_chat(args: argparse.Namespace) -> int:
         ("--dataset-config", args.dataset_config),
         ("--text-field", args.text_field),
         ("--shard-tokens", args.shard_tokens),
+        ("--workers", args.num_workers),
     )
     if not args.inputs:
         raise UsageError('give JSON Lines files of conversations ({"messages": [...]} a line), or - for standard input')
@@ -118,6 +120,7 @@ def _prepare_synthetic(args: argparse.Namespace) -> int:
         ("--dataset", args.dataset),
         ("--dataset-config", args.dataset_config),
         ("--shard-tokens", args.shard_tokens),
+        ("--workers", args.num_workers),
     )
     meta = prepare_synthetic(
         args.out,
@@ -261,6 +264,14 @@ def add_parser(commands) -> None:
         metavar="N",
         help="write llm.c's shards of N tokens (DIRNAME_val_000000.bin, DIRNAME_train_000001.bin, ...; the "
         "first validates) instead of train.bin and val.bin",
+    )
+    prepare.add_argument(
+        "--workers",
+        dest="num_workers",
+        type=whole_number,
+        metavar="N",
+        help="processes that encode the text, this one reading and writing while they do "
+        "(default: one per core; 1: encode here, no other process)",
     )
     prepare.add_argument("--overwrite", action="store_true", help="replace data already in DIR")
     add_no_progress_flag(prepare)

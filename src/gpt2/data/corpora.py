@@ -29,6 +29,7 @@ HEADERS = {1: (20240520, np.dtype("<u2")), 7: (20240801, np.dtype("<u4"))}
 SHARD_NAME = re.compile(r"(.+)_(train|val)_([0-9]{6})\.bin")  # llm.c's fineweb.py: fineweb_train_000001.bin
 RECORD_SUFFIXES = (".jsonl", ".parquet")
 PARQUET_BATCH_ROWS = 1024  # rows read from a Parquet file at a time
+JSONL_BLOCK_BYTES = 1 << 20  # lines read from a JSON Lines file at a time
 
 
 # ------------------------------------------------------------------ records
@@ -55,20 +56,47 @@ def _missing_field(where: str, text_field: str, fields: Sequence[str]) -> DataEr
 
 
 def _jsonl_texts(path: Path, text_field: str, on_bytes: Callable[[int], object]) -> Iterator[str]:
+    for first, block in jsonl_blocks(path, JSONL_BLOCK_BYTES, on_bytes):
+        yield from jsonl_block_texts(path, block, first, text_field)
+
+
+def jsonl_blocks(path: Path, block_bytes: int, on_bytes: Callable[[int], object]) -> Iterator[tuple[int, bytes]]:
+    """A JSON Lines file as blocks of whole lines, about `block_bytes` each (a longer line: whole),
+    with the number of each block's first line: raw bytes, for `jsonl_block_texts` to parse
+    (prepare's workers do, while this process reads the next block)."""
     with open(path, "rb") as f:
-        for number, line in enumerate(f, 1):
-            on_bytes(len(line))
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise DataError(f"{path}, line {number}: not a JSON record ({e})") from None
-            if not isinstance(record, dict):
-                raise DataError(f"{path}, line {number}: a JSON {type(record).__name__}, not an object of fields")
-            if text_field not in record:
-                raise _missing_field(f"{path} (line {number})", text_field, list(record))
-            yield _text(record[text_field], f"{path}, line {number}", text_field)
+        first = 1
+        while block := f.read(block_bytes):
+            if not block.endswith(b"\n"):
+                block += f.readline()
+            on_bytes(len(block))
+            yield first, block
+            first += block.count(b"\n")
+
+
+def jsonl_block_texts(path: Path, block: bytes, first: int, text_field: str) -> Iterator[str]:
+    """The `text_field` of each record of a block of JSON Lines whose first line is line `first`."""
+    lines = block.split(b"\n")
+    if not lines[-1]:  # the block ends with its last line's newline
+        lines.pop()
+    for number, line in enumerate(lines, first):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise DataError(f"{path}, line {number}: not a JSON record ({e})") from None
+        if not isinstance(record, dict):
+            raise DataError(f"{path}, line {number}: a JSON {type(record).__name__}, not an object of fields")
+        if text_field not in record:
+            raise _missing_field(f"{path} (line {number})", text_field, list(record))
+        yield _text(record[text_field], f"{path}, line {number}", text_field)
+
+
+def jsonl_block_records(block: bytes) -> int:
+    """How many records a block of JSON Lines holds (its lines that are not blank), where each is
+    one (`jsonl_block_texts` raises on any other)."""
+    return sum(1 for line in block.split(b"\n") if line.strip())
 
 
 def _parquet_texts(path: Path, text_field: str, on_bytes: Callable[[int], object]) -> Iterator[str]:

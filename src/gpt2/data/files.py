@@ -28,7 +28,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -44,6 +44,7 @@ LLMC_NAME = re.compile(r"(.+)_(train|val)\.bin")  # llm.c's names: tiny_shakespe
 MASK_DTYPE = np.dtype("u1")  # train.mask.bin, val.mask.bin: a byte per id, 1 where it is a target
 MASK_FILES = ("train.mask.bin", "val.mask.bin")  # 1 (uint8) where the id is a target: conversations' replies, ...
 CHAT_MARKS = "the replies"  # what the mask of conversations marks (their meta.json has "chat", no "mask")
+COPY_BYTES = 1 << 20  # train.bin and val.bin are cut from the ids a MB at a time
 
 
 def ids_dtype(n_vocab: int) -> np.dtype:
@@ -101,12 +102,24 @@ def write_split_files(out: Path, scratch: Path, split: Split, kinds: dict[str, n
     at the end: never a new train.bin beside an old val.bin, or ids beside another's mask."""
     with contextlib.ExitStack() as renames:
         for kind, dtype in kinds.items():
-            source = np.memmap(scratch / f"all{kind}.bin", dtype=dtype, mode="r")
-            for name, ranges in (("train", split.train), ("val", split.val)):
-                with open(renames.enter_context(atomic_path(out / f"{name}{kind}.bin")), "wb") as f:
-                    for start, end in ranges:
-                        f.write(source[start:end].tobytes())
-            del source
+            size = np.dtype(dtype).itemsize
+            with open(scratch / f"all{kind}.bin", "rb") as source:
+                for name, ranges in (("train", split.train), ("val", split.val)):
+                    with open(renames.enter_context(atomic_path(out / f"{name}{kind}.bin")), "wb") as f:
+                        for start, end in ranges:
+                            _copy_range(source, f, start * size, end * size)
+
+
+def _copy_range(source: BinaryIO, target: BinaryIO, start: int, end: int) -> None:
+    """Bytes start..end of `source` appended to `target`, COPY_BYTES at a time: memory holds a
+    block, not the split (which a slice of a memory map, made bytes, would hold whole)."""
+    source.seek(start)
+    while start < end:
+        block = source.read(min(COPY_BYTES, end - start))
+        if not block:
+            raise DataError(f"{source.name} ends at byte {start}, before byte {end} of the ids it should hold")
+        target.write(block)
+        start += len(block)
 
 
 def _data_files(out: Path) -> list[str]:

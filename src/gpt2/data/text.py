@@ -1,6 +1,11 @@
 """Text to token ids: `prepare`. Documents (text files, records of JSON Lines and Parquet files, a Hugging Face
-dataset) are read in chunks of a few MB, cut only where GPT-2's pre-tokenizer cuts anyway (so the ids equal those of
-the whole text), encoded by all cores, split into training and validation by documents, and written to disk.
+dataset) are read in chunks of about a MB, cut only where GPT-2's pre-tokenizer cuts anyway (so the ids equal those
+of the whole text), encoded by all cores, split into training and validation by documents, and written to disk.
+
+A corpus streams through: this process reads and cuts the text into shares of about a MB, worker processes encode
+them (`gpt2.tokenizer.pool.encode_stream`: a few shares in flight, each worker taking the next as it finishes one)
+and hand each share's ids back as one packed array, which this process writes as it comes, in order. Memory holds
+the shares in flight and one document's longest stretch without a safe cut, whatever the corpus's size.
 """
 
 from __future__ import annotations
@@ -10,7 +15,8 @@ import functools
 import itertools
 import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -20,14 +26,24 @@ import regex
 
 from gpt2._checks import int_between, positive_int, real_between
 from gpt2._files import atomic_write_text
-from gpt2.data.corpora import SHARD_NAME, ShardWriter, dataset_texts, is_record_file, record_texts
+from gpt2.data.corpora import (
+    SHARD_NAME,
+    ShardWriter,
+    dataset_texts,
+    is_record_file,
+    jsonl_block_records,
+    jsonl_block_texts,
+    jsonl_blocks,
+    record_texts,
+)
 from gpt2.data.files import Split, finish, ids_dtype, scratch_in, write_split_files
 from gpt2.errors import DataError, InputTypeError, InvalidArgumentError
 from gpt2.examples import CORPORA, corpus_text
 from gpt2.tokenizer import CharTokenizer, Tokenizer
+from gpt2.tokenizer.pool import encode_stream
 from gpt2.tokenizer.registry import parse_tokenizer_spec
 
-CHUNK_BYTES = 4 << 20  # read and encode a few MB at a time
+CHUNK_BYTES = 1 << 20  # read a MB at a time, and send workers shares of about as many characters
 SPLIT_SEED = 1337  # which documents go to validation, when there are several
 
 
@@ -37,9 +53,22 @@ SPLIT_SEED = 1337  # which documents go to validation, when there are several
 # in the whole text (only `\s+(?!\S)` looks ahead, and it cannot end at X), and the pattern has
 # no lookbehind, so the text from w on splits the same with or without what precedes it. (Inside
 # a whitespace run is not safe: "a \n\nb" splits "a", " \n", "\n", "b"; cut after " ", the
-# prefix ends in " " and the suffix starts "\n", "\n".) Compiled with `regex` so that \s and \S
-# are the tokenizer's (Unicode White_Space), and searched in reverse ((?r)) for the last cut.
-_SAFE_CUT = regex.compile(r"(?r)(?<=\S)(?=\s)")
+# prefix ends in " " and the suffix starts "\n", "\n".) The same holds between two non-spaces of
+# different classes, letter (\p{L}), number (\p{N}) and other (neither, nor space): no piece
+# holds two classes (` ?\p{L}+`, ` ?\p{N}+`, ` ?[^\s\p{L}\p{N}]+`) but a contraction ("'s",
+# "'ll": an apostrophe, then letters), so every change of class is a cut but "'" then a letter.
+# Text without white space (Chinese, Japanese) is cut at its punctuation so. Compiled with
+# `regex` so that the classes are the tokenizer's (\s: Unicode White_Space), and searched in
+# reverse ((?r)) for the last cut.
+_CUTS = (
+    r"(?<=\S)(?=\s)"  # X|w
+    r"|(?<=\p{L})(?=[^\s\p{L}])"  # a letter, then a number or an other
+    r"|(?<=\p{N})(?=[^\s\p{N}])"  # a number, then a letter or an other
+    r"|(?<=[^\s\p{L}\p{N}'])(?=[\p{L}\p{N}])"  # an other but "'", then a letter or a number
+    r"|(?<=')(?=\p{N})"  # "'", then a number (before a letter, it may start a contraction)
+)
+_SAFE_CUT = regex.compile(f"(?r){_CUTS}")
+_NEXT_SAFE_CUT = regex.compile(_CUTS)  # the same cuts, searched forward for the first
 
 
 @dataclass
@@ -51,6 +80,17 @@ class Document:
     path: Path | None  # None: a dataset
     size: int  # bytes (0 for a dataset: unknown)
     records: Callable[[Callable[[int], object]], Iterator[str]] | None = None  # (on_bytes) -> each record's text
+    jsonl_field: str | None = None  # a .jsonl file's text field: its lines are parsed by the workers that encode them
+
+
+@dataclass(frozen=True)
+class Lines:
+    """Whole lines of a JSON Lines file, as read: a worker parses them and encodes their records."""
+
+    path: Path
+    first: int  # the number of the first line
+    block: bytes
+    text_field: str
 
 
 def find_documents(inputs: Sequence[str | os.PathLike], spool: Path, text_field: str = "text") -> list[Document]:
@@ -93,7 +133,8 @@ def find_documents(inputs: Sequence[str | os.PathLike], spool: Path, text_field:
             )
         for file in files:
             records = functools.partial(record_texts, file, text_field) if is_record_file(file) else None  # (on_bytes)
-            documents.append(_once(Document(str(file), file, file.stat().st_size, records), seen))
+            jsonl = text_field if file.suffix.lower() == ".jsonl" else None
+            documents.append(_once(Document(str(file), file, file.stat().st_size, records, jsonl), seen))
     return documents
 
 
@@ -125,7 +166,7 @@ def read_chunks(document: Document, on_bytes=lambda n: None, anywhere: bool = Fa
     """The text of a document in pieces of about CHUNK_BYTES, each cut at a safe place (see
     _SAFE_CUT), or `anywhere` (a character vocabulary, which no cut can change)."""
     decoder = codecs.getincrementaldecoder("utf-8")()
-    pending, offset = "", 0
+    pending, offset, searched = "", 0, 0  # pending[:searched] holds no cut in its second half: not searched again
     with open(document.path, "rb") as f:
         while True:
             block = f.read(CHUNK_BYTES)
@@ -140,7 +181,8 @@ def read_chunks(document: Document, on_bytes=lambda n: None, anywhere: bool = Fa
             on_bytes(len(block))
             if not block:
                 break
-            cut = len(pending) if anywhere else _last_safe_cut(pending)
+            cut = len(pending) if anywhere else _last_safe_cut(pending, searched)
+            searched = 0 if cut else len(pending)
             if cut:
                 yield pending[:cut]
                 pending = pending[cut:]
@@ -150,10 +192,11 @@ def read_chunks(document: Document, on_bytes=lambda n: None, anywhere: bool = Fa
 
 def pieces(document: Document, on_bytes=lambda n: None, anywhere: bool = False) -> Iterator[str | None]:
     """A document's text in pieces, None after each record (or after a text file): where
-    <|endoftext|> goes. A text file gives its chunks (at least one, "" when empty)."""
+    <|endoftext|> goes. A text file gives its chunks (at least one, "" when empty), a record its
+    text (cut as a text file's chunks are where it is longer than a chunk)."""
     if document.records is not None:
         for text in document.records(on_bytes):
-            yield text
+            yield from cut_text(text, anywhere)
             yield None
         return
     empty = True
@@ -165,11 +208,31 @@ def pieces(document: Document, on_bytes=lambda n: None, anywhere: bool = False) 
     yield None
 
 
-def _last_safe_cut(text: str) -> int:
+def _last_safe_cut(text: str, searched: int = 0) -> int:
     """The last safe cut in the second half of text (0: none), so chunks stay about CHUNK_BYTES.
-    With none (a line of CJK text as long as a chunk), the next block is read and tried too."""
-    match = _SAFE_CUT.search(text, len(text) // 2)
+    With none (a run of letters as long as a chunk), the next block is read and tried too; the
+    text up to `searched` was (and held none), so a long stretch without one costs a pass, not one
+    a block."""
+    match = _SAFE_CUT.search(text, max(len(text) // 2, searched - 1))
     return match.start() if match else 0
+
+
+def cut_text(text: str, anywhere: bool = False) -> Iterator[str]:
+    """A text already in memory (a record) in pieces of about CHUNK_BYTES characters, cut as
+    read_chunks cuts a file (the first safe cut past half a chunk), so that a huge record is
+    encoded by several workers, a piece at a time. "" gives "" (a record, empty)."""
+    start, half = 0, max(CHUNK_BYTES // 2, 1)
+    while len(text) - start > CHUNK_BYTES:
+        if anywhere:
+            cut = start + CHUNK_BYTES
+        else:
+            match = _NEXT_SAFE_CUT.search(text, start + half)
+            if match is None:  # the rest holds no safe cut: one piece
+                break
+            cut = match.start()
+        yield text[start:cut]
+        start = cut
+    yield text[start:] if start else text
 
 
 def make_tokenizer(spec: str, documents: list[Document], progress: bool) -> Tokenizer | CharTokenizer:
@@ -193,34 +256,85 @@ def make_tokenizer(spec: str, documents: list[Document], progress: bool) -> Toke
 
 
 def encode_pieces(
-    documents: list[Document], tokenizer, num_workers: int, on_bytes=lambda n: None
-) -> Iterator[tuple[int, list[int] | None]]:
-    """(document, ids) for each piece of every document in order (see `pieces`), and (document,
-    None) where a record or a text file ends.
+    documents: list[Document],
+    tokenizer: Tokenizer | CharTokenizer,
+    num_workers: int,
+    on_bytes=lambda n: None,
+    eot_first: bool = False,
+) -> Iterator[tuple[tuple[list[int], int], array, array]]:
+    """For each share of the corpus's pieces (see `pieces`), in order: (the document of each of
+    its items, how many records or text files start in it), the number of ids of each item, and
+    all their ids one after another (an array of uint32). An item is a piece of text, the lines of
+    a .jsonl file, or <|endoftext|> (no id for a character vocabulary), after each record or text
+    file, or with `eot_first` before it (llm.c's shards).
 
-    Pieces are batched across documents, about CHUNK_BYTES per worker, and each batch encoded on
-    the workers, so that a corpus of many small records keeps every worker busy as one large
-    file does, and memory holds one batch whatever the corpus's size."""
-    batch: list[tuple[int, str | None]] = []
-    held = 0  # characters in the batch, and one for each piece (a million empty records are a batch too)
+    Pieces are gathered across documents into shares of about CHUNK_BYTES characters, so that a
+    corpus of many small records keeps every worker busy as one large file does."""
     anywhere = isinstance(tokenizer, CharTokenizer)
+    items = _items(documents, on_bytes, anywhere, eot_first)
+    encode = functools.partial(_encode_item, tokenizer, tokenizer.eot_token, eot_first)
+    return encode_stream(encode, _shares(items), num_workers)
+
+
+def _items(
+    documents: list[Document], on_bytes: Callable[[int], object], anywhere: bool, eot_first: bool
+) -> Iterator[tuple[int, str | Lines | None]]:
+    """(document, item) for every piece of every document, in order: None where <|endoftext|> goes,
+    and a .jsonl file's lines as they are read (Lines), parsed by the workers."""
     for d, document in enumerate(documents):
+        if document.jsonl_field is not None:
+            for first, block in jsonl_blocks(document.path, CHUNK_BYTES, on_bytes):
+                yield d, Lines(document.path, first, block, document.jsonl_field)
+            continue
+        starts = True  # with eot_first, the next piece starts a record: the token goes before it
         for piece in pieces(document, on_bytes, anywhere):
-            batch.append((d, piece))
-            held += len(piece or "") + 1
-            if held >= num_workers * CHUNK_BYTES:
-                yield from _encode_batch(batch, tokenizer, num_workers)
-                batch, held = [], 0
-    yield from _encode_batch(batch, tokenizer, num_workers)
+            if eot_first and piece is None:
+                starts = True
+                continue
+            if eot_first and starts:
+                yield d, None
+                starts = False
+            yield d, piece
 
 
-def _encode_batch(
-    batch: list[tuple[int, str | None]], tokenizer, num_workers: int
-) -> Iterator[tuple[int, list[int] | None]]:
+def _shares(
+    items: Iterable[tuple[int, str | Lines | None]],
+) -> Iterator[tuple[tuple[list[int], int], list[str | Lines | None]]]:
+    """((documents, how many documents start), items) of about CHUNK_BYTES each: each a worker's task."""
+    documents, share, held, starts = [], [], 0, 0  # held: characters or bytes, and one an item
+    for d, item in items:
+        documents.append(d)
+        share.append(item)
+        held += (len(item.block) if isinstance(item, Lines) else len(item or "")) + 1
+        starts += 1 if item is None else jsonl_block_records(item.block) if isinstance(item, Lines) else 0
+        if held >= CHUNK_BYTES:
+            yield (documents, starts), share
+            documents, share, held, starts = [], [], 0, 0
+    if share:
+        yield (documents, starts), share
+
+
+def _encode_item(
+    tokenizer: Tokenizer | CharTokenizer, eot: int | None, eot_first: bool, item: str | Lines | None
+) -> list[int]:
     # a corpus's "<|endoftext|>" is its characters, as llm.c's encode_ordinary: documents end with the token
-    encoded = iter(tokenizer.encode_ordinary_batch([p for _, p in batch if p is not None], num_workers=num_workers))
-    for d, piece in batch:
-        yield d, None if piece is None else next(encoded)
+    mark = [] if eot is None else [eot]
+    if item is None:
+        return mark
+    if isinstance(item, str):
+        return tokenizer.encode_ordinary(item)
+    ids: list[int] = []
+    for text in jsonl_block_texts(item.path, item.block, item.first, item.text_field):
+        ids += mark if eot_first else []
+        for piece in cut_text(text):  # a huge record: never all its pieces' strings at once
+            ids += tokenizer.encode_ordinary(piece)
+        ids += [] if eot_first else mark
+    return ids
+
+
+def _as_dtype(flat: array, dtype: np.dtype) -> np.ndarray:
+    """A share's packed ids (uint32, the machine's byte order) as the files' dtype (little-endian uint16 or uint32)."""
+    return np.frombuffer(flat, dtype=np.uint32).astype(dtype, copy=False)
 
 
 def encode_documents(
@@ -231,13 +345,12 @@ def encode_documents(
     from tqdm.auto import tqdm
 
     counts = [0] * len(documents)
-    eot = [] if tokenizer.eot_token is None else [tokenizer.eot_token]
     total = sum(d.size for d in documents) if all(d.path is not None for d in documents) else None
     with tqdm(total=total, unit="B", unit_scale=True, desc="tokenizing", disable=not progress) as bar:
-        for d, ids in encode_pieces(documents, tokenizer, num_workers, bar.update):
-            ids = eot if ids is None else ids
-            out.write(np.asarray(ids, dtype=dtype).tobytes())
-            counts[d] += len(ids)
+        for (owners, _), lengths, flat in encode_pieces(documents, tokenizer, num_workers, bar.update):
+            out.write(_as_dtype(flat, dtype))
+            for d, n in zip(owners, lengths):
+                counts[d] += n
     return counts
 
 
@@ -247,16 +360,12 @@ def encode_shards(documents: list[Document], tokenizer, writer: ShardWriter, pro
     returns the number of documents (records and text files)."""
     from tqdm.auto import tqdm
 
-    eot, starts, n = tokenizer.eot_token, True, 0
+    n = 0
     with tqdm(unit="tok", unit_scale=True, desc="tokenizing", disable=not progress) as bar:
-        for _, ids in encode_pieces(documents, tokenizer, num_workers):
-            if ids is None:  # the next piece starts a document
-                starts = True
-                continue
-            if starts:
-                ids, n, starts = ([] if eot is None else [eot]) + ids, n + 1, False
-            writer.write(np.asarray(ids, dtype=writer.buffer.dtype))
-            bar.update(len(ids))
+        for (_, starts), _, flat in encode_pieces(documents, tokenizer, num_workers, eot_first=True):
+            writer.write(_as_dtype(flat, writer.buffer.dtype))
+            n += starts
+            bar.update(len(flat))
     return n
 
 
