@@ -187,8 +187,11 @@ def test_each_command_has_a_page_that_its_help_and_the_readme_name(capsys):
 
 OTHER_PROGRAMS_FLAGS = {
     "--corpus",
+    "--quick",
     "--graph_file_dir",
-}  # flags the prose gives to other programs (benchmarks/tokenizer.py, circuit-tracer)
+    *("--nnodes", "--max-restarts", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id", "--rdzv-conf"),
+    "--monitor-interval",
+}  # flags the prose gives to other programs (benchmarks/*.py, circuit-tracer, torchrun)
 
 
 @pytest.mark.parametrize("page", PAGES, ids=page_id)

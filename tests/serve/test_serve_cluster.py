@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -42,6 +43,15 @@ def ray_env(tmp_path_factory) -> dict[str, str]:
     return env
 
 
+@dataclass
+class Replicas:
+    url: str
+    dashboard: str
+    served: Watched
+    env: dict[str, str]
+    address: str  # the cluster's, for RAY_ADDRESS
+
+
 @pytest.fixture(scope="module")
 def replicas(models, ray_env):
     """`gpt2 serve --replicas 2` of the tiny model: its URL, dashboard and process, until the module ends."""
@@ -50,11 +60,9 @@ def replicas(models, ray_env):
     command = [sys.executable, "-m", "gpt2", "serve", "--model", models[2], "--replicas", "2", "--port", str(port)]
     served = Watched([*command, "--device", "cpu", "--max-batch-size", "4"], env, subprocess.DEVNULL)
     try:
-        served.wait_for(
-            r"gpt2: serving .* as 2 Ray Serve replicas on \S+; the playground .*serve status -a (\S+)\)", 240
-        )
-        dashboard = re.search(r"serve status -a (\S+)\)", served.err)[1]
-        yield f"http://127.0.0.1:{port}", dashboard, served, env
+        served.wait_for(r"as 2 Ray Serve replicas on \S+; the playground .*serve status -a (\S+)\)", 240)
+        address, dashboard = re.search(r"this machine at (\S+), its dashboard on (\S+) ", served.err).groups()
+        yield Replicas(f"http://127.0.0.1:{port}", dashboard, served, env, address)
     finally:
         if served.process.poll() is None:
             served.stop(signal.SIGINT, timeout=90)
@@ -71,7 +79,7 @@ def expected(models, prompt: str) -> str:
 
 
 def test_two_replicas_answer_as_transformers_and_as_one_server_under_concurrent_clients(models, replicas, server):
-    url = replicas[0]
+    url = replicas.url
     want = {prompt: expected(models, prompt) for prompt in PROMPTS}
     asks = [PROMPTS[i % len(PROMPTS)] for i in range(CLIENTS * 3)]
     with ThreadPoolExecutor(CLIENTS) as pool:
@@ -84,7 +92,7 @@ def test_two_replicas_answer_as_transformers_and_as_one_server_under_concurrent_
 
 
 def test_streaming_the_page_and_the_errors_are_the_single_servers(models, replicas, server):
-    url = replicas[0]
+    url = replicas.url
     with httpx.stream(
         "POST",
         url + "/v1/completions",
@@ -103,13 +111,16 @@ def test_streaming_the_page_and_the_errors_are_the_single_servers(models, replic
     assert wrong.status_code == 404 and "no-such-model" in wrong.json()["error"]["message"]
 
 
-def serve_status(replicas) -> str:
-    """Ray's own CLI, as the command's line says: `RAY_AUTH_MODE=token serve status -a DASHBOARD`."""
+def ray_cli(*args: str, replicas: Replicas) -> str:
+    """Ray's own CLI, as the command's line says: `RAY_AUTH_MODE=token serve ARGS -a DASHBOARD`."""
     serve = os.path.join(os.path.dirname(sys.executable), "serve")
-    env = {**replicas[3], "RAY_AUTH_MODE": "token"}
-    return subprocess.run(
-        [serve, "status", "-a", replicas[1]], capture_output=True, text=True, timeout=HANG, check=True, env=env
-    ).stdout
+    env = {**replicas.env, "RAY_AUTH_MODE": "token"}
+    command = [serve, *args, "-a", replicas.dashboard]
+    return subprocess.run(command, capture_output=True, text=True, timeout=HANG, check=True, env=env).stdout
+
+
+def serve_status(replicas: Replicas) -> str:
+    return ray_cli("status", replicas=replicas)
 
 
 def running_replicas(replicas) -> int:
@@ -132,7 +143,7 @@ def test_the_cluster_talks_over_the_loopback_alone(replicas):
     """Every connection between the cluster's processes is on 127.0.0.1; every listening socket but Ray
     Serve's own replica-to-replica gRPC server (which Ray binds to every address, unconfigurably) is too."""
     loopback = ("127.0.0.1", "::ffff:127.0.0.1", "::1")
-    processes = [psutil.Process(replicas[2].process.pid), *cluster_processes(replicas[2])]
+    processes = [psutil.Process(replicas.served.process.pid), *cluster_processes(replicas.served)]
     wide = []
     for process in processes:
         try:
@@ -153,7 +164,7 @@ def replica_processes(served: Watched) -> list[psutil.Process]:
 
 
 def test_a_replica_killed_is_restarted_and_no_client_gets_a_wrong_answer(models, replicas):
-    url, served = replicas[0], replicas[2]
+    url, served = replicas.url, replicas.served
     want = {prompt: expected(models, prompt) for prompt in PROMPTS}
     victim = replica_processes(served)[0]
     names_before = {complete(url, p, model=models[2]).headers[REPLICA_HEADER] for p in PROMPTS * 2}
@@ -185,8 +196,27 @@ def test_a_replica_killed_is_restarted_and_no_client_gets_a_wrong_answer(models,
     assert len(names_after) == 2 and names_after != names_before  # the new replica answers
 
 
+def test_on_the_cluster_at_ray_address_a_model_that_fails_to_load_is_one_line_naming_its_error(
+    models, replicas, tmp_path
+):
+    """`RAY_ADDRESS=... gpt2 serve --replicas 2` joins the cluster running (the fixture's, its Serve shut down
+    first with Ray's CLI: its CPUs are the replicas'); a model whose config reads but whose weights do not
+    fails in the replicas, and the command says why, and deletes its application."""
+    ray_cli("shutdown", "-y", replicas=replicas)
+    (tmp_path / "config.json").write_bytes((Path(models[2]) / "config.json").read_bytes())
+    (tmp_path / "model.safetensors").write_bytes((Path(models[2]) / "model.safetensors").read_bytes()[:1000])
+    command = [sys.executable, "-m", "gpt2", "serve", "--model", str(tmp_path), "--replicas", "2", "--device", "cpu"]
+    env = {**replicas.env, "RAY_ADDRESS": replicas.address, "RAY_AUTH_MODE": "token"}  # its token, sent
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if line.startswith("gpt2: ")]
+    assert lines[-1].startswith("gpt2: error: the replicas failed to start: "), result.stderr[-3000:]
+    assert "model.safetensors is truncated or corrupt" in lines[-1]
+    assert "gpt2:" not in serve_status(replicas).split("applications:")[1]  # its application deleted as it ended
+
+
 def test_gpt2_serve_replicas_stops_its_cluster_on_ctrl_c(replicas):
-    served = replicas[2]
+    served = replicas.served
     processes = cluster_processes(served)
     served.stop(signal.SIGINT, timeout=90)
     gone, alive = psutil.wait_procs(processes, timeout=60)
@@ -209,17 +239,3 @@ def test_gpt2_serve_replicas_refusals_are_one_line(models, tmp_path, capsys, mon
     assert "--replicas serves with a model" in refused("--runs", str(tmp_path), "--replicas", "2")
     monkeypatch.setitem(sys.modules, "ray", None)  # the cluster extra not installed
     assert "pip install 'gpt2[cluster]'" in refused("--model", models[2], "--replicas", "2")
-
-
-def test_a_model_that_fails_to_load_in_the_replicas_is_one_line_naming_its_error(models, ray_env, tmp_path):
-    """A model whose config reads but whose weights do not: the replicas fail, and the command says why."""
-    (tmp_path / "config.json").write_bytes((Path(models[2]) / "config.json").read_bytes())
-    (tmp_path / "model.safetensors").write_bytes((Path(models[2]) / "model.safetensors").read_bytes()[:1000])
-    command = [sys.executable, "-m", "gpt2", "serve", "--model", str(tmp_path), "--replicas", "2", "--device", "cpu"]
-    result = subprocess.run(
-        [*command, "--port", str(free_port())], env=ray_env, capture_output=True, text=True, timeout=240
-    )
-    assert result.returncode == 2
-    lines = [line for line in result.stderr.splitlines() if line.startswith("gpt2: ")]
-    assert lines[-1].startswith("gpt2: error: the replicas failed to start: "), result.stderr[-3000:]
-    assert "model.safetensors is truncated or corrupt" in lines[-1]

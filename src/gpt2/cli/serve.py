@@ -69,14 +69,17 @@ def cmd(args: argparse.Namespace) -> int:
     for config in model_configs(args):
         limits.check_memory(config, device, form.compute)
 
-    def listening(url: str, how: str = "", dashboard: str | None = None) -> None:
+    def listening(url: str, how: str = "", local=None) -> None:
         page = "" if args.no_ui else f"; the playground on {url.removesuffix('/v1')}/"
         if args.runs is not None:
             page += f"; the training runs in {args.runs} on {url}/runs"
         if how:  # the replicas have loaded
             where = ""
-            if dashboard is not None:  # a cluster started here, whose token `serve status` sends
-                where = f"; Ray's dashboard on {dashboard} (RAY_AUTH_MODE=token serve status -a {dashboard})"
+            if local is not None:  # a cluster started here, whose token Ray's clients send
+                where = (
+                    f"; a Ray cluster of this machine at {local.address}, its dashboard on {local.dashboard} "
+                    f"(RAY_AUTH_MODE=token serve status -a {local.dashboard})"
+                )
             print(f"gpt2: serving {args.model} as {how} on {url}{page}{where}", file=sys.stderr)
             return
         print(
@@ -123,8 +126,8 @@ def _replicas(args: argparse.Namespace, limits, app_options: dict, listening) ->
             lambda: load_model(args, needs=None), args.model, limits, load_in_background=False, **app_options
         )
 
-    def ready(url: str, dashboard: str | None) -> None:
-        listening(url, f"{args.replicas} Ray Serve replicas", dashboard)
+    def ready(url: str, local) -> None:
+        listening(url, f"{args.replicas} Ray Serve replicas", local)
 
     def starting() -> None:
         print(f"gpt2: starting {args.replicas} Ray Serve replicas of {args.model} (each loads it)", file=sys.stderr)

@@ -24,6 +24,7 @@ import re
 import signal
 import threading
 from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI
@@ -70,6 +71,15 @@ def named(app: ASGI, replica: str) -> ASGI:
     return answer
 
 
+@dataclass(frozen=True)
+class LocalCluster:
+    """A Ray cluster of this machine, started for the server: where other Ray clients reach it
+    (RAY_ADDRESS=address) and its dashboard's URL (`serve status -a dashboard`)."""
+
+    address: str
+    dashboard: str
+
+
 class Replica:
     """One replica: the app `build` makes, its model loaded before Ray counts the replica as running."""
 
@@ -99,7 +109,7 @@ def serve_replicas(
     gpus: float = 0,
     limits: Limits = Limits(),
     on_start: Callable[[], None] | None = None,
-    on_listen: Callable[[str, str | None], None] | None = None,
+    on_listen: Callable[[str, LocalCluster | None], None] | None = None,
 ) -> None:
     """Serve `replicas` copies of the app `build` makes (each loads its model) behind Ray's HTTP proxy on
     host:port, until Ctrl-C or SIGTERM. `build` is pickled to the replicas (cloudpickle: a closure will do).
@@ -107,12 +117,12 @@ def serve_replicas(
     machine's cores); `gpus`: the GPUs it reserves; `limits`: the app's, which each replica keeps (Ray hands a
     replica as many requests as its batch and queue hold, and a few more for its own 429). `on_start` is
     called once Ray is up, before the replicas start; `on_listen`, once every replica has loaded, gets the
-    API's URL and, for a cluster started here, its dashboard's (None on a cluster joined through RAY_ADDRESS).
+    API's URL and, for a cluster started here, where it is (None: a cluster joined through RAY_ADDRESS).
     Port 0: a port free now."""
     replicas = positive_int("replicas", replicas)
     threads = replica_threads(replicas) if threads is None else positive_int("threads", threads)
     port = check_port(port) or _free_port(host)
-    ray, serve, dashboard = _start_ray()
+    ray, serve, local = _start_ray()
     try:
         if on_start is not None:
             on_start()
@@ -131,10 +141,10 @@ def serve_replicas(
             deployment_status = serve.status().applications[APP_NAME].deployments[APP_NAME]
             raise ClusterError(f"the replicas failed to start: {_replica_error(deployment_status.message)}") from None
         if on_listen is not None:
-            on_listen(f"http://{f'[{host}]' if ':' in host else host}:{port}/v1", dashboard)
+            on_listen(f"http://{f'[{host}]' if ':' in host else host}:{port}/v1", local)
         _wait_for_stop()
     finally:
-        _stop_ray(ray, serve, local=dashboard is not None)
+        _stop_ray(ray, serve, local=local is not None)
 
 
 def _replica_error(message: str) -> str:
@@ -155,13 +165,15 @@ def _free_port(host: str) -> int:
         sock.close()
 
 
-def _start_ray() -> tuple[Any, Any, str | None]:
+def _start_ray() -> tuple[Any, Any, LocalCluster | None]:
     """ray and ray.serve, connected to the cluster at RAY_ADDRESS, else to one started on this machine's
-    loopback; and the started cluster's dashboard URL (None for a cluster joined)."""
-    joined = bool(os.environ.get("RAY_ADDRESS"))
-    if not joined:
+    loopback; and the cluster started (None for a cluster joined)."""
+    address = os.environ.get("RAY_ADDRESS", "")
+    joined = bool(address)
+    if not joined or address.split(":")[0] in ("127.0.0.1", "localhost"):
         # Ray's single-machine mode (its default on macOS and Windows): the node's address is the loopback,
-        # so no process of this cluster talks to, or is reachable through, the machine's other addresses.
+        # so no process of this cluster talks to, or is reachable through, the machine's other addresses;
+        # a client of such a cluster needs it too, else Ray reads 127.0.0.1 as the machine's own address.
         os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     ray = require_package("ray", "cluster", "serving replicas needs", "replicas")
     serve = require_package("ray.serve", "cluster", "serving replicas needs", "replicas")
@@ -177,9 +189,9 @@ def _start_ray() -> tuple[Any, Any, str | None]:
             logging_level="WARNING",
         )
     except (ConnectionError, RuntimeError, ValueError, ray.exceptions.RayError) as e:
-        where = f"the Ray cluster at RAY_ADDRESS={os.environ['RAY_ADDRESS']}" if joined else "a local Ray cluster"
+        where = f"the Ray cluster at RAY_ADDRESS={address}" if joined else "a local Ray cluster"
         raise ClusterError(f"cannot start or reach {where}: {e}") from None
-    return ray, serve, f"http://{context.dashboard_url}"
+    return ray, serve, LocalCluster(context.address_info["gcs_address"], f"http://{context.dashboard_url}")
 
 
 def _wait_for_stop() -> None:
