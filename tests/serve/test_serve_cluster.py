@@ -187,13 +187,15 @@ def test_a_replica_killed_is_restarted_and_no_client_gets_a_wrong_answer(models,
         else:  # at worst an error that a client retries (openai's client retries 5xx and cut connections)
             assert status == 0 or status >= 500, (status, text)
     deadline = time.monotonic() + RESTART
-    while running_replicas(replicas) != 2 or victim.is_running() or len(replica_processes(served)) != 2:
+    names_after: set[str] = set()
+    while len(names_after) != 2 or names_after == names_before:  # until the new replica answers beside the other
         assert time.monotonic() < deadline, serve_status(replicas)
-        time.sleep(0.5)
-    answered = [complete(url, p, model=models[2]) for p in PROMPTS * 4]
-    assert [a.json()["choices"][0]["text"] for a in answered] == [want[p] for p in PROMPTS * 4]
-    names_after = {a.headers[REPLICA_HEADER] for a in answered}
-    assert len(names_after) == 2 and names_after != names_before  # the new replica answers
+        answered = [complete(url, p, model=models[2]) for p in PROMPTS * 2]
+        assert all(
+            a.status_code >= 500 or a.json()["choices"][0]["text"] == want[p] for a, p in zip(answered, PROMPTS * 2)
+        )
+        names_after = {a.headers[REPLICA_HEADER] for a in answered if a.status_code == 200}
+    assert not victim.is_running() and len(replica_processes(served)) == 2 and running_replicas(replicas) == 2
 
 
 def test_on_the_cluster_at_ray_address_a_model_that_fails_to_load_is_one_line_naming_its_error(

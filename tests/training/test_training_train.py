@@ -75,6 +75,7 @@ TINY = dict(
     eval_iters=2,
     log_interval=1,
     device="cpu",
+    probe_repeat=0,  # the probes are test_training_probes.py's: here they would cost a third of every run
 )
 
 
