@@ -123,15 +123,10 @@ def serve_status(replicas: Replicas) -> str:
     return ray_cli("status", replicas=replicas)
 
 
-def running_replicas(replicas) -> int:
-    match = re.search(r"replica_states:\s*\n\s*RUNNING: (\d+)\s*\n\s*message", serve_status(replicas))
+def running_replicas(status: str) -> int:
+    """The replicas `serve status` counts as running."""
+    match = re.search(r"replica_states:\s*\n\s*RUNNING: (\d+)\s*\n\s*message", status)
     return int(match[1]) if match else 0
-
-
-def test_serve_status_shows_two_running_replicas(replicas):
-    status = serve_status(replicas)
-    assert re.search(r"gpt2:\s*\n\s*status: RUNNING", status), status
-    assert running_replicas(replicas) == 2, status
 
 
 def cluster_processes(served: Watched) -> list[psutil.Process]:
@@ -195,7 +190,9 @@ def test_a_replica_killed_is_restarted_and_no_client_gets_a_wrong_answer(models,
             a.status_code >= 500 or a.json()["choices"][0]["text"] == want[p] for a, p in zip(answered, PROMPTS * 2)
         )
         names_after = {a.headers[REPLICA_HEADER] for a in answered if a.status_code == 200}
-    assert not victim.is_running() and len(replica_processes(served)) == 2 and running_replicas(replicas) == 2
+    assert not victim.is_running() and len(replica_processes(served)) == 2
+    status = serve_status(replicas)  # Ray's own CLI counts the replicas running: two again
+    assert re.search(r"gpt2:\s*\n\s*status: RUNNING", status) and running_replicas(status) == 2, status
 
 
 def test_on_the_cluster_at_ray_address_a_model_that_fails_to_load_is_one_line_naming_its_error(
@@ -214,7 +211,7 @@ def test_on_the_cluster_at_ray_address_a_model_that_fails_to_load_is_one_line_na
     lines = [line for line in result.stderr.splitlines() if line.startswith("gpt2: ")]
     assert lines[-1].startswith("gpt2: error: the replicas failed to start: "), result.stderr[-3000:]
     assert "model.safetensors is truncated or corrupt" in lines[-1]
-    assert "gpt2:" not in serve_status(replicas).split("applications:")[1]  # its application deleted as it ended
+    assert "Deleting app ['gpt2']" in result.stderr  # its application, as it ended (Ray's own line)
 
 
 def test_gpt2_serve_replicas_stops_its_cluster_on_ctrl_c(replicas):
