@@ -198,13 +198,13 @@ def test_a_replica_killed_is_restarted_and_no_client_gets_a_wrong_answer(models,
 def test_on_the_cluster_at_ray_address_a_model_that_fails_to_load_is_one_line_naming_its_error(
     models, replicas, tmp_path
 ):
-    """`RAY_ADDRESS=... gpt2 serve --replicas 2` joins the cluster running (the fixture's, its Serve shut down
+    """`RAY_ADDRESS=... gpt2 serve --replicas 1` joins the cluster running (the fixture's, its Serve shut down
     first with Ray's CLI: its CPUs are the replicas'); a model whose config reads but whose weights do not
     fails in the replicas, and the command says why, and deletes its application."""
     ray_cli("shutdown", "-y", replicas=replicas)
     (tmp_path / "config.json").write_bytes((Path(models[2]) / "config.json").read_bytes())
     (tmp_path / "model.safetensors").write_bytes((Path(models[2]) / "model.safetensors").read_bytes()[:1000])
-    command = [sys.executable, "-m", "gpt2", "serve", "--model", str(tmp_path), "--replicas", "2", "--device", "cpu"]
+    command = [sys.executable, "-m", "gpt2", "serve", "--model", str(tmp_path), "--replicas", "1", "--device", "cpu"]
     env = {**replicas.env, "RAY_ADDRESS": replicas.address, "RAY_AUTH_MODE": "token"}  # its token, sent
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
     assert result.returncode == 2
