@@ -56,7 +56,7 @@ def test_greedy_equals_transformers_124m_shape(tmp_path):
     hf, ours = hf_and_ours(tmp_path, n_positions=256)
     for batch in (1, 3):
         idx = torch.randint(0, 50257, (batch, 12), generator=torch.Generator().manual_seed(batch))
-        assert torch.equal(ours.generate(idx, 64, temperature=0), hf_greedy(hf, idx, 64))
+        assert torch.equal(ours.generate(idx, 32, temperature=0), hf_greedy(hf, idx, 32))  # the small configs: 64
 
 
 @pytest.mark.parametrize(
