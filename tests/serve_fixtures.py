@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -112,23 +113,49 @@ def free_port() -> int:
 def gpt2_serve(forks: Forks, *flags: str, code: str | None = None) -> tuple[subprocess.Popen, str]:
     """`gpt2 serve` in a process of its own, forked (tests/forks.py: signals reach it through the
     process returned), once its model has loaded; and its URL. `code`: a `python -c` program that
-    runs the command (`gpt2.cli.main(sys.argv[1:])`), after patching what the test needs patched."""
-    port = free_port()
+    runs the command (`gpt2.cli.main(sys.argv[1:])`), after patching what the test needs patched.
+    The port is one free when chosen: where another process takes it first (a Ray cluster, another
+    suite's server), the command cannot listen, or the server answering is not this one (its
+    /v1/models serves another model), and it starts again on another port."""
+    for attempt in range(3):
+        process, url = _start_serve(forks, free_port(), flags, code)
+        if _serves(process, url, _served_ids(flags)):
+            return process, url
+        process.kill()  # (still running: another server answers on its port)
+        out, err = process.communicate()
+        taken = process.returncode == -signal.SIGKILL or "cannot listen" in err
+        if attempt == 2 or not taken:
+            raise AssertionError(f"gpt2 serve did not start: {(out, err)}")
+    raise AssertionError("unreachable")
+
+
+def _start_serve(forks: Forks, port: int, flags: tuple[str, ...], code: str | None) -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO / "src")}
     program = [str(forks.command)] if code is None else [str(forks.python), "-c", code]
     argv = [*program, "serve", "--port", str(port), "--device", "cpu", *flags]
     process = subprocess.Popen(
         argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=heed_ctrl_c
     )
-    url = f"http://127.0.0.1:{port}"
+    return process, f"http://127.0.0.1:{port}"
+
+
+def _served_ids(flags: tuple[str, ...]) -> list[str]:
+    """The model ids /v1/models lists for these flags: --model's (less a trailing slash), none with --runs
+    alone, else gpt2's."""
+    if "--model" in flags:
+        return [flags[flags.index("--model") + 1].rstrip("/")]
+    return [] if "--runs" in flags else ["gpt2"]
+
+
+def _serves(process: subprocess.Popen, url: str, ids: list[str]) -> bool:
+    """Whether `process` came to serve `ids` at `url` (False: it ended first, or another server answers there)."""
     deadline = time.monotonic() + 120  # a bound for a hang: the start is what is waited for
-    while True:
+    while time.monotonic() < deadline and process.poll() is None:
         try:
             if httpx.get(url + "/health", timeout=HANG).status_code == 200:
-                return process, url
+                models = httpx.get(url + "/v1/models", timeout=HANG).json()["data"]
+                return [m["id"] for m in models] == ids
         except httpx.ConnectError:
             pass
-        if time.monotonic() > deadline or process.poll() is not None:
-            process.kill()
-            raise AssertionError(f"gpt2 serve did not start: {process.communicate()}")
         time.sleep(0.1)
+    return False
