@@ -57,6 +57,13 @@ def launched() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
+def launch_rank() -> int:
+    """This process's rank as its launch says (RANK), before any process group: 0 outside a launch, -1
+    for a RANK that is no number (never rank 0's to write; `start` refuses it, naming it)."""
+    rank = os.environ.get("RANK", "0")
+    return int(rank) if rank.strip().isdigit() else -1
+
+
 def job_id() -> str | None:
     """The id of the torchrun job this process is a worker of (its --rdzv-id, TORCHELASTIC_RUN_ID: the
     same in every restart of the job's workers; --standalone makes a new one each launch). None

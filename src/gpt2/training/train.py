@@ -168,9 +168,7 @@ class Trainer:
         self.logger: Loggers | None = None  # rank 0's, from the loop's start: log.jsonl, W&B, TensorBoard
         self.data = open_data(s.data)
         self.task = (
-            None
-            if s.eval_task is None
-            else TaskEvaluation(s, self.data, progress and os.environ.get("RANK", "0") == "0")
+            None if s.eval_task is None else TaskEvaluation(s, self.data, progress and distributed.launch_rank() == 0)
         )
         self.procs = distributed.start(s.device, s.timeout)  # this process's rank of world; its device
         try:
@@ -703,7 +701,7 @@ def make_out(out: Path, overwrite: bool) -> bool:
     """OUT, made and proved writable before anything is loaded (a run must not train for an hour,
     then fail to save), and emptied of an old run's files on overwrite. Only rank 0 writes.
     Returns whether OUT was made here."""
-    if os.environ.get("RANK", "0") != "0":
+    if distributed.launch_rank() != 0:
         return False
     made = not out.exists()
     writable_directory(out)
@@ -735,7 +733,7 @@ def _jobs_own_run(out: Path, auto_resume: bool | None) -> tuple[bool, dict[str, 
         own = state is not None and checkpoint_job(state) == job
     else:  # lost before its first checkpoint: the log's start names the job
         own = any(r.get("job") == job for r in read_log(out / LOG) if "settings" in r)
-    if own and os.environ.get("RANK", "0") == "0":
+    if own and distributed.launch_rank() == 0:
         restart, at = distributed.restart_count(), "its checkpoint" if state else "the start: it saved no checkpoint"
         print(f"gpt2: torchrun job {job!r} (restart {restart}): continuing its run in {out} from {at}", file=sys.stderr)
     return own, state if own else None
@@ -772,8 +770,7 @@ def train(
         left = s.max_iters - state["iteration"]  # 0 with the last evaluation still to do: stopped during it
         done = left < 0 or (left == 0 and state["evaluated"] == state["iteration"])
         if done and own and left == 0:  # lost a process after its end (at the last barrier): done
-            rank = int(os.environ.get("RANK", "0"))
-            return TrainResult(out, state["iteration"], state["best_val_loss"], None, False, rank)
+            return TrainResult(out, state["iteration"], state["best_val_loss"], None, False, distributed.launch_rank())
         if done:
             raise InvalidArgumentError(
                 f"the run in {out} already did its {state['iteration']} iterations: "
